@@ -1,0 +1,181 @@
+"""The ``freight`` command: run the services, administer tenants and the database.
+
+Every command builds one Settings from ``FREIGHT_*`` and passes it down.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+
+import click
+
+from storage.settings import Settings, SettingsError
+
+
+def _settings() -> Settings:
+    try:
+        return Settings.from_env()
+    except SettingsError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@click.group()
+def main() -> None:
+    """Freight: self-hosted OpenAI-compatible batch inference on vLLM."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@main.group()
+def db() -> None:
+    """Database schema (Alembic)."""
+
+
+@db.command("upgrade")
+def db_upgrade() -> None:
+    """Migrate the database to the newest schema."""
+    from storage.migrate import upgrade
+
+    upgrade(_settings().database_url)
+
+
+@db.command("check")
+def db_check() -> None:
+    """Fail if the models hold changes that no migration describes."""
+    from storage.migrate import check
+
+    check(_settings().database_url)
+    click.echo("models and migrations agree")
+
+
+@main.group()
+def tenant() -> None:
+    """Tenants and their API keys."""
+
+
+@tenant.command("create")
+@click.argument("name")
+def tenant_create(name: str) -> None:
+    """Create a tenant; its new API key is printed alone on the last line."""
+    from api.errors import ServiceError
+    from api.services.tenants import create_tenant
+    from storage.db import Database
+
+    try:
+        created, key = create_tenant(Database(_settings().database_url), name, int(time.time()))
+    except ServiceError as exc:
+        raise click.ClickException(exc.message) from exc
+    click.echo(f"created tenant {created.name} ({created.id}); its API key (shown once):")
+    click.echo(key)
+
+
+@tenant.command("key")
+@click.argument("name")
+def tenant_key(name: str) -> None:
+    """Add another API key to a tenant; printed alone on the last line."""
+    from api.errors import ServiceError
+    from api.services.tenants import create_key
+    from storage.db import Database
+
+    try:
+        key = create_key(Database(_settings().database_url), name, int(time.time()))
+    except ServiceError as exc:
+        raise click.ClickException(exc.message) from exc
+    click.echo(key)
+
+
+@main.command()
+@click.option("--host", default=None, help="default FREIGHT_API_HOST")
+@click.option("--port", default=None, type=int, help="default FREIGHT_API_PORT")
+@click.option("--workers", default=2, show_default=True, help="gunicorn worker processes")
+def api(host: str | None, port: int | None, workers: int) -> None:
+    """Serve the API and console with gunicorn."""
+    settings = _settings()
+    bind = f"{host or settings.api_host}:{port or settings.api_port}"
+    argv = [
+        sys.executable,
+        "-m",
+        "gunicorn",
+        "--bind",
+        bind,
+        "--workers",
+        str(workers),
+        "--threads",
+        "4",
+        "--timeout",
+        "300",
+        "--graceful-timeout",
+        "30",
+        "--access-logfile",
+        "-",
+        "api.app:create_app()",
+    ]
+    os.execv(sys.executable, argv)
+
+
+@main.command()
+@click.option("--model", "model", default=None, help="serve this model: load its engine, consume its queue")
+@click.option("--control", is_flag=True, help="run validation, finalization and dispatch tasks")
+@click.option("--name", default=None, help="Celery node name")
+def worker(model: str | None, control: bool, name: str | None) -> None:
+    """Run a Celery worker: an engine worker for one model, or the control worker."""
+    from workers.celery_app import CONTROL_QUEUE, make_celery, model_queue
+
+    if bool(model) == control:
+        raise click.UsageError("give exactly one of --model NAME or --control")
+    settings = _settings()
+    app = make_celery(settings)
+    if control:
+        argv = ["worker", "-P", "threads", "-c", "4", "-Q", CONTROL_QUEUE, "-n", name or "control@%h"]
+    else:
+        if model not in settings.models:
+            raise click.ClickException(
+                f"model {model!r} is not in FREIGHT_MODELS ({', '.join(settings.models) or 'empty'})"
+            )
+        from workers.engine import Engine
+
+        # load once, before consuming: every task this process runs finds the engine warm.
+        # solo pool: vLLM's engine spawns processes, which prefork's daemonic children cannot.
+        app.freight_engine = Engine.start(engine_config(settings, model))  # type: ignore[attr-defined]
+        argv = ["worker", "-P", "solo", "-Q", model_queue(model), "-n", name or f"{model}-{os.getpid()}@%h"]
+    app.worker_main([*argv, "--loglevel", "INFO", "--without-gossip", "--without-mingle"])
+
+
+def engine_config(settings: Settings, model: str):  # type: ignore[no-untyped-def]
+    from workers.engine import EngineConfig
+
+    return EngineConfig(
+        model_path=settings.models[model],
+        served_name=model,
+        max_num_seqs=settings.engine_max_num_seqs,
+        max_model_len=settings.engine_max_model_len or None,
+        kv_cache_bytes=int(settings.engine_kv_cache_gib * 1024**3),
+        enforce_eager=settings.engine_enforce_eager,
+        default_max_tokens=settings.engine_default_max_tokens or None,
+    )
+
+
+@main.command()
+def beat() -> None:
+    """Run the Celery beat scheduler that drives the dispatcher tick."""
+    from workers.celery_app import make_celery
+
+    settings = _settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    app = make_celery(settings)
+    app.Beat(schedule=str(settings.data_dir / "celerybeat-schedule"), loglevel="INFO").run()
+
+
+@main.command()
+def tick() -> None:
+    """Run one dispatcher pass now and print what it did."""
+    from scheduler.dispatcher import tick as run_tick
+    from workers.runtime import Runtime
+
+    click.echo(run_tick(Runtime(_settings()), time.time()))
+
+
+if __name__ == "__main__":
+    main()

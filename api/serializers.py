@@ -1,0 +1,70 @@
+"""Domain rows -> OpenAI wire objects. The only place that knows the JSON field names."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from api.services.paging import Page
+from storage.models import Batch, StoredFile
+
+
+def file_object(f: StoredFile) -> dict[str, Any]:
+    return {
+        "id": f.id,
+        "object": "file",
+        "bytes": f.bytes,
+        "created_at": f.created_at,
+        "expires_at": None,
+        "filename": f.filename,
+        "purpose": f.purpose,
+        "status": "processed",
+        "status_details": None,
+    }
+
+
+def batch_object(b: Batch) -> dict[str, Any]:
+    return {
+        "id": b.id,
+        "object": "batch",
+        "endpoint": b.endpoint,
+        "model": b.model,
+        "errors": b.errors,
+        "input_file_id": b.input_file_id,
+        "completion_window": b.completion_window,
+        "status": b.status,
+        "output_file_id": b.output_file_id,
+        "error_file_id": b.error_file_id,
+        "created_at": b.created_at,
+        "in_progress_at": b.in_progress_at,
+        "expires_at": b.expires_at,
+        "finalizing_at": b.finalizing_at,
+        "completed_at": b.completed_at,
+        "failed_at": b.failed_at,
+        "expired_at": b.expired_at,
+        "cancelling_at": b.cancelling_at,
+        "cancelled_at": b.cancelled_at,
+        "request_counts": {
+            "total": b.request_total,
+            "completed": b.request_completed,
+            "failed": b.request_failed,
+        },
+        "metadata": b.metadata_,
+        "usage": {
+            "input_tokens": b.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": b.cached_tokens},
+            "output_tokens": b.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": b.prompt_tokens + b.completion_tokens,
+        },
+    }
+
+
+def list_object(p: Page, render: Any) -> dict[str, Any]:
+    data = [render(row) for row in p.rows]
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": p.has_more,
+    }

@@ -1,0 +1,121 @@
+"""Batches: create (then validate asynchronously), read, list, cancel."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from workers.protocol import ENDPOINTS
+
+from api.errors import ServiceError
+from api.services.paging import Page, page
+from scheduler.lifecycle import stop_batch
+from storage.models import Batch, StoredFile, new_id
+from storage.settings import parse_duration
+from storage.status import BatchStatus
+from workers.runtime import Runtime
+
+MAX_METADATA_PAIRS = 16
+
+
+def check_metadata(metadata: Any) -> dict[str, str] | None:
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict):
+        raise ServiceError(
+            "invalid_request", "metadata must be an object of string keys and values", param="metadata"
+        )
+    if len(metadata) > MAX_METADATA_PAIRS:
+        raise ServiceError(
+            "invalid_request", f"metadata may hold at most {MAX_METADATA_PAIRS} pairs", param="metadata"
+        )
+    for key, value in metadata.items():
+        if not isinstance(value, str) or len(key) > 64 or len(value) > 512:
+            raise ServiceError(
+                "invalid_request",
+                "metadata keys are strings of at most 64 characters, values strings of at most 512",
+                param=f"metadata.{str(key)[:64]}",
+            )
+    return metadata
+
+
+def create(rt: Runtime, tenant_id: str, payload: Any) -> Batch:
+    if not isinstance(payload, dict):
+        raise ServiceError("invalid_request", "the request body must be a JSON object")
+    input_file_id = payload.get("input_file_id")
+    endpoint = payload.get("endpoint")
+    window = payload.get("completion_window", rt.settings.default_window)
+    if not isinstance(input_file_id, str) or not input_file_id:
+        raise ServiceError("invalid_request", "input_file_id is required", param="input_file_id")
+    if endpoint not in ENDPOINTS:
+        raise ServiceError(
+            "invalid_request",
+            f"endpoint must be one of {', '.join(ENDPOINTS)}",
+            param="endpoint",
+            code="invalid_endpoint",
+        )
+    if window not in rt.settings.completion_windows:
+        raise ServiceError(
+            "invalid_request",
+            f"completion_window must be one of {', '.join(rt.settings.completion_windows)}",
+            param="completion_window",
+        )
+    metadata = check_metadata(payload.get("metadata"))
+    now = int(time.time())
+    with rt.db.write() as s:
+        source = s.get(StoredFile, input_file_id)
+        if source is None or source.tenant_id != tenant_id or source.deleted_at is not None:
+            raise ServiceError("not_found", f"No such File object: {input_file_id}", param="input_file_id")
+        if source.purpose != "batch":
+            raise ServiceError(
+                "invalid_request",
+                "input_file_id must be a file uploaded with purpose=batch",
+                param="input_file_id",
+            )
+        batch = Batch(
+            id=new_id("batch_"),
+            tenant_id=tenant_id,
+            endpoint=endpoint,
+            input_file_id=input_file_id,
+            completion_window=window,
+            status=BatchStatus.VALIDATING.value,
+            metadata_=metadata,
+            created_at=now,
+            expires_at=now + parse_duration(window),
+        )
+        s.add(batch)
+    rt.queue.validate(batch.id)  # after the commit that made the row
+    return batch
+
+
+def get(rt: Runtime, tenant_id: str, batch_id: str) -> Batch:
+    with rt.db.read() as s:
+        batch = s.get(Batch, batch_id)
+    if batch is None or batch.tenant_id != tenant_id:
+        raise ServiceError("not_found", f"No such Batch object: {batch_id}", param="batch_id")
+    return batch
+
+
+def list_batches(rt: Runtime, tenant_id: str, after: str | None, limit: int) -> Page:
+    with rt.db.read() as s:
+        return page(s, Batch, tenant_id, after, limit)
+
+
+def cancel(rt: Runtime, tenant_id: str, batch_id: str) -> Batch:
+    now = int(time.time())
+    with rt.db.write() as s:
+        batch = s.get(Batch, batch_id, with_for_update=True)
+        if batch is None or batch.tenant_id != tenant_id:
+            raise ServiceError("not_found", f"No such Batch object: {batch_id}", param="batch_id")
+        if batch.status in (BatchStatus.CANCELLING, BatchStatus.CANCELLED):
+            return batch
+        if batch.status not in (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS):
+            raise ServiceError(
+                "conflict",
+                f"Cannot cancel a batch with status {batch.status}.",
+                param="batch_id",
+                code="batch_not_cancellable",
+            )
+        stop_batch(s, batch, BatchStatus.CANCELLING, now)
+    rt.queue.finalize(batch_id)  # a no-op while units still run; the dispatcher retries
+    return batch

@@ -1,0 +1,1 @@
+"""Views parse, authorize, call one service, serialize. No SQL, no engine work."""

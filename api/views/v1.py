@@ -1,0 +1,116 @@
+"""The OpenAI-compatible /v1 routes: files, batches, models."""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response, current_app, g, jsonify, request
+
+from api.auth import require_tenant
+from api.errors import ServiceError
+from api.serializers import batch_object, file_object, list_object
+from api.services import batches, files
+from api.services.paging import parse_limit
+from workers.runtime import Runtime
+
+bp = Blueprint("v1", __name__, url_prefix="/v1")
+
+
+def rt() -> Runtime:
+    return current_app.extensions["freight"]  # type: ignore[no-any-return]
+
+
+def json_body() -> object:
+    body = request.get_json(silent=True)
+    if body is None:
+        raise ServiceError(
+            "invalid_request", "the request body must be JSON (Content-Type: application/json)"
+        )
+    return body
+
+
+@bp.post("/files")
+@require_tenant
+def upload_file():  # type: ignore[no-untyped-def]
+    upload = request.files.get("file")
+    if upload is None:
+        raise ServiceError("invalid_request", "multipart field 'file' is required", param="file")
+    record = files.upload(rt(), g.tenant_id, request.form.get("purpose"), upload.filename, upload.stream)
+    return jsonify(file_object(record))
+
+
+@bp.get("/files")
+@require_tenant
+def list_files():  # type: ignore[no-untyped-def]
+    limit = parse_limit(request.args.get("limit"), default=100, maximum=10_000)
+    result = files.list_files(
+        rt(), g.tenant_id, request.args.get("purpose"), request.args.get("after"), limit
+    )
+    return jsonify(list_object(result, file_object))
+
+
+@bp.get("/files/<file_id>")
+@require_tenant
+def get_file(file_id: str):  # type: ignore[no-untyped-def]
+    return jsonify(file_object(files.get(rt(), g.tenant_id, file_id)))
+
+
+@bp.get("/files/<file_id>/content")
+@require_tenant
+def file_content(file_id: str):  # type: ignore[no-untyped-def]
+    record, chunks = files.content(rt(), g.tenant_id, file_id)
+    response = Response(chunks, mimetype="application/jsonl")
+    response.headers["Content-Length"] = str(record.bytes)
+    response.headers["Content-Disposition"] = f'attachment; filename="{record.id}.jsonl"'
+    return response
+
+
+@bp.delete("/files/<file_id>")
+@require_tenant
+def delete_file(file_id: str):  # type: ignore[no-untyped-def]
+    record = files.delete(rt(), g.tenant_id, file_id)
+    return jsonify({"id": record.id, "object": "file", "deleted": True})
+
+
+@bp.post("/batches")
+@require_tenant
+def create_batch():  # type: ignore[no-untyped-def]
+    return jsonify(batch_object(batches.create(rt(), g.tenant_id, json_body())))
+
+
+@bp.get("/batches")
+@require_tenant
+def list_batches():  # type: ignore[no-untyped-def]
+    limit = parse_limit(request.args.get("limit"))
+    result = batches.list_batches(rt(), g.tenant_id, request.args.get("after"), limit)
+    return jsonify(list_object(result, batch_object))
+
+
+@bp.get("/batches/<batch_id>")
+@require_tenant
+def get_batch(batch_id: str):  # type: ignore[no-untyped-def]
+    return jsonify(batch_object(batches.get(rt(), g.tenant_id, batch_id)))
+
+
+@bp.post("/batches/<batch_id>/cancel")
+@require_tenant
+def cancel_batch(batch_id: str):  # type: ignore[no-untyped-def]
+    return jsonify(batch_object(batches.cancel(rt(), g.tenant_id, batch_id)))
+
+
+@bp.get("/models")
+@require_tenant
+def list_models():  # type: ignore[no-untyped-def]
+    return jsonify({"object": "list", "data": [_model(name) for name in sorted(rt().settings.models)]})
+
+
+@bp.get("/models/<path:model>")
+@require_tenant
+def get_model(model: str):  # type: ignore[no-untyped-def]
+    if model not in rt().settings.models:
+        raise ServiceError(
+            "not_found", f"The model '{model}' does not exist", param="model", code="model_not_found"
+        )
+    return jsonify(_model(model))
+
+
+def _model(name: str) -> dict:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "freight"}

@@ -1,0 +1,155 @@
+"""SQLAlchemy models: tenants and their keys, files, batches and the work units they run as.
+
+Timestamps that OpenAI's wire format exposes are integer epoch seconds; the timing of work units,
+which feeds throughput figures, is float epoch seconds.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from storage.status import BatchStatus
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+def new_id(prefix: str) -> str:
+    """OpenAI-style opaque ids: ``file-…``, ``batch_…``, ``batch_req_…``."""
+    return prefix + secrets.token_hex(12)
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("tenant_"))
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class ApiKey(Base):
+    """Only the SHA-256 of a key is stored; keys are 256 random bits, so a fast hash is enough."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))  # first characters, to recognise a key in listings
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    revoked_at: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class StoredFile(Base):
+    __tablename__ = "files"
+    __table_args__ = (Index("ix_files_tenant_created", "tenant_id", "created_at", "id"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("file-"))
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    purpose: Mapped[str] = mapped_column(String(32))  # batch | batch_output
+    filename: Mapped[str] = mapped_column(String(512))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    object_key: Mapped[str] = mapped_column(String(1024))
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    deleted_at: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class Batch(Base):
+    __tablename__ = "batches"
+    __table_args__ = (
+        Index("ix_batches_tenant_created", "tenant_id", "created_at", "id"),
+        Index("ix_batches_status", "status"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("batch_"))
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    endpoint: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str | None] = mapped_column(String(200))  # known once validation has read the lines
+    input_file_id: Mapped[str] = mapped_column(ForeignKey("files.id"))
+    completion_window: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16), default=BatchStatus.VALIDATING.value)
+    # the terminal state finalization leads to: completed, or expired when the window ran out
+    final_status: Mapped[str | None] = mapped_column(String(16))
+    output_file_id: Mapped[str | None] = mapped_column(String(40))
+    error_file_id: Mapped[str | None] = mapped_column(String(40))
+    errors: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    metadata_: Mapped[dict[str, str] | None] = mapped_column("metadata", JSON)
+
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[int] = mapped_column(BigInteger)  # the SLA deadline
+    in_progress_at: Mapped[int | None] = mapped_column(BigInteger)
+    finalizing_at: Mapped[int | None] = mapped_column(BigInteger)
+    completed_at: Mapped[int | None] = mapped_column(BigInteger)
+    failed_at: Mapped[int | None] = mapped_column(BigInteger)
+    expired_at: Mapped[int | None] = mapped_column(BigInteger)
+    cancelling_at: Mapped[int | None] = mapped_column(BigInteger)
+    cancelled_at: Mapped[int | None] = mapped_column(BigInteger)
+
+    request_total: Mapped[int] = mapped_column(Integer, default=0)
+    request_completed: Mapped[int] = mapped_column(Integer, default=0)
+    request_failed: Mapped[int] = mapped_column(Integer, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0)  # part of prompt_tokens
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    # lease of the finalizer assembling the output files (epoch seconds), so one runs at a time
+    finalizer_heartbeat_at: Mapped[float | None] = mapped_column(Float)
+
+
+class UnitStatus:
+    PENDING = "pending"  # made by validation, not yet handed to the broker
+    QUEUED = "queued"  # a Celery task for it is in the model's queue
+    RUNNING = "running"  # claimed by a worker, which heartbeats while it runs
+    DONE = "done"  # results written to the object store, counts recorded
+    SKIPPED = "skipped"  # the batch stopped (cancel, expiry) before the unit ran
+    FAILED = "failed"  # gave up after repeated worker deaths; its requests become error lines
+
+    FINISHED = (DONE, SKIPPED, FAILED)
+
+
+class WorkUnit(Base):
+    """A slice of a batch's validated requests (one Parquet shard) that one worker runs at a time."""
+
+    __tablename__ = "work_units"
+    __table_args__ = (
+        UniqueConstraint("batch_id", "seq"),
+        Index("ix_work_units_status_model", "status", "model"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    batch_id: Mapped[str] = mapped_column(ForeignKey("batches.id", ondelete="CASCADE"), index=True)
+    seq: Mapped[int] = mapped_column(Integer)
+    model: Mapped[str] = mapped_column(String(200))
+    shard_key: Mapped[str] = mapped_column(String(1024))
+    first_line: Mapped[int] = mapped_column(Integer)
+    n_requests: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16), default=UnitStatus.PENDING)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    worker: Mapped[str | None] = mapped_column(String(200))
+    enqueued_at: Mapped[float | None] = mapped_column(Float)
+    heartbeat_at: Mapped[float | None] = mapped_column(Float)
+    started_at: Mapped[float | None] = mapped_column(Float)
+    finished_at: Mapped[float | None] = mapped_column(Float)
+
+    completed: Mapped[int] = mapped_column(Integer, default=0)
+    failed: Mapped[int] = mapped_column(Integer, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    output_key: Mapped[str | None] = mapped_column(String(1024))
+    error_key: Mapped[str | None] = mapped_column(String(1024))
+    note: Mapped[str | None] = mapped_column(Text)

@@ -1,0 +1,248 @@
+"""One object-store interface with two implementations: a local directory and S3 (boto3).
+
+Every write is all-or-nothing: a reader sees the whole object or none of it (local: write to a
+temporary name, then rename; S3: a PUT or a multipart upload that is aborted on failure). Reads and
+writes stream in chunks, so objects of any size pass through bounded memory.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import secrets
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO, Protocol
+from urllib.parse import urlparse
+
+CHUNK = 1024 * 1024  # bytes per streamed read
+
+
+class ObjectStoreError(RuntimeError):
+    """The store could not be reached or refused an operation."""
+
+
+class ObjectNotFound(ObjectStoreError):
+    pass
+
+
+class ObjectStore(Protocol):
+    url: str
+
+    def put_stream(self, key: str, stream: IO[bytes]) -> int:
+        """Store everything read from ``stream`` under ``key``; returns the byte count."""
+
+    def put_chunks(self, key: str, chunks: Iterable[bytes]) -> int: ...
+
+    def open(self, key: str) -> IO[bytes]:
+        """A readable binary stream of the object (close it when done)."""
+
+    def size(self, key: str) -> int: ...
+
+    def exists(self, key: str) -> bool: ...
+
+    def delete(self, key: str) -> None: ...
+
+    def list(self, prefix: str) -> Iterator[str]: ...
+
+
+def check_key(key: str) -> str:
+    """Keys are made by Freight, never by users; refuse anything that could climb out of the root."""
+    parts = key.split("/")
+    if not key or key.startswith("/") or "\x00" in key or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"invalid object key {key!r}")
+    return key
+
+
+class ChunkReader(io.RawIOBase):
+    """A file-like view of an iterator of byte chunks, for APIs that want ``read()``."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks = iter(chunks)
+        self._pending = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def]
+        while not self._pending:
+            try:
+                self._pending = next(self._chunks)
+            except StopIteration:
+                return 0
+        n = min(len(buffer), len(self._pending))
+        buffer[:n] = self._pending[:n]
+        self._pending = self._pending[n:]
+        return n
+
+
+class LocalObjectStore:
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.url = f"file://{self.root}"
+
+    def _path(self, key: str) -> Path:
+        return self.root / check_key(key)
+
+    def put_stream(self, key: str, stream: IO[bytes]) -> int:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.part")
+        total = 0
+        try:
+            with open(tmp, "wb") as out:
+                while chunk := stream.read(CHUNK):
+                    out.write(chunk)
+                    total += len(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return total
+
+    def put_chunks(self, key: str, chunks: Iterable[bytes]) -> int:
+        return self.put_stream(key, io.BufferedReader(ChunkReader(chunks), CHUNK))
+
+    def open(self, key: str) -> IO[bytes]:
+        try:
+            return open(self._path(key), "rb")
+        except FileNotFoundError as exc:
+            raise ObjectNotFound(key) from exc
+
+    def size(self, key: str) -> int:
+        try:
+            return self._path(key).stat().st_size
+        except FileNotFoundError as exc:
+            raise ObjectNotFound(key) from exc
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+    def list(self, prefix: str) -> Iterator[str]:
+        base = self.root
+        for path in sorted(base.rglob("*")):
+            if path.is_file() and not path.name.startswith("."):
+                key = path.relative_to(base).as_posix()
+                if key.startswith(prefix):
+                    yield key
+
+
+class S3ObjectStore:
+    """``s3://bucket/prefix``; endpoint and credentials from boto3's chain unless given."""
+
+    def __init__(self, bucket: str, prefix: str = "", endpoint_url: str | None = None, client=None) -> None:  # type: ignore[no-untyped-def]
+        import boto3
+        from botocore.config import Config
+
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        self._client = client or boto3.client(
+            "s3",
+            endpoint_url=endpoint_url or None,
+            config=Config(retries={"max_attempts": 8, "mode": "standard"}, s3={"addressing_style": "path"}),
+        )
+
+    def _key(self, key: str) -> str:
+        check_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def put_stream(self, key: str, stream: IO[bytes]) -> int:
+        from boto3.exceptions import S3UploadFailedError
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        counter = _CountingReader(stream)
+        try:
+            # upload_fileobj switches to multipart above 8 MiB and aborts the upload on failure
+            self._client.upload_fileobj(counter, self.bucket, self._key(key))
+        except (BotoCoreError, ClientError, S3UploadFailedError) as exc:
+            raise ObjectStoreError(f"upload of {key} to {self.url} failed: {exc}") from exc
+        return counter.total
+
+    def put_chunks(self, key: str, chunks: Iterable[bytes]) -> int:
+        return self.put_stream(key, io.BufferedReader(ChunkReader(chunks), CHUNK))
+
+    def open(self, key: str) -> IO[bytes]:
+        from botocore.exceptions import ClientError
+
+        try:
+            response = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                raise ObjectNotFound(key) from exc
+            raise ObjectStoreError(str(exc)) from exc
+        return response["Body"]  # type: ignore[no-any-return]
+
+    def size(self, key: str) -> int:
+        from botocore.exceptions import ClientError
+
+        try:
+            return int(self._client.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"])
+        except ClientError as exc:
+            raise ObjectNotFound(key) from exc
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.size(key)
+        except ObjectNotFound:
+            return False
+        return True
+
+    def delete(self, key: str) -> None:
+        self._client.delete_object(Bucket=self.bucket, Key=self._key(key))
+
+    def list(self, prefix: str) -> Iterator[str]:
+        paginator = self._client.get_paginator("list_objects_v2")
+        full = self._key(prefix) if prefix else (self.prefix + "/" if self.prefix else "")
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
+            for item in page.get("Contents", []):
+                yield item["Key"][strip:]
+
+
+class _CountingReader(io.RawIOBase):
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._stream = stream
+        self.total = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._stream.read(size)
+        self.total += len(data)
+        return data
+
+    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def]
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def open_object_store(url: str, s3_endpoint_url: str = "") -> ObjectStore:
+    parsed = urlparse(url)
+    if parsed.scheme == "file":
+        return LocalObjectStore(Path(parsed.path))
+    if parsed.scheme == "s3":
+        return S3ObjectStore(parsed.netloc, parsed.path, endpoint_url=s3_endpoint_url or None)
+    raise ValueError(f"object store URL must be file:///path or s3://bucket/prefix, got {url!r}")
+
+
+def iter_lines(stream: IO[bytes]) -> Iterator[bytes]:
+    """Lines of a binary stream (without the ``\n``), holding at most one chunk plus one line."""
+    head: list[bytes] = []  # pieces of a line that spans chunks
+    while chunk := stream.read(CHUNK):
+        parts = chunk.split(b"\n")
+        if len(parts) == 1:
+            head.append(chunk)
+            continue
+        head.append(parts[0])
+        yield b"".join(head)
+        yield from parts[1:-1]
+        head = [parts[-1]] if parts[-1] else []
+    if head:
+        yield b"".join(head)

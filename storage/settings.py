@@ -1,0 +1,134 @@
+"""One frozen settings object, read from ``FREIGHT_*`` environment variables.
+
+Every process (API, Celery workers, CLI) builds its settings once with ``Settings.from_env()`` and
+passes the object down; nothing reads the environment anywhere else. The README lists every key.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+_DURATION = re.compile(r"^(\d+)(s|m|h|d)$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class SettingsError(ValueError):
+    """A FREIGHT_* variable has a value Freight cannot use."""
+
+
+def parse_duration(text: str) -> int:
+    """``"24h"`` -> 86400 seconds. Completion windows are written this way."""
+    match = _DURATION.match(text.strip())
+    if not match:
+        raise SettingsError(f"not a duration like 30s, 10m, 24h or 7d: {text!r}")
+    return int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+def parse_models(text: str) -> dict[str, str]:
+    """``"demo=/srv/models/demo,llama=s3://b/llama"`` -> {served name: checkpoint location}."""
+    models: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, path = item.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise SettingsError(f"FREIGHT_MODELS entries are NAME=PATH, got {item!r}")
+        models[name.strip()] = path.strip()
+    return models
+
+
+@dataclass(frozen=True)
+class Settings:
+    data_dir: Path = Path("var")
+    database_url: str = ""  # default: sqlite file in data_dir
+    object_store_url: str = ""  # default: file://<data_dir>/objects ; or s3://bucket/prefix
+    s3_endpoint_url: str = ""  # empty: boto3's own chain (AWS_ENDPOINT_URL, config files)
+    broker_url: str = "redis://127.0.0.1:6390/0"
+    api_host: str = "127.0.0.1"
+    api_port: int = 8080
+    # served name -> checkpoint directory (the model registry issue moves this into the database)
+    models: Mapping[str, str] = field(default_factory=dict)
+    completion_windows: tuple[str, ...] = ("24h",)
+    max_requests_per_file: int = 50_000
+    max_file_bytes: int = 200 * 1024 * 1024
+    max_line_bytes: int = 8 * 1024 * 1024
+    max_listed_errors: int = 100  # validation errors listed on a failed batch
+    unit_size: int = 256  # requests per work unit
+    # engine settings for workers
+    engine_max_num_seqs: int = 64
+    engine_max_model_len: int = 0  # 0: the checkpoint's own
+    engine_kv_cache_gib: float = 1.0
+    engine_enforce_eager: bool = False
+    engine_default_max_tokens: int = 1024  # when a request sets neither max_tokens field
+    # liveness of work units
+    heartbeat_seconds: float = 5.0
+    lease_seconds: float = 60.0  # a running unit with no heartbeat for this long is redelivered
+    tick_seconds: float = 2.0  # dispatcher period
+    queue_depth: int = 4  # units kept in each model's broker queue; the rest wait in the database
+    max_unit_attempts: int = 3  # a unit whose worker died this many times fails its requests
+    visibility_timeout_seconds: int = 6 * 3600  # Redis redelivery of unacked tasks
+    secret_key: str = ""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+        env = os.environ if environ is None else environ
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            raw = env.get(f"FREIGHT_{f.name.upper()}")
+            if raw is None:
+                continue
+            values[f.name] = _convert(f.name, f.type, raw)
+        values.update(overrides)
+        return cls(**values).resolved()
+
+    def resolved(self) -> Settings:
+        """Fill the defaults that depend on other settings, and check the whole."""
+        data_dir = Path(self.data_dir).absolute()
+        changes: dict[str, object] = {"data_dir": data_dir}
+        if not self.database_url:
+            changes["database_url"] = f"sqlite:///{data_dir / 'freight.db'}"
+        if not self.object_store_url:
+            changes["object_store_url"] = f"file://{data_dir / 'objects'}"
+        for window in self.completion_windows:
+            parse_duration(window)
+        if not self.completion_windows:
+            raise SettingsError("FREIGHT_COMPLETION_WINDOWS needs at least one window")
+        if self.unit_size < 1:
+            raise SettingsError("FREIGHT_UNIT_SIZE must be at least 1")
+        return _replace(self, **changes)
+
+    @property
+    def default_window(self) -> str:
+        return "24h" if "24h" in self.completion_windows else self.completion_windows[0]
+
+
+def _replace(settings: Settings, **changes: object) -> Settings:
+    from dataclasses import replace
+
+    return replace(settings, **changes)  # type: ignore[arg-type]
+
+
+def _convert(name: str, type_name: object, raw: str) -> object:
+    kind = str(type_name)
+    try:
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+        if kind == "bool":
+            if raw.strip().lower() in {"1", "true", "yes", "on"}:
+                return True
+            if raw.strip().lower() in {"0", "false", "no", "off", ""}:
+                return False
+            raise ValueError(raw)
+        if kind == "Path":
+            return Path(raw)
+        if kind.startswith("Mapping"):
+            return parse_models(raw)
+        if kind.startswith("tuple"):
+            return tuple(filter(None, (part.strip() for part in raw.split(","))))
+    except ValueError as exc:
+        raise SettingsError(f"FREIGHT_{name.upper()}={raw!r} is not a valid {kind}") from exc
+    return raw

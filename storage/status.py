@@ -1,0 +1,73 @@
+"""The batch lifecycle: one enum, one transition table, one ``transition()`` that records when.
+
+OpenAI's states, plus the paths Freight takes between them. Expiry goes through ``finalizing``
+because the done results still have to be assembled into the output file before ``expired``.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Protocol
+
+
+class BatchStatus(enum.StrEnum):
+    VALIDATING = "validating"
+    FAILED = "failed"
+    IN_PROGRESS = "in_progress"
+    FINALIZING = "finalizing"
+    COMPLETED = "completed"
+    EXPIRED = "expired"
+    CANCELLING = "cancelling"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return not TRANSITIONS[self]
+
+
+S = BatchStatus
+TRANSITIONS: dict[BatchStatus, frozenset[BatchStatus]] = {
+    S.VALIDATING: frozenset({S.IN_PROGRESS, S.FAILED, S.CANCELLING, S.FINALIZING}),
+    S.IN_PROGRESS: frozenset({S.FINALIZING, S.CANCELLING}),
+    S.FINALIZING: frozenset({S.COMPLETED, S.EXPIRED, S.FAILED}),
+    S.CANCELLING: frozenset({S.CANCELLED}),
+    S.FAILED: frozenset(),
+    S.COMPLETED: frozenset(),
+    S.EXPIRED: frozenset(),
+    S.CANCELLED: frozenset(),
+}
+
+# The timestamp column each state stamps when entered (validating is stamped by created_at).
+STAMP = {
+    S.IN_PROGRESS: "in_progress_at",
+    S.FINALIZING: "finalizing_at",
+    S.COMPLETED: "completed_at",
+    S.FAILED: "failed_at",
+    S.EXPIRED: "expired_at",
+    S.CANCELLING: "cancelling_at",
+    S.CANCELLED: "cancelled_at",
+}
+
+
+class IllegalTransition(RuntimeError):
+    def __init__(self, current: BatchStatus, target: BatchStatus) -> None:
+        super().__init__(f"batch cannot go from {current} to {target}")
+        self.current = current
+        self.target = target
+
+
+class HasStatus(Protocol):
+    status: str
+
+
+def can_transition(current: str, target: BatchStatus) -> bool:
+    return target in TRANSITIONS[BatchStatus(current)]
+
+
+def transition(batch: HasStatus, target: BatchStatus, now: int) -> None:
+    """Move ``batch`` to ``target`` and stamp ``<target>_at`` with ``now`` (epoch seconds)."""
+    current = BatchStatus(batch.status)
+    if target not in TRANSITIONS[current]:
+        raise IllegalTransition(current, target)
+    batch.status = target.value
+    setattr(batch, STAMP[target], now)

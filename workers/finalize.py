@@ -1,0 +1,124 @@
+"""Finalization: stream every unit's results into the batch's output and error files.
+
+Runs when no unit of the batch is running any more. Idempotent: the files go to keys fixed by the
+batch id, the file rows and the final transition are committed together, and a finalizer lease
+keeps two finalizers from copying the same batch at once. Totals are recomputed from the units,
+so live progress counters can never be double counted in the final figures.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+
+from sqlalchemy import or_, select, update
+
+from scheduler.lifecycle import unfinished_units
+from storage.models import Batch, StoredFile, UnitStatus, WorkUnit, new_id
+from storage.objectstore import CHUNK
+from storage.shards import read_shard
+from storage.status import BatchStatus, transition
+from workers.results import encode, stopped_line
+from workers.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+
+def _claim(rt: Runtime, batch_id: str, now: float) -> Batch | None:
+    with rt.db.write() as s:
+        claimed = s.execute(
+            update(Batch)
+            .where(
+                Batch.id == batch_id,
+                Batch.status.in_([BatchStatus.FINALIZING, BatchStatus.CANCELLING]),
+                or_(
+                    Batch.finalizer_heartbeat_at.is_(None),
+                    Batch.finalizer_heartbeat_at < now - rt.settings.lease_seconds,
+                ),
+            )
+            .values(finalizer_heartbeat_at=now)
+        ).rowcount
+        if not claimed or unfinished_units(s, batch_id):
+            if claimed:
+                s.get(Batch, batch_id).finalizer_heartbeat_at = None  # type: ignore[union-attr]
+            return None
+        return s.get(Batch, batch_id)
+
+
+def finalize_batch(rt: Runtime, batch_id: str) -> str | None:
+    """Assemble the files and move the batch to its final state; returns that state, or None."""
+    batch = _claim(rt, batch_id, time.time())
+    if batch is None:
+        return None
+    stop_code = "batch_cancelled" if batch.status == BatchStatus.CANCELLING else "batch_expired"
+    with rt.db.read() as s:
+        units = s.scalars(select(WorkUnit).where(WorkUnit.batch_id == batch_id).order_by(WorkUnit.seq)).all()
+
+    counts = {"output": 0, "errors": 0}
+    sizes = {}
+    keys = {kind: f"batches/{batch_id}/{kind}.jsonl" for kind in counts}
+    for kind in counts:
+        sizes[kind] = rt.store.put_chunks(keys[kind], _assemble(rt, batch_id, units, kind, stop_code, counts))
+
+    now = int(time.time())
+    with rt.db.write() as s:
+        batch = s.get(Batch, batch_id, with_for_update=True)
+        if batch is None or batch.status not in (BatchStatus.FINALIZING, BatchStatus.CANCELLING):
+            return None
+        for kind, attr, filename in (
+            ("output", "output_file_id", "output"),
+            ("errors", "error_file_id", "errors"),
+        ):
+            if counts[kind] and getattr(batch, attr) is None:
+                f = StoredFile(
+                    id=new_id("file-"),
+                    tenant_id=batch.tenant_id,
+                    purpose="batch_output",
+                    filename=f"{batch_id}_{filename}.jsonl",
+                    bytes=sizes[kind],
+                    object_key=keys[kind],
+                    created_at=now,
+                )
+                s.add(f)
+                setattr(batch, attr, f.id)
+        batch.request_completed = sum(u.completed for u in units)
+        batch.request_failed = batch.request_total - batch.request_completed
+        batch.prompt_tokens = sum(u.prompt_tokens for u in units)
+        batch.cached_tokens = sum(u.cached_tokens for u in units)
+        batch.completion_tokens = sum(u.completion_tokens for u in units)
+        if batch.status == BatchStatus.CANCELLING:
+            final = BatchStatus.CANCELLED
+        elif batch.final_status == BatchStatus.EXPIRED:
+            final = BatchStatus.EXPIRED
+        else:
+            final = BatchStatus.COMPLETED
+        transition(batch, final, now)
+        batch.finalizer_heartbeat_at = None
+    log.info(
+        "batch %s %s: %d output lines, %d error lines", batch_id, final, counts["output"], counts["errors"]
+    )
+    return final.value
+
+
+def _assemble(
+    rt: Runtime, batch_id: str, units: list[WorkUnit], kind: str, stop_code: str, counts: dict[str, int]
+) -> Iterator[bytes]:
+    """The bytes of one result file, unit by unit in file order; counts lines as it goes."""
+    last_beat = time.time()
+    for unit in units:
+        if unit.status == UnitStatus.DONE:
+            key = unit.output_key if kind == "output" else unit.error_key
+            with rt.store.open(key) as stream:  # type: ignore[arg-type]
+                while chunk := stream.read(CHUNK):
+                    counts[kind] += chunk.count(b"\n")
+                    yield chunk
+        elif kind == "errors":
+            code = "worker_failed" if unit.status == UnitStatus.FAILED else stop_code
+            for row in read_shard(rt.store, unit.shard_key):
+                counts[kind] += 1
+                yield encode(stopped_line(row.custom_id, code))
+        if time.time() - last_beat > rt.settings.lease_seconds / 4:
+            last_beat = time.time()
+            with rt.db.write() as s:
+                s.execute(update(Batch).where(Batch.id == batch_id).values(finalizer_heartbeat_at=last_beat))

@@ -1,0 +1,65 @@
+"""Lines of the output and error files, in OpenAI's batch output format.
+
+Every input line ends in exactly one of the two files: a 200 response in the output file; a
+request the engine refused (status 4xx/5xx with an error body) or one the batch stopped before
+(``error`` set, ``response`` null) in the error file.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from storage.models import new_id
+
+STOP_MESSAGES = {
+    "batch_cancelled": "The batch was cancelled before this request ran.",
+    "batch_expired": "The batch's completion window ended before this request ran.",
+    "worker_failed": "The workers running this request died repeatedly; it was not retried again.",
+}
+
+
+def success_line(custom_id: str, body: dict[str, Any]) -> dict[str, Any]:
+    request_id = new_id("req_")
+    return {
+        "id": new_id("batch_req_"),
+        "custom_id": custom_id,
+        "response": {"status_code": 200, "request_id": request_id, "body": body},
+        "error": None,
+    }
+
+
+def request_error_line(custom_id: str, status_code: int, error: dict[str, Any]) -> dict[str, Any]:
+    """The engine answered this request with an error (bad parameter, prompt too long, …)."""
+    kind = "invalid_request_error" if 400 <= status_code < 500 else "server_error"
+    return {
+        "id": new_id("batch_req_"),
+        "custom_id": custom_id,
+        "response": {
+            "status_code": status_code,
+            "request_id": new_id("req_"),
+            "body": {
+                "error": {
+                    "message": error.get("message", ""),
+                    "type": kind,
+                    "param": error.get("param"),
+                    "code": error.get("code"),
+                }
+            },
+        },
+        "error": None,
+    }
+
+
+def stopped_line(custom_id: str, code: str) -> dict[str, Any]:
+    """The request never ran: the batch was cancelled or expired, or its unit was given up."""
+    return {
+        "id": new_id("batch_req_"),
+        "custom_id": custom_id,
+        "response": None,
+        "error": {"code": code, "message": STOP_MESSAGES.get(code, code)},
+    }
+
+
+def encode(line: dict[str, Any]) -> bytes:
+    return json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"

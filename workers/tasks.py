@@ -1,0 +1,46 @@
+"""Celery tasks: a few lines each, taking ids, acknowledged late, safe to run twice.
+
+Each calls one domain function with the process's Runtime (and, on engine workers, its warm
+engine), then pokes the dispatcher so freed queue room is refilled without waiting for a tick.
+"""
+
+from __future__ import annotations
+
+import time
+
+from celery import Celery
+
+from workers.runtime import Runtime
+
+
+def runtime_of(app: Celery) -> Runtime:
+    rt = getattr(app, "freight_runtime", None)
+    if rt is None:
+        rt = app.freight_runtime = Runtime(app.conf.freight_settings)
+    return rt
+
+
+def register(app: Celery) -> None:
+    from scheduler import dispatcher
+    from workers import execution, finalize, validation
+
+    @app.task(name="freight.validate_batch", acks_late=True)
+    def validate_batch(batch_id: str) -> None:
+        rt = runtime_of(app)
+        validation.validate_batch(rt, batch_id)
+        dispatcher.enqueue_units(rt, time.time(), dispatcher.TickReport())
+
+    @app.task(name="freight.run_unit", acks_late=True)
+    def run_unit(unit_id: int) -> None:
+        rt = runtime_of(app)
+        engine = app.freight_engine  # loaded at worker start; a control worker never gets this task
+        execution.run_unit(rt, engine, unit_id)
+        dispatcher.enqueue_units(rt, time.time(), dispatcher.TickReport())
+
+    @app.task(name="freight.finalize_batch", acks_late=True)
+    def finalize_batch(batch_id: str) -> None:
+        finalize.finalize_batch(runtime_of(app), batch_id)
+
+    @app.task(name="freight.tick", acks_late=False, ignore_result=True)
+    def tick() -> None:
+        dispatcher.tick(runtime_of(app), time.time())

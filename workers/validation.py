@@ -1,0 +1,261 @@
+"""The ``validating`` step: read the input file once, check every line, write the request shards.
+
+Streams the file, so memory is bounded by one unit's shard plus a 16-byte digest per custom_id.
+A file with any bad line fails the batch with every bad line listed (up to a cap, which is said).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from storage.models import Batch, StoredFile, WorkUnit
+from storage.objectstore import iter_lines
+from storage.settings import Settings
+from storage.shards import ShardRow, write_shard
+from storage.status import BatchStatus, transition
+from workers.protocol import RequestError, parse_body
+from workers.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+BOM = b"\xef\xbb\xbf"
+
+
+@dataclass(frozen=True)
+class LineError:
+    line: int
+    code: str
+    message: str
+    param: str | None = None
+
+    def as_openai(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "param": self.param, "line": self.line}
+
+
+@dataclass(frozen=True)
+class FileRules:
+    endpoint: str
+    served_models: frozenset[str]
+    max_requests: int
+    max_line_bytes: int
+
+
+def check_line(raw: bytes, line_no: int, rules: FileRules) -> ShardRow | LineError:
+    """One line of an OpenAI batch file -> a validated row or the reason it is not one."""
+    if len(raw) > rules.max_line_bytes:
+        return LineError(
+            line_no, "line_too_large", f"line is {len(raw)} bytes; the limit is {rules.max_line_bytes}"
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return LineError(
+            line_no, "invalid_json_line", f"line is not valid UTF-8 ({exc.reason} at byte {exc.start})"
+        )
+    try:
+        obj = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        return LineError(line_no, "invalid_json_line", f"line is not valid JSON: {getattr(exc, 'msg', exc)}")
+    if not isinstance(obj, dict):
+        return LineError(line_no, "invalid_json_line", "line must be a JSON object")
+    custom_id = obj.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        return LineError(line_no, "missing_custom_id", "custom_id must be a non-empty string", "custom_id")
+    if len(custom_id) > 512:
+        return LineError(line_no, "invalid_custom_id", "custom_id is longer than 512 characters", "custom_id")
+    if obj.get("method") != "POST":
+        return LineError(line_no, "invalid_method", "method must be POST", "method")
+    if obj.get("url") != rules.endpoint:
+        return LineError(
+            line_no,
+            "mismatched_url",
+            f"url {str(obj.get('url'))[:200]!r} does not match the batch endpoint {rules.endpoint}",
+            "url",
+        )
+    extra = set(obj) - {"custom_id", "method", "url", "body"}
+    if extra:
+        return LineError(line_no, "invalid_request", f"unknown field(s): {', '.join(sorted(extra))[:200]}")
+    body = obj.get("body")
+    if not isinstance(body, dict):
+        return LineError(line_no, "invalid_body", "body must be a JSON object", "body")
+    model = body.get("model")
+    if not isinstance(model, str) or model not in rules.served_models:
+        return LineError(
+            line_no, "model_not_found", f"model {str(model)[:200]!r} is not served here", "body.model"
+        )
+    try:
+        parse_body(rules.endpoint, body)
+    except RequestError as exc:
+        param = f"body.{exc.param}" if exc.param else "body"
+        return LineError(line_no, exc.code, exc.message, param)
+    return ShardRow(line_no, custom_id, json.dumps(body, ensure_ascii=False, separators=(",", ":")))
+
+
+@dataclass
+class ScanResult:
+    rows: int = 0
+    model: str | None = None
+    errors: list[LineError] | None = None
+    error_count: int = 0
+
+
+def scan_lines(lines: Iterable[bytes], rules: FileRules, max_listed: int) -> Iterator[ShardRow | ScanResult]:
+    """Yield valid rows in file order, then one ScanResult summarising the whole file.
+
+    File-level rules live here: BOM, CRLF, blank lines (only trailing ones are allowed), unique
+    custom_ids, one model per file, the request-count limit.
+    """
+    result = ScanResult(errors=[])
+    assert result.errors is not None
+    seen: set[bytes] = set()
+    blank_run_start = 0
+
+    def fail(error: LineError) -> None:
+        result.error_count += 1
+        if len(result.errors) < max_listed:  # type: ignore[arg-type]
+            result.errors.append(error)  # type: ignore[union-attr]
+
+    line_no = 0
+    for line_no, raw in enumerate(lines, start=1):
+        if line_no == 1 and raw.startswith(BOM):
+            raw = raw[len(BOM) :]
+        raw = raw.rstrip(b"\r")
+        if not raw.strip():
+            blank_run_start = blank_run_start or line_no
+            continue
+        if blank_run_start:
+            fail(LineError(blank_run_start, "empty_line", "empty line inside the file"))
+            blank_run_start = 0
+        checked = check_line(raw, line_no, rules)
+        if isinstance(checked, LineError):
+            fail(checked)
+            continue
+        digest = hashlib.blake2b(checked.custom_id.encode(), digest_size=16).digest()
+        if digest in seen:
+            fail(
+                LineError(
+                    line_no,
+                    "duplicate_custom_id",
+                    f"custom_id {checked.custom_id[:200]!r} appears more than once",
+                    "custom_id",
+                )
+            )
+            continue
+        seen.add(digest)
+        model = json.loads(checked.body_json)["model"]
+        if result.model is None:
+            result.model = model
+        elif model != result.model:
+            fail(
+                LineError(
+                    line_no,
+                    "mixed_models",
+                    f"model {model!r} differs from {result.model!r}: one model per file",
+                    "body.model",
+                )
+            )
+            continue
+        result.rows += 1
+        if result.rows > rules.max_requests:
+            fail(
+                LineError(
+                    line_no, "too_many_requests", f"the file has more than {rules.max_requests} requests"
+                )
+            )
+            break
+        yield checked
+    if result.rows == 0 and result.error_count == 0:
+        fail(LineError(max(line_no, 1), "empty_file", "the file contains no requests"))
+    yield result
+
+
+def validate_batch(rt: Runtime, batch_id: str) -> list[tuple[int, str]]:
+    """Validate a ``validating`` batch; returns the (unit id, model) pairs to enqueue after commit."""
+    settings: Settings = rt.settings
+    with rt.db.read() as s:
+        batch = s.get(Batch, batch_id)
+        if batch is None or batch.status != BatchStatus.VALIDATING:
+            return []  # already validated (task re-delivered) or cancelled meanwhile
+        input_key = s.get(StoredFile, batch.input_file_id).object_key  # type: ignore[union-attr]
+        endpoint = batch.endpoint
+    rules = FileRules(
+        endpoint=endpoint,
+        served_models=frozenset(settings.models),
+        max_requests=settings.max_requests_per_file,
+        max_line_bytes=settings.max_line_bytes,
+    )
+    started = time.monotonic()
+    units: list[tuple[str, int, int]] = []  # (shard key, first line, rows)
+    shard: list[ShardRow] = []
+    summary = ScanResult()
+
+    def flush() -> None:
+        key = f"batches/{batch_id}/shards/{len(units):06d}.parquet"
+        write_shard(rt.store, key, shard)
+        units.append((key, shard[0].line, len(shard)))
+        shard.clear()
+
+    with rt.store.open(input_key) as stream:
+        for item in scan_lines(iter_lines(stream), rules, settings.max_listed_errors):
+            if isinstance(item, ScanResult):
+                summary = item
+                break
+            if summary.error_count:
+                continue
+            shard.append(item)
+            if len(shard) >= settings.unit_size:
+                flush()
+    if shard and not summary.error_count:
+        flush()
+    log.info(
+        "validated %s: %d requests, %d errors in %.2fs",
+        batch_id,
+        summary.rows,
+        summary.error_count,
+        time.monotonic() - started,
+    )
+
+    now = int(time.time())
+    with rt.db.write() as s:
+        batch = s.get(Batch, batch_id, with_for_update=True)
+        if batch is None or batch.status != BatchStatus.VALIDATING:
+            return []
+        if summary.error_count:
+            data = [e.as_openai() for e in summary.errors or []]
+            if summary.error_count > len(data):
+                data.append(
+                    {
+                        "code": "too_many_errors",
+                        "message": f"{summary.error_count} lines failed validation; the first {len(data)} are listed",
+                        "param": None,
+                        "line": None,
+                    }
+                )
+            batch.errors = {"object": "list", "data": data}
+            batch.request_total = 0
+            transition(batch, BatchStatus.FAILED, now)
+            made: list[WorkUnit] = []
+        else:
+            batch.model = summary.model
+            batch.request_total = summary.rows
+            made = [
+                WorkUnit(
+                    batch_id=batch_id,
+                    seq=seq,
+                    model=summary.model or "",
+                    shard_key=key,
+                    first_line=first,
+                    n_requests=n,
+                )
+                for seq, (key, first, n) in enumerate(units)
+            ]
+            s.add_all(made)
+            transition(batch, BatchStatus.IN_PROGRESS, now)
+        s.flush()
+        return [(u.id, u.model) for u in made]
