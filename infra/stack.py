@@ -1,0 +1,135 @@
+"""Start and stop the whole local Freight stack: Redis, the API, the control worker, one engine
+worker per served model, and the beat scheduler. Used by ``make run``/``make stop`` and the tests.
+
+Every process gets a pid file in ``run_dir`` (the contract of ``infra.services.stop_all``) and a
+log file beside it, so ``stop`` needs nothing but the folder.
+
+    python -m infra.stack up RUN_DIR      # settings from FREIGHT_* in the environment
+    python -m infra.stack down RUN_DIR
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+from infra import services
+from storage.settings import Settings
+
+REPO = Path(__file__).resolve().parent.parent
+FREIGHT = [sys.executable, "-m", "api.cli"]
+
+
+class StackError(RuntimeError):
+    pass
+
+
+@dataclass
+class Stack:
+    run_dir: Path
+    settings: Settings
+    env: dict[str, str]
+    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def api_url(self) -> str:
+        return f"http://{self.settings.api_host}:{self.settings.api_port}"
+
+    def log(self, name: str) -> Path:
+        return self.run_dir / f"{name}.log"
+
+    def stop(self) -> None:
+        services.stop_all(self.run_dir)
+
+
+def spawn(run_dir: Path, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+    log = open(run_dir / f"{name}.log", "ab")
+    proc = subprocess.Popen(
+        argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group: stop_all kills vLLM's children too
+    )
+    (run_dir / f"{name}.pid").write_text(f"{proc.pid}\n")
+    return proc
+
+
+def wait_for(check, what: str, timeout: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        if proc is not None and proc.poll() is not None:
+            break
+        time.sleep(0.3)
+    tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else ""
+    raise StackError(f"{what} did not become ready within {timeout:.0f}s\n{tail}")
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def _log_has(path: Path, text: str) -> bool:
+    return path.exists() and text in path.read_text(errors="replace")
+
+
+def up(run_dir: Path, env: dict[str, str] | None = None, *, engine_timeout: float = 600) -> Stack:
+    run_dir = Path(run_dir).absolute()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ if env is None else env)
+    env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    settings = Settings.from_env(env)
+    stack = Stack(run_dir, settings, env)
+
+    broker = urlparse(settings.broker_url)
+    if broker.hostname in ("127.0.0.1", "localhost"):
+        services.start_redis(run_dir, broker.port or 6379)
+
+    from storage.migrate import upgrade
+
+    upgrade(settings.database_url)
+
+    stack.processes["api"] = spawn(run_dir, "api", [*FREIGHT, "api"], env)
+    stack.processes["control"] = spawn(run_dir, "control", [*FREIGHT, "worker", "--control"], env)
+    for model in settings.models:
+        stack.processes[f"engine-{model}"] = spawn(run_dir, f"engine-{model}", [*FREIGHT, "worker", "--model", model], env)
+    stack.processes["beat"] = spawn(run_dir, "beat", [*FREIGHT, "beat"], env)
+
+    wait_for(lambda: _http_ok(stack.api_url + "/healthz"), "API", 60, stack.processes["api"], stack.log("api"))
+    wait_for(lambda: _log_has(stack.log("control"), " ready."), "control worker", 120, stack.processes["control"], stack.log("control"))
+    for model in settings.models:
+        name = f"engine-{model}"
+        wait_for(lambda n=name: _log_has(stack.log(n), " ready."), f"engine worker for {model}", engine_timeout, stack.processes[name], stack.log(name))
+    return stack
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] not in ("up", "down"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    run_dir = Path(argv[1])
+    if argv[0] == "down":
+        services.stop_all(run_dir)
+        return 0
+    try:
+        stack = up(run_dir)
+    except StackError as exc:
+        print(f"stack failed to start: {exc}", file=sys.stderr)
+        services.stop_all(run_dir)
+        return 1
+    print(f"Freight is up: API {stack.api_url}; logs and pids in {run_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

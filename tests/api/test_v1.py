@@ -1,0 +1,214 @@
+"""The /v1 API through Flask's test client, on SQLite and PostgreSQL, with a real Redis broker.
+
+No worker runs here: these tests pin the HTTP contract (shapes, status codes, auth, isolation,
+pagination). The end-to-end tests run the same API with workers and vLLM.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from api.app import create_app
+from api.services.tenants import create_tenant
+from tests.conftest import now
+
+BATCH_FIELDS = {
+    "id", "object", "endpoint", "model", "errors", "input_file_id", "completion_window", "status",
+    "output_file_id", "error_file_id", "created_at", "in_progress_at", "expires_at", "finalizing_at",
+    "completed_at", "failed_at", "expired_at", "cancelling_at", "cancelled_at", "request_counts",
+    "metadata", "usage",
+}  # fmt: skip
+
+
+def line(custom_id: str = "r1") -> dict:
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+    }
+
+
+def jsonl(*lines: dict) -> bytes:
+    return b"".join(json.dumps(item).encode() + b"\n" for item in lines)
+
+
+@pytest.fixture
+def app(runtime):  # type: ignore[no-untyped-def]
+    return create_app(runtime=runtime)
+
+
+@pytest.fixture
+def client(app):  # type: ignore[no-untyped-def]
+    return app.test_client()
+
+
+@pytest.fixture
+def keys(runtime):  # type: ignore[no-untyped-def]
+    _, a = create_tenant(runtime.db, "alpha", now())
+    _, b = create_tenant(runtime.db, "beta", now())
+    return {"a": {"Authorization": f"Bearer {a}"}, "b": {"Authorization": f"Bearer {b}"}}
+
+
+def upload(client, headers, data: bytes = jsonl(line()), name: str = "in.jsonl"):  # type: ignore[no-untyped-def]
+    return client.post(
+        "/v1/files", headers=headers, data={"purpose": "batch", "file": (io.BytesIO(data), name)},
+        content_type="multipart/form-data",
+    )  # fmt: skip
+
+
+def create_batch(client, headers, file_id: str, **extra):  # type: ignore[no-untyped-def]
+    payload = {"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h", **extra}
+    return client.post("/v1/batches", headers=headers, json=payload)
+
+
+def assert_error(response, status: int, param: str | None = None) -> dict:  # type: ignore[no-untyped-def]
+    assert response.status_code == status, response.get_data(as_text=True)
+    error = response.get_json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    if param is not None:
+        assert error["param"] == param
+    return error
+
+
+ROUTES = [
+    ("get", "/v1/files"), ("post", "/v1/files"), ("get", "/v1/files/file-x"),
+    ("get", "/v1/files/file-x/content"), ("delete", "/v1/files/file-x"),
+    ("get", "/v1/batches"), ("post", "/v1/batches"), ("get", "/v1/batches/batch_x"),
+    ("post", "/v1/batches/batch_x/cancel"), ("get", "/v1/models"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("method", "path"), ROUTES)
+@pytest.mark.parametrize("header", [None, "Bearer fk-wrong", "Basic abc", "Bearer "])
+def test_every_route_needs_a_valid_key(client, keys, method, path, header):  # type: ignore[no-untyped-def]
+    headers = {"Authorization": header} if header else {}
+    error = assert_error(getattr(client, method)(path, headers=headers), 401)
+    assert error["type"] == "authentication_error"
+
+
+def test_file_round_trip(client, keys):  # type: ignore[no-untyped-def]
+    data = jsonl(line("a"), line("b"))
+    created = upload(client, keys["a"], data, name="../../etc/passwd\x00.jsonl").get_json()
+    assert created["object"] == "file" and created["bytes"] == len(data) and created["purpose"] == "batch"
+    assert "/" not in created["filename"] and "\x00" not in created["filename"]
+    assert client.get(f"/v1/files/{created['id']}", headers=keys["a"]).get_json() == created
+    content = client.get(f"/v1/files/{created['id']}/content", headers=keys["a"])
+    assert content.status_code == 200 and content.data == data
+    listed = client.get("/v1/files", headers=keys["a"]).get_json()
+    assert [f["id"] for f in listed["data"]] == [created["id"]] and listed["has_more"] is False
+    deleted = client.delete(f"/v1/files/{created['id']}", headers=keys["a"]).get_json()
+    assert deleted == {"id": created["id"], "object": "file", "deleted": True}
+    assert_error(client.get(f"/v1/files/{created['id']}", headers=keys["a"]), 404)
+    assert client.get("/v1/files", headers=keys["a"]).get_json()["data"] == []
+
+
+def test_upload_errors(client, keys):  # type: ignore[no-untyped-def]
+    assert_error(client.post("/v1/files", headers=keys["a"], data={"purpose": "batch"}), 400, "file")
+    assert_error(
+        client.post("/v1/files", headers=keys["a"], data={"purpose": "fine-tune", "file": (io.BytesIO(b"x"), "a")}),
+        400, "purpose",
+    )  # fmt: skip
+    assert_error(upload(client, keys["a"], b""), 400, "file")
+    too_big = b"x" * (64 * 1024 + 1)  # the fixture's max_file_bytes is 64 KiB
+    assert upload(client, keys["a"], too_big).status_code == 413
+    assert client.get("/v1/files", headers=keys["a"]).get_json()["data"] == []
+
+
+def test_batch_create_and_object_shape(client, keys):  # type: ignore[no-untyped-def]
+    file_id = upload(client, keys["a"]).get_json()["id"]
+    response = create_batch(client, keys["a"], file_id, metadata={"project": "evals"})
+    batch = response.get_json()
+    assert response.status_code == 200, batch
+    assert set(batch) == BATCH_FIELDS
+    assert batch["object"] == "batch" and batch["status"] == "validating"
+    assert batch["metadata"] == {"project": "evals"}
+    assert batch["expires_at"] - batch["created_at"] == 86400
+    assert batch["request_counts"] == {"total": 0, "completed": 0, "failed": 0}
+    assert batch["usage"]["input_tokens_details"] == {"cached_tokens": 0}
+    assert client.get(f"/v1/batches/{batch['id']}", headers=keys["a"]).get_json() == batch
+
+
+@pytest.mark.parametrize(
+    ("change", "status", "param"),
+    [
+        ({"completion_window": "2h"}, 400, "completion_window"),
+        ({"endpoint": "/v1/embeddings"}, 400, "endpoint"),
+        ({"input_file_id": "file-nope"}, 404, "input_file_id"),
+        ({"input_file_id": None}, 400, "input_file_id"),
+        ({"metadata": {"k": 1}}, 400, "metadata.k"),
+        ({"metadata": {f"k{i}": "v" for i in range(17)}}, 400, "metadata"),
+        ({"metadata": "text"}, 400, "metadata"),
+    ],
+)
+def test_batch_create_errors(client, keys, change, status, param):  # type: ignore[no-untyped-def]
+    file_id = upload(client, keys["a"]).get_json()["id"]
+    payload = {"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h", **change}
+    assert_error(client.post("/v1/batches", headers=keys["a"], json=payload), status, param)
+
+
+def test_batch_create_needs_a_json_object(client, keys):  # type: ignore[no-untyped-def]
+    assert_error(client.post("/v1/batches", headers=keys["a"], data="not json"), 400)
+    assert_error(client.post("/v1/batches", headers=keys["a"], json=[1, 2]), 400)
+
+
+def test_tenants_cannot_see_each_other(client, keys):  # type: ignore[no-untyped-def]
+    file_id = upload(client, keys["a"]).get_json()["id"]
+    batch_id = create_batch(client, keys["a"], file_id).get_json()["id"]
+    b = keys["b"]
+    assert_error(client.get(f"/v1/files/{file_id}", headers=b), 404)
+    assert_error(client.get(f"/v1/files/{file_id}/content", headers=b), 404)
+    assert_error(client.delete(f"/v1/files/{file_id}", headers=b), 404)
+    assert_error(client.get(f"/v1/batches/{batch_id}", headers=b), 404)
+    assert_error(client.post(f"/v1/batches/{batch_id}/cancel", headers=b), 404)
+    assert_error(create_batch(client, b, file_id), 404, "input_file_id")
+    assert_error(client.get(f"/v1/batches?after={batch_id}", headers=b), 400, "after")
+    assert client.get("/v1/files", headers=b).get_json()["data"] == []
+    assert client.get("/v1/batches", headers=b).get_json()["data"] == []
+    # and the owner still sees everything untouched
+    assert client.get(f"/v1/batches/{batch_id}", headers=keys["a"]).get_json()["status"] == "validating"
+
+
+def test_batch_pagination(client, keys):  # type: ignore[no-untyped-def]
+    file_id = upload(client, keys["a"]).get_json()["id"]
+    made = [create_batch(client, keys["a"], file_id).get_json()["id"] for _ in range(23)]
+    newest_first = list(reversed(made))
+    first = client.get("/v1/batches", headers=keys["a"]).get_json()
+    assert len(first["data"]) == 20 and first["has_more"] is True
+    assert first["first_id"] == first["data"][0]["id"] and first["last_id"] == first["data"][-1]["id"]
+    seen, after = [], None
+    while True:
+        query = "?limit=7" + (f"&after={after}" if after else "")
+        page = client.get(f"/v1/batches{query}", headers=keys["a"]).get_json()
+        seen += [b["id"] for b in page["data"]]
+        if not page["has_more"]:
+            break
+        after = page["last_id"]
+    assert sorted(seen) == sorted(newest_first) and len(seen) == len(set(seen)) == 23
+    created = [client.get(f"/v1/batches/{i}", headers=keys["a"]).get_json()["created_at"] for i in seen]
+    assert created == sorted(created, reverse=True)
+    for bad in ("0", "101", "x"):
+        assert_error(client.get(f"/v1/batches?limit={bad}", headers=keys["a"]), 400, "limit")
+
+
+def test_cancel_a_validating_batch(client, keys):  # type: ignore[no-untyped-def]
+    file_id = upload(client, keys["a"]).get_json()["id"]
+    batch_id = create_batch(client, keys["a"], file_id).get_json()["id"]
+    cancelled = client.post(f"/v1/batches/{batch_id}/cancel", headers=keys["a"]).get_json()
+    assert cancelled["status"] == "cancelling" and cancelled["cancelling_at"] is not None
+    again = client.post(f"/v1/batches/{batch_id}/cancel", headers=keys["a"])
+    assert again.status_code == 200 and again.get_json()["status"] == "cancelling"
+    # a running batch's input file cannot be deleted out from under it
+    assert_error(client.delete(f"/v1/files/{file_id}", headers=keys["a"]), 409, "file_id")
+
+
+def test_models_and_unknown_routes(client, keys):  # type: ignore[no-untyped-def]
+    models = client.get("/v1/models", headers=keys["a"]).get_json()
+    assert [m["id"] for m in models["data"]] == ["demo"] and models["object"] == "list"
+    assert client.get("/v1/models/demo", headers=keys["a"]).get_json()["id"] == "demo"
+    assert_error(client.get("/v1/models/nope", headers=keys["a"]), 404, "model")
+    assert_error(client.get("/v1/nothing-here", headers=keys["a"]), 404)
+    assert_error(client.put("/v1/batches", headers=keys["a"]), 405)

@@ -1,0 +1,97 @@
+"""Shared fixtures: real backing services (Redis, PostgreSQL, SeaweedFS), started once per run.
+
+Nothing here is a fake: the services are the real servers on loopback ports, in a temporary
+folder, stopped when the session ends.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from infra import services
+from storage.migrate import upgrade
+from storage.settings import Settings
+from workers.runtime import Runtime
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO_MODEL = REPO / "models" / "demo"
+ARTIFACTS = REPO / "test-artifacts"
+
+
+@pytest.fixture(scope="session")
+def services_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    path = tmp_path_factory.mktemp("services")
+    yield path
+    services.stop_all(path)
+
+
+@pytest.fixture(scope="session")
+def redis_service(services_dir: Path):  # type: ignore[no-untyped-def]
+    handle = services.start_redis(services_dir, services.free_port())
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_service(services_dir: Path):  # type: ignore[no-untyped-def]
+    handle = services.start_postgres(services_dir, services.free_port())
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_service(services_dir: Path):  # type: ignore[no-untyped-def]
+    handle = services.start_seaweedfs(services_dir, services.free_port())
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture(scope="session")
+def demo_model() -> Path:
+    """The small random Llama the tests and the demo use, built locally once."""
+    if not (DEMO_MODEL / "config.json").exists():
+        from infra.build_demo_model import build
+
+        build(DEMO_MODEL)
+    return DEMO_MODEL
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, migrated database of each kind Freight supports."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'freight.db'}"
+    else:
+        pg = request.getfixturevalue("postgres_service")
+        url = pg.create_database(f"t_{uuid.uuid4().hex[:12]}")
+    upgrade(url)
+    return url
+
+
+@pytest.fixture
+def settings(tmp_path: Path, database_url: str, redis_service) -> Settings:  # type: ignore[no-untyped-def]
+    return Settings.from_env(
+        {},
+        data_dir=tmp_path,
+        database_url=database_url,
+        broker_url=redis_service.url,
+        models={"demo": str(DEMO_MODEL)},
+        completion_windows=("24h", "1h"),
+        max_file_bytes=64 * 1024,
+    )
+
+
+@pytest.fixture
+def runtime(settings: Settings) -> Iterator[Runtime]:
+    rt = Runtime(settings)
+    yield rt
+    rt.db.dispose()
+
+
+def now() -> int:
+    return int(time.time())

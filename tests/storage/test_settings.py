@@ -1,0 +1,60 @@
+from pathlib import Path
+
+import pytest
+
+from storage.settings import Settings, SettingsError, parse_duration, parse_models
+
+
+def test_defaults_derive_from_data_dir(tmp_path):
+    s = Settings.from_env({"FREIGHT_DATA_DIR": str(tmp_path)})
+    assert s.database_url == f"sqlite:///{tmp_path}/freight.db"
+    assert s.object_store_url == f"file://{tmp_path}/objects"
+    assert s.completion_windows == ("24h",) and s.default_window == "24h"
+
+
+def test_every_field_reads_its_variable(tmp_path):
+    s = Settings.from_env(
+        {
+            "FREIGHT_DATA_DIR": str(tmp_path),
+            "FREIGHT_API_PORT": "9000",
+            "FREIGHT_MODELS": "demo=/m/demo, big = s3://b/big",
+            "FREIGHT_COMPLETION_WINDOWS": "1h,24h,7d",
+            "FREIGHT_ENGINE_ENFORCE_EAGER": "true",
+            "FREIGHT_ENGINE_KV_CACHE_GIB": "0.5",
+        }
+    )
+    assert s.api_port == 9000
+    assert dict(s.models) == {"demo": "/m/demo", "big": "s3://b/big"}
+    assert s.completion_windows == ("1h", "24h", "7d")
+    assert s.engine_enforce_eager is True and s.engine_kv_cache_gib == 0.5
+    assert isinstance(s.data_dir, Path)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"FREIGHT_API_PORT": "eighty"},
+        {"FREIGHT_COMPLETION_WINDOWS": "24 hours"},
+        {"FREIGHT_MODELS": "nopath"},
+        {"FREIGHT_ENGINE_ENFORCE_EAGER": "maybe"},
+        {"FREIGHT_UNIT_SIZE": "0"},
+    ],
+)
+def test_bad_values_name_the_variable(env):
+    with pytest.raises(SettingsError):
+        Settings.from_env(env)
+
+
+def test_settings_are_frozen():
+    s = Settings.from_env({})
+    with pytest.raises(AttributeError):
+        s.api_port = 1  # type: ignore[misc]
+
+
+def test_durations():
+    assert parse_duration("24h") == 86400
+    assert parse_duration("7d") == 7 * 86400
+    assert parse_duration("30s") == 30
+    with pytest.raises(SettingsError):
+        parse_duration("1w")
+    assert parse_models("") == {}

@@ -1,0 +1,106 @@
+"""Line and file rules of the validating step (pure: no database, no engine)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from workers.validation import FileRules, LineError, ScanResult, check_line, scan_lines
+
+RULES = FileRules("/v1/chat/completions", frozenset({"demo"}), max_requests=50, max_line_bytes=4096)
+
+
+def good(custom_id: str = "r1", **body: object) -> dict:
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "demo", "messages": [{"role": "user", "content": "héllo ✓"}], "max_tokens": 8, **body},
+    }
+
+
+def raw(obj: object) -> bytes:
+    return json.dumps(obj, ensure_ascii=False).encode()
+
+
+def scan(lines: list[bytes], rules: FileRules = RULES, max_listed: int = 100) -> tuple[list, ScanResult]:
+    out = list(scan_lines(lines, rules, max_listed))
+    assert isinstance(out[-1], ScanResult)
+    return out[:-1], out[-1]
+
+
+@pytest.mark.parametrize(
+    ("line", "code", "param"),
+    [
+        (b"{not json", "invalid_json_line", None),
+        (b"\xff\xfe garbage", "invalid_json_line", None),
+        (b"[1, 2]", "invalid_json_line", None),
+        (raw({**good(), "custom_id": 7}), "missing_custom_id", "custom_id"),
+        (raw({k: v for k, v in good().items() if k != "custom_id"}), "missing_custom_id", "custom_id"),
+        (raw({**good(), "method": "GET"}), "invalid_method", "method"),
+        (raw({**good(), "url": "/v1/completions"}), "mismatched_url", "url"),
+        (raw({**good(), "body": "text"}), "invalid_body", "body"),
+        (raw({**good(), "extra": 1}), "invalid_request", None),
+        (raw(good(model="gpt-9")), "model_not_found", "body.model"),
+        (raw(good(temperature="hot")), "invalid_request", "body.temperature"),
+        (raw(good(max_tokens=-1)), "invalid_request", "body.max_tokens"),
+        (raw(good(messages=[])), "invalid_request", "body.messages"),
+        (raw(good(stream=True)), "unsupported_parameter", "body.stream"),
+        (b"x" * 5000, "line_too_large", None),
+    ],
+)
+def test_each_bad_line_kind_is_named(line, code, param):
+    result = check_line(line, 7, RULES)
+    assert isinstance(result, LineError), result
+    assert (result.line, result.code) == (7, code)
+    if param:
+        assert result.param == param
+    assert result.message
+
+
+def test_good_line_keeps_the_body():
+    row = check_line(raw(good("id-1")), 3, RULES)
+    assert not isinstance(row, LineError)
+    assert row.line == 3 and row.custom_id == "id-1" and row.body["messages"][0]["content"] == "héllo ✓"
+
+
+def test_bom_crlf_and_trailing_blank_lines_are_fine():
+    lines = [b"\xef\xbb\xbf" + raw(good("a")) + b"\r", raw(good("b")) + b"\r", b"", b"  ", b"\r"]
+    rows, result = scan(lines)
+    assert [r.custom_id for r in rows] == ["a", "b"]
+    assert result.error_count == 0 and result.rows == 2 and result.model == "demo"
+
+
+def test_file_level_errors_carry_line_numbers():
+    lines = [raw(good("a")), b"", raw(good("b")), raw(good("a")), b"{bad", raw(good("c"))]
+    rows, result = scan(lines)
+    got = [(e.line, e.code) for e in result.errors or []]
+    assert got == [(2, "empty_line"), (4, "duplicate_custom_id"), (5, "invalid_json_line")]
+    assert result.error_count == 3
+
+
+def test_mixed_models_and_request_limit():
+    rules = FileRules("/v1/chat/completions", frozenset({"demo", "other"}), max_requests=2, max_line_bytes=4096)
+    _, result = scan([raw(good("a")), raw(good("b", model="other"))], rules)
+    assert [(e.line, e.code) for e in result.errors or []] == [(2, "mixed_models")]
+    _, result = scan([raw(good(str(i))) for i in range(5)], rules)
+    assert [(e.line, e.code) for e in result.errors or []] == [(3, "too_many_requests")]
+
+
+def test_error_list_is_capped_but_counted():
+    _, result = scan([b"{bad"] * 30, max_listed=5)
+    assert result.error_count == 30 and len(result.errors or []) == 5
+
+
+def test_empty_file():
+    _, result = scan([b"", b""])
+    assert [e.code for e in result.errors or []] == ["empty_file"]
+
+
+def test_completions_endpoint_lines():
+    rules = FileRules("/v1/completions", frozenset({"demo"}), 10, 4096)
+    line = {"custom_id": "c", "method": "POST", "url": "/v1/completions", "body": {"model": "demo", "prompt": "Once", "max_tokens": 3}}
+    assert not isinstance(check_line(raw(line), 1, rules), LineError)
+    line["body"] = {"model": "demo", "max_tokens": 3}
+    assert isinstance(check_line(raw(line), 1, rules), LineError)
