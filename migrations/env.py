@@ -25,12 +25,12 @@ def run_offline() -> None:
 
 
 def run_online() -> None:
-    connectable = config.attributes.get("connection") or create_engine(url)
-    if hasattr(connectable, "connect") and not hasattr(connectable, "dialect_options"):
-        with connectable.connect() as connection:
-            _run(connection)
-    else:
-        _run(connectable)
+    connection = config.attributes.get("connection")
+    if connection is not None:
+        _run(connection)
+        return
+    with create_engine(url).connect() as connection:
+        _run(connection)
 
 
 def _run(connection) -> None:  # type: ignore[no-untyped-def]

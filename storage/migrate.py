@@ -7,6 +7,8 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
+from storage.db import Database
+
 ALEMBIC_INI = Path(__file__).resolve().parent.parent / "migrations" / "alembic.ini"
 
 
@@ -18,7 +20,14 @@ def alembic_config(database_url: str) -> Config:
 
 
 def upgrade(database_url: str, revision: str = "head") -> None:
-    command.upgrade(alembic_config(database_url), revision)
+    db = Database(database_url)  # same engine set-up as the app: SQLite folder, WAL, pragmas
+    try:
+        with db.engine.begin() as connection:
+            config = alembic_config(database_url)
+            config.attributes["connection"] = connection
+            command.upgrade(config, revision)
+    finally:
+        db.dispose()
 
 
 def check(database_url: str) -> None:

@@ -1,0 +1,85 @@
+"""The live stack for end-to-end tests: Redis, gunicorn API, control worker, an engine worker
+holding a real vLLM engine on the demo model, and beat; started once per test session."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from openai import OpenAI
+
+from infra import services
+from infra.stack import REPO, Stack, up
+
+WINDOWS = "24h,1h,8s"  # 8s: a window short enough to expire during a test
+
+
+@dataclass
+class LiveStack:
+    stack: Stack
+    keys: dict[str, str]
+    model_dir: Path
+
+    @property
+    def base_url(self) -> str:
+        return self.stack.api_url + "/v1"
+
+    def client(self, tenant: str = "alpha") -> OpenAI:
+        return OpenAI(base_url=self.base_url, api_key=self.keys[tenant], max_retries=0, timeout=60)
+
+
+def create_tenant(env: dict[str, str], name: str) -> str:
+    """Through the CLI, as an operator would: the key is alone on the last line."""
+    out = subprocess.run(
+        [sys.executable, "-m", "api.cli", "tenant", "create", name],
+        cwd=REPO, env=env, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return out.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="session")
+def live(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator[LiveStack]:
+    run_dir = tmp_path_factory.mktemp("stack")
+    env = {
+        **os.environ,
+        "FREIGHT_DATA_DIR": str(run_dir / "data"),
+        "FREIGHT_MODELS": f"demo={demo_model}",
+        "FREIGHT_BROKER_URL": f"redis://127.0.0.1:{services.free_port()}/0",
+        "FREIGHT_API_PORT": str(services.free_port()),
+        "FREIGHT_COMPLETION_WINDOWS": WINDOWS,
+        "FREIGHT_UNIT_SIZE": "8",
+        "FREIGHT_TICK_SECONDS": "1",
+        "FREIGHT_MAX_FILE_BYTES": str(1024 * 1024),
+        "FREIGHT_ENGINE_ENFORCE_EAGER": "true",
+        "FREIGHT_ENGINE_KV_CACHE_GIB": "0.5",
+        "FREIGHT_ENGINE_MAX_NUM_SEQS": "32",
+        "FREIGHT_ENGINE_DEFAULT_MAX_TOKENS": "16",
+    }
+    stack = up(run_dir, env)
+    try:
+        keys = {name: create_tenant(env, name) for name in ("alpha", "beta")}
+        yield LiveStack(stack, keys, demo_model)
+    finally:
+        stack.stop()
+        for name in ("api", "control", "engine-demo", "beat"):
+            log = stack.log(name)
+            if log.exists():
+                (REPO / "test-artifacts").mkdir(exist_ok=True)
+                (REPO / "test-artifacts" / f"e2e-{name}.log").write_text(log.read_text(errors="replace"))
+
+
+def wait_final(client: OpenAI, batch_id: str, timeout: float = 300, until: tuple[str, ...] = ()) -> object:
+    final = until or ("completed", "failed", "expired", "cancelled")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        batch = client.batches.retrieve(batch_id)
+        if batch.status in final:
+            return batch
+        time.sleep(0.5)
+    raise AssertionError(f"batch {batch_id} still {batch.status} after {timeout}s")

@@ -1,0 +1,209 @@
+"""End to end with the official ``openai`` client: upload, validate, queue, a Celery worker on a real
+vLLM engine, output and error files, all tracked in the database."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+
+import openai
+import pytest
+from transformers import AutoTokenizer
+
+from tests.e2e.conftest import wait_final
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+
+def chat_line(custom_id: str, content: str, **body: object) -> dict:
+    return {
+        "custom_id": custom_id, "method": "POST", "url": CHAT,
+        "body": {"model": "demo", "messages": [{"role": "user", "content": content}], "max_tokens": 8, **body},
+    }  # fmt: skip
+
+
+def upload(client: openai.OpenAI, lines: list[dict] | bytes, name: str = "requests.jsonl") -> str:
+    data = lines if isinstance(lines, bytes) else b"".join(json.dumps(x).encode() + b"\n" for x in lines)
+    return client.files.create(file=(name, io.BytesIO(data)), purpose="batch").id
+
+
+def read_jsonl(client: openai.OpenAI, file_id: str | None) -> list[dict]:
+    if file_id is None:
+        return []
+    return [json.loads(x) for x in client.files.content(file_id).text.splitlines() if x.strip()]
+
+
+def run_batch(client, lines, endpoint=CHAT, window="24h", **kw):  # type: ignore[no-untyped-def]
+    batch = client.batches.create(input_file_id=upload(client, lines), endpoint=endpoint, completion_window=window, **kw)
+    return wait_final(client, batch.id)
+
+
+def test_chat_batch_end_to_end(live):  # type: ignore[no-untyped-def]
+    client = live.client()
+    tokenizer = AutoTokenizer.from_pretrained(live.model_dir)
+    schema = {
+        "type": "object",
+        "properties": {"label": {"type": "string", "enum": ["yes", "no"]}},
+        "required": ["label"],
+        "additionalProperties": False,
+    }
+    lines = [chat_line(f"q-{i}", f"Question number {i}: what is in the document?") for i in range(12)]
+    lines += [
+        chat_line("sampled", "Tell me a story", temperature=0.7, top_p=0.9, seed=7, presence_penalty=0.5, frequency_penalty=0.2),
+        chat_line("two", "Give two answers", n=2),
+        chat_line("stopped", "Count", stop=["\n"], max_completion_tokens=6, max_tokens=None),
+        chat_line("logprobs", "Say something", logprobs=True, top_logprobs=3),
+        chat_line("json", "Label this", max_tokens=48, response_format={"type": "json_schema", "json_schema": {"name": "l", "schema": schema}}),
+        chat_line("fixed-length", "Go on", max_tokens=12, min_tokens=12, ignore_eos=True),
+        chat_line("too-long", "word " * 5000),  # longer than the model's context: this request alone fails
+    ]
+    lines[14]["body"].pop("max_tokens")
+    batch = run_batch(client, lines, metadata={"project": "evals"})
+    assert batch.status == "completed", batch
+    assert batch.metadata == {"project": "evals"} and batch.model == "demo"
+    assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (19, 18, 1)
+    assert batch.in_progress_at and batch.finalizing_at and batch.completed_at
+
+    output, errors = read_jsonl(client, batch.output_file_id), read_jsonl(client, batch.error_file_id)
+    ids = [x["custom_id"] for x in output + errors]
+    assert sorted(ids) == sorted(x["custom_id"] for x in lines) and len(ids) == len(set(ids))
+    assert [e["custom_id"] for e in errors] == ["too-long"]
+    assert errors[0]["response"]["status_code"] == 400 and errors[0]["response"]["body"]["error"]["message"]
+
+    by_id = {x["custom_id"]: x for x in output}
+    prompt_total = cached_total = completion_total = 0
+    for source in lines[:-1]:
+        line = by_id[source["custom_id"]]
+        assert line["id"].startswith("batch_req_") and line["error"] is None
+        response = line["response"]
+        assert response["status_code"] == 200 and response["request_id"]
+        body = response["body"]
+        assert body["object"] == "chat.completion" and body["model"] == "demo"
+        usage = body["usage"]
+        rendered = tokenizer.apply_chat_template(source["body"]["messages"], add_generation_prompt=True, tokenize=True)
+        rendered = rendered["input_ids"] if hasattr(rendered, "keys") else rendered
+        assert usage["prompt_tokens"] == len(rendered), source["custom_id"]
+        assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+        assert 0 <= usage["prompt_tokens_details"]["cached_tokens"] <= usage["prompt_tokens"]
+        limit = source["body"].get("max_tokens") or source["body"].get("max_completion_tokens") or 16
+        assert 1 <= usage["completion_tokens"] <= limit * source["body"].get("n", 1)
+        prompt_total += usage["prompt_tokens"]
+        cached_total += usage["prompt_tokens_details"]["cached_tokens"]
+        completion_total += usage["completion_tokens"]
+
+    assert len(by_id["two"]["response"]["body"]["choices"]) == 2
+    assert by_id["fixed-length"]["response"]["body"]["usage"]["completion_tokens"] == 12
+    assert by_id["logprobs"]["response"]["body"]["choices"][0]["logprobs"]["content"]
+    assert json.loads(by_id["json"]["response"]["body"]["choices"][0]["message"]["content"])["label"] in ("yes", "no")
+    assert batch.usage.input_tokens == prompt_total
+    assert batch.usage.input_tokens_details.cached_tokens == cached_total
+    assert batch.usage.output_tokens == completion_total
+
+    listed = client.batches.list(limit=100)
+    assert batch.id in [b.id for b in listed.data]
+    assert client.files.retrieve(batch.output_file_id).purpose == "batch_output"
+    assert [m.id for m in client.models.list().data] == ["demo"]
+
+
+def test_completions_batch_end_to_end(live):  # type: ignore[no-untyped-def]
+    client = live.client()
+    tokenizer = AutoTokenizer.from_pretrained(live.model_dir)
+    lines = [
+        {"custom_id": f"c{i}", "method": "POST", "url": COMPLETIONS,
+         "body": {"model": "demo", "prompt": f"Once upon a time {i}", "max_tokens": 5, "min_tokens": 5}}
+        for i in range(10)
+    ]  # fmt: skip
+    batch = run_batch(client, lines, endpoint=COMPLETIONS)
+    assert batch.status == "completed" and batch.request_counts.completed == 10 and batch.error_file_id is None
+    output = read_jsonl(client, batch.output_file_id)
+    assert sorted(x["custom_id"] for x in output) == sorted(x["custom_id"] for x in lines)
+    for line in output:
+        body = line["response"]["body"]
+        assert body["object"] == "text_completion" and isinstance(body["choices"][0]["text"], str)
+        prompt = next(x for x in lines if x["custom_id"] == line["custom_id"])["body"]["prompt"]
+        assert body["usage"]["prompt_tokens"] == len(tokenizer(prompt)["input_ids"])
+        assert body["usage"]["completion_tokens"] == 5
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (b'{"custom_id": "a"}\n{bad json\n', [(1, "invalid_method"), (2, "invalid_json_line")]),
+        (json.dumps(chat_line("a", "x") | {"url": COMPLETIONS}).encode(), [(1, "mismatched_url")]),
+        (json.dumps(chat_line("a", "x", model="gpt-4o")).encode(), [(1, "model_not_found")]),
+        ((json.dumps(chat_line("a", "x")) + "\n" + json.dumps(chat_line("a", "y"))).encode(), [(2, "duplicate_custom_id")]),
+        (json.dumps(chat_line("a", "x", temperature=9)).encode(), [(1, "invalid_request")]),
+    ],
+    ids=["malformed", "wrong-endpoint", "unknown-model", "duplicate-id", "bad-range"],
+)
+def test_invalid_files_fail_with_line_numbers(live, content, expected):  # type: ignore[no-untyped-def]
+    client = live.client()
+    batch = run_batch(client, content)
+    assert batch.status == "failed" and batch.failed_at
+    got = [(e.line, e.code) for e in batch.errors.data]
+    assert got == expected
+    assert all(e.message for e in batch.errors.data)
+    assert batch.output_file_id is None and batch.request_counts.total == 0
+
+
+def test_oversize_upload_is_refused(live):  # type: ignore[no-untyped-def]
+    client = live.client()
+    with pytest.raises(openai.APIStatusError) as info:
+        upload(client, b"x" * (1024 * 1024 + 10))
+    assert info.value.status_code == 413
+
+
+def test_auth_and_tenant_isolation_over_http(live):  # type: ignore[no-untyped-def]
+    alpha, beta = live.client("alpha"), live.client("beta")
+    file_id = upload(alpha, [chat_line("a", "x")])
+    with pytest.raises(openai.NotFoundError):
+        beta.files.retrieve(file_id)
+    with pytest.raises(openai.NotFoundError):
+        beta.batches.create(input_file_id=file_id, endpoint=CHAT, completion_window="24h")
+    bad = openai.OpenAI(base_url=live.base_url, api_key="fk-not-a-key", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.batches.list()
+    with pytest.raises(openai.BadRequestError):
+        alpha.batches.create(input_file_id=file_id, endpoint=CHAT, completion_window="3d")
+
+
+def _long_lines(n: int, tokens: int, prefix: str) -> list[dict]:
+    return [chat_line(f"{prefix}-{i}", f"Item {i} of the long job", max_tokens=tokens, min_tokens=tokens) for i in range(n)]
+
+
+def test_cancel_mid_run(live):  # type: ignore[no-untyped-def]
+    client = live.client()
+    lines = _long_lines(160, 48, "cancel")
+    batch = client.batches.create(input_file_id=upload(client, lines), endpoint=CHAT, completion_window="24h")
+    deadline = time.monotonic() + 240
+    while client.batches.retrieve(batch.id).request_counts.completed == 0:
+        assert time.monotonic() < deadline, "no unit finished"
+        time.sleep(0.3)
+    cancelling = client.batches.cancel(batch.id)
+    assert cancelling.status == "cancelling"
+    started = time.monotonic()
+    final = wait_final(client, batch.id, timeout=60)
+    assert final.status == "cancelled" and final.cancelled_at
+    assert time.monotonic() - started < 30  # mid-unit requests stop within seconds
+    output, errors = read_jsonl(client, final.output_file_id), read_jsonl(client, final.error_file_id)
+    ids = [x["custom_id"] for x in output + errors]
+    assert sorted(ids) == sorted(x["custom_id"] for x in lines) and len(ids) == len(set(ids))
+    assert 0 < len(output) < len(lines)
+    assert final.request_counts.completed == len(output) and final.request_counts.failed == len(errors)
+    assert {e["error"]["code"] for e in errors} == {"batch_cancelled"}
+
+
+def test_expiry_keeps_done_results(live):  # type: ignore[no-untyped-def]
+    client = live.client("beta")
+    lines = _long_lines(240, 64, "exp")
+    batch = client.batches.create(input_file_id=upload(client, lines), endpoint=CHAT, completion_window="8s")
+    final = wait_final(client, batch.id, timeout=120)
+    assert final.status == "expired" and final.expired_at and final.expires_at - final.created_at == 8
+    output, errors = read_jsonl(client, final.output_file_id), read_jsonl(client, final.error_file_id)
+    ids = [x["custom_id"] for x in output + errors]
+    assert sorted(ids) == sorted(x["custom_id"] for x in lines) and len(ids) == len(set(ids))
+    assert errors and {e["error"]["code"] for e in errors} == {"batch_expired"}
+    assert all(x["response"]["status_code"] == 200 for x in output)
+    assert final.request_counts.completed == len(output)
