@@ -123,10 +123,14 @@ class LocalObjectStore:
         self._path(key).unlink(missing_ok=True)
 
     def list(self, prefix: str) -> Iterator[str]:
-        base = self.root
-        for path in sorted(base.rglob("*")):
+        # walk only the folder the prefix names, not the whole store
+        head = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        folder = self.root / check_key(head) if head else self.root
+        if not folder.is_dir():
+            return
+        for path in sorted(folder.rglob("*")):
             if path.is_file() and not path.name.startswith("."):
-                key = path.relative_to(base).as_posix()
+                key = path.relative_to(self.root).as_posix()
                 if key.startswith(prefix):
                     yield key
 
@@ -197,7 +201,10 @@ class S3ObjectStore:
 
     def list(self, prefix: str) -> Iterator[str]:
         paginator = self._client.get_paginator("list_objects_v2")
-        full = self._key(prefix) if prefix else (self.prefix + "/" if self.prefix else "")
+        if prefix:
+            check_key(prefix.rstrip("/"))
+        base = self.prefix + "/" if self.prefix else ""
+        full = base + prefix
         strip = len(self.prefix) + 1 if self.prefix else 0
         for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
             for item in page.get("Contents", []):

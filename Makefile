@@ -1,0 +1,36 @@
+# Freight: `make run` brings the whole stack up on embedded defaults and runs a sample batch;
+# `make test` runs every test against real services; `make stop` stops what `make run` started.
+SHELL := /bin/bash
+PY := .venv/bin/python
+RUN_DIR := var/run
+MODEL_DIR := models/demo
+
+.PHONY: run stop test lint install model bench clean
+
+install:
+	@bash infra/install.sh
+
+model: install
+	@$(PY) infra/build_demo_model.py $(MODEL_DIR)
+
+run: model
+	@bash infra/run_demo.sh
+
+stop:
+	@if [ -x $(PY) ]; then $(PY) -m infra.services stop-all $(RUN_DIR); else echo "nothing to stop"; fi
+
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check api storage scheduler workers infra tests examples migrations
+	@d=$$(mktemp -d); FREIGHT_DATABASE_URL=sqlite:///$$d/check.db $(PY) -m api.cli db upgrade && \
+	  FREIGHT_DATABASE_URL=sqlite:///$$d/check.db $(PY) -m alembic -c migrations/alembic.ini check
+
+test: model lint
+	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m pytest -p no:cacheprovider -q
+
+bench: model
+	@echo "bench: no benchmarks yet; the scheduler issue (#3) adds bench/ workloads and results." >&2
+	@exit 2
+
+clean: stop
+	rm -rf var test-artifacts
