@@ -52,10 +52,34 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
-_WORDS = ["the", "of", "and", "to", "in", "a", "is", "that", "for", "it", "as", "was", "with", "be", "by", "on", "not", "he", "i", "this", "are", "or", "his", "from", "at", "which", "but", "have", "an", "they", "you", "were", "her", "she", "there", "one", "all", "we", "their", "been", "has", "when", "who", "will", "more", "no", "if", "out", "so", "said", "what", "up", "its", "about", "into", "than", "them", "can", "only", "other", "new", "some", "could", "time", "these", "two", "may", "then", "do", "first", "any", "my", "now", "such", "like", "our", "over", "man", "me", "even", "most", "made", "after", "also", "did", "many", "before", "must", "through", "back", "years", "where", "much", "your", "way", "well", "down", "should", "because", "each", "just", "those", "people", "how", "too", "little", "state", "good", "very", "make", "world", "still", "own", "see", "men", "work", "long", "get", "here", "between", "both", "life", "being", "under", "never", "day", "same", "another", "know", "while", "last", "might", "us", "great", "old", "year", "off", "come", "since", "against", "go", "came", "right", "used", "take", "three", "states", "himself", "few", "house", "use", "during", "without", "again", "place", "american", "around", "however", "home", "small", "found", "thought", "went", "say", "part", "once", "general", "high", "upon", "school", "every", "does", "got", "united", "left", "number", "course", "war", "until", "always", "away", "something", "fact", "though", "water", "less", "public", "put", "think", "almost", "hand", "enough", "far", "took", "head", "yet", "government", "system", "better", "set", "told", "nothing", "night", "end", "why", "called", "didn", "find", "look", "going", "asked", "later", "knew", "point", "next", "program", "city", "business", "give", "group", "toward", "young", "days", "let", "room", "president", "side", "social", "present", "given", "several", "order", "national", "possible", "rather", "second", "face", "per", "among", "form", "important", "often", "things", "looked", "early", "white", "case", "large", "become", "big", "need", "four", "within", "felt", "along", "children", "saw", "best", "church", "ever", "least", "power", "development", "light", "thought", "seemed", "family", "interest", "want", "members", "mind", "country", "area", "others", "done", "turned", "although", "open", "problem", "certain", "kind", "began", "thing", "whole", "court", "seen", "half", "service", "question", "provide", "model", "batch", "token", "request", "queue", "worker", "engine", "cache", "prefix", "result", "output", "input", "file", "line", "status", "error", "retry", "deadline", "priority", "price", "cost", "budget", "throughput", "latency", "memory", "storage", "bucket", "object", "upload", "download", "server", "client", "document", "summary", "answer", "translate", "classify", "extract", "review", "report", "invoice", "customer", "order", "product"]
+# A word list to draw English-like sentences from (kept as text: one long list literal is unreadable).
+_WORD_TEXT = """
+the of and to in a is that for it as was with be by on not he i this are or his from at which
+but have an they you were her she there one all we their been has when who will more no if out
+so said what up its about into than them can only other new some could time these two may then
+do first any my now such like our over man me even most made after also did many before must
+through back years where much your way well down should because each just those people how too
+little state good very make world still own see men work long get here between both life being
+under never day same another know while last might us great old year off come since against go
+came right used take three states himself few house use during without again place american
+around however home small found thought went say part once general high upon school every does
+got united left number course war until always away something fact though water less public put
+think almost hand enough far took head yet government system better set told nothing night end
+why called didn find look going asked later knew point next program city business give group
+toward young days let room president side social present given several order national possible
+rather second face per among form important often things looked early white case large become
+big need four within felt along children saw best church ever least power development light
+thought seemed family interest want members mind country area others done turned although open
+problem certain kind began thing whole court seen half service question provide model batch
+token request queue worker engine cache prefix result output input file line status error retry
+deadline priority price cost budget throughput latency memory storage bucket object upload
+download server client document summary answer translate classify extract review report invoice
+customer order product
+"""
+_WORDS = _WORD_TEXT.split()
 
 _NAMES = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy"]
-_PUNCT = [".", ",", "!", "?", ";", ":", " -", " (", ")", "'s", " \"", "\""]
+_PUNCT = [".", ",", "!", "?", ";", ":", " -", " (", ")", "'s", ' "', '"']
 
 
 def _sentence(rng: random.Random) -> str:
@@ -104,7 +128,7 @@ def build_corpus(n_docs: int = 6000, seed: int = SEED) -> list[str]:
         elif kind < 0.9:
             docs.append(_chat_sample(rng))
         else:
-            docs.append(" ".join(str(rng.randint(0, 10**rng.randint(1, 9))) for _ in range(8)))
+            docs.append(" ".join(str(rng.randint(0, 10 ** rng.randint(1, 9))) for _ in range(8)))
     return docs
 
 
@@ -207,9 +231,16 @@ def build(out_dir: Path, force: bool = False) -> bool:
         tmp.chmod(0o755)
         for f in tmp.iterdir():
             f.chmod(0o644)
+        if (out_dir / "config.json").exists() and not force:
+            return False  # another process finished the same build first
         if out_dir.exists():
             shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
+        try:
+            os.replace(tmp, out_dir)
+        except OSError:
+            if not (out_dir / "config.json").exists():
+                raise
+            return False  # lost a race to a concurrent build of the same directory
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -49,16 +49,23 @@ class Stack:
 
 
 def spawn(run_dir: Path, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
-    log = open(run_dir / f"{name}.log", "ab")
-    proc = subprocess.Popen(
-        argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        start_new_session=True,  # its own process group: stop_all kills vLLM's children too
-    )
+    with open(run_dir / f"{name}.log", "ab") as log:  # the child keeps its own descriptor
+        proc = subprocess.Popen(
+            argv,
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group: stop_all kills vLLM's children too
+        )
     (run_dir / f"{name}.pid").write_text(f"{proc.pid}\n")
     return proc
 
 
-def wait_for(check, what: str, timeout: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:  # type: ignore[no-untyped-def]
+def wait_for(
+    check, what: str, timeout: float, proc: subprocess.Popen | None = None, log: Path | None = None
+) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():
@@ -102,14 +109,30 @@ def up(run_dir: Path, env: dict[str, str] | None = None, *, engine_timeout: floa
     stack.processes["api"] = spawn(run_dir, "api", [*FREIGHT, "api"], env)
     stack.processes["control"] = spawn(run_dir, "control", [*FREIGHT, "worker", "--control"], env)
     for model in settings.models:
-        stack.processes[f"engine-{model}"] = spawn(run_dir, f"engine-{model}", [*FREIGHT, "worker", "--model", model], env)
+        stack.processes[f"engine-{model}"] = spawn(
+            run_dir, f"engine-{model}", [*FREIGHT, "worker", "--model", model], env
+        )
     stack.processes["beat"] = spawn(run_dir, "beat", [*FREIGHT, "beat"], env)
 
-    wait_for(lambda: _http_ok(stack.api_url + "/healthz"), "API", 60, stack.processes["api"], stack.log("api"))
-    wait_for(lambda: _log_has(stack.log("control"), " ready."), "control worker", 120, stack.processes["control"], stack.log("control"))
+    wait_for(
+        lambda: _http_ok(stack.api_url + "/healthz"), "API", 60, stack.processes["api"], stack.log("api")
+    )
+    wait_for(
+        lambda: _log_has(stack.log("control"), " ready."),
+        "control worker",
+        120,
+        stack.processes["control"],
+        stack.log("control"),
+    )
     for model in settings.models:
         name = f"engine-{model}"
-        wait_for(lambda n=name: _log_has(stack.log(n), " ready."), f"engine worker for {model}", engine_timeout, stack.processes[name], stack.log(name))
+        wait_for(
+            lambda n=name: _log_has(stack.log(n), " ready."),
+            f"engine worker for {model}",
+            engine_timeout,
+            stack.processes[name],
+            stack.log(name),
+        )
     return stack
 
 

@@ -61,7 +61,12 @@ def upload(client, headers, data: bytes = jsonl(line()), name: str = "in.jsonl")
 
 
 def create_batch(client, headers, file_id: str, **extra):  # type: ignore[no-untyped-def]
-    payload = {"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h", **extra}
+    payload = {
+        "input_file_id": file_id,
+        "endpoint": "/v1/chat/completions",
+        "completion_window": "24h",
+        **extra,
+    }
     return client.post("/v1/batches", headers=headers, json=payload)
 
 
@@ -146,7 +151,12 @@ def test_batch_create_and_object_shape(client, keys):  # type: ignore[no-untyped
 )
 def test_batch_create_errors(client, keys, change, status, param):  # type: ignore[no-untyped-def]
     file_id = upload(client, keys["a"]).get_json()["id"]
-    payload = {"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h", **change}
+    payload = {
+        "input_file_id": file_id,
+        "endpoint": "/v1/chat/completions",
+        "completion_window": "24h",
+        **change,
+    }
     assert_error(client.post("/v1/batches", headers=keys["a"], json=payload), status, param)
 
 

@@ -36,7 +36,9 @@ def read_jsonl(client: openai.OpenAI, file_id: str | None) -> list[dict]:
 
 
 def run_batch(client, lines, endpoint=CHAT, window="24h", **kw):  # type: ignore[no-untyped-def]
-    batch = client.batches.create(input_file_id=upload(client, lines), endpoint=endpoint, completion_window=window, **kw)
+    batch = client.batches.create(
+        input_file_id=upload(client, lines), endpoint=endpoint, completion_window=window, **kw
+    )
     return wait_final(client, batch.id)
 
 
@@ -51,11 +53,24 @@ def test_chat_batch_end_to_end(live):  # type: ignore[no-untyped-def]
     }
     lines = [chat_line(f"q-{i}", f"Question number {i}: what is in the document?") for i in range(12)]
     lines += [
-        chat_line("sampled", "Tell me a story", temperature=0.7, top_p=0.9, seed=7, presence_penalty=0.5, frequency_penalty=0.2),
+        chat_line(
+            "sampled",
+            "Tell me a story",
+            temperature=0.7,
+            top_p=0.9,
+            seed=7,
+            presence_penalty=0.5,
+            frequency_penalty=0.2,
+        ),
         chat_line("two", "Give two answers", n=2),
         chat_line("stopped", "Count", stop=["\n"], max_completion_tokens=6, max_tokens=None),
         chat_line("logprobs", "Say something", logprobs=True, top_logprobs=3),
-        chat_line("json", "Label this", max_tokens=48, response_format={"type": "json_schema", "json_schema": {"name": "l", "schema": schema}}),
+        chat_line(
+            "json",
+            "Label this",
+            max_tokens=48,
+            response_format={"type": "json_schema", "json_schema": {"name": "l", "schema": schema}},
+        ),
         chat_line("fixed-length", "Go on", max_tokens=12, min_tokens=12, ignore_eos=True),
         chat_line("too-long", "word " * 5000),  # longer than the model's context: this request alone fails
     ]
@@ -63,7 +78,11 @@ def test_chat_batch_end_to_end(live):  # type: ignore[no-untyped-def]
     batch = run_batch(client, lines, metadata={"project": "evals"})
     assert batch.status == "completed", batch
     assert batch.metadata == {"project": "evals"} and batch.model == "demo"
-    assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (19, 18, 1)
+    assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (
+        19,
+        18,
+        1,
+    )
     assert batch.in_progress_at and batch.finalizing_at and batch.completed_at
 
     output, errors = read_jsonl(client, batch.output_file_id), read_jsonl(client, batch.error_file_id)
@@ -82,7 +101,9 @@ def test_chat_batch_end_to_end(live):  # type: ignore[no-untyped-def]
         body = response["body"]
         assert body["object"] == "chat.completion" and body["model"] == "demo"
         usage = body["usage"]
-        rendered = tokenizer.apply_chat_template(source["body"]["messages"], add_generation_prompt=True, tokenize=True)
+        rendered = tokenizer.apply_chat_template(
+            source["body"]["messages"], add_generation_prompt=True, tokenize=True
+        )
         rendered = rendered["input_ids"] if hasattr(rendered, "keys") else rendered
         assert usage["prompt_tokens"] == len(rendered), source["custom_id"]
         assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
@@ -96,7 +117,10 @@ def test_chat_batch_end_to_end(live):  # type: ignore[no-untyped-def]
     assert len(by_id["two"]["response"]["body"]["choices"]) == 2
     assert by_id["fixed-length"]["response"]["body"]["usage"]["completion_tokens"] == 12
     assert by_id["logprobs"]["response"]["body"]["choices"][0]["logprobs"]["content"]
-    assert json.loads(by_id["json"]["response"]["body"]["choices"][0]["message"]["content"])["label"] in ("yes", "no")
+    assert json.loads(by_id["json"]["response"]["body"]["choices"][0]["message"]["content"])["label"] in (
+        "yes",
+        "no",
+    )
     assert batch.usage.input_tokens == prompt_total
     assert batch.usage.input_tokens_details.cached_tokens == cached_total
     assert batch.usage.output_tokens == completion_total
@@ -116,7 +140,9 @@ def test_completions_batch_end_to_end(live):  # type: ignore[no-untyped-def]
         for i in range(10)
     ]  # fmt: skip
     batch = run_batch(client, lines, endpoint=COMPLETIONS)
-    assert batch.status == "completed" and batch.request_counts.completed == 10 and batch.error_file_id is None
+    assert (
+        batch.status == "completed" and batch.request_counts.completed == 10 and batch.error_file_id is None
+    )
     output = read_jsonl(client, batch.output_file_id)
     assert sorted(x["custom_id"] for x in output) == sorted(x["custom_id"] for x in lines)
     for line in output:
@@ -133,7 +159,10 @@ def test_completions_batch_end_to_end(live):  # type: ignore[no-untyped-def]
         (b'{"custom_id": "a"}\n{bad json\n', [(1, "invalid_method"), (2, "invalid_json_line")]),
         (json.dumps(chat_line("a", "x") | {"url": COMPLETIONS}).encode(), [(1, "mismatched_url")]),
         (json.dumps(chat_line("a", "x", model="gpt-4o")).encode(), [(1, "model_not_found")]),
-        ((json.dumps(chat_line("a", "x")) + "\n" + json.dumps(chat_line("a", "y"))).encode(), [(2, "duplicate_custom_id")]),
+        (
+            (json.dumps(chat_line("a", "x")) + "\n" + json.dumps(chat_line("a", "y"))).encode(),
+            [(2, "duplicate_custom_id")],
+        ),
         (json.dumps(chat_line("a", "x", temperature=9)).encode(), [(1, "invalid_request")]),
     ],
     ids=["malformed", "wrong-endpoint", "unknown-model", "duplicate-id", "bad-range"],
@@ -170,7 +199,10 @@ def test_auth_and_tenant_isolation_over_http(live):  # type: ignore[no-untyped-d
 
 
 def _long_lines(n: int, tokens: int, prefix: str) -> list[dict]:
-    return [chat_line(f"{prefix}-{i}", f"Item {i} of the long job", max_tokens=tokens, min_tokens=tokens) for i in range(n)]
+    return [
+        chat_line(f"{prefix}-{i}", f"Item {i} of the long job", max_tokens=tokens, min_tokens=tokens)
+        for i in range(n)
+    ]
 
 
 def test_cancel_mid_run(live):  # type: ignore[no-untyped-def]

@@ -14,7 +14,9 @@ def test_earliest_deadline_first_then_file_order():
 
 
 def test_depth_is_per_model_and_counts_already_queued():
-    pending = [unit(i, model="a", seq=i) for i in range(5)] + [unit(10 + i, model="b", seq=i) for i in range(5)]
+    pending = [unit(i, model="a", seq=i) for i in range(5)] + [
+        unit(10 + i, model="b", seq=i) for i in range(5)
+    ]
     chosen = plan_enqueue(pending, {"a": 3}, depth=4)
     assert [u.unit_id for u in chosen if u.model == "a"] == [0]
     assert [u.unit_id for u in chosen if u.model == "b"] == [10, 11, 12, 13]

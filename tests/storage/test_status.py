@@ -11,7 +11,9 @@ def batch(status: str) -> SimpleNamespace:
 
 def test_happy_path_stamps_each_state_once():
     b = batch("validating")
-    for i, target in enumerate([BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING, BatchStatus.COMPLETED], start=1):
+    for i, target in enumerate(
+        [BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING, BatchStatus.COMPLETED], start=1
+    ):
         transition(b, target, now=100 + i)
     assert b.status == "completed"
     assert (b.in_progress_at, b.finalizing_at, b.completed_at) == (101, 102, 103)

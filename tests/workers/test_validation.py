@@ -16,7 +16,12 @@ def good(custom_id: str = "r1", **body: object) -> dict:
         "custom_id": custom_id,
         "method": "POST",
         "url": "/v1/chat/completions",
-        "body": {"model": "demo", "messages": [{"role": "user", "content": "héllo ✓"}], "max_tokens": 8, **body},
+        "body": {
+            "model": "demo",
+            "messages": [{"role": "user", "content": "héllo ✓"}],
+            "max_tokens": 8,
+            **body,
+        },
     }
 
 
@@ -47,6 +52,7 @@ def scan(lines: list[bytes], rules: FileRules = RULES, max_listed: int = 100) ->
         (raw(good(max_tokens=-1)), "invalid_request", "body.max_tokens"),
         (raw(good(messages=[])), "invalid_request", "body.messages"),
         (raw(good(stream=True)), "unsupported_parameter", "body.stream"),
+        (raw(good(temprature=0.5)), "invalid_request", "body.temprature"),
         (b"x" * 5000, "line_too_large", None),
     ],
 )
@@ -74,14 +80,16 @@ def test_bom_crlf_and_trailing_blank_lines_are_fine():
 
 def test_file_level_errors_carry_line_numbers():
     lines = [raw(good("a")), b"", raw(good("b")), raw(good("a")), b"{bad", raw(good("c"))]
-    rows, result = scan(lines)
+    _, result = scan(lines)
     got = [(e.line, e.code) for e in result.errors or []]
     assert got == [(2, "empty_line"), (4, "duplicate_custom_id"), (5, "invalid_json_line")]
     assert result.error_count == 3
 
 
 def test_mixed_models_and_request_limit():
-    rules = FileRules("/v1/chat/completions", frozenset({"demo", "other"}), max_requests=2, max_line_bytes=4096)
+    rules = FileRules(
+        "/v1/chat/completions", frozenset({"demo", "other"}), max_requests=2, max_line_bytes=4096
+    )
     _, result = scan([raw(good("a")), raw(good("b", model="other"))], rules)
     assert [(e.line, e.code) for e in result.errors or []] == [(2, "mixed_models")]
     _, result = scan([raw(good(str(i))) for i in range(5)], rules)
@@ -100,7 +108,12 @@ def test_empty_file():
 
 def test_completions_endpoint_lines():
     rules = FileRules("/v1/completions", frozenset({"demo"}), 10, 4096)
-    line = {"custom_id": "c", "method": "POST", "url": "/v1/completions", "body": {"model": "demo", "prompt": "Once", "max_tokens": 3}}
+    line = {
+        "custom_id": "c",
+        "method": "POST",
+        "url": "/v1/completions",
+        "body": {"model": "demo", "prompt": "Once", "max_tokens": 3},
+    }
     assert not isinstance(check_line(raw(line), 1, rules), LineError)
     line["body"] = {"model": "demo", "max_tokens": 3}
     assert isinstance(check_line(raw(line), 1, rules), LineError)

@@ -1,0 +1,44 @@
+"""Fixtures for the engine tests: the demo model and one real vLLM engine per session.
+
+The engine is the real thing (vLLM on this machine's CPU), started once because start-up
+costs tens of seconds; eager mode skips torch.compile, and a small KV cache keeps memory low.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO_MODEL_DIR = REPO / "models" / "demo"
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir() -> Path:
+    """The demo model, built by infra/build_demo_model.py unless it is already there."""
+    from infra.build_demo_model import build
+
+    build(DEMO_MODEL_DIR)
+    return DEMO_MODEL_DIR
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(demo_model_dir: Path) -> Iterator:
+    from workers.engine import Engine, EngineConfig
+
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    engine = Engine.start(
+        EngineConfig(
+            model_path=str(demo_model_dir),
+            served_name="demo",
+            max_num_seqs=16,
+            kv_cache_bytes=32 * 1024 * 1024,  # 16k tokens of this model's KV cache
+            enforce_eager=True,
+            default_max_tokens=16,
+        )
+    )
+    yield engine
+    engine.shutdown()

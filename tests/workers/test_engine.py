@@ -1,0 +1,306 @@
+"""Engine.run against the real demo model on a real vLLM engine (CPU here).
+
+The demo model has random weights, so texts are noise: the tests pin lengths with
+ignore_eos and check shapes, token accounting, errors, aborts and prefix caching.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import Counter
+
+import pytest
+from transformers import AutoTokenizer
+
+from workers.engine import ABORTED_STATUS, Engine, EngineRequest, EngineResult, EngineStats
+from workers.protocol import parse_body
+
+CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour. ✓"}]
+
+
+def chat_req(key: str, **fields: object) -> EngineRequest:
+    body = {"model": "demo", "messages": fields.pop("messages", MESSAGES), **fields}
+    return EngineRequest(key=key, endpoint=CHAT, body=body)
+
+
+def cmpl_req(key: str, **fields: object) -> EngineRequest:
+    return EngineRequest(
+        key=key, endpoint=COMPLETIONS, body={"model": "demo", "prompt": "Once upon a time", **fields}
+    )
+
+
+def run(engine: Engine, *requests: EngineRequest, **kwargs: object) -> dict[str, EngineResult]:
+    results = list(engine.run(requests, **kwargs))  # type: ignore[arg-type]
+    keys = [r.key for r in results]
+    assert sorted(keys) == sorted(r.key for r in requests), "one result per request"
+    return dict(zip(keys, results, strict=True))
+
+
+def assert_usage(result: EngineResult) -> dict:
+    usage = result.body["usage"]  # type: ignore[index]
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert isinstance(usage["prompt_tokens_details"]["cached_tokens"], int)
+    assert (result.prompt_tokens, result.completion_tokens, result.cached_tokens) == (
+        usage["prompt_tokens"],
+        usage["completion_tokens"],
+        usage["prompt_tokens_details"]["cached_tokens"],
+    )
+    return usage
+
+
+def test_chat_and_completion_in_openai_shape(vllm_engine: Engine, demo_model_dir) -> None:
+    out = run(
+        vllm_engine,
+        chat_req("chat", max_tokens=6, ignore_eos=True),
+        cmpl_req("cmpl", max_tokens=5, ignore_eos=True),
+    )
+    chat, cmpl = out["chat"], out["cmpl"]
+    assert (chat.status_code, chat.error, cmpl.status_code, cmpl.error) == (200, None, 200, None)
+
+    body = chat.body
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    assert body["model"] == "demo" and isinstance(body["created"], int)
+    (choice,) = body["choices"]
+    assert choice["index"] == 0 and choice["finish_reason"] == "length" and choice["logprobs"] is None
+    assert choice["message"]["role"] == "assistant" and isinstance(choice["message"]["content"], str)
+    usage = assert_usage(chat)
+    # the prompt is the model's own chat template, as transformers renders it
+    hf = AutoTokenizer.from_pretrained(demo_model_dir)
+    text = hf.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
+    assert usage["prompt_tokens"] == len(hf(text, add_special_tokens=False)["input_ids"])
+    assert usage["completion_tokens"] == 6
+
+    body = cmpl.body
+    assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
+    (choice,) = body["choices"]
+    assert isinstance(choice["text"], str) and choice["finish_reason"] == "length"
+    assert assert_usage(cmpl)["prompt_tokens"] == len(hf("Once upon a time")["input_ids"])  # BOS included
+    json.dumps(out["chat"].body, allow_nan=False)  # the body is plain JSON data
+
+
+def test_max_tokens_min_tokens_and_default_budget(vllm_engine: Engine) -> None:
+    out = run(
+        vllm_engine,
+        chat_req("max", max_completion_tokens=7, ignore_eos=True),
+        chat_req("min", max_tokens=9, min_tokens=9),
+        cmpl_req("default", ignore_eos=True),  # no max_tokens: the engine default (16)
+        cmpl_req("edge", prompt=[5] * (vllm_engine.max_model_len - 3), ignore_eos=True),  # 3 tokens left
+        cmpl_req("ids", prompt=[7, 8, 9, 10], max_tokens=2, ignore_eos=True),
+    )
+    assert out["max"].completion_tokens == 7
+    assert out["min"].completion_tokens == 9
+    assert out["default"].completion_tokens == 16
+    assert out["edge"].completion_tokens == 3
+    assert out["ids"].prompt_tokens == 4  # token-id prompts are taken as they are
+
+
+def test_bad_requests_fail_alone(vllm_engine: Engine) -> None:
+    too_long = "lorem ipsum dolor " * 2000
+    out = run(
+        vllm_engine,
+        chat_req("ok1", max_tokens=4, ignore_eos=True),
+        chat_req("long", messages=[{"role": "user", "content": too_long}], max_tokens=4),
+        cmpl_req("long_ids", prompt=[5] * vllm_engine.max_model_len, max_tokens=1),
+        chat_req("bad", temperature="hot"),
+        chat_req("huge", max_tokens=10**6),
+        cmpl_req("vocab", prompt=[10**6], max_tokens=2),
+        EngineRequest(key="url", endpoint="/v1/embeddings", body={"input": "x"}),
+        cmpl_req("ok2", max_tokens=4, ignore_eos=True),
+    )
+    assert out["ok1"].ok and out["ok2"].ok
+    for key in ("long", "long_ids"):
+        assert out[key].status_code == 400 and out[key].error["code"] == "context_length_exceeded", out[key]
+    assert out["bad"].error == {
+        "code": "invalid_request",
+        "param": "temperature",
+        "message": out["bad"].error["message"],
+    }
+    for key in ("bad", "huge", "vocab", "url"):
+        result = out[key]
+        assert result.status_code == 400 and result.body is None and result.error["message"], result
+        assert (result.prompt_tokens, result.cached_tokens, result.completion_tokens) == (0, 0, 0)
+
+
+def test_n_choices(vllm_engine: Engine) -> None:
+    result = run(vllm_engine, chat_req("n2", n=2, max_tokens=5, ignore_eos=True))["n2"]
+    assert result.ok
+    assert [c["index"] for c in result.body["choices"]] == [0, 1]
+    assert result.completion_tokens == 10
+
+
+def test_response_format_json_schema(vllm_engine: Engine) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}, "colour": {"enum": ["red", "green", "blue"]}},
+        "required": ["ok", "colour"],
+        "additionalProperties": False,
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
+    out = run(
+        vllm_engine,
+        *(chat_req(f"json{seed}", response_format=fmt, max_tokens=200, seed=seed) for seed in range(3)),
+        chat_req(
+            "bad_schema",
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 5}}},
+        ),
+    )
+    for seed in range(3):
+        result = out[f"json{seed}"]
+        assert result.ok, result.error
+        choice = result.body["choices"][0]
+        assert choice["finish_reason"] == "stop", choice
+        value = json.loads(choice["message"]["content"])
+        assert isinstance(value["ok"], bool) and value["colour"] in {"red", "green", "blue"}
+    assert out["bad_schema"].status_code == 400
+
+
+def test_logprobs_in_openai_shape(vllm_engine: Engine) -> None:
+    out = run(
+        vllm_engine,
+        chat_req("chat", max_tokens=4, ignore_eos=True, logprobs=True, top_logprobs=2),
+        cmpl_req("cmpl", max_tokens=3, ignore_eos=True, logprobs=1),
+        cmpl_req("echo", max_tokens=2, ignore_eos=True, echo=True),
+    )
+    content = out["chat"].body["choices"][0]["logprobs"]["content"]
+    assert len(content) == 4
+    for item in content:
+        assert isinstance(item["token"], str) and item["logprob"] <= 0 and isinstance(item["bytes"], list)
+        assert len(item["top_logprobs"]) == 2
+        assert all({"token", "logprob", "bytes"} <= set(top) for top in item["top_logprobs"])
+    lp = out["cmpl"].body["choices"][0]["logprobs"]
+    assert (
+        len(lp["tokens"])
+        == len(lp["token_logprobs"])
+        == len(lp["top_logprobs"])
+        == len(lp["text_offset"])
+        == 3
+    )
+    assert lp["text_offset"][0] == 0 and all(isinstance(t, dict) for t in lp["top_logprobs"])
+    assert out["echo"].body["choices"][0]["text"].startswith("Once upon a time")  # the prompt text, as sent
+
+
+def test_shared_prefix_is_cached(vllm_engine: Engine) -> None:
+    # CPU KV blocks hold 128 tokens and only full blocks are shared: use a prefix of several blocks.
+    words = " ".join(f"clause {i} of contract {uuid.uuid4().hex[:6]};" for i in range(80))
+    system = {"role": "system", "content": f"Read this contract carefully. {words}"}
+    first = run(
+        vllm_engine, chat_req("a", messages=[system, {"role": "user", "content": "Who signs?"}], max_tokens=2)
+    )
+    second = run(
+        vllm_engine, chat_req("b", messages=[system, {"role": "user", "content": "When?"}], max_tokens=2)
+    )
+    a, b = first["a"], second["b"]
+    assert a.ok and b.ok and a.prompt_tokens > 256
+    assert a.cached_tokens == 0
+    assert b.cached_tokens >= 256 and b.cached_tokens % 128 == 0
+    assert b.body["usage"]["prompt_tokens_details"]["cached_tokens"] == b.cached_tokens
+
+
+def test_abort_yields_every_key_once(vllm_engine: Engine) -> None:
+    pulled: list[str] = []
+    done: list[EngineResult] = []
+    polls: list[float] = []
+
+    def requests():
+        for i in range(60):
+            pulled.append(f"r{i}")
+            # three quick ones finish first; the rest would run far longer than the test
+            budget = 2 if i < 3 else 2000
+            yield chat_req(
+                f"r{i}", max_tokens=budget, ignore_eos=True, messages=[{"role": "user", "content": f"#{i}"}]
+            )
+
+    def should_abort() -> bool:
+        polls.append(time.monotonic())
+        return len(done) >= 3
+
+    started = time.monotonic()
+    results = []
+    for result in vllm_engine.run(requests(), should_abort=should_abort):
+        results.append(result)
+        if result.ok:
+            done.append(result)
+    elapsed = time.monotonic() - started
+    counts = Counter(r.key for r in results)
+    assert set(counts) == {f"r{i}" for i in range(60)} and set(counts.values()) == {1}
+    assert sorted(r.key for r in done) == ["r0", "r1", "r2"]
+    aborted = [r for r in results if r.status_code == ABORTED_STATUS]
+    assert len(aborted) == 57
+    assert all(r.error["code"] == "aborted" and r.body is None and r.completion_tokens == 0 for r in aborted)
+    assert len(pulled) == 60  # requests never pulled from the iterable are reported too
+    assert len(polls) <= elapsed / 0.5 + 2  # polled at most every 0.5 s
+    # nothing is left running: the next run starts at once and completes
+    assert run(vllm_engine, chat_req("after", max_tokens=2))["after"].ok
+    assert vllm_engine.stats.in_flight == 0
+
+
+def test_abort_is_polled_between_bad_requests(vllm_engine: Engine) -> None:
+    seen: list[EngineResult] = []
+
+    def slow_bad_requests():
+        for i in range(40):
+            time.sleep(0.05)  # a slow source of lines that all fail validation
+            yield chat_req(f"bad{i}", temperature="hot")
+
+    for result in vllm_engine.run(slow_bad_requests(), should_abort=lambda: len(seen) >= 5):
+        seen.append(result)
+    assert sorted(r.key for r in seen) == sorted(f"bad{i}" for i in range(40))
+    codes = Counter(r.error["code"] for r in seen)
+    assert codes["invalid_request"] >= 5 and codes["aborted"] >= 10, codes
+
+
+def test_lazy_pull_keeps_a_bounded_window(vllm_engine: Engine) -> None:
+    pulled = 0
+    most_outstanding = 0
+    seen = []
+
+    def requests():
+        nonlocal pulled
+        for i in range(80):
+            pulled += 1
+            yield cmpl_req(f"w{i}", prompt=f"Item {i}:", max_tokens=3, ignore_eos=True)
+
+    running = []
+    for result in vllm_engine.run(requests()):
+        seen.append(result.key)
+        most_outstanding = max(most_outstanding, pulled - len(seen))
+        running.append(vllm_engine.stats.running)
+    assert sorted(seen) == sorted(f"w{i}" for i in range(80))
+    assert most_outstanding <= 2 * vllm_engine.config.max_num_seqs + 1
+    assert 0 < max(running) <= vllm_engine.config.max_num_seqs  # the scheduler's own report
+
+
+def test_closing_the_iterator_aborts_in_flight(vllm_engine: Engine) -> None:
+    results = vllm_engine.run(chat_req(f"c{i}", max_tokens=64, ignore_eos=True) for i in range(20))
+    first = next(results)
+    results.close()
+    assert first.key.startswith("c")
+    assert vllm_engine.stats.in_flight == 0
+    assert run(vllm_engine, chat_req("next", max_tokens=2))["next"].ok
+
+
+def test_preparsed_requests_and_stats(vllm_engine: Engine) -> None:
+    body = {"model": "demo", "messages": MESSAGES, "max_tokens": 3, "ignore_eos": True}
+    parsed = parse_body(CHAT, body)
+    result = run(vllm_engine, EngineRequest("pre", CHAT, body, parsed=parsed))["pre"]
+    assert result.ok and result.completion_tokens == 3
+    stats = vllm_engine.stats
+    assert isinstance(stats, EngineStats) and stats.finished > 0 and stats.in_flight == 0
+    assert vllm_engine.max_model_len == 2048
+    assert vllm_engine.tokenizer.eos_token_id is not None
+
+
+def test_runs_do_not_overlap(vllm_engine: Engine) -> None:
+    first = vllm_engine.run([chat_req("x", max_tokens=2)])
+    next(first)  # drains it; the generator is now finishing
+    with pytest.raises(StopIteration):
+        next(first)
+    second = vllm_engine.run([chat_req("y", max_tokens=2)])
+    busy = vllm_engine.run([chat_req("z", max_tokens=2)])
+    next(second)
+    with pytest.raises(RuntimeError):
+        next(busy)
+    list(second)

@@ -1,0 +1,413 @@
+"""The one module that drives vLLM's engine, so a vLLM upgrade changes one place.
+
+Why the engine-level API (`LLMEngine.add_request` + `step()`) rather than
+`LLM.generate(list)`: `generate` drains the running batch to zero at the end of each
+call, while a worker that keeps adding requests as others finish keeps the batch full
+across work units and holds only a bounded window of a huge input in memory.
+
+`Engine.run` takes any iterable of `EngineRequest`s and yields exactly one
+`EngineResult` per request, in completion order:
+
+* status 200: `body` is the OpenAI response body (see `workers.protocol`);
+* status 400: the request itself is at fault (bad parameter, prompt too long...),
+  reported immediately, never disturbing the other requests;
+* status 500: the engine failed this request (vLLM reported an error for it, or the
+  response could not be built);
+* status 499 (`ABORTED_STATUS`, nginx's "client closed request"): `should_abort()`
+  returned True before the request finished; `error.code` is "aborted". Every request
+  not finished by then gets one, including those still in the iterable.
+
+If vLLM's engine itself dies, `run` raises: nothing more can run in this process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from workers.protocol import (
+    ParsedRequest,
+    RenderedRequest,
+    RequestError,
+    build_response_body,
+    parse_body,
+    render_request,
+)
+
+if TYPE_CHECKING:
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+log = logging.getLogger(__name__)
+
+ABORTED_STATUS = 499
+ABORT_POLL_SECONDS = 0.5
+WINDOW_PER_SEQ = 2  # sequences held in the engine (running + waiting) per max_num_seqs
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How to start one engine. None means vLLM's default (or the environment's).
+
+    `kv_cache_bytes` sets vLLM's `kv_cache_memory_bytes` (0 or None: vLLM's default; on CPU
+    an operator's `VLLM_CPU_KVCACHE_SPACE` overrides it). `default_max_tokens` is the output
+    budget for requests that do not give one (None: the context left after the prompt).
+    """
+
+    model_path: str
+    served_name: str
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None
+    kv_cache_bytes: int | None = None
+    enforce_eager: bool = False
+    seed: int = 0
+    default_max_tokens: int | None = None
+    enable_prefix_caching: bool = True
+    dtype: str = "auto"
+    quantization: str | None = None
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """One request of a run; `key` (the caller's custom_id) must be unique within the run."""
+
+    key: str
+    endpoint: str
+    body: dict
+    parsed: ParsedRequest | None = None
+
+
+@dataclass(frozen=True)
+class EngineResult:
+    """The outcome of one request; token counts are 0 unless status_code is 200."""
+
+    key: str
+    status_code: int
+    body: dict | None = None
+    error: dict | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.status_code == 200
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A cheap snapshot: the scheduler's last report plus this process's own counters."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_cache_usage: float = 0.0
+    in_flight: int = 0
+    finished: int = 0
+    failed: int = 0
+    aborted: int = 0
+
+
+def _error(key: str, status: int, code: str, message: str, param: str | None = None) -> EngineResult:
+    return EngineResult(key=key, status_code=status, error={"code": code, "message": message, "param": param})
+
+
+@dataclass
+class _InFlight:
+    key: str
+    rendered: RenderedRequest
+    seqs: int
+
+
+@dataclass
+class _Counters:
+    finished: int = 0
+    failed: int = 0
+    aborted: int = 0
+    scheduler: Any = None
+
+
+def _stats_logger_factory(counters: _Counters) -> Callable[..., Any]:
+    """A vLLM stat logger that keeps the latest SchedulerStats for `Engine.stats`."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class _Recorder(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            pass
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):  # type: ignore[override]
+            if scheduler_stats is not None:
+                counters.scheduler = scheduler_stats
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return _Recorder
+
+
+class Engine:
+    """A warm vLLM engine for one model; create it with `Engine.start(config)`."""
+
+    def __init__(self, config: EngineConfig, llm: LLMEngine) -> None:
+        self.config = config
+        self._llm = llm
+        self._counters: _Counters = _Counters()
+        self._default_sampling = dict(llm.model_config.get_diff_sampling_param())
+        self._next_id = 0
+        self._in_flight = 0
+        self._running = False
+
+    @classmethod
+    def start(cls, config: EngineConfig) -> Engine:
+        """Start vLLM's engine (spawns its processes; call from worker start-up, not import)."""
+        _set_env_defaults(config)
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        kwargs: dict[str, Any] = {}
+        if config.kv_cache_bytes:
+            kwargs["kv_cache_memory_bytes"] = int(config.kv_cache_bytes)
+        if config.max_num_batched_tokens:
+            kwargs["max_num_batched_tokens"] = config.max_num_batched_tokens
+        if config.max_model_len:
+            kwargs["max_model_len"] = config.max_model_len
+        args = EngineArgs(
+            model=config.model_path,
+            served_model_name=config.served_name,
+            max_num_seqs=config.max_num_seqs,
+            enforce_eager=config.enforce_eager,
+            seed=config.seed,
+            enable_prefix_caching=config.enable_prefix_caching,
+            dtype=config.dtype,
+            quantization=config.quantization,
+            **kwargs,
+        )
+        counters = _Counters()
+        started = time.monotonic()
+        llm = LLMEngine.from_engine_args(args, stat_loggers=[_stats_logger_factory(counters)])
+        engine = cls(config, llm)
+        engine._counters = counters
+        log.info(
+            "engine for %s ready in %.1fs (max_model_len=%d, max_num_seqs=%d)",
+            config.served_name,
+            time.monotonic() - started,
+            engine.max_model_len,
+            config.max_num_seqs,
+        )
+        return engine
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def tokenizer(self) -> Any:
+        """The engine's tokenizer (a Hugging Face tokenizer as wrapped by vLLM)."""
+        return self._llm.get_tokenizer()
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self._llm.model_config.max_model_len)
+
+    @property
+    def stats(self) -> EngineStats:
+        c = self._counters
+        sched = c.scheduler
+        return EngineStats(
+            running=getattr(sched, "num_running_reqs", 0),
+            waiting=getattr(sched, "num_waiting_reqs", 0),
+            kv_cache_usage=float(getattr(sched, "kv_cache_usage", 0.0)),
+            in_flight=self._in_flight,
+            finished=c.finished,
+            failed=c.failed,
+            aborted=c.aborted,
+        )
+
+    # ------------------------------------------------------------------ running
+
+    def render(self, request: EngineRequest) -> RenderedRequest:
+        """Parse (unless already parsed) and render one request; raises RequestError."""
+        parsed = request.parsed or parse_body(request.endpoint, request.body)
+        if parsed.endpoint != request.endpoint:
+            raise RequestError("invalid_request", "The parsed request is for another endpoint.", "url")
+        return render_request(
+            parsed,
+            self._llm.renderer,
+            default_max_tokens=self.config.default_max_tokens,
+            default_sampling_params=self._default_sampling,
+        )
+
+    def run(
+        self,
+        requests: Iterable[EngineRequest],
+        should_abort: Callable[[], bool] | None = None,
+    ) -> Iterator[EngineResult]:
+        """Run requests with continuous batching; yield one result per request as each finishes.
+
+        Requests are pulled lazily, keeping about 2 x max_num_seqs sequences in the engine.
+        `should_abort` is polled at most every 0.5 s between engine steps. Closing the
+        iterator early aborts what is still in the engine. One run at a time per engine.
+        """
+        if self._running:
+            raise RuntimeError("Engine.run is already in progress; runs cannot overlap")
+        self._running = True
+        pending = iter(requests)
+        in_flight: dict[str, _InFlight] = {}
+        window = max(1, WINDOW_PER_SEQ * self.config.max_num_seqs)
+        seqs = 0
+        exhausted = False
+        last_poll = float("-inf")
+
+        def abort_requested() -> bool:
+            nonlocal last_poll
+            if should_abort is None or time.monotonic() - last_poll < ABORT_POLL_SECONDS:
+                return False
+            last_poll = time.monotonic()
+            return bool(should_abort())
+
+        try:
+            while True:
+                if abort_requested():
+                    yield from self._abort_all(in_flight, pending)
+                    return
+                while not exhausted and (seqs < window or not in_flight):
+                    try:
+                        request = next(pending)
+                    except StopIteration:
+                        exhausted = True
+                        break
+                    submitted = self._submit(request)
+                    if isinstance(submitted, EngineResult):
+                        self._count(submitted)
+                        yield submitted
+                        if abort_requested():  # a long run of bad lines never reaches a step
+                            yield from self._abort_all(in_flight, pending)
+                            return
+                        continue
+                    request_id, entry = submitted
+                    in_flight[request_id] = entry
+                    seqs += entry.seqs
+                    self._in_flight = len(in_flight)
+                if not in_flight:
+                    if exhausted:
+                        return
+                    continue
+                for output in self._llm.step():
+                    if not getattr(output, "finished", False):
+                        continue
+                    entry = in_flight.pop(output.request_id, None)
+                    if entry is None:
+                        continue  # not ours (an earlier run's straggler)
+                    seqs -= entry.seqs
+                    self._in_flight = len(in_flight)
+                    result = self._finish(entry, output)
+                    self._count(result)
+                    yield result
+        finally:
+            if in_flight:  # closed early or failed: leave nothing running for the next run
+                self._abort_in_engine(list(in_flight))
+            self._in_flight = 0
+            self._running = False
+
+    def _submit(self, request: EngineRequest) -> tuple[str, _InFlight] | EngineResult:
+        key = request.key
+        try:
+            rendered = self.render(request)
+            request_id = f"freight-{self._next_id}"
+            self._next_id += 1
+            self._llm.add_request(request_id, rendered.engine_input, rendered.sampling_params)
+        except RequestError as exc:
+            return _error(key, exc.status_code, exc.code, exc.message, exc.param)
+        except Exception as exc:
+            from vllm.exceptions import VLLMClientError
+
+            # vLLM's input checks (JSON schema, logprobs limit, vocabulary...) blame the request
+            if isinstance(exc, (VLLMClientError, ValueError, TypeError)):
+                message = str(exc.args[0]) if exc.args else str(exc)
+                return _error(key, 400, "invalid_request", message[:1000], getattr(exc, "parameter", None))
+            log.exception("request %r could not be submitted", key)
+            return _error(
+                key, 500, "internal_error", f"The engine could not accept the request: {exc}"[:1000]
+            )
+        return request_id, _InFlight(key, rendered, rendered.parsed.n)
+
+    def _finish(self, entry: _InFlight, output: Any) -> EngineResult:
+        failed = [c for c in output.outputs if c.finish_reason == "error"]
+        if failed or not output.outputs:
+            return _error(
+                entry.key, 500, "internal_error", "The engine failed while generating this request."
+            )
+        try:
+            body = build_response_body(
+                entry.rendered, output, model=self.config.served_name, tokenizer=self._llm.get_tokenizer()
+            )
+        except Exception as exc:
+            log.exception("response for %r could not be built", entry.key)
+            return _error(entry.key, 500, "internal_error", f"The response could not be built: {exc}"[:1000])
+        usage = body["usage"]
+        return EngineResult(
+            key=entry.key,
+            status_code=200,
+            body=body,
+            prompt_tokens=int(usage["prompt_tokens"]),
+            cached_tokens=int(usage["prompt_tokens_details"]["cached_tokens"] or 0),
+            completion_tokens=int(usage["completion_tokens"] or 0),
+        )
+
+    def _abort_all(
+        self, in_flight: dict[str, _InFlight], pending: Iterator[EngineRequest]
+    ) -> Iterator[EngineResult]:
+        ids = list(in_flight)
+        self._abort_in_engine(ids)
+        entries = [in_flight.pop(request_id) for request_id in ids]
+        self._in_flight = 0
+        message = "The run was stopped before this request finished."
+        for entry in entries:
+            self._counters.aborted += 1
+            yield _error(entry.key, ABORTED_STATUS, "aborted", message)
+        for request in pending:
+            self._counters.aborted += 1
+            yield _error(request.key, ABORTED_STATUS, "aborted", message)
+
+    def _abort_in_engine(self, request_ids: list[str]) -> None:
+        try:
+            self._llm.abort_request(request_ids)
+        except Exception:
+            log.exception("aborting %d requests in vLLM failed", len(request_ids))
+
+    def _count(self, result: EngineResult) -> None:
+        if result.ok:
+            self._counters.finished += 1
+        elif result.status_code == ABORTED_STATUS:
+            self._counters.aborted += 1
+        else:
+            self._counters.failed += 1
+
+    def shutdown(self) -> None:
+        """Stop vLLM's processes; the engine is unusable afterwards."""
+        llm, self._llm = self._llm, None  # type: ignore[assignment]
+        if llm is None:
+            return
+        try:
+            llm.engine_core.shutdown()
+        finally:
+            try:
+                llm.renderer.shutdown()
+            except Exception:
+                log.debug("renderer shutdown failed", exc_info=True)
+
+
+def _set_env_defaults(config: EngineConfig) -> None:
+    """Environment vLLM reads at start-up; set only where the operator has not."""
+    # On CPU vLLM keeps one core for its front end by default; a batch worker has no
+    # front end to speak of, so the engine gets every core (see design notes).
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    # Self-hosted, often air-gapped: no usage reports to vLLM's servers.
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    if config.kv_cache_bytes and os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        log.warning(
+            "VLLM_CPU_KVCACHE_SPACE=%s overrides kv_cache_bytes=%d on CPU",
+            os.environ["VLLM_CPU_KVCACHE_SPACE"],
+            config.kv_cache_bytes,
+        )

@@ -1,0 +1,702 @@
+"""OpenAI request bodies -> vLLM inputs, and vLLM outputs -> OpenAI response bodies.
+
+Why this module leans on vLLM's own OpenAI layer (the pydantic request models of
+`vllm serve`, their `to_sampling_params`, `build_chat_params`, `build_tok_params`,
+vLLM's renderer and `get_max_tokens`): a batch line then accepts exactly the
+parameters, defaults and chat rendering that `vllm serve` accepts, and a vLLM upgrade
+changes behaviour in one place instead of drifting from a hand-written copy.
+
+Three stages, usable in different processes:
+
+* `parse_body` validates a body without an engine or tokenizer (validation worker).
+  It raises only `RequestError`, whatever dict it is given.
+* `render_request` turns a parsed request into prompt token ids and `SamplingParams`
+  with the engine's renderer (engine worker).
+* `build_response_body` turns a finished `RequestOutput` into the body `vllm serve`
+  would return (`chat.completion` / `text_completion`), always with
+  `usage.prompt_tokens_details.cached_tokens`.
+
+Deliberate differences from `vllm serve`, because a batch line cannot honour them:
+streaming, beam search, tool calling (no tool-call parser is configured; `tools` with
+`tool_choice: "none"` still reach the chat template), request-supplied chat templates,
+non-text content parts, prompt embeddings, FIM `suffix`, several prompts in one
+completions body (put each on its own line), disaggregated-serving transfer parameters
+and non-zero `priority` (Freight schedules by job). When a body gives neither
+`max_tokens` nor `max_completion_tokens`, the output budget is the configured default,
+capped by the context left (completions included, where OpenAI's default is 16).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # vLLM is imported lazily: importing it costs seconds.
+    from vllm.outputs import RequestOutput
+    from vllm.renderers import BaseRenderer
+    from vllm.sampling_params import SamplingParams
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+ENDPOINTS = (CHAT, COMPLETIONS)
+
+MAX_N = 128  # OpenAI's own limit on choices per request; n fans out into n sequences.
+_MAX_MESSAGE_CHARS = 1000
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+# vLLM's "before" validators call .get() on these; a non-object would surface as a crash.
+_OBJECT_FIELDS = (
+    "response_format",
+    "structured_outputs",
+    "chat_template_kwargs",
+    "stream_options",
+    "logit_bias",
+)
+_UNSUPPORTED_FIELDS = {
+    "kv_transfer_params": "disaggregated-serving transfer parameters are internal to vLLM serve.",
+    "ec_transfer_params": "disaggregated-serving transfer parameters are internal to vLLM serve.",
+    "prompt_embeds": "prompt embeddings are not accepted in batch input.",
+    "chat_template": "request-supplied chat templates are not trusted; the model's template is used.",
+}
+
+
+class RequestError(Exception):
+    """A request the platform will not run, with an OpenAI-style error code and param."""
+
+    def __init__(self, code: str, message: str, param: str | None = None, status_code: int = 400):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+        self.status_code = status_code
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "param": self.param}
+
+    def __repr__(self) -> str:
+        return f"RequestError(code={self.code!r}, param={self.param!r}, message={self.message!r})"
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    """A validated body: `request` is vLLM's ChatCompletionRequest or CompletionRequest.
+
+    `max_tokens` is the output budget the body asked for explicitly (None: use the
+    engine's default); `model` is the body's model name (None when absent; the caller
+    decides whether it matches the served model).
+    """
+
+    endpoint: str
+    model: str | None
+    request: Any
+    max_tokens: int | None = None
+
+    @property
+    def is_chat(self) -> bool:
+        return self.endpoint == CHAT
+
+    @property
+    def n(self) -> int:
+        """Number of sequences the request occupies in the engine."""
+        return self.request.n or 1
+
+
+@dataclass(frozen=True)
+class RenderedRequest:
+    """What the engine needs to run one request: prompt, sampling params, echo text."""
+
+    parsed: ParsedRequest
+    engine_input: dict[str, Any]
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    echo_text: str | None = None
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def parse_body(endpoint: str, body: dict) -> ParsedRequest:
+    """Validate an OpenAI request body with vLLM's pydantic models; raise RequestError only."""
+    try:
+        return _parse_body(endpoint, body)
+    except RequestError:
+        raise
+    except Exception as exc:  # vLLM validators can trip over odd input (KeyError, TypeError...)
+        detail = f"{type(exc).__name__}: {exc}"
+        raise RequestError("invalid_request", _clip(f"Invalid request body ({detail}).")) from None
+
+
+def _parse_body(endpoint: str, body: Any) -> ParsedRequest:
+    if endpoint not in ENDPOINTS:
+        raise RequestError(
+            "invalid_request",
+            f"Unsupported endpoint {str(endpoint)[:100]!r}; expected one of {', '.join(ENDPOINTS)}.",
+            "url",
+        )
+    if not isinstance(body, dict):
+        raise RequestError("invalid_request", "The request body must be a JSON object.", "body")
+    try:
+        # A JSON round trip is a deep copy (vLLM's validators mutate messages) that also
+        # rejects what no JSON line can hold (NaN, sets, non-string keys, objects).
+        data = json.loads(json.dumps(body, allow_nan=False))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise RequestError(
+            "invalid_request", _clip(f"The body is not valid JSON data: {exc}"), "body"
+        ) from None
+
+    if data.get("stream") is True:  # other spellings ("true", 1) are caught after validation
+        raise RequestError("unsupported_parameter", "Streaming is not available in batch requests.", "stream")
+    for name, why in _UNSUPPORTED_FIELDS.items():
+        if data.get(name) is not None:
+            raise RequestError("unsupported_parameter", f"`{name}` is not supported: {why}", name)
+    for name in _OBJECT_FIELDS:
+        if data.get(name) is not None and not isinstance(data[name], dict):
+            raise RequestError("invalid_request", f"`{name}` must be an object.", name)
+    model = data.get("model")
+    if model is not None and (not isinstance(model, str) or not model):
+        raise RequestError("invalid_request", "`model` must be a non-empty string.", "model")
+
+    if endpoint == CHAT:
+        _check_messages(data.get("messages"))
+        if data.get("tool_choice") not in (None, "none"):
+            raise _tool_choice_error()
+        kwargs = data.get("chat_template_kwargs")
+        if isinstance(kwargs, dict) and kwargs.get("chat_template") is not None:
+            raise RequestError(
+                "unsupported_parameter",
+                "Request-supplied chat templates are not trusted; the model's template is used.",
+                "chat_template_kwargs.chat_template",
+            )
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest as model_cls
+    else:
+        data["prompt"] = _single_prompt(data.get("prompt"))
+        if data.get("suffix") is not None:
+            raise RequestError(
+                "unsupported_parameter", "`suffix` (fill-in-the-middle) is not supported.", "suffix"
+            )
+        from vllm.entrypoints.openai.completion.protocol import CompletionRequest as model_cls
+
+    unknown = sorted(set(data) - set(model_cls.model_fields))
+    if unknown:  # OpenAI refuses these too; silently ignoring a misspelt parameter hides bugs
+        raise RequestError(
+            "invalid_request", _clip(f"Unrecognized request argument supplied: {unknown[0]}"), unknown[0]
+        )
+    request = _validate(model_cls, data)
+
+    if request.stream:
+        raise RequestError("unsupported_parameter", "Streaming is not available in batch requests.", "stream")
+    if request.use_beam_search:
+        raise RequestError("unsupported_parameter", "Beam search is not supported.", "use_beam_search")
+    n = request.n if request.n is not None else 1
+    if not 1 <= n <= MAX_N:
+        raise RequestError("invalid_request", f"`n` must be between 1 and {MAX_N}.", "n")
+    if request.priority:
+        raise RequestError(
+            "unsupported_parameter",
+            "Per-request `priority` is not supported; jobs are scheduled as a whole.",
+            "priority",
+        )
+    if endpoint == CHAT and request.tool_choice not in (None, "none"):
+        raise _tool_choice_error()  # tools without tool_choice default to "auto"
+
+    max_tokens = _requested_max_tokens(endpoint, request, data)
+    # Build sampling params once now, so that bad values (temperature, top_p, stop, min_tokens,
+    # response_format...) are reported at validation time rather than in the engine.
+    _sampling_params(request, max_tokens if max_tokens is not None else max(1, request.min_tokens or 1), {})
+    return ParsedRequest(endpoint=endpoint, model=model, request=request, max_tokens=max_tokens)
+
+
+def _tool_choice_error() -> RequestError:
+    return RequestError(
+        "unsupported_parameter",
+        "Tool calling needs a tool-call parser, which this deployment does not configure; "
+        'omit `tools` or set `tool_choice` to "none".',
+        "tool_choice",
+    )
+
+
+def _check_messages(messages: Any) -> None:
+    """Clear errors for the message shapes OpenAI accepts (pydantic's union errors are not)."""
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("invalid_request", "`messages` must be a non-empty array of messages.", "messages")
+    for i, message in enumerate(messages):
+        where = f"messages.{i}"
+        if not isinstance(message, dict):
+            raise RequestError("invalid_request", f"`{where}` must be an object.", where)
+        role = message.get("role")
+        if not isinstance(role, str) or role not in _ROLES:
+            raise RequestError(
+                "invalid_request",
+                f"`{where}.role` must be one of {', '.join(sorted(_ROLES))}.",
+                f"{where}.role",
+            )
+        _check_tool_calls(message.get("tool_calls"), f"{where}.tool_calls")
+        content = message.get("content")
+        if content is None:
+            if role == "assistant" and (message.get("tool_calls") or message.get("function_call")):
+                continue
+            raise RequestError("invalid_request", f"`{where}.content` is required.", f"{where}.content")
+        if isinstance(content, str):
+            continue
+        if not isinstance(content, list):
+            raise RequestError(
+                "invalid_request",
+                f"`{where}.content` must be a string or an array of parts.",
+                f"{where}.content",
+            )
+        for j, part in enumerate(content):
+            part_where = f"{where}.content.{j}"
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise RequestError(
+                    "unsupported_parameter",
+                    f"`{part_where}`: only text content parts are supported.",
+                    part_where,
+                )
+            if not isinstance(part.get("text"), str):
+                raise RequestError(
+                    "invalid_request", f"`{part_where}.text` must be a string.", f"{part_where}.text"
+                )
+
+
+def _check_tool_calls(tool_calls: Any, where: str) -> None:
+    """Earlier assistant tool calls, in OpenAI's shape (they are replayed to the template)."""
+    if tool_calls is None:
+        return
+    if not isinstance(tool_calls, list):
+        raise RequestError("invalid_request", f"`{where}` must be an array.", where)
+    for k, call in enumerate(tool_calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if (
+            not isinstance(call, dict)
+            or not isinstance(call.get("id"), str)
+            or call.get("type", "function") != "function"
+            or not isinstance(function, dict)
+            or not isinstance(function.get("name"), str)
+            or not isinstance(function.get("arguments"), str)
+        ):
+            raise RequestError(
+                "invalid_request",
+                f"`{where}.{k}` must be {{id, type: function, function: {{name, arguments}}}} with string values.",
+                f"{where}.{k}",
+            )
+
+
+def _single_prompt(prompt: Any) -> Any:
+    """One prompt per batch line: a string or a list of token ids (one-element lists unwrap)."""
+    if prompt is None or prompt == "" or prompt == []:
+        raise RequestError("invalid_request", "`prompt` is required and must not be empty.", "prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        if len(prompt) > 1:
+            raise RequestError(
+                "unsupported_parameter",
+                "Several prompts in one body are not supported; put each prompt on its own line.",
+                "prompt",
+            )
+        prompt = prompt[0]
+        if prompt == "" or prompt == []:
+            raise RequestError("invalid_request", "`prompt` must not be empty.", "prompt")
+    if isinstance(prompt, list) and not all(type(t) is int and t >= 0 for t in prompt):
+        raise RequestError(
+            "invalid_request", "`prompt` must be a string or an array of non-negative token ids.", "prompt"
+        )
+    return prompt
+
+
+def _validate(model_cls: Any, data: dict) -> Any:
+    import pydantic
+    from vllm.exceptions import VLLMValidationError
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return model_cls.model_validate(data)
+    except pydantic.ValidationError as exc:
+        raise _from_validation_error(exc) from None
+    except VLLMValidationError as exc:
+        raise _from_vllm_error(exc, model_cls) from None
+
+
+def _from_vllm_error(exc: Any, model_cls: Any) -> RequestError:
+    """vLLM's own validation errors, with `param` guessed from the message when vLLM gives none."""
+    message = str(exc.args[0]) if exc.args else str(exc)
+    param = getattr(exc, "parameter", None)
+    if param is None and message:
+        first = message.split(None, 1)[0].strip("`'\":,.")
+        if first in model_cls.model_fields:
+            param = first
+        elif "structured output" in message:
+            param = "structured_outputs"
+    return RequestError("invalid_request", _clip(message), param)
+
+
+def _from_validation_error(exc: Any) -> RequestError:
+    from vllm.entrypoints.serve.exception_handling.handlers.validation import clean_loc_for_param
+    from vllm.exceptions import VLLMValidationError
+
+    errors = exc.errors(include_url=False, include_input=False)
+    param = None
+    seen: list[str] = []
+    for error in errors:
+        ctx_error = (error.get("ctx") or {}).get("error")
+        # drop pydantic's union-branch class names (ChatCompletionUserMessageParam...)
+        loc_parts = tuple(p for p in error.get("loc") or () if not str(p)[:1].isupper())
+        loc = clean_loc_for_param(loc_parts) if loc_parts else ""
+        if isinstance(ctx_error, VLLMValidationError) and ctx_error.parameter:
+            loc = ctx_error.parameter
+        param = param or loc or None
+        line = f"{loc}: {error.get('msg')}" if loc else str(error.get("msg"))
+        if line not in seen:
+            seen.append(line)
+    message = "Invalid request: " + "; ".join(seen[:3]) if seen else "Invalid request body."
+    if len(seen) > 3:
+        message += f" (and {len(seen) - 3} more)"
+    return RequestError("invalid_request", _clip(message), param)
+
+
+def _requested_max_tokens(endpoint: str, request: Any, data: dict) -> int | None:
+    if endpoint == CHAT and request.max_completion_tokens is not None:
+        return request.max_completion_tokens
+    # CompletionRequest turns a missing max_tokens into 16; read the body to see what was asked.
+    value = data.get("max_tokens")
+    return None if value is None else _field(request, "max_tokens")
+
+
+def _field(request: Any, name: str) -> Any:
+    with warnings.catch_warnings():  # chat's max_tokens is a deprecated pydantic field
+        warnings.simplefilter("ignore")
+        return getattr(request, name)
+
+
+def _sampling_params(request: Any, max_tokens: int, defaults: dict) -> SamplingParams:
+    from vllm.exceptions import VLLMValidationError
+
+    try:
+        return request.to_sampling_params(max_tokens, defaults)
+    except VLLMValidationError as exc:
+        raise _from_vllm_error(exc, type(request)) from None
+    except (ValueError, TypeError) as exc:
+        raise _from_vllm_error(exc, type(request)) from None
+
+
+def _clip(message: str) -> str:
+    return message if len(message) <= _MAX_MESSAGE_CHARS else message[:_MAX_MESSAGE_CHARS] + "..."
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def render_request(
+    parsed: ParsedRequest,
+    renderer: BaseRenderer,
+    *,
+    default_max_tokens: int | None = None,
+    default_sampling_params: dict | None = None,
+) -> RenderedRequest:
+    """Prompt token ids (chat template or completion prompt) and SamplingParams for one request.
+
+    `renderer` is the engine's vLLM renderer (tokenizer + model config), so chat prompts
+    are rendered exactly as `vllm serve` renders them. `default_sampling_params` are the
+    model's generation-config defaults (`ModelConfig.get_diff_sampling_param()`).
+    The output budget is the body's max_tokens (or max_completion_tokens), else
+    `default_max_tokens`, else the generation config's, capped by the context left.
+    """
+    from vllm.entrypoints.serve.utils.api_utils import get_max_tokens
+    from vllm.exceptions import VLLMValidationError
+    from vllm.renderers.inputs.preprocess import parse_model_prompt
+    from vllm.sampling_params import RequestOutputKind
+
+    request = parsed.request
+    model_config = renderer.model_config
+    max_model_len = model_config.max_model_len
+    defaults = dict(default_sampling_params or {})
+    if default_max_tokens is not None:
+        defaults["max_tokens"] = default_max_tokens
+    extras = {"cache_salt": request.cache_salt} if request.cache_salt is not None else None
+    echo_text = None
+    try:
+        tok_params = request.build_tok_params(model_config)
+        if parsed.is_chat:
+            tools = None if request.tools is None else [tool.model_dump() for tool in request.tools]
+            chat_params = request.build_chat_params(None, "auto").with_defaults(
+                {"tools": tools, "tokenize": False}
+            )
+            (conversation,), (engine_input,) = renderer.render_chat(
+                [request.messages], chat_params, tok_params, prompt_extras=extras
+            )
+            if request.echo:
+                echo_text = _chat_echo_text(request, conversation)
+        else:
+            prompt = parse_model_prompt(model_config, request.prompt)
+            (engine_input,) = renderer.render_cmpl([prompt], tok_params, prompt_extras=extras)
+    except VLLMValidationError as exc:
+        message = _clip(str(exc.args[0]) if exc.args else str(exc))
+        if exc.parameter in ("input_tokens", "input_text"):
+            raise RequestError(
+                "context_length_exceeded", message, "messages" if parsed.is_chat else "prompt"
+            ) from None
+        raise RequestError("invalid_request", message, exc.parameter) from None
+    except (ValueError, TypeError, KeyError, LookupError) as exc:
+        raise RequestError("invalid_request", _clip(f"Could not render the prompt: {exc}")) from None
+    except Exception as exc:
+        if type(exc).__module__.startswith("jinja2"):
+            raise RequestError("invalid_request", _clip(f"Chat template error: {exc}")) from None
+        raise
+
+    prompt_token_ids = list(engine_input.get("prompt_token_ids") or [])
+    prompt_len = len(prompt_token_ids)
+    if prompt_len >= max_model_len:
+        raise RequestError(
+            "context_length_exceeded",
+            f"This model's maximum context length is {max_model_len} tokens. However, your prompt "
+            f"has {prompt_len} tokens, which leaves no room for output. Please shorten the prompt.",
+            "messages" if parsed.is_chat else "prompt",
+        )
+    try:
+        max_tokens = get_max_tokens(
+            max_model_len,
+            parsed.max_tokens,
+            prompt_len,
+            defaults,
+            None,
+            truncate_prompt_tokens=request.truncate_prompt_tokens,
+        )
+    except ValueError as exc:
+        raise RequestError("context_length_exceeded", _clip(str(exc)), "max_tokens") from None
+    sampling_params = _sampling_params(request, max_tokens, defaults)
+    sampling_params.output_kind = RequestOutputKind.FINAL_ONLY
+    return RenderedRequest(parsed, engine_input, prompt_token_ids, sampling_params, echo_text)
+
+
+def _chat_echo_text(request: Any, conversation: list) -> str:
+    """vLLM's chat `echo`: the last message's content when its role is the response role."""
+    role = "assistant" if request.add_generation_prompt else request.messages[-1]["role"]
+    if conversation and conversation[-1].get("role") == role:
+        content = conversation[-1].get("content") or ""
+        if isinstance(content, list):
+            return "\n".join(part.get("text", "") for part in content)
+        return str(content)
+    return ""
+
+
+# --------------------------------------------------------------------------- responses
+
+
+def build_response_body(
+    rendered: RenderedRequest,
+    output: RequestOutput,
+    *,
+    model: str,
+    tokenizer: Any = None,
+    created: int | None = None,
+) -> dict[str, Any]:
+    """The `chat.completion` / `text_completion` body `vllm serve` returns for this output.
+
+    Built with vLLM's response models and dumped the way `vllm serve` dumps them;
+    `usage.prompt_tokens_details.cached_tokens` is always present (0 without a cache hit).
+    """
+    from vllm.entrypoints.serve.engine.protocol import PromptTokenUsageInfo, UsageInfo
+
+    parsed = rendered.parsed
+    created = int(time.time()) if created is None else created
+    prompt_ids = list(output.prompt_token_ids or rendered.prompt_token_ids)
+    completion_tokens = sum(len(choice.token_ids) for choice in output.outputs)
+    usage = UsageInfo(
+        prompt_tokens=len(prompt_ids),
+        completion_tokens=completion_tokens,
+        total_tokens=len(prompt_ids) + completion_tokens,
+        prompt_tokens_details=PromptTokenUsageInfo(cached_tokens=int(output.num_cached_tokens or 0)),
+    )
+    prompt_logprobs = _plain_prompt_logprobs(output.prompt_logprobs)
+    if parsed.is_chat:
+        response = _chat_response(rendered, output, model, tokenizer, created, usage, prompt_logprobs)
+    else:
+        response = _completion_response(rendered, output, model, tokenizer, created, usage, prompt_logprobs)
+    # Dumped like vllm serve dumps it: vLLM's extra fields stay, as null when unused.
+    return response.model_dump()
+
+
+def _chat_response(rendered, output, model, tokenizer, created, usage, prompt_logprobs):
+    from vllm.entrypoints.openai.chat_completion.protocol import (
+        ChatCompletionResponse,
+        ChatCompletionResponseChoice,
+        ChatMessage,
+    )
+
+    request = rendered.parsed.request
+    role = "assistant" if request.add_generation_prompt else request.messages[-1]["role"]
+    choices = []
+    for choice in sorted(output.outputs, key=lambda c: c.index):
+        logprobs = None
+        if request.logprobs and choice.logprobs is not None:
+            logprobs = _chat_logprobs(
+                choice.token_ids, choice.logprobs, request.top_logprobs, request, tokenizer
+            )
+        content = (rendered.echo_text or "") + choice.text if request.echo else choice.text
+        choices.append(
+            ChatCompletionResponseChoice(
+                index=choice.index,
+                message=ChatMessage(role=role, content=content),
+                logprobs=logprobs,
+                finish_reason=choice.finish_reason or "stop",
+                stop_reason=choice.stop_reason,
+                token_ids=list(choice.token_ids) if request.return_token_ids else None,
+            )
+        )
+    return ChatCompletionResponse(
+        id=f"chatcmpl-{request.request_id}",
+        created=created,
+        model=model,
+        choices=choices,
+        usage=usage,
+        prompt_logprobs=prompt_logprobs,
+        prompt_token_ids=list(output.prompt_token_ids or []) if request.return_token_ids else None,
+    )
+
+
+def _completion_response(rendered, output, model, tokenizer, created, usage, prompt_logprobs):
+    from vllm.entrypoints.openai.completion.protocol import CompletionResponse, CompletionResponseChoice
+
+    request = rendered.parsed.request
+    prompt_ids = list(output.prompt_token_ids or rendered.prompt_token_ids)
+    prompt_text = output.prompt
+    if request.echo and prompt_text is None and tokenizer is not None:
+        prompt_text = tokenizer.decode(prompt_ids)
+    choices = []
+    for choice in sorted(output.outputs, key=lambda c: c.index):
+        token_ids: Sequence[int] = choice.token_ids
+        step_logprobs = choice.logprobs
+        text = choice.text
+        if request.echo:
+            text = (prompt_text or "") + text
+            token_ids = [*prompt_ids, *choice.token_ids]
+            if step_logprobs is not None:
+                step_logprobs = [*(output.prompt_logprobs or [None] * len(prompt_ids)), *step_logprobs]
+        logprobs = None
+        if request.logprobs is not None and step_logprobs is not None:
+            logprobs = _completion_logprobs(token_ids, step_logprobs, request.logprobs, request, tokenizer)
+        choices.append(
+            CompletionResponseChoice(
+                index=choice.index,
+                text=text,
+                logprobs=logprobs,
+                finish_reason=choice.finish_reason,
+                stop_reason=choice.stop_reason,
+                prompt_logprobs=prompt_logprobs,
+                prompt_token_ids=prompt_ids if request.return_token_ids else None,
+                token_ids=list(choice.token_ids) if request.return_token_ids else None,
+            )
+        )
+    return CompletionResponse(
+        id=f"cmpl-{request.request_id}", created=created, model=model, choices=choices, usage=usage
+    )
+
+
+def _token_text(token_id: int, logprob: Any, tokenizer: Any, as_id: bool) -> str:
+    if as_id:
+        return f"token_id:{token_id}"
+    if logprob is not None and logprob.decoded_token is not None:
+        return logprob.decoded_token
+    return tokenizer.decode([token_id]) if tokenizer is not None else f"token_id:{token_id}"
+
+
+def _chat_logprobs(token_ids, step_logprobs, top_n, request, tokenizer):
+    """OpenAI chat logprobs, mirroring OpenAIServingChat._create_chat_logprobs."""
+    from vllm.entrypoints.openai.chat_completion.protocol import (
+        ChatCompletionLogProb,
+        ChatCompletionLogProbs,
+        ChatCompletionLogProbsContent,
+    )
+
+    as_id = bool(request.return_tokens_as_token_ids)
+    return_all = bool(request.logprob_token_ids)
+    content = []
+    for i, token_id in enumerate(token_ids):
+        step = step_logprobs[i] if i < len(step_logprobs) else None
+        if step is None or step.get(token_id) is None:
+            token = _token_text(token_id, None, tokenizer, as_id)
+            content.append(
+                ChatCompletionLogProbsContent(token=token, bytes=list(token.encode("utf-8", "replace")))
+            )
+            continue
+        chosen = step[token_id]
+        top = []
+        for rank, (tid, lp) in enumerate(step.items()):
+            if return_all or top_n == -1 or (top_n is not None and rank < top_n):
+                text = _token_text(tid, lp, tokenizer, as_id)
+                top.append(
+                    ChatCompletionLogProb(
+                        token=text,
+                        logprob=max(lp.logprob, -9999.0),
+                        bytes=list(text.encode("utf-8", "replace")),
+                    )
+                )
+        decoded = chosen.decoded_token
+        content.append(
+            ChatCompletionLogProbsContent(
+                token=_token_text(token_id, chosen, tokenizer, as_id),
+                logprob=max(chosen.logprob, -9999.0),
+                bytes=None if decoded is None else list(decoded.encode("utf-8", "replace")),
+                top_logprobs=top,
+            )
+        )
+    return ChatCompletionLogProbs(content=content)
+
+
+def _completion_logprobs(token_ids, step_logprobs, top_n, request, tokenizer):
+    """OpenAI completions logprobs, mirroring OpenAIServingCompletion._create_completion_logprobs."""
+    from vllm.entrypoints.openai.completion.protocol import CompletionLogProbs
+
+    as_id = bool(request.return_tokens_as_token_ids)
+    offsets: list[int] = []
+    token_logprobs: list[float | None] = []
+    tokens: list[str] = []
+    top_logprobs: list[dict[str, float] | None] = []
+    last_len = 0
+    for i, token_id in enumerate(token_ids):
+        step = step_logprobs[i] if i < len(step_logprobs) else None
+        if step is None or step.get(token_id) is None:
+            token = _token_text(token_id, None, tokenizer, as_id)
+            token_logprobs.append(None)
+            top_logprobs.append(None)
+        else:
+            chosen = step[token_id]
+            token = _token_text(token_id, chosen, tokenizer, as_id)
+            token_logprobs.append(max(chosen.logprob, -9999.0))
+            top_logprobs.append(
+                {
+                    _token_text(tid, lp, tokenizer, as_id): max(lp.logprob, -9999.0)
+                    for rank, (tid, lp) in enumerate(step.items())
+                    if request.logprob_token_ids or top_n == -1 or top_n >= rank
+                }
+            )
+        tokens.append(token)
+        offsets.append(0 if not offsets else offsets[-1] + last_len)
+        last_len = len(token)
+    return CompletionLogProbs(
+        text_offset=offsets, token_logprobs=token_logprobs, tokens=tokens, top_logprobs=top_logprobs
+    )
+
+
+def _plain_prompt_logprobs(prompt_logprobs: Any) -> list | None:
+    """Prompt logprobs as plain lists/dicts with -inf clamped (JSON has no infinity)."""
+    if prompt_logprobs is None:
+        return None
+    from vllm.logprobs import Logprob
+
+    plain: list = []
+    for position in prompt_logprobs:
+        if position is None:
+            plain.append(None)
+            continue
+        plain.append(
+            {
+                int(tid): Logprob(
+                    logprob=max(lp.logprob, -9999.0), rank=lp.rank, decoded_token=lp.decoded_token
+                )
+                for tid, lp in position.items()
+            }
+        )
+    return plain
