@@ -20,7 +20,9 @@ from openai import OpenAI
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("file", nargs="?", default=str(Path(__file__).with_name("requests.jsonl")))
-    parser.add_argument("--base-url", default=os.environ.get("FREIGHT_API_URL", "http://127.0.0.1:8080") + "/v1")
+    parser.add_argument(
+        "--base-url", default=os.environ.get("FREIGHT_API_URL", "http://127.0.0.1:8080") + "/v1"
+    )
     parser.add_argument("--timeout", type=float, default=600)
     args = parser.parse_args()
     client = OpenAI(base_url=args.base_url, api_key=os.environ["FREIGHT_API_KEY"])

