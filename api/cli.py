@@ -128,6 +128,10 @@ def worker(model: str | None, control: bool, name: str | None) -> None:
     settings = _settings()
     app = make_celery(settings)
     if control:
+        from workers.protocol import CHAT, parse_body
+
+        # import vLLM's request models now (seconds), not inside the first validation
+        parse_body(CHAT, {"model": "warm-up", "messages": [{"role": "user", "content": "hi"}]})
         argv = ["worker", "-P", "threads", "-c", "4", "-Q", CONTROL_QUEUE, "-n", name or "control@%h"]
     else:
         if model not in settings.models:
