@@ -113,8 +113,10 @@ def run_unit(rt: Runtime, engine: Engine, unit_id: int) -> UnitTally | None:
         return None
     started = time.monotonic()
     watch = _Watch(rt, claim)
-    rows = {row.custom_id: row for row in read_shard(rt.store, claim.shard_key)}
-    requests = (EngineRequest(key=r.custom_id, endpoint=claim.endpoint, body=r.body) for r in rows.values())
+    requests = (
+        EngineRequest(key=row.custom_id, endpoint=claim.endpoint, body=row.body)
+        for row in read_shard(rt.store, claim.shard_key)
+    )
     tally = UnitTally()
     base = f"batches/{claim.batch_id}/units/{claim.seq:06d}.{claim.attempt}"
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:

@@ -25,6 +25,7 @@ from workers.runtime import Runtime
 log = logging.getLogger(__name__)
 
 BOM = b"\xef\xbb\xbf"
+UNSUPPORTED = "unsupported_parameter"
 
 
 @dataclass(frozen=True)
@@ -92,8 +93,11 @@ def check_line(raw: bytes, line_no: int, rules: FileRules) -> ShardRow | LineErr
     try:
         parse_body(rules.endpoint, body)
     except RequestError as exc:
-        param = f"body.{exc.param}" if exc.param else "body"
-        return LineError(line_no, exc.code, exc.message, param)
+        # a well-formed request Freight cannot honour (streaming, tool calling, …) is that
+        # request's 400 error line at run time; only malformed input fails the whole file
+        if exc.code != UNSUPPORTED:
+            param = f"body.{exc.param}" if exc.param else "body"
+            return LineError(line_no, exc.code, exc.message, param)
     return ShardRow(line_no, custom_id, json.dumps(body, ensure_ascii=False, separators=(",", ":")))
 
 

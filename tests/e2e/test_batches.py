@@ -72,28 +72,28 @@ def test_chat_batch_end_to_end(live):  # type: ignore[no-untyped-def]
             response_format={"type": "json_schema", "json_schema": {"name": "l", "schema": schema}},
         ),
         chat_line("fixed-length", "Go on", max_tokens=12, min_tokens=12, ignore_eos=True),
+        chat_line("streamed", "Stream it", stream=True),  # well formed, but a batch cannot stream
         chat_line("too-long", "word " * 5000),  # longer than the model's context: this request alone fails
     ]
     lines[14]["body"].pop("max_tokens")
     batch = run_batch(client, lines, metadata={"project": "evals"})
     assert batch.status == "completed", batch
     assert batch.metadata == {"project": "evals"} and batch.model == "demo"
-    assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (
-        19,
-        18,
-        1,
-    )
+    counts = batch.request_counts
+    assert (counts.total, counts.completed, counts.failed) == (20, 18, 2)
     assert batch.in_progress_at and batch.finalizing_at and batch.completed_at
 
     output, errors = read_jsonl(client, batch.output_file_id), read_jsonl(client, batch.error_file_id)
     ids = [x["custom_id"] for x in output + errors]
     assert sorted(ids) == sorted(x["custom_id"] for x in lines) and len(ids) == len(set(ids))
-    assert [e["custom_id"] for e in errors] == ["too-long"]
-    assert errors[0]["response"]["status_code"] == 400 and errors[0]["response"]["body"]["error"]["message"]
+    assert sorted(e["custom_id"] for e in errors) == ["streamed", "too-long"]
+    for error in errors:
+        assert error["response"]["status_code"] == 400 and error["error"] is None
+        assert error["response"]["body"]["error"]["message"] and error["response"]["body"]["error"]["code"]
 
     by_id = {x["custom_id"]: x for x in output}
     prompt_total = cached_total = completion_total = 0
-    for source in lines[:-1]:
+    for source in lines[:-2]:
         line = by_id[source["custom_id"]]
         assert line["id"].startswith("batch_req_") and line["error"] is None
         response = line["response"]
@@ -196,6 +196,11 @@ def test_auth_and_tenant_isolation_over_http(live):  # type: ignore[no-untyped-d
         bad.batches.list()
     with pytest.raises(openai.BadRequestError):
         alpha.batches.create(input_file_id=file_id, endpoint=CHAT, completion_window="3d")
+    assert file_id in [f.id for f in alpha.files.list()] and file_id not in [f.id for f in beta.files.list()]
+    with pytest.raises(openai.NotFoundError):
+        beta.files.delete(file_id)
+    assert alpha.files.delete(file_id).deleted is True
+    assert file_id not in [f.id for f in alpha.files.list()]
 
 
 def _long_lines(n: int, tokens: int, prefix: str) -> list[dict]:
