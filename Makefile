@@ -20,8 +20,8 @@ stop:
 	@if [ -x $(PY) ]; then $(PY) -m infra.services stop-all $(RUN_DIR); else echo "nothing to stop"; fi
 
 lint: install
-	$(PY) -m ruff check .
-	$(PY) -m ruff format --check api storage scheduler workers infra tests examples migrations
+	$(PY) -m ruff check --no-cache .
+	$(PY) -m ruff format --no-cache --check api storage scheduler workers infra tests examples migrations
 	@d=$$(mktemp -d); FREIGHT_DATABASE_URL=sqlite:///$$d/check.db $(PY) -m api.cli db upgrade && \
 	  FREIGHT_DATABASE_URL=sqlite:///$$d/check.db $(PY) -m alembic -c migrations/alembic.ini check
 

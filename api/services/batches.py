@@ -5,14 +5,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from workers.protocol import ENDPOINTS
-
 from api.errors import ServiceError
 from api.services.paging import Page, page
 from scheduler.lifecycle import stop_batch
 from storage.models import Batch, StoredFile, new_id
 from storage.settings import parse_duration
 from storage.status import BatchStatus
+from workers.protocol import ENDPOINTS
 from workers.runtime import Runtime
 
 MAX_METADATA_PAIRS = 16
