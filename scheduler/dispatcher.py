@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, or_, select, update
 
 from scheduler.lifecycle import finish_if_done, stop_batch
 from scheduler.planning import PendingUnit, RunningUnit, plan_enqueue, plan_redelivery
@@ -123,7 +123,12 @@ def start_finalization(rt: Runtime, now: int, report: TickReport) -> None:
         candidates = s.scalars(
             select(Batch)
             .where(
-                Batch.status.in_([BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING, BatchStatus.CANCELLING])
+                Batch.status.in_([BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING, BatchStatus.CANCELLING]),
+                # a finalizer holding a fresh lease is already on it; do not send it another
+                or_(
+                    Batch.finalizer_heartbeat_at.is_(None),
+                    Batch.finalizer_heartbeat_at < now - rt.settings.lease_seconds,
+                ),
             )
             .with_for_update()
         ).all()

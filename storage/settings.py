@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 _DURATION = re.compile(r"^(\d+)(s|m|h|d)$")
@@ -97,17 +97,11 @@ class Settings:
             raise SettingsError("FREIGHT_COMPLETION_WINDOWS needs at least one window")
         if self.unit_size < 1:
             raise SettingsError("FREIGHT_UNIT_SIZE must be at least 1")
-        return _replace(self, **changes)
+        return replace(self, **changes)  # type: ignore[arg-type]
 
     @property
     def default_window(self) -> str:
         return "24h" if "24h" in self.completion_windows else self.completion_windows[0]
-
-
-def _replace(settings: Settings, **changes: object) -> Settings:
-    from dataclasses import replace
-
-    return replace(settings, **changes)  # type: ignore[arg-type]
 
 
 def _convert(name: str, type_name: object, raw: str) -> object:

@@ -73,32 +73,40 @@ def claim_unit(rt: Runtime, unit_id: int, now: float) -> Claim | None:
 
 
 class _Watch:
-    """Polled by the engine between steps: heartbeats the claim and says whether to stop."""
+    """Polled by the engine between steps: says whether to stop, and heartbeats the claim.
+
+    Reads the claim and the batch status every ``CHECK_SECONDS`` (cancellation takes effect
+    within about that); writes a heartbeat only every ``heartbeat_seconds``.
+    """
+
+    CHECK_SECONDS = 1.0
 
     def __init__(self, rt: Runtime, claim: Claim) -> None:
         self.rt = rt
         self.claim = claim
         self.reason: str | None = None
         self.lost = False
-        self._last = 0.0
+        self._checked = 0.0
+        self._beat = time.time()  # the claim itself stamped the first heartbeat
 
     def __call__(self) -> bool:
         now = time.time()
-        if now - self._last < 1.0:
+        if self.reason is not None or now - self._checked < self.CHECK_SECONDS:
             return self.reason is not None
-        self._last = now
-        with self.rt.db.write() as s:
-            held = s.execute(
-                update(WorkUnit)
-                .where(
-                    WorkUnit.id == self.claim.unit_id,
-                    WorkUnit.worker == self.claim.token,
-                    WorkUnit.status == UnitStatus.RUNNING,
-                )
-                .values(heartbeat_at=now)
-            ).rowcount
+        self._checked = now
+        if now - self._beat >= self.rt.settings.heartbeat_seconds:
+            self._beat = now
+            with self.rt.db.write() as s:
+                s.execute(
+                    update(WorkUnit)
+                    .where(WorkUnit.id == self.claim.unit_id, WorkUnit.worker == self.claim.token,
+                           WorkUnit.status == UnitStatus.RUNNING)
+                    .values(heartbeat_at=now)
+                )  # fmt: skip
+        with self.rt.db.read() as s:
+            unit = s.get(WorkUnit, self.claim.unit_id)
             batch = s.get(Batch, self.claim.batch_id)
-            if not held:
+            if unit is None or unit.worker != self.claim.token or unit.status != UnitStatus.RUNNING:
                 self.lost = True
                 self.reason = "claim_lost"
             elif batch is not None:

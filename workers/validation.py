@@ -11,7 +11,7 @@ import json
 import logging
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from storage.models import Batch, StoredFile, WorkUnit
@@ -40,6 +40,12 @@ class LineError:
 
 
 @dataclass(frozen=True)
+class ValidLine:
+    row: ShardRow
+    model: str  # checked against the file's other lines (one model per file)
+
+
+@dataclass(frozen=True)
 class FileRules:
     endpoint: str
     served_models: frozenset[str]
@@ -47,7 +53,7 @@ class FileRules:
     max_line_bytes: int
 
 
-def check_line(raw: bytes, line_no: int, rules: FileRules) -> ShardRow | LineError:
+def check_line(raw: bytes, line_no: int, rules: FileRules) -> ValidLine | LineError:
     """One line of an OpenAI batch file -> a validated row or the reason it is not one."""
     if len(raw) > rules.max_line_bytes:
         return LineError(
@@ -98,14 +104,15 @@ def check_line(raw: bytes, line_no: int, rules: FileRules) -> ShardRow | LineErr
         if exc.code != UNSUPPORTED:
             param = f"body.{exc.param}" if exc.param else "body"
             return LineError(line_no, exc.code, exc.message, param)
-    return ShardRow(line_no, custom_id, json.dumps(body, ensure_ascii=False, separators=(",", ":")))
+    body_json = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    return ValidLine(ShardRow(line_no, custom_id, body_json), model)
 
 
 @dataclass
 class ScanResult:
     rows: int = 0
     model: str | None = None
-    errors: list[LineError] | None = None
+    errors: list[LineError] = field(default_factory=list)
     error_count: int = 0
 
 
@@ -115,15 +122,14 @@ def scan_lines(lines: Iterable[bytes], rules: FileRules, max_listed: int) -> Ite
     File-level rules live here: BOM, CRLF, blank lines (only trailing ones are allowed), unique
     custom_ids, one model per file, the request-count limit.
     """
-    result = ScanResult(errors=[])
-    assert result.errors is not None
+    result = ScanResult()
     seen: set[bytes] = set()
     blank_run_start = 0
 
     def fail(error: LineError) -> None:
         result.error_count += 1
-        if len(result.errors) < max_listed:  # type: ignore[arg-type]
-            result.errors.append(error)  # type: ignore[union-attr]
+        if len(result.errors) < max_listed:
+            result.errors.append(error)
 
     line_no = 0
     for line_no, raw in enumerate(lines, start=1):
@@ -140,19 +146,19 @@ def scan_lines(lines: Iterable[bytes], rules: FileRules, max_listed: int) -> Ite
         if isinstance(checked, LineError):
             fail(checked)
             continue
-        digest = hashlib.blake2b(checked.custom_id.encode(), digest_size=16).digest()
+        row, model = checked.row, checked.model
+        digest = hashlib.blake2b(row.custom_id.encode(), digest_size=16).digest()
         if digest in seen:
             fail(
                 LineError(
                     line_no,
                     "duplicate_custom_id",
-                    f"custom_id {checked.custom_id[:200]!r} appears more than once",
+                    f"custom_id {row.custom_id[:200]!r} appears more than once",
                     "custom_id",
                 )
             )
             continue
         seen.add(digest)
-        model = json.loads(checked.body_json)["model"]
         if result.model is None:
             result.model = model
         elif model != result.model:
@@ -173,19 +179,19 @@ def scan_lines(lines: Iterable[bytes], rules: FileRules, max_listed: int) -> Ite
                 )
             )
             break
-        yield checked
+        yield row
     if result.rows == 0 and result.error_count == 0:
         fail(LineError(max(line_no, 1), "empty_file", "the file contains no requests"))
     yield result
 
 
-def validate_batch(rt: Runtime, batch_id: str) -> list[tuple[int, str]]:
-    """Validate a ``validating`` batch; returns the (unit id, model) pairs to enqueue after commit."""
+def validate_batch(rt: Runtime, batch_id: str) -> None:
+    """Validate a ``validating`` batch; the dispatcher queues its units after this commits."""
     settings: Settings = rt.settings
     with rt.db.read() as s:
         batch = s.get(Batch, batch_id)
         if batch is None or batch.status != BatchStatus.VALIDATING:
-            return []  # already validated (task re-delivered) or cancelled meanwhile
+            return  # already validated (task re-delivered) or cancelled meanwhile
         input_key = s.get(StoredFile, batch.input_file_id).object_key  # type: ignore[union-attr]
         endpoint = batch.endpoint
     rules = FileRules(
@@ -229,9 +235,9 @@ def validate_batch(rt: Runtime, batch_id: str) -> list[tuple[int, str]]:
     with rt.db.write() as s:
         batch = s.get(Batch, batch_id, with_for_update=True)
         if batch is None or batch.status != BatchStatus.VALIDATING:
-            return []
+            return
         if summary.error_count:
-            data = [e.as_openai() for e in summary.errors or []]
+            data = [e.as_openai() for e in summary.errors]
             if summary.error_count > len(data):
                 data.append(
                     {
@@ -244,11 +250,10 @@ def validate_batch(rt: Runtime, batch_id: str) -> list[tuple[int, str]]:
             batch.errors = {"object": "list", "data": data}
             batch.request_total = 0
             transition(batch, BatchStatus.FAILED, now)
-            made: list[WorkUnit] = []
         else:
             batch.model = summary.model
             batch.request_total = summary.rows
-            made = [
+            units_made = [
                 WorkUnit(
                     batch_id=batch_id,
                     seq=seq,
@@ -259,7 +264,5 @@ def validate_batch(rt: Runtime, batch_id: str) -> list[tuple[int, str]]:
                 )
                 for seq, (key, first, n) in enumerate(units)
             ]
-            s.add_all(made)
+            s.add_all(units_made)
             transition(batch, BatchStatus.IN_PROGRESS, now)
-        s.flush()
-        return [(u.id, u.model) for u in made]

@@ -73,8 +73,10 @@ def test_unsupported_but_well_formed_requests_pass_to_run_time(body):
 
 
 def test_good_line_keeps_the_body():
-    row = check_line(raw(good("id-1")), 3, RULES)
-    assert not isinstance(row, LineError)
+    checked = check_line(raw(good("id-1")), 3, RULES)
+    assert not isinstance(checked, LineError)
+    row = checked.row
+    assert checked.model == "demo"
     assert row.line == 3 and row.custom_id == "id-1" and row.body["messages"][0]["content"] == "héllo ✓"
 
 
