@@ -132,17 +132,34 @@ def worker(model: str | None, control: bool, name: str | None) -> None:
 
         # import vLLM's request models now (seconds), not inside the first validation
         parse_body(CHAT, {"model": "warm-up", "messages": [{"role": "user", "content": "hi"}]})
+        from workers.validation import prompt_keys
+
+        warm = prompt_keys(settings)  # and load each model's tokenizer for the prompt keys
+        for served in settings.models:
+            warm(served, CHAT, {"messages": [{"role": "user", "content": "hi"}]})
         argv = ["worker", "-P", "threads", "-c", "4", "-Q", CONTROL_QUEUE, "-n", name or "control@%h"]
     else:
         if model not in settings.models:
             raise click.ClickException(
                 f"model {model!r} is not in FREIGHT_MODELS ({', '.join(settings.models) or 'empty'})"
             )
+        from celery import signals
+
         from workers.engine import Engine
+        from workers.execution import PackRunner
+        from workers.tasks import runtime_of
 
         # load once, before consuming: every task this process runs finds the engine warm.
         # solo pool: vLLM's engine spawns processes, which prefork's daemonic children cannot.
-        app.freight_engine = Engine.start(engine_config(settings, model))  # type: ignore[attr-defined]
+        engine = Engine.start(engine_config(settings, model))
+        runner = PackRunner(runtime_of(app), engine, model).start()
+        app.freight_runner = runner  # type: ignore[attr-defined]
+
+        @signals.worker_shutdown.connect(weak=False)
+        def drain(**_: object) -> None:  # warm shutdown (SIGTERM): finish or hand back, then stop
+            runner.close(settings.drain_seconds)
+            engine.shutdown()
+
         argv = ["worker", "-P", "solo", "-Q", model_queue(model), "-n", name or f"{model}-{os.getpid()}@%h"]
     app.worker_main([*argv, "--loglevel", "INFO", "--without-gossip", "--without-mingle"])
 

@@ -56,6 +56,15 @@ def batch_object(b: Batch) -> dict[str, Any]:
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": b.prompt_tokens + b.completion_tokens,
         },
+        # Freight's own fields; OpenAI clients keep unknown fields (``batch.model_extra``)
+        "x_freight": {
+            "priority": b.priority,
+            "deadline": b.expires_at,
+            "at_risk": b.at_risk_since is not None,
+            "at_risk_since": b.at_risk_since,
+            # cached prompt tokens / prompt tokens, as vLLM reported them per request
+            "cache_hit_rate": round(b.cached_tokens / b.prompt_tokens, 4) if b.prompt_tokens else None,
+        },
     }
 
 

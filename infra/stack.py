@@ -89,7 +89,18 @@ def _log_has(path: Path, text: str) -> bool:
     return path.exists() and text in path.read_text(errors="replace")
 
 
-def up(run_dir: Path, env: dict[str, str] | None = None, *, engine_timeout: float = 600) -> Stack:
+def engine_names(model: str, workers: int) -> list[str]:
+    """Process names of a model's engine workers: ``engine-<model>``, ``engine-<model>-2``, ..."""
+    return [f"engine-{model}" + (f"-{i + 1}" if i else "") for i in range(workers)]
+
+
+def up(
+    run_dir: Path,
+    env: dict[str, str] | None = None,
+    *,
+    engine_timeout: float = 600,
+    workers_per_model: int = 1,
+) -> Stack:
     run_dir = Path(run_dir).absolute()
     run_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ if env is None else env)
@@ -110,9 +121,10 @@ def up(run_dir: Path, env: dict[str, str] | None = None, *, engine_timeout: floa
         stack.processes["api"] = spawn(run_dir, "api", [*FREIGHT, "api"], env)
         stack.processes["control"] = spawn(run_dir, "control", [*FREIGHT, "worker", "--control"], env)
         for model in settings.models:
-            stack.processes[f"engine-{model}"] = spawn(
-                run_dir, f"engine-{model}", [*FREIGHT, "worker", "--model", model], env
-            )
+            for name in engine_names(model, workers_per_model):
+                stack.processes[name] = spawn(
+                    run_dir, name, [*FREIGHT, "worker", "--model", model, "--name", f"{name}@%h"], env
+                )
         stack.processes["beat"] = spawn(run_dir, "beat", [*FREIGHT, "beat"], env)
 
         wait_for(
@@ -126,14 +138,14 @@ def up(run_dir: Path, env: dict[str, str] | None = None, *, engine_timeout: floa
             stack.log("control"),
         )
         for model in settings.models:
-            name = f"engine-{model}"
-            wait_for(
-                lambda n=name: _log_has(stack.log(n), " ready."),
-                f"engine worker for {model}",
-                engine_timeout,
-                stack.processes[name],
-                stack.log(name),
-            )
+            for name in engine_names(model, workers_per_model):
+                wait_for(
+                    lambda n=name: _log_has(stack.log(n), " ready."),
+                    f"engine worker {name}",
+                    engine_timeout,
+                    stack.processes[name],
+                    stack.log(name),
+                )
         return stack
     except BaseException:
         services.stop_all(run_dir)  # never leave half a stack running

@@ -8,13 +8,16 @@ change is a compare-and-set, so a unit is queued once and a batch finalized once
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import distinct, func, or_, select, update
 
+from scheduler.deadlines import BatchLoad, Sample, assess, measured_rates
+from scheduler.leases import RunningUnit, plan_redelivery
 from scheduler.lifecycle import finish_if_done, stop_batch
-from scheduler.planning import PendingUnit, RunningUnit, plan_enqueue, plan_redelivery
-from storage.models import Batch, UnitStatus, WorkUnit
+from scheduler.packing import Candidate, plan_packs
+from storage.models import Batch, EngineSample, UnitStatus, WorkUnit, new_id
 from storage.status import BatchStatus
 from workers.runtime import Runtime
 
@@ -26,7 +29,9 @@ class TickReport:
     expired: list[str] = field(default_factory=list)
     redelivered: list[int] = field(default_factory=list)
     given_up: list[int] = field(default_factory=list)
-    enqueued: list[int] = field(default_factory=list)
+    enqueued: list[int] = field(default_factory=list)  # unit ids
+    packs: list[str] = field(default_factory=list)
+    at_risk: list[str] = field(default_factory=list)
     finalizing: list[str] = field(default_factory=list)
 
 
@@ -34,9 +39,56 @@ def tick(rt: Runtime, now: float) -> TickReport:
     report = TickReport()
     expire_overdue(rt, int(now), report)
     redeliver_stale(rt, now, report)
-    enqueue_units(rt, now, report)
+    urgency = assess_deadlines(rt, now, report)
+    enqueue_units(rt, now, report, urgency)
     start_finalization(rt, int(now), report)
     return report
+
+
+def assess_deadlines(rt: Runtime, now: float, report: TickReport) -> dict[str, tuple[bool, bool]]:
+    """Flag (and unflag) batches at risk from measured throughput; batch id -> (urgent, at_risk)."""
+    settings = rt.settings
+    with rt.db.write() as s:
+        samples = [
+            Sample(*row)
+            for row in s.execute(
+                select(
+                    EngineSample.worker,
+                    EngineSample.model,
+                    EngineSample.started_at,
+                    EngineSample.seconds,
+                    EngineSample.requests,
+                ).where(EngineSample.started_at >= now - settings.throughput_window_seconds)
+            )
+        ]
+        batches = s.scalars(
+            select(Batch).where(Batch.status == BatchStatus.IN_PROGRESS).with_for_update()
+        ).all()
+        loads = [
+            BatchLoad(
+                b.id,
+                b.model or "",
+                b.expires_at,
+                max(0, b.request_total - b.request_completed - b.request_failed),
+            )
+            for b in batches
+        ]
+        verdicts = assess(
+            loads,
+            measured_rates(samples, now, settings.throughput_window_seconds),
+            now,
+            settings.urgent_slack_seconds,
+        )
+        for b in batches:
+            at_risk = verdicts[b.id][1]
+            if at_risk and b.at_risk_since is None:
+                b.at_risk_since = int(now)
+                report.at_risk.append(b.id)
+            elif not at_risk and b.at_risk_since is not None:
+                b.at_risk_since = None
+    for batch_id in report.at_risk:
+        log.warning("batch %s is at risk of missing its deadline at the measured throughput", batch_id)
+    return verdicts
 
 
 def expire_overdue(rt: Runtime, now: int, report: TickReport) -> None:
@@ -65,11 +117,11 @@ def redeliver_stale(rt: Runtime, now: float, report: TickReport) -> None:
         retry, give_up = plan_redelivery(
             (RunningUnit(*row) for row in rows), now, rt.settings.lease_seconds, rt.settings.max_unit_attempts
         )
-        for unit in retry:
+        for unit in retry:  # back to pending: the next packing pass queues them again
             changed = s.execute(
                 update(WorkUnit)
                 .where(WorkUnit.id == unit.unit_id, WorkUnit.status == UnitStatus.RUNNING)
-                .values(status=UnitStatus.QUEUED, worker=None, enqueued_at=now)
+                .values(status=UnitStatus.PENDING, worker=None, pack_id=None)
             ).rowcount
             if changed:
                 report.redelivered.append(unit.unit_id)
@@ -80,42 +132,105 @@ def redeliver_stale(rt: Runtime, now: float, report: TickReport) -> None:
                 .values(status=UnitStatus.FAILED, finished_at=now, note=f"worker lost {unit.attempts} times")
             )
             report.given_up.append(unit.unit_id)
-    models = {u.unit_id: u.model for u in retry}
     for unit_id in report.redelivered:
-        log.warning("unit %s lost its worker; redelivering", unit_id)
-        rt.queue.run_unit(unit_id, models[unit_id])
+        log.warning("unit %s lost its worker; it will be packed again", unit_id)
 
 
-def enqueue_units(rt: Runtime, now: float, report: TickReport) -> None:
-    """Keep each model's broker queue ``queue_depth`` units deep, earliest deadline first."""
-    sends: list[tuple[int, str]] = []
+def enqueue_units(
+    rt: Runtime, now: float, report: TickReport, urgency: dict[str, tuple[bool, bool]] | None = None
+) -> None:
+    """Keep each model's broker queue ``queue_depth`` packs deep (see ``scheduler.packing``).
+
+    ``urgency`` comes from this tick's `assess_deadlines`; callers outside the tick (a unit just
+    finished, a batch just validated) pass none and use the at-risk flags already recorded.
+    """
+    settings = rt.settings
+    per_batch = math.ceil(settings.queue_depth * settings.pack_requests / settings.unit_size) + 1
+    sends: list[tuple[str, str, list[int]]] = []
     with rt.db.write() as s:
         queued = dict(
             s.execute(
-                select(WorkUnit.model, func.count())
+                select(WorkUnit.model, func.count(distinct(WorkUnit.pack_id)))
                 .where(WorkUnit.status == UnitStatus.QUEUED)
                 .group_by(WorkUnit.model)
             ).all()
         )
-        pending = s.execute(
-            select(WorkUnit.id, WorkUnit.model, Batch.expires_at, Batch.created_at, WorkUnit.seq)
-            .join(Batch, Batch.id == WorkUnit.batch_id)
-            .where(WorkUnit.status == UnitStatus.PENDING, Batch.status == BatchStatus.IN_PROGRESS)
-            .order_by(Batch.expires_at, Batch.created_at, WorkUnit.seq)
-            .limit(1000)
+        tenant_load = dict(
+            s.execute(
+                select(Batch.tenant_id, func.sum(WorkUnit.n_requests))
+                .join(Batch, Batch.id == WorkUnit.batch_id)
+                .where(WorkUnit.status.in_([UnitStatus.QUEUED, UnitStatus.RUNNING]))
+                .group_by(Batch.tenant_id)
+            ).all()
+        )
+        # the first few pending units of every running batch: enough to fill every queue
+        rank = func.row_number().over(partition_by=WorkUnit.batch_id, order_by=WorkUnit.seq).label("rank")
+        pending = (
+            select(
+                WorkUnit.id,
+                WorkUnit.model,
+                WorkUnit.batch_id,
+                WorkUnit.seq,
+                WorkUnit.n_requests,
+                WorkUnit.prefix_key,
+                rank,
+            )
+            .where(WorkUnit.status == UnitStatus.PENDING)
+            .subquery()
+        )
+        rows = s.execute(
+            select(
+                pending,
+                Batch.tenant_id,
+                Batch.expires_at,
+                Batch.priority,
+                Batch.created_at,
+                Batch.at_risk_since,
+            )
+            .join(Batch, Batch.id == pending.c.batch_id)
+            .where(Batch.status == BatchStatus.IN_PROGRESS, pending.c.rank <= per_batch)
         ).all()
-        for unit in plan_enqueue((PendingUnit(*row) for row in pending), queued, rt.settings.queue_depth):
-            changed = s.execute(
+        candidates = [
+            Candidate(
+                unit_id=r.id,
+                model=r.model,
+                batch_id=r.batch_id,
+                tenant_id=r.tenant_id,
+                deadline=r.expires_at,
+                priority=r.priority,
+                created_at=r.created_at,
+                seq=r.seq,
+                n_requests=r.n_requests,
+                prefix_key=bytes(r.prefix_key or b""),
+                urgent=urgency[r.batch_id][0]
+                if urgency and r.batch_id in urgency
+                else r.at_risk_since is not None,
+            )
+            for r in rows
+        ]
+        packs = plan_packs(
+            candidates,
+            queued,
+            depth=settings.queue_depth,
+            pack_requests=settings.pack_requests,
+            tenant_load=tenant_load,
+        )
+        for pack in packs:
+            pack_id = new_id("pack_")
+            s.execute(
                 update(WorkUnit)
-                .where(WorkUnit.id == unit.unit_id, WorkUnit.status == UnitStatus.PENDING)
-                .values(status=UnitStatus.QUEUED, enqueued_at=now)
-            ).rowcount
-            if changed:
-                sends.append((unit.unit_id, unit.model))
+                .where(WorkUnit.id.in_(pack.unit_ids), WorkUnit.status == UnitStatus.PENDING)
+                .values(status=UnitStatus.QUEUED, enqueued_at=now, pack_id=pack_id)
+            )
+            # a concurrent pass may have taken some of them: send only what this one queued
+            taken = list(s.scalars(select(WorkUnit.id).where(WorkUnit.pack_id == pack_id)).all())
+            if taken:
+                sends.append((pack_id, pack.model, taken))
     # after the commit: a task never refers to a row state that might roll back
-    for unit_id, model in sends:
-        rt.queue.run_unit(unit_id, model)
-        report.enqueued.append(unit_id)
+    for pack_id, model, unit_ids in sends:
+        rt.queue.run_pack(pack_id, model, unit_ids)
+        report.packs.append(pack_id)
+        report.enqueued.extend(unit_ids)
 
 
 def start_finalization(rt: Runtime, now: int, report: TickReport) -> None:

@@ -51,12 +51,13 @@ def finish_if_done(s: Session, batch: Batch, now: int) -> bool:
     return batch.status in (BatchStatus.FINALIZING, BatchStatus.CANCELLING)
 
 
-def abort_reason(batch: Batch) -> str | None:
-    """Why a running unit of this batch must stop now, as an error-line code; None to go on."""
-    if batch.status == BatchStatus.CANCELLING:
+def abort_reason(status: str, final_status: str | None) -> str | None:
+    """Why a running unit of a batch in this state must stop now, as an error-line code; None to
+    go on."""
+    if status == BatchStatus.CANCELLING:
         return "batch_cancelled"
-    if batch.final_status == BatchStatus.EXPIRED:
+    if final_status == BatchStatus.EXPIRED:
         return "batch_expired"
-    if batch.status not in ACTIVE:
+    if status not in ACTIVE:
         return "batch_cancelled"
     return None

@@ -16,6 +16,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     UniqueConstraint,
@@ -108,6 +109,10 @@ class Batch(Base):
     completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     # lease of the finalizer assembling the output files (epoch seconds), so one runs at a time
     finalizer_heartbeat_at: Mapped[float | None] = mapped_column(Float)
+    # scheduling: higher runs first among the tenant's own batches of equal urgency
+    priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # set while measured throughput says the rest cannot finish before expires_at (epoch seconds)
+    at_risk_since: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class UnitStatus:
@@ -128,6 +133,7 @@ class WorkUnit(Base):
     __table_args__ = (
         UniqueConstraint("batch_id", "seq"),
         Index("ix_work_units_status_model", "status", "model"),
+        Index("ix_work_units_pack", "pack_id"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -153,3 +159,30 @@ class WorkUnit(Base):
     output_key: Mapped[str | None] = mapped_column(String(1024))
     error_key: Mapped[str | None] = mapped_column(String(1024))
     note: Mapped[str | None] = mapped_column(Text)
+    # the sort key of the unit's first request (its prompt's leading tokens): packs group
+    # units whose prompts start alike, across batches and tenants
+    prefix_key: Mapped[bytes] = mapped_column(LargeBinary, default=b"", server_default="")
+    pack_id: Mapped[str | None] = mapped_column(String(40))  # the pack it was last queued in
+    # mean of running sequences / max_num_seqs while its requests were in the engine
+    mean_fill: Mapped[float | None] = mapped_column(Float)
+
+
+class EngineSample(Base):
+    """What one engine did over one sampling period: the raw series for fill and throughput."""
+
+    __tablename__ = "engine_samples"
+    __table_args__ = (Index("ix_engine_samples_model_started", "model", "started_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    worker: Mapped[str] = mapped_column(String(200))
+    model: Mapped[str] = mapped_column(String(200))
+    started_at: Mapped[float] = mapped_column(Float)  # epoch seconds
+    seconds: Mapped[float] = mapped_column(Float)  # length of the period
+    steps: Mapped[int] = mapped_column(Integer)
+    running_mean: Mapped[float] = mapped_column(Float)  # time-weighted running sequences
+    waiting_mean: Mapped[float] = mapped_column(Float)  # time-weighted waiting sequences
+    max_num_seqs: Mapped[int] = mapped_column(Integer)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger)  # of requests finished in the period
+    cached_tokens: Mapped[int] = mapped_column(BigInteger)
+    output_tokens: Mapped[int] = mapped_column(BigInteger)
+    requests: Mapped[int] = mapped_column(Integer)  # finished in the period

@@ -55,7 +55,15 @@ class Settings:
     max_file_bytes: int = 200 * 1024 * 1024
     max_line_bytes: int = 8 * 1024 * 1024
     max_listed_errors: int = 100  # validation errors listed on a failed batch
-    unit_size: int = 256  # requests per work unit
+    unit_size: int = 256  # requests per work unit (one Parquet shard of one batch)
+    # scheduling: units of all batches of a model are packed into packs of about this many requests
+    pack_requests: int = 1024
+    sort_key_tokens: int = 1024  # prompt tokens that decide the prefix order of requests
+    sort_memory_mb: int = 256  # validation sorts in memory up to this, then spills sorted runs to disk
+    urgent_slack_seconds: float = 900.0  # slack below this makes a batch urgent: strict EDF, no sharing
+    throughput_window_seconds: float = 600.0  # measured rate for at-risk estimates looks back this far
+    sample_seconds: float = 5.0  # engine fill/throughput sample period (engine_samples rows)
+    drain_seconds: float = 30.0  # on warm shutdown, in-flight packs get this long before release
     # engine settings for workers
     engine_max_num_seqs: int = 64
     engine_max_model_len: int = 0  # 0: the checkpoint's own
@@ -66,7 +74,7 @@ class Settings:
     heartbeat_seconds: float = 5.0
     lease_seconds: float = 60.0  # a running unit with no heartbeat for this long is redelivered
     tick_seconds: float = 2.0  # dispatcher period
-    queue_depth: int = 4  # units kept in each model's broker queue; the rest wait in the database
+    queue_depth: int = 2  # packs kept in each model's broker queue; the rest wait in the database
     max_unit_attempts: int = 3  # a unit whose worker died this many times fails its requests
     visibility_timeout_seconds: int = 6 * 3600  # Redis redelivery of unacked tasks
     secret_key: str = ""
@@ -97,6 +105,8 @@ class Settings:
             raise SettingsError("FREIGHT_COMPLETION_WINDOWS needs at least one window")
         if self.unit_size < 1:
             raise SettingsError("FREIGHT_UNIT_SIZE must be at least 1")
+        if self.pack_requests < 1 or self.queue_depth < 1:
+            raise SettingsError("FREIGHT_PACK_REQUESTS and FREIGHT_QUEUE_DEPTH must be at least 1")
         return replace(self, **changes)  # type: ignore[arg-type]
 
     @property

@@ -1,8 +1,9 @@
 """Validated requests, stored once as Parquet shards: one shard per work unit.
 
-Validation writes them; workers read their unit's shard. The original JSONL is never re-parsed
-for planning or execution. Columns: ``line`` (1-based line number in the input file),
-``custom_id``, ``body`` (the request body as JSON text).
+Validation writes them in prefix order; workers read their units' shards. The original JSONL is
+never re-parsed for planning or execution. Columns: ``line`` (1-based line number in the input
+file), ``custom_id``, ``body`` (the request body as JSON text), ``key`` (the prompt's sort key,
+see ``scheduler.ordering``; rows of a shard are sorted by it).
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import pyarrow.parquet as pq
 
 from storage.objectstore import ObjectStore
 
-SCHEMA = pa.schema([("line", pa.int64()), ("custom_id", pa.string()), ("body", pa.string())])
+SCHEMA = pa.schema(
+    [("line", pa.int64()), ("custom_id", pa.string()), ("body", pa.string()), ("key", pa.binary())]
+)
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,7 @@ class ShardRow:
     line: int
     custom_id: str
     body_json: str
+    key: bytes = b""
 
     @property
     def body(self) -> dict[str, Any]:
@@ -38,6 +42,7 @@ def write_shard(store: ObjectStore, key: str, rows: Sequence[ShardRow]) -> int:
             "line": [r.line for r in rows],
             "custom_id": [r.custom_id for r in rows],
             "body": [r.body_json for r in rows],
+            "key": [r.key for r in rows],
         },
         schema=SCHEMA,
     )
@@ -51,7 +56,11 @@ def read_shard(store: ObjectStore, key: str) -> Iterator[ShardRow]:
     with store.open(key) as stream:
         data = stream.read()
     table = pq.read_table(pa.BufferReader(data))
+    has_key = "key" in table.column_names
     for batch in table.to_batches():
-        lines, ids, bodies = (batch.column(i).to_pylist() for i in range(3))
-        for line, custom_id, body in zip(lines, ids, bodies, strict=True):
-            yield ShardRow(line, custom_id, body)
+        lines = batch.column("line").to_pylist()
+        ids = batch.column("custom_id").to_pylist()
+        bodies = batch.column("body").to_pylist()
+        keys = batch.column("key").to_pylist() if has_key else [b""] * len(lines)
+        for line, custom_id, body, sort_key in zip(lines, ids, bodies, keys, strict=True):
+            yield ShardRow(line, custom_id, body, sort_key or b"")

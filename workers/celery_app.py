@@ -2,8 +2,9 @@
 
 Queues: ``freight.control`` carries validation, finalization and the dispatcher tick; each served
 model has its own queue ``freight.model.<name>`` consumed by engine workers (``-P solo``, one warm
-vLLM engine per process). Unit tasks are acknowledged late, so a worker that dies mid-unit leaves
-its task to be redelivered; the dispatcher's heartbeat lease redelivers it sooner.
+vLLM engine per process), which take packs of work units from it. A pack task returns once its
+requests are on the worker's feed (so the next pack arrives before the engine runs dry); from then
+on the units' database leases, heartbeated by the worker, are what redelivers a dead worker's work.
 """
 
 from __future__ import annotations
@@ -57,5 +58,5 @@ class TaskQueue:
     def finalize(self, batch_id: str) -> None:
         self.celery.send_task("freight.finalize_batch", args=[batch_id], queue=CONTROL_QUEUE)
 
-    def run_unit(self, unit_id: int, model: str) -> None:
-        self.celery.send_task("freight.run_unit", args=[unit_id], queue=model_queue(model))
+    def run_pack(self, pack_id: str, model: str, unit_ids: list[int]) -> None:
+        self.celery.send_task("freight.run_pack", args=[pack_id, unit_ids], queue=model_queue(model))

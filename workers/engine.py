@@ -157,6 +157,9 @@ class Engine:
         self._counters: _Counters = _Counters()
         self._default_sampling = dict(llm.model_config.get_diff_sampling_param())
         self._next_id = 0
+        self._live: dict[str, _InFlight] = {}  # vLLM request id -> what it is
+        self._by_key: dict[str, str] = {}  # caller's key -> vLLM request id
+        self._load = 0  # sequences in the engine
         self._in_flight = 0
         self._running = False
 
@@ -238,6 +241,73 @@ class Engine:
             default_sampling_params=self._default_sampling,
         )
 
+    # ------------------------------------------------------------------ feeding
+
+    @property
+    def window(self) -> int:
+        """Sequences to keep in the engine (running + waiting) so no step finds a free slot idle."""
+        return max(1, WINDOW_PER_SEQ * self.config.max_num_seqs)
+
+    @property
+    def load(self) -> int:
+        """Sequences now in the engine (a request with ``n=2`` counts twice)."""
+        return self._load
+
+    def add(self, request: EngineRequest) -> EngineResult | None:
+        """Hand one request to the engine: None if accepted, else its (400/500) result at once.
+
+        ``request.key`` must be unique among the requests in the engine. Together with `step` and
+        `abort` this is the continuous-feeding API: callers top the engine up to `window` between
+        steps, so the running batch never drains while work is waiting.
+        """
+        if request.key in self._by_key:
+            raise ValueError(f"request key {request.key!r} is already in the engine")
+        submitted = self._submit(request)
+        if isinstance(submitted, EngineResult):
+            self._count(submitted)
+            return submitted
+        request_id, entry = submitted
+        self._live[request_id] = entry
+        self._by_key[entry.key] = request_id
+        self._load += entry.seqs
+        self._in_flight = len(self._live)
+        return None
+
+    def step(self) -> list[EngineResult]:
+        """One engine step; the results of the requests that finished in it."""
+        results: list[EngineResult] = []
+        for output in self._llm.step():
+            if not getattr(output, "finished", False):
+                continue
+            entry = self._live.pop(output.request_id, None)
+            if entry is None:
+                continue  # aborted meanwhile
+            self._forget(entry)
+            result = self._finish(entry, output)
+            self._count(result)
+            results.append(result)
+        return results
+
+    def abort(self, keys: Iterable[str]) -> list[EngineResult]:
+        """Stop these requests (keys not in the engine are ignored); their 499 results."""
+        request_ids = [self._by_key[k] for k in keys if k in self._by_key]
+        if not request_ids:
+            return []
+        self._abort_in_engine(request_ids)
+        message = "The run was stopped before this request finished."
+        results = []
+        for request_id in request_ids:
+            entry = self._live.pop(request_id)
+            self._forget(entry)
+            self._counters.aborted += 1
+            results.append(_error(entry.key, ABORTED_STATUS, "aborted", message))
+        return results
+
+    def _forget(self, entry: _InFlight) -> None:
+        self._by_key.pop(entry.key, None)
+        self._load -= entry.seqs
+        self._in_flight = len(self._live)
+
     def run(
         self,
         requests: Iterable[EngineRequest],
@@ -245,7 +315,7 @@ class Engine:
     ) -> Iterator[EngineResult]:
         """Run requests with continuous batching; yield one result per request as each finishes.
 
-        Requests are pulled lazily, keeping about 2 x max_num_seqs sequences in the engine.
+        Requests are pulled lazily, keeping about `window` sequences in the engine.
         `should_abort` is polled at most every 0.5 s between engine steps. Closing the
         iterator early aborts what is still in the engine. One run at a time per engine.
         """
@@ -253,9 +323,7 @@ class Engine:
             raise RuntimeError("Engine.run is already in progress; runs cannot overlap")
         self._running = True
         pending = iter(requests)
-        in_flight: dict[str, _InFlight] = {}
-        window = max(1, WINDOW_PER_SEQ * self.config.max_num_seqs)
-        seqs = 0
+        mine: set[str] = set()
         exhausted = False
         last_poll = float("-inf")
 
@@ -266,48 +334,43 @@ class Engine:
             last_poll = time.monotonic()
             return bool(should_abort())
 
+        def stop_everything() -> Iterator[EngineResult]:
+            yield from self.abort(list(mine))
+            mine.clear()
+            message = "The run was stopped before this request finished."
+            for request in pending:
+                self._counters.aborted += 1
+                yield _error(request.key, ABORTED_STATUS, "aborted", message)
+
         try:
             while True:
                 if abort_requested():
-                    yield from self._abort_all(in_flight, pending)
+                    yield from stop_everything()
                     return
-                while not exhausted and (seqs < window or not in_flight):
+                while not exhausted and (self._load < self.window or not mine):
                     try:
                         request = next(pending)
                     except StopIteration:
                         exhausted = True
                         break
-                    submitted = self._submit(request)
-                    if isinstance(submitted, EngineResult):
-                        self._count(submitted)
-                        yield submitted
+                    rejected = self.add(request)
+                    if rejected is not None:
+                        yield rejected
                         if abort_requested():  # a long run of bad lines never reaches a step
-                            yield from self._abort_all(in_flight, pending)
+                            yield from stop_everything()
                             return
                         continue
-                    request_id, entry = submitted
-                    in_flight[request_id] = entry
-                    seqs += entry.seqs
-                    self._in_flight = len(in_flight)
-                if not in_flight:
+                    mine.add(request.key)
+                if not mine:
                     if exhausted:
                         return
                     continue
-                for output in self._llm.step():
-                    if not getattr(output, "finished", False):
-                        continue
-                    entry = in_flight.pop(output.request_id, None)
-                    if entry is None:
-                        continue  # not ours (an earlier run's straggler)
-                    seqs -= entry.seqs
-                    self._in_flight = len(in_flight)
-                    result = self._finish(entry, output)
-                    self._count(result)
+                for result in self.step():
+                    mine.discard(result.key)
                     yield result
         finally:
-            if in_flight:  # closed early or failed: leave nothing running for the next run
-                self._abort_in_engine(list(in_flight))
-            self._in_flight = 0
+            if mine:  # closed early or failed: leave nothing running for the next run
+                self.abort(list(mine))
             self._running = False
 
     def _submit(self, request: EngineRequest) -> tuple[str, _InFlight] | EngineResult:
@@ -354,21 +417,6 @@ class Engine:
             cached_tokens=int(usage["prompt_tokens_details"]["cached_tokens"] or 0),
             completion_tokens=int(usage["completion_tokens"] or 0),
         )
-
-    def _abort_all(
-        self, in_flight: dict[str, _InFlight], pending: Iterator[EngineRequest]
-    ) -> Iterator[EngineResult]:
-        ids = list(in_flight)
-        self._abort_in_engine(ids)
-        entries = [in_flight.pop(request_id) for request_id in ids]
-        self._in_flight = 0
-        message = "The run was stopped before this request finished."
-        for entry in entries:
-            self._counters.aborted += 1
-            yield _error(entry.key, ABORTED_STATUS, "aborted", message)
-        for request in pending:
-            self._counters.aborted += 1
-            yield _error(request.key, ABORTED_STATUS, "aborted", message)
 
     def _abort_in_engine(self, request_ids: list[str]) -> None:
         try:

@@ -1,45 +1,53 @@
-"""Running one work unit on a warm engine, exactly once in effect.
+"""Running packs of work units on one warm engine, fed continuously.
 
-A unit is claimed with a fresh token (compare-and-set in the database). Results are spooled to
-local temporary files, published under keys that include the attempt number, and only then
-recorded — again conditional on still holding the claim. A redelivered or duplicated task
-therefore either finds the unit done and returns, or replaces a dead worker's claim; results of
-a claim that was lost are discarded, never appended.
+An engine worker holds one `PackRunner`. Celery hands it packs (units of one model from any
+batches); `run_pack` claims the units, merges their requests in prompt-prefix order onto the
+runner's feed, and returns as soon as the feed runs low, so Celery delivers the next pack while
+the engine still has work: the running batch never drains at a unit or pack boundary.
+
+Three threads besides Celery's:
+
+* the **engine loop** owns the engine: tops it up to its window from the feed, steps it, routes
+  each result to its unit's spool files, and samples the batch fill;
+* the **watcher** reads unit and batch state every second (cancellation, expiry, a claim taken
+  over), heartbeats the claims, and writes the fill/throughput samples;
+* the **recorder** uploads a finished unit's result files and records it, compare-and-set on the
+  claim, so a unit's results are recorded exactly once whatever else happened.
+
+A worker that dies records nothing: its units' heartbeats go stale and the dispatcher queues them
+again. Results are keyed by ``custom_id``, never by position, so the order of running is free.
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
 import os
+import queue
 import secrets
 import socket
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
+from typing import IO
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from scheduler.lifecycle import abort_reason, finish_if_done
-from storage.models import Batch, UnitStatus, WorkUnit
-from storage.shards import read_shard
+from storage.models import Batch, EngineSample, UnitStatus, WorkUnit
+from storage.shards import ShardRow, read_shard
 from storage.status import BatchStatus
-from workers.engine import Engine, EngineRequest, EngineResult
+from workers.engine import ABORTED_STATUS, Engine, EngineRequest, EngineResult
 from workers.results import encode, request_error_line, stopped_line, success_line
 from workers.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
 WORKER_NAME = f"{socket.gethostname()}:{os.getpid()}"
-
-
-@dataclass
-class UnitTally:
-    completed: int = 0
-    failed: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    completion_tokens: int = 0
+CHECK_SECONDS = 1.0  # how often the watcher reads unit/batch state (cancellation latency)
+IDLE_WAIT_SECONDS = 0.2
 
 
 @dataclass(frozen=True)
@@ -51,9 +59,11 @@ class Claim:
     endpoint: str
     shard_key: str
     seq: int
+    n_requests: int
 
 
-def claim_unit(rt: Runtime, unit_id: int, now: float) -> Claim | None:
+def claim_unit(rt: Runtime, unit_id: int, now: float, worker: str = WORKER_NAME) -> Claim | None:
+    """Take a queued or pending unit for this worker; None if it is running, finished or stopped."""
     with rt.db.write() as s:
         unit = s.get(WorkUnit, unit_id, with_for_update=True)
         if unit is None or unit.status in UnitStatus.FINISHED:
@@ -63,157 +73,477 @@ def claim_unit(rt: Runtime, unit_id: int, now: float) -> Claim | None:
         batch = s.get(Batch, unit.batch_id)
         if batch is None or batch.status != BatchStatus.IN_PROGRESS:
             return None  # stopping batches skip their unstarted units themselves
-        token = f"{WORKER_NAME}:{secrets.token_hex(4)}"
+        token = f"{worker}:{secrets.token_hex(4)}"
         unit.status = UnitStatus.RUNNING
         unit.attempts += 1
         unit.worker = token
         unit.started_at = now
         unit.heartbeat_at = now
-        return Claim(unit.id, token, unit.attempts, unit.batch_id, batch.endpoint, unit.shard_key, unit.seq)
+        return Claim(
+            unit.id,
+            token,
+            unit.attempts,
+            unit.batch_id,
+            batch.endpoint,
+            unit.shard_key,
+            unit.seq,
+            unit.n_requests,
+        )
 
 
-class _Watch:
-    """Polled by the engine between steps: says whether to stop, and heartbeats the claim.
+@dataclass
+class UnitTally:
+    completed: int = 0
+    failed: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
 
-    Reads the claim and the batch status every ``CHECK_SECONDS`` (cancellation takes effect
-    within about that); writes a heartbeat only every ``heartbeat_seconds``.
-    """
 
-    CHECK_SECONDS = 1.0
+@dataclass(eq=False)
+class ActiveUnit:
+    """A claimed unit whose requests are on the feed or in the engine."""
 
-    def __init__(self, rt: Runtime, claim: Claim) -> None:
+    claim: Claim
+    out: IO[bytes]
+    err: IO[bytes]
+    total: int
+    results: int = 0
+    tally: UnitTally = field(default_factory=UnitTally)
+    reason: str | None = None  # set once the batch stops: batch_cancelled / batch_expired
+    lost: bool = False  # the claim went to another worker: discard everything
+    released: bool = False  # this worker is shutting down: give the unit back unrecorded
+    fill_seconds: float = 0.0  # time-weighted sum of fill while its requests were in the engine
+    seconds: float = 0.0
+    in_engine: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.results >= self.total
+
+    @property
+    def stopping(self) -> bool:
+        return self.reason is not None or self.lost or self.released
+
+
+@dataclass
+class _Sample:
+    started_at: float = field(default_factory=time.time)
+    seconds: float = 0.0
+    steps: int = 0
+    running: float = 0.0  # time-weighted sums
+    waiting: float = 0.0
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+
+
+def _spool() -> IO[bytes]:
+    """A unit's result spool; closed by the recorder once the unit is recorded or dropped."""
+    return tempfile.TemporaryFile()
+
+
+def _exit_process() -> None:
+    """A worker whose engine died cannot serve its queue: exit so the supervisor restarts it."""
+    logging.shutdown()
+    os._exit(70)
+
+
+class PackRunner:
+    """The engine worker's side of the scheduler; see the module docstring."""
+
+    def __init__(self, rt: Runtime, engine: Engine, model: str, worker: str = WORKER_NAME) -> None:
         self.rt = rt
-        self.claim = claim
-        self.reason: str | None = None
-        self.lost = False
-        self._checked = 0.0
-        self._beat = time.time()  # the claim itself stamped the first heartbeat
+        self.engine = engine
+        self.model = model
+        self.worker = worker
+        self._lock = threading.Condition()
+        self._feed: deque[tuple[ActiveUnit, ShardRow]] = deque()  # guarded by _lock
+        self._units: dict[int, ActiveUnit] = {}  # guarded by _lock
+        self._keys: dict[str, tuple[ActiveUnit, str]] = {}  # engine key -> (unit, custom_id)
+        self._stops: queue.SimpleQueue[ActiveUnit] = queue.SimpleQueue()  # for the engine loop
+        self._finished: queue.Queue[ActiveUnit | None] = queue.Queue()  # for the recorder
+        self._sample = _Sample()
+        self._sample_lock = threading.Lock()
+        self._closing = threading.Event()
+        self._stopped = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.failure: BaseException | None = None
+        self.on_fatal = _exit_process
 
-    def __call__(self) -> bool:
-        now = time.time()
-        if self.reason is not None or now - self._checked < self.CHECK_SECONDS:
-            return self.reason is not None
-        self._checked = now
-        if now - self._beat >= self.rt.settings.heartbeat_seconds:
-            self._beat = now
-            with self.rt.db.write() as s:
-                s.execute(
-                    update(WorkUnit)
-                    .where(WorkUnit.id == self.claim.unit_id, WorkUnit.worker == self.claim.token,
-                           WorkUnit.status == UnitStatus.RUNNING)
-                    .values(heartbeat_at=now)
-                )  # fmt: skip
-        with self.rt.db.read() as s:
-            unit = s.get(WorkUnit, self.claim.unit_id)
-            batch = s.get(Batch, self.claim.batch_id)
-            if unit is None or unit.worker != self.claim.token or unit.status != UnitStatus.RUNNING:
-                self.lost = True
-                self.reason = "claim_lost"
-            elif batch is not None:
-                self.reason = abort_reason(batch)
-        return self.reason is not None
+    # ------------------------------------------------------------------ public
 
+    def start(self) -> PackRunner:
+        for name, target in (
+            ("engine", self._engine_loop),
+            ("watcher", self._watch_loop),
+            ("recorder", self._record_loop),
+        ):
+            thread = threading.Thread(target=target, name=f"freight-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
 
-def run_unit(rt: Runtime, engine: Engine, unit_id: int) -> UnitTally | None:
-    """Run a unit if it still needs running; returns its tally, or None if there was nothing to do."""
-    claim = claim_unit(rt, unit_id, time.time())
-    if claim is None:
-        return None
-    started = time.monotonic()
-    watch = _Watch(rt, claim)
-    requests = (
-        EngineRequest(key=row.custom_id, endpoint=claim.endpoint, body=row.body)
-        for row in read_shard(rt.store, claim.shard_key)
-    )
-    tally = UnitTally()
-    base = f"batches/{claim.batch_id}/units/{claim.seq:06d}.{claim.attempt}"
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        for line, ok in _result_lines(engine.run(requests, should_abort=watch), watch, tally):
-            (out if ok else err).write(encode(line))
-        if watch.lost:
-            log.warning("unit %s: claim lost to another worker; discarding results", unit_id)
-            return None
-        out.seek(0)
-        err.seek(0)
-        output_key, error_key = f"{base}.output.jsonl", f"{base}.errors.jsonl"
-        rt.store.put_stream(output_key, out)
-        rt.store.put_stream(error_key, err)
-    elapsed = time.monotonic() - started
-    if not _record(rt, claim, tally, output_key, error_key):
-        return None
-    log.info(
-        "unit %s (%s #%d): %d ok, %d failed, %d prompt (%d cached) + %d output tokens in %.1fs",
-        unit_id,
-        claim.batch_id,
-        claim.seq,
-        tally.completed,
-        tally.failed,
-        tally.prompt_tokens,
-        tally.cached_tokens,
-        tally.completion_tokens,
-        elapsed,
-    )
-    return tally
+    def run_pack(self, pack_id: str, unit_ids: list[int]) -> int:
+        """Claim the pack's units, put their requests on the feed in prefix order, and return
+        once the feed is low enough that the engine needs the next pack. Returns units claimed."""
+        if self._closing.is_set():
+            return 0
+        claims = [c for c in (claim_unit(self.rt, u, time.time(), self.worker) for u in unit_ids) if c]
+        if not claims:
+            return 0
+        units = [ActiveUnit(c, _spool(), _spool(), c.n_requests) for c in claims]
+        streams = [
+            [(row.key, row.line, i, row) for row in read_shard(self.rt.store, u.claim.shard_key)]
+            for i, u in enumerate(units)
+        ]
+        for unit, rows in zip(units, streams, strict=True):
+            unit.total = len(rows)
+        # each shard is sorted already: a k-way merge puts the pack in prefix order across batches
+        merged = [(units[i], row) for _, _, i, row in heapq.merge(*streams, key=lambda r: (r[0], r[1], r[2]))]
+        with self._lock:
+            for unit in units:
+                self._units[unit.claim.unit_id] = unit
+                if unit.total == 0:
+                    self._finished.put(unit)
+            self._feed.extend(merged)
+            self._lock.notify_all()
+        log.info("pack %s: %d units, %d requests", pack_id, len(units), len(merged))
+        low_water = self.engine.config.max_num_seqs
+        with self._lock:
+            while len(self._feed) > low_water and not self._closing.is_set() and self.failure is None:
+                self._lock.wait(1.0)
+        if self.failure is not None:
+            raise RuntimeError("the engine loop failed") from self.failure
+        return len(units)
 
+    def busy(self) -> bool:
+        with self._lock:
+            return bool(self._units)
 
-def _result_lines(
-    results: Iterator[EngineResult], watch: _Watch, tally: UnitTally
-) -> Iterator[tuple[dict, bool]]:
-    for result in results:
-        if result.status_code == 200 and result.body is not None:
+    def close(self, drain_seconds: float) -> None:
+        """Stop taking packs; let running units finish for ``drain_seconds``, then give the rest
+        back to the dispatcher unrecorded (their requests run again elsewhere, exactly once)."""
+        self._closing.set()
+        deadline = time.monotonic() + drain_seconds
+        while self.busy() and time.monotonic() < deadline and self.failure is None:
+            time.sleep(0.2)
+        with self._lock:
+            leftover = list(self._units.values())
+        for unit in leftover:
+            unit.released = True
+            self._stops.put(unit)
+        deadline = time.monotonic() + 10
+        while self.busy() and time.monotonic() < deadline and self.failure is None:
+            time.sleep(0.1)
+        self._stopped.set()
+        self._finished.put(None)
+        with self._lock:
+            self._lock.notify_all()
+        for thread in self._threads:
+            thread.join(timeout=10)
+
+    # ------------------------------------------------------------------ engine loop
+
+    def _engine_loop(self) -> None:
+        engine = self.engine
+        try:
+            while not self._stopped.is_set():
+                started = time.monotonic()
+                self._apply_stops()
+                self._top_up()
+                if engine.load == 0:
+                    with self._lock:
+                        if not self._feed and not self._stopped.is_set():
+                            self._lock.wait(IDLE_WAIT_SECONDS)
+                    continue
+                results = engine.step()
+                self._account(time.monotonic() - started)  # busy time: top-up and step
+                for result in results:
+                    self._deliver(result)
+        except BaseException as exc:  # the engine died: nothing more runs in this process
+            log.exception("engine loop failed; giving this worker's units back")
+            self.failure = exc
+            with self._lock:
+                units = list(self._units.values())
+                self._lock.notify_all()
+            for unit in units:
+                try:
+                    self._release(unit)
+                except Exception:
+                    log.exception("releasing unit %s failed; its lease will expire", unit.claim.unit_id)
+            self.on_fatal()
+
+    def _top_up(self) -> None:
+        engine = self.engine
+        while engine.load < engine.window:
+            with self._lock:
+                if not self._feed:
+                    self._lock.notify_all()
+                    return
+                unit, row = self._feed.popleft()
+                if len(self._feed) <= engine.config.max_num_seqs:
+                    self._lock.notify_all()  # run_pack may return: the next pack is wanted
+            if unit.stopping:
+                self._deliver_to(unit, row.custom_id, None)
+                continue
+            key = f"{unit.claim.unit_id}/{row.line}"
+            rejected = engine.add(EngineRequest(key=key, endpoint=unit.claim.endpoint, body=row.body))
+            if rejected is not None:
+                self._deliver_to(unit, row.custom_id, rejected)
+            else:
+                self._keys[key] = (unit, row.custom_id)
+                unit.in_engine += 1
+
+    def _apply_stops(self) -> None:
+        while True:
+            try:
+                unit = self._stops.get_nowait()
+            except queue.Empty:
+                return
+            keys = [k for k, (u, _) in self._keys.items() if u is unit]
+            for result in self.engine.abort(keys):
+                self._deliver(result)
+            with self._lock:
+                mine = [entry for entry in self._feed if entry[0] is unit]
+                if mine:
+                    self._feed = deque(entry for entry in self._feed if entry[0] is not unit)
+            for _, row in mine:
+                self._deliver_to(unit, row.custom_id, None)
+
+    def _account(self, elapsed: float) -> None:
+        stats = self.engine.stats
+        fill = min(1.0, stats.running / max(1, self.engine.config.max_num_seqs))
+        with self._sample_lock:
+            sample = self._sample
+            sample.seconds += elapsed
+            sample.steps += 1
+            sample.running += stats.running * elapsed
+            sample.waiting += stats.waiting * elapsed
+        for unit in {u for u, _ in self._keys.values()}:
+            if unit.in_engine:
+                unit.fill_seconds += fill * elapsed
+                unit.seconds += elapsed
+
+    def _deliver(self, result: EngineResult) -> None:
+        """A result out of the engine (finished or aborted)."""
+        unit, custom_id = self._keys.pop(result.key)
+        unit.in_engine -= 1
+        self._deliver_to(unit, custom_id, result)
+
+    def _deliver_to(self, unit: ActiveUnit, custom_id: str, result: EngineResult | None) -> None:
+        """Write one request's outcome to its unit's spool (None: stopped before it ran)."""
+        tally = unit.tally
+        if result is not None and result.ok and result.body is not None:
             tally.completed += 1
             tally.prompt_tokens += result.prompt_tokens
             tally.cached_tokens += result.cached_tokens
             tally.completion_tokens += result.completion_tokens
-            yield success_line(result.key, result.body), True
-            continue
-        tally.failed += 1
-        code = (result.error or {}).get("code")
-        if code == "aborted":
-            yield stopped_line(result.key, watch.reason or "batch_cancelled"), False
+            unit.out.write(encode(success_line(custom_id, result.body)))
+            with self._sample_lock:
+                self._sample.requests += 1
+                self._sample.prompt_tokens += result.prompt_tokens
+                self._sample.cached_tokens += result.cached_tokens
+                self._sample.output_tokens += result.completion_tokens
+        elif result is None or result.status_code == ABORTED_STATUS:
+            tally.failed += 1
+            unit.err.write(encode(stopped_line(custom_id, unit.reason or "batch_cancelled")))
         else:
-            yield request_error_line(result.key, result.status_code or 500, result.error or {}), False
+            tally.failed += 1
+            unit.err.write(
+                encode(request_error_line(custom_id, result.status_code or 500, result.error or {}))
+            )
+        unit.results += 1
+        if unit.done:
+            self._finished.put(unit)
 
+    # ------------------------------------------------------------------ recorder
 
-def _record(rt: Runtime, claim: Claim, tally: UnitTally, output_key: str, error_key: str) -> bool:
-    now = time.time()
-    with rt.db.write() as s:
-        done = s.execute(
-            update(WorkUnit)
-            .where(
-                WorkUnit.id == claim.unit_id,
-                WorkUnit.worker == claim.token,
-                WorkUnit.status == UnitStatus.RUNNING,
+    def _record_loop(self) -> None:
+        while True:
+            unit = self._finished.get()
+            if unit is None:
+                return
+            try:
+                self._record(unit)
+            except Exception:
+                # the claim stays RUNNING without heartbeats: the dispatcher redelivers it
+                log.exception("recording unit %s failed", unit.claim.unit_id)
+            finally:
+                unit.out.close()
+                unit.err.close()
+                with self._lock:
+                    self._units.pop(unit.claim.unit_id, None)
+                    self._lock.notify_all()
+
+    def _record(self, unit: ActiveUnit) -> None:
+        claim = unit.claim
+        if unit.lost:
+            log.warning("unit %s: claim lost to another worker; results discarded", claim.unit_id)
+            return
+        if unit.released:
+            self._release(unit)
+            return
+        base = f"batches/{claim.batch_id}/units/{claim.seq:06d}.{claim.attempt}"
+        output_key, error_key = f"{base}.output.jsonl", f"{base}.errors.jsonl"
+        for key, spool in ((output_key, unit.out), (error_key, unit.err)):
+            spool.seek(0)
+            self.rt.store.put_stream(key, spool)
+        tally = unit.tally
+        now = time.time()
+        fill = unit.fill_seconds / unit.seconds if unit.seconds else None
+        with self.rt.db.write() as s:
+            done = s.execute(
+                update(WorkUnit)
+                .where(
+                    WorkUnit.id == claim.unit_id,
+                    WorkUnit.worker == claim.token,
+                    WorkUnit.status == UnitStatus.RUNNING,
+                )
+                .values(
+                    status=UnitStatus.DONE,
+                    finished_at=now,
+                    heartbeat_at=now,
+                    completed=tally.completed,
+                    failed=tally.failed,
+                    prompt_tokens=tally.prompt_tokens,
+                    cached_tokens=tally.cached_tokens,
+                    completion_tokens=tally.completion_tokens,
+                    output_key=output_key,
+                    error_key=error_key,
+                    mean_fill=fill,
+                )
+            ).rowcount
+            if not done:
+                log.warning("unit %s: claim lost before recording; results discarded", claim.unit_id)
+                return
+            # live progress; finalization recomputes the totals from the units
+            s.execute(
+                update(Batch)
+                .where(Batch.id == claim.batch_id)
+                .values(
+                    request_completed=Batch.request_completed + tally.completed,
+                    request_failed=Batch.request_failed + tally.failed,
+                    prompt_tokens=Batch.prompt_tokens + tally.prompt_tokens,
+                    cached_tokens=Batch.cached_tokens + tally.cached_tokens,
+                    completion_tokens=Batch.completion_tokens + tally.completion_tokens,
+                )
             )
-            .values(
-                status=UnitStatus.DONE,
-                finished_at=now,
-                heartbeat_at=now,
-                completed=tally.completed,
-                failed=tally.failed,
-                prompt_tokens=tally.prompt_tokens,
-                cached_tokens=tally.cached_tokens,
-                completion_tokens=tally.completion_tokens,
-                output_key=output_key,
-                error_key=error_key,
-            )
-        ).rowcount
-        if not done:
-            return False
-        # live progress; finalization recomputes the totals from the units
-        s.execute(
-            update(Batch)
-            .where(Batch.id == claim.batch_id)
-            .values(
-                request_completed=Batch.request_completed + tally.completed,
-                request_failed=Batch.request_failed + tally.failed,
-                prompt_tokens=Batch.prompt_tokens + tally.prompt_tokens,
-                cached_tokens=Batch.cached_tokens + tally.cached_tokens,
-                completion_tokens=Batch.completion_tokens + tally.completion_tokens,
-            )
+            batch = s.get(Batch, claim.batch_id, with_for_update=True)
+            ready = batch is not None and finish_if_done(s, batch, int(now))
+        log.info(
+            "unit %s (%s #%d): %d ok, %d failed, %d prompt (%d cached) + %d output tokens, fill %s",
+            claim.unit_id,
+            claim.batch_id,
+            claim.seq,
+            tally.completed,
+            tally.failed,
+            tally.prompt_tokens,
+            tally.cached_tokens,
+            tally.completion_tokens,
+            f"{fill:.2f}" if fill is not None else "-",
         )
-        batch = s.get(Batch, claim.batch_id, with_for_update=True)
-        ready = batch is not None and finish_if_done(s, batch, int(now))
-    if ready:
-        rt.queue.finalize(claim.batch_id)
-    return True
+        if ready:
+            self.rt.queue.finalize(claim.batch_id)
+        from scheduler.dispatcher import TickReport, enqueue_units
+
+        enqueue_units(self.rt, time.time(), TickReport())  # refill the queue this unit made room in
+
+    def _release(self, unit: ActiveUnit) -> None:
+        with self.rt.db.write() as s:
+            s.execute(
+                update(WorkUnit)
+                .where(
+                    WorkUnit.id == unit.claim.unit_id,
+                    WorkUnit.worker == unit.claim.token,
+                    WorkUnit.status == UnitStatus.RUNNING,
+                )
+                .values(status=UnitStatus.PENDING, worker=None, pack_id=None, attempts=WorkUnit.attempts - 1)
+            )
+        log.info("unit %s released unfinished at shutdown", unit.claim.unit_id)
+
+    # ------------------------------------------------------------------ watcher
+
+    def _watch_loop(self) -> None:
+        last_beat = last_sample = time.time()
+        while not self._stopped.wait(CHECK_SECONDS):
+            try:
+                now = time.time()
+                with self._lock:
+                    units = [u for u in self._units.values() if not u.stopping]
+                if units:
+                    self._check(units)
+                if units and self.failure is None and now - last_beat >= self.rt.settings.heartbeat_seconds:
+                    last_beat = now
+                    self._heartbeat(units, now)
+                if now - last_sample >= self.rt.settings.sample_seconds:
+                    last_sample = now
+                    self._flush_sample()
+            except Exception:
+                log.exception("watcher pass failed; retrying")
+        self._flush_sample()
+
+    def _check(self, units: list[ActiveUnit]) -> None:
+        ids = [u.claim.unit_id for u in units]
+        with self.rt.db.read() as s:
+            rows = {
+                row.id: row
+                for row in s.execute(
+                    select(
+                        WorkUnit.id,
+                        WorkUnit.worker,
+                        WorkUnit.status,
+                        Batch.status.label("batch_status"),
+                        Batch.final_status,
+                    )
+                    .join(Batch, Batch.id == WorkUnit.batch_id)
+                    .where(WorkUnit.id.in_(ids))
+                )
+            }
+        for unit in units:
+            row = rows.get(unit.claim.unit_id)
+            if row is None or row.worker != unit.claim.token or row.status != UnitStatus.RUNNING:
+                unit.lost = True
+            else:
+                unit.reason = abort_reason(row.batch_status, row.final_status)
+            if unit.stopping:
+                self._stops.put(unit)
+                with self._lock:
+                    self._lock.notify_all()
+
+    def _heartbeat(self, units: list[ActiveUnit], now: float) -> None:
+        with self.rt.db.write() as s:
+            for unit in units:
+                s.execute(
+                    update(WorkUnit)
+                    .where(
+                        WorkUnit.id == unit.claim.unit_id,
+                        WorkUnit.worker == unit.claim.token,
+                        WorkUnit.status == UnitStatus.RUNNING,
+                    )
+                    .values(heartbeat_at=now)
+                )
+
+    def _flush_sample(self) -> None:
+        with self._sample_lock:
+            sample, self._sample = self._sample, _Sample()
+        if sample.steps == 0 or sample.seconds <= 0:
+            return  # idle periods are not samples: rates measure capacity while busy
+        with self.rt.db.write() as s:
+            s.add(
+                EngineSample(
+                    worker=self.worker,
+                    model=self.model,
+                    started_at=sample.started_at,
+                    seconds=sample.seconds,
+                    steps=sample.steps,
+                    running_mean=sample.running / sample.seconds,
+                    waiting_mean=sample.waiting / sample.seconds,
+                    max_num_seqs=self.engine.config.max_num_seqs,
+                    prompt_tokens=sample.prompt_tokens,
+                    cached_tokens=sample.cached_tokens,
+                    output_tokens=sample.output_tokens,
+                    requests=sample.requests,
+                )
+            )

@@ -30,12 +30,11 @@ def register(app: Celery) -> None:
         validation.validate_batch(rt, batch_id)
         dispatcher.enqueue_units(rt, time.time(), dispatcher.TickReport())
 
-    @app.task(name="freight.run_unit", acks_late=True)
-    def run_unit(unit_id: int) -> None:
-        rt = runtime_of(app)
-        engine = app.freight_engine  # loaded at worker start; a control worker never gets this task
-        execution.run_unit(rt, engine, unit_id)
-        dispatcher.enqueue_units(rt, time.time(), dispatcher.TickReport())
+    @app.task(name="freight.run_pack", acks_late=True)
+    def run_pack(pack_id: str, unit_ids: list[int]) -> None:
+        runner: execution.PackRunner = app.freight_runner  # started with the engine worker
+        runner.run_pack(pack_id, unit_ids)
+        dispatcher.enqueue_units(runtime_of(app), time.time(), dispatcher.TickReport())
 
     @app.task(name="freight.finalize_batch", acks_late=True)
     def finalize_batch(batch_id: str) -> None:

@@ -1,6 +1,10 @@
 """The ``validating`` step: read the input file once, check every line, write the request shards.
 
-Streams the file, so memory is bounded by one unit's shard plus a 16-byte digest per custom_id.
+Each valid line gets its prompt key (the leading tokens of its rendered prompt, see
+``scheduler.ordering``); the rows are sorted by it with an external merge sort and written as
+shards in that order, so requests sharing a prefix (a system prompt, a document) run next to each
+other and vLLM computes the prefix once. Memory is bounded by the sort buffer
+(``FREIGHT_SORT_MEMORY_MB``) plus a 16-byte digest per custom_id, whatever the file size.
 A file with any bad line fails the batch with every bad line listed (up to a cap, which is said).
 """
 
@@ -9,11 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import struct
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from scheduler.ordering import SortStats, sort_records
 from storage.models import Batch, StoredFile, WorkUnit
 from storage.objectstore import iter_lines
 from storage.settings import Settings
@@ -45,12 +51,17 @@ class ValidLine:
     model: str  # checked against the file's other lines (one model per file)
 
 
+PromptKeyFn = Callable[[str, str, dict], bytes]  # (model, endpoint, body) -> sort key
+PREFIX_KEY_BYTES = 128  # of a unit's first key kept on the unit row: 32 tokens, for packing
+
+
 @dataclass(frozen=True)
 class FileRules:
     endpoint: str
     served_models: frozenset[str]
     max_requests: int
     max_line_bytes: int
+    prompt_key: PromptKeyFn | None = None  # None: no ordering key (rows keep file order)
 
 
 def check_line(raw: bytes, line_no: int, rules: FileRules) -> ValidLine | LineError:
@@ -105,7 +116,8 @@ def check_line(raw: bytes, line_no: int, rules: FileRules) -> ValidLine | LineEr
             param = f"body.{exc.param}" if exc.param else "body"
             return LineError(line_no, exc.code, exc.message, param)
     body_json = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
-    return ValidLine(ShardRow(line_no, custom_id, body_json), model)
+    key = rules.prompt_key(model, rules.endpoint, body) if rules.prompt_key else b""
+    return ValidLine(ShardRow(line_no, custom_id, body_json, key), model)
 
 
 @dataclass
@@ -185,6 +197,43 @@ def scan_lines(lines: Iterable[bytes], rules: FileRules, max_listed: int) -> Ite
     yield result
 
 
+_ID_LEN = struct.Struct(">I")
+
+
+def _payload(row: ShardRow) -> bytes:
+    custom_id = row.custom_id.encode()
+    return _ID_LEN.pack(len(custom_id)) + custom_id + row.body_json.encode()
+
+
+def _row(key: bytes, line: int, payload: bytes) -> ShardRow:
+    (n,) = _ID_LEN.unpack_from(payload)
+    start = _ID_LEN.size
+    return ShardRow(line, payload[start : start + n].decode(), payload[start + n :].decode(), key)
+
+
+def prompt_keys(settings: Settings) -> PromptKeyFn:
+    """Sort keys from each served model's own tokenizer and chat template (loaded once)."""
+    from workers.prompts import keyer_for
+
+    def key(model: str, endpoint: str, body: dict) -> bytes:
+        try:
+            keyer = keyer_for(settings.models[model], settings.sort_key_tokens)
+        except Exception:  # no tokenizer files: that model's rows keep file order
+            log.warning(
+                "no tokenizer for model %r; its requests are not prefix-ordered", model, exc_info=True
+            )
+            return b""
+        return keyer.key(endpoint, body)
+
+    return key
+
+
+def spill_dir(settings: Settings) -> str:
+    path = settings.data_dir / "tmp"
+    path.mkdir(parents=True, exist_ok=True)
+    return str(path)
+
+
 def validate_batch(rt: Runtime, batch_id: str) -> None:
     """Validate a ``validating`` batch; the dispatcher queues its units after this commits."""
     settings: Settings = rt.settings
@@ -199,36 +248,55 @@ def validate_batch(rt: Runtime, batch_id: str) -> None:
         served_models=frozenset(settings.models),
         max_requests=settings.max_requests_per_file,
         max_line_bytes=settings.max_line_bytes,
+        prompt_key=prompt_keys(settings),
     )
     started = time.monotonic()
-    units: list[tuple[str, int, int]] = []  # (shard key, first line, rows)
+    units: list[tuple[str, int, int, bytes]] = []  # (shard key, first line, rows, first prompt key)
     shard: list[ShardRow] = []
     summary = ScanResult()
+    sort_stats = SortStats()
 
     def flush() -> None:
         key = f"batches/{batch_id}/shards/{len(units):06d}.parquet"
         write_shard(rt.store, key, shard)
-        units.append((key, shard[0].line, len(shard)))
+        units.append((key, shard[0].line, len(shard), shard[0].key[:PREFIX_KEY_BYTES]))
         shard.clear()
 
     with rt.store.open(input_key) as stream:
-        for item in scan_lines(iter_lines(stream), rules, settings.max_listed_errors):
-            if isinstance(item, ScanResult):
-                summary = item
-                break
-            if summary.error_count:
-                continue
-            shard.append(item)
-            if len(shard) >= settings.unit_size:
-                flush()
-    if shard and not summary.error_count:
-        flush()
+
+        def records() -> Iterator[tuple[bytes, int, bytes]]:
+            nonlocal summary
+            for item in scan_lines(iter_lines(stream), rules, settings.max_listed_errors):
+                if isinstance(item, ScanResult):
+                    summary = item
+                    return
+                yield item.key, item.line, _payload(item)
+
+        ordered = sort_records(
+            records(),
+            memory_bytes=settings.sort_memory_mb * 1024 * 1024,
+            spill_dir=spill_dir(settings),
+            stats=sort_stats,
+        )
+        try:
+            first = next(ordered, None)  # the sort reads the whole file before its first row
+            if first is not None and not summary.error_count:
+                shard.append(_row(*first))
+                for record in ordered:
+                    if len(shard) >= settings.unit_size:
+                        flush()
+                    shard.append(_row(*record))
+                if shard:
+                    flush()
+        finally:
+            ordered.close()
     log.info(
-        "validated %s: %d requests, %d errors in %.2fs",
+        "validated %s: %d requests, %d errors in %.2fs (%d sorted runs spilled)",
         batch_id,
         summary.rows,
         summary.error_count,
         time.monotonic() - started,
+        sort_stats.runs_spilled,
     )
 
     now = int(time.time())
@@ -261,8 +329,9 @@ def validate_batch(rt: Runtime, batch_id: str) -> None:
                     shard_key=key,
                     first_line=first,
                     n_requests=n,
+                    prefix_key=prefix,
                 )
-                for seq, (key, first, n) in enumerate(units)
+                for seq, (key, first, n, prefix) in enumerate(units)
             ]
             s.add_all(units_made)
             transition(batch, BatchStatus.IN_PROGRESS, now)

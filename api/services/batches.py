@@ -60,6 +60,11 @@ def create(rt: Runtime, tenant_id: str, payload: Any) -> Batch:
             param="completion_window",
         )
     metadata = check_metadata(payload.get("metadata"))
+    priority = payload.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
+        raise ServiceError(
+            "invalid_request", "priority must be an integer from -100 to 100", param="priority"
+        )
     now = int(time.time())
     with rt.db.write() as s:
         source = s.get(StoredFile, input_file_id)
@@ -79,6 +84,7 @@ def create(rt: Runtime, tenant_id: str, payload: Any) -> Batch:
             completion_window=window,
             status=BatchStatus.VALIDATING.value,
             metadata_=metadata,
+            priority=priority,
             created_at=now,
             expires_at=now + parse_duration(window),
         )

@@ -19,7 +19,7 @@ BATCH_FIELDS = {
     "id", "object", "endpoint", "model", "errors", "input_file_id", "completion_window", "status",
     "output_file_id", "error_file_id", "created_at", "in_progress_at", "expires_at", "finalizing_at",
     "completed_at", "failed_at", "expired_at", "cancelling_at", "cancelled_at", "request_counts",
-    "metadata", "usage",
+    "metadata", "usage", "x_freight",
 }  # fmt: skip
 
 
@@ -125,7 +125,7 @@ def test_upload_errors(client, keys):  # type: ignore[no-untyped-def]
 
 def test_batch_create_and_object_shape(client, keys):  # type: ignore[no-untyped-def]
     file_id = upload(client, keys["a"]).get_json()["id"]
-    response = create_batch(client, keys["a"], file_id, metadata={"project": "evals"})
+    response = create_batch(client, keys["a"], file_id, metadata={"project": "evals"}, priority=7)
     batch = response.get_json()
     assert response.status_code == 200, batch
     assert set(batch) == BATCH_FIELDS
@@ -134,6 +134,10 @@ def test_batch_create_and_object_shape(client, keys):  # type: ignore[no-untyped
     assert batch["expires_at"] - batch["created_at"] == 86400
     assert batch["request_counts"] == {"total": 0, "completed": 0, "failed": 0}
     assert batch["usage"]["input_tokens_details"] == {"cached_tokens": 0}
+    assert batch["x_freight"] == {
+        "priority": 7, "deadline": batch["expires_at"], "at_risk": False, "at_risk_since": None,
+        "cache_hit_rate": None,
+    }  # fmt: skip
     assert client.get(f"/v1/batches/{batch['id']}", headers=keys["a"]).get_json() == batch
 
 
@@ -147,6 +151,9 @@ def test_batch_create_and_object_shape(client, keys):  # type: ignore[no-untyped
         ({"metadata": {"k": 1}}, 400, "metadata.k"),
         ({"metadata": {f"k{i}": "v" for i in range(17)}}, 400, "metadata"),
         ({"metadata": "text"}, 400, "metadata"),
+        ({"priority": 101}, 400, "priority"),
+        ({"priority": "high"}, 400, "priority"),
+        ({"priority": True}, 400, "priority"),
     ],
 )
 def test_batch_create_errors(client, keys, change, status, param):  # type: ignore[no-untyped-def]

@@ -43,35 +43,54 @@ def create_tenant(env: dict[str, str], name: str) -> str:
     return out.strip().splitlines()[-1]
 
 
-@pytest.fixture(scope="session")
-def live(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator[LiveStack]:
-    run_dir = tmp_path_factory.mktemp("stack")
+def start_live(
+    run_dir: Path,
+    demo_model: Path,
+    overrides: dict[str, str],
+    tenants: tuple[str, ...],
+    workers_per_model: int = 1,
+) -> tuple[LiveStack, Stack]:
     env = {
         **os.environ,
         "FREIGHT_DATA_DIR": str(run_dir / "data"),
         "FREIGHT_MODELS": f"demo={demo_model}",
         "FREIGHT_BROKER_URL": f"redis://127.0.0.1:{services.free_port()}/0",
         "FREIGHT_API_PORT": str(services.free_port()),
-        "FREIGHT_COMPLETION_WINDOWS": WINDOWS,
-        "FREIGHT_UNIT_SIZE": "8",
         "FREIGHT_TICK_SECONDS": "1",
-        "FREIGHT_MAX_FILE_BYTES": str(1024 * 1024),
         "FREIGHT_ENGINE_ENFORCE_EAGER": "true",
         "FREIGHT_ENGINE_KV_CACHE_GIB": "0.5",
         "FREIGHT_ENGINE_MAX_NUM_SEQS": "32",
         "FREIGHT_ENGINE_DEFAULT_MAX_TOKENS": "16",
+        **overrides,
     }
-    stack = up(run_dir, env)
+    stack = up(run_dir, env, workers_per_model=workers_per_model)
     try:
-        keys = {name: create_tenant(env, name) for name in ("alpha", "beta")}
-        yield LiveStack(stack, keys, demo_model)
-    finally:
+        keys = {name: create_tenant(env, name) for name in tenants}
+    except BaseException:
         stack.stop()
-        for name in ("api", "control", "engine-demo", "beat"):
-            log = stack.log(name)
-            if log.exists():
-                (REPO / "test-artifacts").mkdir(exist_ok=True)
-                (REPO / "test-artifacts" / f"e2e-{name}.log").write_text(log.read_text(errors="replace"))
+        raise
+    return LiveStack(stack, keys, demo_model), stack
+
+
+def keep_logs(stack: Stack, prefix: str) -> None:
+    stack.stop()
+    (REPO / "test-artifacts").mkdir(exist_ok=True)
+    for log in stack.run_dir.glob("*.log"):
+        (REPO / "test-artifacts" / f"{prefix}-{log.stem}.log").write_text(log.read_text(errors="replace"))
+
+
+@pytest.fixture(scope="session")
+def live(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator[LiveStack]:
+    overrides = {
+        "FREIGHT_COMPLETION_WINDOWS": WINDOWS,
+        "FREIGHT_UNIT_SIZE": "8",
+        "FREIGHT_MAX_FILE_BYTES": str(1024 * 1024),
+    }
+    live_stack, stack = start_live(tmp_path_factory.mktemp("stack"), demo_model, overrides, ("alpha", "beta"))
+    try:
+        yield live_stack
+    finally:
+        keep_logs(stack, "e2e")
 
 
 def wait_final(client: OpenAI, batch_id: str, timeout: float = 300, until: tuple[str, ...] = ()) -> object:

@@ -212,7 +212,7 @@ def _long_lines(n: int, tokens: int, prefix: str) -> list[dict]:
 
 def test_cancel_mid_run(live):  # type: ignore[no-untyped-def]
     client = live.client()
-    lines = _long_lines(160, 48, "cancel")
+    lines = _long_lines(400, 64, "cancel")
     batch = client.batches.create(input_file_id=upload(client, lines), endpoint=CHAT, completion_window="24h")
     deadline = time.monotonic() + 240
     while client.batches.retrieve(batch.id).request_counts.completed == 0:
@@ -234,7 +234,7 @@ def test_cancel_mid_run(live):  # type: ignore[no-untyped-def]
 
 def test_expiry_keeps_done_results(live):  # type: ignore[no-untyped-def]
     client = live.client("beta")
-    lines = _long_lines(240, 64, "exp")
+    lines = _long_lines(600, 96, "exp")
     batch = client.batches.create(input_file_id=upload(client, lines), endpoint=CHAT, completion_window="8s")
     final = wait_final(client, batch.id, timeout=120)
     assert final.status == "expired" and final.expired_at and final.expires_at - final.created_at == 8

@@ -304,3 +304,30 @@ def test_runs_do_not_overlap(vllm_engine: Engine) -> None:
     with pytest.raises(RuntimeError):
         next(busy)
     list(second)
+
+
+def test_feeding_api_aborts_some_requests_and_finishes_the_rest(vllm_engine: Engine) -> None:
+    """add/step/abort: what a worker uses to keep the engine full across units and packs."""
+    assert vllm_engine.load == 0 and vllm_engine.window == 2 * vllm_engine.config.max_num_seqs
+    for key in ("keep-1", "stop-1", "keep-2", "stop-2"):
+        assert vllm_engine.add(chat_req(key, max_tokens=40, min_tokens=40, n=1)) is None
+    rejected = vllm_engine.add(chat_req("bad", max_tokens=-1))
+    assert rejected is not None and rejected.status_code == 400  # at once, never in the engine
+    with pytest.raises(ValueError, match="already in the engine"):
+        vllm_engine.add(chat_req("keep-1"))
+    assert vllm_engine.load == 4
+    results: dict[str, EngineResult] = {}
+    for _ in range(3):
+        for result in vllm_engine.step():
+            results[result.key] = result
+    for result in vllm_engine.abort(["stop-1", "stop-2", "unknown"]):
+        results[result.key] = result
+    assert vllm_engine.load == 2
+    assert vllm_engine.add(chat_req("late", max_tokens=3, ignore_eos=True)) is None  # refill mid-flight
+    while vllm_engine.load:
+        for result in vllm_engine.step():
+            results[result.key] = result
+    assert {k: r.status_code for k, r in results.items()} == {
+        "keep-1": 200, "keep-2": 200, "late": 200, "stop-1": ABORTED_STATUS, "stop-2": ABORTED_STATUS,
+    }  # fmt: skip
+    assert results["keep-1"].completion_tokens == 40 and results["late"].completion_tokens == 3

@@ -1,0 +1,118 @@
+"""Which units to dispatch next and how to pack them, as pure functions over frozen snapshots.
+
+Two separate decisions:
+
+* **Selection** (``dispatch_order``): urgent units first, earliest deadline first; the rest are
+  shared fairly between tenants (the tenant with the fewest requests in flight goes next), and
+  within one tenant by its own priority, then deadline.
+* **Layout** (``plan_packs``): the selected units of one model, from any batch and any tenant, are
+  sorted by the prompt-prefix key of their first request and cut into packs of about
+  ``pack_requests`` requests. A pack is what one worker feeds its engine in one go, so small jobs
+  share large batches, and units whose prompts start alike land in the same pack, where the worker
+  merges their (already sorted) requests so vLLM's prefix cache computes each prefix once.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Candidate:
+    unit_id: int
+    model: str
+    batch_id: str
+    tenant_id: str
+    deadline: int  # epoch seconds: the batch's expires_at
+    priority: int  # the batch's own priority; higher first among its tenant's batches
+    created_at: int
+    seq: int
+    n_requests: int
+    prefix_key: bytes = b""
+    urgent: bool = False
+
+
+@dataclass(frozen=True)
+class Pack:
+    model: str
+    unit_ids: tuple[int, ...]
+    n_requests: int
+
+
+def _deadline_order(c: Candidate) -> tuple:
+    return (c.deadline, -c.priority, c.created_at, c.batch_id, c.seq)
+
+
+def _tenant_order(c: Candidate) -> tuple:
+    return (-c.priority, c.deadline, c.created_at, c.batch_id, c.seq)
+
+
+def dispatch_order(candidates: Iterable[Candidate], tenant_load: Mapping[str, int]) -> list[Candidate]:
+    """Urgent units by deadline, then the rest by fair share: requests already in flight per
+    tenant (``tenant_load``) plus those taken so far decide whose unit comes next."""
+    urgent: list[Candidate] = []
+    per_tenant: dict[str, list[Candidate]] = defaultdict(list)
+    for c in candidates:
+        (urgent if c.urgent else per_tenant[c.tenant_id]).append(c)
+    order = sorted(urgent, key=_deadline_order)
+    queues = {tenant: sorted(units, key=_tenant_order, reverse=True) for tenant, units in per_tenant.items()}
+    heap = [(tenant_load.get(tenant, 0), tenant) for tenant in queues]
+    heapq.heapify(heap)
+    while heap:
+        load, tenant = heapq.heappop(heap)
+        unit = queues[tenant].pop()
+        order.append(unit)
+        if queues[tenant]:
+            heapq.heappush(heap, (load + unit.n_requests, tenant))
+    return order
+
+
+def plan_packs(
+    candidates: Iterable[Candidate],
+    queued_packs: Mapping[str, int],
+    *,
+    depth: int,
+    pack_requests: int,
+    tenant_load: Mapping[str, int],
+) -> list[Pack]:
+    """Packs to queue now, in the order to send them: at most ``depth`` queued per model.
+
+    Every unit is in at most one pack; a pack holds units of one model only, at least one unit,
+    and more than ``pack_requests`` requests only when a single unit is that large.
+    """
+    by_model: dict[str, list[Candidate]] = defaultdict(list)
+    for c in candidates:
+        by_model[c.model].append(c)
+    planned: list[tuple[int, Pack]] = []  # (best selection rank inside, pack)
+    for model in sorted(by_model):
+        room = depth - queued_packs.get(model, 0)
+        if room <= 0:
+            continue
+        budget = room * pack_requests
+        chosen: list[tuple[int, Candidate]] = []
+        for rank, c in enumerate(dispatch_order(by_model[model], tenant_load)):
+            if budget <= 0:
+                break
+            chosen.append((rank, c))
+            budget -= c.n_requests
+        chosen.sort(key=lambda rc: (rc[1].prefix_key, rc[1].batch_id, rc[1].seq))
+        current: list[tuple[int, Candidate]] = []
+        size = 0
+        packs: list[list[tuple[int, Candidate]]] = []
+        for rc in chosen:
+            if current and size + rc[1].n_requests > pack_requests:
+                packs.append(current)
+                current, size = [], 0
+            current.append(rc)
+            size += rc[1].n_requests
+        if current:
+            packs.append(current)
+        ranked = sorted(((min(rank for rank, _ in m), m) for m in packs), key=lambda rm: rm[0])
+        for best, members in ranked[:room]:  # uneven cuts: the least urgent packs wait a tick
+            units = tuple(c.unit_id for _, c in members)
+            planned.append((best, Pack(model, units, sum(c.n_requests for _, c in members))))
+    planned.sort(key=lambda rp: (rp[0], rp[1].model))
+    return [pack for _, pack in planned]

@@ -1,0 +1,225 @@
+"""The scheduler against the real stack: two engine workers on one model sharing its queue,
+cross-job packing, prefix-cache reuse across tenants, a worker killed mid-pack, and a batch of a
+million requests ingested, scheduled and finalized in bounded memory."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from storage.db import Database
+from storage.models import EngineSample, UnitStatus, WorkUnit
+from tests.e2e.conftest import LiveStack, keep_logs, start_live, wait_final
+from tests.e2e.test_batches import CHAT, chat_line, read_jsonl, upload
+
+HUGE = 1_000_000
+
+
+@pytest.fixture(scope="module")
+def sched(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator[LiveStack]:
+    overrides = {
+        "FREIGHT_COMPLETION_WINDOWS": "24h,1h",
+        "FREIGHT_UNIT_SIZE": "64",
+        "FREIGHT_PACK_REQUESTS": "256",
+        "FREIGHT_QUEUE_DEPTH": "1",
+        "FREIGHT_HEARTBEAT_SECONDS": "1",
+        "FREIGHT_LEASE_SECONDS": "8",
+        "FREIGHT_MAX_REQUESTS_PER_FILE": str(HUGE),
+        "FREIGHT_MAX_FILE_BYTES": str(400 * 1024 * 1024),
+        "FREIGHT_SORT_MEMORY_MB": "32",
+    }
+    live_stack, stack = start_live(
+        tmp_path_factory.mktemp("sched"),
+        demo_model,
+        overrides,
+        ("alpha", "beta", "gamma"),
+        workers_per_model=2,
+    )
+    try:
+        yield live_stack
+    finally:
+        keep_logs(stack, "sched")
+
+
+def db(live: LiveStack) -> Database:
+    return Database(live.stack.settings.database_url)
+
+
+def units_of(live: LiveStack, *batch_ids: str) -> list[WorkUnit]:
+    database = db(live)
+    try:
+        with database.read() as s:
+            return list(s.scalars(select(WorkUnit).where(WorkUnit.batch_id.in_(batch_ids))).all())
+    finally:
+        database.dispose()
+
+
+def worker_pid(unit: WorkUnit) -> str:
+    return (unit.worker or "").rsplit(":", 1)[0]  # claim tokens are host:pid:nonce
+
+
+def ids_once(client, batch, expected: list[str]) -> tuple[list[dict], list[dict]]:  # type: ignore[no-untyped-def]
+    output, errors = read_jsonl(client, batch.output_file_id), read_jsonl(client, batch.error_file_id)
+    ids = [x["custom_id"] for x in output + errors]
+    assert sorted(ids) == sorted(expected) and len(ids) == len(set(ids))
+    return output, errors
+
+
+SYSTEM = " ".join(f"rule {i}: answer tersely and cite the clause number {i * 7 % 13}." for i in range(40))
+
+
+def test_small_jobs_share_packs_workers_and_prefixes(sched):  # type: ignore[no-untyped-def]
+    """A long job keeps both workers busy; small jobs of two other tenants, all with the same long
+    system prompt, arrive meanwhile and are packed together and with it, across tenants."""
+    alpha = sched.client("alpha")
+    blocker = [chat_line(f"long-{i}", f"Item {i}", max_tokens=32, min_tokens=32) for i in range(512)]
+    big = alpha.batches.create(input_file_id=upload(alpha, blocker), endpoint=CHAT, completion_window="24h")
+    small: dict[str, tuple[object, list[str]]] = {}
+    tenant_of: dict[str, str] = {}
+    for tenant in ("beta", "gamma", "beta", "gamma", "beta", "gamma"):
+        client = sched.client(tenant)
+        lines = [
+            {**chat_line(f"{tenant}-{len(small)}-{i}", f"Question {i} of job {len(small)}", max_tokens=8),
+             "body": {"model": "demo", "max_tokens": 8,
+                      "messages": [{"role": "system", "content": SYSTEM},
+                                   {"role": "user", "content": f"Question {i} of job {len(small)}"}]}}
+            for i in range(10)
+        ]  # fmt: skip
+        batch = client.batches.create(
+            input_file_id=upload(client, lines), endpoint=CHAT, completion_window="24h"
+        )
+        small[batch.id] = (client, [x["custom_id"] for x in lines])
+        tenant_of[batch.id] = tenant
+    finals = {bid: wait_final(client, bid, timeout=300) for bid, (client, _) in small.items()}
+    big_final = wait_final(alpha, big.id, timeout=300)
+    assert big_final.status == "completed" and big_final.request_counts.completed == 512
+    ids_once(alpha, big_final, [x["custom_id"] for x in blocker])
+    for bid, (client, expected) in small.items():
+        assert finals[bid].status == "completed", finals[bid]
+        output, errors = ids_once(client, finals[bid], expected)
+        assert not errors and len(output) == 10
+
+    units = units_of(sched, big.id, *small)
+    by_pack: dict[str, set[str]] = {}
+    for unit in units:
+        assert unit.status == UnitStatus.DONE and unit.pack_id
+        by_pack.setdefault(unit.pack_id, set()).add(unit.batch_id)
+    # cross-job packing: some pack ran units of several small batches of both tenants
+    mixed = [p for p in by_pack.values() if len(p & set(small)) >= 2]
+    assert mixed, by_pack
+    assert any(len({tenant_of[b] for b in p & set(small)}) == 2 for p in mixed), by_pack
+    # both worker processes ran units of the long job
+    assert len({worker_pid(u) for u in units if u.batch_id == big.id}) == 2
+    # the shared system prompt was computed once and then read from vLLM's prefix cache
+    cached = sum(finals[bid].usage.input_tokens_details.cached_tokens for bid in small)
+    prompt = sum(finals[bid].usage.input_tokens for bid in small)
+    assert cached > 0.5 * prompt, (cached, prompt)
+    assert sum(u.cached_tokens for u in units if u.batch_id in small) == cached
+    # batch fill is recorded per unit and as a time series
+    assert all(u.mean_fill is not None and 0 < u.mean_fill <= 1 for u in units if u.batch_id == big.id)
+    expected_output = 512 * 32 + 60 * 8
+    deadline = time.monotonic() + 30  # the last period's sample is written when the period ends
+    while True:
+        database = db(sched)
+        try:
+            with database.read() as s:
+                samples = s.scalars(select(EngineSample)).all()
+        finally:
+            database.dispose()
+        if sum(x.output_tokens for x in samples) >= expected_output or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert sum(x.output_tokens for x in samples) == expected_output
+    assert len({x.worker for x in samples}) == 2
+    assert all(0 <= x.running_mean <= x.max_num_seqs and x.seconds > 0 for x in samples)
+    assert max(x.running_mean for x in samples) > 0.5 * samples[0].max_num_seqs  # the engines ran full
+
+
+def test_killed_worker_loses_no_work(sched):  # type: ignore[no-untyped-def]
+    client = sched.client("alpha")
+    lines = [chat_line(f"kill-{i}", f"Row {i}", max_tokens=48, min_tokens=48) for i in range(768)]
+    batch = client.batches.create(input_file_id=upload(client, lines), endpoint=CHAT, completion_window="24h")
+    victim_pid = int((sched.stack.run_dir / "engine-demo-2.pid").read_text())
+    deadline = time.monotonic() + 240
+    while True:  # wait until the victim holds running units of this batch
+        running = [u for u in units_of(sched, batch.id) if u.status == UnitStatus.RUNNING]
+        if any(worker_pid(u).endswith(f":{victim_pid}") for u in running):
+            break
+        assert time.monotonic() < deadline, "the second worker never took a unit"
+        time.sleep(0.2)
+    os.killpg(victim_pid, signal.SIGKILL)  # the worker and vLLM's engine process with it
+    final = wait_final(client, batch.id, timeout=400)
+    assert final.status == "completed" and final.request_counts.completed == len(lines)
+    _, errors = ids_once(client, final, [x["custom_id"] for x in lines])
+    assert not errors
+    units = units_of(sched, batch.id)
+    assert any(u.attempts >= 2 for u in units)  # redelivered after the lease ran out
+    assert all(u.status == UnitStatus.DONE for u in units)
+    assert all(not worker_pid(u).endswith(f":{victim_pid}") for u in units if u.attempts >= 2)
+
+
+def _peak_rss_reset(pid: int) -> None:
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # resets VmHWM, the peak resident set
+
+
+def _peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+def _digest(custom_id: str) -> bytes:
+    return hashlib.blake2b(custom_id.encode(), digest_size=8).digest()
+
+
+def test_a_million_requests_in_bounded_memory(sched, tmp_path):  # type: ignore[no-untyped-def]
+    client = sched.client("beta").with_options(timeout=600)
+    path = tmp_path / "huge.jsonl"
+    with path.open("w") as f:
+        for i in range(HUGE):
+            body = {"model": "demo", "max_tokens": 1,
+                    "messages": [{"role": "user", "content": f"Label {i % 997}: row {i}"}]}  # fmt: skip
+            f.write(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": CHAT, "body": body}) + "\n")
+    control = int((sched.stack.run_dir / "control.pid").read_text())
+    _peak_rss_reset(control)
+    before = _peak_rss_mb(control)
+    with path.open("rb") as f:
+        file_id = client.files.create(file=("huge.jsonl", f), purpose="batch").id
+    batch = client.batches.create(input_file_id=file_id, endpoint=CHAT, completion_window="24h")
+    running = wait_final(client, batch.id, timeout=1200, until=("in_progress", "failed"))
+    assert running.status == "in_progress" and running.request_counts.total == HUGE, running.errors
+    deadline = time.monotonic() + 300
+    while client.batches.retrieve(batch.id).request_counts.completed < 500:
+        assert time.monotonic() < deadline, "no requests of the huge batch ran"
+        time.sleep(1)
+    client.batches.cancel(batch.id)
+    final = wait_final(client, batch.id, timeout=900)
+    assert final.status == "cancelled"
+    peak = _peak_rss_mb(control)
+    seen: set[bytes] = set()
+    counts = {"output": 0, "errors": 0}
+    for name, file_id in (("output", final.output_file_id), ("errors", final.error_file_id)):
+        with client.with_streaming_response.files.content(file_id) as response:
+            for line in response.iter_lines():
+                if line:
+                    record = json.loads(line)
+                    seen.add(_digest(record["custom_id"]))
+                    counts[name] += 1
+                    if name == "output":
+                        assert record["response"]["status_code"] == 200
+                    else:
+                        assert record["error"]["code"] == "batch_cancelled"
+    assert counts["output"] + counts["errors"] == HUGE == len(seen)  # every request exactly once
+    assert counts["output"] == final.request_counts.completed >= 500
+    # the control worker validated, sorted and assembled ~200 MB of JSONL within a bounded window
+    print(f"control worker peak RSS {before:.0f} MB before, {peak:.0f} MB during the million-request batch")
+    assert peak - before < 400, (before, peak)

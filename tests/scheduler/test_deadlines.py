@@ -1,0 +1,53 @@
+from hypothesis import given
+from hypothesis import strategies as st
+
+from scheduler.deadlines import BatchLoad, Sample, assess, measured_rates, seconds_needed
+
+
+def test_rates_are_busy_time_rates_summed_over_workers():
+    samples = [
+        Sample("w1", "m", started_at=950, seconds=10, requests=100),
+        Sample("w1", "m", started_at=970, seconds=10, requests=100),  # w1: 10 req/s
+        Sample("w2", "m", started_at=990, seconds=5, requests=25),  # w2: 5 req/s
+        Sample("w1", "m", started_at=100, seconds=10, requests=9999),  # outside the window
+        Sample("w1", "other", started_at=990, seconds=4, requests=8),
+    ]
+    assert measured_rates(samples, now=1000, window=600) == {"m": 15.0, "other": 2.0}
+
+
+def test_no_samples_means_no_rate_and_no_risk():
+    verdicts = assess([BatchLoad("b", "m", deadline=1010, remaining=10**6)], {}, now=1000, urgent_slack=5)
+    assert verdicts == {"b": (False, False)}
+    assert seconds_needed(100, None) == 0.0
+
+
+def test_at_risk_counts_the_work_ahead_by_deadline():
+    loads = [
+        BatchLoad("early", "m", deadline=1100, remaining=500),
+        BatchLoad("late", "m", deadline=1120, remaining=500),
+    ]
+    verdicts = assess(loads, {"m": 10.0}, now=1000, urgent_slack=30)
+    # early: 50 s of work, 100 s left -> fine but not urgent; late: 100 s of work, 120 s left -> urgent
+    assert verdicts == {"early": (False, False), "late": (True, False)}
+    verdicts = assess(loads, {"m": 5.0}, now=1000, urgent_slack=30)
+    assert verdicts == {"early": (True, False), "late": (True, True)}
+
+
+def test_other_models_work_is_not_ahead():
+    loads = [
+        BatchLoad("a", "m1", deadline=1100, remaining=10_000),
+        BatchLoad("b", "m2", deadline=1200, remaining=10),
+    ]
+    assert assess(loads, {"m1": 1.0, "m2": 1.0}, now=1000, urgent_slack=0)["b"] == (False, False)
+
+
+@given(st.lists(st.tuples(st.integers(1000, 5000), st.integers(0, 10_000)), min_size=1, max_size=20),
+       st.floats(0.1, 1000))  # fmt: skip
+def test_risk_is_monotone_in_deadline_order(specs, rate):
+    loads = [BatchLoad(f"b{i}", "m", d, r) for i, (d, r) in enumerate(specs)]
+    verdicts = assess(loads, {"m": rate}, now=1000, urgent_slack=60)
+    for load in loads:
+        urgent, risk = verdicts[load.batch_id]
+        assert not risk or urgent  # at risk implies urgent
+        ahead = sum(o.remaining for o in loads if (o.deadline, o.batch_id) < (load.deadline, load.batch_id))
+        assert risk == (load.deadline - 1000 - (ahead + load.remaining) / rate < 0)

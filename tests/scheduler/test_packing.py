@@ -1,0 +1,132 @@
+from hypothesis import given
+from hypothesis import strategies as st
+
+from scheduler.packing import Candidate, dispatch_order, plan_packs
+
+
+def cand(uid, *, tenant="t1", batch=None, deadline=1000, priority=0, created=0, seq=0, n=10, key=b"",
+         model="m", urgent=False):  # fmt: skip
+    return Candidate(uid, model, batch or f"b{uid}", tenant, deadline, priority, created, seq, n, key, urgent)
+
+
+def ids(units):
+    return [u.unit_id for u in units]
+
+
+def test_urgent_units_go_first_by_deadline():
+    units = [cand(1, deadline=50), cand(2, deadline=300, urgent=True), cand(3, deadline=200, urgent=True)]
+    assert ids(dispatch_order(units, {})) == [3, 2, 1]
+
+
+def test_fair_share_alternates_tenants_at_equal_urgency():
+    big = [cand(i, tenant="big", batch="B", seq=i, deadline=100) for i in range(4)]
+    small = [cand(10 + i, tenant="small", batch="S", seq=i, deadline=900) for i in range(2)]
+    # the later deadline does not make the small tenant wait behind the whole big job
+    assert ids(dispatch_order(big + small, {})) == [0, 10, 1, 11, 2, 3]
+
+
+def test_fair_share_counts_requests_already_in_flight():
+    units = [cand(1, tenant="busy"), cand(2, tenant="idle")]
+    assert ids(dispatch_order(units, {"busy": 500})) == [2, 1]
+
+
+def test_priority_orders_a_tenants_own_batches():
+    units = [cand(1, batch="low", deadline=10), cand(2, batch="high", priority=5, deadline=999)]
+    assert ids(dispatch_order(units, {})) == [2, 1]
+
+
+def test_units_of_a_batch_keep_file_order_within_the_tenant():
+    units = [cand(i, batch="b", seq=s) for i, s in ((1, 2), (2, 0), (3, 1))]
+    assert ids(dispatch_order(units, {})) == [2, 3, 1]
+
+
+def test_small_jobs_are_packed_together_across_batches_and_tenants():
+    units = [cand(i, tenant=f"t{i % 3}", n=100, seq=0) for i in range(20)]
+    packs = plan_packs(units, {}, depth=2, pack_requests=1000, tenant_load={})
+    assert [p.n_requests for p in packs] == [1000, 1000]
+    assert sorted(u for p in packs for u in p.unit_ids) == list(range(20))
+
+
+def test_packs_group_units_by_prompt_prefix():
+    units = [cand(1, key=b"\x00\x02", n=5), cand(2, key=b"\x00\x01", n=5), cand(3, key=b"\x00\x02\x07", n=5),
+             cand(4, key=b"\x00\x01\x09", n=5)]  # fmt: skip
+    packs = plan_packs(units, {}, depth=2, pack_requests=10, tenant_load={})
+    assert sorted(sorted(p.unit_ids) for p in packs) == [[1, 3], [2, 4]]
+
+
+def test_queue_depth_counts_packs_already_queued():
+    units = [cand(i, n=10, seq=i, batch="b") for i in range(10)]
+    assert plan_packs(units, {"m": 2}, depth=2, pack_requests=20, tenant_load={}) == []
+    packs = plan_packs(units, {"m": 1}, depth=2, pack_requests=20, tenant_load={})
+    assert len(packs) == 1 and packs[0].unit_ids == (0, 1)
+
+
+def test_the_most_urgent_pack_is_sent_first():
+    units = [cand(1, key=b"\x09", n=10, urgent=True, deadline=5), cand(2, key=b"\x01", n=10)]
+    packs = plan_packs(units, {}, depth=2, pack_requests=10, tenant_load={})
+    assert [p.unit_ids for p in packs] == [(1,), (2,)]
+
+
+specs = st.lists(
+    st.tuples(
+        st.sampled_from("xy"),  # model
+        st.sampled_from(["t1", "t2", "t3"]),  # tenant
+        st.integers(0, 5),  # batch
+        st.integers(0, 100),  # deadline
+        st.integers(1, 300),  # requests
+        st.binary(max_size=3),  # prefix key
+        st.booleans(),  # urgent
+    ),
+    max_size=40,
+)
+
+
+def build(spec):
+    return [
+        cand(i, model=m, tenant=t, batch=f"{t}-{b}", deadline=d, n=n, key=k, urgent=u, seq=i)
+        for i, (m, t, b, d, n, k, u) in enumerate(spec)
+    ]
+
+
+@given(
+    specs, st.integers(1, 4), st.integers(1, 600), st.dictionaries(st.sampled_from("xy"), st.integers(0, 4))
+)
+def test_packs_are_disjoint_single_model_bounded_and_within_depth(spec, depth, size, queued):
+    units = build(spec)
+    packs = plan_packs(units, queued, depth=depth, pack_requests=size, tenant_load={})
+    by_id = {u.unit_id: u for u in units}
+    seen = [u for p in packs for u in p.unit_ids]
+    assert len(seen) == len(set(seen))
+    for p in packs:
+        members = [by_id[u] for u in p.unit_ids]
+        assert p.unit_ids and {u.model for u in members} == {p.model}
+        assert p.n_requests == sum(u.n_requests for u in members)
+        assert p.n_requests <= size or len(members) == 1
+    for model in "xy":
+        assert sum(p.model == model for p in packs) <= max(0, depth - queued.get(model, 0))
+
+
+@given(specs)
+def test_dispatch_order_is_a_permutation_with_urgent_first_by_deadline(spec):
+    units = build(spec)
+    order = dispatch_order(units, {})
+    assert sorted(ids(order)) == ids(units)
+    urgent = [u for u in order if u.urgent]
+    assert order[: len(urgent)] == urgent
+    assert [u.deadline for u in urgent] == sorted(u.deadline for u in urgent)
+
+
+@given(specs)
+def test_fair_share_never_lets_one_tenant_run_far_ahead(spec):
+    units = [u for u in build(spec) if not u.urgent]
+    order = dispatch_order(units, {})
+    taken: dict[str, int] = {}
+    remaining = {
+        t: sum(u.n_requests for u in units if u.tenant_id == t) for t in {u.tenant_id for u in units}
+    }
+    for u in order:
+        # whoever goes next had the least taken among tenants with work left
+        contenders = [t for t, left in remaining.items() if left > 0]
+        assert taken.get(u.tenant_id, 0) == min(taken.get(t, 0) for t in contenders)
+        taken[u.tenant_id] = taken.get(u.tenant_id, 0) + u.n_requests
+        remaining[u.tenant_id] -= u.n_requests

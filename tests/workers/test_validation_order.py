@@ -1,0 +1,76 @@
+"""Validation writes a batch's requests in prompt-prefix order, in bounded memory (real database,
+object store and the demo model's tokenizer; no engine)."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+from dataclasses import replace
+from itertools import pairwise
+
+from sqlalchemy import select
+
+from api.services import batches, files
+from api.services.tenants import create_tenant
+from scheduler.ordering import common_prefix_tokens
+from storage.models import Batch, WorkUnit
+from storage.shards import read_shard
+from tests.conftest import now
+from workers.runtime import Runtime
+from workers.validation import PREFIX_KEY_BYTES, validate_batch
+
+DOCS = 6
+QUESTIONS = 5
+
+
+def doc_lines(seed: int = 7) -> list[dict]:
+    rng = random.Random(seed)
+    words = ["alpha", "ledger", "river", "copper", "index", "marble", "signal", "harbor"]
+    docs = [" ".join(rng.choice(words) for _ in range(400)) for _ in range(DOCS)]
+    lines = [
+        {"custom_id": f"d{d}-q{q}", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"model": "demo", "max_tokens": 4, "messages": [
+             {"role": "user", "content": f"{docs[d]}\\n\\nQuestion {q}: what is item {q * 3 + d}?"}]}}
+        for d in range(DOCS) for q in range(QUESTIONS)
+    ]  # fmt: skip
+    rng.shuffle(lines)
+    return lines
+
+
+def test_shards_hold_the_batch_in_prefix_order_even_when_the_sort_spills(settings):  # type: ignore[no-untyped-def]
+    rt = Runtime(replace(settings, unit_size=4, sort_memory_mb=0, max_file_bytes=1 << 20))  # 0 MB: all spill
+    try:
+        tenant, _ = create_tenant(rt.db, "t", now())
+        lines = doc_lines()
+        data = "".join(json.dumps(x) + "\n" for x in lines).encode()
+        stored = files.upload(rt, tenant.id, "batch", "docs.jsonl", io.BytesIO(data))
+        batch = batches.create(
+            rt, tenant.id, {"input_file_id": stored.id, "endpoint": "/v1/chat/completions"}
+        )
+        validate_batch(rt, batch.id)
+        with rt.db.read() as s:
+            assert s.get(Batch, batch.id).status == "in_progress"
+            units = s.scalars(
+                select(WorkUnit).where(WorkUnit.batch_id == batch.id).order_by(WorkUnit.seq)
+            ).all()
+        rows = [(u, row) for u in units for row in read_shard(rt.store, u.shard_key)]
+    finally:
+        rt.db.dispose()
+    assert [u.n_requests for u in units] == [4] * 7 + [2]
+    keys = [row.key for _, row in rows]
+    assert all(keys) and keys == sorted(keys)  # one order across all the batch's shards
+    # every custom_id once, bodies intact, line numbers those of the input file
+    assert sorted(row.custom_id for _, row in rows) == sorted(x["custom_id"] for x in lines)
+    by_id = {x["custom_id"]: (i + 1, x["body"]) for i, x in enumerate(lines)}
+    assert all((row.line, row.body) == by_id[row.custom_id] for _, row in rows)
+    # the questions on one document are contiguous: a depth-first walk of the prefix tree
+    docs = [row.custom_id.split("-")[0] for _, row in rows]
+    assert [d for i, d in enumerate(docs) if i == 0 or d != docs[i - 1]] == sorted(set(docs), key=docs.index)
+    assert len(set(docs)) == DOCS
+    # neighbours share the document's tokens; the unit row keeps its first key's first 32 tokens
+    same_doc = [common_prefix_tokens(a, b) for a, b in pairwise(keys)]
+    assert sorted(same_doc)[-DOCS * (QUESTIONS - 1)] > 300
+    for unit in units:
+        first = next(read_shard(rt.store, unit.shard_key))
+        assert unit.prefix_key == first.key[:PREFIX_KEY_BYTES] and len(unit.prefix_key) == PREFIX_KEY_BYTES

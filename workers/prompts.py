@@ -1,0 +1,250 @@
+"""Prompt keys for batch lines: the rendered prompt's first tokens, as ``scheduler.ordering`` bytes.
+
+Why: sorting a file's lines by these keys puts requests with a shared prompt prefix (a long system
+prompt, few-shot examples, a shared document) next to each other, so vLLM's prefix cache serves the
+prefix once instead of recomputing it on every line.
+
+A key is an ordering hint, never a correctness input: whatever the body, ``key`` returns bytes and
+never raises (``b""``, which sorts first, for anything it cannot read).
+
+Speed matters (every line of files with millions of lines), so for chat bodies the keyer renders
+the template to text and tokenizes it itself, in pieces: a fast tokenizer splits out added tokens
+(``<|im_start|>`` …) before anything else and encodes the text between them independently, so the
+pieces' ids concatenated are exactly the ids of ``apply_chat_template(..., tokenize=True)``. Pieces
+are cached (LRU, bounded in bytes), so a system prompt shared by many lines is tokenized once, and
+pieces past ``max_tokens`` are never tokenized. Tokenizers for which that split is not exact (added
+tokens with strip/word options, whole-string normalizers; checked when loading) skip the cache.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from scheduler.ordering import KEY_TOKEN_BYTES, prompt_key
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+_NO_LIMIT = 1 << 62
+_MAX_CACHED_PIECE = 64 * 1024  # characters: longer pieces are tokenized every time
+_DEFAULT_CACHE_BYTES = 32 * 1024 * 1024
+
+
+def _text_content(content: Any) -> str | None:
+    """Message content as one string: text parts joined by newlines, as vLLM's string format does."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            part["text"]
+            for part in content
+            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+        )
+    return None
+
+
+def _template_messages(messages: list) -> list:
+    """Messages with list-of-parts content flattened to a string (what string-only templates expect)."""
+    out = []
+    for message in messages:
+        if isinstance(message, dict) and isinstance(message.get("content"), list):
+            message = {**message, "content": _text_content(message["content"])}
+        out.append(message)
+    return out
+
+
+def _fallback_text(messages: list) -> str:
+    """Plain ``role\\ncontent`` text for messages the chat template refuses: still groups shared prefixes."""
+    lines = []
+    for message in messages:
+        if isinstance(message, dict):
+            lines.append(f"{message.get('role', '')}\n{_text_content(message.get('content')) or ''}")
+    return "\n".join(lines)
+
+
+def _ids(result: Any) -> list[int]:
+    """Token ids from either shape ``apply_chat_template(tokenize=True)`` returns."""
+    if isinstance(result, list):
+        return result
+    return list(result["input_ids"])
+
+
+def _splitter(backend: Any) -> tuple[re.Pattern[str], dict[str, bytes]] | None:
+    """A regex that splits text at added tokens, and each added token's key bytes; None if not exact.
+
+    The backend extracts added tokens leftmost-longest before normalizing and pre-tokenizing the text
+    between them. That equals a regex alternation longest-first, unless a token strips neighbouring
+    whitespace, must be a whole word, or is matched after normalization by a normalizer.
+    """
+    added = backend.get_added_tokens_decoder()
+    if not added:
+        return None
+    for token in added.values():
+        if token.lstrip or token.rstrip or token.single_word:
+            return None
+        if token.normalized and backend.normalizer is not None:
+            return None
+    contents = sorted({t.content for t in added.values() if t.content}, key=len, reverse=True)
+    if len({t.normalized for t in added.values()}) > 1:
+        return None  # two extraction phases; a single alternation could split differently
+    pattern = re.compile("(" + "|".join(re.escape(c) for c in contents) + ")")
+    specials = {t.content: prompt_key([i], 1) for i, t in added.items() if t.content}
+    return pattern, specials
+
+
+class PromptKeyer:
+    """Turns a request body into its prompt key, with one model's tokenizer and chat template."""
+
+    def __init__(
+        self, tokenizer: Any, max_tokens: int = 2048, cache_bytes: int = _DEFAULT_CACHE_BYTES
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.max_tokens = max_tokens
+        self._limit = max(0, max_tokens) * KEY_TOKEN_BYTES
+        # The Rust tokenizer, when there is one: encoding through it skips transformers' wrapping.
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._split: tuple[re.Pattern[str], dict[str, bytes]] | None = None
+        self._cache: OrderedDict[str, bytes] = OrderedDict()
+        self._cache_bytes = cache_bytes
+        self._cached = 0
+        self._lock = threading.Lock()  # the cache is shared by threads using one keyer_for() keyer
+        if self._backend is not None:
+            try:
+                self._split = _splitter(self._backend)
+                if self._split is not None and not self._split_is_exact():
+                    self._split = None
+            except Exception:
+                self._split = None
+
+    @classmethod
+    def load(cls, model_path: str | Path, max_tokens: int = 2048) -> PromptKeyer:
+        """A keyer for a local Hugging Face model directory (only its tokenizer files are read)."""
+        from transformers import AutoTokenizer
+
+        return cls(AutoTokenizer.from_pretrained(str(model_path)), max_tokens)
+
+    def key(self, endpoint: str, body: dict) -> bytes:
+        """The prompt key of one request body; ``b""`` for anything unexpected, never an exception."""
+        try:
+            job = self._job(endpoint, body)
+            if job is None:
+                return b""
+            if isinstance(job, list):
+                return prompt_key(job, self.max_tokens)
+            return self._key_text(*job)
+        except Exception:
+            return b""
+
+    def keys(self, endpoint: str, bodies: Iterable[dict]) -> list[bytes]:
+        """``[key(endpoint, b) for b in bodies]`` (a convenience for callers working in chunks)."""
+        return [self.key(endpoint, body) for body in bodies]
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _job(self, endpoint: str, body: Any) -> list[int] | tuple[str, bool] | None:
+        """What to key: token ids as they are, ``(text, add_special_tokens)`` to encode, or None."""
+        if not isinstance(body, dict):
+            return None
+        if endpoint == CHAT:
+            messages = body.get("messages")
+            if not isinstance(messages, list):
+                return None
+            return self._chat(messages)
+        if endpoint == COMPLETIONS:
+            prompt = body.get("prompt")
+            if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+                prompt = prompt[0]  # several prompts: key by the first
+            if isinstance(prompt, str):
+                return prompt, True
+            if isinstance(prompt, list) and all(type(t) is int for t in prompt):
+                return prompt
+        return None
+
+    def _chat(self, messages: list) -> list[int] | tuple[str, bool]:
+        """The chat template's rendering of the messages, or the plain fallback text if it raises."""
+        try:
+            if self._backend is None:
+                return _ids(
+                    self.tokenizer.apply_chat_template(
+                        _template_messages(messages), add_generation_prompt=True, tokenize=True
+                    )
+                )
+            text = self.tokenizer.apply_chat_template(
+                _template_messages(messages), add_generation_prompt=True, tokenize=False
+            )
+            if not isinstance(text, str):
+                raise TypeError("chat template did not render one string")
+            return text, False
+        except Exception:
+            return _fallback_text(messages), False
+
+    def _key_text(self, text: str, add_special_tokens: bool) -> bytes:
+        if self._split is None or add_special_tokens:
+            return prompt_key(self._encode(text, add_special_tokens), self.max_tokens)
+        pattern, specials = self._split
+        limit = self._limit
+        parts: list[bytes] = []
+        size = 0
+        for piece in pattern.split(text):
+            if size >= limit:
+                break
+            if not piece:
+                continue
+            fragment = specials.get(piece)
+            if fragment is None:
+                fragment = self._piece(piece)
+            parts.append(fragment)
+            size += len(fragment)
+        key = b"".join(parts)
+        return key[:limit] if size > limit else key
+
+    def _piece(self, piece: str) -> bytes:
+        """Key bytes of the text between two added tokens, from the LRU cache when seen before."""
+        cache = self._cache
+        with self._lock:
+            fragment = cache.get(piece)
+            if fragment is not None:
+                cache.move_to_end(piece)
+                return fragment
+        fragment = prompt_key(self._encode(piece, False), _NO_LIMIT)
+        if len(piece) <= _MAX_CACHED_PIECE:
+            with self._lock:
+                if piece not in cache:
+                    cache[piece] = fragment
+                    self._cached += len(piece) + len(fragment)
+                while self._cached > self._cache_bytes and cache:
+                    old, old_fragment = cache.popitem(last=False)
+                    self._cached -= len(old) + len(old_fragment)
+        return fragment
+
+    def _encode(self, text: str, add_special_tokens: bool) -> Sequence[int]:
+        if self._backend is not None:
+            return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def _split_is_exact(self) -> bool:
+        """Check the piecewise encoding against the tokenizer's own on texts around its added tokens."""
+        assert self._split is not None
+        specials = list(self._split[1])
+        samples = ["Hello world", " two  spaces\n\nnew lines\t", "naïve café 1234 ", "x"]
+        texts = [s + special + t for special in specials for s in samples for t in samples]
+        texts.append("".join(specials) + " " + "".join(reversed(specials)))
+        for text in texts:
+            expected = prompt_key(self._encode(text, False), _NO_LIMIT)
+            if self._key_text(text, False) != expected[: self._limit]:
+                return False
+        self._cache.clear()
+        self._cached = 0
+        return True
+
+
+@functools.lru_cache(maxsize=8)
+def keyer_for(path: str | Path, max_tokens: int = 2048) -> PromptKeyer:
+    """One keyer per (model path, max_tokens) per process: loading a tokenizer takes a while."""
+    return PromptKeyer.load(path, max_tokens)
