@@ -89,6 +89,14 @@ def _log_has(path: Path, text: str) -> bool:
     return path.exists() and text in path.read_text(errors="replace")
 
 
+def create_tenant(env: dict[str, str], name: str) -> str:
+    """Through the CLI, as an operator would; returns the new tenant's API key (its last line)."""
+    out = subprocess.run(
+        [*FREIGHT, "tenant", "create", name], cwd=REPO, env=env, capture_output=True, text=True, check=True
+    ).stdout
+    return out.strip().splitlines()[-1]
+
+
 def engine_names(model: str, workers: int) -> list[str]:
     """Process names of a model's engine workers: ``engine-<model>``, ``engine-<model>-2``, ..."""
     return [f"engine-{model}" + (f"-{i + 1}" if i else "") for i in range(workers)]

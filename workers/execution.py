@@ -33,7 +33,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import IO
 
-from sqlalchemy import select, update
+from sqlalchemy import ColumnElement, and_, select, update
 
 from scheduler.lifecycle import abort_reason, finish_if_done
 from storage.models import Batch, EngineSample, UnitStatus, WorkUnit
@@ -60,6 +60,13 @@ class Claim:
     shard_key: str
     seq: int
     n_requests: int
+
+
+def held(claim: Claim) -> ColumnElement[bool]:
+    """The unit is still running under this claim: every write a worker makes is guarded by it."""
+    return and_(
+        WorkUnit.id == claim.unit_id, WorkUnit.worker == claim.token, WorkUnit.status == UnitStatus.RUNNING
+    )
 
 
 def claim_unit(rt: Runtime, unit_id: int, now: float, worker: str = WORKER_NAME) -> Claim | None:
@@ -396,11 +403,7 @@ class PackRunner:
         with self.rt.db.write() as s:
             done = s.execute(
                 update(WorkUnit)
-                .where(
-                    WorkUnit.id == claim.unit_id,
-                    WorkUnit.worker == claim.token,
-                    WorkUnit.status == UnitStatus.RUNNING,
-                )
+                .where(held(claim))
                 .values(
                     status=UnitStatus.DONE,
                     finished_at=now,
@@ -454,11 +457,7 @@ class PackRunner:
         with self.rt.db.write() as s:
             s.execute(
                 update(WorkUnit)
-                .where(
-                    WorkUnit.id == unit.claim.unit_id,
-                    WorkUnit.worker == unit.claim.token,
-                    WorkUnit.status == UnitStatus.RUNNING,
-                )
+                .where(held(unit.claim))
                 .values(status=UnitStatus.PENDING, worker=None, pack_id=None, attempts=WorkUnit.attempts - 1)
             )
         log.info("unit %s released unfinished at shutdown", unit.claim.unit_id)
@@ -515,15 +514,7 @@ class PackRunner:
     def _heartbeat(self, units: list[ActiveUnit], now: float) -> None:
         with self.rt.db.write() as s:
             for unit in units:
-                s.execute(
-                    update(WorkUnit)
-                    .where(
-                        WorkUnit.id == unit.claim.unit_id,
-                        WorkUnit.worker == unit.claim.token,
-                        WorkUnit.status == UnitStatus.RUNNING,
-                    )
-                    .values(heartbeat_at=now)
-                )
+                s.execute(update(WorkUnit).where(held(unit.claim)).values(heartbeat_at=now))
 
     def _flush_sample(self) -> None:
         with self._sample_lock:

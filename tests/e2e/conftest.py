@@ -4,8 +4,6 @@ holding a real vLLM engine on the demo model, and beat; started once per test se
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,7 +13,7 @@ import pytest
 from openai import OpenAI
 
 from infra import services
-from infra.stack import REPO, Stack, up
+from infra.stack import REPO, Stack, create_tenant, up
 
 WINDOWS = "24h,1h,8s"  # 8s: a window short enough to expire during a test
 
@@ -32,15 +30,6 @@ class LiveStack:
 
     def client(self, tenant: str = "alpha") -> OpenAI:
         return OpenAI(base_url=self.base_url, api_key=self.keys[tenant], max_retries=0, timeout=60)
-
-
-def create_tenant(env: dict[str, str], name: str) -> str:
-    """Through the CLI, as an operator would: the key is alone on the last line."""
-    out = subprocess.run(
-        [sys.executable, "-m", "api.cli", "tenant", "create", name],
-        cwd=REPO, env=env, capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    return out.strip().splitlines()[-1]
 
 
 def start_live(
