@@ -28,9 +28,9 @@ lint: install
 test: model lint
 	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m pytest -p no:cacheprovider -q
 
+# the scheduler benchmark (bench/README.md): writes bench/results/scheduler.json; BENCH_ARGS=--quick for a smoke run
 bench: model
-	@echo "bench: no benchmarks yet; the scheduler issue (#3) adds bench/ workloads and results." >&2
-	@exit 2
+	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m bench.scheduler $(BENCH_ARGS)
 
 clean: stop
 	rm -rf var test-artifacts

@@ -1,0 +1,171 @@
+"""System (a): vLLM's engine in-process, `LLM.chat` on every line of a batch file in file order.
+
+    python -m bench.engine_baseline --out RESULT.json [engine flags] FILE [FILE ...]
+
+One engine per process (start-up excluded from every figure). A few warm-up requests run first;
+then, for each FILE, the prefix cache is reset and one `LLM.chat` call gets all of its lines,
+each with the sampling parameters of its body (max_tokens, min_tokens, ignore_eos, temperature).
+This is the ceiling for a runner that takes the lines as they come: no server path, no
+per-request overhead beyond vLLM's own, one call that keeps the engine fed until the file ends.
+
+Measured per file:
+  wall_s          the `LLM.chat` call (rendering, submission and every engine step)
+  output/prompt   token counts from the RequestOutputs; cached tokens = sum(num_cached_tokens)
+  batch_fill      time-weighted mean of SchedulerStats.num_running_reqs / max_num_seqs over the
+                  engine steps of the call: vLLM's stat-logger manager is wrapped so every step's
+                  SchedulerStats is seen with its arrival time; step i (its running count, as the
+                  scheduler reports it after the step) is weighted by the time since step i-1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.limits import add_engine_arguments
+
+WARMUP_REQUESTS = 8
+
+
+class StepRecorder:
+    """(monotonic time, running, waiting) per engine step, from vLLM's SchedulerStats."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, int, int]] = []
+        self.active = False
+
+    def attach(self, llm: Any) -> bool:
+        manager = getattr(llm.llm_engine, "logger_manager", None)
+        if manager is None:
+            return False
+        original = manager.record
+
+        def record(*args: Any, **kwargs: Any) -> Any:
+            stats = kwargs.get("scheduler_stats", args[0] if args else None)
+            if self.active and stats is not None:
+                self.samples.append(
+                    (time.monotonic(), int(stats.num_running_reqs), int(stats.num_waiting_reqs))
+                )
+            return original(*args, **kwargs)
+
+        manager.record = record
+        return True
+
+    def fill(self, max_num_seqs: int) -> float | None:
+        s = self.samples
+        if len(s) < 2:
+            return None
+        weighted = sum(s[i][1] * (s[i][0] - s[i - 1][0]) for i in range(1, len(s)))
+        span = s[-1][0] - s[0][0]
+        return weighted / (max_num_seqs * span) if span > 0 else None
+
+
+def sampling_params(body: dict[str, Any]) -> Any:
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        max_tokens=body.get("max_tokens"),
+        min_tokens=body.get("min_tokens", 0),
+        ignore_eos=bool(body.get("ignore_eos", False)),
+        temperature=float(body.get("temperature", 1.0)),
+    )
+
+
+def run_file(llm: Any, recorder: StepRecorder, path: Path, max_num_seqs: int) -> dict[str, Any]:
+    lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    messages = [line["body"]["messages"] for line in lines]
+    params = [sampling_params(line["body"]) for line in lines]
+    llm.reset_prefix_cache()
+    recorder.samples.clear()
+    recorder.active = True
+    started = time.monotonic()
+    outputs = llm.chat(messages, params, use_tqdm=False)
+    wall = time.monotonic() - started
+    recorder.active = False
+    prompt = sum(len(o.prompt_token_ids or []) for o in outputs)
+    cached = sum(int(o.num_cached_tokens or 0) for o in outputs)
+    output = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    errors = sum(1 for o in outputs if not o.outputs or o.outputs[0].finish_reason not in ("length", "stop"))
+    return {
+        "file": str(path),
+        "wall_s": wall,
+        "requests": len(outputs),
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "output_tokens": output,
+        "errors": errors,
+        "batch_fill": recorder.fill(max_num_seqs),
+        "batch_fill_method": "time-weighted SchedulerStats.num_running_reqs per engine step",
+        "steps": len(recorder.samples),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("files", nargs="+", type=Path)
+    parser.add_argument("--out", type=Path, required=True)
+    add_engine_arguments(parser)
+    args = parser.parse_args(argv)
+
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    from vllm import LLM
+
+    kwargs: dict[str, Any] = {}
+    if args.max_num_batched_tokens:
+        kwargs["max_num_batched_tokens"] = args.max_num_batched_tokens
+    if args.max_model_len:
+        kwargs["max_model_len"] = args.max_model_len
+    if args.kv_cache_bytes:
+        kwargs["kv_cache_memory_bytes"] = args.kv_cache_bytes
+    started = time.monotonic()
+    llm = LLM(
+        model=args.model,
+        served_model_name=args.served_model_name,
+        max_num_seqs=args.max_num_seqs,
+        enforce_eager=args.enforce_eager,
+        enable_prefix_caching=True,
+        seed=0,
+        disable_log_stats=False,  # the stat-logger manager is where the per-step stats arrive
+        **kwargs,
+    )
+    startup = time.monotonic() - started
+    recorder = StepRecorder()
+    if not recorder.attach(llm):
+        print("engine_baseline: no stat-logger manager; batch fill will be null", file=sys.stderr)
+
+    from vllm import SamplingParams
+
+    warm = [[{"role": "user", "content": f"warm up {i}"}] for i in range(WARMUP_REQUESTS)]
+    llm.chat(warm, SamplingParams(max_tokens=8, min_tokens=8, ignore_eos=True, temperature=0), use_tqdm=False)
+
+    sched = llm.llm_engine.vllm_config.scheduler_config
+    cache = llm.llm_engine.vllm_config.cache_config
+    result: dict[str, Any] = {
+        "engine_startup_s": startup,
+        "settings": {
+            "max_num_seqs": sched.max_num_seqs,
+            "max_num_batched_tokens": sched.max_num_batched_tokens,
+            "max_model_len": llm.llm_engine.model_config.max_model_len,
+            "kv_cache_memory_bytes": args.kv_cache_bytes,
+            "num_gpu_blocks": getattr(cache, "num_gpu_blocks", None),
+            "block_size": cache.block_size,
+            "enforce_eager": args.enforce_eager,
+            "enable_prefix_caching": cache.enable_prefix_caching,
+        },
+        "runs": [],
+    }
+    for path in args.files:
+        result["runs"].append(run_file(llm, recorder, path, args.max_num_seqs))
+        args.out.write_text(json.dumps(result, indent=2) + "\n")  # partial results survive a crash
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

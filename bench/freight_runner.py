@@ -1,0 +1,378 @@
+"""System (c): Freight end to end, through its OpenAI-compatible Batch API, on a warm stack.
+
+    python -m bench.freight_runner --out RESULT.json [engine flags] FILE [FILE ...]
+    python -m bench.freight_runner --out RESULT.json --multi-job FILE      # 20 batches, 3 tenants
+
+`FreightStack` starts the whole local stack (`infra.stack.up`: Redis, API, control worker, one
+engine worker, beat) with the given engine limits, makes the tenants with `freight tenant create`,
+and runs a small warm-up batch, so every measured run finds the engine loaded and compiled.
+
+A run (`run_jobs`): the clock starts, every file is uploaded with the official `openai` client
+(`files.create(purpose="batch")`) and its batch created (`batches.create`), the jobs concurrently
+from SUBMIT_THREADS threads ("submitted together", as independent teams would); the batches are polled (one
+`batches.list` per tenant every POLL_INTERVAL_S) until every one is terminal with its output
+file; the clock stops at that poll. Then the output and error files are read and every custom_id
+must come back exactly once across them.
+
+Measured per run:
+  wall_s          first upload to the poll that saw the last batch terminal with its output file
+  tokens          summed from the batch objects' `usage` (input_tokens,
+                  input_tokens_details.cached_tokens, output_tokens)
+  batch_fill      from the engine worker's `engine_samples` rows overlapping the run's window,
+                  each weighted by its overlap: sum(running_mean * overlap) / sum(max_num_seqs *
+                  overlap); null where the table does not exist (older Freight) or has no rows
+  errors          error-file lines + missing custom_ids + duplicated custom_ids + batches that did
+                  not complete
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from infra.stack import create_tenant
+
+REPO = Path(__file__).resolve().parent.parent
+SUBMIT_THREADS = 8
+POLL_INTERVAL_S = 0.25
+RUN_TIMEOUT_S = 3600.0
+WARMUP_REQUESTS = 16
+NO_TABLE = -1.0  # engine_samples_fill's "covered" when the table does not exist
+TERMINAL = ("completed", "failed", "expired", "cancelled")
+
+
+def kv_gib(kv_bytes: int) -> str:
+    """FREIGHT_ENGINE_KV_CACHE_GIB for exactly `kv_bytes` (Freight computes int(gib * 1024**3))."""
+    return repr((kv_bytes + 0.5) / 1024**3)
+
+
+@dataclass
+class FreightStack:
+    run_dir: Path
+    model_dir: Path
+    max_num_seqs: int = 64
+    kv_cache_bytes: int | None = None  # None: Freight's default FREIGHT_ENGINE_KV_CACHE_GIB
+    max_model_len: int | None = None
+    enforce_eager: bool = False
+    tenants: tuple[str, ...] = ("bench",)
+    extra_env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    keys: dict[str, str] = field(default_factory=dict)
+    stack: Any = None
+    startup_s: float | None = None
+
+    def freight_env(self) -> dict[str, str]:
+        from infra import services
+
+        broker_port = services.free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FREIGHT_")}  # nothing stray
+        env.update(
+            {
+                "FREIGHT_DATA_DIR": str(self.run_dir / "data"),
+                "FREIGHT_MODELS": f"demo={self.model_dir.resolve()}",
+                "FREIGHT_BROKER_URL": f"redis://127.0.0.1:{broker_port}/0",
+                "FREIGHT_API_PORT": str(services.free_port(exclude=[broker_port])),
+                "FREIGHT_ENGINE_MAX_NUM_SEQS": str(self.max_num_seqs),
+                "FREIGHT_ENGINE_ENFORCE_EAGER": "true" if self.enforce_eager else "false",
+                "FREIGHT_MAX_REQUESTS_PER_FILE": "1000000",
+                "FREIGHT_MAX_FILE_BYTES": str(2 * 1024**3),
+                "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+                "VLLM_NO_USAGE_STATS": "1",
+            }
+        )
+        if self.kv_cache_bytes:
+            env["FREIGHT_ENGINE_KV_CACHE_GIB"] = kv_gib(self.kv_cache_bytes)
+        if self.max_model_len:
+            env["FREIGHT_ENGINE_MAX_MODEL_LEN"] = str(self.max_model_len)
+        env.update(self.extra_env)
+        return env
+
+    def start(self) -> FreightStack:
+        from infra.stack import up
+
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.env = self.freight_env()
+        started = time.monotonic()
+        self.stack = up(self.run_dir, self.env)
+        try:
+            self.startup_s = time.monotonic() - started
+            for name in self.tenants:
+                self.keys[name] = create_tenant(self.env, name)
+            self.warm_up()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        if self.stack is not None:
+            self.stack.stop()
+            self.stack = None
+
+    def __enter__(self) -> FreightStack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def base_url(self) -> str:
+        return self.stack.api_url + "/v1"
+
+    def client(self, tenant: str) -> Any:
+        from openai import OpenAI
+
+        return OpenAI(base_url=self.base_url, api_key=self.keys[tenant], max_retries=3, timeout=600)
+
+    def settings(self) -> dict[str, Any]:
+        s = self.stack.settings
+        return {
+            "max_num_seqs": s.engine_max_num_seqs,
+            "kv_cache_gib": s.engine_kv_cache_gib,
+            "kv_cache_bytes": int(s.engine_kv_cache_gib * 1024**3),
+            "max_model_len": s.engine_max_model_len or None,
+            "enforce_eager": s.engine_enforce_eager,
+            "max_num_batched_tokens": "vLLM default for LLMEngine (2048 on CPU in vLLM 0.32)",
+            "unit_size": s.unit_size,
+            "queue_depth": s.queue_depth,
+            "tick_seconds": s.tick_seconds,
+            "startup_s": self.startup_s,
+            "env": {
+                k: v
+                for k, v in self.env.items()
+                if k.startswith(("FREIGHT_ENGINE_", "FREIGHT_UNIT", "VLLM_CPU"))
+            },
+        }
+
+    def warm_up(self) -> None:
+        """A small batch through the whole path: engine compiled, every process past its first request."""
+        lines = [
+            {
+                "custom_id": f"warm-{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {
+                    "model": "demo",
+                    "messages": [{"role": "user", "content": f"warm up request {i}"}],
+                    "max_tokens": 8,
+                    "min_tokens": 8,
+                    "ignore_eos": True,
+                    "temperature": 0,
+                },
+            }
+            for i in range(WARMUP_REQUESTS)
+        ]
+        data = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+        result = self.run_jobs([(self.tenants[0], ("warmup.jsonl", data))], timeout=600)
+        if result["errors"]:
+            raise RuntimeError(f"warm-up batch failed: {result}")
+
+    def run_jobs(
+        self, jobs: list[tuple[str, Path | tuple[str, bytes]]], timeout: float = RUN_TIMEOUT_S
+    ) -> dict[str, Any]:
+        """Submit every (tenant, file) together; wait for all; measure and check (see module doc)."""
+        expected: list[str] = []
+        payloads: list[tuple[str, str, bytes]] = []
+        for tenant, source in jobs:
+            if isinstance(source, tuple):
+                name, data = source
+            else:
+                name, data = source.name, source.read_bytes()
+            expected += [json.loads(x)["custom_id"] for x in data.decode("utf-8").splitlines() if x.strip()]
+            payloads.append((tenant, name, data))
+        clients = {tenant: self.client(tenant) for tenant in {t for t, _ in jobs}}
+
+        wall_start = time.time()
+        started = time.monotonic()
+
+        def submit(job: tuple[str, str, bytes]) -> tuple[str, str]:
+            tenant, name, data = job
+            client = self.client(tenant)  # one client per thread
+            file_id = client.files.create(file=(name, io.BytesIO(data)), purpose="batch").id
+            batch = client.batches.create(
+                input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+            return batch.id, tenant
+
+        # the jobs arrive together, as from independent teams: each uploads and creates at once
+        with ThreadPoolExecutor(max_workers=min(len(payloads), SUBMIT_THREADS)) as pool:
+            batch_ids: dict[str, str] = dict(pool.map(submit, payloads))  # batch id -> tenant
+        submitted_s = time.monotonic() - started
+
+        final: dict[str, Any] = {}
+        while True:
+            for tenant, client in clients.items():
+                for batch in _list_batches(client, {b for b, t in batch_ids.items() if t == tenant}):
+                    done = batch.status in TERMINAL and (
+                        batch.output_file_id or batch.error_file_id or batch.status == "failed"
+                    )
+                    if done:
+                        final[batch.id] = batch
+            if len(final) == len(batch_ids):
+                break
+            if time.monotonic() - started > timeout:
+                raise TimeoutError(
+                    f"{len(batch_ids) - len(final)} of {len(batch_ids)} batches not terminal after {timeout:.0f}s"
+                )
+            time.sleep(POLL_INTERVAL_S)
+        wall = time.monotonic() - started
+        wall_end = time.time()
+
+        seen: dict[str, int] = {}
+        error_lines = 0
+        for batch_id, batch in final.items():
+            client = clients[batch_ids[batch_id]]
+            for file_id, is_error in ((batch.output_file_id, False), (batch.error_file_id, True)):
+                if not file_id:
+                    continue
+                for raw in client.files.content(file_id).text.splitlines():
+                    if not raw.strip():
+                        continue
+                    line = json.loads(raw)
+                    seen[line["custom_id"]] = seen.get(line["custom_id"], 0) + 1
+                    response = line.get("response") or {}
+                    if is_error or line.get("error") or response.get("status_code") != 200:
+                        error_lines += 1
+        missing = sum(1 for cid in expected if cid not in seen)
+        duplicated = sum(n - 1 for n in seen.values() if n > 1)
+        not_completed = [b.status for b in final.values() if b.status != "completed"]
+
+        def usage(batch: Any, *path: str) -> int:
+            value: Any = batch.usage
+            for key in path:
+                value = getattr(value, key, None) if not isinstance(value, dict) else value.get(key)
+            return int(value or 0)
+
+        return {
+            "wall_s": wall,
+            "submit_s": submitted_s,
+            "requests": len(expected),
+            "batches": len(batch_ids),
+            "tenants": len(clients),
+            "prompt_tokens": sum(usage(b, "input_tokens") for b in final.values()),
+            "cached_tokens": sum(usage(b, "input_tokens_details", "cached_tokens") for b in final.values()),
+            "output_tokens": sum(usage(b, "output_tokens") for b in final.values()),
+            "errors": error_lines + missing + duplicated + len(not_completed),
+            "error_lines": error_lines,
+            "missing": missing,
+            "duplicated": duplicated,
+            "not_completed": not_completed,
+            **self.fill(wall_start, wall_end),
+            "batch_fill_method": "engine_samples rows overlapping the run's window: "
+            "sum(running_mean*overlap) / sum(max_num_seqs*overlap)",
+            "window": [wall_start, wall_end],
+        }
+
+    def fill(self, start: float, end: float) -> dict[str, Any]:
+        """Batch fill over [start, end] from the worker's engine_samples (null without rows).
+
+        The worker writes a row per sample period (FREIGHT_SAMPLE_SECONDS) at its end, so this waits
+        (off the clock) up to one period for the row that covers the window's end.
+        """
+        url = self.stack.settings.database_url
+        period = float(getattr(self.stack.settings, "sample_seconds", 5.0))
+        deadline = time.monotonic() + period + 1.5
+        while True:
+            fill, covered = engine_samples_fill(url, start, end)
+            if covered == NO_TABLE:
+                return {"batch_fill": None, "fill_seconds_covered": None}
+            if covered >= 0.95 * (end - start) or time.monotonic() > deadline:
+                return {"batch_fill": fill, "fill_seconds_covered": round(covered, 2)}
+            time.sleep(0.5)
+
+
+def engine_samples_fill(database_url: str, start: float, end: float) -> tuple[float | None, float]:
+    """(fill, seconds of samples seen) over [start, end] from engine_samples; (None, 0) without rows,
+    (None, NO_TABLE) without the table.
+
+    Each sample period counts by its overlap with the window, so a run shorter than the sample
+    period is still measured: sum(running_mean * overlap) / sum(max_num_seqs * overlap).
+    """
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(database_url)
+    try:
+        if not sa.inspect(engine).has_table("engine_samples"):
+            return None, NO_TABLE
+        with engine.connect() as conn:
+            rows = conn.execute(
+                sa.text(
+                    "SELECT started_at, seconds, running_mean, max_num_seqs FROM engine_samples "
+                    "WHERE started_at <= :end AND started_at + seconds >= :start"
+                ),
+                {"start": start, "end": end},
+            ).all()
+    except sa.exc.SQLAlchemyError:
+        return None, 0.0
+    finally:
+        engine.dispose()
+    running = capacity = covered = 0.0
+    for started_at, seconds, running_mean, max_num_seqs in rows:
+        overlap = max(0.0, min(end, started_at + seconds) - max(start, started_at))
+        running += float(running_mean) * overlap
+        capacity += float(max_num_seqs) * overlap
+        covered += overlap
+    return (running / capacity if capacity else None), covered
+
+
+def _list_batches(client: Any, wanted: set[str]) -> list[Any]:
+    """This tenant's batches among `wanted`, newest first, paging until all are seen."""
+    found: list[Any] = []
+    after = None
+    while True:
+        page = client.batches.list(limit=100, **({"after": after} if after else {}))
+        found += [b for b in page.data if b.id in wanted]
+        if len(found) >= len(wanted) or not page.has_more or not page.data:
+            return found
+        after = page.data[-1].id
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bench.workloads import TENANTS, split_multi_job
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("files", nargs="+", type=Path)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--run-dir", type=Path, default=Path("var/bench/freight"))
+    parser.add_argument("--model", type=Path, default=Path("models/demo"))
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--kv-cache-bytes", type=int, default=None)
+    parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument(
+        "--multi-job", action="store_true", help="also run each file as 20 batches of 3 tenants"
+    )
+    args = parser.parse_args(argv)
+    results: dict[str, Any] = {"runs": {}}
+    with FreightStack(
+        args.run_dir,
+        args.model,
+        max_num_seqs=args.max_num_seqs,
+        kv_cache_bytes=args.kv_cache_bytes,
+        max_model_len=args.max_model_len,
+        enforce_eager=args.enforce_eager,
+        tenants=TENANTS,
+    ) as stack:
+        results["settings"] = stack.settings()
+        for path in args.files:
+            results["runs"][path.stem] = stack.run_jobs([(TENANTS[0], path)])
+            if args.multi_job:
+                pieces = split_multi_job(path, args.run_dir / "multi_job")
+                jobs = [(p["tenant"], Path(p["path"])) for p in pieces]
+                results["runs"][f"{path.stem}-multi_job"] = stack.run_jobs(jobs)  # type: ignore[arg-type]
+            args.out.write_text(json.dumps(results, indent=2) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

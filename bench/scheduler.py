@@ -1,0 +1,496 @@
+"""The scheduler benchmark (issue #3): three systems, four workloads, two KV cache sizes.
+
+    python -m bench.scheduler [--quick] [--eager] [--out PATH]
+                              [--workloads unique,shared_prefix,system_prompts,multi_job]
+                              [--kv default,tight] [--systems engine,runbatch,freight]
+
+Systems, all at the same limits (max_num_seqs, max_num_batched_tokens, max_model_len, KV cache,
+prefix caching on, compiled unless --eager, VLLM_CPU_NUM_OF_RESERVED_CPU=0):
+  engine    (a) vLLM `LLM.chat` in-process on the lines in file order; engine start-up excluded
+            (bench/engine_baseline.py). One engine per KV size (the default-KV workloads share
+            one, prefix cache reset between files).
+  runbatch  (b) `python -m vllm.entrypoints.openai.run_batch` on the same file, whole process
+            (bench/runbatch_baseline.py).
+  freight   (c) Freight end to end through the Batch API with the `openai` client, from the first
+            upload to the last output file, on a stack already warm (bench/freight_runner.py).
+            One stack per KV size; multi_job runs on the same stack as unique.
+
+Workloads (bench/workloads.py, fixed seeds): unique, shared_prefix, system_prompts, and
+multi_job = the unique lines as 20 batches of 3 tenants submitted together (Freight only: the
+engine and run-batch figures of the same lines in one file are those of unique).
+
+KV sizes: "default" = Freight's default FREIGHT_ENGINE_KV_CACHE_GIB; "tight" = per workload,
+max_num_seqs x blocks per request (longest prompt + output, in 128-token blocks) x TIGHT_FACTOR,
+so the running batch fits and little else: which prefixes stay cached is decided by order.
+
+Writes bench/results/scheduler.json (--quick: scheduler-quick.json, every workload 10x smaller)
+and prints a table. A system that fails gets {"error": ...} in its cell; the rest goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from bench import workloads as wl
+
+REPO = Path(__file__).resolve().parent.parent
+MODEL_DIR = Path("models/demo")
+RESULTS_DIR = REPO / "bench" / "results"
+WORK_DIR = REPO / "var" / "bench"
+
+MAX_NUM_SEQS = 64
+MAX_MODEL_LEN = 2048
+MAX_NUM_BATCHED_TOKENS = 2048  # what Freight's engine gets (vLLM's LLMEngine default on CPU); set on (a), (b)
+BLOCK_SIZE = 128  # vLLM's CPU KV block; only full blocks are shared
+TIGHT_FACTOR = 1.05  # 5% headroom over the running batch: about three spare documents of shared_prefix
+QUICK_SCALE = 0.1
+ENGINE_TIMEOUT_S = 3600
+WORKLOADS = ("unique", "shared_prefix", "system_prompts", "multi_job")
+KV_CONFIGS = ("default", "tight")
+SYSTEMS = ("engine", "runbatch", "freight")
+
+TARGETS = {  # ratio key -> minimum
+    "unique.freight_over_engine": 0.95,
+    "shared_prefix_tight_kv.freight_over_engine": 2.5,
+    "shared_prefix_tight_kv.freight_over_runbatch": 2.5,
+    "multi_job.freight_over_single_job": 0.95,
+}
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------- facts
+
+
+def machine_facts() -> dict[str, Any]:
+    cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace") if Path("/proc/cpuinfo").exists() else ""
+    model = next(
+        (ln.split(":", 1)[1].strip() for ln in cpuinfo.splitlines() if ln.startswith("model name")), None
+    )
+    flags = next((ln.split(":", 1)[1].split() for ln in cpuinfo.splitlines() if ln.startswith("flags")), [])
+    meminfo = Path("/proc/meminfo").read_text() if Path("/proc/meminfo").exists() else ""
+    mem_kb = next((int(ln.split()[1]) for ln in meminfo.splitlines() if ln.startswith("MemTotal")), 0)
+    versions = {}
+    for package in ("vllm-cpu", "vllm", "torch", "transformers", "openai"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            versions[package] = metadata.version(package)
+    return {
+        "cpu_model": model,
+        "cores": os.cpu_count(),
+        "cpu_flags": {f: f in flags for f in ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile")},
+        "memory_gib": round(mem_kb / 1024**2, 1),
+        "gpu": "none" if shutil.which("nvidia-smi") is None else "nvidia-smi present (not used: vLLM-CPU)",
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "packages": versions,
+    }
+
+
+def safetensors_parameters(model_dir: Path) -> int | None:
+    total = 0
+    files = sorted(model_dir.glob("*.safetensors"))
+    for path in files:
+        with open(path, "rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        for name, info in header.items():
+            if name != "__metadata__":
+                total += math.prod(info["shape"])
+    return total or None
+
+
+def model_facts(model_dir: Path) -> dict[str, Any]:
+    config = json.loads((model_dir / "config.json").read_text())
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    dtype_bytes = {"bfloat16": 2, "float16": 2, "float32": 4}.get(str(config.get("dtype", "bfloat16")), 2)
+    kv_bytes_per_token = (
+        config["num_hidden_layers"] * 2 * config["num_key_value_heads"] * head_dim * dtype_bytes
+    )
+    return {
+        "path": str(model_dir),
+        "architecture": (config.get("architectures") or [None])[0],
+        "parameters": safetensors_parameters(model_dir),
+        "hidden_size": config["hidden_size"],
+        "layers": config["num_hidden_layers"],
+        "attention_heads": config["num_attention_heads"],
+        "kv_heads": config["num_key_value_heads"],
+        "head_dim": head_dim,
+        "vocab_size": config["vocab_size"],
+        "max_position_embeddings": config.get("max_position_embeddings"),
+        "dtype": config.get("dtype"),
+        "kv_bytes_per_token": kv_bytes_per_token,
+        "note": "random weights (infra/build_demo_model.py): output text is noise; lengths are fixed",
+    }
+
+
+def kv_plan(manifest: dict[str, Any], kv_bytes_per_token: int) -> dict[str, dict[str, Any]]:
+    """KV cache bytes per (kv config, workload)."""
+    from storage.settings import Settings
+
+    default_bytes = int(Settings().engine_kv_cache_gib * 1024**3)
+    block_bytes = BLOCK_SIZE * kv_bytes_per_token
+    plan: dict[str, dict[str, Any]] = {"default": {}, "tight": {}}
+    for name in WORKLOADS:
+        info = manifest["workloads"]["unique" if name == "multi_job" else name]
+        per_request = math.ceil((info["prompt_tokens_max"] + info["output_tokens_per_request"]) / BLOCK_SIZE)
+        running = MAX_NUM_SEQS * per_request
+        blocks = max(math.ceil(running * TIGHT_FACTOR), math.ceil(MAX_MODEL_LEN / BLOCK_SIZE))
+        plan["default"][name] = _kv_entry(default_bytes, block_bytes, running)
+        plan["tight"][name] = _kv_entry(blocks * block_bytes, block_bytes, running)
+    return plan
+
+
+def _kv_entry(kv_bytes: int, block_bytes: int, running_blocks: int) -> dict[str, Any]:
+    return {
+        "bytes": kv_bytes,
+        "blocks": kv_bytes // block_bytes,
+        "tokens": kv_bytes // block_bytes * BLOCK_SIZE,
+        "running_batch_blocks": running_blocks,
+        "over_running_batch": round(kv_bytes / block_bytes / running_blocks, 2),
+    }
+
+
+# ---------------------------------------------------------------------------------------- runs
+
+
+def with_rates(metrics: dict[str, Any]) -> dict[str, Any]:
+    wall = metrics.get("wall_s") or 0
+    prompt, cached = metrics.get("prompt_tokens"), metrics.get("cached_tokens")
+    metrics["output_tok_s"] = metrics["output_tokens"] / wall if wall else None
+    metrics["prompt_tok_s"] = prompt / wall if wall and prompt is not None else None
+    metrics["cache_hit_rate"] = cached / prompt if cached is not None and prompt else None
+    return metrics
+
+
+def run_engine(
+    files: dict[str, Path], kv_bytes: int, out_dir: Path, eager: bool
+) -> dict[str, dict[str, Any]]:
+    """One engine subprocess for these workloads (same KV size); {workload: metrics | error}."""
+    out = out_dir / f"engine-{'-'.join(files)}-{kv_bytes}.json"
+    out.unlink(missing_ok=True)
+    argv = [
+        sys.executable, "-m", "bench.engine_baseline", "--out", str(out),
+        "--model", str(MODEL_DIR), "--max-num-seqs", str(MAX_NUM_SEQS),
+        "--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS), "--max-model-len", str(MAX_MODEL_LEN),
+        "--kv-cache-bytes", str(kv_bytes), *(["--enforce-eager"] if eager else []),
+        *[str(p) for p in files.values()],
+    ]  # fmt: skip
+    log_path = out.with_suffix(".log")
+    try:
+        with open(log_path, "wb") as f:
+            proc = subprocess.run(
+                argv, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, timeout=ENGINE_TIMEOUT_S
+            )
+        error = None if proc.returncode == 0 else f"exit {proc.returncode}"
+    except subprocess.TimeoutExpired:
+        error = f"timed out after {ENGINE_TIMEOUT_S}s"
+    data = json.loads(out.read_text()) if out.exists() else {"runs": []}
+    by_file = {run["file"]: run for run in data["runs"]}
+    cells: dict[str, dict[str, Any]] = {}
+    for name, path in files.items():
+        run = by_file.get(str(path))
+        if run is None:
+            tail = log_path.read_text(errors="replace")[-1500:] if log_path.exists() else ""
+            cells[name] = {"error": f"{error or 'no result'}: {tail}"}
+        else:
+            run = dict(run)
+            run.pop("file", None)
+            run["engine_startup_s"] = data.get("engine_startup_s")
+            run["engine_settings"] = data.get("settings")
+            cells[name] = with_rates(run)
+    return cells
+
+
+def run_runbatch(path: Path, kv_bytes: int, out_dir: Path, eager: bool) -> dict[str, Any]:
+    from bench.runbatch_baseline import run
+
+    try:
+        result = run(
+            path,
+            out_dir / f"runbatch-{kv_bytes}",
+            model=str(MODEL_DIR),
+            served_model_name=wl.MODEL_NAME,
+            max_num_seqs=MAX_NUM_SEQS,
+            max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+            max_model_len=MAX_MODEL_LEN,
+            kv_cache_bytes=kv_bytes,
+            enforce_eager=eager,
+        )
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+    return with_rates(result)
+
+
+def run_freight(
+    names: list[str], files: dict[str, Path], kv_bytes: int | None, out_dir: Path, eager: bool
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None]:
+    """One warm stack for these workloads; multi_job runs the unique lines as 20 batches of 3 tenants."""
+    from bench.freight_runner import FreightStack
+
+    cells: dict[str, dict[str, Any]] = {}
+    settings = None
+    run_dir = out_dir / f"freight-{kv_bytes or 'default'}-{'-'.join(names)}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    stack = FreightStack(
+        run_dir,
+        MODEL_DIR,
+        max_num_seqs=MAX_NUM_SEQS,
+        kv_cache_bytes=kv_bytes,
+        max_model_len=MAX_MODEL_LEN,
+        enforce_eager=eager,
+        tenants=wl.TENANTS,
+    )
+    try:
+        stack.start()
+    except Exception as exc:
+        return {
+            name: {"error": f"stack failed to start: {type(exc).__name__}: {exc}"[:2000]} for name in names
+        }, None
+    try:
+        settings = stack.settings()
+        for name in names:
+            try:
+                if name == "multi_job":
+                    pieces = wl.split_multi_job(files["unique"], run_dir / "multi_job")
+                    jobs = [(p["tenant"], Path(p["path"])) for p in pieces]
+                else:
+                    jobs = [(wl.TENANTS[0], files[name])]
+                log(f"freight: {name} ({len(jobs)} batch{'es' if len(jobs) > 1 else ''})")
+                cells[name] = with_rates(stack.run_jobs(jobs))  # type: ignore[arg-type]
+            except Exception as exc:
+                traceback.print_exc()
+                cells[name] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+    finally:
+        stack.stop()
+    return cells, settings
+
+
+# ---------------------------------------------------------------------------------------- report
+
+
+def output_rate(cell: dict[str, Any] | None) -> float | None:
+    return None if not cell or "error" in cell else cell.get("output_tok_s")
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def compute_ratios(results: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+    ratios: dict[str, dict[str, float | None]] = {}
+    for name, by_kv in results.items():
+        for kv, cells in by_kv.items():
+            key = name if kv == "default" else f"{name}_{kv}_kv"
+            freight = output_rate(cells.get("freight"))
+            entry = {
+                "freight_over_engine": ratio(freight, output_rate(cells.get("engine"))),
+                "freight_over_runbatch": ratio(freight, output_rate(cells.get("runbatch"))),
+                "runbatch_over_engine": ratio(
+                    output_rate(cells.get("runbatch")), output_rate(cells.get("engine"))
+                ),
+            }
+            if name == "multi_job":
+                entry["freight_over_single_job"] = ratio(
+                    freight, output_rate(cells.get("freight_single_job"))
+                )
+            ratios[key] = entry
+    for key in TARGETS:  # the named ratios always exist, null when not measured
+        group, field = key.split(".")
+        ratios.setdefault(group, {}).setdefault(field, None)
+    return ratios
+
+
+def evaluate_targets(ratios: dict[str, dict[str, float | None]]) -> dict[str, dict[str, Any]]:
+    out = {}
+    for key, minimum in TARGETS.items():
+        group, field = key.split(".")
+        value = ratios.get(group, {}).get(field)
+        out[key] = {"min": minimum, "value": value, "pass": None if value is None else value >= minimum}
+    return out
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def table(results: dict[str, Any], ratios: dict[str, Any], targets: dict[str, Any]) -> str:
+    rows = [
+        f"{'workload':15s} {'kv':8s} {'system':19s} {'wall s':>8s} {'out tok/s':>10s} {'prompt tok/s':>12s}"
+        f" {'hit':>6s} {'fill':>6s} {'err':>4s}"
+    ]
+    for name, by_kv in results.items():
+        for kv, cells in by_kv.items():
+            for system, cell in cells.items():
+                if "error" in cell:
+                    rows.append(f"{name:15s} {kv:8s} {system:19s} ERROR {cell['error'][:70]!r}")
+                    continue
+                rows.append(
+                    f"{name:15s} {kv:8s} {system:19s} {_fmt(cell.get('wall_s'), '8.1f')}"
+                    f" {_fmt(cell.get('output_tok_s'), '10.1f')} {_fmt(cell.get('prompt_tok_s'), '12.1f')}"
+                    f" {_fmt(cell.get('cache_hit_rate'), '6.1%')} {_fmt(cell.get('batch_fill'), '6.1%')}"
+                    f" {_fmt(cell.get('errors'), '4d')}"
+                )
+    rows.append("")
+    rows.append("ratios (output tok/s):")
+    for key, entry in ratios.items():
+        parts = [f"{k}={_fmt(v, '.2f')}" for k, v in entry.items()]
+        rows.append(f"  {key:26s} {'  '.join(parts)}")
+    rows.append("targets:")
+    for key, t in targets.items():
+        verdict = {True: "PASS", False: "FAIL", None: "n/a"}[t["pass"]]
+        rows.append(f"  {key:46s} >= {t['min']:<5} {_fmt(t['value'], '6.2f')}  {verdict}")
+    return "\n".join(rows)
+
+
+# ---------------------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=f"every workload x{QUICK_SCALE} (smoke run)")
+    parser.add_argument("--eager", action="store_true", help="enforce_eager in every system (faster starts)")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--kv", default=",".join(KV_CONFIGS))
+    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    args = parser.parse_args(argv)
+    names = [n for n in args.workloads.split(",") if n]
+    kvs = [k for k in args.kv.split(",") if k]
+    systems = [s for s in args.systems.split(",") if s]
+    for given, allowed in ((names, WORKLOADS), (kvs, KV_CONFIGS), (systems, SYSTEMS)):
+        if unknown := set(given) - set(allowed):
+            parser.error(f"unknown {sorted(unknown)}; choose from {', '.join(allowed)}")
+    scale = QUICK_SCALE if args.quick else 1.0
+    out_path = args.out or RESULTS_DIR / ("scheduler-quick.json" if args.quick else "scheduler.json")
+    work = WORK_DIR / ("quick" if args.quick else "full")
+    work.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    began = time.monotonic()
+
+    log(f"generating workloads (scale {scale}) into {work}")
+    manifest = wl.generate(work / "workloads", scale, MODEL_DIR)
+    files = {n: work / "workloads" / f for n, f in wl.WORKLOAD_FILES.items()}
+    model = model_facts(MODEL_DIR)
+    plan = kv_plan(manifest, model["kv_bytes_per_token"])
+    results: dict[str, dict[str, dict[str, Any]]] = {n: {kv: {} for kv in kvs} for n in names}
+    freight_settings: dict[str, Any] = {}
+
+    for kv in kvs:
+        # stacks/engines by KV size: workloads with the same size share one (default: all of them)
+        groups: dict[int, list[str]] = {}
+        for name in names:
+            groups.setdefault(plan[kv][name]["bytes"], []).append(name)
+        for kv_bytes, group in groups.items():
+            with_files = [n for n in group if n != "multi_job"]
+            if "multi_job" in group and "unique" not in group:
+                with_files.append("unique")  # multi_job's engine/run-batch figures are unique's
+            if "engine" in systems and with_files:
+                log(f"engine: {kv} KV ({kv_bytes} bytes): {', '.join(with_files)}")
+                engine_cells = run_engine({n: files[n] for n in with_files}, kv_bytes, work, args.eager)
+                for name, cell in engine_cells.items():
+                    if name in results:
+                        results[name][kv]["engine"] = cell
+                if "multi_job" in group:
+                    same = "the same lines in one file (unique)"
+                    results["multi_job"][kv]["engine"] = {**engine_cells["unique"], "note": same}
+            if "runbatch" in systems:
+                for name in with_files:
+                    log(f"run-batch: {name}, {kv} KV ({kv_bytes} bytes)")
+                    cell = run_runbatch(files[name], kv_bytes, work, args.eager)
+                    if name in results:
+                        results[name][kv]["runbatch"] = cell
+                    if name == "unique" and "multi_job" in group:
+                        results["multi_job"][kv]["runbatch"] = {
+                            **cell,
+                            "note": "the same lines in one file (unique)",
+                        }
+            if "freight" in systems:
+                # unique (multi_job's single job) right before multi_job, on the same stack
+                run_names = [n for n in group if n not in ("unique", "multi_job")]
+                run_names += [n for n in ("unique", "multi_job") if n in group or "multi_job" in group]
+                log(f"freight: {kv} KV ({kv_bytes} bytes): starting a stack for {', '.join(run_names)}")
+                cells, settings = run_freight(
+                    run_names, files, None if kv == "default" else kv_bytes, work, args.eager
+                )
+                if settings:
+                    freight_settings[f"{kv}:{'+'.join(run_names)}"] = settings
+                for name, cell in cells.items():
+                    if name in results:
+                        results[name][kv]["freight"] = cell
+                if "multi_job" in group and "unique" in cells:
+                    results["multi_job"][kv]["freight_single_job"] = {
+                        **cells["unique"],
+                        "note": "the same lines as one batch, same stack, just before the multi-job run",
+                    }
+            partial = {"partial": True, "results": results}
+            out_path.parent.mkdir(parents=True, exist_ok=True)
+            out_path.write_text(json.dumps(partial, indent=2, default=str) + "\n")
+
+    ratios = compute_ratios(results)
+    targets = evaluate_targets(ratios)
+    report = {
+        "benchmark": "scheduler (issue #3)",
+        "generated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "quick": args.quick,
+        "duration_s": round(time.monotonic() - began, 1),
+        "machine": machine_facts(),
+        "model": model,
+        "settings": {
+            "common": {
+                "max_num_seqs": MAX_NUM_SEQS,
+                "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
+                "max_model_len": MAX_MODEL_LEN,
+                "block_size": BLOCK_SIZE,
+                "enable_prefix_caching": True,
+                "enforce_eager": args.eager,
+                "VLLM_CPU_NUM_OF_RESERVED_CPU": os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU"),
+                "tight_factor": TIGHT_FACTOR,
+            },
+            "kv_cache": plan,
+            "engine": "vllm.LLM(..., enable_prefix_caching=True, seed=0, disable_log_stats=False); one "
+            "LLM.chat call per file, lines in file order; start-up and 8 warm-up requests excluded; prefix "
+            "cache reset before each file",
+            "runbatch": "python -m vllm.entrypoints.openai.run_batch --enable-prompt-tokens-details "
+            "--enable-metrics (gauge scraped for fill) --seed 0, limits as above; whole process timed",
+            "freight": freight_settings,
+        },
+        "workloads": manifest,
+        "results": results,
+        "ratios": ratios,
+        "targets": targets,
+        "notes": [
+            "output_tok_s and prompt_tok_s are tokens over each system's wall_s; cache_hit_rate = cached / prompt tokens",
+            "batch_fill: engine = time-weighted num_running_reqs per step; runbatch = mean of the "
+            "vllm:num_requests_running gauge while busy; freight = engine_samples rows (null before the "
+            "scheduler rewrite adds that table)",
+            "multi_job: Freight runs the unique lines as 20 batches from 3 tenants on the stack that just ran "
+            "them as one batch (freight_single_job); engine/runbatch cells are unique's",
+            "unique prompts are shorter than one 128-token block, so a second run of the same lines on the "
+            "same engine finds nothing cached",
+        ],
+    }
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(table(results, ratios, targets))
+    print(f"\nwritten {out_path.relative_to(REPO) if out_path.is_relative_to(REPO) else out_path}"
+          f" in {report['duration_s']:.0f}s")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,309 @@
+"""Deterministic scheduler-benchmark workloads, written as OpenAI batch files.
+
+    python -m bench.workloads OUT_DIR [--scale 0.1] [--model models/demo]
+
+writes OUT_DIR/unique.jsonl, shared_prefix.jsonl, system_prompts.jsonl and manifest.json (requests
+and measured prompt tokens per workload). `split_multi_job` cuts a file into the multi-job pieces.
+
+Text is random words from the fixed list below, drawn with `random.Random(seed)`; lengths are
+measured with the demo model's own tokenizer, so "a 1,000-token document" is 1,000 tokens of the
+model that runs it. The same seed, scale and tokenizer give byte-identical files.
+
+* unique: one user message of about UNIQUE_PROMPT_TOKENS fresh tokens per request (no shared
+  128-token block, so prefix caching cannot help).
+* shared_prefix: DOCS documents of about DOC_TOKENS tokens, QUESTIONS_PER_DOC questions each; the
+  document comes first in the message, so the questions of one document share its blocks.
+  Lines shuffled: which requests share a prefix is left for the runner to find.
+* system_prompts: SYSTEM_PROMPT_REQUESTS requests over SYSTEM_PROMPTS system prompts of about
+  SYSTEM_PROMPT_TOKENS tokens, each with its own short user message; shuffled.
+* multi_job (split_multi_job): a file cut into MULTI_JOB_BATCHES consecutive pieces, tenants
+  assigned round-robin over TENANTS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+SEED = 3  # the issue number; every generator derives its own Random from it
+MODEL_NAME = "demo"  # body.model: the served name in every system
+ENDPOINT = "/v1/chat/completions"
+
+UNIQUE_REQUESTS = 2000
+UNIQUE_PROMPT_TOKENS = 100
+UNIQUE_OUTPUT_TOKENS = 64
+
+DOCS = 200
+DOC_TOKENS = 1000
+QUESTIONS_PER_DOC = 10
+QUESTION_TOKENS = 20
+SHARED_PREFIX_OUTPUT_TOKENS = 16
+
+SYSTEM_PROMPTS = 20
+SYSTEM_PROMPT_TOKENS = 400
+SYSTEM_PROMPT_REQUESTS = 2000
+USER_MESSAGE_TOKENS = 40
+SYSTEM_PROMPTS_OUTPUT_TOKENS = 64
+
+MULTI_JOB_BATCHES = 20
+TENANTS = ("tenant-a", "tenant-b", "tenant-c")
+
+WORKLOAD_FILES = {
+    "unique": "unique.jsonl",
+    "shared_prefix": "shared_prefix.jsonl",
+    "system_prompts": "system_prompts.jsonl",
+}
+
+# Fixed word list (plain English words; no punctuation, so token counts stay predictable).
+_WORD_TEXT = """
+able about above across after again against air all almost along also always among amount
+animal answer any appear apple area arm around art ask away back ball bank base basket bear
+beauty bed before begin behind believe bell below best better between big bird black blood
+blue board boat body bone book border born both bottom box boy brain branch bread break bridge
+bright bring brother brown build burn business busy buy call camp can capital car card care
+carry case cat catch cause cell center chair chance change charge chart check child choose
+church circle city class clean clear climb clock close cloud coast cold collect color column
+come common company compare complete condition consider contain control cook cool copy corn
+corner correct cost cotton could count country course cover cow create crop cross crowd cry
+current cut dance dark day dead deal dear death decide deep degree depend describe desert
+design detail develop die differ direct discuss distant divide doctor dog dollar door double
+down draw dream dress drink drive drop dry duck during early earth east easy eat edge effect
+egg eight either electric element end enemy energy engine enough enter equal even evening
+event ever every exact example except exercise expect experience explain eye face fact fair
+fall family famous far farm fast father fear feed feel few field fig fight figure fill final
+find fine finger finish fire first fish fit five flat floor flow flower fly follow food foot
+force forest form forward four free fresh friend front fruit full game garden gas gather gentle
+girl give glad glass gold good govern grand grass gray great green ground group grow guess
+guide gun hair half hand happen happy hard hat head hear heart heat heavy help high hill history
+hold hole home hope horse hot hour house huge human hunt hurry ice idea inch industry insect
+instant iron island job join joy jump keep key kind king kitchen knew know lady lake land
+language large last late laugh law lead learn leave left leg length letter level lie life lift
+light line liquid list listen little live long look lost loud love low machine main major make
+man many map mark market master match matter meant measure meat meet melody metal method middle
+might mile milk mind minute miss modern moment money month moon morning mother mountain mouth
+move music name nation natural nature near need neighbor never night noise north nose note
+notice number ocean offer office oil old open order organ original other oxygen page paint
+pair paper paragraph parent part party pass past path pattern people period person picture
+piece place plain plan plane planet plant play please plural poem point pole poor port pose
+position possible pound power practice prepare present press pretty print problem process
+produce product protect provide pull push quart question quick quiet quite quotient race radio
+rain raise range rather reach read ready real reason receive record region remember repeat
+reply rest result rich ride right ring rise river road rock roll room root rope rose round row
+rule run safe sail salt same sand save say scale school science score sea search season seat
+second section see seed select self sell send sense sentence separate serve set settle seven
+shape share sharp sheet shell shine ship shoe shop shore short shoulder shout show side sight
+sign silent silver simple since sing single sister sit size skill skin sky sleep slow small
+smell smile snow soft soil soldier solution song sound south space speak special speed spell
+spend spring square stand star start state station stay steam steel step stick still stone
+stood stop store story straight strange stream street stretch string strong student study
+subject success sugar suggest summer sun supply support sure surface surprise swim syllable
+symbol system table tail take talk tall teach team teeth tell temperature test thank thick thin
+thing think third thought thousand three through throw tie time tiny tire together tone tool
+top total touch toward town track trade train travel tree triangle trip trouble truck true try
+tube turn twenty type under unit until usual valley value various verb very view village visit
+voice vowel wait walk wall want warm wash watch water wave wear weather week weight west wheel
+white whole wide wife wild will wind window winter wire wish woman wonder wood word work world
+write wrong yard year yellow young zero
+"""
+WORDS = _WORD_TEXT.split()
+
+
+def load_tokenizer(model_dir: str | Path = "models/demo") -> Any:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    tokenizer.model_max_length = 10**9  # texts are measured whole, never fed to the model from here
+    return tokenizer
+
+
+def count_tokens(tokenizer: Any, text: str) -> int:
+    return len(tokenizer.encode(text, add_special_tokens=False))
+
+
+def text_of_tokens(rng: random.Random, tokenizer: Any, target: int) -> str:
+    """Random words whose tokenization is the shortest prefix reaching `target` tokens.
+
+    Always draws 2 x target words (whatever the tokenizer), so the random stream, and with it
+    every later text, does not depend on where the cut falls.
+    """
+    words = [rng.choice(WORDS) for _ in range(2 * target)]
+    lo, hi = 1, len(words)
+    while lo < hi:  # smallest k with count(words[:k]) >= target
+        mid = (lo + hi) // 2
+        if count_tokens(tokenizer, " ".join(words[:mid])) >= target:
+            hi = mid
+        else:
+            lo = mid + 1
+    return " ".join(words[:lo])
+
+
+def _line(custom_id: str, messages: list[dict[str, str]], output_tokens: int) -> dict[str, Any]:
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": ENDPOINT,
+        "body": {
+            "model": MODEL_NAME,
+            "messages": messages,
+            "max_tokens": output_tokens,
+            "min_tokens": output_tokens,
+            "ignore_eos": True,
+            "temperature": 0,
+        },
+    }
+
+
+def _scaled(n: int, scale: float) -> int:
+    return max(1, round(n * scale))
+
+
+def unique_lines(tokenizer: Any, scale: float = 1.0, seed: int = SEED) -> list[dict[str, Any]]:
+    rng = random.Random(f"{seed}-unique")
+    return [
+        _line(
+            f"unique-{i:05d}",
+            [{"role": "user", "content": text_of_tokens(rng, tokenizer, UNIQUE_PROMPT_TOKENS)}],
+            UNIQUE_OUTPUT_TOKENS,
+        )
+        for i in range(_scaled(UNIQUE_REQUESTS, scale))
+    ]
+
+
+def shared_prefix_lines(tokenizer: Any, scale: float = 1.0, seed: int = SEED) -> list[dict[str, Any]]:
+    rng = random.Random(f"{seed}-shared-prefix")
+    lines = []
+    for d in range(_scaled(DOCS, scale)):
+        doc = text_of_tokens(rng, tokenizer, DOC_TOKENS)
+        for q in range(QUESTIONS_PER_DOC):
+            question = text_of_tokens(rng, tokenizer, QUESTION_TOKENS)
+            content = f"Read the document, then answer the question.\n\n{doc}\n\nQuestion: {question}?"
+            lines.append(
+                _line(
+                    f"doc{d:03d}-q{q:02d}",
+                    [{"role": "user", "content": content}],
+                    SHARED_PREFIX_OUTPUT_TOKENS,
+                )
+            )
+    random.Random(f"{seed}-shared-prefix-order").shuffle(lines)
+    return lines
+
+
+def system_prompt_lines(tokenizer: Any, scale: float = 1.0, seed: int = SEED) -> list[dict[str, Any]]:
+    rng = random.Random(f"{seed}-system-prompts")
+    prompts = [text_of_tokens(rng, tokenizer, SYSTEM_PROMPT_TOKENS) for _ in range(SYSTEM_PROMPTS)]
+    lines = []
+    for i in range(_scaled(SYSTEM_PROMPT_REQUESTS, scale)):
+        s = i % SYSTEM_PROMPTS  # equal share per system prompt
+        messages = [
+            {"role": "system", "content": prompts[s]},
+            {"role": "user", "content": text_of_tokens(rng, tokenizer, USER_MESSAGE_TOKENS)},
+        ]
+        lines.append(_line(f"sys{s:02d}-r{i:05d}", messages, SYSTEM_PROMPTS_OUTPUT_TOKENS))
+    random.Random(f"{seed}-system-prompts-order").shuffle(lines)
+    return lines
+
+
+GENERATORS = {
+    "unique": unique_lines,
+    "shared_prefix": shared_prefix_lines,
+    "system_prompts": system_prompt_lines,
+}
+
+
+def write_jsonl(path: Path, lines: Iterable[dict[str, Any]]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for line in lines:
+            f.write(json.dumps(line, separators=(",", ":")) + "\n")
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def prompt_tokens(tokenizer: Any, line: dict[str, Any]) -> int:
+    """Prompt length as the engine sees it: the chat template applied, generation prompt added."""
+    ids = tokenizer.apply_chat_template(line["body"]["messages"], tokenize=True, add_generation_prompt=True)
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding in newer transformers
+        ids = ids["input_ids"]
+    return len(ids)
+
+
+def describe(tokenizer: Any, lines: list[dict[str, Any]]) -> dict[str, Any]:
+    lengths = [prompt_tokens(tokenizer, line) for line in lines]
+    outputs = [int(line["body"]["max_tokens"]) for line in lines]
+    return {
+        "requests": len(lines),
+        "prompt_tokens_total": sum(lengths),
+        "prompt_tokens_mean": round(sum(lengths) / len(lengths), 1),
+        "prompt_tokens_max": max(lengths),
+        "output_tokens_per_request": max(outputs),
+        "output_tokens_total": sum(outputs),
+    }
+
+
+def generate(
+    out_dir: str | Path, scale: float = 1.0, model_dir: str | Path = "models/demo"
+) -> dict[str, Any]:
+    """Write every workload file into out_dir; return the manifest (also written as manifest.json)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = load_tokenizer(model_dir)
+    manifest: dict[str, Any] = {"seed": SEED, "scale": scale, "tokenizer": str(model_dir), "workloads": {}}
+    for name, make in GENERATORS.items():
+        lines = make(tokenizer, scale)
+        write_jsonl(out / WORKLOAD_FILES[name], lines)
+        manifest["workloads"][name] = {"file": WORKLOAD_FILES[name], **describe(tokenizer, lines)}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def split_multi_job(
+    path: str | Path,
+    out_dir: str | Path,
+    batches: int = MULTI_JOB_BATCHES,
+    tenants: tuple[str, ...] = TENANTS,
+) -> list[dict[str, Any]]:
+    """Cut `path` into `batches` consecutive pieces (sizes differ by at most one line), tenant i % 3.
+
+    Returns [{"tenant", "path", "requests"}] in submission order; the pieces together are exactly
+    the lines of `path`, in order.
+    """
+    lines = Path(path).read_text(encoding="utf-8").splitlines(keepends=True)
+    lines = [line for line in lines if line.strip()]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    batches = max(1, min(batches, len(lines)))
+    pieces = []
+    start = 0
+    for i in range(batches):
+        size = len(lines) // batches + (1 if i < len(lines) % batches else 0)
+        piece = out / f"{Path(path).stem}-part{i:02d}.jsonl"
+        piece.write_text("".join(lines[start : start + size]), encoding="utf-8")
+        pieces.append({"tenant": tenants[i % len(tenants)], "path": str(piece), "requests": size})
+        start += size
+    return pieces
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir")
+    parser.add_argument("--scale", type=float, default=1.0, help="request counts x this (0.1 for smoke runs)")
+    parser.add_argument("--model", default="models/demo", help="checkpoint whose tokenizer measures lengths")
+    args = parser.parse_args(argv)
+    manifest = generate(args.out_dir, args.scale, args.model)
+    for name, info in manifest["workloads"].items():
+        print(
+            f"{name:15s} {info['requests']:6d} requests, prompt tokens mean {info['prompt_tokens_mean']:7.1f}"
+            f" max {info['prompt_tokens_max']:5d}, output {info['output_tokens_per_request']} -> "
+            f"{Path(args.out_dir) / info['file']}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
