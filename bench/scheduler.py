@@ -367,6 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--kv", default=",".join(KV_CONFIGS))
     parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument(
+        "--doc-tokens", type=int, default=wl.DOC_TOKENS, help="shared_prefix document length in tokens"
+    )
     args = parser.parse_args(argv)
     names = [n for n in args.workloads.split(",") if n]
     kvs = [k for k in args.kv.split(",") if k]
@@ -376,14 +379,17 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown {sorted(unknown)}; choose from {', '.join(allowed)}")
     scale = QUICK_SCALE if args.quick else 1.0
     out_path = args.out or RESULTS_DIR / ("scheduler-quick.json" if args.quick else "scheduler.json")
-    work = WORK_DIR / ("quick" if args.quick else "full")
+    work = WORK_DIR / (
+        ("quick" if args.quick else "full")
+        + (f"-docs{args.doc_tokens}" if args.doc_tokens != wl.DOC_TOKENS else "")
+    )
     work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     began = time.monotonic()
 
     log(f"generating workloads (scale {scale}) into {work}")
-    manifest = wl.generate(work / "workloads", scale, MODEL_DIR)
+    manifest = wl.generate(work / "workloads", scale, MODEL_DIR, doc_tokens=args.doc_tokens)
     files = {n: work / "workloads" / f for n, f in wl.WORKLOAD_FILES.items()}
     model = model_facts(MODEL_DIR)
     plan = kv_plan(manifest, model["kv_bytes_per_token"])

@@ -173,11 +173,13 @@ def unique_lines(tokenizer: Any, scale: float = 1.0, seed: int = SEED) -> list[d
     ]
 
 
-def shared_prefix_lines(tokenizer: Any, scale: float = 1.0, seed: int = SEED) -> list[dict[str, Any]]:
+def shared_prefix_lines(
+    tokenizer: Any, scale: float = 1.0, seed: int = SEED, doc_tokens: int = DOC_TOKENS
+) -> list[dict[str, Any]]:
     rng = random.Random(f"{seed}-shared-prefix")
     lines = []
     for d in range(_scaled(DOCS, scale)):
-        doc = text_of_tokens(rng, tokenizer, DOC_TOKENS)
+        doc = text_of_tokens(rng, tokenizer, doc_tokens)
         for q in range(QUESTIONS_PER_DOC):
             question = text_of_tokens(rng, tokenizer, QUESTION_TOKENS)
             content = f"Read the document, then answer the question.\n\n{doc}\n\nQuestion: {question}?"
@@ -247,15 +249,23 @@ def describe(tokenizer: Any, lines: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def generate(
-    out_dir: str | Path, scale: float = 1.0, model_dir: str | Path = "models/demo"
+    out_dir: str | Path,
+    scale: float = 1.0,
+    model_dir: str | Path = "models/demo",
+    doc_tokens: int = DOC_TOKENS,
 ) -> dict[str, Any]:
-    """Write every workload file into out_dir; return the manifest (also written as manifest.json)."""
+    """Write every workload file into out_dir; return the manifest (also written as manifest.json).
+
+    ``doc_tokens`` sets the shared_prefix document length (the issue's shape is about 1,000)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(model_dir)
-    manifest: dict[str, Any] = {"seed": SEED, "scale": scale, "tokenizer": str(model_dir), "workloads": {}}
+    manifest: dict[str, Any] = {
+        "seed": SEED, "scale": scale, "tokenizer": str(model_dir), "doc_tokens": doc_tokens, "workloads": {},
+    }  # fmt: skip
     for name, make in GENERATORS.items():
-        lines = make(tokenizer, scale)
+        options = {"doc_tokens": doc_tokens} if name == "shared_prefix" else {}
+        lines = make(tokenizer, scale, **options)
         write_jsonl(out / WORKLOAD_FILES[name], lines)
         manifest["workloads"][name] = {"file": WORKLOAD_FILES[name], **describe(tokenizer, lines)}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")

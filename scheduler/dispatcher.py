@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import distinct, func, or_, select, update
 
 from scheduler.deadlines import BatchLoad, Sample, assess, measured_rates
-from scheduler.leases import RunningUnit, plan_redelivery
+from scheduler.leases import QueuedUnit, RunningUnit, plan_redelivery, plan_requeue
 from scheduler.lifecycle import finish_if_done, stop_batch
 from scheduler.packing import Candidate, plan_packs
 from storage.models import Batch, EngineSample, UnitStatus, WorkUnit, new_id
@@ -29,6 +29,7 @@ class TickReport:
     expired: list[str] = field(default_factory=list)
     redelivered: list[int] = field(default_factory=list)
     given_up: list[int] = field(default_factory=list)
+    requeued: list[int] = field(default_factory=list)  # queued units whose message was lost
     enqueued: list[int] = field(default_factory=list)  # unit ids
     packs: list[str] = field(default_factory=list)
     at_risk: list[str] = field(default_factory=list)
@@ -39,16 +40,18 @@ def tick(rt: Runtime, now: float) -> TickReport:
     report = TickReport()
     expire_overdue(rt, int(now), report)
     redeliver_stale(rt, now, report)
-    urgency = assess_deadlines(rt, now, report)
+    rates = measured_throughput(rt, now)
+    requeue_lost(rt, now, report, rates)
+    urgency = assess_deadlines(rt, now, report, rates)
     enqueue_units(rt, now, report, urgency)
     start_finalization(rt, int(now), report)
     return report
 
 
-def assess_deadlines(rt: Runtime, now: float, report: TickReport) -> dict[str, tuple[bool, bool]]:
-    """Flag (and unflag) batches at risk from measured throughput; batch id -> (urgent, at_risk)."""
-    settings = rt.settings
-    with rt.db.write() as s:
+def measured_throughput(rt: Runtime, now: float) -> dict[str, float]:
+    """Requests/s per model over the throughput window, from the engines' samples."""
+    window = rt.settings.throughput_window_seconds
+    with rt.db.read() as s:
         samples = [
             Sample(*row)
             for row in s.execute(
@@ -58,9 +61,50 @@ def assess_deadlines(rt: Runtime, now: float, report: TickReport) -> dict[str, t
                     EngineSample.started_at,
                     EngineSample.seconds,
                     EngineSample.requests,
-                ).where(EngineSample.started_at >= now - settings.throughput_window_seconds)
+                ).where(EngineSample.started_at >= now - window)
             )
         ]
+    return measured_rates(samples, now, window)
+
+
+def requeue_lost(rt: Runtime, now: float, report: TickReport, rates: dict[str, float]) -> None:
+    """Queued units whose pack message went with a dead worker go back to be packed again."""
+    settings = rt.settings
+    with rt.db.write() as s:
+        queued = [
+            QueuedUnit(*row)
+            for row in s.execute(
+                select(WorkUnit.id, WorkUnit.model, WorkUnit.enqueued_at).where(
+                    WorkUnit.status == UnitStatus.QUEUED
+                )
+            )
+        ]
+        stale = plan_requeue(
+            queued,
+            now,
+            rates,
+            lease_seconds=settings.lease_seconds,
+            depth=settings.queue_depth,
+            pack_requests=settings.pack_requests,
+        )
+        for unit in stale:
+            changed = s.execute(
+                update(WorkUnit)
+                .where(WorkUnit.id == unit.unit_id, WorkUnit.status == UnitStatus.QUEUED)
+                .values(status=UnitStatus.PENDING, pack_id=None)
+            ).rowcount
+            if changed:
+                report.requeued.append(unit.unit_id)
+    if report.requeued:
+        log.warning("units %s waited too long in the queue; packing them again", report.requeued)
+
+
+def assess_deadlines(
+    rt: Runtime, now: float, report: TickReport, rates: dict[str, float]
+) -> dict[str, tuple[bool, bool]]:
+    """Flag (and unflag) batches at risk from measured throughput; batch id -> (urgent, at_risk)."""
+    settings = rt.settings
+    with rt.db.write() as s:
         batches = s.scalars(
             select(Batch).where(Batch.status == BatchStatus.IN_PROGRESS).with_for_update()
         ).all()
@@ -73,12 +117,7 @@ def assess_deadlines(rt: Runtime, now: float, report: TickReport) -> dict[str, t
             )
             for b in batches
         ]
-        verdicts = assess(
-            loads,
-            measured_rates(samples, now, settings.throughput_window_seconds),
-            now,
-            settings.urgent_slack_seconds,
-        )
+        verdicts = assess(loads, rates, now, settings.urgent_slack_seconds)
         for b in batches:
             at_risk = verdicts[b.id][1]
             if at_risk and b.at_risk_since is None:

@@ -28,3 +28,41 @@ def plan_redelivery(
             continue
         (give_up if unit.attempts >= max_attempts else retry).append(unit)
     return retry, give_up
+
+
+@dataclass(frozen=True)
+class QueuedUnit:
+    unit_id: int
+    model: str
+    enqueued_at: float | None
+
+
+def requeue_after(rate: float | None, lease_seconds: float, depth: int, pack_requests: int) -> float:
+    """How long a unit may sit queued before its message counts as lost (seconds).
+
+    A pack task reserved by a worker that then died is invisible in Redis until the visibility
+    timeout (hours). A queued pack normally waits behind at most ``depth`` packs, so twice that
+    at the measured rate (requests/s), and never less than a lease, is generous.
+    """
+    if not rate:
+        return lease_seconds
+    return max(lease_seconds, 2 * depth * pack_requests / rate)
+
+
+def plan_requeue(
+    queued: Iterable[QueuedUnit],
+    now: float,
+    rates: dict[str, float],
+    *,
+    lease_seconds: float,
+    depth: int,
+    pack_requests: int,
+) -> list[QueuedUnit]:
+    """Queued units whose message has waited too long: pack and send them again (a late original
+    is harmless: the claim lets only one delivery run a unit)."""
+    return [
+        u
+        for u in queued
+        if u.enqueued_at is not None
+        and now - u.enqueued_at > requeue_after(rates.get(u.model), lease_seconds, depth, pack_requests)
+    ]

@@ -11,3 +11,21 @@ def test_redelivery_after_lease_and_give_up_after_attempts():
     retry, give_up = plan_redelivery(running, now=100.0, lease_seconds=30, max_attempts=3)
     assert [u.unit_id for u in retry] == [2, 3]
     assert [u.unit_id for u in give_up] == [4]
+
+
+def test_requeue_waits_a_lease_or_twice_the_queue_at_the_measured_rate():
+    from scheduler.leases import QueuedUnit, plan_requeue, requeue_after
+
+    assert requeue_after(None, 60, depth=2, pack_requests=1024) == 60
+    assert requeue_after(10.0, 60, depth=2, pack_requests=1024) == 2 * 2 * 1024 / 10
+    assert requeue_after(1000.0, 60, depth=2, pack_requests=1024) == 60
+    queued = [
+        QueuedUnit(1, "fast", enqueued_at=930.0),  # 70 s > 60 s lease
+        QueuedUnit(2, "fast", enqueued_at=950.0),  # 50 s: fine
+        QueuedUnit(3, "slow", enqueued_at=700.0),  # 300 s < 409.6 s at 10 req/s
+        QueuedUnit(4, "slow", enqueued_at=500.0),  # 500 s: lost
+        QueuedUnit(5, "idle", enqueued_at=None),
+    ]
+    stale = plan_requeue(queued, 1000.0, {"fast": 1000.0, "slow": 10.0}, lease_seconds=60, depth=2,
+                         pack_requests=1024)  # fmt: skip
+    assert [u.unit_id for u in stale] == [1, 4]
