@@ -22,14 +22,12 @@ import functools
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from scheduler.ordering import KEY_TOKEN_BYTES, prompt_key
-
-CHAT = "/v1/chat/completions"
-COMPLETIONS = "/v1/completions"
+from workers.protocol import CHAT, COMPLETIONS
 
 _NO_LIMIT = 1 << 62
 _MAX_CACHED_PIECE = 64 * 1024  # characters: longer pieces are tokenized every time
@@ -140,10 +138,6 @@ class PromptKeyer:
             return self._key_text(*job)
         except Exception:
             return b""
-
-    def keys(self, endpoint: str, bodies: Iterable[dict]) -> list[bytes]:
-        """``[key(endpoint, b) for b in bodies]`` (a convenience for callers working in chunks)."""
-        return [self.key(endpoint, body) for body in bodies]
 
     # -- internals -----------------------------------------------------------------------------
 

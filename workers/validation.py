@@ -212,18 +212,25 @@ def _row(key: bytes, line: int, payload: bytes) -> ShardRow:
 
 
 def prompt_keys(settings: Settings) -> PromptKeyFn:
-    """Sort keys from each served model's own tokenizer and chat template (loaded once)."""
-    from workers.prompts import keyer_for
+    """Sort keys from each served model's own tokenizer and chat template (each loaded once)."""
+    from workers.prompts import PromptKeyer, keyer_for
+
+    keyers: dict[str, PromptKeyer | None] = {}
+
+    def keyer_of(model: str) -> PromptKeyer | None:
+        if model not in keyers:
+            try:
+                keyers[model] = keyer_for(settings.models[model], settings.sort_key_tokens)
+            except Exception:  # no tokenizer files: that model's rows keep file order
+                log.warning(
+                    "no tokenizer for model %r; its requests are not prefix-ordered", model, exc_info=True
+                )
+                keyers[model] = None
+        return keyers[model]
 
     def key(model: str, endpoint: str, body: dict) -> bytes:
-        try:
-            keyer = keyer_for(settings.models[model], settings.sort_key_tokens)
-        except Exception:  # no tokenizer files: that model's rows keep file order
-            log.warning(
-                "no tokenizer for model %r; its requests are not prefix-ordered", model, exc_info=True
-            )
-            return b""
-        return keyer.key(endpoint, body)
+        keyer = keyer_of(model)
+        return keyer.key(endpoint, body) if keyer is not None else b""
 
     return key
 

@@ -208,39 +208,23 @@ def test_free_port_is_bindable_and_respects_exclude() -> None:
             s.bind(("127.0.0.1", port))
 
 
+def services_cli(env: dict[str, str], *args: str) -> str:
+    """``python -m infra.services ARGS`` as an operator runs it; its stdout."""
+    return subprocess.run(
+        [sys.executable, "-m", "infra.services", *args],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+
+
 def test_cli_up_redis_and_stop_all(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     port = services.free_port()
-    out = subprocess.run(
-        [sys.executable, "-m", "infra.services", "up-redis", str(tmp_path), str(port)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
+    out = services_cli(env, "up-redis", str(tmp_path), str(port))
     assert f"REDIS_URL=redis://127.0.0.1:{port}/0" in out
     pid = services.read_pidfile(tmp_path / "redis.pid")[0]
     assert services.pid_alive(pid)
-    status = subprocess.run(
-        [sys.executable, "-m", "infra.services", "status", str(tmp_path)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
+    status = services_cli(env, "status", str(tmp_path))
     assert f"redis\t{pid}\trunning" in status
-    out = subprocess.run(
-        [sys.executable, "-m", "infra.services", "stop-all", str(tmp_path)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
+    out = services_cli(env, "stop-all", str(tmp_path))
     assert "redis" in out
     assert _gone(pid)

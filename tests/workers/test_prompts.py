@@ -118,11 +118,6 @@ def test_max_tokens_truncates(demo_model: Path, keyer: PromptKeyer):
     assert short.key(COMPLETIONS, {"prompt": SYSTEM}) == keyer.key(COMPLETIONS, {"prompt": SYSTEM})[:64]
 
 
-def test_keys_matches_key(keyer: PromptKeyer):
-    bodies = [chat(("system", SYSTEM), ("user", f"question {i}")) for i in range(20)] + [{"messages": 3}]
-    assert keyer.keys(CHAT, bodies) == [keyer.key(CHAT, b) for b in bodies]
-
-
 def test_without_the_piece_cache_keys_are_the_same(demo_model: Path, keyer: PromptKeyer):
     plain = PromptKeyer(keyer.tokenizer, 2048)
     plain._split = None  # the path for tokenizers whose added-token split is not exact
