@@ -4,14 +4,19 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 RUN_DIR := var/run
 MODEL_DIR := models/demo
+BENCH_MODEL_DIR := models/bench
 
-.PHONY: run stop test lint install model bench clean
+.PHONY: run stop test lint install model bench-model bench clean
 
 install:
 	@bash infra/install.sh
 
 model: install
 	@$(PY) infra/build_demo_model.py $(MODEL_DIR)
+
+# the benchmark model: the demo model's tokenizer and layout at 4x the per-token compute
+bench-model: install
+	@$(PY) infra/build_demo_model.py $(BENCH_MODEL_DIR) --hidden 512 --heads 8 --kv-heads 2 --intermediate 1536
 
 run: model
 	@bash infra/run_demo.sh
@@ -29,7 +34,7 @@ test: model lint
 	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m pytest -p no:cacheprovider -q
 
 # the scheduler benchmark (bench/README.md): writes bench/results/scheduler.json; BENCH_ARGS=--quick for a smoke run
-bench: model
+bench: model bench-model
 	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m bench.scheduler $(BENCH_ARGS)
 
 clean: stop

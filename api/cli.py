@@ -173,6 +173,7 @@ def engine_config(settings: Settings, model: str):  # type: ignore[no-untyped-de
         max_num_seqs=settings.engine_max_num_seqs,
         max_model_len=settings.engine_max_model_len or None,
         kv_cache_bytes=int(settings.engine_kv_cache_gib * 1024**3),
+        block_size=settings.engine_block_size or None,
         enforce_eager=settings.engine_enforce_eager,
         default_max_tokens=settings.engine_default_max_tokens or None,
     )

@@ -123,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         kwargs["max_model_len"] = args.max_model_len
     if args.kv_cache_bytes:
         kwargs["kv_cache_memory_bytes"] = args.kv_cache_bytes
+    if args.block_size:
+        kwargs["block_size"] = args.block_size
     started = time.monotonic()
     llm = LLM(
         model=args.model,

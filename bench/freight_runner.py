@@ -61,6 +61,7 @@ class FreightStack:
     kv_cache_bytes: int | None = None  # None: Freight's default FREIGHT_ENGINE_KV_CACHE_GIB
     max_model_len: int | None = None
     enforce_eager: bool = False
+    block_size: int | None = None  # None: Freight's default FREIGHT_ENGINE_BLOCK_SIZE
     tenants: tuple[str, ...] = ("bench",)
     extra_env: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
@@ -91,6 +92,8 @@ class FreightStack:
             env["FREIGHT_ENGINE_KV_CACHE_GIB"] = kv_gib(self.kv_cache_bytes)
         if self.max_model_len:
             env["FREIGHT_ENGINE_MAX_MODEL_LEN"] = str(self.max_model_len)
+        if self.block_size:
+            env["FREIGHT_ENGINE_BLOCK_SIZE"] = str(self.block_size)
         env.update(self.extra_env)
         return env
 

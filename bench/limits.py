@@ -12,4 +12,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--kv-cache-bytes", type=int, default=None)
+    parser.add_argument(
+        "--block-size", type=int, default=None, help="KV block (tokens); vLLM's default if unset"
+    )
     parser.add_argument("--enforce-eager", action="store_true")

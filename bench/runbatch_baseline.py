@@ -51,6 +51,7 @@ def command(
     max_model_len: int | None,
     kv_cache_bytes: int | None,
     enforce_eager: bool,
+    block_size: int | None = None,
     metrics_port: int | None = None,
 ) -> list[str]:
     argv = [
@@ -69,6 +70,8 @@ def command(
         argv += ["--kv-cache-memory-bytes", str(kv_cache_bytes)]
     if enforce_eager:
         argv.append("--enforce-eager")
+    if block_size:
+        argv += ["--block-size", str(block_size)]
     if metrics_port:
         argv += ["--enable-metrics", "--host", "127.0.0.1", "--port", str(metrics_port)]
     return argv
@@ -195,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         max_model_len=args.max_model_len,
         kv_cache_bytes=args.kv_cache_bytes,
         enforce_eager=args.enforce_eager,
+        block_size=args.block_size,
     )
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

@@ -161,7 +161,7 @@ def _scaled(n: int, scale: float) -> int:
     return max(1, round(n * scale))
 
 
-def unique_lines(tokenizer: Any, scale: float = 1.0, seed: int = SEED) -> list[dict[str, Any]]:
+def unique_lines(tokenizer: Any, scale: float = 1.0, seed: int | str = SEED) -> list[dict[str, Any]]:
     rng = random.Random(f"{seed}-unique")
     return [
         _line(
@@ -253,10 +253,13 @@ def generate(
     scale: float = 1.0,
     model_dir: str | Path = "models/demo",
     doc_tokens: int = DOC_TOKENS,
+    unique_repeats: int = 1,
 ) -> dict[str, Any]:
     """Write every workload file into out_dir; return the manifest (also written as manifest.json).
 
-    ``doc_tokens`` sets the shared_prefix document length (the issue's shape is about 1,000)."""
+    ``doc_tokens`` sets the shared_prefix document length (the issue's shape is about 1,000).
+    ``unique_repeats`` > 1 adds unique-r1.jsonl, ...: the same shape with other prompts (seed
+    ``SEED-r1``...), so a repeated run on a warm engine finds nothing of the last one cached."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(model_dir)
@@ -268,8 +271,18 @@ def generate(
         lines = make(tokenizer, scale, **options)
         write_jsonl(out / WORKLOAD_FILES[name], lines)
         manifest["workloads"][name] = {"file": WORKLOAD_FILES[name], **describe(tokenizer, lines)}
+    manifest["unique_repeat_files"] = [WORKLOAD_FILES["unique"]]
+    for r in range(1, unique_repeats):
+        name = repeat_file(r)
+        write_jsonl(out / name, unique_lines(tokenizer, scale, seed=f"{SEED}-r{r}"))
+        manifest["unique_repeat_files"].append(name)
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def repeat_file(r: int) -> str:
+    """File name of repeat r of unique (r = 0 is unique.jsonl itself)."""
+    return WORKLOAD_FILES["unique"] if r == 0 else f"unique-r{r}.jsonl"
 
 
 def split_multi_job(

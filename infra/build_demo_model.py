@@ -6,7 +6,8 @@ The weights are random (fixed seed), so the text it writes is noise; what matter
 every code path (chat template, tokenization, sampling, structured outputs, prefix
 caching, usage accounting) is exercised for real and quickly.
 
-Usage:  python infra/build_demo_model.py [OUT_DIR] [--force]     (default: models/demo)
+Usage:  python infra/build_demo_model.py [OUT_DIR] [--force] [--hidden N --layers N --heads N
+            --kv-heads N --intermediate N]     (default: models/demo, the shape below)
 
 Idempotent: if OUT_DIR/config.json exists the build is skipped unless --force is given.
 The build goes to a temporary sibling directory that is renamed into place at the end,
@@ -27,15 +28,31 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 SEED = 0
 VOCAB_SIZE = 4096
-HIDDEN = 256
-LAYERS = 4
-HEADS = 4
-KV_HEADS = 2
-INTERMEDIATE = 768
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Transformer dimensions. The default is the demo model; benchmarks may ask for a larger one
+    (`--hidden 512 --layers 8 ...`) so that compute, not per-step overhead, dominates."""
+
+    hidden: int = 256
+    layers: int = 4
+    heads: int = 4
+    kv_heads: int = 2
+    intermediate: int = 768
+
+    def check(self) -> None:
+        if self.hidden % self.heads or self.heads % self.kv_heads:
+            raise ValueError(f"hidden must divide by heads and heads by kv_heads: {self}")
+        for dim in (self.hidden, self.intermediate, self.hidden // self.heads * self.kv_heads):
+            if dim % 32:
+                raise ValueError(f"every linear dimension must be a multiple of 32 (INT4 kernels): {self}")
+
 MAX_POSITIONS = 2048
 
 PAD, BOS, EOS, IM_START, IM_END = "<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"
@@ -171,19 +188,19 @@ def build_tokenizer(out_dir: Path) -> None:
     )
 
 
-def build_weights(out_dir: Path, ids: dict[str, int]) -> None:
+def build_weights(out_dir: Path, ids: dict[str, int], shape: Shape) -> None:
     """Random Llama weights (fixed seed), saved as bf16 safetensors with config files."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
         vocab_size=VOCAB_SIZE,
-        hidden_size=HIDDEN,
-        intermediate_size=INTERMEDIATE,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS,
-        head_dim=HIDDEN // HEADS,
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        head_dim=shape.hidden // shape.heads,
         max_position_embeddings=MAX_POSITIONS,
         rms_norm_eps=1e-5,
         rope_theta=10000.0,
@@ -208,8 +225,9 @@ def build_weights(out_dir: Path, ids: dict[str, int]) -> None:
     ).save_pretrained(out_dir)
 
 
-def build(out_dir: Path, force: bool = False) -> bool:
+def build(out_dir: Path, force: bool = False, shape: Shape = Shape()) -> bool:
     """Build into out_dir; returns False when an existing build was kept."""
+    shape.check()
     out_dir = Path(out_dir)
     if (out_dir / "config.json").exists() and not force:
         return False
@@ -222,7 +240,7 @@ def build(out_dir: Path, force: bool = False) -> bool:
         tok = Tokenizer.from_file(str(tmp / "tokenizer.json"))
         ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
         assert [ids[t] for t in SPECIAL_TOKENS] == list(range(len(SPECIAL_TOKENS))), ids
-        build_weights(tmp, ids)
+        build_weights(tmp, ids, shape)
         (tmp / "README.md").write_text(
             "Freight demo model: random weights (seed 0), locally trained byte-level BPE.\n"
             "Built by infra/build_demo_model.py; outputs are noise by design.\n"
@@ -251,9 +269,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir", nargs="?", default="models/demo", help="output directory")
     parser.add_argument("--force", action="store_true", help="rebuild even if it exists")
+    default = Shape()
+    for name in ("hidden", "layers", "heads", "kv_heads", "intermediate"):
+        flag = "--" + name.replace("_", "-")
+        parser.add_argument(flag, type=int, default=getattr(default, name))
     args = parser.parse_args(argv)
+    shape = Shape(args.hidden, args.layers, args.heads, args.kv_heads, args.intermediate)
     start = time.monotonic()
-    built = build(Path(args.out_dir), force=args.force)
+    try:
+        built = build(Path(args.out_dir), force=args.force, shape=shape)
+    except ValueError as exc:
+        parser.error(str(exc))
     if built:
         print(f"built demo model in {args.out_dir} ({time.monotonic() - start:.1f} s)")
     else:

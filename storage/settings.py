@@ -69,6 +69,9 @@ class Settings:
     engine_max_model_len: int = 0  # 0: the checkpoint's own
     engine_kv_cache_gib: float = 1.0
     engine_enforce_eager: bool = False
+    # KV block in tokens (0: vLLM's platform default, 128 on CPU). Only whole blocks are shared by
+    # the prefix cache, so smaller blocks reuse more of a shared prefix; the CPU kernel needs x32.
+    engine_block_size: int = 0
     engine_default_max_tokens: int = 1024  # when a request sets neither max_tokens field
     # liveness of work units
     heartbeat_seconds: float = 5.0
@@ -107,6 +110,8 @@ class Settings:
             raise SettingsError("FREIGHT_UNIT_SIZE must be at least 1")
         if self.pack_requests < 1 or self.queue_depth < 1:
             raise SettingsError("FREIGHT_PACK_REQUESTS and FREIGHT_QUEUE_DEPTH must be at least 1")
+        if self.engine_block_size < 0 or self.engine_block_size % 16:
+            raise SettingsError("FREIGHT_ENGINE_BLOCK_SIZE must be 0 (vLLM's default) or a multiple of 16")
         return replace(self, **changes)  # type: ignore[arg-type]
 
     @property

@@ -63,6 +63,7 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
     kv_cache_bytes: int | None = None
+    block_size: int | None = None
     enforce_eager: bool = False
     seed: int = 0
     default_max_tokens: int | None = None
@@ -180,6 +181,8 @@ class Engine:
             kwargs["max_num_batched_tokens"] = config.max_num_batched_tokens
         if config.max_model_len:
             kwargs["max_model_len"] = config.max_model_len
+        if config.block_size:
+            kwargs["block_size"] = config.block_size
         args = EngineArgs(
             model=config.model_path,
             served_model_name=config.served_name,
