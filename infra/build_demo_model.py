@@ -53,6 +53,7 @@ class Shape:
             if dim % 32:
                 raise ValueError(f"every linear dimension must be a multiple of 32 (INT4 kernels): {self}")
 
+
 MAX_POSITIONS = 2048
 
 PAD, BOS, EOS, IM_START, IM_END = "<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"
