@@ -7,6 +7,7 @@ import logging
 from flask import Flask, jsonify
 
 from api.errors import register_error_handlers
+from api.metrics import register_metrics
 from storage.settings import Settings
 from workers.runtime import Runtime
 
@@ -24,6 +25,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     from api.views.v1 import bp as v1
 
     app.register_blueprint(v1)
+    register_metrics(app)
 
     @app.get("/healthz")
     def healthz():  # type: ignore[no-untyped-def]

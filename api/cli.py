@@ -199,5 +199,38 @@ def tick() -> None:
     click.echo(run_tick(Runtime(_settings()), time.time()))
 
 
+@main.command()
+@click.option(
+    "--since", default="7d", show_default=True, help="window start: 7d, 24h, 90m, 3600s ago, or ISO (UTC)"
+)
+@click.option("--until", default=None, help="window end (default now): same forms as --since")
+@click.option("--tenant", default=None, help="only this tenant (by name)")
+@click.option("--model", default=None, help="only this model")
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True
+)
+def report(since: str, until: str | None, tenant: str | None, model: str | None, fmt: str) -> None:
+    """Usage, cost and SLA per tenant and model of the batches that finished in a window."""
+    from api.report_format import format_report
+    from api.services.reports import parse_since, usage_report
+    from workers.runtime import Runtime
+
+    now = time.time()
+    times: dict[str, float] = {}
+    for name, text in (("--since", since), ("--until", until)):
+        try:
+            times[name] = now if text is None else parse_since(text, now)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint=name) from exc
+    if times["--until"] <= times["--since"]:
+        raise click.BadParameter("must be later than --since", param_hint="--until")
+    rt = Runtime(_settings())
+    try:
+        rows = usage_report(rt, times["--since"], times["--until"], tenant, model)
+    finally:
+        rt.db.dispose()
+    click.echo(format_report(rows, fmt), nl=False)
+
+
 if __name__ == "__main__":
     main()

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from api.services.paging import Page
+from scheduler.metering import MICROS_PER_DOLLAR, charged_micros, per_million
 from storage.models import Batch, StoredFile
+from storage.status import BatchStatus
 
 
 def file_object(f: StoredFile) -> dict[str, Any]:
@@ -60,11 +62,44 @@ def batch_object(b: Batch) -> dict[str, Any]:
         "x_freight": {
             "priority": b.priority,
             "deadline": b.expires_at,
+            "eta": b.eta_at if not BatchStatus(b.status).is_terminal else None,
             "at_risk": b.at_risk_since is not None,
             "at_risk_since": b.at_risk_since,
+            "sla_met": b.sla_met,
+            "warnings": b.warnings or [],
             # cached prompt tokens / prompt tokens, as vLLM reported them per request
             "cache_hit_rate": round(b.cached_tokens / b.prompt_tokens, 4) if b.prompt_tokens else None,
+            "cost": cost_object(b),
         },
+    }
+
+
+def cost_object(b: Batch) -> dict[str, Any]:
+    """Dollars: the engine time's cost, times the SLA tier's multiplier, per 1M tokens of each
+    kind, and the same tokens at the model's list price (None where none is configured)."""
+    m = b.price_multiplier
+    total = charged_micros(b.cost_micros, m)
+    uncached = max(0, b.prompt_tokens - b.cached_tokens)
+    list_price = b.list_price_micros
+
+    def rate(micros: int, tokens: int) -> float | None:
+        value = per_million(charged_micros(micros, m), tokens)
+        return None if value is None else round(value, 6)
+
+    return {
+        "currency": "usd",
+        "engine_seconds": round(b.engine_seconds, 3),
+        "engine_cost": b.cost_micros / MICROS_PER_DOLLAR,
+        "price_multiplier": m,
+        "total": total / MICROS_PER_DOLLAR,
+        "per_1m_tokens": {
+            "input": rate(b.cost_input_micros, uncached),
+            "cached_input": rate(b.cost_cached_micros, b.cached_tokens),
+            "output": rate(b.cost_output_micros, b.completion_tokens),
+            "all": rate(b.cost_micros, b.prompt_tokens + b.completion_tokens),
+        },
+        "list_price": None if list_price is None else list_price / MICROS_PER_DOLLAR,
+        "saving": round(1 - total / list_price, 4) if list_price else None,
     }
 
 

@@ -44,6 +44,13 @@ def main() -> int:
         counts = batch.request_counts
         print(f"  {batch.status:<11} {counts.completed + counts.failed}/{counts.total} done", flush=True)
     print(f"{batch.id}: {batch.status}; usage {batch.usage.model_dump() if batch.usage else None}")
+    cost = (batch.model_extra or {}).get("x_freight", {}).get("cost")
+    if cost:  # Freight's extension block: what the engine time cost, and per 1M tokens
+        per_1m = cost["per_1m_tokens"]["all"]
+        print(
+            f"  cost ${cost['total']:.6f} for {cost['engine_seconds']} engine s"
+            + (f" (${per_1m:.4f} per 1M tokens)" if per_1m is not None else "")
+        )
     if batch.status == "failed":
         for error in batch.errors.data:
             print(f"  line {error.line}: {error.code}: {error.message}")

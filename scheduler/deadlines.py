@@ -10,6 +10,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from scheduler.metering import eta
+
 
 @dataclass(frozen=True)
 class Sample:
@@ -62,6 +64,21 @@ def slack(load: BatchLoad, ahead: int, rate: float | None, now: float) -> float:
     """Seconds to spare: the deadline, less now, less the time to run this batch's rest and the
     ``ahead`` requests that earliest-deadline-first would run before it."""
     return load.deadline - now - seconds_needed(load.remaining + ahead, rate)
+
+
+def etas(loads: Iterable[BatchLoad], rates: Mapping[str, float], now: float) -> dict[str, float | None]:
+    """batch id -> estimated finish (epoch seconds), running each model's batches earliest
+    deadline first at its measured rate; None where no rate is known yet."""
+    finish: dict[str, float | None] = {}
+    by_model: dict[str, list[BatchLoad]] = defaultdict(list)
+    for load in loads:
+        by_model[load.model].append(load)
+    for model, items in by_model.items():
+        ahead = 0
+        for load in sorted(items, key=lambda b: (b.deadline, b.batch_id)):
+            finish[load.batch_id] = eta(load.remaining, ahead, rates.get(model), now)
+            ahead += load.remaining
+    return finish
 
 
 def assess(

@@ -12,10 +12,12 @@ import math
 from dataclasses import dataclass, field
 
 from sqlalchemy import distinct, func, or_, select, update
+from sqlalchemy.orm import Session
 
-from scheduler.deadlines import BatchLoad, Sample, assess, measured_rates
+from scheduler.deadlines import BatchLoad, Sample, assess, etas, measured_rates
 from scheduler.leases import QueuedUnit, RunningUnit, plan_redelivery, plan_requeue
 from scheduler.lifecycle import finish_if_done, stop_batch
+from scheduler.metering import AdmissionDecision, admit, eta
 from scheduler.packing import Candidate, plan_packs
 from storage.models import Batch, EngineSample, UnitStatus, WorkUnit, new_id
 from storage.status import BatchStatus
@@ -118,7 +120,9 @@ def assess_deadlines(
             for b in batches
         ]
         verdicts = assess(loads, rates, now, settings.urgent_slack_seconds)
+        finish = etas(loads, rates, now)
         for b in batches:
+            b.eta_at = None if finish[b.id] is None else math.ceil(finish[b.id])
             at_risk = verdicts[b.id][1]
             if at_risk and b.at_risk_since is None:
                 b.at_risk_since = int(now)
@@ -128,6 +132,27 @@ def assess_deadlines(
     for batch_id in report.at_risk:
         log.warning("batch %s is at risk of missing its deadline at the measured throughput", batch_id)
     return verdicts
+
+
+def admit_batch(
+    rt: Runtime, s: Session, batch: Batch, model: str, requests: int, now: float, rates: dict[str, float]
+) -> AdmissionDecision:
+    """Admission control for a batch that just passed validation (so its model and size are known):
+    its ETA behind every batch of the model due no later than it, at the measured rate, against its
+    deadline, decided by ``FREIGHT_ADMISSION``. Sets the batch's first ETA."""
+    ahead = s.scalar(
+        select(
+            func.coalesce(func.sum(Batch.request_total - Batch.request_completed - Batch.request_failed), 0)
+        ).where(
+            Batch.status == BatchStatus.IN_PROGRESS,
+            Batch.model == model,
+            Batch.expires_at <= batch.expires_at,
+            Batch.id != batch.id,
+        )
+    )
+    finish = eta(requests, int(ahead or 0), rates.get(model), now)
+    batch.eta_at = None if finish is None else math.ceil(finish)
+    return admit(finish, batch.expires_at, rt.settings.admission, batch.completion_window)
 
 
 def expire_overdue(rt: Runtime, now: int, report: TickReport) -> None:

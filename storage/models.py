@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     Float,
     ForeignKey,
     Index,
@@ -113,6 +114,19 @@ class Batch(Base):
     priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # set while measured throughput says the rest cannot finish before expires_at (epoch seconds)
     at_risk_since: Mapped[int | None] = mapped_column(BigInteger)
+    # metering (money in integer micro-dollars, so sums are exact): engine cost is the sum of the
+    # batch's unit costs; the parts split it by token kind; the price is what the tier charges
+    engine_seconds: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    cost_micros: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    cost_input_micros: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    cost_cached_micros: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    cost_output_micros: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    price_multiplier: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")
+    list_price_micros: Mapped[int | None] = mapped_column(BigInteger)  # same tokens at list price
+    # SLA: the live ETA from the queue ahead and measured throughput; met or not once final
+    eta_at: Mapped[int | None] = mapped_column(BigInteger)
+    sla_met: Mapped[bool | None] = mapped_column(Boolean)
+    warnings: Mapped[list[str] | None] = mapped_column(JSON)  # e.g. admitted past its ETA
 
 
 class UnitStatus:
@@ -165,6 +179,18 @@ class WorkUnit(Base):
     pack_id: Mapped[str | None] = mapped_column(String(40))  # the pack it was last queued in
     # mean of running sequences / max_num_seqs while its requests were in the engine
     mean_fill: Mapped[float | None] = mapped_column(Float)
+    # metering: the unit's share of its engine's busy time and cost (see workers/accounting.py),
+    # the KV entries its decode read, the model it ran on, and utilization over that share
+    engine_seconds: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    cost_micros: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    cost_input_micros: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    cost_cached_micros: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    cost_output_micros: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    kv_tokens_read: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    model_parameters: Mapped[int | None] = mapped_column(BigInteger)
+    bytes_per_parameter: Mapped[float | None] = mapped_column(Float)
+    mfu: Mapped[float | None] = mapped_column(Float)
+    mbu: Mapped[float | None] = mapped_column(Float)
 
 
 class EngineSample(Base):
@@ -186,3 +212,9 @@ class EngineSample(Base):
     cached_tokens: Mapped[int] = mapped_column(BigInteger)
     output_tokens: Mapped[int] = mapped_column(BigInteger)
     requests: Mapped[int] = mapped_column(Integer)  # finished in the period
+    # metering of the period (seconds is busy time: idle periods write no row): its cost, the
+    # decode KV reads, and utilization estimates (None without an accelerator description)
+    cost_micros: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    kv_tokens_read: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    mfu: Mapped[float | None] = mapped_column(Float)
+    mbu: Mapped[float | None] = mapped_column(Float)

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
+from scheduler.metering import ADMISSION_POLICIES, Accelerator, ListPrice, SlaTier, parse_tiers
+
 _DURATION = re.compile(r"^(\d+)(s|m|h|d)$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -39,6 +41,24 @@ def parse_models(text: str) -> dict[str, str]:
     return models
 
 
+def parse_list_prices(text: str) -> dict[str, ListPrice]:
+    """``"demo=0.15/0.075/0.6"`` -> {model: ListPrice($/1M input, cached input, output)}."""
+    prices: dict[str, ListPrice] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, values = item.partition("=")
+        parts = values.split("/")
+        try:
+            numbers = [float(p) for p in parts]
+        except ValueError:
+            numbers = []
+        if not sep or not name.strip() or len(numbers) != 3 or min(numbers) < 0:
+            raise SettingsError(
+                f"FREIGHT_LIST_PRICES entries are MODEL=INPUT/CACHED/OUTPUT dollars per 1M tokens, got {item!r}"
+            )
+        prices[name.strip()] = ListPrice(*numbers)
+    return prices
+
+
 @dataclass(frozen=True)
 class Settings:
     data_dir: Path = Path("var")
@@ -50,7 +70,18 @@ class Settings:
     api_port: int = 8080
     # served name -> checkpoint directory (the model registry issue moves this into the database)
     models: Mapping[str, str] = field(default_factory=dict)
+    # SLA tiers: accepted completion_window values, each with an optional price multiplier
+    # ("1h:2,4h:1.5,24h,7d:0.75"; no multiplier means 1)
     completion_windows: tuple[str, ...] = ("24h",)
+    admission: str = "warn"  # a batch whose ETA is past its deadline: off | warn | refuse
+    # metering: what one engine worker's machine costs and can do (the model registry issue moves
+    # these per worker pool); peak FLOP/s at the serving dtype, memory bandwidth, memory size
+    instance_price_per_hour: float = 0.0
+    accelerator_peak_tflops: float = 0.0  # 0: unknown, MFU not estimated
+    accelerator_bandwidth_gbs: float = 0.0  # 0: unknown, MBU not estimated
+    accelerator_memory_gib: float = 0.0
+    # list price per model, $ per 1M input/cached input/output tokens: "demo=0.15/0.075/0.6,..."
+    list_prices: str = ""
     max_requests_per_file: int = 50_000
     max_file_bytes: int = 200 * 1024 * 1024
     max_line_bytes: int = 8 * 1024 * 1024
@@ -102,10 +133,17 @@ class Settings:
             changes["database_url"] = f"sqlite:///{data_dir / 'freight.db'}"
         if not self.object_store_url:
             changes["object_store_url"] = f"file://{data_dir / 'objects'}"
-        for window in self.completion_windows:
-            parse_duration(window)
         if not self.completion_windows:
             raise SettingsError("FREIGHT_COMPLETION_WINDOWS needs at least one window")
+        try:
+            parse_tiers(",".join(self.completion_windows))
+        except ValueError as exc:
+            raise SettingsError(f"FREIGHT_COMPLETION_WINDOWS: {exc}") from exc
+        if self.admission not in ADMISSION_POLICIES:
+            raise SettingsError(f"FREIGHT_ADMISSION must be one of {', '.join(ADMISSION_POLICIES)}")
+        if self.instance_price_per_hour < 0:
+            raise SettingsError("FREIGHT_INSTANCE_PRICE_PER_HOUR cannot be negative")
+        parse_list_prices(self.list_prices)
         if self.unit_size < 1:
             raise SettingsError("FREIGHT_UNIT_SIZE must be at least 1")
         if self.pack_requests < 1 or self.queue_depth < 1:
@@ -115,8 +153,28 @@ class Settings:
         return replace(self, **changes)  # type: ignore[arg-type]
 
     @property
+    def sla_tiers(self) -> tuple[SlaTier, ...]:
+        return parse_tiers(",".join(self.completion_windows))
+
+    def tier(self, window: str) -> SlaTier | None:
+        """The configured tier of a completion_window value, or None if it is not offered."""
+        return next((t for t in self.sla_tiers if t.window == window), None)
+
+    @property
     def default_window(self) -> str:
-        return "24h" if "24h" in self.completion_windows else self.completion_windows[0]
+        windows = [t.window for t in self.sla_tiers]
+        return "24h" if "24h" in windows else windows[0]
+
+    def list_price(self, model: str) -> ListPrice | None:
+        return parse_list_prices(self.list_prices).get(model)
+
+    @property
+    def accelerator(self) -> Accelerator:
+        return Accelerator(
+            peak_flops=self.accelerator_peak_tflops * 1e12,
+            memory_bandwidth=self.accelerator_bandwidth_gbs * 1e9,
+            memory_bytes=int(self.accelerator_memory_gib * 1024**3),
+        )
 
 
 def _convert(name: str, type_name: object, raw: str) -> object:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import enum
 from typing import Protocol
 
+from scheduler.metering import sla_met
+
 
 class BatchStatus(enum.StrEnum):
     VALIDATING = "validating"
@@ -58,6 +60,8 @@ class IllegalTransition(RuntimeError):
 
 class HasStatus(Protocol):
     status: str
+    expires_at: int
+    sla_met: bool | None
 
 
 def can_transition(current: str, target: BatchStatus) -> bool:
@@ -65,9 +69,14 @@ def can_transition(current: str, target: BatchStatus) -> bool:
 
 
 def transition(batch: HasStatus, target: BatchStatus, now: int) -> None:
-    """Move ``batch`` to ``target`` and stamp ``<target>_at`` with ``now`` (epoch seconds)."""
+    """Move ``batch`` to ``target`` and stamp ``<target>_at`` with ``now`` (epoch seconds).
+
+    A final state records the SLA verdict, except for a file that failed validation: it never
+    ran, so it neither meets nor misses its SLA."""
     current = BatchStatus(batch.status)
     if target not in TRANSITIONS[current]:
         raise IllegalTransition(current, target)
     batch.status = target.value
     setattr(batch, STAMP[target], now)
+    if target.is_terminal and current != BatchStatus.VALIDATING:
+        batch.sla_met = sla_met(now, batch.expires_at, target.value)

@@ -36,9 +36,12 @@ from typing import IO
 from sqlalchemy import ColumnElement, and_, select, update
 
 from scheduler.lifecycle import abort_reason, finish_if_done
+from scheduler.metering import TokenWork, engine_cost_micros, kv_reads, mbu, mfu
 from storage.models import Batch, EngineSample, UnitStatus, WorkUnit
 from storage.shards import ShardRow, read_shard
 from storage.status import BatchStatus
+from workers.accounting import CostMeter, UnitMeter
+from workers.checkpoint import model_shape
 from workers.engine import ABORTED_STATUS, Engine, EngineRequest, EngineResult
 from workers.results import encode, request_error_line, stopped_line, success_line
 from workers.runtime import Runtime
@@ -123,6 +126,7 @@ class ActiveUnit:
     fill_seconds: float = 0.0  # time-weighted sum of fill while its requests were in the engine
     seconds: float = 0.0
     in_engine: int = 0
+    meter: UnitMeter = field(default_factory=UnitMeter)  # its engine time and cost so far
 
     @property
     def done(self) -> bool:
@@ -144,6 +148,13 @@ class _Sample:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     output_tokens: int = 0
+    kv_tokens_read: int = 0
+
+    @property
+    def work(self) -> TokenWork:
+        return TokenWork(
+            self.prompt_tokens, self.cached_tokens, self.output_tokens, self.requests, self.kv_tokens_read
+        )
 
 
 def _spool() -> IO[bytes]:
@@ -173,6 +184,9 @@ class PackRunner:
         self._finished: queue.Queue[ActiveUnit | None] = queue.Queue()  # for the recorder
         self._sample = _Sample()
         self._sample_lock = threading.Lock()
+        self._meter = CostMeter(rt.settings.instance_price_per_hour, rt.settings.sample_seconds)
+        self._done: list[ActiveUnit] = []  # finished units, handed on once their share is settled
+        self.shape = model_shape(engine.config.model_path)
         self._closing = threading.Event()
         self._stopped = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -260,6 +274,7 @@ class PackRunner:
                 started = time.monotonic()
                 self._apply_stops()
                 self._top_up()
+                self._settle()
                 if engine.load == 0:
                     with self._lock:
                         if not self._feed and not self._stopped.is_set():
@@ -269,6 +284,7 @@ class PackRunner:
                 self._account(time.monotonic() - started)  # busy time: top-up and step
                 for result in results:
                     self._deliver(result)
+                self._settle()
         except BaseException as exc:  # the engine died: nothing more runs in this process
             log.exception("engine loop failed; giving this worker's units back")
             self.failure = exc
@@ -328,6 +344,7 @@ class PackRunner:
             sample.steps += 1
             sample.running += stats.running * elapsed
             sample.waiting += stats.waiting * elapsed
+        self._meter.busy(elapsed)
         for unit in {u for u, _ in self._keys.values()}:
             if unit.in_engine:
                 unit.fill_seconds += fill * elapsed
@@ -348,11 +365,15 @@ class PackRunner:
             tally.cached_tokens += result.cached_tokens
             tally.completion_tokens += result.completion_tokens
             unit.out.write(encode(success_line(custom_id, result.body)))
+            reads = kv_reads(result.prompt_tokens, result.completion_tokens)
+            work = TokenWork(result.prompt_tokens, result.cached_tokens, result.completion_tokens, 1, reads)
+            self._meter.finished(unit.claim.unit_id, unit.meter, work)
             with self._sample_lock:
                 self._sample.requests += 1
                 self._sample.prompt_tokens += result.prompt_tokens
                 self._sample.cached_tokens += result.cached_tokens
                 self._sample.output_tokens += result.completion_tokens
+                self._sample.kv_tokens_read += reads
         elif result is None or result.status_code == ABORTED_STATUS:
             tally.failed += 1
             unit.err.write(encode(stopped_line(custom_id, unit.reason or "batch_cancelled")))
@@ -363,6 +384,15 @@ class PackRunner:
             )
         unit.results += 1
         if unit.done:
+            self._done.append(unit)
+
+    def _settle(self) -> None:
+        """Close the metering period when a unit finished or it is due, then hand finished units
+        to the recorder: a unit's share of the engine's time is settled before it is recorded."""
+        if self._done or self._meter.due:
+            self._meter.close()
+        done, self._done = self._done, []
+        for unit in done:
             self._finished.put(unit)
 
     # ------------------------------------------------------------------ recorder
@@ -400,6 +430,14 @@ class PackRunner:
         tally = unit.tally
         now = time.time()
         fill = unit.fill_seconds / unit.seconds if unit.seconds else None
+        meter = unit.meter
+        metering = {
+            "engine_seconds": meter.engine_seconds,
+            "cost_micros": meter.cost_micros,
+            "cost_input_micros": meter.parts["input"],
+            "cost_cached_micros": meter.parts["cached_input"],
+            "cost_output_micros": meter.parts["output"],
+        }
         with self.rt.db.write() as s:
             done = s.execute(
                 update(WorkUnit)
@@ -416,6 +454,9 @@ class PackRunner:
                     output_key=output_key,
                     error_key=error_key,
                     mean_fill=fill,
+                    kv_tokens_read=meter.work.kv_tokens_read,
+                    **metering,
+                    **self._utilization(meter.work, meter.engine_seconds, round(meter.steps)),
                 )
             ).rowcount
             if not done:
@@ -431,12 +472,14 @@ class PackRunner:
                     prompt_tokens=Batch.prompt_tokens + tally.prompt_tokens,
                     cached_tokens=Batch.cached_tokens + tally.cached_tokens,
                     completion_tokens=Batch.completion_tokens + tally.completion_tokens,
+                    **{k: getattr(Batch, k) + v for k, v in metering.items()},
                 )
             )
             batch = s.get(Batch, claim.batch_id, with_for_update=True)
             ready = batch is not None and finish_if_done(s, batch, int(now))
         log.info(
-            "unit %s (%s #%d): %d ok, %d failed, %d prompt (%d cached) + %d output tokens, fill %s",
+            "unit %s (%s #%d): %d ok, %d failed, %d prompt (%d cached) + %d output tokens, fill %s, "
+            "%.2f engine s, %d micro-$",
             claim.unit_id,
             claim.batch_id,
             claim.seq,
@@ -446,6 +489,8 @@ class PackRunner:
             tally.cached_tokens,
             tally.completion_tokens,
             f"{fill:.2f}" if fill is not None else "-",
+            meter.engine_seconds,
+            meter.cost_micros,
         )
         if ready:
             self.rt.queue.finalize(claim.batch_id)
@@ -521,6 +566,9 @@ class PackRunner:
             sample, self._sample = self._sample, _Sample()
         if sample.steps == 0 or sample.seconds <= 0:
             return  # idle periods are not samples: rates measure capacity while busy
+        utilization = self._utilization(sample.work, sample.seconds, sample.steps)
+        utilization.pop("model_parameters")
+        utilization.pop("bytes_per_parameter")
         with self.rt.db.write() as s:
             s.add(
                 EngineSample(
@@ -536,5 +584,20 @@ class PackRunner:
                     cached_tokens=sample.cached_tokens,
                     output_tokens=sample.output_tokens,
                     requests=sample.requests,
+                    kv_tokens_read=sample.kv_tokens_read,
+                    cost_micros=engine_cost_micros(sample.seconds, self.rt.settings.instance_price_per_hour),
+                    **utilization,
                 )
             )
+
+    def _utilization(self, work: TokenWork, seconds: float, steps: int) -> dict[str, float | int | None]:
+        """MFU and MBU estimates (None without the model's shape or the accelerator's figures)."""
+        shape, acc = self.shape, self.rt.settings.accelerator
+        if shape is None:
+            return {"model_parameters": None, "bytes_per_parameter": None, "mfu": None, "mbu": None}
+        return {
+            "model_parameters": shape.parameters,
+            "bytes_per_parameter": shape.bytes_per_parameter,
+            "mfu": mfu(work, seconds, shape, acc),
+            "mbu": mbu(steps, work, seconds, shape, acc),
+        }

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from sqlalchemy import or_, select, update
 
 from scheduler.lifecycle import unfinished_units
+from scheduler.metering import TokenWork, list_price_micros
 from storage.models import Batch, StoredFile, UnitStatus, WorkUnit, new_id
 from storage.objectstore import CHUNK
 from storage.shards import read_shard
@@ -23,6 +24,15 @@ from workers.results import encode, stopped_line
 from workers.runtime import Runtime
 
 log = logging.getLogger(__name__)
+
+
+METERED = (
+    "engine_seconds",
+    "cost_micros",
+    "cost_input_micros",
+    "cost_cached_micros",
+    "cost_output_micros",
+)
 
 
 def _claim(rt: Runtime, batch_id: str, now: float) -> Batch | None:
@@ -87,6 +97,11 @@ def finalize_batch(rt: Runtime, batch_id: str) -> str | None:
         batch.prompt_tokens = sum(u.prompt_tokens for u in units)
         batch.cached_tokens = sum(u.cached_tokens for u in units)
         batch.completion_tokens = sum(u.completion_tokens for u in units)
+        for column in METERED:  # the batch's cost is exactly the sum of its units' shares
+            setattr(batch, column, sum(getattr(u, column) for u in units))
+        price = rt.settings.list_price(batch.model or "")
+        work = TokenWork(batch.prompt_tokens, batch.cached_tokens, batch.completion_tokens)
+        batch.list_price_micros = list_price_micros(work, price) if price else None
         if batch.status == BatchStatus.CANCELLING:
             final = BatchStatus.CANCELLED
         elif batch.final_status == BatchStatus.EXPIRED:

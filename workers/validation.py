@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from scheduler.dispatcher import admit_batch, measured_throughput
 from scheduler.ordering import SortStats, sort_records
 from storage.models import Batch, StoredFile, WorkUnit
 from storage.objectstore import iter_lines
@@ -307,11 +308,30 @@ def validate_batch(rt: Runtime, batch_id: str) -> None:
     )
 
     now = int(time.time())
+    rates = measured_throughput(rt, now) if not summary.error_count else {}
     with rt.db.write() as s:
         batch = s.get(Batch, batch_id, with_for_update=True)
         if batch is None or batch.status != BatchStatus.VALIDATING:
             return
-        if summary.error_count:
+        admission = None
+        if not summary.error_count:
+            admission = admit_batch(rt, s, batch, summary.model or "", summary.rows, now, rates)
+        if admission is not None and not admission.accept:
+            batch.errors = {
+                "object": "list",
+                "data": [
+                    {
+                        "code": "sla_unattainable",
+                        "message": admission.warning,
+                        "param": "completion_window",
+                        "line": None,
+                    }
+                ],
+            }
+            batch.request_total = 0
+            transition(batch, BatchStatus.FAILED, now)
+            log.warning("batch %s refused: %s", batch_id, admission.warning)
+        elif summary.error_count:
             data = [e.as_openai() for e in summary.errors]
             if summary.error_count > len(data):
                 data.append(
@@ -341,4 +361,6 @@ def validate_batch(rt: Runtime, batch_id: str) -> None:
                 for seq, (key, first, n, prefix) in enumerate(units)
             ]
             s.add_all(units_made)
+            if admission is not None and admission.warning:
+                batch.warnings = [admission.warning]
             transition(batch, BatchStatus.IN_PROGRESS, now)

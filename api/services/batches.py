@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
+
+from sqlalchemy.orm import Session
 
 from api.errors import ServiceError
 from api.services.paging import Page, page
 from scheduler.lifecycle import stop_batch
+from scheduler.metering import SlaTier
 from storage.models import Batch, StoredFile, new_id
-from storage.settings import parse_duration
 from storage.status import BatchStatus
 from workers.protocol import ENDPOINTS
 from workers.runtime import Runtime
@@ -38,7 +41,27 @@ def check_metadata(metadata: Any) -> dict[str, str] | None:
     return metadata
 
 
+@dataclass(frozen=True)
+class BatchRequest:
+    """A checked create request; ``add`` turns it into a row inside the caller's transaction."""
+
+    input_file_id: str
+    endpoint: str
+    window: str
+    tier: SlaTier
+    metadata: dict[str, str] | None
+    priority: int
+
+
 def create(rt: Runtime, tenant_id: str, payload: Any) -> Batch:
+    request = check_request(rt, payload)
+    with rt.db.write() as s:
+        batch = add(s, tenant_id, request, int(time.time()))
+    rt.queue.validate(batch.id)  # after the commit that made the row
+    return batch
+
+
+def check_request(rt: Runtime, payload: Any) -> BatchRequest:
     if not isinstance(payload, dict):
         raise ServiceError("invalid_request", "the request body must be a JSON object")
     input_file_id = payload.get("input_file_id")
@@ -53,11 +76,11 @@ def create(rt: Runtime, tenant_id: str, payload: Any) -> Batch:
             param="endpoint",
             code="invalid_endpoint",
         )
-    if window not in rt.settings.completion_windows:
+    tier = rt.settings.tier(window) if isinstance(window, str) else None
+    if tier is None:
+        offered = ", ".join(t.window for t in rt.settings.sla_tiers)
         raise ServiceError(
-            "invalid_request",
-            f"completion_window must be one of {', '.join(rt.settings.completion_windows)}",
-            param="completion_window",
+            "invalid_request", f"completion_window must be one of {offered}", param="completion_window"
         )
     metadata = check_metadata(payload.get("metadata"))
     priority = payload.get("priority", 0)
@@ -65,31 +88,37 @@ def create(rt: Runtime, tenant_id: str, payload: Any) -> Batch:
         raise ServiceError(
             "invalid_request", "priority must be an integer from -100 to 100", param="priority"
         )
-    now = int(time.time())
-    with rt.db.write() as s:
-        source = s.get(StoredFile, input_file_id)
-        if source is None or source.tenant_id != tenant_id or source.deleted_at is not None:
-            raise ServiceError("not_found", f"No such File object: {input_file_id}", param="input_file_id")
-        if source.purpose != "batch":
-            raise ServiceError(
-                "invalid_request",
-                "input_file_id must be a file uploaded with purpose=batch",
-                param="input_file_id",
-            )
-        batch = Batch(
-            id=new_id("batch_"),
-            tenant_id=tenant_id,
-            endpoint=endpoint,
-            input_file_id=input_file_id,
-            completion_window=window,
-            status=BatchStatus.VALIDATING.value,
-            metadata_=metadata,
-            priority=priority,
-            created_at=now,
-            expires_at=now + parse_duration(window),
+    return BatchRequest(input_file_id, endpoint, window, tier, metadata, priority)
+
+
+def add(s: Session, tenant_id: str, request: BatchRequest, now: int) -> Batch:
+    """The new ``validating`` batch, added in the caller's transaction; the caller enqueues its
+    validation after the commit."""
+    source = s.get(StoredFile, request.input_file_id)
+    if source is None or source.tenant_id != tenant_id or source.deleted_at is not None:
+        raise ServiceError(
+            "not_found", f"No such File object: {request.input_file_id}", param="input_file_id"
         )
-        s.add(batch)
-    rt.queue.validate(batch.id)  # after the commit that made the row
+    if source.purpose != "batch":
+        raise ServiceError(
+            "invalid_request",
+            "input_file_id must be a file uploaded with purpose=batch",
+            param="input_file_id",
+        )
+    batch = Batch(
+        id=new_id("batch_"),
+        tenant_id=tenant_id,
+        endpoint=request.endpoint,
+        input_file_id=request.input_file_id,
+        completion_window=request.window,
+        status=BatchStatus.VALIDATING.value,
+        metadata_=request.metadata,
+        priority=request.priority,
+        created_at=now,
+        expires_at=now + request.tier.seconds,
+        price_multiplier=request.tier.price_multiplier,
+    )
+    s.add(batch)
     return batch
 
 

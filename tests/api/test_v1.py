@@ -135,8 +135,14 @@ def test_batch_create_and_object_shape(client, keys):  # type: ignore[no-untyped
     assert batch["request_counts"] == {"total": 0, "completed": 0, "failed": 0}
     assert batch["usage"]["input_tokens_details"] == {"cached_tokens": 0}
     assert batch["x_freight"] == {
-        "priority": 7, "deadline": batch["expires_at"], "at_risk": False, "at_risk_since": None,
-        "cache_hit_rate": None,
+        "priority": 7, "deadline": batch["expires_at"], "eta": None, "at_risk": False,
+        "at_risk_since": None, "sla_met": None, "warnings": [], "cache_hit_rate": None,
+        "cost": {
+            "currency": "usd", "engine_seconds": 0.0, "engine_cost": 0.0, "price_multiplier": 1.0,
+            "total": 0.0,
+            "per_1m_tokens": {"input": None, "cached_input": None, "output": None, "all": None},
+            "list_price": None, "saving": None,
+        },
     }  # fmt: skip
     assert client.get(f"/v1/batches/{batch['id']}", headers=keys["a"]).get_json() == batch
 
@@ -145,6 +151,7 @@ def test_batch_create_and_object_shape(client, keys):  # type: ignore[no-untyped
     ("change", "status", "param"),
     [
         ({"completion_window": "2h"}, 400, "completion_window"),
+        ({"completion_window": 24}, 400, "completion_window"),
         ({"endpoint": "/v1/embeddings"}, 400, "endpoint"),
         ({"input_file_id": "file-nope"}, 404, "input_file_id"),
         ({"input_file_id": None}, 400, "input_file_id"),

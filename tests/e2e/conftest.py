@@ -50,6 +50,11 @@ def start_live(
         "FREIGHT_ENGINE_KV_CACHE_GIB": "0.5",
         "FREIGHT_ENGINE_MAX_NUM_SEQS": "32",
         "FREIGHT_ENGINE_DEFAULT_MAX_TOKENS": "16",
+        # metering: $3.60/h is $0.001 per engine second; rough figures for a 2-core AVX-512 VM
+        "FREIGHT_INSTANCE_PRICE_PER_HOUR": "3.6",
+        "FREIGHT_ACCELERATOR_PEAK_TFLOPS": "0.5",
+        "FREIGHT_ACCELERATOR_BANDWIDTH_GBS": "20",
+        "FREIGHT_LIST_PRICES": "demo=0.15/0.075/0.6",
         **overrides,
     }
     stack = up(run_dir, env, workers_per_model=workers_per_model)

@@ -51,3 +51,19 @@ def test_risk_is_monotone_in_deadline_order(specs, rate):
         assert not risk or urgent  # at risk implies urgent
         ahead = sum(o.remaining for o in loads if (o.deadline, o.batch_id) < (load.deadline, load.batch_id))
         assert risk == (load.deadline - 1000 - (ahead + load.remaining) / rate < 0)
+
+
+def test_etas_run_each_models_batches_earliest_deadline_first():
+    from scheduler.deadlines import etas
+
+    loads = [
+        BatchLoad("late", "m", deadline=2000, remaining=100),
+        BatchLoad("soon", "m", deadline=1000, remaining=50),
+        BatchLoad("other", "n", deadline=500, remaining=10),
+        BatchLoad("done", "m", deadline=100, remaining=0),
+    ]
+    finish = etas(loads, {"m": 10.0}, now=0.0)
+    assert finish["soon"] == 5.0  # 50 requests at 10/s
+    assert finish["late"] == 15.0  # behind "soon": 150 requests
+    assert finish["done"] == 0.0  # nothing left: now
+    assert finish["other"] is None  # no measured rate for model n yet

@@ -5,8 +5,10 @@ import pytest
 from storage.status import STAMP, TRANSITIONS, BatchStatus, IllegalTransition, transition
 
 
-def batch(status: str) -> SimpleNamespace:
-    return SimpleNamespace(status=status, **{col: None for col in STAMP.values()})
+def batch(status: str, expires_at: int = 1000) -> SimpleNamespace:
+    return SimpleNamespace(
+        status=status, expires_at=expires_at, sla_met=None, **{col: None for col in STAMP.values()}
+    )
 
 
 def test_happy_path_stamps_each_state_once():
@@ -53,3 +55,19 @@ def test_cancel_and_expiry_paths():
     transition(e, BatchStatus.FINALIZING, 20)
     transition(e, BatchStatus.EXPIRED, 21)
     assert e.expired_at == 21
+
+
+def test_final_states_record_the_sla_verdict():
+    def run(path, now, expires_at=1000):
+        b = batch("validating", expires_at)
+        for target in path:
+            transition(b, target, now)
+        return b.sla_met
+
+    S = BatchStatus
+    assert run([S.IN_PROGRESS, S.FINALIZING, S.COMPLETED], now=1000) is True
+    assert run([S.IN_PROGRESS, S.FINALIZING, S.COMPLETED], now=1001) is False  # late
+    assert run([S.IN_PROGRESS, S.FINALIZING, S.EXPIRED], now=1000) is False
+    assert run([S.IN_PROGRESS, S.FINALIZING, S.FAILED], now=10) is False
+    assert run([S.IN_PROGRESS, S.CANCELLING, S.CANCELLED], now=10) is None  # stopped by its owner
+    assert run([S.FAILED], now=10) is None  # an invalid file never ran

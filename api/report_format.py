@@ -1,0 +1,111 @@
+"""``freight report`` output: the usage report's rows as an aligned table, CSV or JSON."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, fields
+
+from api.services.reports import ALL, ReportRow
+
+FORMATS = ("table", "csv", "json")
+FIELDS = tuple(f.name for f in fields(ReportRow))
+
+
+def dollars(value: float | None) -> str:
+    """At least 4 decimals, and as many more (up to 10) as 4 significant digits of a small amount
+    need: 12.5 -> "12.5000", 0.012257 -> "0.01226", 0.000123 -> "0.0001230"."""
+    if value is None:
+        return "-"
+    decimals = 4
+    if 0 < abs(value) < 0.1:
+        decimals = min(10, 3 - math.floor(math.log10(abs(value))))
+    return f"{value:,.{decimals}f}"
+
+
+def percent(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.1f}%"
+
+
+def number(value: float | None, decimals: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{decimals}f}"
+
+
+def count(value: int) -> str:
+    return f"{value:,}"
+
+
+# (header, cell, right-aligned)
+_COLUMNS: tuple[tuple[str, Callable[[ReportRow], str], bool], ...] = (
+    ("tenant", lambda r: r.tenant, False),
+    ("model", lambda r: r.model, False),
+    ("batches", lambda r: count(r.batches), True),
+    ("completed", lambda r: count(r.requests_completed), True),
+    ("failed", lambda r: count(r.requests_failed), True),
+    ("prompt tok", lambda r: count(r.prompt_tokens), True),
+    ("cached tok", lambda r: count(r.cached_tokens), True),
+    ("output tok", lambda r: count(r.output_tokens), True),
+    ("engine s", lambda r: number(r.engine_seconds), True),
+    ("cost $", lambda r: dollars(r.cost), True),
+    ("$/1M tok", lambda r: dollars(r.cost_per_1m_tokens), True),
+    ("$/1M in", lambda r: dollars(r.cost_per_1m_input), True),
+    ("$/1M cached", lambda r: dollars(r.cost_per_1m_cached_input), True),
+    ("$/1M out", lambda r: dollars(r.cost_per_1m_output), True),
+    ("list $", lambda r: dollars(r.list_price), True),
+    ("saving", lambda r: percent(r.saving), True),
+    ("cache hit", lambda r: percent(r.cache_hit_rate), True),
+    ("fill", lambda r: percent(r.mean_fill), True),
+    ("MFU", lambda r: percent(r.mfu), True),
+    ("MBU", lambda r: percent(r.mbu), True),
+    ("out tok/s", lambda r: number(r.output_tok_s), True),
+    ("SLA met", lambda r: f"{r.sla_met}/{r.sla_batches}", True),
+    ("SLA %", lambda r: percent(r.sla_attainment), True),
+    ("goodput b/h", lambda r: number(r.goodput_batches_per_hour, 2), True),
+    ("goodput req/h", lambda r: number(r.goodput_requests_per_hour, 1), True),
+)
+
+
+def format_table(rows: Sequence[ReportRow]) -> str:
+    """Aligned columns (text left, numbers right), a rule under the header and above the total."""
+    cells = [[cell(r) for _, cell, _ in _COLUMNS] for r in rows]
+    header = [name for name, _, _ in _COLUMNS]
+    widths = [max(len(c) for c in column) for column in zip(header, *cells, strict=True)]
+
+    def line(values: Sequence[str]) -> str:
+        return "  ".join(
+            v.rjust(w) if right else v.ljust(w)
+            for v, w, (_, _, right) in zip(values, widths, _COLUMNS, strict=True)
+        ).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    out = [line(header), rule]
+    for r, values in zip(rows, cells, strict=True):
+        if r.tenant == ALL and r.model == ALL:
+            out.append(rule)
+        out.append(line(values))
+    return "\n".join(out) + "\n"
+
+
+def format_csv(rows: Sequence[ReportRow]) -> str:
+    """A header of ReportRow's field names, one line per row; None is an empty cell."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=FIELDS, lineterminator="\n")
+    writer.writeheader()
+    for r in rows:
+        writer.writerow({k: "" if v is None else v for k, v in asdict(r).items()})
+    return buffer.getvalue()
+
+
+def format_json(rows: Sequence[ReportRow]) -> str:
+    """A list of objects keyed by ReportRow's field names; None is null."""
+    return json.dumps([asdict(r) for r in rows], indent=2) + "\n"
+
+
+def format_report(rows: Sequence[ReportRow], fmt: str) -> str:
+    formatters = {"table": format_table, "csv": format_csv, "json": format_json}
+    if fmt not in formatters:
+        raise ValueError(f"unknown report format {fmt!r} (expected {', '.join(FORMATS)})")
+    return formatters[fmt](rows)

@@ -1,0 +1,195 @@
+"""The /metrics snapshot: batch, unit and worker state and the cost and SLA counters, read from
+the database in one transaction at scrape time (so every API process answers the same)."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sqlalchemy import case, func, select
+
+from api.services.reports import (
+    ALL,
+    FINAL_AT,
+    FINAL_STATUSES,
+    NO_MODEL,
+    SLA_WINDOW_SECONDS,
+    UNIT_STATUSES,
+    WORKER_STALE_SECONDS,
+    as_int,
+    consistent_snapshot,
+    in_window,
+    ratio,
+)
+from scheduler.metering import (
+    MICROS_PER_DOLLAR,
+    BatchOutcome,
+    charged_micros,
+    sla_summary,
+)
+from storage.models import Batch, EngineSample, Tenant, WorkUnit
+from storage.status import BatchStatus
+from workers.runtime import Runtime
+
+# --- /metrics ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkerGauges:
+    """One worker's latest engine sample; None where the sample cannot tell (the gauge is left out)."""
+
+    worker: str
+    model: str
+    output_tokens_per_second: float | None
+    prompt_tokens_per_second: float | None
+    batch_fill: float | None
+    cache_hit_rate: float | None
+    mfu: float | None
+    mbu: float | None
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    batches: Mapping[tuple[str, str], int]  # (status, model) -> batches
+    queue_requests: Mapping[str, int]  # model -> requests of in_progress batches not yet finished
+    work_units: Mapping[tuple[str, str], int]  # (model, status) -> units
+    batches_at_risk: Mapping[str, int]  # model -> in_progress batches flagged at risk
+    workers: tuple[WorkerGauges, ...]  # workers with a sample in the last WORKER_STALE_SECONDS
+    engine_busy_seconds: Mapping[tuple[str, str], float]  # (worker, model), all samples
+    engine_cost_dollars: Mapping[tuple[str, str], float]  # (worker, model), all samples
+    tokens: Mapping[tuple[str, str], int]  # (model, kind: prompt | cached | output), all samples
+    batch_cost_dollars: Mapping[tuple[str, str], float]  # (tenant, model), charged, final batches
+    sla_batches: Mapping[tuple[str, str, str], int]  # (tenant, model, met: "true" | "false")
+    sla_attainment: Mapping[tuple[str, str], float]  # (tenant, model), last SLA_WINDOW_SECONDS
+
+
+def metrics_snapshot(rt: Runtime, now: float) -> MetricsSnapshot:
+    """Everything GET /metrics reports, read in one transaction. Gauges of batch and unit counts
+    list every status (0 included) for every model seen or configured, so a count that drops to 0
+    reads 0 rather than vanishing."""
+    with rt.db.read() as s:
+        consistent_snapshot(s, rt.db.is_sqlite)
+        batch_counts = {
+            (status, model or NO_MODEL): int(n)
+            for status, model, n in s.execute(
+                select(Batch.status, Batch.model, func.count()).group_by(Batch.status, Batch.model)
+            )
+        }
+        active = (Batch.status == BatchStatus.IN_PROGRESS.value,)
+        remaining = func.sum(
+            case(
+                (
+                    Batch.request_total > Batch.request_completed + Batch.request_failed,
+                    Batch.request_total - Batch.request_completed - Batch.request_failed,
+                ),
+                else_=0,
+            )
+        )
+        queue = {
+            model or NO_MODEL: as_int(n)
+            for model, n in s.execute(select(Batch.model, remaining).where(*active).group_by(Batch.model))
+        }
+        at_risk = {
+            model or NO_MODEL: int(n)
+            for model, n in s.execute(
+                select(Batch.model, func.count())
+                .where(*active, Batch.at_risk_since.is_not(None))
+                .group_by(Batch.model)
+            )
+        }
+        unit_counts = {
+            (model, status): int(n)
+            for model, status, n in s.execute(
+                select(WorkUnit.model, WorkUnit.status, func.count()).group_by(
+                    WorkUnit.model, WorkUnit.status
+                )
+            )
+        }
+        recent = s.execute(
+            select(EngineSample)
+            .where(EngineSample.started_at + EngineSample.seconds >= now - WORKER_STALE_SECONDS)
+            .order_by(EngineSample.started_at, EngineSample.id)
+        ).scalars()
+        latest = {(r.worker, r.model): r for r in recent}  # ordered, so the last one wins
+        busy: dict[tuple[str, str], float] = {}
+        engine_cost: dict[tuple[str, str], float] = {}
+        tokens: dict[tuple[str, str], int] = {}
+        for worker, model, secs, cost, prompt, cached, output in s.execute(
+            select(
+                EngineSample.worker,
+                EngineSample.model,
+                func.sum(EngineSample.seconds),
+                func.sum(EngineSample.cost_micros),
+                func.sum(EngineSample.prompt_tokens),
+                func.sum(EngineSample.cached_tokens),
+                func.sum(EngineSample.output_tokens),
+            ).group_by(EngineSample.worker, EngineSample.model)
+        ):
+            busy[(worker, model)] = float(secs or 0.0)
+            engine_cost[(worker, model)] = as_int(cost) / MICROS_PER_DOLLAR
+            for kind, n in (("prompt", prompt), ("cached", cached), ("output", output)):
+                tokens[(model, kind)] = tokens.get((model, kind), 0) + as_int(n)
+        # the charge is rounded per batch; batches that cost nothing charge nothing
+        charged: dict[tuple[str, str], int] = defaultdict(int)
+        for tenant, model, cost, mult in s.execute(
+            select(Tenant.name, Batch.model, Batch.cost_micros, Batch.price_multiplier)
+            .join(Tenant, Tenant.id == Batch.tenant_id)
+            .where(Batch.status.in_(FINAL_STATUSES), Batch.cost_micros > 0)
+        ):
+            charged[(tenant, model or NO_MODEL)] += charged_micros(cost, mult)
+        sla_batches = {
+            (tenant, model or NO_MODEL, "true" if met else "false"): int(n)
+            for tenant, model, met, n in s.execute(
+                select(Tenant.name, Batch.model, Batch.sla_met, func.count())
+                .join(Tenant, Tenant.id == Batch.tenant_id)
+                .where(Batch.sla_met.is_not(None))
+                .group_by(Tenant.name, Batch.model, Batch.sla_met)
+            )
+        }
+        since = now - SLA_WINDOW_SECONDS
+        until = math.floor(now) + 1  # stamps are whole seconds: take the current one in
+        outcomes = [
+            BatchOutcome(tenant, model or NO_MODEL, final_at, met, done)
+            for tenant, model, final_at, met, done in s.execute(
+                select(Tenant.name, Batch.model, FINAL_AT, Batch.sla_met, Batch.request_completed)
+                .join(Tenant, Tenant.id == Batch.tenant_id)
+                .where(*in_window(since, until), Batch.sla_met.is_not(None))
+            )
+        ]
+    models = {m for _, m in batch_counts} | {m for m, _ in unit_counts} | set(rt.settings.models)
+    return MetricsSnapshot(
+        batches={(st, m): batch_counts.get((st, m), 0) for m in sorted(models) for st in BatchStatus},
+        queue_requests={m: queue.get(m, 0) for m in sorted(models)},
+        work_units={
+            (m, st): unit_counts.get((m, st), 0)
+            for m in sorted(models)
+            for st in sorted(UNIT_STATUSES | {st for _, st in unit_counts})
+        },
+        batches_at_risk={m: at_risk.get(m, 0) for m in sorted(models)},
+        workers=tuple(_worker_gauges(latest[key]) for key in sorted(latest)),
+        engine_busy_seconds=busy,
+        engine_cost_dollars=engine_cost,
+        tokens=tokens,
+        batch_cost_dollars={key: micros / MICROS_PER_DOLLAR for key, micros in sorted(charged.items())},
+        sla_batches=sla_batches,
+        sla_attainment={
+            (r.tenant, r.model): r.attainment
+            for r in sla_summary(outcomes, since, until)
+            if r.attainment is not None and r.tenant != ALL
+        },
+    )
+
+
+def _worker_gauges(sample: EngineSample) -> WorkerGauges:
+    return WorkerGauges(
+        worker=sample.worker,
+        model=sample.model,
+        output_tokens_per_second=ratio(sample.output_tokens, sample.seconds),
+        prompt_tokens_per_second=ratio(sample.prompt_tokens, sample.seconds),
+        batch_fill=ratio(sample.running_mean, sample.max_num_seqs),
+        cache_hit_rate=ratio(sample.cached_tokens, sample.prompt_tokens),
+        mfu=sample.mfu,
+        mbu=sample.mbu,
+    )

@@ -1,0 +1,228 @@
+"""GET /metrics through Flask's test client over a database seeded through the ORM, on SQLite and
+PostgreSQL, read back with prometheus_client's own parser."""
+
+from __future__ import annotations
+
+import time
+
+import prometheus_client
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from api.app import create_app
+from api.services.tenants import create_tenant
+from storage.models import Batch, EngineSample, StoredFile, WorkUnit
+from workers.runtime import Runtime
+
+
+def add_batch(s, tenant_id: str, model: str | None, status: str, **columns):  # type: ignore[no-untyped-def]
+    f = StoredFile(
+        tenant_id=tenant_id, purpose="batch", filename="in.jsonl", bytes=1, object_key="k", created_at=0
+    )
+    s.add(f)
+    s.flush()
+    b = Batch(
+        tenant_id=tenant_id, endpoint="/v1/chat/completions", model=model, input_file_id=f.id,
+        completion_window="24h", status=status, created_at=0, expires_at=0, **columns,
+    )  # fmt: skip
+    s.add(b)
+    s.flush()
+    return b
+
+
+def add_unit(s, batch: Batch, seq: int, status: str) -> None:  # type: ignore[no-untyped-def]
+    s.add(
+        WorkUnit(
+            batch_id=batch.id,
+            seq=seq,
+            model=batch.model,
+            shard_key="x",
+            first_line=0,
+            n_requests=1,
+            status=status,
+        )
+    )
+
+
+def sample(worker: str, started_at: float, **columns) -> EngineSample:  # type: ignore[no-untyped-def]
+    values = dict(
+        worker=worker, model="demo", started_at=started_at, seconds=5.0, steps=10, running_mean=8.0,
+        waiting_mean=0.0, max_num_seqs=64, prompt_tokens=0, cached_tokens=0, output_tokens=0, requests=0,
+    )  # fmt: skip
+    return EngineSample(**{**values, **columns})
+
+
+def seed(rt: Runtime, now: int) -> None:
+    alpha, _ = create_tenant(rt.db, "alpha", now)
+    beta, _ = create_tenant(rt.db, "beta", now)
+    a, b = alpha.id, beta.id
+    with rt.db.write() as s:
+        running = add_batch(
+            s,
+            a,
+            "demo",
+            "in_progress",
+            request_total=100,
+            request_completed=30,
+            request_failed=5,
+            at_risk_since=now,
+        )
+        add_batch(
+            s, b, "demo", "in_progress", request_total=50, cost_micros=9_000_000
+        )  # not final: no charge
+        # finished while at risk: the flag stays, but it no longer counts
+        done = add_batch(
+            s, a, "demo", "completed", request_total=10, request_completed=9, at_risk_since=now - 500,
+            completed_at=now - 100, sla_met=True, cost_micros=3001, price_multiplier=1.5,
+        )  # fmt: skip
+        add_batch(
+            s, a, "demo", "expired", request_total=10, expired_at=now - 200, sla_met=False,
+            cost_micros=1003, price_multiplier=1.5,
+        )  # fmt: skip
+        add_batch(s, a, "demo", "completed", completed_at=now - 90_000, sla_met=True)  # over a day ago
+        add_batch(s, b, "other", "completed", completed_at=now - 10, sla_met=True, cost_micros=2_000_000)
+        add_batch(s, b, None, "failed", failed_at=now - 5)  # failed validation: no model, no verdict
+        add_batch(s, b, "demo", "validating")
+        for seq, status in enumerate(["running", "queued", "queued", "pending"]):
+            add_unit(s, running, seq, status)
+        add_unit(s, done, 0, "done")
+        s.add_all(
+            [
+                # w1: an older sample, then the latest one, which the gauges show
+                sample(
+                    "w1",
+                    now - 60,
+                    running_mean=64.0,
+                    prompt_tokens=10,
+                    output_tokens=10,
+                    cost_micros=1500,
+                    mfu=0.9,
+                ),
+                sample(
+                    "w1",
+                    now - 10,
+                    running_mean=24.0,
+                    prompt_tokens=1000,
+                    cached_tokens=250,
+                    output_tokens=500,
+                    cost_micros=2500,
+                    mfu=0.3,
+                ),
+                # w2: its latest sample ended over 5 minutes ago
+                sample(
+                    "w2",
+                    now - 400,
+                    prompt_tokens=7,
+                    cached_tokens=7,
+                    output_tokens=3,
+                    cost_micros=1,
+                    mfu=0.5,
+                    mbu=0.6,
+                ),
+                sample(
+                    "w3", now - 30, model="other", seconds=2.0, prompt_tokens=0, output_tokens=40, mbu=0.7
+                ),
+            ]
+        )
+
+
+def scrape(client) -> dict[tuple[str, frozenset], float]:  # type: ignore[no-untyped-def]
+    response = client.get("/metrics")  # no Authorization header: exporters are open to the scraper
+    assert response.status_code == 200, response.get_data(as_text=True)
+    assert response.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(response.get_data(as_text=True))
+        for s in family.samples
+    }
+
+
+def value(samples, name: str, **labels: str) -> float:  # type: ignore[no-untyped-def]
+    return samples[(name, frozenset(labels.items()))]  # type: ignore[no-any-return]
+
+
+def named(samples, name: str) -> dict[frozenset, float]:  # type: ignore[no-untyped-def]
+    return {labels: v for (n, labels), v in samples.items() if n == name}
+
+
+@pytest.fixture
+def client(runtime):  # type: ignore[no-untyped-def]
+    return create_app(runtime=runtime).test_client()
+
+
+def test_metrics(runtime, client):  # type: ignore[no-untyped-def]
+    now = int(time.time())
+    seed(runtime, now)
+    m = scrape(client)
+
+    assert value(m, "freight_batches", status="in_progress", model="demo") == 2
+    assert value(m, "freight_batches", status="completed", model="demo") == 2
+    assert value(m, "freight_batches", status="expired", model="demo") == 1
+    assert value(m, "freight_batches", status="cancelled", model="demo") == 0  # listed, at 0
+    assert value(m, "freight_batches", status="failed", model="-") == 1
+    assert value(m, "freight_batches", status="completed", model="other") == 1
+    assert sum(named(m, "freight_batches").values()) == 8
+
+    assert value(m, "freight_queue_requests", model="demo") == (100 - 30 - 5) + 50
+    assert value(m, "freight_queue_requests", model="other") == 0
+    assert value(m, "freight_batches_at_risk", model="demo") == 1  # the completed one is not
+    assert value(m, "freight_work_units", model="demo", status="queued") == 2
+    assert value(m, "freight_work_units", model="demo", status="running") == 1
+    assert value(m, "freight_work_units", model="demo", status="done") == 1
+    assert value(m, "freight_work_units", model="demo", status="failed") == 0
+
+    # worker gauges: w1's latest sample only; w2's is stale; NULL mfu/mbu are left out
+    assert value(m, "freight_worker_batch_fill", worker="w1", model="demo") == 24 / 64
+    assert value(m, "freight_worker_output_tokens_per_second", worker="w1", model="demo") == 100.0
+    assert value(m, "freight_worker_prompt_tokens_per_second", worker="w1", model="demo") == 200.0
+    assert value(m, "freight_worker_cache_hit_rate", worker="w1", model="demo") == 0.25
+    assert value(m, "freight_worker_mfu", worker="w1", model="demo") == 0.3
+    assert value(m, "freight_worker_output_tokens_per_second", worker="w3", model="other") == 20.0
+    assert value(m, "freight_worker_mbu", worker="w3", model="other") == 0.7
+    workers = {
+        dict(labels)["worker"]
+        for (name, labels) in m
+        if name.startswith("freight_worker_")
+    }  # fmt: skip
+    assert workers == {"w1", "w3"}
+    assert set(named(m, "freight_worker_mfu")) == {frozenset({"worker": "w1", "model": "demo"}.items())}
+    assert set(named(m, "freight_worker_mbu")) == {frozenset({"worker": "w3", "model": "other"}.items())}
+    assert set(named(m, "freight_worker_cache_hit_rate")) == {
+        frozenset({"worker": "w1", "model": "demo"}.items())
+    }
+
+    # counters over every sample, the stale one included
+    assert value(m, "freight_engine_busy_seconds_total", worker="w1", model="demo") == 10.0
+    assert value(m, "freight_engine_busy_seconds_total", worker="w2", model="demo") == 5.0
+    assert value(m, "freight_engine_cost_dollars_total", worker="w1", model="demo") == 4000 / 1e6
+    assert value(m, "freight_engine_cost_dollars_total", worker="w2", model="demo") == 1 / 1e6
+    assert value(m, "freight_tokens_total", model="demo", kind="prompt") == 1017
+    assert value(m, "freight_tokens_total", model="demo", kind="cached") == 257
+    assert value(m, "freight_tokens_total", model="demo", kind="output") == 513
+    assert value(m, "freight_tokens_total", model="other", kind="output") == 40
+
+    # charged per final batch: 3001 x 1.5 -> 4502, 1003 x 1.5 -> 1505; running batches are not charged
+    assert value(m, "freight_batch_cost_dollars_total", tenant="alpha", model="demo") == 6007 / 1e6
+    assert value(m, "freight_batch_cost_dollars_total", tenant="beta", model="other") == 2.0
+    assert len(named(m, "freight_batch_cost_dollars_total")) == 2
+
+    assert value(m, "freight_sla_batches_total", tenant="alpha", model="demo", met="true") == 2
+    assert value(m, "freight_sla_batches_total", tenant="alpha", model="demo", met="false") == 1
+    assert value(m, "freight_sla_batches_total", tenant="beta", model="other", met="true") == 1
+    assert len(named(m, "freight_sla_batches_total")) == 3
+    # the last 24 h: one met, one missed (the met one a day ago is out)
+    assert value(m, "freight_sla_attainment_ratio", tenant="alpha", model="demo") == 0.5
+    assert value(m, "freight_sla_attainment_ratio", tenant="beta", model="other") == 1.0
+    assert len(named(m, "freight_sla_attainment_ratio")) == 2
+
+
+def test_metrics_of_an_empty_database_and_per_app_registries(runtime, client):  # type: ignore[no-untyped-def]
+    m = scrape(client)
+    # the configured model is listed at 0 before any batch arrives; nothing else has series yet
+    assert value(m, "freight_queue_requests", model="demo") == 0
+    assert value(m, "freight_batches", status="in_progress", model="demo") == 0
+    assert named(m, "freight_worker_batch_fill") == {} and named(m, "freight_tokens_total") == {}
+    # a second app registers its own collector; the process-wide default registry has none
+    other = create_app(runtime=runtime).test_client()
+    assert scrape(other) == m
+    assert prometheus_client.REGISTRY.get_sample_value("freight_queue_requests", {"model": "demo"}) is None

@@ -1,0 +1,55 @@
+"""Checkpoint facts for metering, read from safetensors headers and config.json."""
+
+import json
+import struct
+from pathlib import Path
+
+from workers.checkpoint import model_shape
+
+
+def write_safetensors(path: Path, tensors: dict) -> None:
+    header = json.dumps(tensors).encode()
+    size = max((t["data_offsets"][1] for t in tensors.values() if "data_offsets" in t), default=0)
+    path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * size)
+
+
+def test_demo_model_shape(demo_model):  # type: ignore[no-untyped-def]
+    shape = model_shape(demo_model)
+    assert shape is not None
+    config = json.loads((demo_model / "config.json").read_text())
+    h, inter, layers, vocab = (
+        config["hidden_size"],
+        config["intermediate_size"],
+        config["num_hidden_layers"],
+        config["vocab_size"],
+    )
+    kv = config["num_key_value_heads"] * config["head_dim"]
+    per_layer = h * h * 2 + h * kv * 2 + 3 * h * inter + 2 * h  # attention, MLP, two norms
+    assert shape.parameters == layers * per_layer + 2 * vocab * h + h  # embeddings, head, final norm
+    assert shape.bytes_per_parameter == 2.0  # bf16
+    assert shape.kv_bytes_per_token == 2 * layers * kv * 2
+
+
+def test_packed_int4_weights_count_eight_per_int32(tmp_path):  # type: ignore[no-untyped-def]
+    write_safetensors(
+        tmp_path / "model.safetensors",
+        {
+            "layer.weight_packed": {"dtype": "I32", "shape": [64, 16], "data_offsets": [0, 4096]},
+            "layer.weight_scale": {"dtype": "BF16", "shape": [64, 1], "data_offsets": [4096, 4224]},
+            "__metadata__": {"format": "pt"},
+        },
+    )
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 128, "torch_dtype": "float16"}
+        )
+    )
+    shape = model_shape(tmp_path)
+    assert shape is not None
+    assert shape.parameters == 64 * 16 * 8 + 64
+    assert shape.bytes_per_parameter == (4096 + 128) / (64 * 16 * 8 + 64)
+    assert shape.kv_bytes_per_token == 2 * 2 * 4 * 32 * 2  # no KV heads given: one per head
+
+
+def test_unreadable_checkpoint_gives_none(tmp_path):  # type: ignore[no-untyped-def]
+    assert model_shape(tmp_path) is None
