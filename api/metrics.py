@@ -8,7 +8,8 @@ registry (never prometheus_client's global one), and nothing here does I/O at im
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from flask import Flask, Response
 from prometheus_client import CollectorRegistry
@@ -46,94 +47,60 @@ class FreightCollector(Collector):
         yield from families(metrics_snapshot(self.runtime, time.time()))
 
 
+def _family(kind: type, name: str, doc: str, labels: list[str], values: Mapping[Any, float]) -> Metric:
+    """One metric family from a mapping of label values (a tuple, or one string) to numbers."""
+    family = kind(name, doc, labels=labels)
+    for key, value in values.items():
+        family.add_metric(list(key) if isinstance(key, tuple) else [key], value)
+    return family
+
+
 def families(snap: MetricsSnapshot) -> Iterator[Metric]:
-    batches = GaugeMetricFamily("freight_batches", "Batches per status.", labels=["status", "model"])
-    for (status, model), n in snap.batches.items():
-        batches.add_metric([status, model], n)
-    yield batches
-
-    queue = GaugeMetricFamily(
-        "freight_queue_requests",
-        "Requests of in_progress batches not yet finished.",
-        labels=["model"],
-    )
-    for model, n in snap.queue_requests.items():
-        queue.add_metric([model], n)
-    yield queue
-
-    units = GaugeMetricFamily("freight_work_units", "Work units per status.", labels=["model", "status"])
-    for (model, status), n in snap.work_units.items():
-        units.add_metric([model, status], n)
-    yield units
-
-    at_risk = GaugeMetricFamily(
-        "freight_batches_at_risk",
-        "in_progress batches that measured throughput says will miss their deadline.",
-        labels=["model"],
-    )
-    for model, n in snap.batches_at_risk.items():
-        at_risk.add_metric([model], n)
-    yield at_risk
-
+    G, C = GaugeMetricFamily, CounterMetricFamily
+    yield _family(G, "freight_batches", "Batches per status.", ["status", "model"], snap.batches)
+    yield _family(
+        G, "freight_queue_requests", "Requests of in_progress batches not yet finished.", ["model"],
+        snap.queue_requests,
+    )  # fmt: skip
+    yield _family(G, "freight_work_units", "Work units per status.", ["model", "status"], snap.work_units)
+    yield _family(
+        G, "freight_batches_at_risk",
+        "in_progress batches that measured throughput says will miss their deadline.", ["model"],
+        snap.batches_at_risk,
+    )  # fmt: skip
     for name, doc in _WORKER_GAUGES:
-        gauge = GaugeMetricFamily(
-            f"freight_worker_{name}",
+        values = {(w.worker, w.model): getattr(w, name) for w in snap.workers}
+        yield _family(
+            G, f"freight_worker_{name}",
             f"{doc} Workers without a sample in the last {WORKER_STALE_SECONDS:g} s are left out.",
-            labels=["worker", "model"],
-        )
-        for w in snap.workers:
-            value = getattr(w, name)
-            if value is not None:
-                gauge.add_metric([w.worker, w.model], value)
-        yield gauge
-
-    busy = CounterMetricFamily(
-        "freight_engine_busy_seconds", "Engine busy seconds, all samples.", labels=["worker", "model"]
-    )
-    for (worker, model), seconds in snap.engine_busy_seconds.items():
-        busy.add_metric([worker, model], seconds)
-    yield busy
-
-    engine_cost = CounterMetricFamily(
-        "freight_engine_cost_dollars", "Engine cost in dollars, all samples.", labels=["worker", "model"]
-    )
-    for (worker, model), dollars in snap.engine_cost_dollars.items():
-        engine_cost.add_metric([worker, model], dollars)
-    yield engine_cost
-
-    tokens = CounterMetricFamily(
-        "freight_tokens", "Tokens of finished requests: prompt, cached (part of prompt), output.",
-        labels=["model", "kind"],
+            ["worker", "model"], {k: v for k, v in values.items() if v is not None},
+        )  # fmt: skip
+    yield _family(
+        C, "freight_engine_busy_seconds", "Engine busy seconds, all samples.", ["worker", "model"],
+        snap.engine_busy_seconds,
     )  # fmt: skip
-    for (model, kind), n in snap.tokens.items():
-        tokens.add_metric([model, kind], n)
-    yield tokens
-
-    batch_cost = CounterMetricFamily(
-        "freight_batch_cost_dollars",
+    yield _family(
+        C, "freight_engine_cost_dollars", "Engine cost in dollars, all samples.", ["worker", "model"],
+        snap.engine_cost_dollars,
+    )  # fmt: skip
+    yield _family(
+        C, "freight_tokens", "Tokens of finished requests: prompt, cached (part of prompt), output.",
+        ["model", "kind"], snap.tokens,
+    )  # fmt: skip
+    yield _family(
+        C, "freight_batch_cost_dollars",
         "What finished batches were charged: engine cost x tier multiplier, in dollars.",
-        labels=["tenant", "model"],
-    )
-    for (tenant, model), dollars in snap.batch_cost_dollars.items():
-        batch_cost.add_metric([tenant, model], dollars)
-    yield batch_cost
-
-    sla = CounterMetricFamily(
-        "freight_sla_batches", "Final batches with an SLA verdict, by whether they met it.",
-        labels=["tenant", "model", "met"],
+        ["tenant", "model"], snap.batch_cost_dollars,
     )  # fmt: skip
-    for (tenant, model, met), n in snap.sla_batches.items():
-        sla.add_metric([tenant, model, met], n)
-    yield sla
-
-    attainment = GaugeMetricFamily(
-        "freight_sla_attainment_ratio",
+    yield _family(
+        C, "freight_sla_batches", "Final batches with an SLA verdict, by whether they met it.",
+        ["tenant", "model", "met"], snap.sla_batches,
+    )  # fmt: skip
+    yield _family(
+        G, "freight_sla_attainment_ratio",
         "Batches that met their SLA / batches with a verdict, finished in the last 24 h.",
-        labels=["tenant", "model"],
-    )
-    for (tenant, model), ratio in snap.sla_attainment.items():
-        attainment.add_metric([tenant, model], ratio)
-    yield attainment
+        ["tenant", "model"], snap.sla_attainment,
+    )  # fmt: skip
 
 
 def register_metrics(app: Flask) -> CollectorRegistry:
