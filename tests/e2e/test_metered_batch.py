@@ -52,8 +52,6 @@ def test_metering_end_to_end(live):  # type: ignore[no-untyped-def]
         assert u.model_parameters > 1_000_000 and u.bytes_per_parameter == 2.0
         assert 0 < u.mfu < 1 and u.mbu > 0
         assert u.kv_tokens_read >= u.completion_tokens
-    # one engine ran it: the time it was given fits in the batch's life (stamps are whole seconds)
-    assert row.engine_seconds <= row.completed_at - row.created_at + 1
     # all units' shares, over every batch that ran, cost what their busy time costs (rounded once)
     with Session(create_engine(f"sqlite:///{live.stack.run_dir / 'data' / 'freight.db'}")) as s:
         all_units = s.scalars(select(WorkUnit).where(WorkUnit.status == "done")).all()
