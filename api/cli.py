@@ -232,5 +232,110 @@ def report(since: str, until: str | None, tenant: str | None, model: str | None,
     click.echo(format_report(rows, fmt), nl=False)
 
 
+@main.group()
+def dropfolder() -> None:
+    """S3 drop folders: JSONL files dropped in PREFIX/inbox/ become batches."""
+
+
+@dropfolder.command("add")
+@click.argument("url")
+@click.option("--tenant", required=True, help="the tenant whose batches the files become")
+@click.option("--endpoint", default="/v1/chat/completions", show_default=True, help="the batches' endpoint")
+@click.option("--model", default=None, help="model for lines without body.model (a sidecar may override)")
+@click.option("--window", default=None, help="completion window (default: 24h, or the first tier)")
+@click.option("--endpoint-url", default=None, help="S3 endpoint for non-AWS stores (default: boto3's chain)")
+@click.option("--region", default=None, help="S3 region (default: boto3's chain)")
+@click.option("--access-key-id", default=None, help="this folder's own key (default: boto3's chain)")
+@click.option(
+    "--secret-access-key",
+    default=None,
+    help="its secret; asked for (hidden) when --access-key-id comes alone",
+)
+def dropfolder_add(
+    url: str,
+    tenant: str,
+    endpoint: str,
+    model: str | None,
+    window: str | None,
+    endpoint_url: str | None,
+    region: str | None,
+    access_key_id: str | None,
+    secret_access_key: str | None,
+) -> None:
+    """Watch URL (s3://bucket/prefix): PREFIX/inbox/ in; outbox/, archive/ and failed/ out."""
+    from api.errors import ServiceError
+    from api.services import dropfolders
+    from workers.runtime import Runtime
+
+    if access_key_id and not secret_access_key:
+        secret_access_key = click.prompt("Secret access key", hide_input=True)
+    rt = Runtime(_settings())
+    try:
+        view = dropfolders.add(
+            rt,
+            url,
+            tenant,
+            endpoint,
+            now=int(time.time()),
+            model=model,
+            window=window,
+            s3_endpoint_url=endpoint_url,
+            region=region,
+            access_key_id=access_key_id,
+            secret_access_key=secret_access_key,
+        )
+    except ServiceError as exc:
+        raise click.ClickException(exc.message) from exc
+    finally:
+        rt.db.dispose()
+    click.echo(
+        f"added drop folder {view.id}: {view.url} (tenant {view.tenant}, credentials {view.credentials})"
+    )
+
+
+@dropfolder.command("list")
+def dropfolder_list() -> None:
+    """The drop folders; credentials show as *** (secrets are never printed)."""
+    from api.services import dropfolders
+    from workers.runtime import Runtime
+
+    rt = Runtime(_settings())
+    try:
+        views = dropfolders.list_folders(rt)
+    finally:
+        rt.db.dispose()
+    header = ("id", "url", "tenant", "endpoint", "model", "window", "s3 endpoint", "region", "credentials",
+              "pending", "state")  # fmt: skip
+    rows = [
+        (
+            v.id, v.url, v.tenant, v.endpoint, v.model or "(from lines)", v.window,
+            v.s3_endpoint_url or "-", v.region or "-", v.credentials, str(v.pending),
+            f"failing x{v.scan_failures}: {v.last_error}" if v.scan_failures else "ok",
+        )
+        for v in views
+    ]  # fmt: skip
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+@dropfolder.command("remove")
+@click.argument("folder")
+def dropfolder_remove(folder: str) -> None:
+    """Stop watching FOLDER (its id or s3:// URL); files already taken in are still delivered."""
+    from api.errors import ServiceError
+    from api.services import dropfolders
+    from workers.runtime import Runtime
+
+    rt = Runtime(_settings())
+    try:
+        removed = dropfolders.remove(rt, folder, int(time.time()))
+    except ServiceError as exc:
+        raise click.ClickException(exc.message) from exc
+    finally:
+        rt.db.dispose()
+    click.echo(f"removed drop folder {removed}")
+
+
 if __name__ == "__main__":
     main()

@@ -218,3 +218,63 @@ class EngineSample(Base):
     kv_tokens_read: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     mfu: Mapped[float | None] = mapped_column(Float)
     mbu: Mapped[float | None] = mapped_column(Float)
+
+
+class DropFolder(Base):
+    """An S3 prefix watched for JSONL files: ``<prefix>/inbox/`` in, ``outbox/``, ``archive/`` and
+    ``failed/`` out. The credentials are optional overrides of boto3's chain; the secret is never
+    printed or served."""
+
+    __tablename__ = "drop_folders"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("dropfolder_"))
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    bucket: Mapped[str] = mapped_column(String(255))
+    prefix: Mapped[str] = mapped_column(String(1024))  # without leading or trailing "/"; may be ""
+    endpoint: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str | None] = mapped_column(String(200))  # for lines without body.model
+    completion_window: Mapped[str] = mapped_column(String(16))
+    s3_endpoint_url: Mapped[str | None] = mapped_column(String(1024))
+    region: Mapped[str | None] = mapped_column(String(64))
+    access_key_id: Mapped[str | None] = mapped_column(String(256))
+    secret_access_key: Mapped[str | None] = mapped_column(String(256))
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    removed_at: Mapped[int | None] = mapped_column(BigInteger)
+    # scanning (epoch seconds): one scanner at a time holds the lease; a bucket that cannot be
+    # reached is retried after a growing pause (next_scan_at)
+    scan_lease_at: Mapped[float | None] = mapped_column(Float)
+    next_scan_at: Mapped[float | None] = mapped_column(Float)
+    last_scan_at: Mapped[float | None] = mapped_column(Float)
+    scan_failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    last_error: Mapped[str | None] = mapped_column(Text)
+
+
+class DropObject(Base):
+    """One version (bucket, key, ETag) of an inbox object: made into a batch at most once (the
+    unique constraint, claimed in the transaction that creates the batch), or rejected with its
+    errors; then delivered (outbox files, manifest, input archived) once."""
+
+    __tablename__ = "drop_objects"
+    __table_args__ = (
+        UniqueConstraint("bucket", "key", "etag", name="uq_drop_objects_version"),
+        Index("ix_drop_objects_delivered", "delivered_at"),
+        Index("ix_drop_objects_batch", "batch_id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    folder_id: Mapped[str] = mapped_column(ForeignKey("drop_folders.id", ondelete="CASCADE"))
+    bucket: Mapped[str] = mapped_column(String(255))
+    key: Mapped[str] = mapped_column(String(1024))  # the full S3 key, prefix included
+    etag: Mapped[str] = mapped_column(String(128))
+    size: Mapped[int] = mapped_column(BigInteger)
+    batch_id: Mapped[str | None] = mapped_column(ForeignKey("batches.id", ondelete="SET NULL"))
+    errors: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)  # why no batch was made
+    created_at: Mapped[float] = mapped_column(Float)
+    validation_sent_at: Mapped[float | None] = mapped_column(Float)
+    # delivery of the results (epoch seconds): lease of the deliverer, retries with backoff
+    delivery_lease_at: Mapped[float | None] = mapped_column(Float)
+    next_delivery_at: Mapped[float | None] = mapped_column(Float)
+    delivery_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    last_error: Mapped[str | None] = mapped_column(Text)
+    delivered_at: Mapped[float | None] = mapped_column(Float)
+    archived_key: Mapped[str | None] = mapped_column(String(1024))

@@ -11,6 +11,7 @@ import io
 import os
 import secrets
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
 from urllib.parse import urlparse
@@ -24,6 +25,20 @@ class ObjectStoreError(RuntimeError):
 
 class ObjectNotFound(ObjectStoreError):
     pass
+
+
+class ObjectChanged(ObjectStoreError):
+    """The object no longer has the version (ETag) the caller asked for."""
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One listed object: its key (relative to the store's root), size, version tag and mtime."""
+
+    key: str
+    size: int
+    etag: str  # S3: the ETag without quotes; local: mtime and size
+    modified: float  # epoch seconds
 
 
 class ObjectStore(Protocol):
@@ -44,6 +59,17 @@ class ObjectStore(Protocol):
     def delete(self, key: str) -> None: ...
 
     def list(self, prefix: str) -> Iterator[str]: ...
+
+    def list_info(self, prefix: str) -> Iterator[ObjectInfo]:
+        """Like ``list``, with each object's size, ETag and modification time."""
+
+    def stat(self, key: str) -> ObjectInfo: ...
+
+    def open_version(self, key: str, etag: str) -> IO[bytes]:
+        """``open``, or ObjectChanged if the object's ETag is no longer ``etag``."""
+
+    def copy(self, source: str, target: str) -> None:
+        """Server-side copy inside the store (multipart for large S3 objects)."""
 
 
 def check_key(key: str) -> str:
@@ -134,21 +160,59 @@ class LocalObjectStore:
                 if key.startswith(prefix):
                     yield key
 
+    def list_info(self, prefix: str) -> Iterator[ObjectInfo]:
+        for key in self.list(prefix):
+            try:
+                yield self.stat(key)
+            except ObjectNotFound:
+                continue  # deleted while listing
+
+    def stat(self, key: str) -> ObjectInfo:
+        try:
+            st = self._path(key).stat()
+        except FileNotFoundError as exc:
+            raise ObjectNotFound(key) from exc
+        return ObjectInfo(key, st.st_size, f"{st.st_mtime_ns:x}-{st.st_size:x}", st.st_mtime)
+
+    def open_version(self, key: str, etag: str) -> IO[bytes]:
+        stream = self.open(key)
+        st = os.fstat(stream.fileno())
+        if f"{st.st_mtime_ns:x}-{st.st_size:x}" != etag:
+            stream.close()
+            raise ObjectChanged(f"{key} changed: it is no longer version {etag}")
+        return stream
+
+    def copy(self, source: str, target: str) -> None:
+        with self.open(source) as stream:
+            self.put_stream(target, stream)
+
 
 class S3ObjectStore:
     """``s3://bucket/prefix``; endpoint and credentials from boto3's chain unless given."""
 
-    def __init__(self, bucket: str, prefix: str = "", endpoint_url: str | None = None, client=None) -> None:  # type: ignore[no-untyped-def]
-        import boto3
-        from botocore.config import Config
-
+    def __init__(  # type: ignore[no-untyped-def]
+        self,
+        bucket: str,
+        prefix: str = "",
+        endpoint_url: str | None = None,
+        client=None,
+        *,
+        region: str | None = None,
+        access_key_id: str | None = None,
+        secret_access_key: str | None = None,
+        max_attempts: int = 8,
+        connect_timeout: float = 60,
+    ) -> None:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
-        self._client = client or boto3.client(
-            "s3",
-            endpoint_url=endpoint_url or None,
-            config=Config(retries={"max_attempts": 8, "mode": "standard"}, s3={"addressing_style": "path"}),
+        self._client = client or s3_client(
+            endpoint_url,
+            region=region,
+            access_key_id=access_key_id,
+            secret_access_key=secret_access_key,
+            max_attempts=max_attempts,
+            connect_timeout=connect_timeout,
         )
 
     def _key(self, key: str) -> str:
@@ -197,18 +261,147 @@ class S3ObjectStore:
         return True
 
     def delete(self, key: str) -> None:
-        self._client.delete_object(Bucket=self.bucket, Key=self._key(key))
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self._client.delete_object(Bucket=self.bucket, Key=self._key(key))
+        except (BotoCoreError, ClientError) as exc:
+            raise ObjectStoreError(f"delete of {key} in {self.url} failed: {exc}") from exc
 
     def list(self, prefix: str) -> Iterator[str]:
-        paginator = self._client.get_paginator("list_objects_v2")
+        for info in self.list_info(prefix):
+            yield info.key
+
+    def list_info(self, prefix: str) -> Iterator[ObjectInfo]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
         if prefix:
             check_key(prefix.rstrip("/"))
         base = self.prefix + "/" if self.prefix else ""
-        full = base + prefix
-        strip = len(self.prefix) + 1 if self.prefix else 0
-        for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
-            for item in page.get("Contents", []):
-                yield item["Key"][strip:]
+        strip = len(base)
+        try:
+            paginator = self._client.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=base + prefix):
+                for item in page.get("Contents", []):
+                    yield ObjectInfo(
+                        item["Key"][strip:],
+                        int(item["Size"]),
+                        item["ETag"].strip('"'),
+                        item["LastModified"].timestamp(),
+                    )
+        except (BotoCoreError, ClientError) as exc:
+            raise ObjectStoreError(f"listing {self.url}/{prefix} failed: {exc}") from exc
+
+    def stat(self, key: str) -> ObjectInfo:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            head = self._client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                raise ObjectNotFound(key) from exc
+            raise ObjectStoreError(f"head of {key} in {self.url} failed: {exc}") from exc
+        except BotoCoreError as exc:
+            raise ObjectStoreError(f"head of {key} in {self.url} failed: {exc}") from exc
+        return ObjectInfo(
+            key, int(head["ContentLength"]), head["ETag"].strip('"'), head["LastModified"].timestamp()
+        )
+
+    def open_version(self, key: str, etag: str) -> IO[bytes]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            response = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                raise ObjectNotFound(key) from exc
+            raise ObjectStoreError(f"get of {key} in {self.url} failed: {exc}") from exc
+        except BotoCoreError as exc:
+            raise ObjectStoreError(f"get of {key} in {self.url} failed: {exc}") from exc
+        if response["ETag"].strip('"') != etag:
+            response["Body"].close()
+            raise ObjectChanged(f"{key} changed: it is no longer version {etag}")
+        return _GuardedReader(response["Body"], f"{self.url}/{key}")  # type: ignore[return-value]
+
+    def copy(self, source: str, target: str) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        src = {"Bucket": self.bucket, "Key": self._key(source)}
+        try:
+            if self.stat(source).size < COPY_PART_LIMIT:
+                self._client.copy_object(CopySource=src, Bucket=self.bucket, Key=self._key(target))
+            else:  # CopyObject stops at 5 GiB: the managed copy does it part by part
+                self._client.copy(src, self.bucket, self._key(target))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                raise ObjectNotFound(source) from exc
+            raise ObjectStoreError(f"copy of {source} to {target} in {self.url} failed: {exc}") from exc
+        except BotoCoreError as exc:
+            raise ObjectStoreError(f"copy of {source} to {target} in {self.url} failed: {exc}") from exc
+
+
+COPY_PART_LIMIT = 5 * 1024**3  # the largest object one CopyObject call may copy
+
+
+def s3_client(  # type: ignore[no-untyped-def]
+    endpoint_url: str | None = None,
+    *,
+    region: str | None = None,
+    access_key_id: str | None = None,
+    secret_access_key: str | None = None,
+    max_attempts: int = 8,
+    connect_timeout: float = 60,
+):
+    """A boto3 S3 client: endpoint, region and credentials from boto3's chain unless given.
+
+    Each client gets its own boto3 session: creating clients from the shared default session is
+    not thread-safe, and the control worker runs tasks in threads."""
+    import boto3
+    from botocore.config import Config
+
+    session = boto3.session.Session(
+        aws_access_key_id=access_key_id or None,
+        aws_secret_access_key=secret_access_key or None,
+        region_name=region or None,
+    )
+    return session.client(
+        "s3",
+        endpoint_url=endpoint_url or None,
+        config=Config(
+            retries={"max_attempts": max_attempts, "mode": "standard"},
+            s3={"addressing_style": "path"},
+            connect_timeout=connect_timeout,
+        ),
+    )
+
+
+class _GuardedReader(io.RawIOBase):
+    """A streaming S3 body whose network errors surface as ObjectStoreError (not OSError)."""
+
+    def __init__(self, body, where: str) -> None:  # type: ignore[no-untyped-def]
+        self._body = body
+        self._where = where
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        from botocore.exceptions import BotoCoreError
+        from urllib3.exceptions import HTTPError
+
+        try:
+            return self._body.read(None if size is None or size < 0 else size)  # type: ignore[no-any-return]
+        except (BotoCoreError, HTTPError, OSError) as exc:
+            raise ObjectStoreError(f"reading {self._where} failed: {exc}") from exc
+
+    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def]
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self._body.close()
+        super().close()
 
 
 class _CountingReader(io.RawIOBase):

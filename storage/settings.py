@@ -111,6 +111,10 @@ class Settings:
     queue_depth: int = 2  # packs kept in each model's broker queue; the rest wait in the database
     max_unit_attempts: int = 3  # a unit whose worker died this many times fails its requests
     visibility_timeout_seconds: int = 6 * 3600  # Redis redelivery of unacked tasks
+    # S3 drop folders: how often inboxes are listed (and finished batches delivered), and the
+    # longest wait between retries of a bucket that cannot be reached
+    dropfolder_poll_seconds: float = 5.0
+    dropfolder_max_backoff_seconds: float = 300.0
     secret_key: str = ""
 
     @classmethod
@@ -148,6 +152,10 @@ class Settings:
             raise SettingsError("FREIGHT_UNIT_SIZE must be at least 1")
         if self.pack_requests < 1 or self.queue_depth < 1:
             raise SettingsError("FREIGHT_PACK_REQUESTS and FREIGHT_QUEUE_DEPTH must be at least 1")
+        if self.dropfolder_poll_seconds <= 0 or self.dropfolder_max_backoff_seconds <= 0:
+            raise SettingsError(
+                "FREIGHT_DROPFOLDER_POLL_SECONDS and FREIGHT_DROPFOLDER_MAX_BACKOFF_SECONDS must be positive"
+            )
         if self.engine_block_size < 0 or self.engine_block_size % 16:
             raise SettingsError("FREIGHT_ENGINE_BLOCK_SIZE must be 0 (vLLM's default) or a multiple of 16")
         return replace(self, **changes)  # type: ignore[arg-type]

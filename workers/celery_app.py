@@ -1,10 +1,11 @@
 """The Celery app, built from settings (never at import).
 
-Queues: ``freight.control`` carries validation, finalization and the dispatcher tick; each served
-model has its own queue ``freight.model.<name>`` consumed by engine workers (``-P solo``, one warm
-vLLM engine per process), which take packs of work units from it. A pack task returns once its
-requests are on the worker's feed (so the next pack arrives before the engine runs dry); from then
-on the units' database leases, heartbeated by the worker, are what redelivers a dead worker's work.
+Queues: ``freight.control`` carries validation, finalization, the dispatcher tick and the S3 drop
+folders' scans and deliveries; each served model has its own queue ``freight.model.<name>``
+consumed by engine workers (``-P solo``, one warm vLLM engine per process), which take packs of
+work units from it. A pack task returns once its requests are on the worker's feed (so the next
+pack arrives before the engine runs dry); from then on the units' database leases, heartbeated by
+the worker, are what redelivers a dead worker's work.
 """
 
 from __future__ import annotations
@@ -36,7 +37,12 @@ def make_celery(settings: Settings) -> Celery:
                 "task": "freight.tick",
                 "schedule": settings.tick_seconds,
                 "options": {"queue": CONTROL_QUEUE, "expires": max(settings.tick_seconds * 5, 10)},
-            }
+            },
+            "freight-scan-dropfolders": {
+                "task": "freight.scan_dropfolders",
+                "schedule": settings.dropfolder_poll_seconds,
+                "options": {"queue": CONTROL_QUEUE, "expires": max(settings.dropfolder_poll_seconds * 5, 10)},
+            },
         },
     )
     app.conf.freight_settings = settings
@@ -60,3 +66,13 @@ class TaskQueue:
 
     def run_pack(self, pack_id: str, model: str, unit_ids: list[int]) -> None:
         self.celery.send_task("freight.run_pack", args=[pack_id, unit_ids], queue=model_queue(model))
+
+    def scan_dropfolder(self, folder_id: str, expires: float) -> None:
+        self.celery.send_task(
+            "freight.scan_dropfolder", args=[folder_id], queue=CONTROL_QUEUE, expires=expires
+        )
+
+    def deliver_dropfolder_object(self, object_id: int, expires: float) -> None:
+        self.celery.send_task(
+            "freight.deliver_dropfolder_object", args=[object_id], queue=CONTROL_QUEUE, expires=expires
+        )

@@ -22,7 +22,7 @@ def runtime_of(app: Celery) -> Runtime:
 
 def register(app: Celery) -> None:
     from scheduler import dispatcher
-    from workers import execution, finalize, validation
+    from workers import dropfolder_delivery, dropfolders, execution, finalize, validation
 
     @app.task(name="freight.validate_batch", acks_late=True)
     def validate_batch(batch_id: str) -> None:
@@ -43,3 +43,15 @@ def register(app: Celery) -> None:
     @app.task(name="freight.tick", acks_late=False, ignore_result=True)
     def tick() -> None:
         dispatcher.tick(runtime_of(app), time.time())
+
+    @app.task(name="freight.scan_dropfolders", acks_late=False, ignore_result=True)
+    def scan_dropfolders() -> None:  # periodic: a lost one is replaced by the next
+        dropfolders.poll(runtime_of(app), time.time())
+
+    @app.task(name="freight.scan_dropfolder", acks_late=True)
+    def scan_dropfolder(folder_id: str) -> None:
+        dropfolders.scan_folder(runtime_of(app), folder_id, time.time())
+
+    @app.task(name="freight.deliver_dropfolder_object", acks_late=True)
+    def deliver_dropfolder_object(object_id: int) -> None:
+        dropfolder_delivery.deliver(runtime_of(app), object_id, time.time())

@@ -49,18 +49,34 @@ def clean_filename(name: str | None) -> str:
 def upload(
     rt: Runtime, tenant_id: str, purpose: str | None, filename: str | None, stream: IO[bytes]
 ) -> StoredFile:
+    record = store_file(rt, tenant_id, purpose, filename, stream)
+    with rt.db.write() as s:
+        s.add(record)
+    return record
+
+
+def store_file(
+    rt: Runtime,
+    tenant_id: str,
+    purpose: str | None,
+    filename: str | None,
+    stream: IO[bytes],
+    key: str | None = None,
+) -> StoredFile:
+    """Stream an upload into the object store (at ``key``, by default one of its own) and return
+    its row, not yet added: the caller commits it, alone or with rows that refer to it."""
     if purpose not in PURPOSES:
         raise ServiceError(
             "invalid_request", f"purpose must be one of {', '.join(PURPOSES)}", param="purpose"
         )
     file_id = new_id("file-")
-    key = f"files/{tenant_id}/{file_id}"
+    key = key or f"files/{tenant_id}/{file_id}"
     limited = _Limited(stream, rt.settings.max_file_bytes)
     size = rt.store.put_stream(key, limited)  # type: ignore[arg-type]
     if size == 0:
         rt.store.delete(key)
         raise ServiceError("invalid_request", "the uploaded file is empty", param="file")
-    record = StoredFile(
+    return StoredFile(
         id=file_id,
         tenant_id=tenant_id,
         purpose=purpose,
@@ -69,9 +85,6 @@ def upload(
         object_key=key,
         created_at=int(time.time()),
     )
-    with rt.db.write() as s:
-        s.add(record)
-    return record
 
 
 def get(rt: Runtime, tenant_id: str, file_id: str) -> StoredFile:

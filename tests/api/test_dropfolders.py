@@ -1,0 +1,101 @@
+"""``freight dropfolder add|list|remove`` and the service behind it, on SQLite and PostgreSQL:
+checks, conflicts, and secrets that are stored but never printed."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from api.cli import main
+from api.errors import ServiceError
+from api.services import dropfolders
+from api.services.tenants import create_tenant
+from storage.models import DropFolder
+from tests.conftest import DEMO_MODEL, now
+
+SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCY"
+
+
+@pytest.fixture
+def cli_env(runtime):  # type: ignore[no-untyped-def]
+    create_tenant(runtime.db, "alpha", now())
+    return {
+        "FREIGHT_DATA_DIR": str(runtime.settings.data_dir),
+        "FREIGHT_DATABASE_URL": runtime.settings.database_url,
+        "FREIGHT_MODELS": f"demo={DEMO_MODEL}",
+        "FREIGHT_COMPLETION_WINDOWS": "24h,1h",
+    }
+
+
+def test_add_list_remove_through_the_cli_never_prints_the_secret(runtime, cli_env):  # type: ignore[no-untyped-def]
+    runner = CliRunner()
+    added = runner.invoke(
+        main,
+        ["dropfolder", "add", "s3://bucket/team/evals/", "--tenant", "alpha", "--model", "demo",
+         "--window", "1h", "--endpoint-url", "http://127.0.0.1:9000", "--region", "eu-west-1",
+         "--access-key-id", "AKIAEXAMPLE"],
+        env=cli_env,
+        input=SECRET + "\n",  # asked for, hidden, when only the key id is given
+    )  # fmt: skip
+    assert added.exit_code == 0, added.output
+    assert "s3://bucket/team/evals" in added.output and SECRET not in added.output
+    with runtime.db.read() as s:
+        row = s.query(DropFolder).one()
+    assert (row.bucket, row.prefix, row.model, row.completion_window) == (
+        "bucket",
+        "team/evals",
+        "demo",
+        "1h",
+    )
+    assert (row.access_key_id, row.secret_access_key, row.region) == ("AKIAEXAMPLE", SECRET, "eu-west-1")
+
+    listed = runner.invoke(main, ["dropfolder", "list"], env=cli_env)
+    assert listed.exit_code == 0, listed.output
+    assert row.id in listed.output and "***" in listed.output
+    assert SECRET not in listed.output and "AKIAEXAMPLE" not in listed.output
+
+    again = runner.invoke(
+        main, ["dropfolder", "add", "s3://bucket/team/evals", "--tenant", "alpha"], env=cli_env
+    )
+    assert again.exit_code != 0 and "already drop folder" in again.output
+
+    removed = runner.invoke(main, ["dropfolder", "remove", row.id], env=cli_env)
+    assert removed.exit_code == 0, removed.output
+    assert row.id not in runner.invoke(main, ["dropfolder", "list"], env=cli_env).output
+    # once removed, the same prefix can be watched again
+    assert (
+        runner.invoke(
+            main, ["dropfolder", "add", "s3://bucket/team/evals", "--tenant", "alpha"], env=cli_env
+        ).exit_code
+        == 0
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"url": "file:///tmp/x"}, "s3://bucket/prefix"),
+        ({"tenant": "nobody"}, "no tenant"),
+        ({"endpoint": "/v1/embeddings"}, "endpoint must be one of"),
+        ({"window": "2h"}, "window must be one of"),
+        ({"model": "gpt-9"}, "not served here"),
+        ({"access_key_id": "AKIA"}, "both"),
+    ],
+)
+def test_add_refuses_what_cannot_work(runtime, kwargs, words):  # type: ignore[no-untyped-def]
+    create_tenant(runtime.db, "alpha", now())
+    args = {"url": "s3://bucket/p", "tenant": "alpha", "endpoint": "/v1/chat/completions", **kwargs}
+    url, tenant, endpoint = args.pop("url"), args.pop("tenant"), args.pop("endpoint")
+    with pytest.raises(ServiceError, match=words):
+        dropfolders.add(runtime, url, tenant, endpoint, now=now(), **args)
+
+
+def test_list_shows_the_chain_when_a_folder_has_no_keys(runtime):  # type: ignore[no-untyped-def]
+    create_tenant(runtime.db, "alpha", now())
+    view = dropfolders.add(runtime, "s3://bucket", "alpha", "/v1/completions", now=now())
+    assert view.credentials == "boto3 chain" and view.url == "s3://bucket" and view.window == "24h"
+    [listed] = dropfolders.list_folders(runtime)
+    assert listed == view
+    assert "secret" not in repr(listed).lower()
+    with pytest.raises(ServiceError, match="no drop folder"):
+        dropfolders.remove(runtime, "dropfolder_nope", now())

@@ -1,0 +1,267 @@
+"""S3 drop folders end to end: a real S3 (its own SeaweedFS, with authentication, so the folder's
+own credentials are what gets in), the whole stack with a vLLM engine, files dropped with boto3.
+
+A file dropped in the inbox becomes an ordinary batch within seconds; its output, errors and
+manifest come back to the outbox and the input moves to archive/ (failed/ for a bad file); gzip
+works; the S3 server stopped and restarted mid-run loses nothing and duplicates nothing."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+from sqlalchemy import select
+
+from infra import services
+from infra.stack import FREIGHT, REPO
+from storage.db import Database
+from storage.models import DropObject
+from tests.e2e.conftest import LiveStack, keep_logs, start_live, wait_final
+
+CHAT = "/v1/chat/completions"
+PREFIX = "jobs"
+
+
+class Weed:
+    """A SeaweedFS server that the test can stop and start again on the same port and data."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.port = services.free_port()
+        self.handle = services.start_seaweedfs(run_dir, self.port, auth=True)
+
+    def stop(self) -> None:
+        self.handle.stop()
+
+    def start(self) -> None:
+        # The old server's connections linger in TIME_WAIT on the port for a minute. weed binds
+        # with SO_REUSEADDR (as Go listeners do), so it can listen at once; the start-up check
+        # binds without it and would wait that minute out: check the way weed binds.
+        with mock.patch.object(services, "_ensure_port_free", _free_for_reuse):
+            self.handle = services.start_seaweedfs(self.run_dir, self.port, auth=True)
+
+    def client(self):  # type: ignore[no-untyped-def]
+        return self.handle.client()
+
+
+def _free_for_reuse(port: int, what: str) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((services.HOST, port))  # raises if something is listening there
+
+
+@pytest.fixture(scope="module")
+def weed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Weed]:
+    server = Weed(tmp_path_factory.mktemp("weed"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def drops(
+    tmp_path_factory: pytest.TempPathFactory, demo_model: Path, weed: Weed
+) -> Iterator[tuple[LiveStack, str]]:
+    overrides = {
+        "FREIGHT_COMPLETION_WINDOWS": "24h,1h",
+        "FREIGHT_UNIT_SIZE": "8",
+        "FREIGHT_DROPFOLDER_MAX_BACKOFF_SECONDS": "4",  # the default poll (5 s) is what latency is held to
+    }
+    live, stack = start_live(tmp_path_factory.mktemp("drops"), demo_model, overrides, ("alpha",))
+    try:
+        bucket = weed.handle.create_bucket(f"drop-{uuid.uuid4().hex[:8]}")
+        added = subprocess.run(
+            [*FREIGHT, "dropfolder", "add", f"s3://{bucket}/{PREFIX}", "--tenant", "alpha", "--model", "demo",
+             "--window", "1h", "--endpoint-url", weed.handle.endpoint_url, "--region", "us-east-1",
+             "--access-key-id", weed.handle.access_key, "--secret-access-key", weed.handle.secret_key],
+            cwd=REPO, env=stack.env, capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        assert weed.handle.secret_key not in added.stdout + added.stderr
+        yield live, bucket
+    finally:
+        keep_logs(stack, "dropfolders")
+        logs = "".join(p.read_text(errors="replace") for p in stack.run_dir.glob("*.log"))
+        assert weed.handle.secret_key not in logs  # secrets never logged
+
+
+def line(custom_id: str, content: str, **body: Any) -> dict:
+    return {"custom_id": custom_id, "method": "POST", "url": CHAT,
+            "body": {"messages": [{"role": "user", "content": content}], "max_tokens": 4, **body}}  # fmt: skip
+
+
+def jsonl(lines: list[dict]) -> bytes:
+    return b"".join(json.dumps(x).encode() + b"\n" for x in lines)
+
+
+def put(weed: Weed, bucket: str, key: str, data: bytes) -> str:
+    return weed.client().put_object(Bucket=bucket, Key=f"{PREFIX}/{key}", Body=data)["ETag"].strip('"')
+
+
+def read(weed: Weed, bucket: str, key: str) -> bytes:
+    return weed.client().get_object(Bucket=bucket, Key=f"{PREFIX}/{key}")["Body"].read()  # type: ignore[no-any-return]
+
+
+def keys(weed: Weed, bucket: str, folder: str) -> set[str]:
+    listed = weed.client().list_objects_v2(Bucket=bucket, Prefix=f"{PREFIX}/{folder}/").get("Contents", [])
+    return {o["Key"].removeprefix(f"{PREFIX}/") for o in listed}
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout: float = 240) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"{what}: not after {timeout}s")
+
+
+def batches_of(live: LiveStack, bucket: str, key: str) -> list:  # type: ignore[type-arg]
+    source = f"s3://{bucket}/{PREFIX}/{key}"
+    every = live.client().batches.list(limit=100).data
+    return [b for b in every if (b.metadata or {}).get("source_object") == source]
+
+
+def manifest(weed: Weed, bucket: str, name: str, timeout: float = 240) -> dict:
+    key = f"outbox/{name}.manifest.json"
+    wait_for(lambda: key in keys(weed, bucket, "outbox"), f"manifest {key}", timeout)
+    return json.loads(read(weed, bucket, key))  # type: ignore[no-any-return]
+
+
+def test_a_dropped_file_comes_back_with_results_and_a_manifest(drops, weed):  # type: ignore[no-untyped-def]
+    live, bucket = drops
+    lines = [line(f"q-{i}", f"Question {i}: what is in the document?") for i in range(6)]
+    lines.append(line("own-model", "Say hi", model="demo"))  # a line's own model is kept
+    lines.append(line("too-long", "word " * 5000))  # longer than the context: this request alone fails
+    dropped = time.monotonic()
+    etag = put(weed, bucket, "inbox/first.jsonl", jsonl(lines))
+
+    [batch] = wait_for(lambda: batches_of(live, bucket, "inbox/first.jsonl"), "a batch from the file", 30)
+    latency = time.monotonic() - dropped
+    assert latency < 10, f"picked up after {latency:.1f}s"
+    assert batch.metadata == {
+        "source_object": f"s3://{bucket}/{PREFIX}/inbox/first.jsonl",
+        "source_etag": etag,
+    }
+    assert batch.completion_window == "1h"  # the folder's window
+
+    m = manifest(weed, bucket, "first")
+    batch = wait_final(live.client(), batch.id)
+    assert batch.status == m["status"] == "completed"
+    output = [json.loads(x) for x in read(weed, bucket, "outbox/first.output.jsonl").splitlines()]
+    errors = [json.loads(x) for x in read(weed, bucket, "outbox/first.errors.jsonl").splitlines()]
+    assert sorted(x["custom_id"] for x in output) == sorted([f"q-{i}" for i in range(6)] + ["own-model"])
+    assert [x["custom_id"] for x in errors] == ["too-long"]
+    assert all(x["response"]["body"]["model"] == "demo" for x in output)
+
+    assert m["batch_id"] == batch.id and m["model"] == "demo"
+    assert m["request_counts"] == {"total": 8, "completed": 7, "failed": 1}
+    assert m["usage"]["input_tokens"] == batch.usage.input_tokens > 0
+    assert m["usage"]["cached_tokens"] == batch.usage.input_tokens_details.cached_tokens
+    assert m["usage"]["output_tokens"] == batch.usage.output_tokens > 0
+    assert m["cost"] == batch.model_extra["x_freight"]["cost"] and m["cost"]["total"] > 0
+    assert m["deadline"] == batch.expires_at and m["sla_met"] is True
+    assert m["source"]["etag"] == etag and m["errors"] == []
+    assert m["results"]["input"] == f"s3://{bucket}/{PREFIX}/archive/first.jsonl"
+    wait_for(lambda: "archive/first.jsonl" in keys(weed, bucket, "archive"), "the input archived", 30)
+    assert read(weed, bucket, "archive/first.jsonl") == jsonl(lines)
+    assert "inbox/first.jsonl" not in keys(weed, bucket, "inbox")
+    assert len(batches_of(live, bucket, "inbox/first.jsonl")) == 1
+
+
+def test_a_malformed_file_lands_in_failed_with_a_readable_manifest(drops, weed):  # type: ignore[no-untyped-def]
+    live, bucket = drops
+    bad = jsonl([line("a", "hello")]) + b'{"custom_id": "b", "method": "POST"\n' + jsonl([line("a", "again")])
+    put(weed, bucket, "inbox/bad.jsonl", bad)
+    m = manifest(weed, bucket, "bad")
+    assert m["status"] == "failed" and m["batch_id"]
+    assert {(e["code"], e["line"]) for e in m["errors"]} == {
+        ("invalid_json_line", 2),
+        ("duplicate_custom_id", 3),
+    }
+    assert all(e["message"] for e in m["errors"])
+    assert m["results"] == {
+        "output": None,
+        "errors": None,
+        "input": f"s3://{bucket}/{PREFIX}/failed/bad.jsonl",
+    }
+    wait_for(lambda: "failed/bad.jsonl" in keys(weed, bucket, "failed"), "the input moved to failed/", 30)
+    assert not {"outbox/bad.output.jsonl", "outbox/bad.errors.jsonl"} & keys(weed, bucket, "outbox")
+    [batch] = batches_of(live, bucket, "inbox/bad.jsonl")
+    assert batch.status == "failed"  # an ordinary batch, visible through the API
+
+    put(weed, bucket, "inbox/zip.jsonl.gz", b"\x1f\x8b this is not really gzip")
+    m = manifest(weed, bucket, "zip")
+    assert m["status"] == "failed" and m["batch_id"] is None and m["errors"][0]["code"] == "invalid_gzip"
+    wait_for(lambda: "failed/zip.jsonl.gz" in keys(weed, bucket, "failed"), "the refused input moved", 30)
+
+
+def test_a_gzip_file_works(drops, weed):  # type: ignore[no-untyped-def]
+    live, bucket = drops
+    lines = [line(f"g-{i}", f"Zipped question {i}") for i in range(5)]
+    put(weed, bucket, "inbox/zipped.jsonl.gz", gzip.compress(jsonl(lines)))
+    m = manifest(weed, bucket, "zipped")
+    assert m["status"] == "completed" and m["request_counts"]["completed"] == 5
+    output = read(weed, bucket, "outbox/zipped.output.jsonl").splitlines()
+    assert sorted(json.loads(x)["custom_id"] for x in output) == [f"g-{i}" for i in range(5)]
+    wait_for(
+        lambda: "archive/zipped.jsonl.gz" in keys(weed, bucket, "archive"), "the gzip input archived", 30
+    )
+    [batch] = batches_of(live, bucket, "inbox/zipped.jsonl.gz")
+    stored = live.client().files.content(batch.input_file_id).text.splitlines()  # gunzipped, model filled
+    assert [json.loads(x)["custom_id"] for x in stored] == [x["custom_id"] for x in lines]
+    assert {json.loads(x)["body"]["model"] for x in stored} == {"demo"}
+
+
+def test_the_s3_server_stopped_and_restarted_mid_run_loses_nothing(drops, weed):  # type: ignore[no-untyped-def]
+    live, bucket = drops
+    names = ["r1", "r2", "r3"]
+    for name in names[:2]:
+        put(
+            weed,
+            bucket,
+            f"inbox/{name}.jsonl",
+            jsonl([line(f"{name}-{i}", f"{name} question {i}") for i in range(4)]),
+        )
+    wait_for(lambda: all(batches_of(live, bucket, f"inbox/{n}.jsonl") for n in names[:2]), "two batches", 30)
+    put(weed, bucket, "inbox/r3.jsonl", jsonl([line("r3-0", "dropped just before the outage")]))
+    weed.stop()  # mid-run: two batches running, a third file perhaps not yet taken in
+
+    for name in names[:2]:
+        [b] = batches_of(live, bucket, f"inbox/{name}.jsonl")
+        assert wait_final(live.client(), b.id).status == "completed"
+    database = Database(live.stack.settings.database_url)
+    try:
+
+        def failed_deliveries() -> bool:
+            with database.read() as s:
+                return bool(s.scalars(select(DropObject).where(DropObject.delivery_attempts > 0)).first())
+
+        wait_for(failed_deliveries, "a delivery tried against the stopped server", 60)
+        weed.start()
+        put(weed, bucket, "inbox/r4.jsonl", jsonl([line("r4-0", "dropped after the restart")]))
+        for name in [*names, "r4"]:
+            m = manifest(weed, bucket, name)
+            assert m["status"] == "completed", m
+            wait_for(
+                lambda n=name: f"archive/{n}.jsonl" in keys(weed, bucket, "archive"), f"{name} archived", 60
+            )
+            assert len(batches_of(live, bucket, f"inbox/{name}.jsonl")) == 1  # nothing processed twice
+        assert keys(weed, bucket, "inbox") == set()
+        with database.read() as s:
+            rows = s.scalars(select(DropObject)).all()
+        assert all(r.delivered_at is not None for r in rows)
+        versions = [(r.key, r.etag) for r in rows]
+        assert len(versions) == len(set(versions))
+    finally:
+        database.dispose()

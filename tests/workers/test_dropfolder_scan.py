@@ -1,0 +1,357 @@
+"""Drop-folder scanning and delivery against a real database (SQLite and PostgreSQL), a real S3
+(SeaweedFS) and a real broker; no engine. Idempotency is the point: racing scans, a crash between
+creating the batch and recording the object, rescans, an unreachable bucket."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import threading
+import time
+import uuid
+
+import pytest
+from sqlalchemy import func, select
+
+from api.services import dropfolders as folders_service
+from api.services.tenants import create_tenant
+from infra.services import free_port
+from scheduler.dropfolder_plan import InboxFile
+from storage.models import Batch, DropFolder, DropObject, StoredFile
+from storage.objectstore import CHUNK
+from storage.settings import Settings, SettingsError
+from tests.conftest import now
+from workers import dropfolder_delivery, dropfolder_input, dropfolders
+from workers.runtime import Runtime
+from workers.validation import validate_batch
+
+CHAT = "/v1/chat/completions"
+SECRET = "super-secret-value-42"
+
+
+def line(custom_id: str, model: str | None = None, **extra: object) -> dict:
+    body: dict = {"messages": [{"role": "user", "content": f"say {custom_id}"}], "max_tokens": 2}
+    if model:
+        body["model"] = model
+    return {"custom_id": custom_id, "method": "POST", "url": CHAT, "body": body, **extra}
+
+
+def jsonl(*lines: dict) -> bytes:
+    return b"".join(json.dumps(x).encode() + b"\n" for x in lines)
+
+
+# -- streaming helpers, no fixtures --------------------------------------------------------------
+
+
+def test_with_model_streams_lines_and_fills_only_missing_models() -> None:
+    data = jsonl(line("a"), line("b", model="own")) + b"not json\n" + json.dumps(line("c")).encode()
+    out = b"".join(dropfolder_input.with_model(io.BytesIO(data), "demo", 1024))
+    rows = out.split(b"\n")
+    assert json.loads(rows[0])["body"]["model"] == "demo"
+    assert json.loads(rows[1])["body"]["model"] == "own"
+    assert rows[2] == b"not json"
+    assert json.loads(rows[3])["body"]["model"] == "demo"  # last line without a newline
+    # a line longer than the line limit passes through untouched, in pieces, and the next is filled
+    long_line = json.dumps(line("x" * (3 * CHUNK))).encode()
+    out = b"".join(
+        dropfolder_input.with_model(io.BytesIO(long_line + b"\n" + jsonl(line("y"))), "demo", 1000)
+    )
+    first, second, _ = out.split(b"\n")
+    assert first == long_line and json.loads(second)["body"]["model"] == "demo"
+
+
+def test_request_stream_gunzips_and_reports_a_broken_gzip_as_invalid() -> None:
+    data = jsonl(line("a", model="demo"))
+    assert dropfolder_input.request_stream(io.BytesIO(gzip.compress(data)), True, None, 1024).read() == data
+    with pytest.raises(dropfolder_input.InvalidInput) as err:
+        dropfolder_input.request_stream(io.BytesIO(b"this is not gzip"), True, None, 1024).read()
+    assert err.value.code == "invalid_gzip"
+    with pytest.raises(dropfolder_input.InvalidInput):
+        dropfolder_input.request_stream(io.BytesIO(gzip.compress(data)[:-12]), True, None, 1024).read()
+
+
+def test_settings_poll_period_and_backoff_cap() -> None:
+    s = Settings.from_env(
+        {"FREIGHT_DROPFOLDER_POLL_SECONDS": "2", "FREIGHT_DROPFOLDER_MAX_BACKOFF_SECONDS": "60"}
+    )
+    assert (s.dropfolder_poll_seconds, s.dropfolder_max_backoff_seconds) == (2.0, 60.0)
+    assert Settings.from_env({}).dropfolder_poll_seconds == 5.0
+    with pytest.raises(SettingsError):
+        Settings.from_env({"FREIGHT_DROPFOLDER_POLL_SECONDS": "0"})
+
+
+# -- against the database and S3 ------------------------------------------------------------------
+
+
+@pytest.fixture
+def s3(s3_service):  # type: ignore[no-untyped-def]
+    return s3_service
+
+
+@pytest.fixture
+def bucket(s3) -> str:  # type: ignore[no-untyped-def]
+    return s3.create_bucket(f"drop-{uuid.uuid4().hex[:10]}")
+
+
+@pytest.fixture
+def folder(runtime: Runtime, s3, bucket: str) -> str:  # type: ignore[no-untyped-def]
+    create_tenant(runtime.db, "alpha", now())
+    view = folders_service.add(
+        runtime, f"s3://{bucket}/team/evals", "alpha", CHAT, now=now(), model="demo", window="24h",
+        s3_endpoint_url=s3.endpoint_url, region="us-east-1", access_key_id="freight",
+        secret_access_key=SECRET,
+    )  # fmt: skip
+    return view.id
+
+
+def put(s3, bucket: str, key: str, data: bytes) -> str:  # type: ignore[no-untyped-def]
+    return s3.client().put_object(Bucket=bucket, Key=f"team/evals/{key}", Body=data)["ETag"].strip('"')
+
+
+def keys(s3, bucket: str) -> set[str]:  # type: ignore[no-untyped-def]
+    listed = s3.client().list_objects_v2(Bucket=bucket).get("Contents", [])
+    return {o["Key"].removeprefix("team/evals/") for o in listed}
+
+
+def get(s3, bucket: str, key: str) -> bytes:  # type: ignore[no-untyped-def]
+    return s3.client().get_object(Bucket=bucket, Key=f"team/evals/{key}")["Body"].read()  # type: ignore[no-any-return]
+
+
+def counts(rt: Runtime) -> tuple[int, int, int]:
+    with rt.db.read() as s:
+        return (
+            s.scalar(select(func.count()).select_from(Batch)) or 0,
+            s.scalar(select(func.count()).select_from(DropObject)) or 0,
+            s.scalar(select(func.count()).select_from(StoredFile)) or 0,
+        )
+
+
+def later(seconds: float = 0) -> float:
+    return time.time() + seconds
+
+
+def test_a_dropped_file_becomes_one_ordinary_batch(runtime, s3, bucket, folder):  # type: ignore[no-untyped-def]
+    etag = put(s3, bucket, "inbox/data.jsonl", jsonl(line("a"), line("b", model="demo")))
+    put(s3, bucket, "inbox/data.jsonl.freight.json", b'{"window": "1h", "metadata": {"project": "evals"}}')
+    put(s3, bucket, "inbox/notes.txt", b"ignored")
+
+    report = dropfolders.scan_folder(runtime, folder, later())
+    assert report.failed is None and len(report.created) == 1
+    with runtime.db.read() as s:
+        batch = s.get(Batch, report.created[0])
+        stored = s.get(StoredFile, batch.input_file_id)
+        obj = s.scalar(select(DropObject))
+    assert batch.status == "validating" and batch.endpoint == CHAT and batch.completion_window == "1h"
+    assert batch.metadata_ == {
+        "project": "evals",
+        "source_object": f"s3://{bucket}/team/evals/inbox/data.jsonl",
+        "source_etag": etag,
+    }
+    assert stored.filename == "data.jsonl" and stored.purpose == "batch"
+    with runtime.store.open(stored.object_key) as f:
+        lines = [json.loads(x) for x in f.read().splitlines()]
+    assert [x["body"]["model"] for x in lines] == ["demo", "demo"]  # the folder's model filled in
+    assert (obj.key, obj.etag, obj.batch_id) == ("team/evals/inbox/data.jsonl", etag, batch.id)
+    assert obj.validation_sent_at is not None
+
+    # the same version is never taken again; a re-upload with new content is a new batch
+    assert dropfolders.scan_folder(runtime, folder, later()).created == []
+    put(s3, bucket, "inbox/data.jsonl", jsonl(line("c")))
+    assert len(dropfolders.scan_folder(runtime, folder, later()).created) == 1
+    assert counts(runtime)[:2] == (2, 2)
+
+
+def test_an_unreadable_object_does_not_hold_up_the_rest(runtime, s3, bucket, folder, monkeypatch):  # type: ignore[no-untyped-def]
+    from storage.objectstore import ObjectStoreError, S3ObjectStore
+
+    put(s3, bucket, "inbox/locked.jsonl", jsonl(line("x", model="demo")))
+    put(s3, bucket, "inbox/fine.jsonl", jsonl(line("y", model="demo")))
+    opened = S3ObjectStore.open_version
+
+    def denied(self, key, etag):  # type: ignore[no-untyped-def]
+        if key.endswith("locked.jsonl"):
+            raise ObjectStoreError("AccessDenied")
+        return opened(self, key, etag)
+
+    monkeypatch.setattr(S3ObjectStore, "open_version", denied)
+    report = dropfolders.scan_folder(runtime, folder, later())
+    assert report.failed is None and len(report.created) == 1
+    assert [k.rsplit("/", 1)[-1] for k in report.skipped] == ["locked.jsonl"]
+    monkeypatch.undo()  # readable again: taken on the next scan, once
+    assert len(dropfolders.scan_folder(runtime, folder, later()).created) == 1
+    assert dropfolders.scan_folder(runtime, folder, later()).created == []
+
+
+def test_a_gzip_file_is_decompressed_into_the_store(runtime, s3, bucket, folder):  # type: ignore[no-untyped-def]
+    data = jsonl(*(line(f"r{i}", model="demo") for i in range(50)))
+    put(s3, bucket, "inbox/big.jsonl.gz", gzip.compress(data))
+    [batch_id] = dropfolders.scan_folder(runtime, folder, later()).created
+    with runtime.db.read() as s:
+        stored = s.get(StoredFile, s.get(Batch, batch_id).input_file_id)
+    with runtime.store.open(stored.object_key) as f:
+        assert f.read() == data
+    assert stored.bytes == len(data)
+
+
+def test_two_scans_racing_make_one_batch(runtime, s3, bucket, folder):  # type: ignore[no-untyped-def]
+    etag = put(s3, bucket, "inbox/race.jsonl", jsonl(line("a"), line("b")))
+    with runtime.db.read() as s:
+        config = dropfolders.FolderConfig.of(s.get(DropFolder, folder))
+    store = dropfolders.folder_store(config)
+    inbox_file = InboxFile("inbox/race.jsonl", "race", etag, store.stat("inbox/race.jsonl").size, False, None)
+
+    # two schedulers that both got past the folder lease (say it expired) ingest the same version
+    start = threading.Barrier(3)
+    results: list[str | None] = []
+
+    def ingest() -> None:
+        start.wait()
+        results.append(dropfolders.ingest(runtime, config, store, inbox_file))
+
+    # ... while two whole scans race for the lease at the same moment
+    def scan() -> None:
+        start.wait()
+        results.extend(dropfolders.scan_folder(runtime, folder, later()).created)
+
+    threads = [
+        threading.Thread(target=ingest),
+        threading.Thread(target=ingest),
+        threading.Thread(target=scan),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    made = [r for r in results if r]
+    assert len(made) == 1, results
+    assert counts(runtime) == (1, 1, 1)  # the losers' file and batch rows were rolled back
+    assert dropfolders.scan_folder(runtime, folder, later()).created == []
+
+
+def test_a_crash_between_creating_the_batch_and_recording_the_object(
+    runtime, s3, bucket, folder, monkeypatch
+):  # type: ignore[no-untyped-def]
+    put(s3, bucket, "inbox/crash.jsonl", jsonl(line("a")))
+
+    def crash(*args: object, **kwargs: object) -> bool:
+        raise RuntimeError("injected crash after the batch row, before the object row")
+
+    monkeypatch.setattr(dropfolders, "record_object", crash)
+    report = dropfolders.scan_folder(runtime, folder, later())
+    assert report.failed and "injected crash" in report.failed
+    assert counts(runtime) == (0, 0, 0)  # one transaction: the batch went with the crash
+    monkeypatch.undo()
+
+    with runtime.db.read() as s:
+        backoff = s.get(DropFolder, folder)
+    assert backoff.scan_failures == 1 and backoff.scan_lease_at is None
+    assert dropfolders.scan_folder(runtime, folder, later()).created == []  # still backing off
+    assert len(dropfolders.scan_folder(runtime, folder, later(60)).created) == 1
+    assert dropfolders.scan_folder(runtime, folder, later(60)).created == []
+    assert counts(runtime) == (1, 1, 1)
+
+
+def test_a_crash_after_the_commit_before_validation_is_sent(runtime, s3, bucket, folder, monkeypatch):  # type: ignore[no-untyped-def]
+    put(s3, bucket, "inbox/lost.jsonl", jsonl(line("a")))
+    sent: list[str] = []
+
+    def die(batch_id: str) -> None:
+        raise RuntimeError("worker died before sending the validation task")
+
+    monkeypatch.setattr(runtime.queue, "validate", die)
+    assert dropfolders.scan_folder(runtime, folder, later()).failed
+    monkeypatch.setattr(runtime.queue, "validate", sent.append)
+    assert dropfolders.scan_folder(runtime, folder, later(60)).created == []  # known: no second batch
+    assert counts(runtime)[:2] == (1, 1)
+    # once the batch has waited long enough, the scan sends its validation
+    with runtime.db.read() as s:
+        batch_id = s.scalar(select(Batch.id))
+    assert dropfolders.resend_validation(runtime, folder, later(dropfolders.RESEND_VALIDATION_AFTER + 1)) == [
+        batch_id
+    ]
+    assert sent == [batch_id]
+    assert dropfolders.resend_validation(runtime, folder, later(3600)) == []  # once
+
+
+def test_invalid_files_get_a_failed_manifest_and_move_to_failed(runtime, s3, bucket, folder):  # type: ignore[no-untyped-def]
+    put(s3, bucket, "inbox/broken.jsonl.gz", b"not gzip at all")
+    put(s3, bucket, "inbox/bad.jsonl", jsonl(line("a")) + b"{not json\n" + jsonl(line("a")))
+    put(s3, bucket, "inbox/side.jsonl", jsonl(line("a")))
+    put(s3, bucket, "inbox/side.jsonl.freight.json", b'{"modle": "demo"}')
+    report = dropfolders.scan_folder(runtime, folder, later())
+    assert sorted(report.refused) == ["inbox/broken.jsonl.gz", "inbox/side.jsonl"]
+    [batch_id] = report.created
+    validate_batch(runtime, batch_id)  # the control worker's job; fails on the bad lines
+
+    delivered = dropfolders.poll(runtime, later()).deliveries
+    assert len(delivered) == 3
+    assert all(dropfolder_delivery.deliver(runtime, i, later()) for i in delivered)
+    assert not any(dropfolder_delivery.deliver(runtime, i, later()) for i in delivered)  # exactly once
+
+    assert keys(s3, bucket) == {
+        "failed/broken.jsonl.gz", "failed/bad.jsonl", "failed/side.jsonl", "failed/side.jsonl.freight.json",
+        "outbox/broken.manifest.json", "outbox/bad.manifest.json", "outbox/side.manifest.json",
+    }  # fmt: skip
+    gz = json.loads(get(s3, bucket, "outbox/broken.manifest.json"))
+    assert gz["status"] == "failed" and gz["batch_id"] is None
+    assert gz["errors"][0]["code"] == "invalid_gzip"
+    bad = json.loads(get(s3, bucket, "outbox/bad.manifest.json"))
+    assert bad["status"] == "failed" and bad["batch_id"] == batch_id
+    assert {(e["code"], e["line"]) for e in bad["errors"]} == {
+        ("invalid_json_line", 2),
+        ("duplicate_custom_id", 3),
+    }
+    assert bad["results"]["input"] == f"s3://{bucket}/team/evals/failed/bad.jsonl"
+    side = json.loads(get(s3, bucket, "outbox/side.manifest.json"))
+    assert side["errors"][0]["code"] == "invalid_sidecar" and "modle" in side["errors"][0]["message"]
+    assert dropfolders.scan_folder(runtime, folder, later()).created == []
+
+
+def test_an_unreachable_bucket_backs_off_and_logs_no_secret(runtime, s3, bucket, folder, caplog):  # type: ignore[no-untyped-def]
+    put(s3, bucket, "inbox/wait.jsonl", jsonl(line("a")))
+    good = s3.endpoint_url
+    with runtime.db.write() as s:
+        s.get(DropFolder, folder).s3_endpoint_url = f"http://127.0.0.1:{free_port()}"  # nobody listens
+    t0 = later()
+    report = dropfolders.scan_folder(runtime, folder, t0)
+    assert report.failed and report.created == []
+    assert dropfolders.scan_folder(runtime, folder, later()).failed is None  # backing off: not tried
+    assert dropfolders.poll(runtime, t0 + 1).scans == []
+    report = dropfolders.scan_folder(runtime, folder, later(60))
+    assert report.failed
+    with runtime.db.read() as s:
+        state = s.get(DropFolder, folder)
+    pause = 2 * runtime.settings.dropfolder_poll_seconds  # the second failure waits twice as long
+    assert state.scan_failures == 2 and state.next_scan_at > time.time() + pause - 3
+    assert "scan failed" in caplog.text and SECRET not in caplog.text
+
+    with runtime.db.write() as s:  # the bucket is back: nothing was lost
+        row = s.get(DropFolder, folder)
+        row.s3_endpoint_url = good
+        row.next_scan_at = None
+    assert len(dropfolders.scan_folder(runtime, folder, later()).created) == 1
+
+
+def test_a_failed_delivery_is_retried_with_backoff(runtime, s3, bucket, folder):  # type: ignore[no-untyped-def]
+    put(s3, bucket, "inbox/z.jsonl.gz", b"broken")
+    assert dropfolders.scan_folder(runtime, folder, later()).refused == ["inbox/z.jsonl.gz"]
+    with runtime.db.write() as s:
+        s.get(DropFolder, folder).s3_endpoint_url = f"http://127.0.0.1:{free_port()}"
+    [object_id] = dropfolders.poll(runtime, later()).deliveries
+    assert not dropfolder_delivery.deliver(runtime, object_id, later())
+    with runtime.db.read() as s:
+        obj = s.get(DropObject, object_id)
+    assert obj.delivery_attempts == 1 and obj.last_error and obj.delivered_at is None
+    assert dropfolders.poll(runtime, later()).deliveries == []  # waiting out the backoff
+    with runtime.db.write() as s:
+        s.get(DropFolder, folder).s3_endpoint_url = s3.endpoint_url
+    assert dropfolder_delivery.deliver(runtime, object_id, later(60))
+    assert "failed/z.jsonl.gz" in keys(s3, bucket) and "inbox/z.jsonl.gz" not in keys(s3, bucket)
+
+
+def test_removed_folders_are_not_scanned(runtime, s3, bucket, folder):  # type: ignore[no-untyped-def]
+    put(s3, bucket, "inbox/a.jsonl", jsonl(line("a")))
+    folders_service.remove(runtime, f"s3://{bucket}/team/evals", now())
+    assert dropfolders.poll(runtime, later()).scans == []
+    assert dropfolders.scan_folder(runtime, folder, later()).created == []
