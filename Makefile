@@ -6,7 +6,7 @@ RUN_DIR := var/run
 MODEL_DIR := models/demo
 BENCH_MODEL_DIR := models/bench
 
-.PHONY: run stop test lint install model bench-model bench clean
+.PHONY: run stop test lint install model bench-model bench bench-parquet bench-int4 int4-model clean quantize-env
 
 install:
 	@bash infra/install.sh
@@ -30,12 +30,27 @@ lint: install
 	@d=$$(mktemp -d); FREIGHT_DATABASE_URL=sqlite:///$$d/check.db $(PY) -m api.cli db upgrade && \
 	  FREIGHT_DATABASE_URL=sqlite:///$$d/check.db $(PY) -m alembic -c migrations/alembic.ini check
 
-test: model lint
+# llm-compressor's own virtualenv (GPTQ/AWQ pin other transformers/compressed-tensors than vLLM)
+quantize-env: install
+	@$(PY) -m workers.quantize_env .venv-quantize
+
+test: model lint quantize-env
 	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m pytest -p no:cacheprovider -q
 
 # the scheduler benchmark (bench/README.md): writes bench/results/scheduler.json; BENCH_ARGS=--quick for a smoke run
-bench: model bench-model
+bench: model bench-model bench-parquet bench-int4
 	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m bench.scheduler $(BENCH_ARGS)
+
+# validation + planning of a 1,000,000-line batch, JSON-only vs columnar: bench/results/parquet.json
+bench-parquet: model
+	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m bench.parquet $(PARQUET_BENCH_ARGS)
+
+# BF16 against INT4 (every INT4 kernel here) on a ~373M-parameter model: bench/results/int4.json
+int4-model: install
+	@$(PY) infra/build_demo_model.py models/int4-bench --hidden 1024 --layers 24 --heads 16 --kv-heads 4 --intermediate 4096
+
+bench-int4: model int4-model
+	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m bench.int4 $(INT4_BENCH_ARGS)
 
 clean: stop
 	rm -rf var test-artifacts

@@ -9,9 +9,12 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 
 import click
 
+from api.client_cli import CLIENT_COMMANDS
+from api.models_cli import models
 from storage.settings import Settings, SettingsError
 
 
@@ -132,18 +135,32 @@ def worker(model: str | None, control: bool, name: str | None) -> None:
 
         # import vLLM's request models now (seconds), not inside the first validation
         parse_body(CHAT, {"model": "warm-up", "messages": [{"role": "user", "content": "hi"}]})
+        from storage.registry import served_names
+        from workers.runtime import Runtime
         from workers.validation import prompt_keys
 
-        warm = prompt_keys(settings)  # and load each model's tokenizer for the prompt keys
-        for served in settings.models:
+        rt = Runtime(settings)
+        warm = prompt_keys(rt)  # and load each model's tokenizer for the prompt keys
+        for served in sorted(served_names(rt.db, settings)):
             warm(served, CHAT, {"messages": [{"role": "user", "content": "hi"}]})
         argv = ["worker", "-P", "threads", "-c", "4", "-Q", CONTROL_QUEUE, "-n", name or "control@%h"]
     else:
-        if model not in settings.models:
-            raise click.ClickException(
-                f"model {model!r} is not in FREIGHT_MODELS ({', '.join(settings.models) or 'empty'})"
-            )
         from celery import signals
+
+        from storage.checkpoint_cache import CheckpointError, local_checkpoint
+        from storage.objectstore import s3_client
+        from storage.registry import RegistryError, require
+        from workers.runtime import Runtime
+
+        try:  # the registry entry says what to load, from where, at what price
+            entry = require(Runtime(settings).db, settings, model)
+            local = local_checkpoint(
+                entry.checkpoint,
+                Path(settings.model_cache_dir),
+                lambda: s3_client(settings.s3_endpoint_url or None),
+            )
+        except (RegistryError, CheckpointError) as exc:
+            raise click.ClickException(str(exc)) from exc
 
         from workers.engine import Engine
         from workers.execution import PackRunner
@@ -151,8 +168,10 @@ def worker(model: str | None, control: bool, name: str | None) -> None:
 
         # load once, before consuming: every task this process runs finds the engine warm.
         # solo pool: vLLM's engine spawns processes, which prefork's daemonic children cannot.
-        engine = Engine.start(engine_config(settings, model))
-        runner = PackRunner(runtime_of(app), engine, model).start()
+        engine = Engine.start(engine_config(settings, model, str(local), entry.max_model_len))
+        runner = PackRunner(
+            runtime_of(app), engine, model, price_per_hour=entry.price_per_hour(settings)
+        ).start()
         app.freight_runner = runner  # type: ignore[attr-defined]
 
         @signals.worker_shutdown.connect(weak=False)
@@ -164,14 +183,14 @@ def worker(model: str | None, control: bool, name: str | None) -> None:
     app.worker_main([*argv, "--loglevel", "INFO", "--without-gossip", "--without-mingle"])
 
 
-def engine_config(settings: Settings, model: str):  # type: ignore[no-untyped-def]
+def engine_config(settings: Settings, model: str, path: str, max_model_len: int | None = None):  # type: ignore[no-untyped-def]
     from workers.engine import EngineConfig
 
     return EngineConfig(
-        model_path=settings.models[model],
+        model_path=path,
         served_name=model,
         max_num_seqs=settings.engine_max_num_seqs,
-        max_model_len=settings.engine_max_model_len or None,
+        max_model_len=max_model_len or settings.engine_max_model_len or None,
         kv_cache_bytes=int(settings.engine_kv_cache_gib * 1024**3),
         block_size=settings.engine_block_size or None,
         enforce_eager=settings.engine_enforce_eager,
@@ -207,7 +226,12 @@ def tick() -> None:
 @click.option("--tenant", default=None, help="only this tenant (by name)")
 @click.option("--model", default=None, help="only this model")
 @click.option(
-    "--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "csv", "json", "parquet"]),
+    default="table",
+    show_default=True,
+    help="parquet writes binary to stdout: redirect it to a file",
 )
 def report(since: str, until: str | None, tenant: str | None, model: str | None, fmt: str) -> None:
     """Usage, cost and SLA per tenant and model of the batches that finished in a window."""
@@ -229,6 +253,15 @@ def report(since: str, until: str | None, tenant: str | None, model: str | None,
         rows = usage_report(rt, times["--since"], times["--until"], tenant, model)
     finally:
         rt.db.dispose()
+    if fmt == "parquet":
+        from api.report_format import format_parquet
+
+        out = click.get_binary_stream("stdout")
+        if out.isatty():
+            raise click.UsageError("--format parquet writes binary: redirect it, e.g. > report.parquet")
+        out.write(format_parquet(rows))
+        out.flush()
+        return
     click.echo(format_report(rows, fmt), nl=False)
 
 
@@ -243,6 +276,13 @@ def dropfolder() -> None:
 @click.option("--endpoint", default="/v1/chat/completions", show_default=True, help="the batches' endpoint")
 @click.option("--model", default=None, help="model for lines without body.model (a sidecar may override)")
 @click.option("--window", default=None, help="completion window (default: 24h, or the first tier)")
+@click.option(
+    "--output-format",
+    type=click.Choice(["jsonl", "parquet"]),
+    default="jsonl",
+    show_default=True,
+    help="format of the outbox's output and error files",
+)
 @click.option("--endpoint-url", default=None, help="S3 endpoint for non-AWS stores (default: boto3's chain)")
 @click.option("--region", default=None, help="S3 region (default: boto3's chain)")
 @click.option("--access-key-id", default=None, help="this folder's own key (default: boto3's chain)")
@@ -257,6 +297,7 @@ def dropfolder_add(
     endpoint: str,
     model: str | None,
     window: str | None,
+    output_format: str,
     endpoint_url: str | None,
     region: str | None,
     access_key_id: str | None,
@@ -283,6 +324,7 @@ def dropfolder_add(
             region=region,
             access_key_id=access_key_id,
             secret_access_key=secret_access_key,
+            output_format=output_format,
         )
     except ServiceError as exc:
         raise click.ClickException(exc.message) from exc
@@ -335,6 +377,14 @@ def dropfolder_remove(folder: str) -> None:
     finally:
         rt.db.dispose()
     click.echo(f"removed drop folder {removed}")
+
+
+# batches over the API, as a tenant: freight submit | status | list | cancel | download
+for _command in CLIENT_COMMANDS:
+    main.add_command(_command)
+
+# the model registry: freight models add | list | remove | quantize
+main.add_command(models)
 
 
 if __name__ == "__main__":

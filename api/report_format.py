@@ -1,4 +1,4 @@
-"""``freight report`` output: the usage report's rows as an aligned table, CSV or JSON."""
+"""``freight report`` output: the usage report's rows as an aligned table, CSV, JSON or Parquet."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from dataclasses import asdict, fields
 
 from api.services.reports import ALL, ReportRow
 
-FORMATS = ("table", "csv", "json")
+FORMATS = ("table", "csv", "json", "parquet")
+TEXT_FORMATS = ("table", "csv", "json")
 FIELDS = tuple(f.name for f in fields(ReportRow))
 
 
@@ -107,5 +108,26 @@ def format_json(rows: Sequence[ReportRow]) -> str:
 def format_report(rows: Sequence[ReportRow], fmt: str) -> str:
     formatters = {"table": format_table, "csv": format_csv, "json": format_json}
     if fmt not in formatters:
-        raise ValueError(f"unknown report format {fmt!r} (expected {', '.join(FORMATS)})")
+        raise ValueError(f"unknown text report format {fmt!r} (expected {', '.join(TEXT_FORMATS)})")
     return formatters[fmt](rows)
+
+
+def _arrow_type(annotation: object) -> object:
+    import pyarrow as pa
+
+    kind = str(annotation).replace(" | None", "")
+    return {"str": pa.string(), "int": pa.int64(), "float": pa.float64()}[kind]
+
+
+def format_parquet(rows: Sequence[ReportRow]) -> bytes:
+    """One typed column per ReportRow field (strings, int64, float64; None is null)."""
+    import io as _io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([(f.name, _arrow_type(f.type)) for f in fields(ReportRow)])
+    table = pa.Table.from_pylist([asdict(r) for r in rows], schema=schema)
+    sink = _io.BytesIO()
+    pq.write_table(table, sink, compression="zstd")
+    return sink.getvalue()

@@ -7,6 +7,7 @@ from typing import Any
 from api.services.paging import Page
 from scheduler.metering import MICROS_PER_DOLLAR, charged_micros, per_million
 from storage.models import Batch, StoredFile
+from storage.registry import ModelEntry
 from storage.status import BatchStatus
 
 
@@ -111,4 +112,25 @@ def list_object(p: Page, render: Any) -> dict[str, Any]:
         "first_id": data[0]["id"] if data else None,
         "last_id": data[-1]["id"] if data else None,
         "has_more": p.has_more,
+    }
+
+
+def model_object(e: ModelEntry) -> dict[str, Any]:
+    """OpenAI's model object; what Freight knows of it besides (quantization, prices) under x_freight."""
+    price = e.list_price
+    return {
+        "id": e.name,
+        "object": "model",
+        "created": e.created_at,
+        "owned_by": "freight",
+        "x_freight": {
+            "quantization": e.quantization,
+            "max_model_len": e.max_model_len,
+            "parameters": e.parameters,
+            "weight_bytes": e.weight_bytes,
+            "instance_price_per_hour": e.instance_price_per_hour,
+            "list_price_per_1m": None
+            if price is None
+            else {"input": price.input, "cached_input": price.cached_input, "output": price.output},
+        },
     }

@@ -125,10 +125,18 @@ def up(
         from storage.migrate import upgrade
 
         upgrade(settings.database_url)
+        from storage.db import Database
+        from storage.registry import served_names
+
+        db = Database(settings.database_url)
+        try:  # an engine pool per served model: registry rows and FREIGHT_MODELS declarations
+            served = sorted(served_names(db, settings))
+        finally:
+            db.dispose()
 
         stack.processes["api"] = spawn(run_dir, "api", [*FREIGHT, "api"], env)
         stack.processes["control"] = spawn(run_dir, "control", [*FREIGHT, "worker", "--control"], env)
-        for model in settings.models:
+        for model in served:
             for name in engine_names(model, workers_per_model):
                 stack.processes[name] = spawn(
                     run_dir, name, [*FREIGHT, "worker", "--model", model, "--name", f"{name}@%h"], env
@@ -145,7 +153,7 @@ def up(
             stack.processes["control"],
             stack.log("control"),
         )
-        for model in settings.models:
+        for model in served:
             for name in engine_names(model, workers_per_model):
                 wait_for(
                     lambda n=name: _log_has(stack.log(n), " ready."),

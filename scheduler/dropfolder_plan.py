@@ -37,7 +37,7 @@ class Listed:
 
 @dataclass(frozen=True)
 class InboxFile:
-    """A request file to turn into a batch: ``inbox/NAME.jsonl`` or ``inbox/NAME.jsonl.gz``."""
+    """A request file to turn into a batch: ``inbox/NAME.jsonl``, ``.jsonl.gz`` or ``.parquet``."""
 
     key: str
     name: str
@@ -79,7 +79,7 @@ def inbox_name(key: str) -> tuple[str, bool] | None:
     base = key[len(INBOX) :]
     if "/" in base or "\x00" in base:
         return None
-    for suffix, gz in ((".jsonl.gz", True), (".jsonl", False)):
+    for suffix, gz in ((".jsonl.gz", True), (".jsonl", False), (".parquet", False)):
         if base.endswith(suffix):
             name = base[: -len(suffix)]
             return (name, gz) if name and name not in (".", "..") else None
@@ -117,10 +117,15 @@ class ResultKeys:
     manifest: str
 
 
-def result_keys(name: str) -> ResultKeys:
+def is_parquet_key(key: str) -> bool:
+    """An inbox file in Parquet (stored as it is; the folder's model becomes a batch default)."""
+    return key.endswith(".parquet")
+
+
+def result_keys(name: str, fmt: str = "jsonl") -> ResultKeys:
     return ResultKeys(
-        output=f"{OUTBOX}{name}.output.jsonl",
-        errors=f"{OUTBOX}{name}.errors.jsonl",
+        output=f"{OUTBOX}{name}.output.{fmt}",
+        errors=f"{OUTBOX}{name}.errors.{fmt}",
         manifest=f"{OUTBOX}{name}.manifest.json",
     )
 
@@ -253,6 +258,7 @@ class Delivery:
     size: int
     batch: BatchFacts | None  # None: the file was refused before a batch was made
     refused: tuple[Mapping[str, Any], ...] = field(default=())  # why
+    output_format: str = "jsonl"  # of the output and error files: jsonl | parquet
 
     @property
     def name(self) -> str:
@@ -265,7 +271,7 @@ class Delivery:
 
     @property
     def results(self) -> ResultKeys:
-        return result_keys(self.name)
+        return result_keys(self.name, self.output_format)
 
     @property
     def archive(self) -> str:

@@ -155,6 +155,7 @@ class WorkUnit(Base):
     seq: Mapped[int] = mapped_column(Integer)
     model: Mapped[str] = mapped_column(String(200))
     shard_key: Mapped[str] = mapped_column(String(1024))
+    row_start: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # its rows in the shard
     first_line: Mapped[int] = mapped_column(Integer)
     n_requests: Mapped[int] = mapped_column(Integer)
     status: Mapped[str] = mapped_column(String(16), default=UnitStatus.PENDING)
@@ -234,6 +235,7 @@ class DropFolder(Base):
     endpoint: Mapped[str] = mapped_column(String(64))
     model: Mapped[str | None] = mapped_column(String(200))  # for lines without body.model
     completion_window: Mapped[str] = mapped_column(String(16))
+    output_format: Mapped[str] = mapped_column(String(16), default="jsonl", server_default="jsonl")
     s3_endpoint_url: Mapped[str | None] = mapped_column(String(1024))
     region: Mapped[str | None] = mapped_column(String(64))
     access_key_id: Mapped[str | None] = mapped_column(String(256))
@@ -278,3 +280,26 @@ class DropObject(Base):
     last_error: Mapped[str | None] = mapped_column(Text)
     delivered_at: Mapped[float | None] = mapped_column(Float)
     archived_key: Mapped[str | None] = mapped_column(String(1024))
+
+
+class Model(Base):
+    """A served model in the registry: where its checkpoint lives, how it is quantized, what its
+    pool costs. Engine workers start from this row; ``/v1/models`` lists these rows."""
+
+    __tablename__ = "models"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    source: Mapped[str] = mapped_column(String(1024))  # what the user gave: a directory or s3://bucket/prefix
+    checkpoint: Mapped[str] = mapped_column(String(1024))  # what workers load (the source, or its INT4 copy)
+    requested_quantization: Mapped[str] = mapped_column(String(16))  # auto|none|w4a16|awq|gptq
+    quantization: Mapped[str] = mapped_column(String(16))  # what is served: none|w4a16|awq|gptq
+    max_model_len: Mapped[int | None] = mapped_column(Integer)
+    # the pool's machine price ($/hour) and the list prices the saving is shown against ($/1M tokens)
+    instance_price_per_hour: Mapped[float | None] = mapped_column(Float)
+    list_price_input: Mapped[float | None] = mapped_column(Float)
+    list_price_cached: Mapped[float | None] = mapped_column(Float)
+    list_price_output: Mapped[float | None] = mapped_column(Float)
+    parameters: Mapped[int | None] = mapped_column(BigInteger)
+    weight_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    probe: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # the measured BF16/INT4 probe of `auto`
+    created_at: Mapped[int] = mapped_column(BigInteger)

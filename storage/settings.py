@@ -68,8 +68,15 @@ class Settings:
     broker_url: str = "redis://127.0.0.1:6390/0"
     api_host: str = "127.0.0.1"
     api_port: int = 8080
-    # served name -> checkpoint directory (the model registry issue moves this into the database)
+    # models declared by environment: served name -> checkpoint directory or s3://bucket/prefix.
+    # The registry (`freight models add`, the models table) is the other source; a row wins.
     models: Mapping[str, str] = field(default_factory=dict)
+    model_cache_dir: str = ""  # where S3 checkpoints are downloaded; default <data_dir>/checkpoints
+    quantized_dir: str = ""  # where `models add --quantization` writes INT4 copies; <data_dir>/quantized
+    quantize_env: str = ""  # llm-compressor's own virtualenv (GPTQ/AWQ); <data_dir>/llmcompressor-env
+    # `--quantization auto` serves INT4 only if its measured throughput is at least this many times
+    # BF16's at every probed batch size
+    int4_min_speedup: float = 1.0
     # SLA tiers: accepted completion_window values, each with an optional price multiplier
     # ("1h:2,4h:1.5,24h,7d:0.75"; no multiplier means 1)
     completion_windows: tuple[str, ...] = ("24h",)
@@ -86,7 +93,8 @@ class Settings:
     max_file_bytes: int = 200 * 1024 * 1024
     max_line_bytes: int = 8 * 1024 * 1024
     max_listed_errors: int = 100  # validation errors listed on a failed batch
-    unit_size: int = 256  # requests per work unit (one Parquet shard of one batch)
+    unit_size: int = 256  # requests per work unit (a row range of one Parquet shard of one batch)
+    unit_tokens: int = 0  # also cut units at this many planned tokens (prompt + output budget); 0: off
     # scheduling: units of all batches of a model are packed into packs of about this many requests
     pack_requests: int = 1024
     sort_key_tokens: int = 1024  # prompt tokens that decide the prefix order of requests
@@ -137,6 +145,12 @@ class Settings:
             changes["database_url"] = f"sqlite:///{data_dir / 'freight.db'}"
         if not self.object_store_url:
             changes["object_store_url"] = f"file://{data_dir / 'objects'}"
+        for name, leaf in (
+            ("model_cache_dir", "checkpoints"),
+            ("quantized_dir", "quantized"),
+            ("quantize_env", "llmcompressor-env"),
+        ):
+            changes[name] = str(Path(getattr(self, name) or data_dir / leaf).absolute())
         if not self.completion_windows:
             raise SettingsError("FREIGHT_COMPLETION_WINDOWS needs at least one window")
         try:
@@ -150,6 +164,8 @@ class Settings:
         parse_list_prices(self.list_prices)
         if self.unit_size < 1:
             raise SettingsError("FREIGHT_UNIT_SIZE must be at least 1")
+        if self.unit_tokens < 0:
+            raise SettingsError("FREIGHT_UNIT_TOKENS cannot be negative")
         if self.pack_requests < 1 or self.queue_depth < 1:
             raise SettingsError("FREIGHT_PACK_REQUESTS and FREIGHT_QUEUE_DEPTH must be at least 1")
         if self.dropfolder_poll_seconds <= 0 or self.dropfolder_max_backoff_seconds <= 0:

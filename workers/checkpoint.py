@@ -12,10 +12,33 @@ import json
 import logging
 import struct
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from scheduler.metering import ModelShape
+from storage.checkpoint_cache import CheckpointError, local_checkpoint
+from storage.objectstore import s3_client
+from storage.registry import RegistryError, require
+
+if TYPE_CHECKING:
+    from workers.runtime import Runtime
 
 log = logging.getLogger(__name__)
+
+
+def checkpoint_dir(rt: Runtime, model: str) -> str:
+    """The local checkpoint directory of a served model (KeyError if it is not served).
+
+    The one place a model name becomes files on disk for the control side (validation loads the
+    tokenizer from here): the registry entry's checkpoint, downloaded first if it is in S3."""
+    try:
+        entry = require(rt.db, rt.settings, model)
+        cache = Path(rt.settings.model_cache_dir)
+        return str(
+            local_checkpoint(entry.checkpoint, cache, lambda: s3_client(rt.settings.s3_endpoint_url or None))
+        )
+    except (RegistryError, CheckpointError) as exc:
+        raise KeyError(str(exc)) from exc
+
 
 DTYPE_BYTES = {
     "F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
@@ -26,7 +49,7 @@ PACKED_SUFFIX = "weight_packed"  # compressed-tensors pack-quantized: 8 int4 wei
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 
 
-def _header(path: Path) -> dict:
+def read_header(path: Path) -> dict:
     with path.open("rb") as f:
         (length,) = struct.unpack("<Q", f.read(8))
         if length > MAX_HEADER_BYTES:
@@ -38,7 +61,7 @@ def weights(model_dir: Path) -> tuple[int, int]:
     """(parameters, bytes) over every safetensors file of the checkpoint."""
     parameters = size = 0
     for file in sorted(model_dir.glob("*.safetensors")):
-        for name, info in _header(file).items():
+        for name, info in read_header(file).items():
             if name == "__metadata__":
                 continue
             numel = 1

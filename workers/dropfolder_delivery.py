@@ -10,6 +10,7 @@ unreachable bucket means the whole delivery is tried again later, with backoff.
 from __future__ import annotations
 
 import logging
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -29,7 +30,8 @@ from scheduler.dropfolder_plan import (
     sidecar_key,
 )
 from storage.models import Batch, DropFolder, DropObject, StoredFile
-from storage.objectstore import ObjectNotFound, ObjectStore, ObjectStoreError
+from storage.objectstore import ObjectNotFound, ObjectStore, ObjectStoreError, iter_lines
+from storage.result_tables import write_results
 from workers.dropfolders import FINAL, FolderConfig, describe_error, folder_store, renew_lease, set_columns
 from workers.runtime import Runtime
 
@@ -57,7 +59,9 @@ def deliver(rt: Runtime, object_id: int, now: float) -> bool:
         keys = d.results
         if d.writes_results:
             for source, target in ((job.output_key, keys.output), (job.errors_key, keys.errors)):
-                if source is None:
+                if d.output_format == "parquet":
+                    put_parquet_results(rt, store, source, target)
+                elif source is None:
                     store.put_chunks(target, [])  # every batch that ran has both files
                 else:
                     with rt.store.open(source) as stream:
@@ -87,6 +91,20 @@ def deliver(rt: Runtime, object_id: int, now: float) -> bool:
         d.batch.status if d.batch else "refused",
     )
     return True
+
+
+def put_parquet_results(rt: Runtime, store: ObjectStore, source: str | None, target: str) -> None:
+    """A result file as typed Parquet (``storage.result_tables``), through a local temporary file."""
+    spill = rt.settings.data_dir / "tmp"
+    spill.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=spill, suffix=".parquet") as local:
+        if source is None:
+            write_results([], local.name)
+        else:
+            with rt.store.open(source) as stream:
+                write_results(iter_lines(stream), local.name)
+        with open(local.name, "rb") as converted:
+            store.put_stream(target, converted)
 
 
 def move_input(store: ObjectStore, key: str, etag: str, target: str) -> bool:
@@ -155,6 +173,7 @@ def _claim_delivery(rt: Runtime, object_id: int, now: float) -> _Job | None:
                 size=obj.size,
                 batch=None if batch is None else batch_facts(batch),
                 refused=tuple(obj.errors or ()),
+                output_format=folder.output_format or "jsonl",
             )
             return _Job(now, FolderConfig.of(folder), delivery, output_key, errors_key)
     except _NotFinal:

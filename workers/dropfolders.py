@@ -44,6 +44,7 @@ from scheduler.dropfolder_plan import (
     folder_url,
     full_key,
     inbox_name,
+    is_parquet_key,
     parse_sidecar,
     plan_scan,
     refusal,
@@ -57,6 +58,7 @@ from storage.objectstore import (
     S3ObjectStore,
     s3_client,
 )
+from storage.request_tables import DEFAULT_PREFIX
 from storage.status import BatchStatus
 from workers.dropfolder_input import InvalidInput, request_stream
 from workers.runtime import Runtime
@@ -83,6 +85,7 @@ class FolderConfig:
     access_key_id: str | None = field(repr=False)
     secret_access_key: str | None = field(repr=False)
     scan_failures: int = 0
+    output_format: str = "jsonl"
 
     @classmethod
     def of(cls, row: DropFolder) -> FolderConfig:
@@ -99,6 +102,7 @@ class FolderConfig:
             row.access_key_id,
             row.secret_access_key,
             row.scan_failures,
+            row.output_format or "jsonl",
         )
 
     @property
@@ -251,23 +255,28 @@ def ingest(rt: Runtime, folder: FolderConfig, store: ObjectStore, f: InboxFile) 
             raise InvalidInput("empty_file", "the file is empty")
         sidecar = parse_sidecar(_read_small(store, f.sidecar)) if f.sidecar else None
         wanted = file_request(folder.model, folder.window, sidecar, source_url, f.etag)
+        parquet = is_parquet_key(f.key)
+        metadata = dict(wanted.metadata)
+        if parquet and wanted.model:  # rows cannot be rewritten on the way: a batch-level default
+            metadata[f"{DEFAULT_PREFIX}model"] = wanted.model
         request = batches.check_request(
             rt,
             {
                 "input_file_id": "-",  # known once the copy is stored, below
                 "endpoint": folder.endpoint,
                 "completion_window": wanted.window,
-                "metadata": dict(wanted.metadata),
+                "metadata": metadata,
             },
         )
+        suffix = "parquet" if parquet else "jsonl"
         with store.open_version(f.key, f.etag) as raw:
             record = files.store_file(
                 rt,
                 folder.tenant_id,
                 "batch",
-                f"{f.name}.jsonl",
-                request_stream(raw, f.gzip, wanted.model, rt.settings.max_line_bytes),
-                key=f"dropfolders/{folder.id}/{digest}.jsonl",
+                f"{f.name}.{suffix}",
+                raw if parquet else request_stream(raw, f.gzip, wanted.model, rt.settings.max_line_bytes),
+                key=f"dropfolders/{folder.id}/{digest}.{suffix}",
             )
     except (ObjectChanged, ObjectNotFound):
         return None  # replaced or removed since the listing: the next scan sees what is there

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +80,7 @@ class EngineRequest:
     endpoint: str
     body: dict
     parsed: ParsedRequest | None = None
+    prompt_token_ids: Sequence[int] | None = None  # rendered at validation: used, not re-rendered
 
 
 @dataclass(frozen=True)
@@ -243,6 +244,7 @@ class Engine:
             self._llm.renderer,
             default_max_tokens=self.config.default_max_tokens,
             default_sampling_params=self._default_sampling,
+            prompt_token_ids=request.prompt_token_ids,
         )
 
     # ------------------------------------------------------------------ feeding

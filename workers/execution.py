@@ -38,7 +38,7 @@ from sqlalchemy import ColumnElement, and_, select, update
 from scheduler.lifecycle import abort_reason, finish_if_done
 from scheduler.metering import TokenWork, engine_cost_micros, kv_reads, mbu, mfu
 from storage.models import Batch, EngineSample, UnitStatus, WorkUnit
-from storage.shards import ShardRow, read_shard
+from storage.shards import ShardRow, read_rows
 from storage.status import BatchStatus
 from workers.accounting import CostMeter, UnitMeter
 from workers.checkpoint import model_shape
@@ -63,6 +63,7 @@ class Claim:
     shard_key: str
     seq: int
     n_requests: int
+    row_start: int = 0  # the unit's rows are [row_start, row_start + n_requests) of its shard
 
 
 def held(claim: Claim) -> ColumnElement[bool]:
@@ -98,6 +99,7 @@ def claim_unit(rt: Runtime, unit_id: int, now: float, worker: str = WORKER_NAME)
             unit.shard_key,
             unit.seq,
             unit.n_requests,
+            unit.row_start,
         )
 
 
@@ -171,8 +173,18 @@ def _exit_process() -> None:
 class PackRunner:
     """The engine worker's side of the scheduler; see the module docstring."""
 
-    def __init__(self, rt: Runtime, engine: Engine, model: str, worker: str = WORKER_NAME) -> None:
+    def __init__(
+        self,
+        rt: Runtime,
+        engine: Engine,
+        model: str,
+        worker: str = WORKER_NAME,
+        price_per_hour: float | None = None,  # this pool's machine ($/hour); None: the setting
+    ) -> None:
         self.rt = rt
+        self.price_per_hour = (
+            rt.settings.instance_price_per_hour if price_per_hour is None else price_per_hour
+        )
         self.engine = engine
         self.model = model
         self.worker = worker
@@ -184,7 +196,7 @@ class PackRunner:
         self._finished: queue.Queue[ActiveUnit | None] = queue.Queue()  # for the recorder
         self._sample = _Sample()
         self._sample_lock = threading.Lock()
-        self._meter = CostMeter(rt.settings.instance_price_per_hour, rt.settings.sample_seconds)
+        self._meter = CostMeter(self.price_per_hour, rt.settings.sample_seconds)
         self._done: list[ActiveUnit] = []  # finished units, handed on once their share is settled
         self.shape = model_shape(engine.config.model_path)
         self._closing = threading.Event()
@@ -216,7 +228,10 @@ class PackRunner:
             return 0
         units = [ActiveUnit(c, _spool(), _spool(), c.n_requests) for c in claims]
         streams = [
-            [(row.key, row.line, i, row) for row in read_shard(self.rt.store, u.claim.shard_key)]
+            [
+                (row.key, row.line, i, row)
+                for row in read_rows(self.rt.store, u.claim.shard_key, u.claim.row_start, u.claim.n_requests)
+            ]
             for i, u in enumerate(units)
         ]
         for unit, rows in zip(units, streams, strict=True):
@@ -312,7 +327,10 @@ class PackRunner:
                 self._deliver_to(unit, row.custom_id, None)
                 continue
             key = f"{unit.claim.unit_id}/{row.line}"
-            rejected = engine.add(EngineRequest(key=key, endpoint=unit.claim.endpoint, body=row.body))
+            request = EngineRequest(
+                key=key, endpoint=unit.claim.endpoint, body=row.body, prompt_token_ids=row.prompt_token_ids
+            )
+            rejected = engine.add(request)
             if rejected is not None:
                 self._deliver_to(unit, row.custom_id, rejected)
             else:
@@ -585,7 +603,7 @@ class PackRunner:
                     output_tokens=sample.output_tokens,
                     requests=sample.requests,
                     kv_tokens_read=sample.kv_tokens_read,
-                    cost_micros=engine_cost_micros(sample.seconds, self.rt.settings.instance_price_per_hour),
+                    cost_micros=engine_cost_micros(sample.seconds, self.price_per_hour),
                     **utilization,
                 )
             )

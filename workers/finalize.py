@@ -18,7 +18,8 @@ from scheduler.lifecycle import unfinished_units
 from scheduler.metering import TokenWork, list_price_micros
 from storage.models import Batch, StoredFile, UnitStatus, WorkUnit, new_id
 from storage.objectstore import CHUNK
-from storage.shards import read_shard
+from storage.registry import lookup_in
+from storage.shards import read_rows
 from storage.status import BatchStatus, transition
 from workers.results import encode, stopped_line
 from workers.runtime import Runtime
@@ -99,7 +100,10 @@ def finalize_batch(rt: Runtime, batch_id: str) -> str | None:
         batch.completion_tokens = sum(u.completion_tokens for u in units)
         for column in METERED:  # the batch's cost is exactly the sum of its units' shares
             setattr(batch, column, sum(getattr(u, column) for u in units))
-        price = rt.settings.list_price(batch.model or "")
+        entry = lookup_in(s, rt.settings, batch.model or "")
+        price = (
+            entry.list_price_or_default(rt.settings) if entry else rt.settings.list_price(batch.model or "")
+        )
         work = TokenWork(batch.prompt_tokens, batch.cached_tokens, batch.completion_tokens)
         batch.list_price_micros = list_price_micros(work, price) if price else None
         if batch.status == BatchStatus.CANCELLING:
@@ -130,7 +134,7 @@ def _assemble(
                     yield chunk
         elif kind == "errors":
             code = "worker_failed" if unit.status == UnitStatus.FAILED else stop_code
-            for row in read_shard(rt.store, unit.shard_key):
+            for row in read_rows(rt.store, unit.shard_key, unit.row_start, unit.n_requests):
                 counts[kind] += 1
                 yield encode(stopped_line(row.custom_id, code))
         if time.time() - last_beat > rt.settings.lease_seconds / 4:

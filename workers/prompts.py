@@ -139,6 +139,11 @@ class PromptKeyer:
         except Exception:
             return b""
 
+    def text_key(self, text: str, add_special_tokens: bool) -> bytes:
+        """Key bytes of text tokenized as given (the piece cache serves text without special
+        tokens added); unlike ``key`` this raises on failure."""
+        return self._key_text(text, add_special_tokens)
+
     # -- internals -----------------------------------------------------------------------------
 
     def _job(self, endpoint: str, body: Any) -> list[int] | tuple[str, bool] | None:

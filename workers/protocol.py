@@ -394,6 +394,7 @@ def render_request(
     *,
     default_max_tokens: int | None = None,
     default_sampling_params: dict | None = None,
+    prompt_token_ids: Sequence[int] | None = None,
 ) -> RenderedRequest:
     """Prompt token ids (chat template or completion prompt) and SamplingParams for one request.
 
@@ -402,6 +403,8 @@ def render_request(
     model's generation-config defaults (`ModelConfig.get_diff_sampling_param()`).
     The output budget is the body's max_tokens (or max_completion_tokens), else
     `default_max_tokens`, else the generation config's, capped by the context left.
+    `prompt_token_ids`, when validation rendered the prompt already, are used as the prompt
+    (through the same length checks) instead of rendering it again; chat `echo` still renders.
     """
     from vllm.entrypoints.serve.utils.api_utils import get_max_tokens
     from vllm.exceptions import VLLMValidationError
@@ -418,7 +421,10 @@ def render_request(
     echo_text = None
     try:
         tok_params = request.build_tok_params(model_config)
-        if parsed.is_chat:
+        if prompt_token_ids is not None and not (parsed.is_chat and request.echo):
+            tokens = parse_model_prompt(model_config, list(prompt_token_ids))
+            (engine_input,) = renderer.render_cmpl([tokens], tok_params, prompt_extras=extras)
+        elif parsed.is_chat:
             tools = None if request.tools is None else [tool.model_dump() for tool in request.tools]
             chat_params = request.build_chat_params(None, "auto").with_defaults(
                 {"tools": tools, "tokenize": False}

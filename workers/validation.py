@@ -1,16 +1,22 @@
 """The ``validating`` step: read the input file once, check every line, write the request shards.
 
-Each valid line gets its prompt key (the leading tokens of its rendered prompt, see
-``scheduler.ordering``); the rows are sorted by it with an external merge sort and written as
-shards in that order, so requests sharing a prefix (a system prompt, a document) run next to each
-other and vLLM computes the prefix once. Memory is bounded by the sort buffer
-(``FREIGHT_SORT_MEMORY_MB``) plus a 16-byte digest per custom_id, whatever the file size.
-A file with any bad line fails the batch with every bad line listed (up to a cap, which is said).
+The input is JSONL or Parquet (``workers/batch_input.py``): either way it becomes OpenAI batch
+lines, checked here. Each valid line's prompt is rendered and tokenized once
+(``workers/prompt_tokens.py``): its token ids, length and output budget go into the request store
+beside the body, and its prompt key (the leading token ids, see ``scheduler.ordering``) orders the
+rows: an external merge sort writes them as Parquet shards (``storage/shards.py``) in that order,
+so requests sharing a prefix (a system prompt, a document) run next to each other and vLLM computes
+the prefix once. Planning then cuts the shards into work units from their columns alone
+(``workers/planning.py``). Memory is bounded by the sort buffer (``FREIGHT_SORT_MEMORY_MB``), one
+row group, and a 16-byte digest per custom_id, whatever the file size. A file with any bad line
+fails the batch with every bad line listed (up to a cap, which is said); Parquet errors name the
+row and the column.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import struct
@@ -22,10 +28,15 @@ from typing import Any
 from scheduler.dispatcher import admit_batch, measured_throughput
 from scheduler.ordering import SortStats, sort_records
 from storage.models import Batch, StoredFile, WorkUnit
-from storage.objectstore import iter_lines
+from storage.registry import served_names
+from storage.request_tables import RowError, column_of, metadata_defaults
 from storage.settings import Settings
-from storage.shards import ShardRow, write_shard
+from storage.shards import PREFIX_KEY_BYTES, SHARD_UNITS, ShardRow, ShardWriter
 from storage.status import BatchStatus, transition
+from workers.batch_input import open_requests
+from workers.checkpoint import checkpoint_dir
+from workers.planning import plan_batch
+from workers.prompt_tokens import RenderedPrompt, TokenizerUnavailable, renderer_for
 from workers.protocol import RequestError, parse_body
 from workers.runtime import Runtime
 
@@ -52,8 +63,7 @@ class ValidLine:
     model: str  # checked against the file's other lines (one model per file)
 
 
-PromptKeyFn = Callable[[str, str, dict], bytes]  # (model, endpoint, body) -> sort key
-PREFIX_KEY_BYTES = 128  # of a unit's first key kept on the unit row: 32 tokens, for packing
+PromptFn = Callable[[str, str, dict], RenderedPrompt]  # (model, endpoint, body) -> ids / sort key
 
 
 @dataclass(frozen=True)
@@ -62,7 +72,7 @@ class FileRules:
     served_models: frozenset[str]
     max_requests: int
     max_line_bytes: int
-    prompt_key: PromptKeyFn | None = None  # None: no ordering key (rows keep file order)
+    render: PromptFn | None = None  # None: no token ids, no ordering key (rows keep file order)
 
 
 def check_line(raw: bytes, line_no: int, rules: FileRules) -> ValidLine | LineError:
@@ -108,8 +118,9 @@ def check_line(raw: bytes, line_no: int, rules: FileRules) -> ValidLine | LineEr
         return LineError(
             line_no, "model_not_found", f"model {str(model)[:200]!r} is not served here", "body.model"
         )
+    max_tokens = None
     try:
-        parse_body(rules.endpoint, body)
+        max_tokens = parse_body(rules.endpoint, body).max_tokens
     except RequestError as exc:
         # a well-formed request Freight cannot honour (streaming, tool calling, …) is that
         # request's 400 error line at run time; only malformed input fails the whole file
@@ -117,8 +128,13 @@ def check_line(raw: bytes, line_no: int, rules: FileRules) -> ValidLine | LineEr
             param = f"body.{exc.param}" if exc.param else "body"
             return LineError(line_no, exc.code, exc.message, param)
     body_json = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
-    key = rules.prompt_key(model, rules.endpoint, body) if rules.prompt_key else b""
-    return ValidLine(ShardRow(line_no, custom_id, body_json, key), model)
+    if rules.render is None:
+        return ValidLine(ShardRow(line_no, custom_id, body_json, b"", None, 0, max_tokens), model)
+    rendered = rules.render(model, rules.endpoint, body)
+    row = ShardRow(
+        line_no, custom_id, body_json, rendered.key, rendered.id_bytes, rendered.prompt_len, max_tokens
+    )
+    return ValidLine(row, model)
 
 
 @dataclass
@@ -129,7 +145,9 @@ class ScanResult:
     error_count: int = 0
 
 
-def scan_lines(lines: Iterable[bytes], rules: FileRules, max_listed: int) -> Iterator[ShardRow | ScanResult]:
+def scan_lines(
+    lines: Iterable[bytes | LineError], rules: FileRules, max_listed: int
+) -> Iterator[ShardRow | ScanResult]:
     """Yield valid rows in file order, then one ScanResult summarising the whole file.
 
     File-level rules live here: BOM, CRLF, blank lines (only trailing ones are allowed), unique
@@ -146,6 +164,9 @@ def scan_lines(lines: Iterable[bytes], rules: FileRules, max_listed: int) -> Ite
 
     line_no = 0
     for line_no, raw in enumerate(lines, start=1):
+        if isinstance(raw, LineError):  # a row the input format could not make a line of
+            fail(raw)
+            continue
         if line_no == 1 and raw.startswith(BOM):
             raw = raw[len(BOM) :]
         raw = raw.rstrip(b"\r")
@@ -198,48 +219,137 @@ def scan_lines(lines: Iterable[bytes], rules: FileRules, max_listed: int) -> Ite
     yield result
 
 
-_ID_LEN = struct.Struct(">I")
+# sort payload: custom_id length, prompt length, output budget (-1: none), ids present; then the
+# custom_id, the ids (big-endian uint32) when present, and the body
+_HEAD = struct.Struct(">IIiB")
 
 
 def _payload(row: ShardRow) -> bytes:
     custom_id = row.custom_id.encode()
-    return _ID_LEN.pack(len(custom_id)) + custom_id + row.body_json.encode()
+    ids = row.prompt_token_ids
+    head = _HEAD.pack(
+        len(custom_id), row.prompt_len, -1 if row.max_tokens is None else row.max_tokens, ids is not None
+    )
+    return b"".join((head, custom_id, bytes(ids or b""), row.body_json.encode()))  # type: ignore[arg-type]
 
 
 def _row(key: bytes, line: int, payload: bytes) -> ShardRow:
-    (n,) = _ID_LEN.unpack_from(payload)
-    start = _ID_LEN.size
-    return ShardRow(line, payload[start : start + n].decode(), payload[start + n :].decode(), key)
+    n, prompt_len, max_tokens, exact = _HEAD.unpack_from(payload)
+    start = _HEAD.size + n
+    custom_id = payload[_HEAD.size : start].decode()
+    ids = None
+    if exact:
+        ids, start = payload[start : start + 4 * prompt_len], start + 4 * prompt_len
+    body = payload[start:].decode()
+    return ShardRow(line, custom_id, body, key, ids, prompt_len, None if max_tokens < 0 else max_tokens)
 
 
-def prompt_keys(settings: Settings) -> PromptKeyFn:
-    """Sort keys from each served model's own tokenizer and chat template (each loaded once)."""
-    from workers.prompts import PromptKeyer, keyer_for
+def prompt_renders(rt: Runtime) -> PromptFn:
+    """Each served model's prompt rendering (its own tokenizer and chat template, loaded once per
+    process); a model whose tokenizer cannot be loaded raises TokenizerUnavailable."""
+    settings = rt.settings
+    paths: dict[str, str] = {}  # model -> checkpoint directory, asked of the registry once
 
-    keyers: dict[str, PromptKeyer | None] = {}
+    def render(model: str, endpoint: str, body: dict) -> RenderedPrompt:
+        path = paths.get(model)
+        if path is None:
+            path = paths[model] = checkpoint_dir(rt, model)
+        try:
+            renderer = renderer_for(str(path), settings.sort_key_tokens)
+        except Exception as exc:
+            raise TokenizerUnavailable(model, str(path), exc) from exc
+        return renderer.render(endpoint, body)
 
-    def keyer_of(model: str) -> PromptKeyer | None:
-        if model not in keyers:
-            try:
-                keyers[model] = keyer_for(settings.models[model], settings.sort_key_tokens)
-            except Exception:  # no tokenizer files: that model's rows keep file order
-                log.warning(
-                    "no tokenizer for model %r; its requests are not prefix-ordered", model, exc_info=True
-                )
-                keyers[model] = None
-        return keyers[model]
+    return render
+
+
+def prompt_keys(rt: Runtime) -> Callable[[str, str, dict], bytes]:
+    """Prompt keys only, never raising: the control worker calls this at start-up to load every
+    served model's tokenizer ahead of the first batch; a tokenizer that fails is logged here and
+    fails the batches of its model (``tokenizer_unavailable``) when they are validated."""
+    render = prompt_renders(rt)
 
     def key(model: str, endpoint: str, body: dict) -> bytes:
-        keyer = keyer_of(model)
-        return keyer.key(endpoint, body) if keyer is not None else b""
+        try:
+            return render(model, endpoint, body).key
+        except (TokenizerUnavailable, KeyError) as exc:
+            log.warning("no tokenizer for model %r: %s", model, exc)
+            return b""
 
     return key
+
+
+def _line_error(error: RowError) -> LineError:
+    return LineError(error.row, error.code, error.message, error.column)
+
+
+def _name_columns(errors: list[LineError], columns: tuple[str, ...]) -> list[LineError]:
+    """Parquet input: errors say the row and the column they are about."""
+    named = []
+    for e in errors:
+        if e.message.startswith("row "):
+            named.append(e)
+            continue
+        column = column_of(e.param, columns)
+        where = f"row {e.line}, column '{column}'" if column else f"row {e.line}"
+        named.append(LineError(e.line, e.code, f"{where}: {e.message}", column or e.param))
+    return named
 
 
 def spill_dir(settings: Settings) -> str:
     path = settings.data_dir / "tmp"
     path.mkdir(parents=True, exist_ok=True)
     return str(path)
+
+
+def write_store(
+    rt: Runtime, batch_id: str, input_key: str, rules: FileRules, defaults: dict
+) -> tuple[ScanResult, list[str]]:
+    """Scan the input, sort the valid rows by prompt key and write them as shards (only when every
+    line is valid); the scan's summary and the shards' keys, in order."""
+    settings: Settings = rt.settings
+    summary = ScanResult()
+    shard_keys: list[str] = []
+    sort_stats = SortStats()
+    spill = spill_dir(settings)
+    per_shard = SHARD_UNITS * settings.unit_size
+    with open_requests(rt.store, input_key, rules.endpoint, defaults, spill) as source:
+        lines = (_line_error(x) if isinstance(x, RowError) else x for x in source.lines)
+
+        def records() -> Iterator[tuple[bytes, int, bytes]]:
+            nonlocal summary
+            for item in scan_lines(lines, rules, settings.max_listed_errors):
+                if isinstance(item, ScanResult):
+                    summary = item
+                    return
+                yield item.key, item.line, _payload(item)
+
+        ordered = sort_records(
+            records(), memory_bytes=settings.sort_memory_mb * 1024 * 1024, spill_dir=spill, stats=sort_stats
+        )
+        writer: ShardWriter | None = None
+        try:
+            first = next(ordered, None)  # the sort reads the whole file before its first row
+            if first is not None and not summary.error_count:
+                for record in itertools.chain([first], ordered):
+                    if writer is None or writer.rows >= per_shard:
+                        if writer is not None:
+                            writer.close()
+                        shard_keys.append(f"batches/{batch_id}/shards/{len(shard_keys):06d}.parquet")
+                        writer = ShardWriter(rt.store, shard_keys[-1], settings.unit_size, spill)
+                    writer.add(_row(*record))
+                if writer is not None:
+                    writer.close()
+                    writer = None
+        finally:
+            ordered.close()
+            if writer is not None:
+                writer.abort()
+        if source.parquet:
+            summary.errors = _name_columns(summary.errors, source.columns)
+    if sort_stats.runs_spilled:
+        log.info("batch %s: %d sorted runs spilled", batch_id, sort_stats.runs_spilled)
+    return summary, shard_keys
 
 
 def validate_batch(rt: Runtime, batch_id: str) -> None:
@@ -251,60 +361,30 @@ def validate_batch(rt: Runtime, batch_id: str) -> None:
             return  # already validated (task re-delivered) or cancelled meanwhile
         input_key = s.get(StoredFile, batch.input_file_id).object_key  # type: ignore[union-attr]
         endpoint = batch.endpoint
+        defaults = metadata_defaults(batch.metadata_)
     rules = FileRules(
         endpoint=endpoint,
-        served_models=frozenset(settings.models),
+        served_models=served_names(rt.db, settings),
         max_requests=settings.max_requests_per_file,
         max_line_bytes=settings.max_line_bytes,
-        prompt_key=prompt_keys(settings),
+        render=prompt_renders(rt),
     )
     started = time.monotonic()
-    units: list[tuple[str, int, int, bytes]] = []  # (shard key, first line, rows, first prompt key)
-    shard: list[ShardRow] = []
-    summary = ScanResult()
-    sort_stats = SortStats()
-
-    def flush() -> None:
-        key = f"batches/{batch_id}/shards/{len(units):06d}.parquet"
-        write_shard(rt.store, key, shard)
-        units.append((key, shard[0].line, len(shard), shard[0].key[:PREFIX_KEY_BYTES]))
-        shard.clear()
-
-    with rt.store.open(input_key) as stream:
-
-        def records() -> Iterator[tuple[bytes, int, bytes]]:
-            nonlocal summary
-            for item in scan_lines(iter_lines(stream), rules, settings.max_listed_errors):
-                if isinstance(item, ScanResult):
-                    summary = item
-                    return
-                yield item.key, item.line, _payload(item)
-
-        ordered = sort_records(
-            records(),
-            memory_bytes=settings.sort_memory_mb * 1024 * 1024,
-            spill_dir=spill_dir(settings),
-            stats=sort_stats,
-        )
-        try:
-            first = next(ordered, None)  # the sort reads the whole file before its first row
-            if first is not None and not summary.error_count:
-                shard.append(_row(*first))
-                for record in ordered:
-                    if len(shard) >= settings.unit_size:
-                        flush()
-                    shard.append(_row(*record))
-                if shard:
-                    flush()
-        finally:
-            ordered.close()
+    try:
+        summary, shard_keys = write_store(rt, batch_id, input_key, rules, defaults)
+    except TokenizerUnavailable as exc:
+        log.error("batch %s: %s", batch_id, exc)
+        summary, shard_keys = ScanResult(), []
+        summary.error_count = 1
+        summary.errors.append(LineError(0, "tokenizer_unavailable", str(exc)[:1000], "body.model"))
+    units = plan_batch(rt.store, shard_keys, settings) if not summary.error_count else []
     log.info(
-        "validated %s: %d requests, %d errors in %.2fs (%d sorted runs spilled)",
+        "validated %s: %d requests, %d errors, %d units in %.2fs",
         batch_id,
         summary.rows,
         summary.error_count,
+        len(units),
         time.monotonic() - started,
-        sort_stats.runs_spilled,
     )
 
     now = int(time.time())
@@ -333,6 +413,8 @@ def validate_batch(rt: Runtime, batch_id: str) -> None:
             log.warning("batch %s refused: %s", batch_id, admission.warning)
         elif summary.error_count:
             data = [e.as_openai() for e in summary.errors]
+            if summary.errors and summary.errors[0].line == 0:  # not about a line: the whole file
+                data[0]["line"] = None
             if summary.error_count > len(data):
                 data.append(
                     {
@@ -353,12 +435,13 @@ def validate_batch(rt: Runtime, batch_id: str) -> None:
                     batch_id=batch_id,
                     seq=seq,
                     model=summary.model or "",
-                    shard_key=key,
-                    first_line=first,
-                    n_requests=n,
-                    prefix_key=prefix,
+                    shard_key=unit.shard_key,
+                    row_start=unit.row_start,
+                    first_line=unit.first_line,
+                    n_requests=unit.n_requests,
+                    prefix_key=unit.prefix_key[:PREFIX_KEY_BYTES],
                 )
-                for seq, (key, first, n, prefix) in enumerate(units)
+                for seq, unit in enumerate(units)
             ]
             s.add_all(units_made)
             if admission is not None and admission.warning:

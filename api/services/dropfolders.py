@@ -14,6 +14,7 @@ from sqlalchemy import func, select
 from api.errors import ServiceError
 from scheduler.dropfolder_plan import folder_url, parse_folder_url
 from storage.models import DropFolder, DropObject, Tenant
+from storage.registry import served_names
 from workers.protocol import ENDPOINTS
 from workers.runtime import Runtime
 
@@ -39,6 +40,9 @@ class FolderView:
     pending: int  # files taken in whose results are not yet delivered
 
 
+OUTPUT_FORMATS = ("jsonl", "parquet")  # of the outbox's output and error files
+
+
 def add(
     rt: Runtime,
     url: str,
@@ -52,6 +56,7 @@ def add(
     region: str | None = None,
     access_key_id: str | None = None,
     secret_access_key: str | None = None,
+    output_format: str = "jsonl",
 ) -> FolderView:
     try:
         bucket, prefix = parse_folder_url(url)
@@ -65,10 +70,17 @@ def add(
     if rt.settings.tier(window) is None:
         offered = ", ".join(t.window for t in rt.settings.sla_tiers)
         raise ServiceError("invalid_request", f"window must be one of {offered}", param="window")
-    if model is not None and model not in rt.settings.models:
-        served = ", ".join(rt.settings.models) or "none (FREIGHT_MODELS is empty)"
+    served_models = served_names(rt.db, rt.settings)
+    if model is not None and model not in served_models:
+        served = ", ".join(sorted(served_models)) or "none (register one with `freight models add`)"
         raise ServiceError(
             "invalid_request", f"model {model!r} is not served here; served: {served}", param="model"
+        )
+    if output_format not in OUTPUT_FORMATS:
+        raise ServiceError(
+            "invalid_request",
+            f"output format must be one of {', '.join(OUTPUT_FORMATS)}",
+            param="output_format",
         )
     if bool(access_key_id) != bool(secret_access_key):
         raise ServiceError(
@@ -96,6 +108,7 @@ def add(
             endpoint=endpoint,
             model=model,
             completion_window=window,
+            output_format=output_format,
             s3_endpoint_url=s3_endpoint_url or None,
             region=region or None,
             access_key_id=access_key_id or None,

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import IO
 
 from sqlalchemy import select
@@ -12,11 +15,15 @@ from sqlalchemy import select
 from api.errors import ServiceError
 from api.services.paging import Page, page
 from storage.models import Batch, StoredFile, new_id
-from storage.objectstore import CHUNK
+from storage.objectstore import CHUNK, iter_lines
+from storage.request_tables import RowError, is_parquet, request_lines, write_requests
+from storage.result_tables import write_results
 from storage.status import BatchStatus
 from workers.runtime import Runtime
 
 PURPOSES = ("batch",)
+FORMATS = ("jsonl", "parquet")
+MIMETYPES = {"jsonl": "application/jsonl", "parquet": "application/vnd.apache.parquet"}
 MAX_FILENAME = 255
 
 
@@ -103,7 +110,16 @@ def list_files(rt: Runtime, tenant_id: str, purpose: str | None, after: str | No
         return page(s, StoredFile, tenant_id, after, limit, *filters)
 
 
+@dataclass(frozen=True)
+class Content:
+    size: int
+    chunks: Iterator[bytes]
+    filename: str
+    mimetype: str
+
+
 def content(rt: Runtime, tenant_id: str, file_id: str) -> tuple[StoredFile, Iterator[bytes]]:
+    """A file's bytes as stored."""
     record = get(rt, tenant_id, file_id)
     stream = rt.store.open(record.object_key)
 
@@ -113,6 +129,61 @@ def content(rt: Runtime, tenant_id: str, file_id: str) -> tuple[StoredFile, Iter
                 yield chunk
 
     return record, chunks()
+
+
+def download(rt: Runtime, tenant_id: str, file_id: str, fmt: str | None = None) -> Content:
+    """A file's bytes as stored, or converted to the other format (``jsonl`` | ``parquet``).
+
+    A conversion is made once, streaming through a local temporary file, and kept in the object
+    store beside the file (``derived/<file id>.<format>``), so a second download is a plain read:
+    results as typed Parquet (``storage.result_tables``), a JSONL input as Parquet request columns,
+    a Parquet input as OpenAI JSONL (``storage.request_tables``)."""
+    fmt = fmt or "jsonl"
+    if fmt not in FORMATS:
+        raise ServiceError(
+            "invalid_request", f"format must be one of {', '.join(FORMATS)}, not {fmt[:50]!r}", param="format"
+        )
+    record = get(rt, tenant_id, file_id)
+    with rt.store.open(record.object_key) as stream:
+        stored = "parquet" if is_parquet(stream.read(4)) else "jsonl"
+    key, size = (record.object_key, record.bytes) if fmt == stored else _converted(rt, record, fmt)
+    stream = rt.store.open(key)
+
+    def chunks() -> Iterator[bytes]:
+        with stream:
+            while chunk := stream.read(CHUNK):
+                yield chunk
+
+    return Content(size, chunks(), f"{record.id}.{fmt}", MIMETYPES[fmt])
+
+
+def _converted(rt: Runtime, record: StoredFile, fmt: str) -> tuple[str, int]:
+    key = f"derived/{record.id}.{fmt}"
+    if rt.store.exists(key):
+        return key, rt.store.size(key)
+    spill = rt.settings.data_dir / "tmp"
+    spill.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=spill) as tmp:
+        target = os.path.join(tmp, f"out.{fmt}")
+        if fmt == "parquet":
+            with rt.store.open(record.object_key) as stream:
+                lines = iter_lines(stream)
+                if record.purpose == "batch_output":
+                    write_results(lines, target)
+                else:
+                    write_requests(lines, target)
+        else:
+            source = os.path.join(tmp, "in.parquet")
+            with rt.store.open(record.object_key) as stream, open(source, "wb") as local:
+                shutil.copyfileobj(stream, local, CHUNK)
+            with open(target, "wb") as out:
+                for line in request_lines(source, None):
+                    if isinstance(line, RowError):
+                        raise ServiceError("invalid_request", line.message, param=line.column)
+                    out.write(line + b"\n")
+        with open(target, "rb") as converted:
+            size = rt.store.put_stream(key, converted)
+    return key, size
 
 
 def delete(rt: Runtime, tenant_id: str, file_id: str) -> StoredFile:
@@ -141,4 +212,6 @@ def delete(rt: Runtime, tenant_id: str, file_id: str) -> StoredFile:
             )
         record.deleted_at = int(time.time())
     rt.store.delete(record.object_key)
+    for fmt in FORMATS:
+        rt.store.delete(f"derived/{record.id}.{fmt}")
     return record

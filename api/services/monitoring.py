@@ -30,6 +30,7 @@ from scheduler.metering import (
     sla_summary,
 )
 from storage.models import Batch, EngineSample, Tenant, WorkUnit
+from storage.registry import served_names
 from storage.status import BatchStatus
 from workers.runtime import Runtime
 
@@ -158,7 +159,7 @@ def metrics_snapshot(rt: Runtime, now: float) -> MetricsSnapshot:
                 .where(*in_window(since, until), Batch.sla_met.is_not(None))
             )
         ]
-    models = {m for _, m in batch_counts} | {m for m, _ in unit_counts} | set(rt.settings.models)
+    models = {m for _, m in batch_counts} | {m for m, _ in unit_counts} | served_names(rt.db, rt.settings)
     return MetricsSnapshot(
         batches={(st, m): batch_counts.get((st, m), 0) for m in sorted(models) for st in BatchStatus},
         queue_requests={m: queue.get(m, 0) for m in sorted(models)},

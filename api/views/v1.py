@@ -6,8 +6,8 @@ from flask import Blueprint, Response, current_app, g, jsonify, request
 
 from api.auth import require_tenant
 from api.errors import ServiceError
-from api.serializers import batch_object, file_object, list_object
-from api.services import batches, files
+from api.serializers import batch_object, file_object, list_object, model_object
+from api.services import batches, files, models
 from api.services.paging import parse_limit
 from workers.runtime import Runtime
 
@@ -56,10 +56,10 @@ def get_file(file_id: str):  # type: ignore[no-untyped-def]
 @bp.get("/files/<file_id>/content")
 @require_tenant
 def file_content(file_id: str):  # type: ignore[no-untyped-def]
-    record, chunks = files.content(rt(), g.tenant_id, file_id)
-    response = Response(chunks, mimetype="application/jsonl")
-    response.headers["Content-Length"] = str(record.bytes)
-    response.headers["Content-Disposition"] = f'attachment; filename="{record.id}.jsonl"'
+    content = files.download(rt(), g.tenant_id, file_id, request.args.get("format"))
+    response = Response(content.chunks, mimetype=content.mimetype)
+    response.headers["Content-Length"] = str(content.size)
+    response.headers["Content-Disposition"] = f'attachment; filename="{content.filename}"'
     return response
 
 
@@ -99,18 +99,10 @@ def cancel_batch(batch_id: str):  # type: ignore[no-untyped-def]
 @bp.get("/models")
 @require_tenant
 def list_models():  # type: ignore[no-untyped-def]
-    return jsonify({"object": "list", "data": [_model(name) for name in sorted(rt().settings.models)]})
+    return jsonify({"object": "list", "data": [model_object(e) for e in models.list_models(rt())]})
 
 
 @bp.get("/models/<path:model>")
 @require_tenant
 def get_model(model: str):  # type: ignore[no-untyped-def]
-    if model not in rt().settings.models:
-        raise ServiceError(
-            "not_found", f"The model '{model}' does not exist", param="model", code="model_not_found"
-        )
-    return jsonify(_model(model))
-
-
-def _model(name: str) -> dict:
-    return {"id": name, "object": "model", "created": 0, "owned_by": "freight"}
+    return jsonify(model_object(models.get(rt(), model)))

@@ -50,8 +50,8 @@ def test_engine_block_size_reaches_the_engine_config():
     from api.cli import engine_config
 
     s = Settings.from_env({"FREIGHT_ENGINE_BLOCK_SIZE": "32", "FREIGHT_MODELS": "m=/models/m"})
-    assert engine_config(s, "m").block_size == 32
-    assert engine_config(Settings.from_env({"FREIGHT_MODELS": "m=/models/m"}), "m").block_size is None
+    assert engine_config(s, "m", "/models/m").block_size == 32
+    assert engine_config(Settings.from_env({}), "m", "/models/m").block_size is None
 
 
 def test_settings_are_frozen():

@@ -15,7 +15,7 @@ from api.services import batches, files
 from api.services.tenants import create_tenant
 from scheduler.ordering import common_prefix_tokens
 from storage.models import Batch, WorkUnit
-from storage.shards import read_shard
+from storage.shards import read_rows
 from tests.conftest import now
 from workers.runtime import Runtime
 from workers.validation import PREFIX_KEY_BYTES, validate_batch
@@ -54,7 +54,9 @@ def test_shards_hold_the_batch_in_prefix_order_even_when_the_sort_spills(setting
             units = s.scalars(
                 select(WorkUnit).where(WorkUnit.batch_id == batch.id).order_by(WorkUnit.seq)
             ).all()
-        rows = [(u, row) for u in units for row in read_shard(rt.store, u.shard_key)]
+        rows = [
+            (u, row) for u in units for row in read_rows(rt.store, u.shard_key, u.row_start, u.n_requests)
+        ]
     finally:
         rt.db.dispose()
     assert [u.n_requests for u in units] == [4] * 7 + [2]
@@ -72,5 +74,5 @@ def test_shards_hold_the_batch_in_prefix_order_even_when_the_sort_spills(setting
     same_doc = [common_prefix_tokens(a, b) for a, b in pairwise(keys)]
     assert sorted(same_doc)[-DOCS * (QUESTIONS - 1)] > 300
     for unit in units:
-        first = next(read_shard(rt.store, unit.shard_key))
+        first = next(read_rows(rt.store, unit.shard_key, unit.row_start, 1))
         assert unit.prefix_key == first.key[:PREFIX_KEY_BYTES] and len(unit.prefix_key) == PREFIX_KEY_BYTES

@@ -1,0 +1,409 @@
+"""``freight submit | status | list | cancel | download``: batches from a terminal, through the
+OpenAI-compatible API of any Freight server, with the official ``openai`` client.
+
+The server is ``FREIGHT_API_URL`` (default ``http://127.0.0.1:<FREIGHT_API_PORT>/v1``) and the key
+``FREIGHT_API_KEY``; both can be given as options. Every failure (server unreachable, key refused,
+unknown batch, unreadable file) ends in one ``Error: ...`` line and exit status 1, never a
+traceback. Machine-readable results (batch ids, downloaded paths, tables) go to stdout; progress
+and notes go to stderr, so ``ID=$(freight submit f.jsonl --model m)`` works.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from functools import wraps
+from pathlib import Path
+from typing import IO, Any
+
+import click
+
+FINAL = ("completed", "failed", "expired", "cancelled")
+STATUSES = ("validating", "in_progress", "finalizing", "cancelling", *FINAL)
+MAX_LINE_BYTES = 8 * 1024 * 1024
+BAR = 24
+
+
+class ClientError(click.ClickException):
+    """One line for the user; click prints it as ``Error: ...`` and exits with ``exit_code``."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def default_url() -> str:
+    from storage.settings import Settings, SettingsError
+
+    try:
+        settings = Settings.from_env()
+    except SettingsError as exc:
+        raise ClientError(str(exc)) from None
+    host = "127.0.0.1" if settings.api_host in ("", "0.0.0.0", "::") else settings.api_host
+    return f"http://{host}:{settings.api_port}/v1"
+
+
+def api_base(url: str | None) -> str:
+    base = (url or default_url()).rstrip("/")
+    return base if base.endswith("/v1") else base + "/v1"
+
+
+def connection(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--api-url`` and ``--api-key`` (from the environment by default); the command gets a
+    ready ``client`` and runs with the API's errors turned into one-line messages."""
+
+    @click.option("--api-url", envvar="FREIGHT_API_URL", help="Freight's /v1 URL [env FREIGHT_API_URL]")
+    @click.option("--api-key", envvar="FREIGHT_API_KEY", help="your tenant's API key [env FREIGHT_API_KEY]")
+    @wraps(command)
+    def wrapped(api_url: str | None, api_key: str | None, **kwargs: Any) -> Any:
+        if not api_key:
+            raise ClientError("no API key: set FREIGHT_API_KEY (or --api-key) to one of your tenant's keys")
+        base = api_base(api_url)
+        from openai import OpenAI
+
+        for name in ("httpx", "openai"):  # the CLI's logging would print every request otherwise
+            logging.getLogger(name).setLevel(logging.WARNING)
+        with api_errors(base):
+            return command(client=OpenAI(base_url=base, api_key=api_key, max_retries=2, timeout=60), **kwargs)
+
+    return wrapped
+
+
+@contextmanager
+def api_errors(base: str) -> Iterator[None]:
+    import openai
+
+    try:
+        yield
+    except openai.APIConnectionError as exc:  # includes timeouts
+        cause = exc.__cause__ or exc
+        raise ClientError(f"cannot reach Freight at {base}: {cause or 'no answer'}") from None
+    except openai.APIStatusError as exc:
+        body = exc.body if isinstance(exc.body, dict) else {}
+        message = body.get("message") or exc.message
+        if exc.status_code == 401:
+            raise ClientError(f"the server refused the API key (401): {message}") from None
+        raise ClientError(f"{message} (HTTP {exc.status_code})") from None
+    except openai.OpenAIError as exc:
+        raise ClientError(f"unexpected answer from {base}: {exc}") from None
+
+
+# --- formatting ---------------------------------------------------------------------------------
+
+
+def when(ts: float | None) -> str:
+    return "-" if ts is None else datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def duration(seconds: float) -> str:
+    s = int(max(0, seconds))
+    if s >= 86400:
+        return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def money(value: float | None) -> str:
+    return "-" if value is None else f"${value:,.6f}".rstrip("0").rstrip(".")
+
+
+def bar(done: int, total: int) -> str:
+    filled = BAR * done // total if total else 0
+    return "[" + "#" * filled + "-" * (BAR - filled) + "]"
+
+
+class Rate:
+    """Output tokens and requests per second over the last ``window`` seconds of polls."""
+
+    def __init__(self, window: float = 30.0) -> None:
+        self.window = window
+        self.points: deque[tuple[float, int, int]] = deque()
+
+    def add(self, t: float, tokens: int, requests: int) -> tuple[float | None, float | None]:
+        self.points.append((t, tokens, requests))
+        while len(self.points) > 2 and t - self.points[0][0] > self.window:
+            self.points.popleft()
+        t0, k0, r0 = self.points[0]
+        if t - t0 <= 0:
+            return None, None
+        return (tokens - k0) / (t - t0), (requests - r0) / (t - t0)
+
+
+def progress_line(b: dict, tok_s: float | None, req_s: float | None, now: float) -> str:
+    counts = b["request_counts"]
+    done, total = counts["completed"] + counts["failed"], counts["total"]
+    eta = (b.get("x_freight") or {}).get("eta")
+    if eta is not None:
+        eta_text = duration(eta - now)
+    elif req_s and total > done:
+        eta_text = duration((total - done) / req_s)
+    else:
+        eta_text = "--"
+    pct = f"{100 * done / total:3.0f}%" if total else "  -%"
+    rate = f"{tok_s:,.1f}" if tok_s is not None else "--"
+    return f"{b['id']} {bar(done, total)} {pct} {done}/{total} requests  {rate} tok/s  ETA {eta_text}  {b['status']}"
+
+
+# --- commands -----------------------------------------------------------------------------------
+
+
+def prepared(file: Path, model: str) -> IO[bytes]:
+    """The file as Freight should get it: gunzipped if ``.gz``, lines without ``body.model``
+    given ``model`` (a line's own model wins), spooled to a temporary file."""
+    from workers.dropfolder_input import InvalidInput, request_stream
+
+    try:
+        raw = open(file, "rb")  # noqa: SIM115 (closed below)
+    except OSError as exc:
+        raise ClientError(f"cannot read {file}: {exc.strerror or exc}") from None
+    spool = tempfile.SpooledTemporaryFile(max_size=16 * 1024 * 1024)  # noqa: SIM115 (returned)
+    try:
+        with raw:
+            stream = request_stream(raw, file.name.lower().endswith(".gz"), model, MAX_LINE_BYTES)
+            while chunk := stream.read(1024 * 1024):
+                spool.write(chunk)
+    except InvalidInput as exc:
+        raise ClientError(f"{file}: {exc.message}") from None
+    except OSError as exc:
+        raise ClientError(f"cannot read {file}: {exc.strerror or exc}") from None
+    spool.seek(0)
+    return spool  # type: ignore[return-value]
+
+
+@click.command()
+@click.argument("file", type=click.Path(path_type=Path))
+@click.option("--model", required=True, help="model for lines without body.model (a line's own wins)")
+@click.option("--endpoint", default="/v1/chat/completions", show_default=True)
+@click.option("--window", default=None, help="completion window (default: the server's, 24h where offered)")
+@click.option("--metadata", "-m", multiple=True, metavar="KEY=VALUE", help="batch metadata (repeatable)")
+@click.option("--priority", type=click.IntRange(-100, 100), default=None, help="-100 to 100")
+@click.option("--wait", is_flag=True, help="show progress until the batch ends, then download its results")
+@click.option(
+    "-o", "--output-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
+    help="where --wait saves the result files  [default: .]",
+)  # fmt: skip
+@click.option("--poll", type=click.FloatRange(min=0.2), default=2.0, show_default=True, help="seconds")
+@connection
+def submit(client: Any, file: Path, model: str, endpoint: str, window: str | None, metadata: tuple[str, ...],
+           priority: int | None, wait: bool, output_dir: Path, poll: float) -> None:  # fmt: skip
+    """Upload FILE (JSONL, or .jsonl.gz) and create a batch; its id goes to stdout."""
+    import openai
+
+    pairs = {}
+    for item in metadata:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ClientError(f"--metadata takes KEY=VALUE, got {item!r}")
+        pairs[key] = value
+    name = file.name[:-3] if file.name.lower().endswith(".gz") else file.name
+    with prepared(file, model) as body:
+        uploaded = client.files.create(file=(name, body), purpose="batch")
+    click.echo(f"uploaded {file} as {uploaded.id} ({uploaded.bytes:,} bytes)", err=True)
+    batch = client.batches.create(
+        input_file_id=uploaded.id,
+        endpoint=endpoint,
+        completion_window=window or openai.omit,
+        metadata=pairs or openai.omit,
+        extra_body={"priority": priority} if priority is not None else None,
+    )
+    click.echo(f"created {batch.id}: {batch.status}, deadline {when(batch.expires_at)}", err=True)
+    click.echo(batch.id)
+    if wait:
+        finish(client, wait_for(client, batch.id, poll), output_dir)
+
+
+def wait_for(client: Any, batch_id: str, poll: float) -> dict:
+    """Poll until the batch is final, drawing progress on stderr: one rewritten line on a
+    terminal, else a line whenever the status or count changes (at least every 30 s)."""
+    tty = sys.stderr.isatty()
+    rate = Rate()
+    shown, shown_at = None, 0.0
+    try:
+        while True:
+            b = client.batches.retrieve(batch_id).to_dict()
+            now = time.time()
+            counts = b["request_counts"]
+            done = counts["completed"] + counts["failed"]
+            tok_s, req_s = rate.add(now, (b.get("usage") or {}).get("output_tokens", 0), done)
+            line = progress_line(b, tok_s, req_s, now)
+            final = b["status"] in FINAL
+            if tty:
+                click.echo("\r" + line + "\x1b[K" + ("\n" if final else ""), err=True, nl=False)
+            elif (b["status"], done) != shown or now - shown_at >= 30 or final:
+                click.echo(line, err=True)
+                shown, shown_at = (b["status"], done), now
+            if final:
+                return b
+            time.sleep(poll)
+    except KeyboardInterrupt:
+        click.echo("", err=True)
+        raise ClientError(
+            f"stopped waiting; {batch_id} keeps running (freight status {batch_id})", 130
+        ) from None
+
+
+def finish(client: Any, b: dict, output_dir: Path) -> None:
+    counts, usage = b["request_counts"], b.get("usage") or {}
+    cost = ((b.get("x_freight") or {}).get("cost") or {}).get("total")
+    final_at = b.get(f"{b['status']}_at") or time.time()
+    click.echo(
+        f"{b['id']} {b['status']} after {duration(final_at - b['created_at'])}: {counts['completed']:,} completed, "
+        f"{counts['failed']:,} failed, {usage.get('output_tokens', 0):,} output tokens, cost {money(cost)}",
+        err=True,
+    )
+    show_errors(b)
+    fetch(client, b, output_dir)
+    if b["status"] != "completed":
+        raise ClientError(f"batch {b['id']} {b['status']}")
+
+
+def show_errors(b: dict) -> None:
+    for e in ((b.get("errors") or {}).get("data") or [])[:10]:
+        where = f"line {e['line']}: " if e.get("line") is not None else ""
+        click.echo(f"  {where}{e.get('code')}: {e.get('message')}", err=True)
+
+
+def fetch(client: Any, b: dict, output_dir: Path) -> list[Path]:
+    """Download the batch's output and error files as ``<id>.output.jsonl`` / ``<id>.errors.jsonl``
+    (through a temporary name, so a broken download never looks complete)."""
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ClientError(f"cannot create {output_dir}: {exc.strerror or exc}") from None
+    written = []
+    for kind, file_id in (("output", b.get("output_file_id")), ("errors", b.get("error_file_id"))):
+        if not file_id:
+            continue
+        path = output_dir / f"{b['id']}.{kind}.jsonl"
+        part = path.with_name(path.name + ".part")
+        try:
+            with client.files.with_streaming_response.content(file_id) as response, open(part, "wb") as out:
+                for chunk in response.iter_bytes():
+                    out.write(chunk)
+            os.replace(part, path)
+        except OSError as exc:
+            raise ClientError(f"cannot write {path}: {exc.strerror or exc}") from None
+        finally:
+            part.unlink(missing_ok=True)
+        click.echo(str(path))
+        written.append(path)
+    return written
+
+
+@click.command()
+@click.argument("batch_id", required=False)
+@click.option("--limit", type=click.IntRange(1, 1000), default=10, show_default=True, help="without an ID")
+@connection
+def status(client: Any, batch_id: str | None, limit: int) -> None:
+    """One batch in detail, or (without an ID) the most recent batches."""
+    if batch_id is None:
+        print_table(recent(client, limit, None))
+        return
+    b = client.batches.retrieve(batch_id).to_dict()
+    x, usage, counts = b.get("x_freight") or {}, b.get("usage") or {}, b["request_counts"]
+    cost = x.get("cost") or {}
+    per = cost.get("per_1m_tokens") or {}
+    done = counts["completed"] + counts["failed"]
+    flags = [f for f, on in (("AT RISK", x.get("at_risk") and b["status"] not in FINAL),) if on]
+    if x.get("sla_met") is not None:
+        flags.append("SLA met" if x["sla_met"] else "SLA missed")
+    rows = [
+        ("status", " ".join([b["status"], *flags])),
+        ("model", f"{b.get('model') or '-'}  {b['endpoint']}  window {b['completion_window']}"),
+        ("progress", f"{bar(done, counts['total'])} {done:,}/{counts['total']:,} ({counts['failed']:,} failed)"),
+        ("tokens", f"in {usage.get('input_tokens', 0):,} (cached "
+                   f"{(usage.get('input_tokens_details') or {}).get('cached_tokens', 0):,}), "
+                   f"out {usage.get('output_tokens', 0):,}"),
+        ("cost", f"{money(cost.get('total'))}  per 1M: in {money(per.get('input'))}, cached "
+                 f"{money(per.get('cached_input'))}, out {money(per.get('output'))}"
+                 + (f"; saving {cost['saving']:.1%} vs list {money(cost.get('list_price'))}"
+                    if cost.get("saving") is not None else "")),
+        ("created", when(b["created_at"])),
+        ("deadline", when(b["expires_at"])),
+        ("eta", when(x.get("eta"))),
+        ("files", f"input {b['input_file_id']}, output {b.get('output_file_id') or '-'}, "
+                  f"errors {b.get('error_file_id') or '-'}"),
+    ]  # fmt: skip
+    click.echo(b["id"])
+    for name, value in rows:
+        click.echo(f"  {name:<9} {value}")
+    show_errors(b)
+
+
+def recent(client: Any, limit: int, wanted: str | None) -> list[dict]:
+    rows = []
+    for b in client.batches.list(limit=min(100, limit if wanted is None else 100)):
+        d = b.to_dict()
+        if wanted is None or d["status"] == wanted or (wanted == "active" and d["status"] not in FINAL):
+            rows.append(d)
+            if len(rows) >= limit:
+                break
+    return rows
+
+
+def print_table(batches: list[dict]) -> None:
+    if not batches:
+        click.echo("no batches", err=True)
+        return
+    header = ("ID", "STATUS", "MODEL", "DONE/TOTAL", "COST", "CREATED", "FLAGS")
+    rows = []
+    for b in batches:
+        c, x = b["request_counts"], b.get("x_freight") or {}
+        flags = "at risk" if x.get("at_risk") and b["status"] not in FINAL else ""
+        flags = {True: "SLA met", False: "SLA missed"}.get(x.get("sla_met"), flags)  # type: ignore[arg-type]
+        cost = (x.get("cost") or {}).get("total")
+        done = f"{c['completed'] + c['failed']}/{c['total']}"
+        rows.append(
+            (b["id"], b["status"], b.get("model") or "-", done, money(cost), when(b["created_at"]), flags)
+        )
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        click.echo("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+@click.command("list")
+@click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True)
+@click.option("--status", "wanted", type=click.Choice([*STATUSES, "active"]), default=None)
+@connection
+def list_batches(client: Any, limit: int, wanted: str | None) -> None:
+    """Your batches, newest first."""
+    print_table(recent(client, limit, wanted))
+
+
+@click.command()
+@click.argument("batch_id")
+@connection
+def cancel(client: Any, batch_id: str) -> None:
+    """Cancel a batch: finished requests stay in its output, the rest become error lines."""
+    b = client.batches.cancel(batch_id)
+    click.echo(f"{b.id} {b.status}")
+
+
+@click.command()
+@click.argument("batch_id")
+@click.option(
+    "-o", "--output-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
+    help="where to save them  [default: .]",
+)  # fmt: skip
+@connection
+def download(client: Any, batch_id: str, output_dir: Path) -> None:
+    """Save a batch's output and error files into DIR (the current one by default)."""
+    b = client.batches.retrieve(batch_id).to_dict()
+    if not b.get("output_file_id") and not b.get("error_file_id"):
+        if b["status"] in FINAL:
+            raise ClientError(f"batch {batch_id} ({b['status']}) has no result files")
+        raise ClientError(
+            f"batch {batch_id} is {b['status']}: its files come when it ends (try --wait on submit)"
+        )
+    fetch(client, b, output_dir)
+
+
+CLIENT_COMMANDS = (submit, status, list_batches, cancel, download)

@@ -1,0 +1,208 @@
+"""``freight models``: the model registry from the command line (add, list, remove, quantize).
+
+Imported by ``api/cli.py``, which vLLM's engine processes re-import: nothing here may import Flask
+at module level (vLLM walks the loaded modules at start-up and trips over Flask's context globals).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from storage.registry import REQUESTED, ModelEntry
+from storage.settings import Settings
+from workers.quantize import METHODS, SCHEMES
+
+
+def _runtime():  # type: ignore[no-untyped-def]
+    from workers.runtime import Runtime
+
+    return Runtime(Settings.from_env())
+
+
+class _Bar:
+    """A click progress bar fed by (done, total) callbacks, opened on the first one."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.bar = None
+        self.done = 0
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is None:
+            self.bar = click.progressbar(length=total, label=self.label, file=click.get_text_stream("stderr"))
+            self.bar.__enter__()
+        self.bar.update(done - self.done)
+        self.done = done
+        if done >= total:
+            self.close()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
+
+
+def _echo(message: str) -> None:
+    click.echo(message, err=True)
+
+
+@click.group()
+def models() -> None:
+    """Register, list, remove and quantize served models."""
+
+
+@models.command("add")
+@click.argument("name")
+@click.option("--path", "source", required=True, help="checkpoint directory or s3://bucket/prefix")
+@click.option("--quantization", type=click.Choice(REQUESTED), default="auto", show_default=True)
+@click.option("--max-model-len", type=int, default=None)
+@click.option(
+    "--instance-price-per-hour", type=float, default=None, help="$/hour of one engine worker's machine"
+)
+@click.option("--list-price-in", type=float, default=None, help="list $ per 1M input tokens")
+@click.option("--list-price-cached", type=float, default=None, help="list $ per 1M cached input tokens")
+@click.option("--list-price-out", type=float, default=None, help="list $ per 1M output tokens")
+def models_add(
+    name: str, source: str, quantization: str, max_model_len: int | None, **prices: float | None
+) -> None:
+    """Register NAME, served from --path (quantized as --quantization says)."""
+    from api.errors import ServiceError
+    from api.services.models import AddRequest, add
+
+    bar = _Bar("quantizing")
+    try:
+        entry = add(
+            _runtime(),
+            AddRequest(
+                name=name,
+                source=source,
+                quantization=quantization,
+                max_model_len=max_model_len,
+                instance_price_per_hour=prices["instance_price_per_hour"],
+                list_price_input=prices["list_price_in"],
+                list_price_cached=prices["list_price_cached"],
+                list_price_output=prices["list_price_out"],
+            ),
+            echo=_echo,
+            progress=bar,
+        )
+    except ServiceError as exc:
+        raise click.ClickException(exc.message) from exc
+    finally:
+        bar.close()
+    click.echo(f"registered {entry.name}: {entry.quantization} from {entry.checkpoint}")
+
+
+@models.command("list")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per model")
+def models_list(as_json: bool) -> None:
+    """The served models: registry rows and FREIGHT_MODELS declarations."""
+    from api.services.models import list_models
+
+    rows = list_models(_runtime())
+    if as_json:
+        for e in rows:
+            click.echo(json.dumps(_as_dict(e)))
+        return
+    if not rows:
+        click.echo("no models (add one with `freight models add NAME --path DIR`)")
+        return
+    header = ("NAME", "QUANT", "REQUESTED", "SOURCE", "WEIGHTS", "$/H", "LIST IN/OUT", "PROBE INT4/BF16")
+    table = [header] + [_row(e) for e in rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    for r in table:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
+
+
+def _row(e: ModelEntry) -> tuple[str, ...]:
+    weights = f"{e.weight_bytes / 1e6:.1f} MB" if e.weight_bytes else "-"
+    price = "-" if e.instance_price_per_hour is None else f"{e.instance_price_per_hour:g}"
+    listed = f"{e.list_price.input:g}/{e.list_price.output:g}" if e.list_price else "-"
+    probe = "-"
+    if e.probe:
+        probe = " ".join(f"b{b}:{r:g}" for b, r in e.probe.get("int4_over_bf16", {}).items())
+    source = e.source + (" (FREIGHT_MODELS)" if e.declared else "")
+    return (e.name, e.quantization, e.requested_quantization, source, weights, price, listed, probe)
+
+
+def _as_dict(e: ModelEntry) -> dict:
+    return {
+        "name": e.name,
+        "source": e.source,
+        "checkpoint": e.checkpoint,
+        "requested_quantization": e.requested_quantization,
+        "quantization": e.quantization,
+        "max_model_len": e.max_model_len,
+        "instance_price_per_hour": e.instance_price_per_hour,
+        "list_price": None if e.list_price is None else vars(e.list_price),
+        "parameters": e.parameters,
+        "weight_bytes": e.weight_bytes,
+        "probe": e.probe,
+        "declared": e.declared,
+    }
+
+
+@models.command("remove")
+@click.argument("name")
+def models_remove(name: str) -> None:
+    """Unregister NAME (refused while it has open batches). Its files are left alone."""
+    from api.errors import ServiceError
+    from api.services.models import remove
+
+    try:
+        entry = remove(_runtime(), name)
+    except ServiceError as exc:
+        raise click.ClickException(exc.message) from exc
+    click.echo(f"removed {entry.name} (checkpoint {entry.checkpoint} left in place)")
+
+
+@models.command("quantize")
+@click.argument("source", type=click.Path(path_type=Path))
+@click.argument("destination", type=click.Path(path_type=Path))
+@click.option("--scheme", type=click.Choice(SCHEMES), default="w4a16", show_default=True)
+@click.option("--group-size", type=int, default=128, show_default=True)
+@click.option("--method", type=click.Choice(METHODS), default="auto", show_default=True,
+              help="auto: GPTQ with --calibration, round-to-nearest without")  # fmt: skip
+@click.option("--calibration", type=click.Path(path_type=Path), default=None,
+              help="your own batch JSONL; its prompts calibrate GPTQ/AWQ")  # fmt: skip
+@click.option("--register", "register", default=None, help="then register the result under this name")
+def models_quantize(
+    source: Path,
+    destination: Path,
+    scheme: str,
+    group_size: int,
+    method: str,
+    calibration: Path | None,
+    register: str | None,
+) -> None:
+    """Write an INT4 (W4A16, compressed-tensors) checkpoint of SOURCE to DESTINATION."""
+    from api.errors import ServiceError
+    from api.services.models import AddRequest, add, quantize_checkpoint
+
+    rt = _runtime()
+    bar = _Bar("quantizing")
+    try:
+        out = quantize_checkpoint(
+            rt,
+            source,
+            destination,
+            group_size=group_size,
+            method=method,
+            calibration=calibration,
+            progress=bar,
+            echo=_echo,
+        )
+        bar.close()
+        click.echo(f"wrote {scheme} checkpoint {out}")
+        if register:
+            entry = add(
+                rt, AddRequest(name=register, source=str(out.absolute()), quantization="none"), echo=_echo
+            )
+            click.echo(f"registered {entry.name}: {entry.quantization} from {entry.checkpoint}")
+    except ServiceError as exc:
+        raise click.ClickException(exc.message) from exc
+    finally:
+        bar.close()

@@ -1,0 +1,245 @@
+"""The model registry, the operator's side: add, list, remove and quantize models.
+
+``add`` is where a quantization choice becomes a served checkpoint: a checkpoint that is already
+quantized is served as it is; ``w4a16`` quantizes a full-precision one (round-to-nearest) into
+Freight's quantized folder; ``auto`` does the same and then keeps INT4 only if a measured probe on
+this machine says it is faster than BF16 (the probe's figures stay in the row).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from api.errors import ServiceError
+from storage.checkpoint_cache import CheckpointError, local_checkpoint, publish
+from storage.models import Batch, Model
+from storage.objectstore import s3_client
+from storage.registry import REQUESTED, ModelEntry, RegistryError, entries, local_quantization, lookup
+from storage.status import BatchStatus
+from workers.checkpoint import weights
+from workers.probe import ProbeError, choose, run_probe
+from workers.quantize import QuantizeError, QuantizeRequest, quantize
+from workers.quantize_env import ensure
+from workers.runtime import Runtime
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}$")
+CALIBRATION_LIMIT = 512  # prompts read from a calibration file
+Echo = Callable[[str], None]
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class AddRequest:
+    name: str
+    source: str
+    quantization: str = "auto"
+    max_model_len: int | None = None
+    instance_price_per_hour: float | None = None
+    list_price_input: float | None = None
+    list_price_cached: float | None = None
+    list_price_output: float | None = None
+
+
+def _check(req: AddRequest) -> None:
+    if not NAME.match(req.name):
+        raise ServiceError(
+            "invalid_request", f"invalid model name {req.name!r}: letters, digits and ._:/- only"
+        )
+    if req.quantization not in REQUESTED:
+        raise ServiceError(
+            "invalid_request", f"unsupported quantization {req.quantization!r}: one of {', '.join(REQUESTED)}"
+        )
+    if req.max_model_len is not None and req.max_model_len < 1:
+        raise ServiceError("invalid_request", "--max-model-len must be positive")
+    prices = (req.instance_price_per_hour, req.list_price_input, req.list_price_cached, req.list_price_output)
+    if any(p is not None and p < 0 for p in prices):
+        raise ServiceError("invalid_request", "prices cannot be negative")
+    if (req.list_price_input is None) != (req.list_price_output is None):
+        raise ServiceError("invalid_request", "give both --list-price-in and --list-price-out, or neither")
+
+
+def add(rt: Runtime, req: AddRequest, *, echo: Echo = print, progress: Progress | None = None) -> ModelEntry:
+    _check(req)
+    if not req.source.startswith("s3://"):  # workers may start elsewhere in the tree
+        req = replace(req, source=str(Path(req.source).absolute()))
+    with rt.db.read() as s:
+        if s.get(Model, req.name) is not None:
+            raise ServiceError("conflict", f"model {req.name!r} is already registered: remove it first")
+    try:
+        local = local_checkpoint(req.source, Path(rt.settings.model_cache_dir), _s3_factory(rt))
+    except CheckpointError as exc:
+        raise ServiceError("invalid_request", str(exc), param="path") from exc
+    detected = local_quantization(str(local))
+    checkpoint, served, served_dir, probe = req.source, detected, local, None
+    if req.quantization in ("awq", "gptq") and detected != req.quantization:
+        raise ServiceError(
+            "invalid_request",
+            f"{req.source} is not a {req.quantization.upper()} checkpoint (it is {detected}); make one with "
+            f"`freight models quantize SRC DST --calibration FILE.jsonl --method {req.quantization}`",
+        )
+    if req.quantization in ("w4a16", "auto") and detected == "none":
+        int4_dir = Path(rt.settings.quantized_dir) / f"{_slug(req.name)}-w4a16-{int(time.time())}"
+        echo(f"quantizing {req.source} to W4A16 (round-to-nearest) into {int4_dir}")
+        _quantize(QuantizeRequest(source=local, destination=int4_dir), progress)
+        served = "w4a16"
+        if req.quantization == "auto":
+            echo("probing BF16 against INT4 on this machine (one engine each)")
+            try:
+                probe = run_probe(local, int4_dir, eager=rt.settings.engine_enforce_eager, now=time.time())
+            except ProbeError as exc:
+                shutil.rmtree(int4_dir, ignore_errors=True)
+                raise ServiceError("invalid_request", str(exc)) from exc
+            probe["chosen"] = choose(probe, rt.settings.int4_min_speedup)
+            echo(f"probe: INT4/BF16 output tok/s {probe['int4_over_bf16']} -> serving {probe['chosen']}")
+            if probe["chosen"] == "none":
+                shutil.rmtree(int4_dir, ignore_errors=True)
+                served = "none"
+        if served == "w4a16":  # workers on other machines load it from the object store
+            checkpoint, served_dir = publish(int4_dir, rt.settings.object_store_url, rt.store), int4_dir
+    elif req.quantization == "w4a16" and detected not in ("w4a16", "gptq", "awq"):
+        raise ServiceError("invalid_request", f"{req.source} is quantized as {detected}, not INT4")
+    parameters, size = weights(served_dir)
+    row = Model(
+        name=req.name,
+        source=req.source,
+        checkpoint=checkpoint,
+        requested_quantization=req.quantization,
+        quantization=served,
+        max_model_len=req.max_model_len,
+        instance_price_per_hour=req.instance_price_per_hour,
+        list_price_input=req.list_price_input,
+        list_price_cached=req.list_price_cached,
+        list_price_output=req.list_price_output,
+        parameters=parameters or None,
+        weight_bytes=size or None,
+        probe=probe,
+        created_at=int(time.time()),
+    )
+    with rt.db.write() as s:
+        s.add(row)
+    entry = lookup(rt.db, rt.settings, req.name)
+    assert entry is not None
+    return entry
+
+
+def _s3_factory(rt: Runtime):  # type: ignore[no-untyped-def]
+    return lambda: s3_client(rt.settings.s3_endpoint_url or None)
+
+
+def list_models(rt: Runtime) -> list[ModelEntry]:
+    return entries(rt.db, rt.settings)
+
+
+def get(rt: Runtime, name: str) -> ModelEntry:
+    entry = lookup(rt.db, rt.settings, name)
+    if entry is None:
+        raise ServiceError(
+            "not_found", f"The model '{name}' does not exist", param="model", code="model_not_found"
+        )
+    return entry
+
+
+def remove(rt: Runtime, name: str) -> ModelEntry:
+    """Unregister a model; refused while batches of it are still open (they would never finish)."""
+    with rt.db.write() as s:
+        row = s.get(Model, name)
+        if row is None:
+            if name in rt.settings.models:
+                raise ServiceError(
+                    "conflict", f"model {name!r} is declared by FREIGHT_MODELS: remove it there"
+                )
+            raise ServiceError("not_found", f"model {name!r} is not registered", code="model_not_found")
+        open_batches = s.scalars(
+            select(Batch.id)
+            .where(Batch.model == name, Batch.status.not_in([st for st in BatchStatus if st.is_terminal]))
+            .limit(3)
+        ).all()
+        if open_batches:
+            raise ServiceError(
+                "conflict",
+                f"model {name!r} still has open batches ({', '.join(open_batches)}): cancel or wait",
+            )
+        entry = lookup(rt.db, rt.settings, name)
+        s.delete(row)
+    assert entry is not None
+    return entry
+
+
+def quantize_checkpoint(
+    rt: Runtime,
+    source: Path,
+    destination: Path,
+    *,
+    group_size: int = 128,
+    method: str = "auto",
+    calibration: Path | None = None,
+    progress: Progress | None = None,
+    echo: Echo = print,
+) -> Path:
+    prompts = tuple(read_calibration(calibration, source)) if calibration else ()
+    request = QuantizeRequest(source, destination, "w4a16", group_size, method, prompts)
+    env_python = None
+    if request.resolved_method in ("gptq", "awq") and prompts:
+        env_python = ensure(Path(rt.settings.quantize_env), echo=echo)
+    return _quantize(request, progress, env_python)
+
+
+def _quantize(request: QuantizeRequest, progress: Progress | None, env_python: Path | None = None) -> Path:
+    try:
+        return quantize(request, progress, env_python)
+    except QuantizeError as exc:
+        raise ServiceError("invalid_request", str(exc)) from exc
+
+
+def read_calibration(path: Path, model_dir: Path) -> list[str]:
+    """Prompts from the user's own batch JSONL (chat ``messages`` rendered with the model's chat
+    template, or completion ``prompt``), at most CALIBRATION_LIMIT; bad lines are named."""
+    if not path.is_file():
+        raise ServiceError("invalid_request", f"{path}: no such calibration file")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    prompts: list[str] = []
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, 1):
+            if len(prompts) >= CALIBRATION_LIMIT:
+                break
+            if not raw.strip():
+                continue
+            try:
+                prompts.append(_prompt_text(json.loads(raw), tokenizer))
+            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                raise ServiceError(
+                    "invalid_request", f"{path}: line {number}: not a batch request ({exc})"
+                ) from exc
+    if not prompts:
+        raise ServiceError("invalid_request", f"{path}: no calibration prompts")
+    return prompts
+
+
+def _prompt_text(line: dict[str, Any], tokenizer: Any) -> str:
+    body = line.get("body", line)
+    if "messages" in body:
+        return str(
+            tokenizer.apply_chat_template(body["messages"], tokenize=False, add_generation_prompt=True)
+        )
+    prompt = body["prompt"]
+    if not isinstance(prompt, str):
+        raise TypeError("prompt must be a string")
+    return prompt
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
+
+
+__all__ = ["AddRequest", "RegistryError", "add", "get", "list_models", "quantize_checkpoint", "remove"]

@@ -1,0 +1,156 @@
+"""The model registry: which models Freight serves, from which checkpoint, quantized how, at what price.
+
+Rows of the ``models`` table are the registry. ``FREIGHT_MODELS`` still declares models for
+deployments configured by environment only (and for the embedded quick start); a declared name
+appears as a read-only entry unless a row of the same name overrides it. Everything that turns a
+model name into files, prices or a listing asks this module, so there is one answer everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from scheduler.metering import ListPrice
+from storage.db import Database
+from storage.models import Model
+from storage.settings import Settings
+
+# what `freight models add --quantization` accepts, and what a served checkpoint can be
+REQUESTED = ("auto", "none", "w4a16", "awq", "gptq")
+SERVED = ("none", "w4a16", "awq", "gptq", "other")
+
+
+class RegistryError(Exception):
+    """A registry request that cannot be met: unknown model, bad value. The message is for users."""
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str
+    source: str  # a directory or s3://bucket/prefix, as given
+    checkpoint: str  # what workers load: the source, or Freight's INT4 copy of it
+    requested_quantization: str
+    quantization: str  # of `checkpoint`: one of SERVED
+    max_model_len: int | None = None
+    instance_price_per_hour: float | None = None  # None: FREIGHT_INSTANCE_PRICE_PER_HOUR
+    list_price: ListPrice | None = None  # None: FREIGHT_LIST_PRICES
+    parameters: int | None = None
+    weight_bytes: int | None = None
+    probe: dict[str, Any] | None = None
+    created_at: int = 0
+    declared: bool = False  # from FREIGHT_MODELS, not a row
+
+    def price_per_hour(self, settings: Settings) -> float:
+        if self.instance_price_per_hour is not None:
+            return self.instance_price_per_hour
+        return settings.instance_price_per_hour
+
+    def list_price_or_default(self, settings: Settings) -> ListPrice | None:
+        return self.list_price or settings.list_price(self.name)
+
+
+def quantization_of(config: dict[str, Any]) -> str:
+    """What a checkpoint's config.json says about its weights: one of SERVED."""
+    q = config.get("quantization_config")
+    if not q:
+        return "none"
+    method = str(q.get("quant_method", "")).lower()
+    if method in ("gptq", "awq"):
+        return method
+    if method == "compressed-tensors":
+        groups = (q.get("config_groups") or {}).values()
+        weights = [g.get("weights") or {} for g in groups]
+        activations = [g.get("input_activations") for g in groups]
+        if (
+            weights
+            and all(w.get("num_bits") == 4 and w.get("type", "int") == "int" for w in weights)
+            and not any(activations)
+        ):
+            return "w4a16"
+    return "other"
+
+
+def local_quantization(path: str) -> str:
+    """The quantization of a local checkpoint directory; "none" when it cannot be read (S3)."""
+    config = Path(path) / "config.json"
+    if path.startswith("s3://") or not config.is_file():
+        return "none"
+    try:
+        return quantization_of(json.loads(config.read_text()))
+    except (OSError, ValueError):
+        return "none"
+
+
+def _entry(row: Model) -> ModelEntry:
+    price = None
+    if row.list_price_input is not None and row.list_price_output is not None:
+        cached = row.list_price_cached if row.list_price_cached is not None else row.list_price_input
+        price = ListPrice(row.list_price_input, cached, row.list_price_output)
+    return ModelEntry(
+        name=row.name,
+        source=row.source,
+        checkpoint=row.checkpoint,
+        requested_quantization=row.requested_quantization,
+        quantization=row.quantization,
+        max_model_len=row.max_model_len,
+        instance_price_per_hour=row.instance_price_per_hour,
+        list_price=price,
+        parameters=row.parameters,
+        weight_bytes=row.weight_bytes,
+        probe=row.probe,
+        created_at=row.created_at,
+    )
+
+
+def _declared(settings: Settings, name: str) -> ModelEntry:
+    path = settings.models[name]
+    return ModelEntry(
+        name=name,
+        source=path,
+        checkpoint=path,
+        requested_quantization="none",
+        quantization=local_quantization(path),
+        declared=True,
+    )
+
+
+def entries(db: Database, settings: Settings) -> list[ModelEntry]:
+    """Every served model, by name: registry rows, then declared names no row overrides."""
+    with db.read() as s:
+        rows = {row.name: _entry(row) for row in s.scalars(select(Model))}
+    for name in settings.models:
+        rows.setdefault(name, _declared(settings, name))
+    return [rows[name] for name in sorted(rows)]
+
+
+def lookup(db: Database, settings: Settings, name: str) -> ModelEntry | None:
+    with db.read() as s:
+        return lookup_in(s, settings, name)
+
+
+def lookup_in(session: Session, settings: Settings, name: str) -> ModelEntry | None:
+    """``lookup`` inside a transaction the caller holds."""
+    row = session.get(Model, name)
+    if row is not None:
+        return _entry(row)
+    return _declared(settings, name) if name in settings.models else None
+
+
+def require(db: Database, settings: Settings, name: str) -> ModelEntry:
+    entry = lookup(db, settings, name)
+    if entry is None:
+        served = ", ".join(e.name for e in entries(db, settings)) or "none"
+        raise RegistryError(f"model {name!r} is not registered (served: {served})")
+    return entry
+
+
+def served_names(db: Database, settings: Settings) -> frozenset[str]:
+    with db.read() as s:
+        names = set(s.scalars(select(Model.name)))
+    return frozenset(names | set(settings.models))

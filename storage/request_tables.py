@@ -1,0 +1,230 @@
+"""Batch request files as Parquet: reading a user's Parquet input as OpenAI batch lines, and writing
+an OpenAI JSONL input as Parquet (downloads, round trips).
+
+Two input shapes, told apart by their columns:
+
+* **OpenAI batch columns**: ``custom_id``, ``body`` (JSON text, or a struct), and optionally
+  ``method`` and ``url`` (default ``POST`` and the batch's endpoint).
+* **Simple**: ``custom_id`` and ``prompt`` (``/v1/completions``) or ``messages`` (chat; a list of
+  ``{role, content}`` structs or JSON text), every other column being a body field of that name
+  (``model``, ``max_tokens``, ``temperature``, …; nulls are left out).
+
+Batch-level defaults (``defaults``) fill the body fields a row does not set, for both shapes: the
+caller merges them from the file's Parquet key-value metadata ``freight.defaults`` (a JSON object)
+and the batch's ``default_*`` metadata keys. A row that cannot become a line is a ``RowError``
+naming the row (1-based) and the column. Reading streams record batches: memory is one batch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import IO, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+MAGIC = b"PAR1"
+DEFAULTS_KEY = b"freight.defaults"
+DEFAULT_PREFIX = "default_"  # batch metadata keys carrying defaults: default_model, default_max_tokens
+READ_ROWS = 512
+WRITE_ROWS = 4096
+OPENAI_COLUMNS = frozenset({"custom_id", "method", "url", "body"})
+JSON_TEXT_FIELDS = frozenset({"messages", "response_format", "structured_outputs", "logit_bias", "stop"})
+
+REQUEST_SCHEMA = pa.schema(
+    [("custom_id", pa.string()), ("method", pa.string()), ("url", pa.string()), ("body", pa.string())]
+)
+
+
+@dataclass(frozen=True)
+class RowError:
+    row: int
+    code: str
+    message: str
+    column: str | None = None
+
+
+def is_parquet(head: bytes) -> bool:
+    return head[:4] == MAGIC
+
+
+def metadata_defaults(metadata: Mapping[str, str] | None) -> dict[str, Any]:
+    """``{"default_max_tokens": "64"}`` -> ``{"max_tokens": 64}`` (values are JSON when they parse)."""
+    out: dict[str, Any] = {}
+    for name, value in (metadata or {}).items():
+        if name.startswith(DEFAULT_PREFIX) and len(name) > len(DEFAULT_PREFIX):
+            try:
+                out[name[len(DEFAULT_PREFIX) :]] = json.loads(value)
+            except (TypeError, ValueError):
+                out[name[len(DEFAULT_PREFIX) :]] = value
+    return out
+
+
+def file_defaults(pf: pq.ParquetFile) -> dict[str, Any]:
+    """The file's ``freight.defaults`` key-value metadata (ValueError if it is not a JSON object)."""
+    raw = (pf.schema_arrow.metadata or {}).get(DEFAULTS_KEY)
+    if raw is None:
+        return {}
+    value = json.loads(raw)
+    if not isinstance(value, dict):
+        raise ValueError("freight.defaults must be a JSON object")
+    return value
+
+
+def _shape(names: list[str]) -> str | None:
+    if "body" in names:
+        return "openai"
+    if "prompt" in names or "messages" in names:
+        return "simple"
+    return None
+
+
+def column_of(param: str | None, columns: Iterable[str]) -> str | None:
+    """The input column a validation error's ``param`` (``body.temperature``) comes from."""
+    if not param:
+        return None
+    names = set(columns)
+    if param in names:
+        return param
+    field = param.removeprefix("body.").split(".", 1)[0]
+    if field in names:
+        return field
+    return "body" if param.startswith("body") and "body" in names else None
+
+
+def request_lines(
+    source: IO[bytes] | str, endpoint: str | None, defaults: Mapping[str, Any] | None = None
+) -> Iterator[bytes | RowError]:
+    """One OpenAI batch line (JSON bytes, no newline) or RowError per row of a Parquet file.
+
+    ``endpoint``: the batch's; None (a file not yet in a batch) infers it from the columns."""
+    try:
+        pf = pq.ParquetFile(source)
+        merged = {**file_defaults(pf), **(defaults or {})}
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        yield RowError(1, "invalid_parquet", f"the file is not readable Parquet: {exc}"[:500])
+        return
+    names = pf.schema_arrow.names
+    shape = _shape(names)
+    if "custom_id" not in names or shape is None:
+        yield RowError(
+            1,
+            "invalid_parquet_columns",
+            "a Parquet batch file needs a custom_id column and either body (OpenAI batch columns) "
+            f"or prompt / messages (simple shape); it has {', '.join(names)[:300]}",
+        )
+        return
+    if shape == "openai" and set(names) - OPENAI_COLUMNS:
+        extra = ", ".join(sorted(set(names) - OPENAI_COLUMNS))[:200]
+        yield RowError(1, "invalid_parquet_columns", f"unknown column(s) beside body: {extra}", extra)
+        return
+    if endpoint is None:
+        endpoint = "/v1/chat/completions" if "messages" in names else "/v1/completions"
+    row = 0
+    for batch in pf.iter_batches(batch_size=READ_ROWS):
+        for record in batch.to_pylist():
+            row += 1
+            yield _line(record, row, shape, endpoint, merged)
+
+
+def _line(record: dict[str, Any], row: int, shape: str, endpoint: str, defaults: Mapping[str, Any]):  # type: ignore[no-untyped-def]
+    if shape == "openai":
+        body = record.get("body")
+        if isinstance(body, bytes):
+            body = body.decode("utf-8", "replace")
+        if isinstance(body, str):
+            try:
+                body = json.loads(body)
+            except ValueError as exc:
+                return RowError(
+                    row, "invalid_body", f"row {row}, column 'body': not valid JSON ({exc})", "body"
+                )
+        if isinstance(body, dict):
+            body = {**defaults, **_drop_nulls(body)}
+        line = {
+            "custom_id": record.get("custom_id"),
+            "method": record.get("method") or "POST",
+            "url": record.get("url") or endpoint,
+            "body": body,
+        }
+    else:
+        body = dict(defaults)
+        for name, value in record.items():
+            if name == "custom_id" or value is None:
+                continue
+            if name in JSON_TEXT_FIELDS and isinstance(value, str) and value[:1] in ("[", "{"):
+                try:
+                    value = json.loads(value)
+                except ValueError as exc:
+                    return RowError(
+                        row, "invalid_value", f"row {row}, column '{name}': not valid JSON ({exc})", name
+                    )
+            if name == "messages" and isinstance(value, list):
+                value = [_drop_nulls(m) if isinstance(m, dict) else m for m in value]
+            body[name] = value
+        line = {"custom_id": record.get("custom_id"), "method": "POST", "url": endpoint, "body": body}
+    try:
+        return json.dumps(line, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    except (TypeError, ValueError):
+        for name, value in record.items():
+            try:
+                json.dumps(value, allow_nan=False)
+            except (TypeError, ValueError):
+                return RowError(
+                    row,
+                    "invalid_value",
+                    f"row {row}, column '{name}': a {type(value).__name__} value cannot be part of a request",
+                    name,
+                )
+        return RowError(row, "invalid_value", f"row {row}: the row cannot be made a request")
+
+
+def _drop_nulls(value: dict[str, Any]) -> dict[str, Any]:
+    """Struct columns give every field to every row; a field a row leaves null is left out."""
+    return {k: v for k, v in value.items() if v is not None}
+
+
+def write_requests(lines: Iterable[bytes], sink: IO[bytes] | str) -> int:
+    """OpenAI batch JSONL lines -> Parquet (``custom_id, method, url, body`` as JSON text); the
+    body is re-serialised compactly, so values survive but not the input's spacing. Returns rows."""
+    rows = 0
+    buffer: list[tuple[Any, Any, Any, Any]] = []
+    with pq.ParquetWriter(sink, REQUEST_SCHEMA, compression="zstd") as writer:
+
+        def flush() -> None:
+            if buffer:
+                columns = [pa.array([r[i] for r in buffer], pa.string()) for i in range(4)]
+                writer.write_table(pa.Table.from_arrays(columns, schema=REQUEST_SCHEMA))
+                buffer.clear()
+
+        for raw in lines:
+            text = raw.decode("utf-8", "replace").strip().lstrip("\ufeff")
+            if not text:
+                continue
+            try:
+                obj = json.loads(text)
+            except ValueError:
+                obj = None
+            if not isinstance(obj, dict):
+                buffer.append((None, None, None, text))
+            else:
+                body = obj.get("body")
+                buffer.append(
+                    (
+                        _text(obj.get("custom_id")),
+                        _text(obj.get("method")),
+                        _text(obj.get("url")),
+                        None if body is None else json.dumps(body, ensure_ascii=False, separators=(",", ":")),
+                    )
+                )
+            rows += 1
+            if len(buffer) >= WRITE_ROWS:
+                flush()
+        flush()
+    return rows
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else value if isinstance(value, str) else json.dumps(value)

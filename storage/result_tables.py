@@ -1,0 +1,82 @@
+"""Batch results as Parquet: the output and error JSONL files, one typed row per line.
+
+Columns: ``custom_id``, ``id`` (the line's ``batch_req_…``), ``status_code`` (null for a request
+that never ran), ``content`` (chat: the first choice's message), ``text`` (completions: the first
+choice's text), ``finish_reason``, ``prompt_tokens``, ``cached_tokens``, ``completion_tokens``,
+``error_code``, ``error_message`` (from the response's error body, or the line's own ``error``),
+and ``response_body``: the whole response body as JSON text (every choice, logprobs, …), so
+nothing of the JSONL is lost. Written in record batches: memory is one batch, whatever the file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import IO, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+WRITE_ROWS = 4096
+
+RESULT_SCHEMA = pa.schema(
+    [
+        ("custom_id", pa.string()),
+        ("id", pa.string()),
+        ("status_code", pa.int32()),
+        ("content", pa.string()),
+        ("text", pa.string()),
+        ("finish_reason", pa.string()),
+        ("prompt_tokens", pa.int64()),
+        ("cached_tokens", pa.int64()),
+        ("completion_tokens", pa.int64()),
+        ("error_code", pa.string()),
+        ("error_message", pa.string()),
+        ("response_body", pa.string()),
+    ]
+)
+
+
+def result_record(line: dict[str, Any]) -> dict[str, Any]:
+    """One output/error line -> one row of RESULT_SCHEMA."""
+    response = line.get("response") or {}
+    body = response.get("body") if isinstance(response, dict) else None
+    body = body if isinstance(body, dict) else {}
+    choices = body.get("choices") or [{}]
+    first = choices[0] if isinstance(choices[0], dict) else {}
+    message = first.get("message") if isinstance(first.get("message"), dict) else {}
+    usage = body.get("usage") or {}
+    details = usage.get("prompt_tokens_details") or {}
+    error = body.get("error") if isinstance(body.get("error"), dict) else line.get("error") or {}
+    return {
+        "custom_id": line.get("custom_id"),
+        "id": line.get("id"),
+        "status_code": response.get("status_code") if isinstance(response, dict) else None,
+        "content": message.get("content"),
+        "text": first.get("text"),
+        "finish_reason": first.get("finish_reason"),
+        "prompt_tokens": usage.get("prompt_tokens"),
+        "cached_tokens": details.get("cached_tokens") if usage else None,
+        "completion_tokens": usage.get("completion_tokens"),
+        "error_code": error.get("code"),
+        "error_message": error.get("message"),
+        "response_body": json.dumps(body, ensure_ascii=False, separators=(",", ":")) if body else None,
+    }
+
+
+def write_results(lines: Iterable[bytes], sink: IO[bytes] | str) -> int:
+    """Result JSONL lines -> Parquet at ``sink``; returns the rows written."""
+    rows = 0
+    buffer: list[dict[str, Any]] = []
+    with pq.ParquetWriter(sink, RESULT_SCHEMA, compression="zstd") as writer:
+        for raw in lines:
+            if not raw.strip():
+                continue
+            buffer.append(result_record(json.loads(raw)))
+            rows += 1
+            if len(buffer) >= WRITE_ROWS:
+                writer.write_table(pa.Table.from_pylist(buffer, schema=RESULT_SCHEMA))
+                buffer = []
+        if buffer or not rows:
+            writer.write_table(pa.Table.from_pylist(buffer, schema=RESULT_SCHEMA))
+    return rows

@@ -1,0 +1,138 @@
+"""The model registry's operator side (freight models ...) and /v1/models, on both databases.
+
+Quantization here is real: `add --quantization w4a16` writes an INT4 copy with compressed-tensors.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from api.app import create_app
+from api.errors import ServiceError
+from api.services import models
+from api.services.models import AddRequest
+from api.services.tenants import create_tenant
+from storage.models import Batch, StoredFile
+from storage.registry import lookup
+from storage.status import BatchStatus
+from tests.conftest import DEMO_MODEL, now
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@pytest.fixture
+def headers(runtime):  # type: ignore[no-untyped-def]
+    _, key = create_tenant(runtime.db, "alpha", now())
+    return {"Authorization": f"Bearer {key}"}
+
+
+def test_add_w4a16_quantizes_records_and_serves_it(runtime, headers) -> None:  # type: ignore[no-untyped-def]
+    entry = models.add(
+        runtime,
+        AddRequest("tiny-int4", str(DEMO_MODEL), "w4a16", max_model_len=512, instance_price_per_hour=1.5,
+                   list_price_input=0.2, list_price_output=0.8),
+        echo=_quiet,
+    )  # fmt: skip
+    assert entry.quantization == "w4a16" and entry.requested_quantization == "w4a16"
+    checkpoint = Path(entry.checkpoint)
+    assert (
+        checkpoint.parent == Path(runtime.settings.quantized_dir) and (checkpoint / "config.json").is_file()
+    )
+    assert entry.parameters and entry.weight_bytes and entry.weight_bytes < 0.6 * 2 * entry.parameters
+
+    client = create_app(runtime=runtime).test_client()
+    listed = client.get("/v1/models", headers=headers).get_json()
+    assert [m["id"] for m in listed["data"]] == ["demo", "tiny-int4"]
+    one = client.get("/v1/models/tiny-int4", headers=headers).get_json()
+    assert one["object"] == "model" and one["owned_by"] == "freight" and one["created"] > 0
+    assert one["x_freight"]["quantization"] == "w4a16" and one["x_freight"]["max_model_len"] == 512
+    assert one["x_freight"]["list_price_per_1m"] == {"input": 0.2, "cached_input": 0.2, "output": 0.8}
+    assert client.get("/v1/models/tiny-int4").status_code == 401
+
+
+def test_an_already_quantized_checkpoint_is_served_as_it_is(runtime, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    first = models.add(runtime, AddRequest("q1", str(DEMO_MODEL), "w4a16"), echo=_quiet)
+    again = models.add(runtime, AddRequest("q2", first.checkpoint, "auto"), echo=_quiet)
+    assert again.quantization == "w4a16" and again.checkpoint == first.checkpoint and again.probe is None
+    with pytest.raises(ServiceError, match=r"is not a GPTQ checkpoint \(it is w4a16\); make one with"):
+        models.add(runtime, AddRequest("q3", first.checkpoint, "gptq"), echo=_quiet)
+
+
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        (AddRequest("bad name!", str(DEMO_MODEL)), "invalid model name"),
+        (AddRequest("m", str(DEMO_MODEL), "int3"), "unsupported quantization 'int3'"),
+        (AddRequest("m", "/no/such/dir"), "not a checkpoint directory"),
+        (AddRequest("m", str(DEMO_MODEL), "none", max_model_len=0), "must be positive"),
+        (AddRequest("m", str(DEMO_MODEL), "none", instance_price_per_hour=-1), "cannot be negative"),
+        (AddRequest("m", str(DEMO_MODEL), "none", list_price_input=1.0), "give both"),
+    ],
+)
+def test_bad_additions_are_refused_with_the_reason(runtime, request_: AddRequest, message: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ServiceError, match=message) as caught:
+        models.add(runtime, request_, echo=_quiet)
+    assert caught.value.kind == "invalid_request"
+    assert lookup(runtime.db, runtime.settings, "m") is None
+
+
+def test_remove_refuses_declared_and_busy_models(runtime) -> None:  # type: ignore[no-untyped-def]
+    models.add(runtime, AddRequest("plain", str(DEMO_MODEL), "none"), echo=_quiet)
+    with pytest.raises(ServiceError, match="already registered"):
+        models.add(runtime, AddRequest("plain", str(DEMO_MODEL), "none"), echo=_quiet)
+    with pytest.raises(ServiceError, match="declared by FREIGHT_MODELS"):
+        models.remove(runtime, "demo")
+    with pytest.raises(ServiceError, match="not registered"):
+        models.remove(runtime, "ghost")
+    tenant = create_tenant(runtime.db, "alpha", now())[0].id
+    with runtime.db.write() as s:
+        f = StoredFile(id="file-x", tenant_id=tenant, purpose="batch", filename="in.jsonl", bytes=1,
+                       object_key="k", created_at=now())  # fmt: skip
+        s.add(f)
+        s.flush()
+        s.add(Batch(id="batch_x", tenant_id=tenant, endpoint="/v1/chat/completions", input_file_id="file-x",
+                    completion_window="24h", status=BatchStatus.IN_PROGRESS, model="plain", created_at=now(),
+                    expires_at=now() + 86400))  # fmt: skip
+    with pytest.raises(ServiceError, match=r"still has open batches \(batch_x\)"):
+        models.remove(runtime, "plain")
+    with runtime.db.write() as s:
+        s.get(Batch, "batch_x").status = BatchStatus.COMPLETED  # type: ignore[union-attr]
+    assert models.remove(runtime, "plain").name == "plain"
+    assert lookup(runtime.db, runtime.settings, "plain") is None
+
+
+def test_the_cli_adds_lists_and_removes(runtime, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    from api.cli import main
+
+    s = runtime.settings
+    env = {"FREIGHT_DATA_DIR": str(s.data_dir), "FREIGHT_DATABASE_URL": s.database_url,
+           "FREIGHT_MODELS": f"demo={DEMO_MODEL}"}  # fmt: skip
+    runner = CliRunner()
+    added = runner.invoke(main, ["models", "add", "cli-model", "--path", str(DEMO_MODEL), "--quantization", "none",
+                                 "--list-price-in", "0.1", "--list-price-out", "0.4"], env=env)  # fmt: skip
+    assert added.exit_code == 0, added.output
+    assert "registered cli-model: none from" in added.output
+    table = runner.invoke(main, ["models", "list"], env=env)
+    assert table.exit_code == 0
+    lines = table.output.splitlines()
+    assert lines[0].split()[:3] == ["NAME", "QUANT", "REQUESTED"]
+    assert any(line.startswith("cli-model") and "0.1/0.4" in line for line in lines)
+    assert any(line.startswith("demo") and "(FREIGHT_MODELS)" in line for line in lines)
+    rows = [
+        json.loads(x) for x in runner.invoke(main, ["models", "list", "--json"], env=env).output.splitlines()
+    ]
+    assert {r["name"]: r["declared"] for r in rows} == {"cli-model": False, "demo": True}
+    missing = runner.invoke(main, ["models", "add", "x", "--path", "/no/such"], env=env)
+    assert missing.exit_code == 1 and "Error: /no/such: not a checkpoint directory" in missing.output
+    removed = runner.invoke(main, ["models", "remove", "cli-model"], env=env)
+    assert removed.exit_code == 0 and "removed cli-model" in removed.output
+    bad = runner.invoke(
+        main, ["models", "quantize", str(DEMO_MODEL), str(s.data_dir / "q"), "--scheme", "fp8"], env=env
+    )
+    assert bad.exit_code == 2 and "'fp8' is not 'w4a16'" in bad.output

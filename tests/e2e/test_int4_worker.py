@@ -1,0 +1,78 @@
+"""An INT4 model end to end: quantize and register it with the CLI, start its engine worker from the
+registry entry, run a batch on it through the official client."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+
+import pytest
+
+from infra.stack import FREIGHT, REPO, _log_has, spawn, wait_for
+from tests.e2e.conftest import LiveStack, wait_final
+
+pytestmark = pytest.mark.stack
+
+
+def test_an_int4_model_registered_by_the_cli_serves_a_batch(live: LiveStack, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    env = live.stack.env
+    int4 = tmp_path / "demo-w4a16"
+    done = subprocess.run(
+        [*FREIGHT, "models", "quantize", str(live.model_dir), str(int4), "--register", "demo-int4"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"wrote w4a16 checkpoint {int4}" in done.stdout
+    assert "registered demo-int4: w4a16 from" in done.stdout
+    assert "quantizing" in done.stderr  # the progress bar
+
+    listed = [json.loads(x) for x in subprocess.run(
+        [*FREIGHT, "models", "list", "--json"], cwd=REPO, env=env, capture_output=True, text=True, check=True
+    ).stdout.splitlines()]  # fmt: skip
+    assert {m["name"]: m["quantization"] for m in listed} == {"demo": "none", "demo-int4": "w4a16"}
+
+    name = "engine-demo-int4"
+    proc = spawn(
+        live.stack.run_dir, name, [*FREIGHT, "worker", "--model", "demo-int4", "--name", f"{name}@%h"], env
+    )
+    try:
+        _serve_a_batch(live, proc, name)
+    finally:  # its own process group: the engine's children go with it
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    removed = subprocess.run(
+        [*FREIGHT, "models", "remove", "demo-int4"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert removed.returncode == 0 and "removed demo-int4" in removed.stdout
+
+
+def _serve_a_batch(live: LiveStack, proc, name: str) -> None:  # type: ignore[no-untyped-def]
+    log = live.stack.log(name)
+    wait_for(lambda: _log_has(log, " ready."), "INT4 engine worker", 300, proc, log)
+    assert "WNA16" in log.read_text(errors="replace")  # vLLM picked its INT4 weight-only kernel
+
+    client = live.client("alpha")
+    served = {m.id: m for m in client.models.list().data}
+    assert served["demo-int4"].model_extra["x_freight"]["quantization"] == "w4a16"
+
+    lines = [
+        {"custom_id": f"q-{i}", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"model": "demo-int4", "messages": [{"role": "user", "content": f"count to {i}"}],
+                  "max_tokens": 8}}
+        for i in range(12)
+    ]  # fmt: skip
+    upload = client.files.create(
+        file=("int4.jsonl", "".join(json.dumps(x) + "\n" for x in lines).encode()), purpose="batch"
+    )
+    batch = client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    final = wait_final(client, batch.id, timeout=300)
+    assert final.status == "completed", final
+    assert final.request_counts.completed == 12 and final.request_counts.failed == 0
+    out = [json.loads(x) for x in client.files.content(final.output_file_id).text.splitlines()]
+    assert sorted(r["custom_id"] for r in out) == sorted(f"q-{i}" for i in range(12))
+    assert all(r["response"]["body"]["model"] == "demo-int4" for r in out)
+    assert all(r["response"]["body"]["usage"]["completion_tokens"] > 0 for r in out)
