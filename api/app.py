@@ -22,9 +22,11 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     app.extensions["freight"] = runtime or Runtime(settings)
     register_error_handlers(app)
 
+    from api.views.console import bp as console
     from api.views.v1 import bp as v1
 
     app.register_blueprint(v1)
+    app.register_blueprint(console)
     register_metrics(app)
 
     @app.get("/healthz")

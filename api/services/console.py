@@ -1,0 +1,412 @@
+"""Read models (and one write) of the web console that the /v1 services do not already have: a
+tenant's batches filtered and paged by number, a batch's throughput over time from its work
+units, the served models, live workers and queue depth per model, and upload-and-create in one
+transaction. Batch reads, cancel and file content reuse ``batches`` and ``files``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import secrets
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import IO
+
+from sqlalchemy import func, select
+
+from api.errors import ServiceError
+from api.services import batches, files
+from api.services.models import list_models
+from api.services.reports import WORKER_STALE_SECONDS, as_int, ratio
+from scheduler.metering import ListPrice
+from storage.models import ApiKey, Batch, EngineSample, StoredFile, Tenant, UnitStatus, WorkUnit
+from storage.settings import Settings
+from storage.status import BatchStatus
+from workers.dropfolder_input import InvalidInput, request_stream
+from workers.runtime import Runtime
+
+ACTIVE = "active"  # the status filter for every batch that is not final yet
+ACTIVE_STATUSES = tuple(s.value for s in BatchStatus if not s.is_terminal)
+STATUS_FILTERS = (ACTIVE, *(s.value for s in BatchStatus))
+MAX_BUCKETS = 40
+
+log = logging.getLogger(__name__)
+
+
+# --- who is signed in -------------------------------------------------------------------------
+
+
+def signed_in(rt: Runtime, tenant_id: str, key_digest: str) -> str | None:
+    """The tenant's name while the key it signed in with is still valid, else None: revoking a
+    key signs its console sessions out at their next request."""
+    with rt.db.read() as s:
+        return s.scalar(  # type: ignore[no-any-return]
+            select(Tenant.name)
+            .join(ApiKey, ApiKey.tenant_id == Tenant.id)
+            .where(Tenant.id == tenant_id, ApiKey.key_hash == key_digest, ApiKey.revoked_at.is_(None))
+        )
+
+
+# --- jobs ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobRow:
+    batch: Batch
+    filename: str | None  # the input file's name as uploaded
+
+
+@dataclass(frozen=True)
+class JobsPage:
+    rows: list[JobRow]
+    total: int  # batches matching the filters
+    page: int  # 1-based, clamped to the last page
+    pages: int
+    per_page: int
+
+
+def jobs(
+    rt: Runtime, tenant_id: str, status: str | None, model: str | None, page: int, per_page: int
+) -> JobsPage:
+    """The tenant's batches, newest first, with ``status`` (a status or ``active``) and ``model``."""
+    where = [Batch.tenant_id == tenant_id]
+    if status:
+        if status not in STATUS_FILTERS:
+            raise ServiceError("invalid_request", f"status must be one of {', '.join(STATUS_FILTERS)}")
+        where.append(Batch.status.in_(ACTIVE_STATUSES) if status == ACTIVE else Batch.status == status)
+    if model:
+        where.append(Batch.model == model)
+    with rt.db.read() as s:
+        total = int(s.scalar(select(func.count()).select_from(Batch).where(*where)) or 0)
+        pages = max(1, math.ceil(total / per_page))
+        page = min(max(page, 1), pages)
+        rows = list(
+            s.scalars(
+                select(Batch)
+                .where(*where)
+                .order_by(Batch.created_at.desc(), Batch.id.desc())
+                .offset((page - 1) * per_page)
+                .limit(per_page)
+            )
+        )
+        ids = {b.input_file_id for b in rows}
+        names = dict(
+            s.execute(select(StoredFile.id, StoredFile.filename).where(StoredFile.id.in_(ids))).all()
+        )
+    return JobsPage([JobRow(b, names.get(b.input_file_id)) for b in rows], total, page, pages, per_page)
+
+
+def tenant_models(rt: Runtime, tenant_id: str) -> list[str]:
+    """Models to filter by: those the tenant's batches ran on and those served now."""
+    with rt.db.read() as s:
+        used = set(
+            s.scalars(
+                select(Batch.model).where(Batch.tenant_id == tenant_id, Batch.model.is_not(None)).distinct()
+            )
+        )
+    return sorted(used | {m.name for m in served_models(rt)})
+
+
+@dataclass(frozen=True)
+class Bucket:
+    start: float
+    seconds: float
+    requests: float  # requests finished in the bucket (a unit's spread evenly over its run)
+    output_tokens: float
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.output_tokens / self.seconds
+
+
+@dataclass(frozen=True)
+class Throughput:
+    start: float
+    end: float
+    buckets: tuple[Bucket, ...]  # empty until a unit has finished
+
+
+@dataclass(frozen=True)
+class UnitRun:
+    started_at: float
+    finished_at: float
+    requests: int
+    output_tokens: int
+
+
+def throughput(runs: list[UnitRun], start: float, end: float, max_buckets: int = MAX_BUCKETS) -> Throughput:
+    """Output tokens and finished requests over time. A unit's results are recorded when it ends,
+    but it produced them all through its run, so each unit's counts are spread over [started,
+    finished] in proportion to the overlap with each bucket (buckets of at least one second)."""
+    runs = [r for r in runs if r.finished_at >= r.started_at]
+    if not runs:
+        return Throughput(start, end, ())
+    start = min(start, *(r.started_at for r in runs))
+    end = max(end, *(r.finished_at for r in runs), start + 1.0)
+    n = max(1, min(max_buckets, int(end - start)))
+    width = (end - start) / n
+    requests = [0.0] * n
+    tokens = [0.0] * n
+    for r in runs:
+        span = r.finished_at - r.started_at
+        if span <= 0:  # finished in an instant: all of it in the bucket it ended in
+            i = min(n - 1, int((r.finished_at - start) / width))
+            requests[i] += r.requests
+            tokens[i] += r.output_tokens
+            continue
+        first = int((r.started_at - start) / width)
+        last = min(n - 1, int((r.finished_at - start) / width))
+        for i in range(first, last + 1):
+            lo, hi = start + i * width, start + (i + 1) * width
+            share = (min(hi, r.finished_at) - max(lo, r.started_at)) / span
+            requests[i] += r.requests * share
+            tokens[i] += r.output_tokens * share
+    return Throughput(
+        start, end, tuple(Bucket(start + i * width, width, requests[i], tokens[i]) for i in range(n))
+    )
+
+
+@dataclass(frozen=True)
+class JobDetail:
+    batch: Batch
+    input_file: StoredFile | None
+    throughput: Throughput
+
+
+def job(rt: Runtime, tenant_id: str, batch_id: str, now: float) -> JobDetail:
+    """One batch of the tenant (another tenant's is not found), its input file and throughput."""
+    batch = batches.get(rt, tenant_id, batch_id)
+    with rt.db.read() as s:
+        source = s.get(StoredFile, batch.input_file_id)
+        runs = [
+            UnitRun(started, finished, done + failed, tokens)
+            for started, finished, done, failed, tokens in s.execute(
+                select(
+                    WorkUnit.started_at,
+                    WorkUnit.finished_at,
+                    WorkUnit.completed,
+                    WorkUnit.failed,
+                    WorkUnit.completion_tokens,
+                ).where(
+                    WorkUnit.batch_id == batch.id,
+                    WorkUnit.status == UnitStatus.DONE,
+                    WorkUnit.started_at.is_not(None),
+                    WorkUnit.finished_at.is_not(None),
+                )
+            )
+        ]
+    final = batch.completed_at or batch.failed_at or batch.expired_at or batch.cancelled_at
+    start = float(batch.in_progress_at or batch.created_at)
+    return JobDetail(batch, source, throughput(runs, start, float(final or now)))
+
+
+def submit(
+    rt: Runtime,
+    tenant_id: str,
+    filename: str | None,
+    stream: IO[bytes],
+    endpoint: str,
+    model: str | None,
+    window: str,
+    metadata: dict[str, str] | None,
+) -> Batch:
+    """Upload a JSONL (or .jsonl.gz) file and create its batch in one transaction, as a drop folder
+    does: lines without ``body.model`` get ``model`` (a line's own model wins)."""
+    request = batches.check_request(
+        rt,
+        {"input_file_id": "-", "endpoint": endpoint, "completion_window": window, "metadata": metadata},
+    )
+    if model and model not in {m.name for m in served_models(rt)}:
+        raise ServiceError("invalid_request", f"model {model!r} is not served here", param="model")
+    gz = (filename or "").lower().endswith(".gz")
+    source = request_stream(stream, gz, model or None, rt.settings.max_line_bytes)
+    try:
+        record = files.store_file(rt, tenant_id, "batch", filename, source)
+    except InvalidInput as exc:
+        raise ServiceError("invalid_request", exc.message, param="file", code=exc.code) from None
+    with rt.db.write() as s:
+        s.add(record)
+        s.flush()
+        batch = batches.add(s, tenant_id, replace(request, input_file_id=record.id), int(time.time()))
+    rt.queue.validate(batch.id)  # after the commit that made the row
+    return batch
+
+
+# --- models, queues and workers -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelView:
+    name: str
+    path: str
+    quantization: str  # what the registry serves: none, w4a16, awq, gptq or other
+    dtype: str | None  # its torch_dtype, where the config says
+    list_price: ListPrice | None  # $ per 1M input / cached input / output tokens
+    instance_price_per_hour: float  # what an engine hour of it is costed at
+
+
+def served_models(rt: Runtime) -> list[ModelView]:
+    """The served models, from the model registry (rows and FREIGHT_MODELS declarations)."""
+    views = []
+    for entry in list_models(rt):
+        config = {} if entry.checkpoint.startswith("s3://") else _checkpoint_config(entry.checkpoint)
+        dtype = config.get("torch_dtype") or config.get("dtype")
+        views.append(
+            ModelView(
+                name=entry.name,
+                path=entry.checkpoint,
+                quantization=entry.quantization,
+                dtype=str(dtype) if dtype else None,
+                list_price=entry.list_price_or_default(rt.settings),
+                instance_price_per_hour=entry.price_per_hour(rt.settings),
+            )
+        )
+    return views
+
+
+def _checkpoint_config(path: str) -> dict:
+    """A local checkpoint's config.json; {} for unreadable ones (shown as unknown)."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+@dataclass(frozen=True)
+class QueueView:
+    model: str
+    batches: int  # in_progress batches
+    requests_waiting: int  # their requests not finished yet
+    units: dict[str, int]  # pending / queued / running work units
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    worker: str
+    model: str
+    last_seen: float  # end of its latest engine sample
+    running_units: int
+    busy: float  # busy fraction since its first sample of the last WORKER_STALE_SECONDS
+    batch_fill: float | None
+    output_tokens_per_second: float | None
+    prompt_tokens_per_second: float | None
+    cache_hit_rate: float | None
+    mfu: float | None
+    mbu: float | None
+
+
+def queues(rt: Runtime) -> list[QueueView]:
+    """Work waiting per model (every served model listed, idle ones with zeros)."""
+    waiting = Batch.request_total - Batch.request_completed - Batch.request_failed
+    open_units = (UnitStatus.PENDING, UnitStatus.QUEUED, UnitStatus.RUNNING)
+    with rt.db.read() as s:
+        running = {
+            model: (int(n), as_int(rest))
+            for model, n, rest in s.execute(
+                select(Batch.model, func.count(), func.sum(waiting))
+                .where(Batch.status == BatchStatus.IN_PROGRESS.value, Batch.model.is_not(None))
+                .group_by(Batch.model)
+            )
+        }
+        units: dict[str, dict[str, int]] = {}
+        for model, status, n in s.execute(
+            select(WorkUnit.model, WorkUnit.status, func.count())
+            .where(WorkUnit.status.in_(open_units))
+            .group_by(WorkUnit.model, WorkUnit.status)
+        ):
+            units.setdefault(model, dict.fromkeys(open_units, 0))[status] = int(n)
+    return [
+        QueueView(
+            m,
+            running.get(m, (0, 0))[0],
+            max(0, running.get(m, (0, 0))[1]),
+            units.get(m, dict.fromkeys(open_units, 0)),
+        )
+        for m in sorted({v.name for v in served_models(rt)} | set(running) | set(units))
+    ]
+
+
+def live_workers(rt: Runtime, now: float) -> list[WorkerView]:
+    """Engine workers that worked in the last WORKER_STALE_SECONDS (an idle engine writes no
+    samples, so one idle longer drops out), from their latest sample and their running units."""
+    since = now - WORKER_STALE_SECONDS
+    with rt.db.read() as s:
+        samples = s.scalars(
+            select(EngineSample)
+            .where(EngineSample.started_at + EngineSample.seconds >= since)
+            .order_by(EngineSample.started_at, EngineSample.id)
+        ).all()
+        tokens = s.scalars(
+            select(WorkUnit.worker).where(
+                WorkUnit.status == UnitStatus.RUNNING,
+                WorkUnit.heartbeat_at >= now - rt.settings.lease_seconds,
+            )
+        ).all()
+    running: dict[str, int] = {}
+    for token in tokens:  # a claim token is "<worker>:<random>"
+        name = (token or "").rsplit(":", 1)[0]
+        running[name] = running.get(name, 0) + 1
+    latest: dict[tuple[str, str], EngineSample] = {}
+    first: dict[tuple[str, str], float] = {}
+    busy: dict[tuple[str, str], float] = {}
+    for sample in samples:
+        key = (sample.worker, sample.model)
+        latest[key] = sample  # ordered by start: the last one wins
+        first.setdefault(key, max(since, sample.started_at))
+        busy[key] = busy.get(key, 0.0) + sample.seconds
+    return [
+        WorkerView(
+            worker=worker,
+            model=model,
+            last_seen=(last := latest[(worker, model)]).started_at + last.seconds,
+            running_units=running.get(worker, 0),
+            busy=min(1.0, busy[(worker, model)] / max(1.0, now - first[(worker, model)])),
+            batch_fill=ratio(last.running_mean, last.max_num_seqs),
+            output_tokens_per_second=ratio(last.output_tokens, last.seconds),
+            prompt_tokens_per_second=ratio(last.prompt_tokens, last.seconds),
+            cache_hit_rate=ratio(last.cached_tokens, last.prompt_tokens),
+            mfu=last.mfu,
+            mbu=last.mbu,
+        )
+        for worker, model in sorted(latest)
+    ]
+
+
+# --- the session signing key --------------------------------------------------------------------
+
+
+SECRET_FILE = "console-secret-key"
+
+
+def session_secret(settings: Settings) -> str | None:
+    """The key that signs console sessions: FREIGHT_SECRET_KEY, or else one generated once into
+    ``<data_dir>/console-secret-key`` (mode 0600). Not a per-process random key: gunicorn runs
+    several worker processes, and a session signed by one must verify in the others (and after
+    a restart). Every API process sharing the data folder shares the file; API hosts that share
+    no folder must set FREIGHT_SECRET_KEY. None when the file can be neither read nor made: the
+    console then refuses to sign anyone in and says why."""
+    if settings.secret_key:
+        return settings.secret_key
+    path = Path(settings.data_dir) / SECRET_FILE
+    try:
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{SECRET_FILE}.{secrets.token_hex(6)}")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(secrets.token_urlsafe(48) + "\n")
+            try:
+                os.link(tmp, path)  # atomic create-if-absent: the first process's key wins
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink(missing_ok=True)
+        key = path.read_text().strip()
+    except OSError:
+        log.warning("cannot read or create %s; set FREIGHT_SECRET_KEY to use the console", path)
+        return None
+    return key or None

@@ -1,0 +1,462 @@
+"""The web console: server-rendered pages over the same services as /v1, for one signed-in tenant.
+
+Sign-in takes an API key and keeps the tenant id and the key's digest in Flask's signed session
+cookie (HttpOnly, SameSite=Lax); every request re-checks the key, so revoking it signs the
+session out. Every POST carries the session's CSRF token. Pages refresh themselves (meta refresh)
+while something on them still runs; charts are inline SVG drawn here, so nothing is fetched from
+anywhere but Freight (a Content-Security-Policy of 'self' enforces it). Errors are HTML pages.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import math
+import secrets
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from flask import (
+    Blueprint,
+    Flask,
+    Response,
+    current_app,
+    flash,
+    g,
+    redirect,
+    render_template,
+    request,
+    session,
+    url_for,
+)
+from flask.blueprints import BlueprintSetupState
+from werkzeug.exceptions import HTTPException
+
+from api.errors import ServiceError
+from api.serializers import batch_object
+from api.services import batches, console, files
+from api.services.tenants import authenticate, hash_key
+from storage.objectstore import ObjectStoreError
+from storage.status import STAMP, BatchStatus
+from workers.protocol import ENDPOINTS
+from workers.runtime import Runtime
+
+log = logging.getLogger(__name__)
+bp = Blueprint("console", __name__, url_prefix="/console")
+
+REFRESH_SECONDS = 5
+PUBLIC = {"console.sign_in", "console.sign_in_post"}
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self'; "
+    "script-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+
+
+class ConsoleError(Exception):
+    """A console request refused, shown as an HTML page with ``status`` (4xx, or 503)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def rt() -> Runtime:
+    return current_app.extensions["freight"]  # type: ignore[no-any-return]
+
+
+@bp.record_once
+def _setup(state: BlueprintSetupState) -> None:
+    app: Flask = state.app
+    if not app.secret_key:
+        app.secret_key = console.session_secret(app.extensions["freight"].settings)
+    app.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax")
+    app.add_url_rule("/", "console_root", lambda: redirect(url_for("console.jobs_page")))
+
+
+# --- session, CSRF, errors ------------------------------------------------------------------------
+
+
+def csrf_token() -> str:
+    if "csrf" not in session:
+        session["csrf"] = secrets.token_urlsafe(32)
+    return session["csrf"]  # type: ignore[no-any-return]
+
+
+@bp.context_processor
+def _context() -> dict[str, Any]:
+    return {"csrf_token": csrf_token, "now": time.time()}
+
+
+@bp.before_request
+def _guard():  # type: ignore[no-untyped-def]
+    if not current_app.secret_key:
+        raise ConsoleError(
+            503, "The console is off: set FREIGHT_SECRET_KEY (or make the data folder writable)."
+        )
+    if request.method == "POST":
+        sent = request.form.get("csrf_token", "")
+        if not sent or not hmac.compare_digest(sent, session.get("csrf", "")):
+            raise ConsoleError(
+                400, "This form has expired or came from another site; reload the page and retry."
+            )
+    if request.endpoint in PUBLIC:
+        return None
+    tenant_id, digest = session.get("tenant"), session.get("key")
+    name = console.signed_in(rt(), tenant_id, digest) if tenant_id and digest else None
+    if name is None:
+        session.pop("tenant", None)
+        session.pop("key", None)
+        target = request.full_path if request.method == "GET" else None
+        return redirect(url_for(".sign_in", next=target))
+    g.tenant_id, g.tenant_name = tenant_id, name
+    return None
+
+
+@bp.after_request
+def _headers(response: Response) -> Response:
+    for name, value in SECURITY_HEADERS.items():
+        response.headers.setdefault(name, value)
+    return response
+
+
+def error_page(status: int, message: str):  # type: ignore[no-untyped-def]
+    return render_template("console/error.html", status=status, message=message), status
+
+
+@bp.errorhandler(ConsoleError)
+def _console_error(exc: ConsoleError):  # type: ignore[no-untyped-def]
+    return error_page(exc.status, exc.message)
+
+
+@bp.errorhandler(ServiceError)
+def _service_error(exc: ServiceError):  # type: ignore[no-untyped-def]
+    return error_page(exc.status, exc.message)
+
+
+@bp.errorhandler(HTTPException)
+def _http_error(exc: HTTPException):  # type: ignore[no-untyped-def]
+    status = exc.code or 400
+    message = {
+        404: "There is no such page.",
+        413: "The file is larger than this deployment accepts.",
+    }.get(status, exc.description or exc.name)
+    return error_page(status, message)
+
+
+@bp.errorhandler(Exception)
+def _unexpected(exc: Exception):  # type: ignore[no-untyped-def]
+    log.exception("console: unhandled error")
+    return error_page(500, "Internal error; it has been logged.")
+
+
+@bp.errorhandler(ObjectStoreError)
+def _store_error(exc: ObjectStoreError):  # type: ignore[no-untyped-def]
+    log.error("object store unavailable: %s", exc)
+    return error_page(503, "The object store is unavailable; retry shortly.")
+
+
+# --- sign-in ----------------------------------------------------------------------------------------
+
+
+def _next_url() -> str:
+    target = request.values.get("next") or ""
+    if target.startswith("/console/") and not target.startswith("//") and "\\" not in target:
+        return target
+    return url_for(".jobs_page")
+
+
+@bp.get("/sign-in")
+def sign_in():  # type: ignore[no-untyped-def]
+    return render_template("console/sign_in.html", next=request.args.get("next", ""))
+
+
+@bp.post("/sign-in")
+def sign_in_post():  # type: ignore[no-untyped-def]
+    key = request.form.get("api_key", "").strip()
+    tenant_id = authenticate(rt().db, key) if key and len(key) <= 200 else None
+    if tenant_id is None:
+        page = render_template("console/sign_in.html", next=_next_url(), error="Incorrect API key.")
+        return page, 401
+    target = _next_url()
+    session.clear()  # a fresh session (and CSRF token) for the signed-in tenant
+    session.update(tenant=tenant_id, key=hash_key(key), csrf=secrets.token_urlsafe(32))
+    return redirect(target)
+
+
+@bp.post("/sign-out")
+def sign_out():  # type: ignore[no-untyped-def]
+    session.clear()
+    flash("Signed out.")
+    return redirect(url_for(".sign_in"))
+
+
+# --- jobs -------------------------------------------------------------------------------------------
+
+
+def _int_arg(name: str, default: int, maximum: int) -> int:
+    raw = request.args.get(name, "")
+    try:
+        value = int(raw) if raw else default
+    except ValueError:
+        raise ConsoleError(400, f"{name} must be a whole number") from None
+    if not 1 <= value <= maximum:
+        raise ConsoleError(400, f"{name} must be from 1 to {maximum}")
+    return value
+
+
+def job_view(b: Any, filename: str | None = None) -> dict[str, Any]:
+    """The batch's wire object (the API's own numbers) plus what the pages show beside it."""
+    view = batch_object(b)
+    counts = view["request_counts"]
+    view["filename"] = filename
+    view["done"] = counts["completed"] + counts["failed"]
+    view["final"] = BatchStatus(b.status).is_terminal
+    view["cancellable"] = b.status in (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS)
+    return view
+
+
+@bp.get("/")
+@bp.get("/jobs")
+def jobs_page():  # type: ignore[no-untyped-def]
+    status = request.args.get("status") or None
+    model = request.args.get("model") or None
+    per_page = _int_arg("per_page", 20, 100)
+    result = console.jobs(rt(), g.tenant_id, status, model, _int_arg("page", 1, 1_000_000), per_page)
+    views = [job_view(r.batch, r.filename) for r in result.rows]
+    return render_template(
+        "console/jobs.html",
+        jobs=views,
+        result=result,
+        status=status or "",
+        model=model or "",
+        statuses=console.STATUS_FILTERS,
+        models=console.tenant_models(rt(), g.tenant_id),
+        refresh=REFRESH_SECONDS if any(not v["final"] for v in views) else None,
+    )
+
+
+@bp.get("/jobs/<batch_id>")
+def job_page(batch_id: str):  # type: ignore[no-untyped-def]
+    detail = console.job(rt(), g.tenant_id, batch_id, time.time())
+    view = job_view(detail.batch, detail.input_file.filename if detail.input_file else None)
+    stamps = [("created", detail.batch.created_at)]
+    stamps += [(str(status), getattr(detail.batch, column)) for status, column in STAMP.items()]
+    timeline = sorted(((label, at) for label, at in stamps if at is not None), key=lambda x: x[1])
+    return render_template(
+        "console/job.html",
+        job=view,
+        timeline=timeline,
+        chart=chart(detail.throughput),
+        refresh=None if view["final"] else REFRESH_SECONDS,
+    )
+
+
+@bp.post("/jobs/<batch_id>/cancel")
+def cancel(batch_id: str):  # type: ignore[no-untyped-def]
+    batch = batches.cancel(rt(), g.tenant_id, batch_id)
+    flash(f"Batch {batch.id} is {batch.status}.")
+    return redirect(url_for(".job_page", batch_id=batch.id))
+
+
+@bp.get("/jobs/<batch_id>/files/<kind>")
+def download(batch_id: str, kind: str):  # type: ignore[no-untyped-def]
+    batch = batches.get(rt(), g.tenant_id, batch_id)
+    file_id = {"input": batch.input_file_id, "output": batch.output_file_id, "errors": batch.error_file_id}
+    if not file_id.get(kind):
+        raise ConsoleError(404, f"Batch {batch.id} has no {kind} file (yet).")
+    record, chunks = files.content(rt(), g.tenant_id, file_id[kind])  # type: ignore[arg-type]
+    response = Response(chunks, mimetype="application/jsonl")
+    response.headers["Content-Length"] = str(record.bytes)
+    response.headers["Content-Disposition"] = f'attachment; filename="{batch.id}.{kind}.jsonl"'
+    return response
+
+
+# --- upload -----------------------------------------------------------------------------------------
+
+
+def _metadata(text: str) -> dict[str, str] | None:
+    pairs: dict[str, str] = {}
+    for line in filter(None, (raw.strip() for raw in text.splitlines())):
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip():
+            raise ServiceError("invalid_request", f"metadata lines are key=value, got {line[:80]!r}")
+        pairs[key.strip()] = value.strip()
+    return pairs or None
+
+
+def _upload_form(error: str | None = None, status: int = 200):  # type: ignore[no-untyped-def]
+    settings = rt().settings
+    form = request.form
+    page = render_template(
+        "console/upload.html",
+        endpoints=ENDPOINTS,
+        models=[m.name for m in console.served_models(rt())],
+        windows=settings.sla_tiers,
+        chosen={
+            "endpoint": form.get("endpoint", ENDPOINTS[0]),
+            "model": form.get("model", ""),
+            "window": form.get("window", settings.default_window),
+            "metadata": form.get("metadata", ""),
+        },
+        error=error,
+    )
+    return page, status
+
+
+@bp.get("/upload")
+def upload():  # type: ignore[no-untyped-def]
+    return _upload_form()
+
+
+@bp.post("/upload")
+def upload_post():  # type: ignore[no-untyped-def]
+    chosen = request.files.get("file")
+    if chosen is None or not chosen.filename:
+        return _upload_form("Choose a JSONL file to upload.", 400)
+    try:
+        batch = console.submit(
+            rt(),
+            g.tenant_id,
+            chosen.filename,
+            chosen.stream,
+            request.form.get("endpoint", ""),
+            request.form.get("model") or None,
+            request.form.get("window", ""),
+            _metadata(request.form.get("metadata", "")),
+        )
+    except ServiceError as exc:
+        return _upload_form(exc.message, exc.status)
+    flash(f"Uploaded {chosen.filename} and created batch {batch.id}.")
+    return redirect(url_for(".job_page", batch_id=batch.id))
+
+
+# --- models and workers -------------------------------------------------------------------------
+
+
+@bp.get("/models")
+def models_page():  # type: ignore[no-untyped-def]
+    queues = console.queues(rt())
+    workers = console.live_workers(rt(), time.time())
+    busy = any(q.batches or any(q.units.values()) for q in queues)
+    return render_template(
+        "console/models.html",
+        models=console.served_models(rt()),
+        queues=queues,
+        workers=workers,
+        refresh=REFRESH_SECONDS if busy else None,
+    )
+
+
+@bp.route("/<path:unknown>")
+def not_found(unknown: str):  # type: ignore[no-untyped-def]
+    raise ConsoleError(404, "There is no such page.")
+
+
+# --- formatting and charts ----------------------------------------------------------------------
+
+
+@bp.app_template_filter("when")
+def when(ts: float | None) -> str:
+    return "—" if ts is None else datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def duration(seconds: float) -> str:
+    s = int(abs(seconds))
+    if s >= 86400:
+        return f"{s // 86400}d {s % 86400 // 3600}h"
+    if s >= 3600:
+        return f"{s // 3600}h {s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m {s % 60:02d}s"
+    return f"{s}s"
+
+
+@bp.app_template_filter("relative")
+def relative(ts: float | None, now: float) -> str:
+    if ts is None:
+        return "—"
+    return f"in {duration(ts - now)}" if ts >= now else f"{duration(now - ts)} ago"
+
+
+@bp.app_template_filter("money")
+def money(value: float | None) -> str:
+    if value is None:
+        return "—"
+    if value >= 100 or value == 0:
+        return f"${value:,.2f}"
+    text = f"{value:,.6f}".rstrip("0")
+    return "$" + (text + "0" if len(text.partition(".")[2]) < 2 else text)
+
+
+@bp.app_template_filter("pct")
+def pct(value: float | None) -> str:
+    return "—" if value is None else f"{value * 100:.1f}%"
+
+
+@bp.app_template_filter("count")
+def count(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.0f}"
+
+
+def _ceiling(value: float) -> float:
+    """A round axis top at or above ``value``: 1, 2 or 5 times a power of ten."""
+    if value <= 0:
+        return 1.0
+    scale = 10.0 ** math.floor(math.log10(value))
+    return next(m * scale for m in (1, 2, 5, 10) if m * scale >= value * (1 - 1e-12))
+
+
+def chart(t: console.Throughput, width: int = 720, height: int = 220) -> dict[str, Any] | None:
+    """Geometry of the throughput chart: output tokens/s as bars (left axis), requests finished
+    so far as a line (right axis). Numbers only; the template draws it as inline SVG."""
+    if not t.buckets:
+        return None
+    left, right, top, bottom = 64, 64, 12, 30
+    w, h = width - left - right, height - top - bottom
+    rates = [b.tokens_per_second for b in t.buckets]
+    rate_top = _ceiling(max(rates))
+    cumulative, total = [], 0.0
+    for b in t.buckets:
+        total += b.requests
+        cumulative.append(total)
+    req_top = _ceiling(total)
+    step = w / len(t.buckets)
+    bars = []
+    for i, (b, rate) in enumerate(zip(t.buckets, rates, strict=True)):
+        bar_h = h * rate / rate_top
+        bars.append(
+            {
+                "x": round(left + i * step + step * 0.1, 2),
+                "y": round(top + h - bar_h, 2),
+                "w": round(step * 0.8, 2),
+                "h": round(bar_h, 2),
+                "title": f"+{duration(b.start - t.start)}: {rate:,.1f} tok/s, {b.requests:,.1f} requests",
+            }
+        )
+    line = " ".join(
+        f"{left + (i + 1) * step:.2f},{top + h - h * c / req_top:.2f}" for i, c in enumerate(cumulative)
+    )
+    ticks = [
+        {"y": round(top + h - h * f, 2), "rate": f"{rate_top * f:,.4g}", "requests": f"{req_top * f:,.4g}"}
+        for f in (0, 0.5, 1)
+    ]
+    return {
+        "width": width,
+        "height": height,
+        "left": left,
+        "right": left + w,
+        "top": top,
+        "bottom": top + h,
+        "bars": bars,
+        "line": line,
+        "ticks": ticks,
+        "span": duration(t.end - t.start),
+        "peak": max(rates),
+        "mean": sum(b.output_tokens for b in t.buckets) / max(t.end - t.start, 1e-9),
+    }

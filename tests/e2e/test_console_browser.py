@@ -1,0 +1,191 @@
+"""The web console in a real headless Chromium (Debian's, driven by Playwright) against the live
+stack: sign in, upload through the upload page, watch the job complete, download its output,
+cancel another job, fail to reach another tenant's job, and see HTML in a custom id as text.
+Screenshots of the jobs and job pages go to test-artifacts/console/."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from infra.stack import REPO
+from tests.e2e.conftest import wait_final
+
+pytestmark = pytest.mark.stack
+
+SHOTS = REPO / "test-artifacts" / "console"
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+EVIL = "<img src=x onerror=alert('xss')>"
+CHAT = "/v1/chat/completions"
+
+
+def request_line(custom_id: str, content: str, **body: object) -> dict:
+    return {
+        "custom_id": custom_id, "method": "POST", "url": CHAT,
+        "body": {"messages": [{"role": "user", "content": content}], "max_tokens": 8, **body},
+    }  # fmt: skip
+
+
+def write_jsonl(path: Path, lines: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture
+def page(browser: Browser, live) -> Iterator[Page]:  # type: ignore[no-untyped-def]
+    context = browser.new_context(base_url=live.stack.api_url, accept_downloads=True)
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    origins: set[str] = set()
+    page.on("request", lambda r: origins.add(f"{urlparse(r.url).scheme}://{urlparse(r.url).netloc}"))
+    yield page
+    context.close()
+    assert dialogs == [], f"a script ran: {dialogs}"
+    # everything the console loaded came from Freight itself: no CDN, works offline
+    assert origins <= {live.stack.api_url}, origins
+
+
+def sign_in(page: Page, key: str) -> None:
+    page.goto("/console/jobs")
+    expect(page).to_have_url(re.compile(r"/console/sign-in\?next="))
+    page.fill("#api_key", "fk-not-a-key")
+    page.click("button[type=submit]")
+    expect(page.locator("#error-message")).to_have_text("Incorrect API key.")
+    page.fill("#api_key", key)
+    page.click("button[type=submit]")
+    expect(page).to_have_url(re.compile(r"/console/jobs$"))
+
+
+def upload(page: Page, path: Path, model: str = "demo", metadata: str = "") -> str:
+    page.click("nav >> text=Upload")
+    page.set_input_files("#file", str(path))
+    page.select_option("#model", model)
+    page.select_option("#window", "24h")
+    page.fill("#metadata", metadata)
+    page.click("#submit")
+    expect(page.locator(".flash")).to_contain_text("created batch")
+    return page.url.rsplit("/", 1)[-1]
+
+
+def test_console_in_a_browser(live, page: Page, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    sign_in(page, live.keys["alpha"])
+    expect(page.locator("#tenant-name")).to_have_text("alpha")
+
+    # upload through the upload page; lines without a model get the one chosen
+    lines = [request_line(f"q-{i}", f"Question {i}: what is in the document?") for i in range(12)]
+    batch_id = upload(page, write_jsonl(tmp_path / "questions.jsonl", lines), metadata="project=console-e2e")
+    expect(page.locator("#input-filename")).to_have_text("questions.jsonl")
+    expect(page.locator(".meta-value")).to_have_text("console-e2e")
+
+    # the page refreshes itself (meta refresh) while the job runs, until it is completed
+    expect(page.locator('meta[http-equiv="refresh"]')).to_have_count(1)
+    expect(page.locator("h1 .status")).to_have_text("completed", timeout=300_000)
+    expect(page.locator('meta[http-equiv="refresh"]')).to_have_count(0)
+    expect(page.locator("#count-completed")).to_have_text("12")
+    expect(page.locator("svg.chart rect.bar").first).to_be_attached()
+    expect(page.locator("#timeline")).to_contain_text("completed")
+    expect(page.locator(".sla-met")).to_be_visible()
+    assert page.locator("#cost-total").inner_text().startswith("$")
+    page.screenshot(path=str(SHOTS / "job-completed.png"), full_page=True)
+
+    # download the output through the browser
+    with page.expect_download() as download:
+        page.click("#download-output")
+    saved = tmp_path / "output.jsonl"
+    download.value.save_as(saved)
+    results = [json.loads(x) for x in saved.read_text().splitlines()]
+    assert sorted(r["custom_id"] for r in results) == sorted(x["custom_id"] for x in lines)
+    assert all(r["response"]["status_code"] == 200 for r in results)
+    assert all(r["response"]["body"]["model"] == "demo" for r in results)
+
+    # cancel another job from its page while it runs
+    client = live.client("alpha")
+    long_lines = [
+        request_line(f"long-{i}", f"Tell a long story number {i}", model="demo", max_tokens=64,
+                     min_tokens=64, ignore_eos=True)
+        for i in range(400)
+    ]  # fmt: skip
+    data = b"".join(json.dumps(x).encode() + b"\n" for x in long_lines)
+    source = client.files.create(file=("long.jsonl", io.BytesIO(data)), purpose="batch")
+    long_batch = client.batches.create(input_file_id=source.id, endpoint=CHAT, completion_window="24h")
+    page.goto(f"/console/jobs/{long_batch.id}")
+    expect(page.locator("h1 .status")).to_have_text("in progress", timeout=120_000)  # by meta refresh
+    page.goto(f"/console/jobs/{long_batch.id}")  # a fresh page: no refresh due while clicking
+    page.click("#cancel")
+    expect(page.locator(".flash")).to_contain_text(f"{long_batch.id} is cancelling")
+    expect(page.locator("#cancel")).to_have_count(0)
+    final = wait_final(client, long_batch.id, timeout=180)
+    assert final.status == "cancelled"  # type: ignore[attr-defined]
+    page.reload()
+    expect(page.locator("h1 .status")).to_have_text("cancelled")
+    expect(page.locator("#count-total")).to_have_text("400")
+    expect(page.locator("#timeline")).to_contain_text("cancelling")
+
+    # another tenant's job: not found, and not listed
+    theirs = live.client("beta")
+    one = json.dumps(request_line("beta-1", "hello", model="demo")).encode() + b"\n"
+    other_file = theirs.files.create(file=("b.jsonl", io.BytesIO(one)), purpose="batch")
+    other = theirs.batches.create(input_file_id=other_file.id, endpoint=CHAT, completion_window="24h")
+    response = page.goto(f"/console/jobs/{other.id}")
+    assert response is not None and response.status == 404
+    expect(page.locator("#error-message")).to_contain_text("No such Batch object")
+    response = page.goto(f"/console/jobs/{other.id}/files/input")
+    assert response is not None and response.status == 404
+
+    # HTML in a custom id (and a file name) is shown as text: a duplicated id fails validation
+    evil_lines = [request_line(EVIL, "one"), request_line(EVIL, "two")]
+    page.goto("/console/jobs")
+    evil_id = upload(page, write_jsonl(tmp_path / "evil<img src=x>.jsonl", evil_lines))
+    expect(page.locator("h1 .status")).to_have_text("failed", timeout=120_000)
+    expect(page.locator("#validation-errors")).to_contain_text(f"custom_id {EVIL!r} appears more than once")
+    expect(page.locator("#input-filename")).to_have_text("evil<img src=x>.jsonl")
+    assert page.locator("main img").count() == 0
+    page.screenshot(path=str(SHOTS / "job-failed-validation.png"), full_page=True)
+
+    # the jobs page: every job with its status, progress and markers; filters work
+    page.goto("/console/jobs")
+    for job_id, status in ((batch_id, "completed"), (long_batch.id, "cancelled"), (evil_id, "failed")):
+        expect(page.locator(f"#job-{job_id}")).to_have_attribute("data-status", status)
+    expect(page.locator(f"#job-{other.id}")).to_have_count(0)
+    expect(page.locator(f"#job-{batch_id} progress")).to_have_attribute("value", "12")
+    expect(page.locator(f"#job-{batch_id} .sla-met")).to_be_visible()
+    page.screenshot(path=str(SHOTS / "jobs.png"), full_page=True)
+    page.select_option("#filter-status", "completed")
+    page.click(".filters button")
+    expect(page.locator(f"#job-{batch_id}")).to_be_visible()
+    expect(page.locator(f"#job-{long_batch.id}")).to_have_count(0)
+
+    # models and workers: the served model and the worker that just ran the jobs
+    page.click("nav >> text=Models")
+    expect(page.locator("#model-demo")).to_contain_text("none")
+    expect(page.locator("#queue-demo")).to_be_visible()
+    expect(page.locator("tr.worker").first).to_contain_text("demo")
+    page.screenshot(path=str(SHOTS / "models.png"), full_page=True)
+
+    page.click("text=Sign out")
+    expect(page).to_have_url(re.compile(r"/console/sign-in$"))
+    page.goto(f"/console/jobs/{batch_id}")
+    expect(page).to_have_url(re.compile(r"/console/sign-in\?next="))
