@@ -271,9 +271,10 @@ def show_errors(b: dict) -> None:
         click.echo(f"  {where}{e.get('code')}: {e.get('message')}", err=True)
 
 
-def fetch(client: Any, b: dict, output_dir: Path) -> list[Path]:
-    """Download the batch's output and error files as ``<id>.output.jsonl`` / ``<id>.errors.jsonl``
-    (through a temporary name, so a broken download never looks complete)."""
+def fetch(client: Any, b: dict, output_dir: Path, fmt: str = "jsonl") -> list[Path]:
+    """Download the batch's output and error files as ``<id>.output.<fmt>`` / ``<id>.errors.<fmt>``
+    (through a temporary name, so a broken download never looks complete). Parquet is converted
+    by the server (``?format=parquet``)."""
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -282,10 +283,12 @@ def fetch(client: Any, b: dict, output_dir: Path) -> list[Path]:
     for kind, file_id in (("output", b.get("output_file_id")), ("errors", b.get("error_file_id"))):
         if not file_id:
             continue
-        path = output_dir / f"{b['id']}.{kind}.jsonl"
+        path = output_dir / f"{b['id']}.{kind}.{fmt}"
         part = path.with_name(path.name + ".part")
         try:
-            with client.files.with_streaming_response.content(file_id) as response, open(part, "wb") as out:
+            query = {"format": fmt} if fmt != "jsonl" else None
+            streamed = client.files.with_streaming_response.content(file_id, extra_query=query)
+            with streamed as response, open(part, "wb") as out:
                 for chunk in response.iter_bytes():
                     out.write(chunk)
             os.replace(part, path)
@@ -393,8 +396,9 @@ def cancel(client: Any, batch_id: str) -> None:
     "-o", "--output-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
     help="where to save them  [default: .]",
 )  # fmt: skip
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "parquet"]), default="jsonl", show_default=True)
 @connection
-def download(client: Any, batch_id: str, output_dir: Path) -> None:
+def download(client: Any, batch_id: str, output_dir: Path, fmt: str) -> None:
     """Save a batch's output and error files into DIR (the current one by default)."""
     b = client.batches.retrieve(batch_id).to_dict()
     if not b.get("output_file_id") and not b.get("error_file_id"):
@@ -403,7 +407,7 @@ def download(client: Any, batch_id: str, output_dir: Path) -> None:
         raise ClientError(
             f"batch {batch_id} is {b['status']}: its files come when it ends (try --wait on submit)"
         )
-    fetch(client, b, output_dir)
+    fetch(client, b, output_dir, fmt)
 
 
 CLIENT_COMMANDS = (submit, status, list_batches, cancel, download)

@@ -3,6 +3,7 @@ holding a real vLLM engine on the demo model, and beat; started once per test se
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -96,3 +97,19 @@ def wait_final(client: OpenAI, batch_id: str, timeout: float = 300, until: tuple
             return batch
         time.sleep(0.5)
     raise AssertionError(f"batch {batch_id} still {batch.status} after {timeout}s")
+
+
+CHAT = "/v1/chat/completions"
+
+
+def request_line(custom_id: str, content: str = "hello", **body: object) -> dict:
+    """One chat line of the OpenAI batch format (the model comes from the file's default)."""
+    return {
+        "custom_id": custom_id, "method": "POST", "url": CHAT,
+        "body": {"messages": [{"role": "user", "content": content}], "max_tokens": 8, **body},
+    }  # fmt: skip
+
+
+def write_jsonl(path: Path, lines: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path

@@ -16,23 +16,9 @@ import pytest
 
 from infra import services
 from infra.stack import REPO
-from tests.e2e.conftest import wait_final
+from tests.e2e.conftest import request_line, wait_final, write_jsonl
 
 pytestmark = pytest.mark.stack
-
-CHAT = "/v1/chat/completions"
-
-
-def request_line(custom_id: str, content: str = "hello", **body: object) -> dict:
-    return {
-        "custom_id": custom_id, "method": "POST", "url": CHAT,
-        "body": {"messages": [{"role": "user", "content": content}], "max_tokens": 8, **body},
-    }  # fmt: skip
-
-
-def write_jsonl(path: Path, lines: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    return path
 
 
 def freight(live, *args: str, cwd: Path, tenant: str = "alpha", **env: str) -> subprocess.CompletedProcess:  # type: ignore[no-untyped-def]
@@ -95,6 +81,14 @@ def test_submit_wait_status_list_download(live, tmp_path: Path) -> None:  # type
     assert (tmp_path / "again" / f"{batch_id}.output.jsonl").read_bytes() == (
         tmp_path / paths[0]
     ).read_bytes()
+
+    columnar = freight(live, "download", batch_id, "-o", "pq", "--format", "parquet", cwd=tmp_path)
+    assert columnar.returncode == 0 and columnar.stdout.split() == [f"pq/{batch_id}.output.parquet"]
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(tmp_path / "pq" / f"{batch_id}.output.parquet")
+    jsonl_ids = [json.loads(x)["custom_id"] for x in (tmp_path / paths[0]).read_text().splitlines()]
+    assert sorted(table.column("custom_id").to_pylist()) == sorted(jsonl_ids)
 
     cannot = error_line(freight(live, "cancel", batch_id, cwd=tmp_path))
     assert "Cannot cancel a batch with status completed" in cannot and "409" in cannot

@@ -16,7 +16,7 @@ import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from infra.stack import REPO
-from tests.e2e.conftest import wait_final
+from tests.e2e.conftest import CHAT, request_line, wait_final, write_jsonl
 
 pytestmark = pytest.mark.stack
 
@@ -26,19 +26,6 @@ CHROMIUM_ARGS = [
     "--disable-component-update", "--disable-sync",
 ]  # fmt: skip
 EVIL = "<img src=x onerror=alert('xss')>"
-CHAT = "/v1/chat/completions"
-
-
-def request_line(custom_id: str, content: str, **body: object) -> dict:
-    return {
-        "custom_id": custom_id, "method": "POST", "url": CHAT,
-        "body": {"messages": [{"role": "user", "content": content}], "max_tokens": 8, **body},
-    }  # fmt: skip
-
-
-def write_jsonl(path: Path, lines: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    return path
 
 
 @pytest.fixture(scope="module")
