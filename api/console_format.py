@@ -1,0 +1,116 @@
+"""How the console shows numbers and times, and the geometry of its throughput chart.
+
+Pure functions: the Jinja filters the console's templates use, and the chart as numbers that the
+template draws as inline SVG (nothing is fetched from anywhere, so the console works offline).
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+from flask import Flask
+
+from api.services.console import Throughput
+
+
+def register_filters(app: Flask) -> None:
+    for name in ("when", "relative", "money", "pct", "count"):
+        app.add_template_filter(globals()[name], name)
+
+
+def when(ts: float | None) -> str:
+    return "—" if ts is None else datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def duration(seconds: float) -> str:
+    s = int(abs(seconds))
+    if s >= 86400:
+        return f"{s // 86400}d {s % 86400 // 3600}h"
+    if s >= 3600:
+        return f"{s // 3600}h {s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m {s % 60:02d}s"
+    return f"{s}s"
+
+
+def relative(ts: float | None, now: float) -> str:
+    if ts is None:
+        return "—"
+    return f"in {duration(ts - now)}" if ts >= now else f"{duration(now - ts)} ago"
+
+
+def money(value: float | None) -> str:
+    if value is None:
+        return "—"
+    if value >= 100 or value == 0:
+        return f"${value:,.2f}"
+    text = f"{value:,.6f}".rstrip("0")
+    return "$" + (text + "0" if len(text.partition(".")[2]) < 2 else text)
+
+
+def pct(value: float | None) -> str:
+    return "—" if value is None else f"{value * 100:.1f}%"
+
+
+def count(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.0f}"
+
+
+def _ceiling(value: float) -> float:
+    """A round axis top at or above ``value``: 1, 2 or 5 times a power of ten."""
+    if value <= 0:
+        return 1.0
+    scale = 10.0 ** math.floor(math.log10(value))
+    return next(m * scale for m in (1, 2, 5, 10) if m * scale >= value * (1 - 1e-12))
+
+
+def chart(t: Throughput, width: int = 720, height: int = 220) -> dict[str, Any] | None:
+    """Geometry of the throughput chart: output tokens/s as bars (left axis), requests finished
+    so far as a line (right axis). Numbers only; the template draws it as inline SVG."""
+    if not t.buckets:
+        return None
+    left, right, top, bottom = 64, 64, 12, 30
+    w, h = width - left - right, height - top - bottom
+    rates = [b.tokens_per_second for b in t.buckets]
+    rate_top = _ceiling(max(rates))
+    cumulative, total = [], 0.0
+    for b in t.buckets:
+        total += b.requests
+        cumulative.append(total)
+    req_top = _ceiling(total)
+    step = w / len(t.buckets)
+    bars = []
+    for i, (b, rate) in enumerate(zip(t.buckets, rates, strict=True)):
+        bar_h = h * rate / rate_top
+        bars.append(
+            {
+                "x": round(left + i * step + step * 0.1, 2),
+                "y": round(top + h - bar_h, 2),
+                "w": round(step * 0.8, 2),
+                "h": round(bar_h, 2),
+                "title": f"+{duration(b.start - t.start)}: {rate:,.1f} tok/s, {b.requests:,.1f} requests",
+            }
+        )
+    line = " ".join(
+        f"{left + (i + 1) * step:.2f},{top + h - h * c / req_top:.2f}" for i, c in enumerate(cumulative)
+    )
+    ticks = [
+        {"y": round(top + h - h * f, 2), "rate": f"{rate_top * f:,.4g}", "requests": f"{req_top * f:,.4g}"}
+        for f in (0, 0.5, 1)
+    ]
+    return {
+        "width": width,
+        "height": height,
+        "left": left,
+        "right": left + w,
+        "top": top,
+        "bottom": top + h,
+        "bars": bars,
+        "line": line,
+        "ticks": ticks,
+        "span": duration(t.end - t.start),
+        "peak": max(rates),
+        "mean": sum(b.output_tokens for b in t.buckets) / max(t.end - t.start, 1e-9),
+    }
