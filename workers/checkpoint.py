@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from scheduler.metering import ModelShape
-from storage.checkpoint_cache import CheckpointError, local_checkpoint
+from storage.checkpoint_cache import local_checkpoint
 from storage.objectstore import s3_client
 from storage.registry import RegistryError, require
 
@@ -26,18 +26,19 @@ log = logging.getLogger(__name__)
 
 
 def checkpoint_dir(rt: Runtime, model: str) -> str:
-    """The local checkpoint directory of a served model (KeyError if it is not served).
+    """The local checkpoint directory of a served model: KeyError if it is not served,
+    CheckpointError if its files cannot be found or fetched.
 
     The one place a model name becomes files on disk for the control side (validation loads the
     tokenizer from here): the registry entry's checkpoint, downloaded first if it is in S3."""
     try:
         entry = require(rt.db, rt.settings, model)
-        cache = Path(rt.settings.model_cache_dir)
-        return str(
-            local_checkpoint(entry.checkpoint, cache, lambda: s3_client(rt.settings.s3_endpoint_url or None))
-        )
-    except (RegistryError, CheckpointError) as exc:
+    except RegistryError as exc:
         raise KeyError(str(exc)) from exc
+    cache = Path(rt.settings.model_cache_dir)
+    return str(
+        local_checkpoint(entry.checkpoint, cache, lambda: s3_client(rt.settings.s3_endpoint_url or None))
+    )
 
 
 DTYPE_BYTES = {

@@ -11,11 +11,14 @@ it is at least ``int4_min_speedup`` times BF16 at every one. The figures are kep
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,7 @@ PROBE_BATCHES = (1, 16)
 PROBE_TOKENS = 32  # output tokens per request
 PROMPT_TOKENS = 64
 MARKER = "FREIGHT_PROBE "
+PROBE_TIMEOUT_S = 900  # one engine start and a few seconds of decoding
 
 
 class ProbeError(Exception):
@@ -83,12 +87,25 @@ def _measure_in_child(model_dir: Path, batches: tuple[int, ...], tokens: int, ea
         argv += ["--batch", str(b)]
     if eager:
         argv.append("--eager")
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    for line in done.stdout.splitlines():
+    # output to a file, not a pipe: the engine's processes inherit it and may outlive the child
+    with tempfile.TemporaryFile("w+") as out:
+        child = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
+        try:
+            code = child.wait(timeout=PROBE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)  # whatever of the engine is left
+        out.seek(0)
+        text = out.read()
+    for line in text.splitlines():
         if line.startswith(MARKER):
             return json.loads(line[len(MARKER) :])  # type: ignore[no-any-return]
-    tail = "\n".join((done.stderr or "").strip().splitlines()[-5:])
-    raise ProbeError(f"probe of {model_dir} failed (exit {done.returncode}): {tail}")
+    tail = "\n".join(text.strip().splitlines()[-5:])
+    raise ProbeError(f"probe of {model_dir} failed (exit {code}): {tail}")
 
 
 def measure(model_dir: str, batches: list[int], tokens: int, eager: bool) -> dict[str, Any]:
@@ -134,7 +151,7 @@ def main() -> None:
     result = measure(args.model_dir, args.batch or list(PROBE_BATCHES), args.tokens, args.eager)
     print(MARKER + json.dumps(result), flush=True)
     sys.stderr.flush()
-    os._exit(0)  # the engine's processes follow their parent; a normal exit can wait on them forever
+    os._exit(0)  # a normal exit can wait forever on the engine's processes; the parent kills them
 
 
 if __name__ == "__main__":

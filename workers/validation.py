@@ -27,6 +27,7 @@ from typing import Any
 
 from scheduler.dispatcher import admit_batch, measured_throughput
 from scheduler.ordering import SortStats, sort_records
+from storage.checkpoint_cache import CheckpointError
 from storage.models import Batch, StoredFile, WorkUnit
 from storage.registry import served_names
 from storage.request_tables import RowError, column_of, metadata_defaults
@@ -253,7 +254,10 @@ def prompt_renders(rt: Runtime) -> PromptFn:
     def render(model: str, endpoint: str, body: dict) -> RenderedPrompt:
         path = paths.get(model)
         if path is None:
-            path = paths[model] = checkpoint_dir(rt, model)
+            try:
+                path = paths[model] = checkpoint_dir(rt, model)
+            except CheckpointError as exc:  # served, but its files are missing or unreachable
+                raise TokenizerUnavailable(model, str(exc.args[0]).split(":")[0], exc) from exc
         try:
             renderer = renderer_for(str(path), settings.sort_key_tokens)
         except Exception as exc:

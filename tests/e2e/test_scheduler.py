@@ -82,6 +82,9 @@ def test_small_jobs_share_packs_workers_and_prefixes(sched):  # type: ignore[no-
     alpha = sched.client("alpha")
     blocker = [chat_line(f"long-{i}", f"Item {i}", max_tokens=32, min_tokens=32) for i in range(512)]
     big = alpha.batches.create(input_file_id=upload(alpha, blocker), endpoint=CHAT, completion_window="24h")
+    # the small jobs arrive while the long one holds both workers (its packs dispatched on a tick)
+    wait_final(alpha, big.id, timeout=120, until=("in_progress", "failed"))
+    time.sleep(3 * 1.0)  # three dispatcher ticks (FREIGHT_TICK_SECONDS=1 in the live stack)
     small: dict[str, tuple[object, list[str]]] = {}
     tenant_of: dict[str, str] = {}
     for tenant in ("beta", "gamma", "beta", "gamma", "beta", "gamma"):
