@@ -41,6 +41,6 @@ cat <<MSG
 Freight is running (stop it with: make stop)
   API:     $FREIGHT_API_URL/v1   (OpenAI-compatible: files, batches, models)
   API key: $FREIGHT_API_KEY
-  console: $FREIGHT_API_URL/   (the web console arrives with its own issue; the API serves now)
+  console: $FREIGHT_API_URL/console/   (sign in with the API key above)
   logs:    $RUN_DIR/*.log
 MSG
