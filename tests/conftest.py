@@ -6,6 +6,8 @@ folder, stopped when the session ends.
 
 from __future__ import annotations
 
+import json
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -95,3 +97,29 @@ def runtime(settings: Settings) -> Iterator[Runtime]:
 
 def now() -> int:
     return int(time.time())
+
+
+class ReliabilityLog:
+    """Figures of the reliability scenarios (issue 8). Every scenario records at least how many
+    results were lost or duplicated and how many responses were 5xx; ``bench/reliability.py`` runs
+    the tests with ``FREIGHT_RELIABILITY_DIR`` set and merges the files into
+    ``bench/results/reliability.json``. Without the variable the figures go to a temporary folder:
+    the tests assert on them either way."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def record(
+        self, scenario: str, *, lost: int, duplicated: int, server_errors: int, **figures: object
+    ) -> dict:
+        entry = {"scenario": scenario, "lost": lost, "duplicated": duplicated, "server_errors": server_errors,
+                 **figures, "recorded_at": int(time.time())}  # fmt: skip
+        (self.folder / f"{scenario}.json").write_text(json.dumps(entry, indent=2, sort_keys=True) + "\n")
+        return entry
+
+
+@pytest.fixture(scope="session")
+def reliability(tmp_path_factory: pytest.TempPathFactory) -> ReliabilityLog:
+    folder = os.environ.get("FREIGHT_RELIABILITY_DIR")
+    return ReliabilityLog(Path(folder) if folder else tmp_path_factory.mktemp("reliability"))
