@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import logging
 
-from flask import Flask, jsonify
+from flask import Flask, jsonify, request
+from werkzeug.exceptions import RequestEntityTooLarge
 
-from api.errors import register_error_handlers
+from api.auth import check_metrics_access
+from api.errors import UPLOAD_ENDPOINTS, ServiceError, register_error_handlers
 from api.metrics import register_metrics
+from api.openapi import openapi_document
+from api.ratelimit import register_rate_limits
 from storage.settings import Settings
 from workers.runtime import Runtime
 
@@ -22,6 +26,30 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     app.extensions["freight"] = runtime or Runtime(settings)
     register_error_handlers(app)
 
+    @app.before_request
+    def _screen():  # type: ignore[no-untyped-def]
+        """Before any view or rate limit: hold non-upload bodies to the small limit (werkzeug cuts
+        the stream there, declared length or not), refuse NUL in the URL (no database stores it),
+        and keep /metrics to its scrapers."""
+        if request.endpoint not in UPLOAD_ENDPOINTS:
+            limit = settings.max_json_body_bytes
+            chunked = "chunked" in request.headers.get("Transfer-Encoding", "").lower()
+            if chunked and request.content_length is None and "wsgi.input_terminated" in request.environ:
+                # chunked: werkzeug would hand on the first `limit` bytes as if they were all, so
+                # read it here (bounded, cached for the view) and refuse what goes past the limit
+                request.max_content_length = limit + 1
+                if len(request.get_data()) > limit:
+                    raise RequestEntityTooLarge()
+            request.max_content_length = limit
+        if "\x00" in request.path or any("\x00" in k + v for k, v in request.args.items(multi=True)):
+            raise ServiceError(
+                "invalid_request", "NUL characters are not allowed in URLs", code="invalid_url"
+            )
+        if request.endpoint == "metrics":
+            check_metrics_access(settings)
+
+    register_rate_limits(app, settings)
+
     from api.views.console import bp as console
     from api.views.v1 import bp as v1
 
@@ -32,6 +60,10 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     @app.get("/healthz")
     def healthz():  # type: ignore[no-untyped-def]
         return jsonify({"status": "ok"})
+
+    @app.get("/openapi.json")
+    def openapi():  # type: ignore[no-untyped-def]
+        return jsonify(openapi_document(settings))
 
     logging.getLogger("freight").setLevel(logging.INFO)
     return app

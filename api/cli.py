@@ -111,6 +111,10 @@ def api(host: str | None, port: int | None, workers: int) -> None:
         "300",
         "--graceful-timeout",
         "30",
+        # longer than clients keep idle connections (httpx: 5 s), so the client closes an idle one
+        # first: a request sent as the server times the connection out would meet a reset
+        "--keep-alive",
+        "30",
         "--access-logfile",
         "-",
         "api.app:create_app()",

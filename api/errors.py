@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 
-from flask import Flask, jsonify
+from flask import Flask, jsonify, request
+from kombu.exceptions import OperationalError as KombuOperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from werkzeug.exceptions import HTTPException
 
 from storage.objectstore import ObjectStoreError
@@ -22,9 +24,14 @@ STATUS = {
     "not_found": 404,
     "conflict": 409,
     "too_large": 413,
+    "rate_limited": 429,
     "unavailable": 503,
 }
-TYPES = {401: "authentication_error", 404: "invalid_request_error", 503: "server_error"}
+DB_RETRY_AFTER_SECONDS = 2  # a database restart takes seconds; clients retry after this
+TYPES = {401: "authentication_error", 404: "invalid_request_error", 429: "requests", 503: "server_error"}
+# routes whose body is a file: they take up to FREIGHT_MAX_FILE_BYTES, every other body is held to
+# FREIGHT_MAX_JSON_BODY_BYTES
+UPLOAD_ENDPOINTS = frozenset({"v1.upload_file", "console.upload_post"})
 
 
 class ServiceError(Exception):
@@ -55,7 +62,10 @@ def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(HTTPException)
     def _http(exc: HTTPException):  # type: ignore[no-untyped-def]
         status = exc.code or 500
-        code = {404: "not_found", 405: "method_not_allowed", 413: "file_too_large"}.get(status)
+        too_large = "file_too_large" if request.endpoint in UPLOAD_ENDPOINTS else "request_too_large"
+        code = {404: "not_found", 405: "method_not_allowed", 413: too_large, 429: "rate_limit_exceeded"}.get(
+            status
+        )
         message = {
             404: "Unknown URL; see /v1 for the routes Freight serves.",
             413: "The request body is larger than this deployment accepts.",
@@ -71,6 +81,27 @@ def register_error_handlers(app: Flask) -> None:
         return jsonify(
             error_body(503, "The object store is unavailable; retry shortly.", None, "store_unavailable")
         ), 503
+
+    @app.errorhandler(KombuOperationalError)
+    @app.errorhandler(ConnectionError)
+    def _broker(exc: Exception):  # type: ignore[no-untyped-def]
+        log.error("job queue unavailable: %s", exc)  # the broker (Redis) is down or restarting
+        response = jsonify(
+            error_body(503, "The job queue is unavailable; retry shortly.", None, "queue_unavailable")
+        )
+        response.headers["Retry-After"] = str(DB_RETRY_AFTER_SECONDS)
+        return response, 503
+
+    @app.errorhandler(DBAPIError)
+    def _database(exc: DBAPIError):  # type: ignore[no-untyped-def]
+        if not (isinstance(exc, OperationalError) or exc.connection_invalidated):
+            return _unexpected(exc)
+        log.error("database unavailable: %s", exc)  # down, restarting, or a connection cut
+        response = jsonify(
+            error_body(503, "The database is unavailable; retry shortly.", None, "service_unavailable")
+        )
+        response.headers["Retry-After"] = str(DB_RETRY_AFTER_SECONDS)
+        return response, 503
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception):  # type: ignore[no-untyped-def]

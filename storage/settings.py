@@ -103,6 +103,8 @@ class Settings:
     throughput_window_seconds: float = 600.0  # measured rate for at-risk estimates looks back this far
     sample_seconds: float = 5.0  # engine fill/throughput sample period (engine_samples rows)
     drain_seconds: float = 30.0  # on warm shutdown, in-flight packs get this long before release
+    # S3 calls retry through an outage (exponential backoff, full jitter) for at most this long
+    object_store_retry_seconds: float = 120.0
     # engine settings for workers
     engine_max_num_seqs: int = 64
     engine_max_model_len: int = 0  # 0: the checkpoint's own
@@ -124,6 +126,18 @@ class Settings:
     dropfolder_poll_seconds: float = 5.0
     dropfolder_max_backoff_seconds: float = 300.0
     secret_key: str = ""
+    # request rate limits (token buckets in Redis at broker_url, shared by every API process):
+    # per tenant, and per client address for requests without a valid key (so key guessing is
+    # throttled too); requests per second and bucket size, 0 rps turns a limit off
+    rate_limit_rps: float = 1000.0
+    rate_limit_burst: int = 2000
+    rate_limit_anonymous_rps: float = 10.0
+    rate_limit_anonymous_burst: int = 100
+    # bodies of requests other than uploads (JSON, forms) are cut off at this many bytes
+    max_json_body_bytes: int = 1024 * 1024
+    # GET /metrics names tenants: with a token it needs 'Authorization: Bearer <token>', without
+    # one it answers loopback clients only
+    metrics_token: str = ""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -171,6 +185,19 @@ class Settings:
         if self.dropfolder_poll_seconds <= 0 or self.dropfolder_max_backoff_seconds <= 0:
             raise SettingsError(
                 "FREIGHT_DROPFOLDER_POLL_SECONDS and FREIGHT_DROPFOLDER_MAX_BACKOFF_SECONDS must be positive"
+            )
+        if min(self.rate_limit_rps, self.rate_limit_anonymous_rps) < 0 or (
+            (self.rate_limit_rps > 0 and self.rate_limit_burst < 1)
+            or (self.rate_limit_anonymous_rps > 0 and self.rate_limit_anonymous_burst < 1)
+        ):
+            raise SettingsError(
+                "FREIGHT_RATE_LIMIT_*_RPS cannot be negative, and a limit that is on needs a burst of at least 1"
+            )
+        if self.max_json_body_bytes < 1024:
+            raise SettingsError("FREIGHT_MAX_JSON_BODY_BYTES must be at least 1024")
+        if self.object_store_retry_seconds < 0 or self.drain_seconds < 0:
+            raise SettingsError(
+                "FREIGHT_OBJECT_STORE_RETRY_SECONDS and FREIGHT_DRAIN_SECONDS cannot be negative"
             )
         if self.engine_block_size < 0 or self.engine_block_size % 16:
             raise SettingsError("FREIGHT_ENGINE_BLOCK_SIZE must be 0 (vLLM's default) or a multiple of 16")

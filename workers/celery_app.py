@@ -11,10 +11,13 @@ the worker, are what redelivers a dead worker's work.
 from __future__ import annotations
 
 from celery import Celery
+from kombu.exceptions import OperationalError as KombuOperationalError
 
 from storage.settings import Settings
 
 CONTROL_QUEUE = "freight.control"
+# what sending a task raises when the broker cannot be reached (after kombu's own retries)
+BROKER_ERRORS = (KombuOperationalError, ConnectionError)
 
 
 def model_queue(model: str) -> str:
@@ -52,11 +55,26 @@ def make_celery(settings: Settings) -> Celery:
     return app
 
 
+# A key the dispatcher keeps in the broker: gone means the broker lost its data, messages included.
+BROKER_MARKER_KEY = "freight:broker-marker"
+
+
 class TaskQueue:
     """Sends tasks by name, so producers (the API) need not import the task modules."""
 
     def __init__(self, celery: Celery) -> None:
         self.celery = celery
+
+    def broker_was_reset(self) -> bool:
+        """True once after the broker lost everything it held (Redis restarted without persistence,
+        or a new one): the marker this sets is missing. Then every queued message is gone too and
+        the database, not the broker, says what must be sent again. False on brokers other than
+        Redis (nothing to check)."""
+        with self.celery.connection_for_write() as conn:
+            client = getattr(conn.default_channel, "client", None)
+            if client is None or not hasattr(client, "set"):
+                return False
+            return bool(client.set(BROKER_MARKER_KEY, "1", nx=True))
 
     def validate(self, batch_id: str) -> None:
         self.celery.send_task("freight.validate_batch", args=[batch_id], queue=CONTROL_QUEUE)

@@ -45,6 +45,20 @@ log = logging.getLogger(__name__)
 
 BOM = b"\xef\xbb\xbf"
 UNSUPPORTED = "unsupported_parameter"
+MAX_OUTPUT_TOKENS = 2**31 - 1
+SURROGATE = (
+    "holds an unpaired surrogate (a \\ud800-\\udfff escape that is not half of a pair): not valid Unicode"
+)
+
+
+def _is_utf8(text: str) -> bool:
+    """JSON may escape half a surrogate pair (``"\\ud800"``); such a string has no UTF-8 form, so
+    it can be neither hashed, stored nor tokenized."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -99,6 +113,8 @@ def check_line(raw: bytes, line_no: int, rules: FileRules) -> ValidLine | LineEr
         return LineError(line_no, "missing_custom_id", "custom_id must be a non-empty string", "custom_id")
     if len(custom_id) > 512:
         return LineError(line_no, "invalid_custom_id", "custom_id is longer than 512 characters", "custom_id")
+    if not _is_utf8(custom_id):
+        return LineError(line_no, "invalid_custom_id", f"custom_id {SURROGATE}", "custom_id")
     if obj.get("method") != "POST":
         return LineError(line_no, "invalid_method", "method must be POST", "method")
     if obj.get("url") != rules.endpoint:
@@ -114,6 +130,9 @@ def check_line(raw: bytes, line_no: int, rules: FileRules) -> ValidLine | LineEr
     body = obj.get("body")
     if not isinstance(body, dict):
         return LineError(line_no, "invalid_body", "body must be a JSON object", "body")
+    body_json = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    if not _is_utf8(body_json):
+        return LineError(line_no, "invalid_body", f"body {SURROGATE}", "body")
     model = body.get("model")
     if not isinstance(model, str) or model not in rules.served_models:
         return LineError(
@@ -128,7 +147,10 @@ def check_line(raw: bytes, line_no: int, rules: FileRules) -> ValidLine | LineEr
         if exc.code != UNSUPPORTED:
             param = f"body.{exc.param}" if exc.param else "body"
             return LineError(line_no, exc.code, exc.message, param)
-    body_json = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    if max_tokens is not None and not 0 <= max_tokens <= MAX_OUTPUT_TOKENS:  # stored as int32
+        return LineError(
+            line_no, "invalid_request", f"max_tokens must be at most {MAX_OUTPUT_TOKENS}", "body.max_tokens"
+        )
     if rules.render is None:
         return ValidLine(ShardRow(line_no, custom_id, body_json, b"", None, 0, max_tokens), model)
     rendered = rules.render(model, rules.endpoint, body)

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
 from api.errors import ServiceError
@@ -14,10 +15,23 @@ from scheduler.lifecycle import stop_batch
 from scheduler.metering import SlaTier
 from storage.models import Batch, StoredFile, new_id
 from storage.status import BatchStatus
+from workers.celery_app import BROKER_ERRORS
 from workers.protocol import ENDPOINTS
 from workers.runtime import Runtime
 
 MAX_METADATA_PAIRS = 16
+
+
+def storable(text: str) -> bool:
+    """Whether a JSON string can go into a database column: PostgreSQL refuses NUL, and no
+    database takes an unpaired surrogate (valid JSON, ``"\\ud800"``, but not UTF-8)."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_metadata(metadata: Any) -> dict[str, str] | None:
@@ -32,10 +46,11 @@ def check_metadata(metadata: Any) -> dict[str, str] | None:
             "invalid_request", f"metadata may hold at most {MAX_METADATA_PAIRS} pairs", param="metadata"
         )
     for key, value in metadata.items():
-        if not isinstance(value, str) or len(key) > 64 or len(value) > 512:
+        if not isinstance(value, str) or len(key) > 64 or len(value) > 512 or not storable(key + value):
             raise ServiceError(
                 "invalid_request",
-                "metadata keys are strings of at most 64 characters, values strings of at most 512",
+                "metadata keys are strings of at most 64 characters, values strings of at most 512,"
+                " without NUL characters or unpaired surrogates",
                 param=f"metadata.{str(key)[:64]}",
             )
     return metadata
@@ -57,7 +72,14 @@ def create(rt: Runtime, tenant_id: str, payload: Any) -> Batch:
     request = check_request(rt, payload)
     with rt.db.write() as s:
         batch = add(s, tenant_id, request, int(time.time()))
-    rt.queue.validate(batch.id)  # after the commit that made the row
+    try:
+        rt.queue.validate(batch.id)  # after the commit that made the row
+    except BROKER_ERRORS:
+        # no task will ever validate it: take the row back, so the client's retry (a 503) is the
+        # only copy of the job, rather than leaving a batch stuck in ``validating``
+        with rt.db.write() as s:
+            s.execute(delete(Batch).where(Batch.id == batch.id, Batch.status == BatchStatus.VALIDATING))
+        raise
     return batch
 
 
@@ -69,6 +91,10 @@ def check_request(rt: Runtime, payload: Any) -> BatchRequest:
     window = payload.get("completion_window", rt.settings.default_window)
     if not isinstance(input_file_id, str) or not input_file_id:
         raise ServiceError("invalid_request", "input_file_id is required", param="input_file_id")
+    if not storable(input_file_id):
+        raise ServiceError(
+            "not_found", f"No such File object: {input_file_id[:100]!r}", param="input_file_id"
+        )
     if endpoint not in ENDPOINTS:
         raise ServiceError(
             "invalid_request",

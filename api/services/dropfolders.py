@@ -7,6 +7,7 @@ and never shown: a listing says ``***`` where a folder has its own.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from sqlalchemy import func, select
@@ -19,6 +20,7 @@ from workers.protocol import ENDPOINTS
 from workers.runtime import Runtime
 
 HIDDEN = "***"
+BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,254}")
 
 
 @dataclass(frozen=True)
@@ -58,10 +60,7 @@ def add(
     secret_access_key: str | None = None,
     output_format: str = "jsonl",
 ) -> FolderView:
-    try:
-        bucket, prefix = parse_folder_url(url)
-    except ValueError as exc:
-        raise ServiceError("invalid_request", str(exc), param="url") from exc
+    bucket, prefix = _parse_url(url, "url")
     if endpoint not in ENDPOINTS:
         raise ServiceError(
             "invalid_request", f"endpoint must be one of {', '.join(ENDPOINTS)}", param="endpoint"
@@ -145,10 +144,7 @@ def remove(rt: Runtime, ref: str, now: int) -> str:
     with rt.db.write() as s:
         query = select(DropFolder).where(DropFolder.removed_at.is_(None))
         if ref.startswith("s3://"):
-            try:
-                bucket, prefix = parse_folder_url(ref)
-            except ValueError as exc:
-                raise ServiceError("invalid_request", str(exc), param="folder") from exc
+            bucket, prefix = _parse_url(ref, "folder")
             query = query.where(DropFolder.bucket == bucket, DropFolder.prefix == prefix)
         else:
             query = query.where(DropFolder.id == ref)
@@ -157,6 +153,20 @@ def remove(rt: Runtime, ref: str, now: int) -> str:
             raise ServiceError("not_found", f"no drop folder {ref!r}", param="folder")
         folder.removed_at = now
         return folder.id
+
+
+def _parse_url(url: str, param: str) -> tuple[str, str]:
+    """``parse_folder_url``, also refusing what urlparse would quietly drop or keep (control
+    characters, a NUL no database stores) and bucket names S3 cannot have."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in url):
+        raise ServiceError("invalid_request", "a drop folder URL cannot hold control characters", param=param)
+    try:
+        bucket, prefix = parse_folder_url(url)
+    except ValueError as exc:
+        raise ServiceError("invalid_request", str(exc), param=param) from exc
+    if not BUCKET.fullmatch(bucket) or ".." in bucket:
+        raise ServiceError("invalid_request", f"{bucket[:80]!r} is not an S3 bucket name", param=param)
+    return bucket, prefix
 
 
 def _view(f: DropFolder, tenant: str, pending: int) -> FolderView:

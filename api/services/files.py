@@ -6,6 +6,7 @@ import os
 import shutil
 import tempfile
 import time
+import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO
@@ -25,6 +26,7 @@ PURPOSES = ("batch",)
 FORMATS = ("jsonl", "parquet")
 MIMETYPES = {"jsonl": "application/jsonl", "parquet": "application/vnd.apache.parquet"}
 MAX_FILENAME = 255
+BIDI_CONTROLS = frozenset("\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 
 class _Limited:
@@ -49,8 +51,12 @@ class _Limited:
 
 
 def clean_filename(name: str | None) -> str:
-    name = os.path.basename((name or "").replace("\\", "/")).replace("\x00", "")
-    return (name or "upload.jsonl")[:MAX_FILENAME]
+    """The last path segment, without control or bidi-override characters (they would spoof or
+    break a listing); a name is only a label, never part of an object key."""
+    name = os.path.basename((name or "").replace("\\", "/"))
+    name = "".join(c for c in name if unicodedata.category(c) not in ("Cc", "Cs") and c not in BIDI_CONTROLS)
+    name = name.strip()
+    return (name if name not in ("", ".", "..") else "upload.jsonl")[:MAX_FILENAME]
 
 
 def upload(

@@ -6,6 +6,7 @@ from flask import Blueprint, Response, current_app, g, jsonify, request
 
 from api.auth import require_tenant
 from api.errors import ServiceError
+from api.multipart import open_upload
 from api.serializers import batch_object, file_object, list_object, model_object
 from api.services import batches, files, models
 from api.services.paging import parse_limit
@@ -19,7 +20,10 @@ def rt() -> Runtime:
 
 
 def json_body() -> object:
-    body = request.get_json(silent=True)
+    try:
+        body = request.get_json(silent=True)
+    except RecursionError:  # nested deeper than the JSON decoder recurses
+        raise ServiceError("invalid_request", "the request body is nested too deeply") from None
     if body is None:
         raise ServiceError(
             "invalid_request", "the request body must be JSON (Content-Type: application/json)"
@@ -30,10 +34,13 @@ def json_body() -> object:
 @bp.post("/files")
 @require_tenant
 def upload_file():  # type: ignore[no-untyped-def]
-    upload = request.files.get("file")
-    if upload is None:
+    form = open_upload(request.stream, request.content_type)  # the file part streams to the store
+    if form.file is None:
         raise ServiceError("invalid_request", "multipart field 'file' is required", param="file")
-    record = files.upload(rt(), g.tenant_id, request.form.get("purpose"), upload.filename, upload.stream)
+    if "purpose" not in form.fields:
+        form.spool(rt().settings.max_file_bytes)  # the file came first: read on to find the purpose
+    record = files.upload(rt(), g.tenant_id, form.fields.get("purpose"), form.filename, form.file)
+    form.finish()
     return jsonify(file_object(record))
 
 

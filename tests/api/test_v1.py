@@ -236,3 +236,25 @@ def test_models_and_unknown_routes(client, keys):  # type: ignore[no-untyped-def
     assert_error(client.get("/v1/models/nope", headers=keys["a"]), 404, "model")
     assert_error(client.get("/v1/nothing-here", headers=keys["a"]), 404)
     assert_error(client.put("/v1/batches", headers=keys["a"]), 405)
+
+
+def test_creating_a_batch_with_the_broker_down_is_a_503_and_leaves_no_batch(settings):  # type: ignore[no-untyped-def]
+    from dataclasses import replace
+
+    from workers.runtime import Runtime
+
+    rt = Runtime(replace(settings, broker_url="redis://127.0.0.1:1/0"))  # nothing listens on port 1
+    rt.queue.celery.conf.task_publish_retry = False
+    try:
+        app = create_app(runtime=rt)
+        _, key = create_tenant(rt.db, "alpha", now())
+        headers = {"Authorization": f"Bearer {key}"}
+        client = app.test_client()
+        file_id = upload(client, headers).get_json()["id"]
+        response = client.post("/v1/batches", headers=headers, json={
+            "input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"})  # fmt: skip
+        assert response.status_code == 503, response.get_json()
+        assert response.get_json()["error"]["code"] == "queue_unavailable" and response.headers["Retry-After"]
+        assert client.get("/v1/batches", headers=headers).get_json()["data"] == []
+    finally:
+        rt.db.dispose()

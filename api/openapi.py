@@ -1,0 +1,401 @@
+"""Freight's OpenAPI 3.1 document: the /v1 routes, their bodies and every error they answer.
+
+Built as a dict on request (nothing at import) from the settings, so the completion windows it
+lists are the ones this deployment accepts. ``tests/api/test_openapi.py`` keeps it in step with the
+Flask routes and Schemathesis checks the real responses against it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from storage.settings import Settings
+from workers.protocol import ENDPOINTS
+
+JSON = "application/json"
+Schema = dict[str, Any]
+
+
+def ref(name: str) -> Schema:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def nullable(schema: Schema) -> Schema:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def obj(properties: dict[str, Schema], *, optional: tuple[str, ...] = ()) -> Schema:
+    """A closed object whose fields are all required unless named optional."""
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": [k for k in properties if k not in optional],
+        "additionalProperties": False,
+    }
+
+
+INT = {"type": "integer"}
+NUM = {"type": "number"}
+STR = {"type": "string"}
+BOOL = {"type": "boolean"}
+TIME = {"type": "integer", "description": "Unix seconds"}
+
+ERROR = obj(
+    {
+        "error": obj(
+            {
+                "message": STR,
+                "type": STR,
+                "param": nullable(STR),
+                "code": nullable(STR),
+            }
+        )
+    }
+)
+
+FILE = obj(
+    {
+        "id": STR,
+        "object": {"const": "file"},
+        "bytes": INT,
+        "created_at": TIME,
+        "expires_at": nullable(TIME),
+        "filename": STR,
+        "purpose": {"enum": ["batch", "batch_output"]},
+        "status": {"enum": ["uploaded", "processed", "error"]},
+        "status_details": nullable(STR),
+    }
+)
+
+DELETED_FILE = obj({"id": STR, "object": {"const": "file"}, "deleted": {"const": True}})
+
+LINE_ERROR = obj({"code": nullable(STR), "message": STR, "param": nullable(STR), "line": nullable(INT)})
+
+COST = obj(
+    {
+        "currency": {"const": "usd"},
+        "engine_seconds": NUM,
+        "engine_cost": NUM,
+        "price_multiplier": NUM,
+        "total": NUM,
+        "per_1m_tokens": obj({k: nullable(NUM) for k in ("input", "cached_input", "output", "all")}),
+        "list_price": nullable(NUM),
+        "saving": nullable(NUM),
+    }
+)
+
+BATCH_STATUS = [
+    "validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled",
+]  # fmt: skip
+
+BATCH = obj(
+    {
+        "id": STR,
+        "object": {"const": "batch"},
+        "endpoint": STR,
+        "model": nullable(STR),
+        "errors": nullable(
+            obj({"object": {"const": "list"}, "data": {"type": "array", "items": LINE_ERROR}})
+        ),
+        "input_file_id": STR,
+        "completion_window": STR,
+        "status": {"enum": BATCH_STATUS},
+        "output_file_id": nullable(STR),
+        "error_file_id": nullable(STR),
+        "created_at": TIME,
+        **{
+            f"{k}_at": nullable(TIME)
+            for k in (
+                "in_progress",
+                "finalizing",
+                "completed",
+                "failed",
+                "expired",
+                "cancelling",
+                "cancelled",
+            )
+        },
+        "expires_at": TIME,
+        "request_counts": obj({"total": INT, "completed": INT, "failed": INT}),
+        "metadata": nullable({"type": "object", "additionalProperties": STR}),
+        "usage": obj(
+            {
+                "input_tokens": INT,
+                "input_tokens_details": obj({"cached_tokens": INT}),
+                "output_tokens": INT,
+                "output_tokens_details": obj({"reasoning_tokens": INT}),
+                "total_tokens": INT,
+            }
+        ),
+        "x_freight": obj(
+            {
+                "priority": {"type": "integer", "minimum": -100, "maximum": 100},
+                "deadline": TIME,
+                "eta": nullable(TIME),
+                "at_risk": BOOL,
+                "at_risk_since": nullable(TIME),
+                "sla_met": nullable(BOOL),
+                "warnings": {"type": "array", "items": STR},
+                "cache_hit_rate": nullable(NUM),
+                "cost": ref("Cost"),
+            }
+        ),
+    }
+)
+
+MODEL = obj(
+    {
+        "id": STR,
+        "object": {"const": "model"},
+        "created": INT,
+        "owned_by": STR,
+        "x_freight": obj(
+            {
+                "quantization": STR,
+                "max_model_len": nullable(INT),
+                "parameters": nullable(INT),
+                "weight_bytes": nullable(INT),
+                "instance_price_per_hour": nullable(NUM),
+                "list_price_per_1m": nullable(obj({"input": NUM, "cached_input": NUM, "output": NUM})),
+            }
+        ),
+    }
+)
+
+
+def page_of(item: str) -> Schema:
+    return obj(
+        {
+            "object": {"const": "list"},
+            "data": {"type": "array", "items": ref(item)},
+            "first_id": nullable(STR),
+            "last_id": nullable(STR),
+            "has_more": BOOL,
+        }
+    )
+
+
+ERRORS = {
+    400: "The request is malformed or names a value Freight does not accept.",
+    401: "Missing, malformed or unknown API key.",
+    404: "No such object for this tenant (another tenant's ids answer the same), or no such URL.",
+    409: "The object's state does not allow this (a running batch's input, a finished batch).",
+    413: "The request body or the uploaded file is larger than this deployment accepts.",
+    429: "Too many requests for this tenant; retry after `Retry-After` seconds.",
+}
+
+
+def error_response(status: int) -> Schema:
+    response: Schema = {"description": ERRORS[status], "content": {JSON: {"schema": ref("Error")}}}
+    if status == 429:
+        response["headers"] = {
+            "Retry-After": {
+                "description": "Seconds to wait before the next request.",
+                "required": True,
+                "schema": {"type": "integer", "minimum": 0},
+            }
+        }
+    return response
+
+
+def ok(schema: Schema, description: str = "OK") -> Schema:
+    return {"description": description, "content": {JSON: {"schema": schema}}}
+
+
+def operation(
+    op_id: str, summary: str, response: Schema, *errors: int, params: tuple[Schema, ...] = (), **extra: Any
+) -> Schema:
+    """An authenticated /v1 operation: every one may also answer 401, 413 and 429."""
+    statuses = sorted({*errors, 401, 413, 429})
+    return {
+        "operationId": op_id,
+        "summary": summary,
+        **({"parameters": list(params)} if params else {}),
+        **extra,
+        "responses": {"200": response, **{str(s): error_response(s) for s in statuses}},
+    }
+
+
+def path_param(name: str, description: str, pattern: str = "^[A-Za-z0-9_-]+$") -> Schema:
+    return {
+        "name": name,
+        "in": "path",
+        "required": True,
+        "description": description,
+        "schema": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": pattern},
+    }
+
+
+def query(name: str, description: str, schema: Schema) -> Schema:
+    return {"name": name, "in": "query", "required": False, "description": description, "schema": schema}
+
+
+AFTER = query("after", "An object id: list the objects after it (cursor pagination).", STR)
+FILE_ID = path_param("file_id", "A file id (`file-…`).")
+BATCH_ID = path_param("batch_id", "A batch id (`batch_…`).")
+MODEL_ID = path_param("model", "A served model's name; it may contain `/`.", "^[A-Za-z0-9._:/-]+$")
+
+
+def create_batch_body(settings: Settings) -> Schema:
+    return obj(
+        {
+            "input_file_id": {"type": "string", "minLength": 1},
+            "endpoint": {"enum": list(ENDPOINTS)},
+            "completion_window": {
+                "enum": [t.window for t in settings.sla_tiers],
+                "default": settings.default_window,
+            },
+            "metadata": nullable(
+                {
+                    "type": "object",
+                    "maxProperties": 16,
+                    "propertyNames": {"maxLength": 64},
+                    "additionalProperties": {"type": "string", "maxLength": 512},
+                }
+            ),
+            "priority": {"type": "integer", "minimum": -100, "maximum": 100, "default": 0},
+        },
+        optional=("completion_window", "metadata", "priority"),
+    )
+
+
+def paths(settings: Settings) -> Schema:
+    upload_body = {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": obj(
+                    {
+                        "file": {"type": "string", "format": "binary", "description": "JSONL or Parquet"},
+                        "purpose": {"enum": ["batch"]},
+                    }
+                )
+            }
+        },
+    }
+    content_types = {
+        media: {"schema": {"type": "string", "format": "binary"}}
+        for media in ("application/jsonl", "application/vnd.apache.parquet")
+    }
+    return {
+        "/v1/files": {
+            "post": operation(
+                "uploadFile",
+                "Upload a batch input file (streamed to the object store).",
+                ok(ref("File")),
+                400,
+                requestBody=upload_body,
+            ),
+            "get": operation(
+                "listFiles",
+                "The tenant's files, newest first.",
+                ok(page_of("File")),
+                400,
+                params=(
+                    query("purpose", "Only files of this purpose.", STR),
+                    AFTER,
+                    query("limit", "Page size.", {"type": "integer", "minimum": 1, "maximum": 10_000}),
+                ),
+            ),
+        },
+        "/v1/files/{file_id}": {
+            "get": operation("retrieveFile", "One file.", ok(ref("File")), 404, params=(FILE_ID,)),
+            "delete": operation(
+                "deleteFile",
+                "Delete a file that no running batch reads.",
+                ok(ref("DeletedFile")),
+                404,
+                409,
+                params=(FILE_ID,),
+            ),
+        },
+        "/v1/files/{file_id}/content": {
+            "get": operation(
+                "downloadFile",
+                "A file's bytes, as stored or converted.",
+                {"description": "The file's bytes.", "content": content_types},
+                400,
+                404,
+                params=(FILE_ID, query("format", "Convert to this format.", {"enum": ["jsonl", "parquet"]})),
+            ),
+        },
+        "/v1/batches": {
+            "post": operation(
+                "createBatch",
+                "Create a batch from an uploaded file; it is validated asynchronously.",
+                ok(ref("Batch")),
+                400,
+                404,
+                requestBody={"required": True, "content": {JSON: {"schema": create_batch_body(settings)}}},
+            ),
+            "get": operation(
+                "listBatches",
+                "The tenant's batches, newest first.",
+                ok(page_of("Batch")),
+                400,
+                params=(
+                    AFTER,
+                    query("limit", "Page size.", {"type": "integer", "minimum": 1, "maximum": 100}),
+                ),
+            ),
+        },
+        "/v1/batches/{batch_id}": {
+            "get": operation("retrieveBatch", "One batch.", ok(ref("Batch")), 404, params=(BATCH_ID,)),
+        },
+        "/v1/batches/{batch_id}/cancel": {
+            "post": operation(
+                "cancelBatch",
+                "Cancel a validating or running batch.",
+                ok(ref("Batch")),
+                404,
+                409,
+                params=(BATCH_ID,),
+            ),
+        },
+        "/v1/models": {
+            "get": operation(
+                "listModels",
+                "The served models.",
+                ok(obj({"object": {"const": "list"}, "data": {"type": "array", "items": ref("Model")}})),
+            ),
+        },
+        "/v1/models/{model}": {
+            "get": operation("retrieveModel", "One served model.", ok(ref("Model")), 404, params=(MODEL_ID,)),
+        },
+        "/healthz": {
+            "get": {
+                "operationId": "health",
+                "summary": "Liveness.",
+                "security": [],
+                "responses": {"200": ok(obj({"status": {"const": "ok"}}))},
+            }
+        },
+    }
+
+
+def openapi_document(settings: Settings) -> Schema:
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Freight",
+            "version": "1",
+            "description": "OpenAI-compatible Batch API (files, batches, models) with Freight's "
+            '`x_freight` extensions. Every error is `{"error": {message, type, param, code}}`.',
+        },
+        "servers": [{"url": "/"}],
+        "security": [{"bearer": []}],
+        "paths": paths(settings),
+        "components": {
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer", "description": "A tenant's API key."}
+            },
+            "schemas": {
+                "Error": ERROR,
+                "File": FILE,
+                "DeletedFile": DELETED_FILE,
+                "Batch": BATCH,
+                "Cost": COST,
+                "Model": MODEL,
+            },
+        },
+    }
