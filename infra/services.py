@@ -62,6 +62,7 @@ __all__ = [
     "main",
     "pid_alive",
     "read_pidfile",
+    "restart_postgres",
     "start_postgres",
     "start_redis",
     "start_seaweedfs",
@@ -120,6 +121,9 @@ def _ephemeral_range() -> tuple[int, int]:
 
 def _port_bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # as the servers themselves bind: a port whose last server just stopped (its connections
+        # in TIME_WAIT) is free for a restart on it; one with a listener is not
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((HOST, port))
         except OSError:
@@ -721,6 +725,41 @@ def _pg_select1(host: str, port: int, user: str) -> bool:
         return conn.execute("SELECT 1").fetchone() == (1,)
 
 
+def _pg_options(port: int, data_dir: Path) -> str:
+    """The postmaster's ``pg_ctl -o`` options (the same on every start of a cluster)."""
+    # The unix socket lives in the data dir when its path fits (max 107 bytes), else none (TCP only).
+    sock = data_dir / f".s.PGSQL.{port}"
+    sock_dir = str(data_dir) if len(str(sock)) < 100 and not set(str(data_dir)) & set(" '\"\\$`") else ""
+    return (
+        f"-p {port} -k '{sock_dir}' -c listen_addresses={HOST} -c fsync=off -c full_page_writes=off "
+        "-c synchronous_commit=off -c max_connections=200"
+    )
+
+
+def restart_postgres(handle: PostgresService, pause: float = 0.0, timeout: float = 60.0) -> PostgresService:
+    """Fast-stop the cluster (open connections are cut), wait ``pause`` s, start it again on the same
+    port and data; returns the new handle (the pid file follows). For fault-injection tests."""
+    pg_ctl = _pg_binary("pg_ctl")
+    base = handle.data_dir.parent
+    stop_cmd = [pg_ctl, "-D", str(handle.data_dir), "-m", "fast", "-w", "-t", str(int(timeout)), "stop"]
+    _run(_as_postgres_cmd(stop_cmd), what="postgres stop", cwd=base, timeout=timeout + 10)
+    time.sleep(pause)  # the outage itself
+    opts = _pg_options(handle.port, handle.data_dir)
+    start_cmd = [pg_ctl, "-D", str(handle.data_dir), "-l", str(handle.log_path), "-o", opts, "-w"]
+    _run(
+        _as_postgres_cmd([*start_cmd, "-t", str(int(timeout)), "start"]),
+        what=f"postgres on port {handle.port}",
+        cwd=base,
+        timeout=timeout + 10,
+        log_path=handle.log_path,
+    )
+    entry = read_pidfile(handle.data_dir / "postmaster.pid")
+    if entry is None:
+        raise ServiceError("postgres restarted but its postmaster.pid is unreadable")
+    write_pidfile(handle.pid_file, entry[0], "SIGINT")
+    return dataclasses.replace(handle, pid=entry[0], start_time=_proc_start_time(entry[0]))
+
+
 def start_postgres(
     run_dir: Path | str, port: int | None = None, *, database: str = "freight", timeout: float = 60.0
 ) -> PostgresService:
@@ -765,13 +804,7 @@ def start_postgres(
     if ids:
         os.chown(log_path, *ids)
 
-    # The unix socket lives in the data dir when its path fits (max 107 bytes), else none (TCP only).
-    sock = data_dir / f".s.PGSQL.{port}"
-    sock_dir = str(data_dir) if len(str(sock)) < 100 and not set(str(data_dir)) & set(" '\"\\$`") else ""
-    opts = (
-        f"-p {port} -k '{sock_dir}' -c listen_addresses={HOST} -c fsync=off -c full_page_writes=off "
-        "-c synchronous_commit=off -c max_connections=200"
-    )
+    opts = _pg_options(port, data_dir)
     postmaster_pid_file = data_dir / "postmaster.pid"
     entry = read_pidfile(postmaster_pid_file)
     if entry is not None and not pid_alive(entry[0]):

@@ -36,6 +36,8 @@ class Stack:
     settings: Settings
     env: dict[str, str]
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    commands: dict[str, list[str]] = field(default_factory=dict)  # argv of each process, for restart
+    log_offsets: dict[str, int] = field(default_factory=dict)  # log size when each last started
 
     @property
     def api_url(self) -> str:
@@ -46,6 +48,34 @@ class Stack:
 
     def stop(self) -> None:
         services.stop_all(self.run_dir)
+
+    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+        log = self.log(name)
+        self.log_offsets[name] = log.stat().st_size if log.exists() else 0  # logs append across restarts
+        self.commands[name] = argv
+        self.processes[name] = spawn(self.run_dir, name, argv, self.env)
+        return self.processes[name]
+
+    def started(self, name: str) -> bool:
+        """The Celery worker ``name`` logged ``ready`` since it was last started."""
+        return _log_has(self.log(name), " ready.", self.log_offsets.get(name, 0))
+
+    def stop_process(self, name: str) -> None:
+        """SIGTERM one process of the stack (SIGKILL after 10 s), as ``make stop`` would."""
+        services.stop_pidfile(self.run_dir / f"{name}.pid")
+
+    def start_process(self, name: str, timeout: float = 600) -> None:
+        """Start a stopped process again with the argv and environment it had; returns once ready."""
+        proc = self.spawn(name, self.commands[name])
+        if name == "api":
+            wait_for(lambda: _http_ok(self.api_url + "/healthz"), "API", 60, proc, self.log(name))
+        elif name != "beat":  # Celery workers
+            wait_for(lambda: self.started(name), name, timeout, proc, self.log(name))
+
+    def restart(self, name: str, timeout: float = 600) -> None:
+        """Stop one process (the API, a worker, beat) and start it again the same way."""
+        self.stop_process(name)
+        self.start_process(name, timeout)
 
 
 def spawn(run_dir: Path, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
@@ -85,8 +115,12 @@ def _http_ok(url: str) -> bool:
         return False
 
 
-def _log_has(path: Path, text: str) -> bool:
-    return path.exists() and text in path.read_text(errors="replace")
+def _log_has(path: Path, text: str, offset: int = 0) -> bool:
+    if not path.exists():
+        return False
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return text.encode() in f.read()
 
 
 def create_tenant(env: dict[str, str], name: str) -> str:
@@ -134,20 +168,18 @@ def up(
         finally:
             db.dispose()
 
-        stack.processes["api"] = spawn(run_dir, "api", [*FREIGHT, "api"], env)
-        stack.processes["control"] = spawn(run_dir, "control", [*FREIGHT, "worker", "--control"], env)
+        stack.spawn("api", [*FREIGHT, "api"])
+        stack.spawn("control", [*FREIGHT, "worker", "--control"])
         for model in served:
             for name in engine_names(model, workers_per_model):
-                stack.processes[name] = spawn(
-                    run_dir, name, [*FREIGHT, "worker", "--model", model, "--name", f"{name}@%h"], env
-                )
-        stack.processes["beat"] = spawn(run_dir, "beat", [*FREIGHT, "beat"], env)
+                stack.spawn(name, [*FREIGHT, "worker", "--model", model, "--name", f"{name}@%h"])
+        stack.spawn("beat", [*FREIGHT, "beat"])
 
         wait_for(
             lambda: _http_ok(stack.api_url + "/healthz"), "API", 60, stack.processes["api"], stack.log("api")
         )
         wait_for(
-            lambda: _log_has(stack.log("control"), " ready."),
+            lambda: stack.started("control"),
             "control worker",
             120,
             stack.processes["control"],
@@ -156,7 +188,7 @@ def up(
         for model in served:
             for name in engine_names(model, workers_per_model):
                 wait_for(
-                    lambda n=name: _log_has(stack.log(n), " ready."),
+                    lambda n=name: stack.started(n),
                     f"engine worker {name}",
                     engine_timeout,
                     stack.processes[name],

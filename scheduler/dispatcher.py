@@ -32,6 +32,7 @@ class TickReport:
     redelivered: list[int] = field(default_factory=list)
     given_up: list[int] = field(default_factory=list)
     requeued: list[int] = field(default_factory=list)  # queued units whose message was lost
+    revalidated: list[str] = field(default_factory=list)  # batches whose validation was sent again
     enqueued: list[int] = field(default_factory=list)  # unit ids
     packs: list[str] = field(default_factory=list)
     at_risk: list[str] = field(default_factory=list)
@@ -70,8 +71,15 @@ def measured_throughput(rt: Runtime, now: float) -> dict[str, float]:
 
 
 def requeue_lost(rt: Runtime, now: float, report: TickReport, rates: dict[str, float]) -> None:
-    """Queued units whose pack message went with a dead worker go back to be packed again."""
+    """Queued units whose pack message went with a dead worker, or with the broker's data (a
+    Redis restart), go back to be packed again."""
     settings = rt.settings
+    broker_lost = rt.queue.broker_was_reset()
+    if broker_lost:
+        log.warning(
+            "the broker lost its messages (restarted without persistence?); packing queued units again"
+        )
+        revalidate(rt, report)
     with rt.db.write() as s:
         queued = [
             QueuedUnit(*row)
@@ -88,6 +96,7 @@ def requeue_lost(rt: Runtime, now: float, report: TickReport, rates: dict[str, f
             lease_seconds=settings.lease_seconds,
             depth=settings.queue_depth,
             pack_requests=settings.pack_requests,
+            broker_lost=broker_lost,
         )
         for unit in stale:
             changed = s.execute(
@@ -99,6 +108,16 @@ def requeue_lost(rt: Runtime, now: float, report: TickReport, rates: dict[str, f
                 report.requeued.append(unit.unit_id)
     if report.requeued:
         log.warning("units %s waited too long in the queue; packing them again", report.requeued)
+
+
+def revalidate(rt: Runtime, report: TickReport) -> None:
+    """Validation messages went with the broker's data too: send them again for every batch still
+    ``validating``. Safe if one was in fact running: validation commits only from ``validating``."""
+    with rt.db.read() as s:
+        waiting = list(s.scalars(select(Batch.id).where(Batch.status == BatchStatus.VALIDATING)))
+    for batch_id in waiting:
+        rt.queue.validate(batch_id)
+    report.revalidated.extend(waiting)
 
 
 def assess_deadlines(

@@ -57,12 +57,18 @@ def plan_requeue(
     lease_seconds: float,
     depth: int,
     pack_requests: int,
+    broker_lost: bool = False,
 ) -> list[QueuedUnit]:
     """Queued units whose message has waited too long: pack and send them again (a late original
-    is harmless: the claim lets only one delivery run a unit)."""
+    is harmless: the claim lets only one delivery run a unit). ``broker_lost``: the broker lost
+    every message it held (a Redis restarted without persistence), so every unit queued before
+    ``now`` goes at once."""
     return [
         u
         for u in queued
         if u.enqueued_at is not None
-        and now - u.enqueued_at > requeue_after(rates.get(u.model), lease_seconds, depth, pack_requests)
+        and (
+            (broker_lost and u.enqueued_at <= now)
+            or now - u.enqueued_at > requeue_after(rates.get(u.model), lease_seconds, depth, pack_requests)
+        )
     ]

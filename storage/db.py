@@ -15,9 +15,17 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 _IMMEDIATE = "freight_sqlite_immediate"
+
+
+def is_transient(exc: BaseException) -> bool:
+    """The database was unreachable or the connection was cut (a restart, a failover, a lock
+    wait on SQLite): the same transaction may succeed if run again. Whether running it again is
+    safe is the caller's to know (compare-and-set writes are)."""
+    return isinstance(exc, OperationalError) or (isinstance(exc, DBAPIError) and exc.connection_invalidated)
 
 
 class Database:

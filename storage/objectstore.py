@@ -1,12 +1,15 @@
 """One object-store interface with two implementations: a local directory and S3 (boto3).
 
 Every write is all-or-nothing: a reader sees the whole object or none of it (local: write to a
-temporary name, then rename; S3: a PUT or a multipart upload that is aborted on failure). Reads and
-writes stream in chunks, so objects of any size pass through bounded memory.
+temporary name, then rename; S3: one PUT, or a multipart upload completed only after its last part
+and aborted on failure). Reads and writes stream in chunks, so objects of any size pass through
+bounded memory. Given a `RetryPolicy`, the S3 store retries each call through a brief outage
+(``storage.objectstore_retry``); a part is kept until it is stored, so a retry re-sends only it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import secrets
@@ -15,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
 from urllib.parse import urlparse
+
+from storage.objectstore_retry import Retrier, RetryPolicy
 
 CHUNK = 1024 * 1024  # bytes per streamed read
 
@@ -202,16 +207,19 @@ class S3ObjectStore:
         secret_access_key: str | None = None,
         max_attempts: int = 8,
         connect_timeout: float = 60,
+        retry: RetryPolicy | Retrier | None = None,
     ) -> None:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        self.retrier = Retrier(retry) if isinstance(retry, RetryPolicy) else retry
         self._client = client or s3_client(
             endpoint_url,
             region=region,
             access_key_id=access_key_id,
             secret_access_key=secret_access_key,
-            max_attempts=max_attempts,
+            # with a policy, the retrier alone retries: its deadline bounds the whole call
+            max_attempts=1 if self.retrier else max_attempts,
             connect_timeout=connect_timeout,
         )
 
@@ -219,39 +227,79 @@ class S3ObjectStore:
         check_key(key)
         return f"{self.prefix}/{key}" if self.prefix else key
 
+    def _call(self, what: str, fn):  # type: ignore[no-untyped-def]
+        return self.retrier.call(what, fn) if self.retrier else fn()
+
     def put_stream(self, key: str, stream: IO[bytes]) -> int:
-        from boto3.exceptions import S3UploadFailedError
         from botocore.exceptions import BotoCoreError, ClientError
 
-        counter = _CountingReader(stream)
+        target = self._key(key)
         try:
-            # upload_fileobj switches to multipart above 8 MiB and aborts the upload on failure
-            self._client.upload_fileobj(counter, self.bucket, self._key(key))
-        except (BotoCoreError, ClientError, S3UploadFailedError) as exc:
+            first = _read_part(stream)
+            if len(first) < PART_SIZE:  # small: one PUT, atomic by itself
+                self._call(
+                    f"put {key}", lambda: self._client.put_object(Bucket=self.bucket, Key=target, Body=first)
+                )
+                return len(first)
+            return self._multipart(key, target, first, stream)
+        except (BotoCoreError, ClientError) as exc:
             raise ObjectStoreError(f"upload of {key} to {self.url} failed: {exc}") from exc
-        return counter.total
+
+    def _multipart(self, key: str, target: str, first: bytes, stream: IO[bytes]) -> int:
+        """Upload part by part; the object appears under its key only when the upload completes,
+        so no reader ever sees a partial object, and a failed upload is aborted (never published)."""
+        upload_id = self._call(
+            f"start upload of {key}",
+            lambda: self._client.create_multipart_upload(Bucket=self.bucket, Key=target)["UploadId"],
+        )
+        parts: list[dict] = []
+        total = 0
+        try:
+            part = first
+            while part:
+                number = len(parts) + 1
+                etag = self._call(
+                    f"part {number} of {key}",
+                    lambda p=part, n=number: self._client.upload_part(
+                        Bucket=self.bucket, Key=target, UploadId=upload_id, PartNumber=n, Body=p
+                    )["ETag"],
+                )
+                parts.append({"ETag": etag, "PartNumber": number})
+                total += len(part)
+                part = _read_part(stream)
+            self._call(
+                f"complete upload of {key}",
+                lambda: self._client.complete_multipart_upload(
+                    Bucket=self.bucket, Key=target, UploadId=upload_id, MultipartUpload={"Parts": parts}
+                ),
+            )
+        except BaseException:
+            with contextlib.suppress(Exception):  # else the store's lifecycle rules reap it
+                self._client.abort_multipart_upload(Bucket=self.bucket, Key=target, UploadId=upload_id)
+            raise
+        return total
 
     def put_chunks(self, key: str, chunks: Iterable[bytes]) -> int:
         return self.put_stream(key, io.BufferedReader(ChunkReader(chunks), CHUNK))
 
     def open(self, key: str) -> IO[bytes]:
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            response = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
+            target = self._key(key)
+            response = self._call(
+                f"get {key}", lambda: self._client.get_object(Bucket=self.bucket, Key=target)
+            )
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
                 raise ObjectNotFound(key) from exc
             raise ObjectStoreError(str(exc)) from exc
+        except BotoCoreError as exc:
+            raise ObjectStoreError(f"get of {key} in {self.url} failed: {exc}") from exc
         return response["Body"]  # type: ignore[no-any-return]
 
     def size(self, key: str) -> int:
-        from botocore.exceptions import ClientError
-
-        try:
-            return int(self._client.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"])
-        except ClientError as exc:
-            raise ObjectNotFound(key) from exc
+        return self.stat(key).size
 
     def exists(self, key: str) -> bool:
         try:
@@ -264,7 +312,8 @@ class S3ObjectStore:
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            self._client.delete_object(Bucket=self.bucket, Key=self._key(key))
+            target = self._key(key)
+            self._call(f"delete {key}", lambda: self._client.delete_object(Bucket=self.bucket, Key=target))
         except (BotoCoreError, ClientError) as exc:
             raise ObjectStoreError(f"delete of {key} in {self.url} failed: {exc}") from exc
 
@@ -280,8 +329,9 @@ class S3ObjectStore:
         base = self.prefix + "/" if self.prefix else ""
         strip = len(base)
         try:
-            paginator = self._client.get_paginator("list_objects_v2")
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=base + prefix):
+            request = {"Bucket": self.bucket, "Prefix": base + prefix}
+            while True:
+                page = self._call(f"list {prefix}", lambda r=dict(request): self._client.list_objects_v2(**r))
                 for item in page.get("Contents", []):
                     yield ObjectInfo(
                         item["Key"][strip:],
@@ -289,6 +339,9 @@ class S3ObjectStore:
                         item["ETag"].strip('"'),
                         item["LastModified"].timestamp(),
                     )
+                if not page.get("IsTruncated"):
+                    break
+                request["ContinuationToken"] = page["NextContinuationToken"]
         except (BotoCoreError, ClientError) as exc:
             raise ObjectStoreError(f"listing {self.url}/{prefix} failed: {exc}") from exc
 
@@ -296,7 +349,8 @@ class S3ObjectStore:
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            head = self._client.head_object(Bucket=self.bucket, Key=self._key(key))
+            target = self._key(key)
+            head = self._call(f"head {key}", lambda: self._client.head_object(Bucket=self.bucket, Key=target))
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
                 raise ObjectNotFound(key) from exc
@@ -311,7 +365,10 @@ class S3ObjectStore:
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            response = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
+            target = self._key(key)
+            response = self._call(
+                f"get {key}", lambda: self._client.get_object(Bucket=self.bucket, Key=target)
+            )
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
                 raise ObjectNotFound(key) from exc
@@ -328,10 +385,14 @@ class S3ObjectStore:
 
         src = {"Bucket": self.bucket, "Key": self._key(source)}
         try:
+            dest = self._key(target)
             if self.stat(source).size < COPY_PART_LIMIT:
-                self._client.copy_object(CopySource=src, Bucket=self.bucket, Key=self._key(target))
+                self._call(
+                    f"copy {source}",
+                    lambda: self._client.copy_object(CopySource=src, Bucket=self.bucket, Key=dest),
+                )
             else:  # CopyObject stops at 5 GiB: the managed copy does it part by part
-                self._client.copy(src, self.bucket, self._key(target))
+                self._call(f"copy {source}", lambda: self._client.copy(src, self.bucket, dest))
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
                 raise ObjectNotFound(source) from exc
@@ -341,6 +402,20 @@ class S3ObjectStore:
 
 
 COPY_PART_LIMIT = 5 * 1024**3  # the largest object one CopyObject call may copy
+PART_SIZE = 8 * 1024 * 1024  # bytes per multipart part (S3's minimum is 5 MiB); one held at a time
+
+
+def _read_part(stream: IO[bytes], size: int = PART_SIZE) -> bytes:
+    """Up to ``size`` bytes: fewer only at the end of the stream (raw reads may return short)."""
+    pieces: list[bytes] = []
+    left = size
+    while left > 0:
+        data = stream.read(min(left, CHUNK))
+        if not data:
+            break
+        pieces.append(data)
+        left -= len(data)
+    return b"".join(pieces)
 
 
 def s3_client(  # type: ignore[no-untyped-def]
@@ -404,31 +479,13 @@ class _GuardedReader(io.RawIOBase):
         super().close()
 
 
-class _CountingReader(io.RawIOBase):
-    def __init__(self, stream: IO[bytes]) -> None:
-        self._stream = stream
-        self.total = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def read(self, size: int = -1) -> bytes:
-        data = self._stream.read(size)
-        self.total += len(data)
-        return data
-
-    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def]
-        data = self.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
-
-
-def open_object_store(url: str, s3_endpoint_url: str = "") -> ObjectStore:
+def open_object_store(url: str, s3_endpoint_url: str = "", retry: RetryPolicy | None = None) -> ObjectStore:
+    """Freight's own store; ``retry`` (S3 only) carries its calls through a brief outage."""
     parsed = urlparse(url)
     if parsed.scheme == "file":
         return LocalObjectStore(Path(parsed.path))
     if parsed.scheme == "s3":
-        return S3ObjectStore(parsed.netloc, parsed.path, endpoint_url=s3_endpoint_url or None)
+        return S3ObjectStore(parsed.netloc, parsed.path, endpoint_url=s3_endpoint_url or None, retry=retry)
     raise ValueError(f"object store URL must be file:///path or s3://bucket/prefix, got {url!r}")
 
 

@@ -37,6 +37,7 @@ from sqlalchemy import ColumnElement, and_, select, update
 
 from scheduler.lifecycle import abort_reason, finish_if_done
 from scheduler.metering import TokenWork, engine_cost_micros, kv_reads, mbu, mfu
+from storage.db import is_transient
 from storage.models import Batch, EngineSample, UnitStatus, WorkUnit
 from storage.shards import ShardRow, read_rows
 from storage.status import BatchStatus
@@ -421,7 +422,7 @@ class PackRunner:
             if unit is None:
                 return
             try:
-                self._record(unit)
+                self._record_retrying(unit)
             except Exception:
                 # the claim stays RUNNING without heartbeats: the dispatcher redelivers it
                 log.exception("recording unit %s failed", unit.claim.unit_id)
@@ -431,6 +432,25 @@ class PackRunner:
                 with self._lock:
                     self._units.pop(unit.claim.unit_id, None)
                     self._lock.notify_all()
+
+    def _record_retrying(self, unit: ActiveUnit) -> None:
+        """Record a unit, again while the database is down or cut the connection (a restart),
+        for up to a lease: the unit stays on the watcher's list meanwhile, so its claim keeps
+        being heartbeated once the database is back. Safe to repeat: the uploads go to the same
+        keys and the recording is a compare-and-set on the claim."""
+        deadline = time.monotonic() + self.rt.settings.lease_seconds
+        pause = 0.5
+        while True:
+            try:
+                return self._record(unit)
+            except Exception as exc:
+                if not is_transient(exc) or time.monotonic() + pause > deadline:
+                    raise
+                log.warning(
+                    "unit %s: database unavailable while recording (%s); retrying", unit.claim.unit_id, exc
+                )
+                time.sleep(pause)
+                pause = min(pause * 2, 5.0)
 
     def _record(self, unit: ActiveUnit) -> None:
         claim = unit.claim

@@ -57,6 +57,14 @@ def _claim(rt: Runtime, batch_id: str, now: float) -> Batch | None:
         return s.get(Batch, batch_id)
 
 
+def _release(rt: Runtime, batch_id: str) -> None:
+    try:
+        with rt.db.write() as s:
+            s.execute(update(Batch).where(Batch.id == batch_id).values(finalizer_heartbeat_at=None))
+    except Exception:  # the database is down too: the lease runs out instead
+        log.exception("batch %s: could not release the finalizer lease", batch_id)
+
+
 def finalize_batch(rt: Runtime, batch_id: str) -> str | None:
     """Assemble the files and move the batch to its final state; returns that state, or None."""
     batch = _claim(rt, batch_id, time.time())
@@ -69,8 +77,14 @@ def finalize_batch(rt: Runtime, batch_id: str) -> str | None:
     counts = {"output": 0, "errors": 0}
     sizes = {}
     keys = {kind: f"batches/{batch_id}/{kind}.jsonl" for kind in counts}
-    for kind in counts:
-        sizes[kind] = rt.store.put_chunks(keys[kind], _assemble(rt, batch_id, units, kind, stop_code, counts))
+    try:
+        for kind in counts:
+            sizes[kind] = rt.store.put_chunks(
+                keys[kind], _assemble(rt, batch_id, units, kind, stop_code, counts)
+            )
+    except Exception:
+        _release(rt, batch_id)  # the store gave up (an outage past its retries): the next tick retries
+        raise
 
     now = int(time.time())
     with rt.db.write() as s:

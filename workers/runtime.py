@@ -10,6 +10,7 @@ from functools import cached_property
 
 from storage.db import Database
 from storage.objectstore import ObjectStore, open_object_store
+from storage.objectstore_retry import RetryPolicy
 from storage.settings import Settings
 from workers.celery_app import TaskQueue, make_celery
 
@@ -24,7 +25,8 @@ class Runtime:
 
     @cached_property
     def store(self) -> ObjectStore:
-        return open_object_store(self.settings.object_store_url, self.settings.s3_endpoint_url)
+        retry = RetryPolicy(deadline_seconds=self.settings.object_store_retry_seconds)
+        return open_object_store(self.settings.object_store_url, self.settings.s3_endpoint_url, retry)
 
     @cached_property
     def queue(self) -> TaskQueue:

@@ -16,6 +16,7 @@ from openai import OpenAI
 from infra import services
 from infra.stack import REPO, Stack, create_tenant, up
 
+HUGE = 1_000_000  # lines of the largest batch the tests submit
 WINDOWS = "24h,1h,8s"  # 8s: a window short enough to expire during a test
 
 
@@ -88,6 +89,45 @@ def live(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator
         keep_logs(stack, "e2e")
 
 
+@pytest.fixture(scope="session")
+def sched(  # two engine workers, lines of a million-request file allowed
+    tmp_path_factory: pytest.TempPathFactory, demo_model: Path
+) -> Iterator[LiveStack]:
+    overrides = {
+        "FREIGHT_COMPLETION_WINDOWS": "24h,1h",
+        "FREIGHT_UNIT_SIZE": "64",
+        "FREIGHT_PACK_REQUESTS": "256",
+        "FREIGHT_QUEUE_DEPTH": "1",
+        "FREIGHT_HEARTBEAT_SECONDS": "1",
+        "FREIGHT_LEASE_SECONDS": "8",
+        "FREIGHT_MAX_REQUESTS_PER_FILE": str(HUGE),
+        "FREIGHT_MAX_FILE_BYTES": str(400 * 1024 * 1024),
+        "FREIGHT_SORT_MEMORY_MB": "32",
+    }
+    live_stack, stack = start_live(
+        tmp_path_factory.mktemp("sched"),
+        demo_model,
+        overrides,
+        ("alpha", "beta", "gamma"),
+        workers_per_model=2,
+    )
+    try:
+        yield live_stack
+    finally:
+        keep_logs(stack, "sched")
+
+
+def peak_rss_reset(pid: int) -> None:
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # resets VmHWM, the peak resident set
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
 def wait_final(client: OpenAI, batch_id: str, timeout: float = 300, until: tuple[str, ...] = ()) -> object:
     final = until or ("completed", "failed", "expired", "cancelled")
     deadline = time.monotonic() + timeout
@@ -113,3 +153,10 @@ def request_line(custom_id: str, content: str = "hello", **body: object) -> dict
 def write_jsonl(path: Path, lines: list[dict]) -> Path:
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     return path
+
+
+def api_worker_pids(stack: Stack) -> list[int]:
+    """gunicorn's worker processes: the children of the master whose pid the stack recorded."""
+    master = int((stack.run_dir / "api.pid").read_text())
+    children = Path(f"/proc/{master}/task/{master}/children").read_text().split()
+    return [int(pid) for pid in children]

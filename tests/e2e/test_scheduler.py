@@ -9,44 +9,14 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 
 from storage.db import Database
 from storage.models import EngineSample, UnitStatus, WorkUnit
-from tests.e2e.conftest import LiveStack, keep_logs, start_live, wait_final
+from tests.e2e.conftest import HUGE, LiveStack, api_worker_pids, peak_rss_mb, peak_rss_reset, wait_final
 from tests.e2e.test_batches import CHAT, chat_line, read_jsonl, upload
-
-HUGE = 1_000_000
-
-
-@pytest.fixture(scope="module")
-def sched(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator[LiveStack]:
-    overrides = {
-        "FREIGHT_COMPLETION_WINDOWS": "24h,1h",
-        "FREIGHT_UNIT_SIZE": "64",
-        "FREIGHT_PACK_REQUESTS": "256",
-        "FREIGHT_QUEUE_DEPTH": "1",
-        "FREIGHT_HEARTBEAT_SECONDS": "1",
-        "FREIGHT_LEASE_SECONDS": "8",
-        "FREIGHT_MAX_REQUESTS_PER_FILE": str(HUGE),
-        "FREIGHT_MAX_FILE_BYTES": str(400 * 1024 * 1024),
-        "FREIGHT_SORT_MEMORY_MB": "32",
-    }
-    live_stack, stack = start_live(
-        tmp_path_factory.mktemp("sched"),
-        demo_model,
-        overrides,
-        ("alpha", "beta", "gamma"),
-        workers_per_model=2,
-    )
-    try:
-        yield live_stack
-    finally:
-        keep_logs(stack, "sched")
 
 
 def db(live: LiveStack) -> Database:
@@ -73,6 +43,25 @@ def ids_once(client, batch, expected: list[str]) -> tuple[list[dict], list[dict]
     return output, errors
 
 
+def sampled_output_tokens(live: LiveStack) -> int:
+    database = db(live)
+    try:
+        with database.read() as s:
+            return sum(s.scalars(select(EngineSample.output_tokens)).all())
+    finally:
+        database.dispose()
+
+
+def finished_output_tokens(live: LiveStack) -> int:
+    database = db(live)
+    try:
+        with database.read() as s:
+            done = s.scalars(select(WorkUnit.completion_tokens).where(WorkUnit.status == UnitStatus.DONE))
+            return sum(done.all())
+    finally:
+        database.dispose()
+
+
 SYSTEM = " ".join(f"rule {i}: answer tersely and cite the clause number {i * 7 % 13}." for i in range(40))
 
 
@@ -80,7 +69,9 @@ def test_small_jobs_share_packs_workers_and_prefixes(sched):  # type: ignore[no-
     """A long job keeps both workers busy; small jobs of two other tenants, all with the same long
     system prompt, arrive meanwhile and are packed together and with it, across tenants."""
     alpha = sched.client("alpha")
-    blocker = [chat_line(f"long-{i}", f"Item {i}", max_tokens=32, min_tokens=32) for i in range(512)]
+    # four packs of 256: two running, one queued and one pending, so the queue is full when the
+    # small jobs are validated and they wait to be packed together (not one pack each)
+    blocker = [chat_line(f"long-{i}", f"Item {i}", max_tokens=32, min_tokens=32) for i in range(1024)]
     big = alpha.batches.create(input_file_id=upload(alpha, blocker), endpoint=CHAT, completion_window="24h")
     # the small jobs arrive while the long one holds both workers (its packs dispatched on a tick)
     wait_final(alpha, big.id, timeout=120, until=("in_progress", "failed"))
@@ -103,7 +94,7 @@ def test_small_jobs_share_packs_workers_and_prefixes(sched):  # type: ignore[no-
         tenant_of[batch.id] = tenant
     finals = {bid: wait_final(client, bid, timeout=300) for bid, (client, _) in small.items()}
     big_final = wait_final(alpha, big.id, timeout=300)
-    assert big_final.status == "completed" and big_final.request_counts.completed == 512
+    assert big_final.status == "completed" and big_final.request_counts.completed == len(blocker)
     ids_once(alpha, big_final, [x["custom_id"] for x in blocker])
     for bid, (client, expected) in small.items():
         assert finals[bid].status == "completed", finals[bid]
@@ -128,19 +119,19 @@ def test_small_jobs_share_packs_workers_and_prefixes(sched):  # type: ignore[no-
     assert sum(u.cached_tokens for u in units if u.batch_id in small) == cached
     # batch fill is recorded per unit and as a time series
     assert all(u.mean_fill is not None and 0 < u.mean_fill <= 1 for u in units if u.batch_id == big.id)
-    expected_output = 512 * 32 + 60 * 8
-    deadline = time.monotonic() + 30  # the last period's sample is written when the period ends
-    while True:
-        database = db(sched)
-        try:
-            with database.read() as s:
-                samples = s.scalars(select(EngineSample)).all()
-        finally:
-            database.dispose()
-        if sum(x.output_tokens for x in samples) >= expected_output or time.monotonic() > deadline:
-            break
+    # every output token the engines produced is in exactly one sample: on this shared stack,
+    # the samples add up to the output of all finished units so far (no test before this stops one)
+    assert sum(u.completion_tokens for u in units) == len(blocker) * 32 + 60 * 8
+    deadline = time.monotonic() + 60  # the last period's sample is written when the period ends
+    while sampled_output_tokens(sched) != finished_output_tokens(sched) and time.monotonic() < deadline:
         time.sleep(1)
-    assert sum(x.output_tokens for x in samples) == expected_output
+    assert sampled_output_tokens(sched) == finished_output_tokens(sched)
+    database = db(sched)
+    try:
+        with database.read() as s:
+            samples = s.scalars(select(EngineSample)).all()
+    finally:
+        database.dispose()
     assert len({x.worker for x in samples}) == 2
     assert all(0 <= x.running_mean <= x.max_num_seqs and x.seconds > 0 for x in samples)
     assert max(x.running_mean for x in samples) > 0.5 * samples[0].max_num_seqs  # the engines ran full
@@ -169,22 +160,12 @@ def test_killed_worker_loses_no_work(sched):  # type: ignore[no-untyped-def]
     assert all(not worker_pid(u).endswith(f":{victim_pid}") for u in units if u.attempts >= 2)
 
 
-def _peak_rss_reset(pid: int) -> None:
-    Path(f"/proc/{pid}/clear_refs").write_text("5")  # resets VmHWM, the peak resident set
-
-
-def _peak_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmHWM")
-
-
 def _digest(custom_id: str) -> bytes:
     return hashlib.blake2b(custom_id.encode(), digest_size=8).digest()
 
 
-def test_a_million_requests_in_bounded_memory(sched, tmp_path):  # type: ignore[no-untyped-def]
+@pytest.mark.reliability
+def test_a_million_requests_in_bounded_memory(sched, tmp_path, reliability):  # type: ignore[no-untyped-def]
     client = sched.client("beta").with_options(timeout=600)
     path = tmp_path / "huge.jsonl"
     with path.open("w") as f:
@@ -193,10 +174,15 @@ def test_a_million_requests_in_bounded_memory(sched, tmp_path):  # type: ignore[
                     "messages": [{"role": "user", "content": f"Label {i % 997}: row {i}"}]}  # fmt: skip
             f.write(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": CHAT, "body": body}) + "\n")
     control = int((sched.stack.run_dir / "control.pid").read_text())
-    _peak_rss_reset(control)
-    before = _peak_rss_mb(control)
+    peak_rss_reset(control)
+    before = peak_rss_mb(control)
+    api = api_worker_pids(sched.stack)
+    for pid in api:
+        peak_rss_reset(pid)
+    api_before = {pid: peak_rss_mb(pid) for pid in api}
     with path.open("rb") as f:
         file_id = client.files.create(file=("huge.jsonl", f), purpose="batch").id
+    api_growth = max(peak_rss_mb(pid) - api_before[pid] for pid in api)
     batch = client.batches.create(input_file_id=file_id, endpoint=CHAT, completion_window="24h")
     running = wait_final(client, batch.id, timeout=1200, until=("in_progress", "failed"))
     assert running.status == "in_progress" and running.request_counts.total == HUGE, running.errors
@@ -207,7 +193,7 @@ def test_a_million_requests_in_bounded_memory(sched, tmp_path):  # type: ignore[
     client.batches.cancel(batch.id)
     final = wait_final(client, batch.id, timeout=900)
     assert final.status == "cancelled"
-    peak = _peak_rss_mb(control)
+    peak = peak_rss_mb(control)
     seen: set[bytes] = set()
     counts = {"output": 0, "errors": 0}
     for name, file_id in (("output", final.output_file_id), ("errors", final.error_file_id)):
@@ -221,8 +207,15 @@ def test_a_million_requests_in_bounded_memory(sched, tmp_path):  # type: ignore[
                         assert record["response"]["status_code"] == 200
                     else:
                         assert record["error"]["code"] == "batch_cancelled"
+    reliability.record(
+        "upload_1m_lines", lost=HUGE - len(seen), duplicated=counts["output"] + counts["errors"] - len(seen),
+        server_errors=0, lines=HUGE, bytes=path.stat().st_size, completed=counts["output"],
+        cancelled=counts["errors"], control_worker_peak_rss_growth_mb=round(peak - before, 1),
+        api_worker_peak_rss_growth_mb=round(api_growth, 1), bound_mb=400,
+    )  # fmt: skip
     assert counts["output"] + counts["errors"] == HUGE == len(seen)  # every request exactly once
     assert counts["output"] == final.request_counts.completed >= 500
     # the control worker validated, sorted and assembled ~200 MB of JSONL within a bounded window
     print(f"control worker peak RSS {before:.0f} MB before, {peak:.0f} MB during the million-request batch")
     assert peak - before < 400, (before, peak)
+    assert api_growth < 150, api_growth  # the upload streamed to the object store

@@ -60,3 +60,78 @@ def test_small_batches_are_packed_together_and_lost_packs_are_sent_again(setting
         assert all(u.attempts == 0 for u in again)
     finally:
         rt.db.dispose()
+
+
+def test_queued_units_are_packed_again_at_once_when_the_broker_lost_its_data(settings):  # type: ignore[no-untyped-def]
+    """Redis restarted without persistence: the dispatcher's marker key is gone with the queued
+    messages, so the next tick packs the queued units again without waiting for a lease."""
+    from workers.celery_app import BROKER_MARKER_KEY
+
+    rt = Runtime(replace(settings, unit_size=4, pack_requests=8, queue_depth=1, lease_seconds=300))
+    try:
+        tenant, _ = create_tenant(rt.db, "a", now())
+        submit(rt, tenant.id, 8, "lost")
+        t0 = float(now())
+        dispatcher.tick(rt, t0)
+        queued = {u.id: u.pack_id for u in units(rt) if u.status == UnitStatus.QUEUED}
+        assert queued and dispatcher.tick(rt, t0 + 1).requeued == []  # the marker is there
+        with rt.queue.celery.connection_for_write() as conn:
+            conn.default_channel.client.flushdb()  # what a restart without persistence leaves
+        report = dispatcher.tick(rt, t0 + 2)
+        assert sorted(report.requeued) == sorted(queued)
+        again = {u.id: u.pack_id for u in units(rt) if u.status == UnitStatus.QUEUED}
+        assert again.keys() == queued.keys() and not set(again.values()) & set(queued.values())
+        assert dispatcher.tick(rt, t0 + 3).requeued == []  # once: the marker is back
+        with rt.queue.celery.connection_for_write() as conn:
+            assert conn.default_channel.client.exists(BROKER_MARKER_KEY)
+    finally:
+        rt.db.dispose()
+
+
+def test_validation_is_sent_again_when_the_broker_lost_its_data(settings):  # type: ignore[no-untyped-def]
+    rt = Runtime(settings)
+    try:
+        tenant, _ = create_tenant(rt.db, "a", now())
+        stored = files.upload(rt, tenant.id, "batch", "v.jsonl", io.BytesIO(b'{"custom_id": "x"}\n'))
+        waiting = batches.create(
+            rt, tenant.id, {"input_file_id": stored.id, "endpoint": "/v1/chat/completions"}
+        )
+        dispatcher.tick(rt, float(now()))  # sets the marker
+        with rt.queue.celery.connection_for_write() as conn:
+            client = conn.default_channel.client
+            client.flushdb()  # the validation message is gone with the broker's data
+            report = dispatcher.tick(rt, float(now()))
+            assert report.revalidated == [waiting.id]
+            sent = [json.loads(m)["headers"] for m in client.lrange("freight.control", 0, -1)]
+        assert [(h["task"], h["argsrepr"]) for h in sent if h["task"] == "freight.validate_batch"] == [
+            ("freight.validate_batch", repr([waiting.id]))
+        ]
+    finally:
+        rt.db.dispose()
+
+
+def test_a_batch_is_not_left_behind_when_the_broker_is_down(settings):  # type: ignore[no-untyped-def]
+    """Creating a batch while Redis is unreachable: the client gets the broker error (the API
+    answers 503) and no batch row stays ``validating`` with no task to validate it."""
+    from kombu.exceptions import OperationalError
+
+    from storage.models import Batch
+    from workers.celery_app import BROKER_ERRORS
+
+    down = replace(settings, broker_url="redis://127.0.0.1:1/0")  # nothing listens on port 1
+    rt = Runtime(down)
+    rt.queue.celery.conf.broker_transport_options = {"max_retries": 0}
+    rt.queue.celery.conf.task_publish_retry = False
+    try:
+        tenant, _ = create_tenant(rt.db, "a", now())
+        stored = files.upload(rt, tenant.id, "batch", "v.jsonl", io.BytesIO(b'{"custom_id": "x"}\n'))
+        try:
+            batches.create(rt, tenant.id, {"input_file_id": stored.id, "endpoint": "/v1/chat/completions"})
+        except BROKER_ERRORS as exc:
+            assert isinstance(exc, OperationalError | ConnectionError)
+        else:
+            raise AssertionError("creating a batch with the broker down did not fail")
+        with rt.db.read() as s:
+            assert s.scalars(select(Batch)).all() == []
+    finally:
+        rt.db.dispose()

@@ -29,3 +29,16 @@ def test_requeue_waits_a_lease_or_twice_the_queue_at_the_measured_rate():
     stale = plan_requeue(queued, 1000.0, {"fast": 1000.0, "slow": 10.0}, lease_seconds=60, depth=2,
                          pack_requests=1024)  # fmt: skip
     assert [u.unit_id for u in stale] == [1, 4]
+
+
+def test_a_broker_that_lost_its_messages_requeues_every_unit_queued_before_now():
+    from scheduler.leases import QueuedUnit, plan_requeue
+
+    queued = [
+        QueuedUnit(1, "m", enqueued_at=999.0),  # a second ago: its message went with the broker
+        QueuedUnit(2, "m", enqueued_at=1001.0),  # queued after the check began: keeps its message
+        QueuedUnit(3, "m", enqueued_at=None),
+    ]
+    options = {"lease_seconds": 60, "depth": 2, "pack_requests": 1024}
+    assert plan_requeue(queued, 1000.0, {}, **options) == []
+    assert [u.unit_id for u in plan_requeue(queued, 1000.0, {}, broker_lost=True, **options)] == [1]

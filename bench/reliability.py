@@ -1,0 +1,101 @@
+"""Reliability figures of issue 8: every fault, load and hostile-input scenario, one run.
+
+The scenarios are the tests marked ``reliability`` (fault injection on the live stack, the API
+under a hundred polling clients, big uploads, fuzzing, Schemathesis, auth and rate limits). This
+runs them with ``FREIGHT_RELIABILITY_DIR`` set, so each records its figures (at least ``lost``,
+``duplicated`` and ``server_errors``), and with the load phase longer than in ``make test``; then it
+merges the figures into ``bench/results/reliability.json`` and prints the README's table.
+
+    python -m bench.reliability [--load-seconds 120] [-k EXPR]
+    python -m bench.reliability --merge DIR   # figures a test run wrote (FREIGHT_RELIABILITY_DIR=DIR)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bench.scheduler import machine_facts
+
+REPO = Path(__file__).resolve().parent.parent
+RESULT = REPO / "bench" / "results" / "reliability.json"
+COUNTS = ("lost", "duplicated", "server_errors")
+
+
+def run_scenarios(folder: Path, load_seconds: float, select: str | None) -> tuple[int, float, str]:
+    env = {**os.environ, "FREIGHT_RELIABILITY_DIR": str(folder), "FREIGHT_LOAD_SECONDS": str(load_seconds)}
+    env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-m", "reliability", "-rA"]
+    if select:
+        argv += ["-k", select]
+    started = time.monotonic()
+    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True)
+    summary = (proc.stdout.strip().splitlines() or [""])[-1]
+    sys.stdout.write(proc.stdout[-4000:])
+    return proc.returncode, time.monotonic() - started, summary
+
+
+def figures_text(entry: dict) -> str:
+    """The scenario's own figures, short enough for one table cell."""
+    skip = {"scenario", "recorded_at", *COUNTS}
+    parts = []
+    for key, value in sorted(entry.items()):
+        if key in skip or isinstance(value, dict | list):
+            continue
+        parts.append(f"{key} {value}")
+    return "; ".join(parts)
+
+
+def table(scenarios: dict[str, dict]) -> str:
+    rows = ["| scenario | lost | duplicated | 5xx | figures |", "|---|---|---|---|---|"]
+    for name, entry in sorted(scenarios.items()):
+        rows.append(
+            f"| {name} | {entry['lost']} | {entry['duplicated']} | {entry['server_errors']} | {figures_text(entry)} |"
+        )
+    return "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--load-seconds", type=float, default=120, help="how long the 100 clients poll")
+    parser.add_argument("-k", dest="select", default=None, help="only the scenarios whose tests match")
+    parser.add_argument("--merge", type=Path, default=None, help="take the figures in DIR; run nothing")
+    args = parser.parse_args()
+    if args.merge:
+        code, duration, summary = 0, 0.0, f"merged from {args.merge}"
+        scenarios = {p.stem: json.loads(p.read_text()) for p in sorted(args.merge.glob("*.json"))}
+    else:
+        with tempfile.TemporaryDirectory(prefix="freight-reliability-") as tmp:
+            folder = Path(tmp)
+            code, duration, summary = run_scenarios(folder, args.load_seconds, args.select)
+            scenarios = {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
+    partial = bool(args.select or args.merge)
+    previous = json.loads(RESULT.read_text()).get("scenarios", {}) if RESULT.exists() and partial else {}
+    result = {
+        "benchmark": "reliability",
+        "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "duration_s": round(duration, 1),
+        "pytest": {"exit_code": code, "summary": summary},
+        "machine": machine_facts(),
+        "settings": {"load_seconds": args.load_seconds, "select": args.select},
+        "scenarios": {**previous, **scenarios},  # a -k or --merge run updates its scenarios, keeps the rest
+    }
+    result["totals"] = {k: sum(e[k] for e in result["scenarios"].values()) for k in COUNTS}
+    RESULT.parent.mkdir(parents=True, exist_ok=True)
+    RESULT.write_text(json.dumps(result, indent=2) + "\n")
+    print(table(result["scenarios"]))
+    print(f"\n{len(scenarios)} scenarios recorded in {duration:.0f}s; pytest: {summary}; wrote {RESULT}")
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""A finalization the object store cannot complete hands its lease back at once, so the next
+dispatcher tick retries it instead of waiting for the lease to run out."""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import replace
+
+import pytest
+from sqlalchemy import update
+
+from api.services import batches, files
+from api.services.tenants import create_tenant
+from storage.models import Batch, UnitStatus, WorkUnit
+from storage.objectstore import ObjectStoreError
+from storage.status import BatchStatus
+from tests.conftest import now
+from workers.finalize import finalize_batch
+from workers.runtime import Runtime
+from workers.validation import validate_batch
+
+
+def test_a_failed_finalization_releases_its_lease(settings):  # type: ignore[no-untyped-def]
+    rt = Runtime(settings)
+    try:
+        tenant, _ = create_tenant(rt.db, "a", now())
+        lines = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
+                  "body": {"model": "demo", "max_tokens": 2, "messages": [{"role": "user", "content": f"{i}"}]}}
+                 for i in range(4)]  # fmt: skip
+        data = "".join(json.dumps(x) + "\n" for x in lines).encode()
+        stored = files.upload(rt, tenant.id, "batch", "f.jsonl", io.BytesIO(data))
+        batch = batches.create(
+            rt, tenant.id, {"input_file_id": stored.id, "endpoint": "/v1/chat/completions"}
+        )
+        validate_batch(rt, batch.id)
+        with rt.db.write() as s:  # cancelled before any unit ran: finalization writes stopped lines
+            s.execute(update(WorkUnit).where(WorkUnit.batch_id == batch.id).values(status=UnitStatus.SKIPPED))
+            s.execute(update(Batch).where(Batch.id == batch.id).values(status=BatchStatus.CANCELLING))
+    finally:
+        rt.db.dispose()
+
+    # the same database, an object store nobody answers at, and no time to retry
+    dead = Runtime(replace(settings, object_store_url="s3://freight/x", s3_endpoint_url="http://127.0.0.1:1",
+                           object_store_retry_seconds=0))  # fmt: skip
+    try:
+        with pytest.raises(ObjectStoreError):
+            finalize_batch(dead, batch.id)
+        with dead.db.read() as s:
+            row = s.get(Batch, batch.id)
+            assert row.status == BatchStatus.CANCELLING and row.finalizer_heartbeat_at is None
+    finally:
+        dead.db.dispose()
+    # and the store back: the next attempt finalizes
+    rt = Runtime(settings)
+    try:
+        assert finalize_batch(rt, batch.id) == BatchStatus.CANCELLED
+    finally:
+        rt.db.dispose()
