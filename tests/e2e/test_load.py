@@ -71,7 +71,10 @@ async def swarm(base_url: str, keys: list[str], batch_ids: list[str]) -> dict[st
 def test_a_hundred_clients_poll_while_a_job_runs(sched, reliability):  # type: ignore[no-untyped-def]
     tenants = ["alpha", "beta", "gamma"]
     clients = [sched.client(t) for t in tenants]
-    lines = {t: [chat_line(f"{t}-{i}", f"Poll row {i}", max_tokens=16) for i in range(300)] for t in tenants}
+    per_tenant = int(15 * POLL_SECONDS)  # enough work that the batches run all through the polling
+    lines = {
+        t: [chat_line(f"{t}-{i}", f"Poll row {i}", max_tokens=16) for i in range(per_tenant)] for t in tenants
+    }
     batches = [
         c.batches.create(input_file_id=upload(c, lines[t]), endpoint=CHAT, completion_window="24h")
         for t, c in zip(tenants, clients, strict=True)
@@ -104,7 +107,7 @@ def test_a_hundred_clients_poll_while_a_job_runs(sched, reliability):  # type: i
         "api_load_100_clients", lost=lost, duplicated=duplicated, server_errors=server_errors,
         clients=CLIENTS, seconds=POLL_SECONDS, requests=len(seen["retrieve"]) + len(seen["list"]),
         errors=len(seen["failures"]), fewest_answers_per_client=min(seen["answers"]), failures_sample=seen["failures"][:5], **figures,
-        batch_status_after_polling=running,
+        requests_per_batch=per_tenant, batch_status_after_polling=running,
     )  # fmt: skip
     print(json.dumps(entry))
     assert not seen["failures"], seen["failures"][:10]
