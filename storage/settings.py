@@ -81,8 +81,8 @@ class Settings:
     # ("1h:2,4h:1.5,24h,7d:0.75"; no multiplier means 1)
     completion_windows: tuple[str, ...] = ("24h",)
     admission: str = "warn"  # a batch whose ETA is past its deadline: off | warn | refuse
-    # metering: what one engine worker's machine costs and can do (the model registry issue moves
-    # these per worker pool); peak FLOP/s at the serving dtype, memory bandwidth, memory size
+    # metering: what one engine worker's machine costs and can do (defaults; a registry entry's
+    # instance price wins for its model); peak FLOP/s at the serving dtype, memory bandwidth, memory size
     instance_price_per_hour: float = 0.0
     accelerator_peak_tflops: float = 0.0  # 0: unknown, MFU not estimated
     accelerator_bandwidth_gbs: float = 0.0  # 0: unknown, MBU not estimated
