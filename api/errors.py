@@ -75,33 +75,28 @@ def register_error_handlers(app: Flask) -> None:
             response.headers.update({k: v for k, v in exc.get_headers() if k.lower() == "allow"})
         return response, status
 
+    def unavailable(what: str, code: str, exc: Exception):  # type: ignore[no-untyped-def]
+        """A backing service is down or restarting: 503 with ``Retry-After``, so clients (the
+        ``openai`` client among them) retry instead of failing."""
+        log.error("%s unavailable: %s", what, exc)
+        response = jsonify(error_body(503, f"The {what} is unavailable; retry shortly.", None, code))
+        response.headers["Retry-After"] = str(DB_RETRY_AFTER_SECONDS)
+        return response, 503
+
     @app.errorhandler(ObjectStoreError)
     def _store(exc: ObjectStoreError):  # type: ignore[no-untyped-def]
-        log.error("object store unavailable: %s", exc)
-        return jsonify(
-            error_body(503, "The object store is unavailable; retry shortly.", None, "store_unavailable")
-        ), 503
+        return unavailable("object store", "store_unavailable", exc)
 
     @app.errorhandler(KombuOperationalError)
     @app.errorhandler(ConnectionError)
     def _broker(exc: Exception):  # type: ignore[no-untyped-def]
-        log.error("job queue unavailable: %s", exc)  # the broker (Redis) is down or restarting
-        response = jsonify(
-            error_body(503, "The job queue is unavailable; retry shortly.", None, "queue_unavailable")
-        )
-        response.headers["Retry-After"] = str(DB_RETRY_AFTER_SECONDS)
-        return response, 503
+        return unavailable("job queue", "queue_unavailable", exc)
 
     @app.errorhandler(DBAPIError)
     def _database(exc: DBAPIError):  # type: ignore[no-untyped-def]
         if not (isinstance(exc, OperationalError) or exc.connection_invalidated):
             return _unexpected(exc)
-        log.error("database unavailable: %s", exc)  # down, restarting, or a connection cut
-        response = jsonify(
-            error_body(503, "The database is unavailable; retry shortly.", None, "service_unavailable")
-        )
-        response.headers["Retry-After"] = str(DB_RETRY_AFTER_SECONDS)
-        return response, 503
+        return unavailable("database", "service_unavailable", exc)  # down, restarting, or a cut connection
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception):  # type: ignore[no-untyped-def]
