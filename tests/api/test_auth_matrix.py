@@ -23,6 +23,7 @@ from api.app import create_app
 from api.services import tenants
 from api.services.tenants import authenticate, create_key, create_tenant, hash_key
 from storage.models import ApiKey, Base
+from tests.api.test_v1 import line
 from tests.conftest import now
 from workers.runtime import Runtime
 
@@ -38,15 +39,6 @@ PUBLIC = {
 }
 SECRET_NAME = "alpha-confidential-inputs.jsonl"
 SECRET_META = "alpha-confidential-project"
-
-
-def line(custom_id: str = "r1") -> dict:
-    return {
-        "custom_id": custom_id,
-        "method": "POST",
-        "url": "/v1/chat/completions",
-        "body": {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
-    }
 
 
 @dataclass

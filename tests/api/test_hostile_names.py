@@ -131,14 +131,9 @@ def test_hostile_file_names_on_the_local_store(runtime, figures) -> None:  # typ
 
 
 def test_hostile_file_names_on_s3_keep_keys_under_the_prefix(runtime, s3_service, figures) -> None:  # type: ignore[no-untyped-def]
-    import boto3
-
     bucket = f"t-{uuid.uuid4().hex[:10]}"
     s3_service.create_bucket(bucket)
-    client = boto3.client(
-        "s3", endpoint_url=s3_service.endpoint_url, aws_access_key_id=s3_service.access_key,
-        aws_secret_access_key=s3_service.secret_key, region_name="us-east-1",
-    )  # fmt: skip
+    client = s3_service.client()
     runtime.store = S3ObjectStore(bucket, "tenant-data/freight", client=client)
     made = upload_all(runtime, figures)
     keys = [o["Key"] for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket) for o in page.get("Contents", [])]  # fmt: skip

@@ -25,13 +25,7 @@ def store(request, tmp_path):  # type: ignore[no-untyped-def]
     s3 = request.getfixturevalue("s3_service")
     bucket = f"t-{uuid.uuid4().hex[:10]}"
     s3.create_bucket(bucket)
-    import boto3
-
-    client = boto3.client(
-        "s3", endpoint_url=s3.endpoint_url, aws_access_key_id=s3.access_key,
-        aws_secret_access_key=s3.secret_key, region_name="us-east-1",
-    )  # fmt: skip
-    return S3ObjectStore(bucket, "freight/prefix", client=client)
+    return S3ObjectStore(bucket, "freight/prefix", client=s3.client())
 
 
 def test_put_open_size_delete(store):  # type: ignore[no-untyped-def]
