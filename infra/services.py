@@ -417,7 +417,14 @@ def _ensure_port_free(port: int, what: str) -> None:
         raise ServiceError(f"cannot start {what}: port {port} on {HOST} is already in use")
 
 
-def _spawn(cmd: list[str], *, log_path: Path, cwd: Path, pid_file: Path) -> subprocess.Popen:
+def _spawn(
+    cmd: list[str],
+    *,
+    log_path: Path,
+    cwd: Path,
+    pid_file: Path,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen:
     """Start ``cmd`` as a daemon-like child: own session, stdin /dev/null, output appended to the log.
 
     It survives this Python process (nothing ties it to our terminal); its pid file is written
@@ -433,6 +440,7 @@ def _spawn(cmd: list[str], *, log_path: Path, cwd: Path, pid_file: Path) -> subp
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env=env,
         )
     _CHILDREN[proc.pid] = proc
     write_pidfile(pid_file, proc.pid)
@@ -986,7 +994,7 @@ def start_seaweedfs(
         # Every bucket is its own collection and a new collection grows several volumes at once:
         # small volumes and no fixed cap keep many test buckets from exhausting the volume slots.
         "-master.volumeSizeLimitMB=256",
-        "-volume.max=0",
+        "-volume.max=3000",
     ]
     if auth:
         import json
@@ -1005,7 +1013,9 @@ def start_seaweedfs(
         if len(str(sock)) < 100:
             cmd.append(f"-{svc}.localSocket={sock}")
     log_start = log_path.stat().st_size if log_path.exists() else 0
-    proc = _spawn(cmd, log_path=log_path, cwd=data_dir, pid_file=pid_file)
+    # master.toml's [master.volume_growth] copy_1, read through viper's WEED_ environment prefix.
+    env = {**os.environ, "WEED_MASTER_VOLUME_GROWTH_COPY_1": "1"}
+    proc = _spawn(cmd, log_path=log_path, cwd=data_dir, pid_file=pid_file, env=env)
     endpoint = f"http://{HOST}:{s3_port}"
     handle = S3Service(
         endpoint_url=endpoint,

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -111,6 +113,16 @@ def test_seaweedfs_s3_put_get_and_stop(tmp_path: Path) -> None:
             region_name="us-east-1",
         )
         assert other.get_object(Bucket="freight-test", Key="batches/b1/input.jsonl")["Body"].read() == body
+
+        # Each bucket is a collection: one volume per bucket from a fixed, large slot pool, so a
+        # test run's many buckets cannot exhaust a pool sized from free disk ("no free volumes").
+        for name in ("freight-test-2", "freight-test-3"):
+            svc.create_bucket(name)
+            client.put_object(Bucket=name, Key="k", Body=b"x")
+        with urllib.request.urlopen(f"http://127.0.0.1:{svc.ports['master']}/dir/status") as resp:
+            topology = json.load(resp)["Topology"]
+        assert topology["Max"] == 3000
+        assert topology["Max"] - topology["Free"] == 3
     finally:
         t1 = time.monotonic()
         assert svc.stop() is True
