@@ -25,7 +25,10 @@ def file_object(f: StoredFile) -> dict[str, Any]:
     }
 
 
-def batch_object(b: Batch) -> dict[str, Any]:
+def batch_object(b: Batch, running: tuple[int, int] = (0, 0)) -> dict[str, Any]:
+    """``running``: (completed, failed) so far in its running units (services.batches.running_counts)."""
+    completed = min(b.request_completed + running[0], b.request_total)
+    failed = min(b.request_failed + running[1], b.request_total - completed)
     return {
         "id": b.id,
         "object": "batch",
@@ -48,8 +51,8 @@ def batch_object(b: Batch) -> dict[str, Any]:
         "cancelled_at": b.cancelled_at,
         "request_counts": {
             "total": b.request_total,
-            "completed": b.request_completed,
-            "failed": b.request_failed,
+            "completed": completed,
+            "failed": failed,
         },
         "metadata": b.metadata_,
         "usage": {

@@ -91,6 +91,7 @@ def claim_unit(rt: Runtime, unit_id: int, now: float, worker: str = WORKER_NAME)
         unit.worker = token
         unit.started_at = now
         unit.heartbeat_at = now
+        unit.completed = unit.failed = 0  # live progress of this attempt (see _heartbeat)
         return Claim(
             unit.id,
             token,
@@ -595,9 +596,15 @@ class PackRunner:
                     self._lock.notify_all()
 
     def _heartbeat(self, units: list[ActiveUnit], now: float) -> None:
+        """Renew the claims, with each unit's results so far: the API adds running units' counts
+        to the batch's request_counts, so progress moves within a unit, not only at its end."""
         with self.rt.db.write() as s:
             for unit in units:
-                s.execute(update(WorkUnit).where(held(unit.claim)).values(heartbeat_at=now))
+                s.execute(
+                    update(WorkUnit)
+                    .where(held(unit.claim))
+                    .values(heartbeat_at=now, completed=unit.tally.completed, failed=unit.tally.failed)
+                )
 
     def _flush_sample(self) -> None:
         with self._sample_lock:

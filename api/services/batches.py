@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from api.errors import ServiceError
 from api.services.paging import Page, page
 from scheduler.lifecycle import stop_batch
 from scheduler.metering import SlaTier
-from storage.models import Batch, StoredFile, new_id
+from storage.models import Batch, StoredFile, UnitStatus, WorkUnit, new_id
 from storage.status import BatchStatus
 from workers.celery_app import BROKER_ERRORS
 from workers.protocol import ENDPOINTS
@@ -159,6 +160,23 @@ def get(rt: Runtime, tenant_id: str, batch_id: str) -> Batch:
 def list_batches(rt: Runtime, tenant_id: str, after: str | None, limit: int) -> Page:
     with rt.db.read() as s:
         return page(s, Batch, tenant_id, after, limit)
+
+
+def running_counts(rt: Runtime, batches: Iterable[Batch]) -> dict[str, tuple[int, int]]:
+    """(completed, failed) so far in each batch's running units, from their heartbeats.
+
+    ``Batch.request_completed`` counts finished units only; adding these makes request_counts
+    move within a unit (a unit of a few hundred long requests can run for minutes)."""
+    ids = [b.id for b in batches if b.status in (BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING)]
+    if not ids:
+        return {}
+    with rt.db.read() as s:
+        rows = s.execute(
+            select(WorkUnit.batch_id, func.sum(WorkUnit.completed), func.sum(WorkUnit.failed))
+            .where(WorkUnit.batch_id.in_(ids), WorkUnit.status == UnitStatus.RUNNING)
+            .group_by(WorkUnit.batch_id)
+        ).all()
+    return {batch_id: (int(done or 0), int(failed or 0)) for batch_id, done, failed in rows}
 
 
 def cancel(rt: Runtime, tenant_id: str, batch_id: str) -> Batch:

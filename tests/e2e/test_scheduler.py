@@ -161,6 +161,38 @@ def test_killed_worker_loses_no_work(sched):  # type: ignore[no-untyped-def]
     assert all(not worker_pid(u).endswith(f":{victim_pid}") for u in units if u.attempts >= 2)
 
 
+def test_request_counts_move_within_a_unit(sched):  # type: ignore[no-untyped-def]
+    """request_counts come from the running units' heartbeats too, not only from finished units."""
+    client = sched.client("beta")
+    # one unit (FREIGHT_UNIT_SIZE=64) of two waves of 32 sequences (max_num_seqs): the first
+    # wave's results are known seconds before the unit ends
+    lines = [
+        chat_line(f"live-{i}", f"Progress row {i}", max_tokens=320, min_tokens=320, ignore_eos=True)
+        for i in range(64)
+    ]
+    batch = client.batches.create(input_file_id=upload(client, lines), endpoint=CHAT, completion_window="24h")
+    seen: set[int] = set()
+    listed: set[int] = set()
+    deadline = time.monotonic() + 300
+    while True:
+        current = client.batches.retrieve(batch.id)
+        if current.status in ("completed", "failed", "expired", "cancelled"):
+            break
+        if current.status == "in_progress":
+            seen.add(current.request_counts.completed)
+            if 0 < current.request_counts.completed < len(lines):
+                page = client.batches.list(limit=100)
+                listed |= {b.request_counts.completed for b in page.data if b.id == batch.id}
+        assert time.monotonic() < deadline, f"batch still {current.status}"
+        time.sleep(0.2)
+    assert current.status == "completed" and current.request_counts.completed == len(lines)
+    assert len(units_of(sched, batch.id)) == 1
+    partial = sorted(n for n in seen if 0 < n < len(lines))
+    assert partial, f"progress only ever showed {sorted(seen)}"
+    assert any(0 < n < len(lines) for n in listed)  # the list endpoint shows the same live counts
+    assert seen <= set(range(len(lines) + 1))
+
+
 def _digest(custom_id: str) -> bytes:
     return hashlib.blake2b(custom_id.encode(), digest_size=8).digest()
 
