@@ -70,7 +70,8 @@ class TaskQueue:
         or a new one): the marker this sets is missing. Then every queued message is gone too and
         the database, not the broker, says what must be sent again. False on brokers other than
         Redis (nothing to check)."""
-        with self.celery.connection_for_write() as conn:
+        # a pooled connection: the dispatcher asks every tick, and a new one costs a connect
+        with self.celery.pool.acquire(block=True) as conn:
             client = getattr(conn.default_channel, "client", None)
             if client is None or not hasattr(client, "set"):
                 return False
