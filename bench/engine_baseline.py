@@ -1,9 +1,11 @@
 """System (a): vLLM's engine in-process, `LLM.chat` on every line of a batch file in file order.
 
     python -m bench.engine_baseline --out RESULT.json [engine flags] FILE [FILE ...]
+    python -m bench.engine_baseline --serve [--warmup-file FILE] [engine flags]   # see EngineServer
 
-One engine per process (start-up excluded from every figure). A few warm-up requests run first;
-then, for each FILE, the prefix cache is reset and one `LLM.chat` call gets all of its lines,
+One engine per process (start-up excluded from every figure). A few warm-up requests run first,
+then --warmup-file if given (a file of the measured shape, so every batch shape is compiled before
+the clock runs); then, for each FILE, the prefix cache is reset and one `LLM.chat` call gets all of its lines,
 each with the sampling parameters of its body (max_tokens, min_tokens, ignore_eos, temperature).
 This is the ceiling for a runner that takes the lines as they come: no server path, no
 per-request overhead beyond vLLM's own, one call that keeps the engine fed until the file ends.
@@ -30,6 +32,7 @@ from typing import Any
 from bench.limits import add_engine_arguments
 
 WARMUP_REQUESTS = 8
+RESULT_PREFIX = "ENGINE-RESULT "  # --serve: the line that carries a result (vLLM logs to stdout too)
 
 
 class StepRecorder:
@@ -107,10 +110,16 @@ def run_file(llm: Any, recorder: StepRecorder, path: Path, max_num_seqs: int) ->
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("files", nargs="+", type=Path)
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("files", nargs="*", type=Path)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--warmup-file", type=Path, help="run once, unmeasured, after the warm-up")
+    parser.add_argument(
+        "--serve", action="store_true", help="read file paths from stdin, answer one result line each"
+    )
     add_engine_arguments(parser)
     args = parser.parse_args(argv)
+    if not args.serve and (not args.files or args.out is None):
+        parser.error("FILE... and --out are required without --serve")
 
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
@@ -145,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
 
     warm = [[{"role": "user", "content": f"warm up {i}"}] for i in range(WARMUP_REQUESTS)]
     llm.chat(warm, SamplingParams(max_tokens=8, min_tokens=8, ignore_eos=True, temperature=0), use_tqdm=False)
+    if args.warmup_file:
+        run_file(llm, recorder, args.warmup_file, args.max_num_seqs)
 
     sched = llm.llm_engine.vllm_config.scheduler_config
     cache = llm.llm_engine.vllm_config.cache_config
@@ -162,11 +173,77 @@ def main(argv: list[str] | None = None) -> int:
         },
         "runs": [],
     }
+    if args.serve:
+        return serve(llm, recorder, args.max_num_seqs, result)
     for path in args.files:
         result["runs"].append(run_file(llm, recorder, path, args.max_num_seqs))
         args.out.write_text(json.dumps(result, indent=2) + "\n")  # partial results survive a crash
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     return 0
+
+
+def serve(llm: Any, recorder: StepRecorder, max_num_seqs: int, facts: dict[str, Any]) -> int:
+    """--serve: one JSON line per request line on stdin (a file path); stops at EOF."""
+    print(RESULT_PREFIX + json.dumps({k: v for k, v in facts.items() if k != "runs"}), flush=True)
+    for raw in sys.stdin:
+        if raw.strip():
+            run = run_file(llm, recorder, Path(raw.strip()), max_num_seqs)
+            print(RESULT_PREFIX + json.dumps(run), flush=True)
+    return 0
+
+
+class EngineServer:
+    """A warm `--serve` engine in a subprocess: `run(path)` measures one file; `pause`/`resume`
+    stop it from taking CPU while another system is measured (bench/freeze.py)."""
+
+    def __init__(self, argv: list[str], log_path: Path) -> None:
+        import subprocess
+
+        self.log = open(log_path, "ab")  # noqa: SIM115 - lives as long as the process
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.engine_baseline", "--serve", *argv],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+        )
+        self.facts = self._answer()
+
+    def _answer(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith(RESULT_PREFIX):
+                answer: dict[str, Any] = json.loads(line[len(RESULT_PREFIX) :])
+                return answer
+            self.log.write(line.encode())
+        raise RuntimeError(f"engine baseline exited ({self.proc.wait()}); see {self.log.name}")
+
+    def run(self, path: Path) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{path}\n")
+        self.proc.stdin.flush()
+        return self._answer()
+
+    def pause(self) -> None:
+        from bench.freeze import pause
+
+        pause([self.proc.pid])
+
+    def resume(self) -> None:
+        from bench.freeze import resume
+
+        resume([self.proc.pid])
+
+    def stop(self) -> None:
+        self.resume()
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except Exception:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
 
 
 if __name__ == "__main__":

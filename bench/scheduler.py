@@ -7,17 +7,20 @@
 Systems, all at the same limits (max_num_seqs, max_num_batched_tokens, max_model_len, KV cache,
 prefix caching on, compiled unless --eager, VLLM_CPU_NUM_OF_RESERVED_CPU=0):
   engine    (a) vLLM `LLM.chat` in-process on the lines in file order; engine start-up excluded
-            (bench/engine_baseline.py). One engine per KV size (the default-KV workloads share
-            one, prefix cache reset between files).
+            (bench/engine_baseline.py), prefix cache reset between files.
   runbatch  (b) `python -m vllm.entrypoints.openai.run_batch` on the same file, whole process
             (bench/runbatch_baseline.py).
   freight   (c) Freight end to end through the Batch API with the `openai` client, from the first
             upload to the last output file, on a stack already warm (bench/freight_runner.py).
-            One stack per KV size, and a fresh one for multi_job.
 
 Workloads (bench/workloads.py, fixed seeds): unique, shared_prefix, system_prompts, and
-multi_job = the unique lines as 20 batches of 3 tenants submitted together (Freight only: the
-engine and run-batch figures of the same lines in one file are those of unique).
+multi_job = the unique lines as 20 batches of 3 tenants submitted together.
+
+shared_prefix and system_prompts: one engine process and one Freight stack per KV size, each
+file run once. unique and multi_job (targets near 1, where the machine's drift matters): paired
+runs (bench/interleaved.py): the engine and two Freight stacks (one batch; 20 batches) are warm at
+once, each repeat gives all three the same fresh file while the other two are paused, and the
+target ratios are the medians of the per-repeat ratios.
 
 KV sizes: "default" = Freight's default FREIGHT_ENGINE_KV_CACHE_GIB; "tight" = per workload,
 max_num_seqs x blocks per request (longest prompt + output, in 128-token blocks) x TIGHT_FACTOR,
@@ -271,25 +274,13 @@ def run_freight(
     eager: bool,
     model_dir: Path,
     block_size: int,
-    unique_files: list[Path],
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None]:
-    """One warm stack for these workloads; multi_job runs the unique lines as 20 batches of 3 tenants."""
-    from bench.freight_runner import FreightStack
-
+    """One warm stack for these workloads (shared_prefix, system_prompts), one batch each."""
     cells: dict[str, dict[str, Any]] = {}
     settings = None
     run_dir = out_dir / f"freight-{kv_bytes or 'default'}-{'-'.join(names)}"
     shutil.rmtree(run_dir, ignore_errors=True)
-    stack = FreightStack(
-        run_dir,
-        model_dir,
-        max_num_seqs=MAX_NUM_SEQS,
-        kv_cache_bytes=kv_bytes,
-        max_model_len=MAX_MODEL_LEN,
-        enforce_eager=eager,
-        block_size=block_size,
-        tenants=wl.TENANTS,
-    )
+    stack = freight_stack(run_dir, model_dir, kv_bytes, eager, block_size)
     try:
         stack.start()
     except Exception as exc:
@@ -299,23 +290,79 @@ def run_freight(
     try:
         settings = stack.settings()
         for name in names:
-            runs = []
-            for r, path in enumerate(unique_files if name in ("unique", "multi_job") else [files[name]]):
-                try:
-                    if name == "multi_job":
-                        pieces = wl.split_multi_job(path, run_dir / f"multi_job-r{r}")
-                        jobs = [(p["tenant"], Path(p["path"])) for p in pieces]
-                    else:
-                        jobs = [(wl.TENANTS[0], path)]
-                    log(f"freight: {name} run {r + 1} ({len(jobs)} batch{'es' if len(jobs) > 1 else ''})")
-                    runs.append(with_rates(stack.run_jobs(jobs)))  # type: ignore[arg-type]
-                except Exception as exc:
-                    traceback.print_exc()
-                    runs.append({"error": f"{type(exc).__name__}: {exc}"[:2000]})
-            cells[name] = runs[0] if len(runs) == 1 else combine_repeats(runs)
+            try:
+                log(f"freight: {name}")
+                cells[name] = with_rates(stack.run_jobs([(wl.TENANTS[0], files[name])]))
+            except Exception as exc:
+                traceback.print_exc()
+                cells[name] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
     finally:
         stack.stop()
     return cells, settings
+
+
+def freight_stack(
+    run_dir: Path,
+    model_dir: Path,
+    kv_bytes: int | None,
+    eager: bool,
+    block_size: int,
+    warmup_file: Path | None = None,
+) -> Any:
+    from bench.freight_runner import FreightStack
+
+    return FreightStack(
+        run_dir,
+        model_dir,
+        max_num_seqs=MAX_NUM_SEQS,
+        kv_cache_bytes=kv_bytes,
+        max_model_len=MAX_MODEL_LEN,
+        enforce_eager=eager,
+        block_size=block_size,
+        tenants=wl.TENANTS,
+        warmup_file=warmup_file,
+    )
+
+
+def run_paired(
+    names: list[str],
+    systems: list[str],
+    kv: str,
+    kv_bytes: int,
+    work: Path,
+    args: argparse.Namespace,
+    unique_files: list[Path],
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, list[float]]], dict[str, Any]]:
+    """unique and multi_job as paired runs of the engine and two warm Freight stacks."""
+    from bench.interleaved import run_interleaved, warmup_file
+
+    run_dir = work / f"paired-{kv}-{kv_bytes}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    engine_argv = [
+        "--model", str(args.model), "--max-num-seqs", str(MAX_NUM_SEQS),
+        "--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS), "--max-model-len", str(MAX_MODEL_LEN),
+        "--kv-cache-bytes", str(kv_bytes), "--block-size", str(args.block_size),
+        *(["--enforce-eager"] if args.eager else []),
+    ]  # fmt: skip
+    freight_kv = None if kv == "default" else kv_bytes
+
+    def stack_factory(role: str, warm: Path) -> Any:
+        return freight_stack(run_dir / role, args.model, freight_kv, args.eager, args.block_size, warm)
+
+    return run_interleaved(
+        names=names,
+        systems=systems,
+        unique_files=unique_files,
+        warm=warmup_file(work / "workloads", args.model, MAX_NUM_SEQS),
+        kv_bytes=freight_kv,
+        engine_argv=engine_argv,
+        stack_factory=stack_factory,
+        run_dir=run_dir,
+        with_rates=with_rates,
+        combine=combine_repeats,
+        log=log,
+    )
 
 
 # ---------------------------------------------------------------------------------------- report
@@ -329,7 +376,13 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def compute_ratios(results: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+def compute_ratios(
+    results: dict[str, Any], paired: dict[str, dict[str, list[float]]] | None = None
+) -> dict[str, dict[str, float | None]]:
+    """Output-rate ratios per workload and KV size; where paired runs exist (unique, multi_job),
+    the median of the per-repeat ratios replaces the ratio of the median runs."""
+    from bench.interleaved import median_ratios
+
     ratios: dict[str, dict[str, float | None]] = {}
     for name, by_kv in results.items():
         for kv, cells in by_kv.items():
@@ -347,6 +400,10 @@ def compute_ratios(results: dict[str, Any]) -> dict[str, dict[str, float | None]
                     freight, output_rate(cells.get("freight_single_job"))
                 )
             ratios[key] = entry
+    for key, fields in median_ratios(paired or {}).items():
+        for field, value in fields.items():
+            if value is not None:
+                ratios.setdefault(key, {})[field] = value
     for key in TARGETS:  # the named ratios always exist, null when not measured
         group, field = key.split(".")
         ratios.setdefault(group, {}).setdefault(field, None)
@@ -450,6 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = kv_plan(manifest, model["kv_bytes_per_token"], args.block_size)
     results: dict[str, dict[str, dict[str, Any]]] = {n: {kv: {} for kv in kvs} for n in names}
     freight_settings: dict[str, Any] = {}
+    paired: dict[str, dict[str, list[float]]] = {}  # ratio group -> ratio -> value per repeat
 
     for kv in kvs:
         # stacks/engines by KV size: workloads with the same size share one (default: all of them)
@@ -457,74 +515,57 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             groups.setdefault(plan[kv][name]["bytes"], []).append(name)
         for kv_bytes, group in groups.items():
-            with_files = [n for n in group if n != "multi_job"]
-            if "multi_job" in group and "unique" not in group:
-                with_files.append("unique")  # multi_job's engine/run-batch figures are unique's
-            if "engine" in systems and with_files:
-                log(f"engine: {kv} KV ({kv_bytes} bytes): {', '.join(with_files)}")
-                engine_files = {n: files[n] for n in with_files}
-                if "unique" in engine_files:
-                    engine_files.update({f"unique#{r}": unique_files[r] for r in range(1, repeats)})
+            # unique and multi_job: paired runs with all systems warm at once (bench/interleaved.py)
+            paired_names = [n for n in group if n in ("unique", "multi_job")]
+            rest = [n for n in group if n not in paired_names]
+            if "engine" in systems and rest:
+                log(f"engine: {kv} KV ({kv_bytes} bytes): {', '.join(rest)}")
                 engine_cells = run_engine(
-                    engine_files, kv_bytes, work, args.eager, args.model, args.block_size
+                    {n: files[n] for n in rest}, kv_bytes, work, args.eager, args.model, args.block_size
                 )
-                if "unique" in engine_cells and repeats > 1:
-                    engine_cells["unique"] = combine_repeats(
-                        [engine_cells["unique"]]
-                        + [engine_cells.pop(f"unique#{r}") for r in range(1, repeats)]
-                    )
                 for name, cell in engine_cells.items():
-                    if name in results:
-                        results[name][kv]["engine"] = cell
-                if "multi_job" in group:
-                    same = "the same lines in one file (unique)"
-                    results["multi_job"][kv]["engine"] = {**engine_cells["unique"], "note": same}
+                    results[name][kv]["engine"] = cell
             if "runbatch" in systems:
-                for name in with_files:
+                for name in rest + (["unique"] if paired_names else []):
                     log(f"run-batch: {name}, {kv} KV ({kv_bytes} bytes)")
                     cell = run_runbatch(files[name], kv_bytes, work, args.eager, args.model, args.block_size)
                     if name in results:
                         results[name][kv]["runbatch"] = cell
-                    if name == "unique" and "multi_job" in group:
+                    if name == "unique" and "multi_job" in results:
                         results["multi_job"][kv]["runbatch"] = {
                             **cell,
                             "note": "the same lines in one file (unique)",
                         }
-            if "freight" in systems:
-                # multi_job gets a fresh stack of its own: run after unique on the same engine, its
-                # lines would find unique's prompts in the prefix cache (32-token blocks)
-                first = [n for n in group if n not in ("unique", "multi_job")]
-                first += ["unique"] if "unique" in group or "multi_job" in group else []
-                stacks = [first] + ([["multi_job"]] if "multi_job" in group else [])
-                for run_names in stacks:
-                    if not run_names:
-                        continue
-                    log(f"freight: {kv} KV ({kv_bytes} bytes): starting a stack for {', '.join(run_names)}")
-                    cells, settings = run_freight(
-                        run_names,
-                        files,
-                        None if kv == "default" else kv_bytes,
-                        work,
-                        args.eager,
-                        args.model,
-                        args.block_size,
-                        unique_files,
-                    )
-                    if settings:
-                        freight_settings[f"{kv}:{'+'.join(run_names)}"] = settings
-                    for name, cell in cells.items():
-                        if name in results:
-                            results[name][kv]["freight"] = cell
-                        if name == "unique" and "multi_job" in group:
-                            results["multi_job"][kv]["freight_single_job"] = {
-                                **cell,
-                                "note": "the same lines as one batch (unique), on a fresh stack like multi_job's",
-                            }
+            if "freight" in systems and rest:
+                log(f"freight: {kv} KV ({kv_bytes} bytes): starting a stack for {', '.join(rest)}")
+                cells, settings = run_freight(
+                    rest,
+                    files,
+                    None if kv == "default" else kv_bytes,
+                    work,
+                    args.eager,
+                    args.model,
+                    args.block_size,
+                )
+                if settings:
+                    freight_settings[f"{kv}:{'+'.join(rest)}"] = settings
+                for name, cell in cells.items():
+                    results[name][kv]["freight"] = cell
+            if paired_names and ({"engine", "freight"} & set(systems)):
+                cells_by_name, ratio_lists, settings_by_role = run_paired(
+                    paired_names, systems, kv, kv_bytes, work, args, unique_files
+                )
+                for name, cells in cells_by_name.items():
+                    results[name][kv].update(cells)
+                for role, settings in settings_by_role.items():
+                    freight_settings[f"{kv}:{'+'.join(paired_names)}:{role}"] = settings
+                for name, fields in ratio_lists.items():
+                    paired[name if kv == "default" else f"{name}_{kv}_kv"] = fields
             partial = {"partial": True, "results": results}
             out_path.parent.mkdir(parents=True, exist_ok=True)
             out_path.write_text(json.dumps(partial, indent=2, default=str) + "\n")
 
-    ratios = compute_ratios(results)
+    ratios = compute_ratios(results, paired)
     targets = evaluate_targets(ratios)
     report = {
         "benchmark": "scheduler (issue #3)",
@@ -547,8 +588,8 @@ def main(argv: list[str] | None = None) -> int:
             },
             "kv_cache": plan,
             "engine": "vllm.LLM(..., enable_prefix_caching=True, seed=0, disable_log_stats=False); one "
-            "LLM.chat call per file, lines in file order; start-up and 8 warm-up requests excluded; prefix "
-            "cache reset before each file",
+            "LLM.chat call per file, lines in file order; start-up, 8 warm-up requests (and for unique, "
+            "unique-warmup.jsonl) excluded; prefix cache reset before each file",
             "runbatch": "python -m vllm.entrypoints.openai.run_batch --enable-prompt-tokens-details "
             "--enable-metrics (gauge scraped for fill) --seed 0, limits as above; whole process timed",
             "freight": freight_settings,
@@ -556,15 +597,20 @@ def main(argv: list[str] | None = None) -> int:
         "workloads": manifest,
         "results": results,
         "ratios": ratios,
+        "paired_ratios": paired,
         "targets": targets,
         "notes": [
             "output_tok_s and prompt_tok_s are tokens over each system's wall_s; cache_hit_rate = cached / prompt tokens",
             "batch_fill: engine = time-weighted num_running_reqs per step; runbatch = mean of the "
             "vllm:num_requests_running gauge while busy; freight = engine_samples rows (null before the "
             "scheduler rewrite adds that table)",
-            "multi_job: Freight runs the unique lines as 20 batches from 3 tenants on a fresh stack; "
-            "freight_single_job is unique's Freight cell (one batch, also a fresh stack); engine/runbatch "
-            "cells are unique's",
+            "unique and multi_job: paired runs (bench/interleaved.py): the engine (--serve), Freight "
+            "stack A (the file as one batch) and Freight stack B (the same lines as 20 batches from 3 "
+            "tenants) warm at once, warmed on unique-warmup.jsonl (4 x max_num_seqs requests of the "
+            "unique shape); each repeat gives all three the same fresh file with the other two "
+            "paused (SIGSTOP), in an order rotating per repeat. Cells are the median run; the ratios "
+            "unique.freight_over_engine and multi_job.freight_over_single_job (and multi_job."
+            "freight_over_engine) are medians of the per-repeat ratios in paired_ratios",
         ],
     }
     out_path.parent.mkdir(parents=True, exist_ok=True)
