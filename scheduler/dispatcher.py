@@ -204,7 +204,8 @@ def redeliver_stale(rt: Runtime, now: float, report: TickReport) -> None:
             changed = s.execute(
                 update(WorkUnit)
                 .where(WorkUnit.id == unit.unit_id, WorkUnit.status == UnitStatus.RUNNING)
-                .values(status=UnitStatus.PENDING, worker=None, pack_id=None)
+                # the lost attempt's live counts go too: its results were never recorded
+                .values(status=UnitStatus.PENDING, worker=None, pack_id=None, completed=0, failed=0)
             ).rowcount
             if changed:
                 report.redelivered.append(unit.unit_id)
@@ -212,7 +213,13 @@ def redeliver_stale(rt: Runtime, now: float, report: TickReport) -> None:
             s.execute(
                 update(WorkUnit)
                 .where(WorkUnit.id == unit.unit_id, WorkUnit.status == UnitStatus.RUNNING)
-                .values(status=UnitStatus.FAILED, finished_at=now, note=f"worker lost {unit.attempts} times")
+                .values(
+                    status=UnitStatus.FAILED,
+                    finished_at=now,
+                    completed=0,
+                    failed=0,
+                    note=f"worker lost {unit.attempts} times",
+                )
             )
             report.given_up.append(unit.unit_id)
     for unit_id in report.redelivered:

@@ -542,7 +542,14 @@ class PackRunner:
             s.execute(
                 update(WorkUnit)
                 .where(held(unit.claim))
-                .values(status=UnitStatus.PENDING, worker=None, pack_id=None, attempts=WorkUnit.attempts - 1)
+                .values(
+                    status=UnitStatus.PENDING,
+                    worker=None,
+                    pack_id=None,
+                    attempts=WorkUnit.attempts - 1,
+                    completed=0,  # its live counts: these results are given back unrecorded
+                    failed=0,
+                )
             )
         log.info("unit %s released unfinished at shutdown", unit.claim.unit_id)
 

@@ -107,7 +107,9 @@ def finalize_batch(rt: Runtime, batch_id: str) -> str | None:
                 )
                 s.add(f)
                 setattr(batch, attr, f.id)
-        batch.request_completed = sum(u.completed for u in units)
+        # only recorded units count: a unit that was running when it was released, lost or given
+        # up may still hold the live counts of an attempt whose results were discarded
+        batch.request_completed = sum(u.completed for u in units if u.status == UnitStatus.DONE)
         batch.request_failed = batch.request_total - batch.request_completed
         batch.prompt_tokens = sum(u.prompt_tokens for u in units)
         batch.cached_tokens = sum(u.cached_tokens for u in units)

@@ -135,3 +135,32 @@ def test_a_batch_is_not_left_behind_when_the_broker_is_down(settings):  # type: 
             assert s.scalars(select(Batch)).all() == []
     finally:
         rt.db.dispose()
+
+
+def test_a_lost_units_live_counts_are_cleared(settings):  # type: ignore[no-untyped-def]
+    """Heartbeats write a running unit's results so far; when its worker is lost those results
+    are gone, so redelivery (and giving up) must not leave its counts in request_counts' sums."""
+    from sqlalchemy import update
+
+    from workers.execution import claim_unit
+
+    rt = Runtime(replace(settings, unit_size=4, lease_seconds=30, max_unit_attempts=2))
+    try:
+        tenant, _ = create_tenant(rt.db, "a", now())
+        submit(rt, tenant.id, 8, "lost")
+        t0 = float(now())
+        first, second = units(rt)
+        for attempt, unit in ((1, first), (1, second), (2, second)):
+            assert claim_unit(rt, unit.id, t0) is not None
+            with rt.db.write() as s:  # what a heartbeat writes mid-unit
+                s.execute(update(WorkUnit).where(WorkUnit.id == unit.id).values(completed=3, failed=1))
+            report = dispatcher.TickReport()
+            dispatcher.redeliver_stale(rt, t0 + 31, report)
+            if attempt == 1:
+                assert report.redelivered == [unit.id]
+        by_id = {u.id: u for u in units(rt)}
+        assert by_id[first.id].status == UnitStatus.PENDING
+        assert by_id[second.id].status == UnitStatus.FAILED  # lost twice: given up
+        assert all((u.completed, u.failed) == (0, 0) for u in by_id.values())
+    finally:
+        rt.db.dispose()
