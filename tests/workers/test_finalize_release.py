@@ -21,22 +21,26 @@ from workers.runtime import Runtime
 from workers.validation import validate_batch
 
 
+def validated_batch(rt: Runtime, requests: int = 4) -> str:
+    """A tenant's batch of small chat requests, validated into units (no engine)."""
+    tenant, _ = create_tenant(rt.db, "a", now())
+    lines = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": "demo", "max_tokens": 2, "messages": [{"role": "user", "content": f"{i}"}]}}
+             for i in range(requests)]  # fmt: skip
+    data = "".join(json.dumps(x) + "\n" for x in lines).encode()
+    stored = files.upload(rt, tenant.id, "batch", "f.jsonl", io.BytesIO(data))
+    batch = batches.create(rt, tenant.id, {"input_file_id": stored.id, "endpoint": "/v1/chat/completions"})
+    validate_batch(rt, batch.id)
+    return batch.id
+
+
 def test_a_failed_finalization_releases_its_lease(settings):  # type: ignore[no-untyped-def]
     rt = Runtime(settings)
     try:
-        tenant, _ = create_tenant(rt.db, "a", now())
-        lines = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
-                  "body": {"model": "demo", "max_tokens": 2, "messages": [{"role": "user", "content": f"{i}"}]}}
-                 for i in range(4)]  # fmt: skip
-        data = "".join(json.dumps(x) + "\n" for x in lines).encode()
-        stored = files.upload(rt, tenant.id, "batch", "f.jsonl", io.BytesIO(data))
-        batch = batches.create(
-            rt, tenant.id, {"input_file_id": stored.id, "endpoint": "/v1/chat/completions"}
-        )
-        validate_batch(rt, batch.id)
+        batch_id = validated_batch(rt)
         with rt.db.write() as s:  # cancelled before any unit ran: finalization writes stopped lines
-            s.execute(update(WorkUnit).where(WorkUnit.batch_id == batch.id).values(status=UnitStatus.SKIPPED))
-            s.execute(update(Batch).where(Batch.id == batch.id).values(status=BatchStatus.CANCELLING))
+            s.execute(update(WorkUnit).where(WorkUnit.batch_id == batch_id).values(status=UnitStatus.SKIPPED))
+            s.execute(update(Batch).where(Batch.id == batch_id).values(status=BatchStatus.CANCELLING))
     finally:
         rt.db.dispose()
 
@@ -45,15 +49,15 @@ def test_a_failed_finalization_releases_its_lease(settings):  # type: ignore[no-
                            object_store_retry_seconds=0))  # fmt: skip
     try:
         with pytest.raises(ObjectStoreError):
-            finalize_batch(dead, batch.id)
+            finalize_batch(dead, batch_id)
         with dead.db.read() as s:
-            row = s.get(Batch, batch.id)
+            row = s.get(Batch, batch_id)
             assert row.status == BatchStatus.CANCELLING and row.finalizer_heartbeat_at is None
     finally:
         dead.db.dispose()
     # and the store back: the next attempt finalizes
     rt = Runtime(settings)
     try:
-        assert finalize_batch(rt, batch.id) == BatchStatus.CANCELLED
+        assert finalize_batch(rt, batch_id) == BatchStatus.CANCELLED
     finally:
         rt.db.dispose()
