@@ -189,8 +189,8 @@ def with_rates(metrics: dict[str, Any]) -> dict[str, Any]:
 def combine_repeats(cells: list[dict[str, Any]]) -> dict[str, Any]:
     """One cell from repeated runs: the run with the median output rate, plus every run's figures.
 
-    The 2-core machine is noisy (one system's wall time moves by up to 15% between runs), so the
-    target ratios of unique and multi_job compare medians of runs on fresh prompts."""
+    The 2-core machine is noisy (one system's wall time moves by up to 15% between runs); the
+    target ratios themselves are medians of paired per-repeat ratios (bench/interleaved.py)."""
     good = [c for c in cells if "error" not in c]
     if not good:
         return cells[0]
@@ -203,6 +203,16 @@ def combine_repeats(cells: list[dict[str, Any]]) -> dict[str, Any]:
     return median
 
 
+def engine_flags(model_dir: Path, kv_bytes: int, block_size: int, eager: bool) -> list[str]:
+    """bench.engine_baseline's engine flags: the limits every system runs at."""
+    return [
+        "--model", str(model_dir), "--max-num-seqs", str(MAX_NUM_SEQS),
+        "--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS), "--max-model-len", str(MAX_MODEL_LEN),
+        "--kv-cache-bytes", str(kv_bytes), "--block-size", str(block_size),
+        *(["--enforce-eager"] if eager else []),
+    ]  # fmt: skip
+
+
 def run_engine(
     files: dict[str, Path], kv_bytes: int, out_dir: Path, eager: bool, model_dir: Path, block_size: int
 ) -> dict[str, dict[str, Any]]:
@@ -211,10 +221,7 @@ def run_engine(
     out.unlink(missing_ok=True)
     argv = [
         sys.executable, "-m", "bench.engine_baseline", "--out", str(out),
-        "--model", str(model_dir), "--max-num-seqs", str(MAX_NUM_SEQS),
-        "--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS), "--max-model-len", str(MAX_MODEL_LEN),
-        "--kv-cache-bytes", str(kv_bytes), "--block-size", str(block_size),
-        *(["--enforce-eager"] if eager else []),
+        *engine_flags(model_dir, kv_bytes, block_size, eager),
         *[str(p) for p in files.values()],
     ]  # fmt: skip
     log_path = out.with_suffix(".log")
@@ -339,12 +346,7 @@ def run_paired(
     run_dir = work / f"paired-{kv}-{kv_bytes}"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
-    engine_argv = [
-        "--model", str(args.model), "--max-num-seqs", str(MAX_NUM_SEQS),
-        "--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS), "--max-model-len", str(MAX_MODEL_LEN),
-        "--kv-cache-bytes", str(kv_bytes), "--block-size", str(args.block_size),
-        *(["--enforce-eager"] if args.eager else []),
-    ]  # fmt: skip
+    engine_argv = engine_flags(args.model, kv_bytes, args.block_size, args.eager)
     freight_kv = None if kv == "default" else kv_bytes
 
     def stack_factory(role: str, warm: Path) -> Any:
