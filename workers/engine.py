@@ -81,6 +81,7 @@ class EngineRequest:
     body: dict
     parsed: ParsedRequest | None = None
     prompt_token_ids: Sequence[int] | None = None  # rendered at validation: used, not re-rendered
+    validated: bool = False  # the body passed validation and is a fresh copy (see parse_body)
 
 
 @dataclass(frozen=True)
@@ -236,7 +237,7 @@ class Engine:
 
     def render(self, request: EngineRequest) -> RenderedRequest:
         """Parse (unless already parsed) and render one request; raises RequestError."""
-        parsed = request.parsed or parse_body(request.endpoint, request.body)
+        parsed = request.parsed or parse_body(request.endpoint, request.body, validated=request.validated)
         if parsed.endpoint != request.endpoint:
             raise RequestError("invalid_request", "The parsed request is for another endpoint.", "url")
         return render_request(

@@ -330,7 +330,11 @@ class PackRunner:
                 continue
             key = f"{unit.claim.unit_id}/{row.line}"
             request = EngineRequest(
-                key=key, endpoint=unit.claim.endpoint, body=row.body, prompt_token_ids=row.prompt_token_ids
+                key=key,
+                endpoint=unit.claim.endpoint,
+                body=row.body,
+                prompt_token_ids=row.prompt_token_ids,
+                validated=True,
             )
             rejected = engine.add(request)
             if rejected is not None:

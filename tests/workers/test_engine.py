@@ -293,6 +293,21 @@ def test_preparsed_requests_and_stats(vllm_engine: Engine) -> None:
     assert vllm_engine.tokenizer.eos_token_id is not None
 
 
+def test_validated_requests_run_like_the_others(vllm_engine: Engine) -> None:
+    # the worker's path: bodies that passed validation skip the parse's copy and sampling check
+    body = {"model": "demo", "messages": MESSAGES, "max_tokens": 3, "ignore_eos": True, "temperature": 0}
+    out = run(
+        vllm_engine,
+        EngineRequest("plain", CHAT, dict(body)),
+        EngineRequest("validated", CHAT, dict(body), validated=True),
+        EngineRequest("bad", CHAT, {**body, "max_tokens": 2, "min_tokens": 5}, validated=True),
+    )
+    assert out["plain"].ok and out["validated"].ok
+    assert out["validated"].body["choices"] == out["plain"].body["choices"]  # greedy: the same text
+    assert out["validated"].prompt_tokens == out["plain"].prompt_tokens
+    assert out["bad"].status_code == 400 and out["bad"].error["code"] == "invalid_request"  # still refused
+
+
 def test_runs_do_not_overlap(vllm_engine: Engine) -> None:
     first = vllm_engine.run([chat_req("x", max_tokens=2)])
     next(first)  # drains it; the generator is now finishing

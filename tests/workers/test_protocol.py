@@ -239,3 +239,42 @@ def test_parse_body_raises_only_request_error(endpoint: str, body: object) -> No
         assert err.param is None or isinstance(err.param, str)
     else:
         assert isinstance(parsed, ParsedRequest) and parsed.endpoint == endpoint
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body"),
+    [
+        (CHAT, chat(max_tokens=8, temperature=0.2, top_p=0.9, n=2, seed=7, stop=["\n"])),
+        (
+            CHAT,
+            chat(
+                max_completion_tokens=5,
+                logprobs=True,
+                top_logprobs=2,
+                response_format={"type": "json_object"},
+            ),
+        ),
+        (COMPLETIONS, completion(prompt=["Once upon"], max_tokens=4, echo=True, logprobs=1)),
+        (COMPLETIONS, completion(prompt=[5, 6, 7])),
+    ],
+)
+def test_a_validated_body_parses_to_the_same_request(endpoint: str, body: dict) -> None:
+    # the worker's path (validated=True) must see exactly what validation saw
+    full = parse_body(endpoint, copy.deepcopy(body))
+    fast = parse_body(endpoint, copy.deepcopy(body), validated=True)
+    assert (fast.endpoint, fast.model, fast.max_tokens, fast.n) == (
+        full.endpoint,
+        full.model,
+        full.max_tokens,
+        full.n,
+    )
+    assert fast.request.model_dump(exclude={"request_id"}) == full.request.model_dump(exclude={"request_id"})
+
+
+def test_a_validated_body_leaves_the_sampling_check_to_rendering() -> None:
+    body = chat(max_tokens=4, min_tokens=9)  # vLLM's SamplingParams refuses min_tokens > max_tokens
+    with pytest.raises(RequestError) as err:
+        parse_body(CHAT, copy.deepcopy(body))
+    assert err.value.code == "invalid_request"
+    # a body that reached the worker passed that check at validation; render_request repeats it
+    assert parse_body(CHAT, body, validated=True).max_tokens == 4
