@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from workers.engine_lifetime import PARENT_ENV
 from workers.protocol import (
     ParsedRequest,
     RenderedRequest,
@@ -460,6 +461,10 @@ def _set_env_defaults(config: EngineConfig) -> None:
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     # Self-hosted, often air-gapped: no usage reports to vLLM's servers.
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    # The engine core dies with this process (workers/engine_lifetime.py): it must be spawned,
+    # which vLLM does on CPU anyway and GPU deployments need for CUDA.
+    os.environ[PARENT_ENV] = str(os.getpid())
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     if config.kv_cache_bytes and os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
         log.warning(
             "VLLM_CPU_KVCACHE_SPACE=%s overrides kv_cache_bytes=%d on CPU",

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 from sqlalchemy import select
 
@@ -291,6 +292,23 @@ def test_sigkilled_worker_unit_is_redelivered_once(faults: Faults, reliability) 
     assert counts == {"lost": 0, "duplicated": 0} and not errors
     assert redelivered and all(holder_pid(u) != pid for u in redelivered)
     check_usage_and_cost(faults, final, output)
+
+
+def test_a_killed_workers_engine_processes_exit_with_it(faults: Faults) -> None:
+    """SIGKILL to the worker process alone (the OOM killer, ``kill -9 PID``, a supervisor that
+    kills only its main process): vLLM's engine core and its workers exit too, rather than keep
+    the engine's memory from the worker that replaces it (workers/engine_lifetime.py)."""
+    faults.ensure_workers()
+    victim = WORKERS[1]
+    pid = faults.pid(victim)
+    engine = [p for p in psutil.Process(pid).children(recursive=True) if p.name().startswith("VLLM::")]
+    assert len(engine) >= 2, engine  # the engine core and at least one model worker
+    os.kill(pid, signal.SIGKILL)
+    faults.stack.processes[victim].wait(30)
+    _, alive = psutil.wait_procs(engine, timeout=30)
+    for orphan in alive:
+        orphan.kill()
+    assert not alive, [(p.pid, p.name()) for p in alive]
 
 
 def test_sigterm_drains_within_its_bound(faults: Faults, reliability) -> None:  # type: ignore[no-untyped-def]
