@@ -11,7 +11,8 @@ vLLM loads every ``vllm.general_plugins`` entry point in each process it starts,
 registers `die_with_worker` there (pyproject.toml). `Engine.start` names the front end's pid in
 FREIGHT_ENGINE_PARENT_PID; in the process whose parent that is (the engine core), the plugin asks
 the kernel for SIGKILL when the parent dies (prctl PR_SET_PDEATHSIG, Linux). Elsewhere it does
-nothing. It needs the engine core to be spawned, not forked (a forked child inherits the loaded
+nothing. The kernel ties the signal to the thread that started the core, so `Engine.start` must
+run on a thread that lives as long as the worker (the worker's main thread does). It needs the engine core to be spawned, not forked (a forked child inherits the loaded
 plugins and never runs them): `Engine.start` asks for spawn, which vLLM uses on CPU anyway.
 """
 
