@@ -199,6 +199,7 @@ def engine_config(settings: Settings, model: str, path: str, max_model_len: int 
         block_size=settings.engine_block_size or None,
         enforce_eager=settings.engine_enforce_eager,
         default_max_tokens=settings.engine_default_max_tokens or None,
+        dtype=settings.engine_dtype,
     )
 
 

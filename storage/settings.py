@@ -17,6 +17,8 @@ from scheduler.metering import ADMISSION_POLICIES, Accelerator, ListPrice, SlaTi
 _DURATION = re.compile(r"^(\d+)(s|m|h|d)$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
+ENGINE_DTYPES = ("auto", "bfloat16", "float16", "float32")  # FREIGHT_ENGINE_DTYPE
+
 
 class SettingsError(ValueError):
     """A FREIGHT_* variable has a value Freight cannot use."""
@@ -114,6 +116,9 @@ class Settings:
     # the prefix cache, so smaller blocks reuse more of a shared prefix; the CPU kernel needs x32.
     engine_block_size: int = 0
     engine_default_max_tokens: int = 1024  # when a request sets neither max_tokens field
+    # weights and activations: auto is the checkpoint's dtype, except float32 on a CPU without
+    # native 16-bit float math (x86 without AVX512-BF16 or AMX), where BF16 runs several times slower
+    engine_dtype: str = "auto"
     # liveness of work units
     heartbeat_seconds: float = 5.0
     lease_seconds: float = 60.0  # a running unit with no heartbeat for this long is redelivered
@@ -201,6 +206,8 @@ class Settings:
             )
         if self.engine_block_size < 0 or self.engine_block_size % 16:
             raise SettingsError("FREIGHT_ENGINE_BLOCK_SIZE must be 0 (vLLM's default) or a multiple of 16")
+        if self.engine_dtype not in ENGINE_DTYPES:
+            raise SettingsError(f"FREIGHT_ENGINE_DTYPE must be one of {', '.join(ENGINE_DTYPES)}")
         return replace(self, **changes)  # type: ignore[arg-type]
 
     @property

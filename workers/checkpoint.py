@@ -84,14 +84,38 @@ def kv_bytes_per_token(config: dict) -> int:
     return 2 * layers * kv_heads * head_dim * TORCH_DTYPE_BYTES.get(dtype, 2)
 
 
-def model_shape(model_dir: str | Path) -> ModelShape | None:
-    """The checkpoint's shape for MFU/MBU and per-unit records; None (logged) if unreadable."""
+def stored_dtype(model_dir: str | Path) -> tuple[str | None, bool]:
+    """(config.json's dtype, whether the checkpoint is quantized); (None, False) if unreadable."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None, False
+    text = config.get("text_config") or config
+    dtype = text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or config.get("dtype")
+    return (str(dtype) if dtype else None), _quantized(config)
+
+
+def _quantized(config: dict) -> bool:
+    text = config.get("text_config") or config
+    return bool(config.get("quantization_config") or text.get("quantization_config"))
+
+
+def model_shape(model_dir: str | Path, served_dtype: str | None = None) -> ModelShape | None:
+    """The checkpoint's shape for MFU/MBU and per-unit records; None (logged) if unreadable.
+
+    ``served_dtype`` (an unquantized checkpoint served in another dtype than it is stored in,
+    see ``workers.engine.serving_dtype``): weights and KV entries are counted at that width."""
     directory = Path(model_dir)
     try:
         parameters, size = weights(directory)
         config = json.loads((directory / "config.json").read_text())
         if parameters <= 0:
             raise ValueError("no safetensors weights")
+        text = config.get("text_config") or config
+        width = TORCH_DTYPE_BYTES.get(served_dtype or "")
+        if width is not None and not _quantized(config):
+            text["torch_dtype"] = served_dtype
+            size = parameters * width  # the engine converts every weight to this dtype
         return ModelShape(
             parameters=parameters,
             bytes_per_parameter=size / parameters,

@@ -118,6 +118,34 @@ class EngineStats:
     aborted: int = 0
 
 
+HALF_DTYPES = ("bfloat16", "float16", "half")
+
+
+def serving_dtype(requested: str, stored: str | None, quantized: bool, native_half: bool) -> str:
+    """vLLM's ``dtype`` for an engine: ``requested`` unless it is ``auto``.
+
+    ``auto`` serves the checkpoint as stored, except a 16-bit unquantized checkpoint on hardware
+    without native 16-bit float math, which is served in float32: on an x86 CPU without
+    AVX512-BF16 or AMX, vLLM still picks BF16 and its matmuls are emulated (measured on an AVX2
+    host: the 16M-parameter bench model 7x and the demo model 2.7x slower than in float32).
+    Quantized checkpoints keep their kernels' activation dtype."""
+    if requested != "auto" or quantized or native_half:
+        return requested
+    return "float32" if (stored or "bfloat16") in HALF_DTYPES else "auto"
+
+
+def native_half_precision() -> bool:
+    """Whether this machine computes in BF16 natively: GPUs and non-x86 CPUs as vLLM assumes;
+    x86 CPUs only with AVX512-BF16 or AMX."""
+    from vllm.platforms import CpuArchEnum, current_platform
+
+    if not current_platform.is_cpu() or current_platform.get_cpu_architecture() != CpuArchEnum.X86:
+        return True
+    import torch
+
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
 def _error(key: str, status: int, code: str, message: str, param: str | None = None) -> EngineResult:
     return EngineResult(key=key, status_code=status, error={"code": code, "message": message, "param": param})
 
@@ -160,6 +188,7 @@ class Engine:
 
     def __init__(self, config: EngineConfig, llm: LLMEngine) -> None:
         self.config = config
+        self.dtype = str(llm.model_config.dtype).removeprefix("torch.")  # what it computes in
         self._llm = llm
         self._counters: _Counters = _Counters()
         self._default_sampling = dict(llm.model_config.get_diff_sampling_param())
@@ -176,6 +205,8 @@ class Engine:
         _set_env_defaults(config)
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
+
+        from workers.checkpoint import stored_dtype
 
         kwargs: dict[str, Any] = {}
         if config.kv_cache_bytes:
@@ -194,7 +225,13 @@ class Engine:
             seed=config.seed,
             enable_prefix_caching=config.enable_prefix_caching,
             disable_log_stats=True,  # see _count_step_outputs
-            dtype=config.dtype,
+            dtype=serving_dtype(
+                config.dtype,
+                *stored_dtype(config.model_path),
+                native_half=native_half_precision(),
+            )
+            if config.quantization is None
+            else config.dtype,
             quantization=config.quantization,
             **kwargs,
         )
@@ -203,11 +240,12 @@ class Engine:
         engine = cls(config, llm)
         _count_step_outputs(llm, engine._counters)
         log.info(
-            "engine for %s ready in %.1fs (max_model_len=%d, max_num_seqs=%d)",
+            "engine for %s ready in %.1fs (max_model_len=%d, max_num_seqs=%d, dtype=%s)",
             config.served_name,
             time.monotonic() - started,
             engine.max_model_len,
             config.max_num_seqs,
+            engine.dtype,
         )
         return engine
 

@@ -200,7 +200,7 @@ class PackRunner:
         self._sample_lock = threading.Lock()
         self._meter = CostMeter(self.price_per_hour, rt.settings.sample_seconds)
         self._done: list[ActiveUnit] = []  # finished units, handed on once their share is settled
-        self.shape = model_shape(engine.config.model_path)
+        self.shape = model_shape(engine.config.model_path, served_dtype=engine.dtype)
         self._closing = threading.Event()
         self._stopped = threading.Event()
         self._threads: list[threading.Thread] = []

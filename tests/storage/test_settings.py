@@ -39,6 +39,7 @@ def test_every_field_reads_its_variable(tmp_path):
         {"FREIGHT_ENGINE_ENFORCE_EAGER": "maybe"},
         {"FREIGHT_UNIT_SIZE": "0"},
         {"FREIGHT_ENGINE_BLOCK_SIZE": "40"},
+        {"FREIGHT_ENGINE_DTYPE": "int4"},
     ],
 )
 def test_bad_values_name_the_variable(env):
@@ -52,6 +53,14 @@ def test_engine_block_size_reaches_the_engine_config():
     s = Settings.from_env({"FREIGHT_ENGINE_BLOCK_SIZE": "32", "FREIGHT_MODELS": "m=/models/m"})
     assert engine_config(s, "m", "/models/m").block_size == 32
     assert engine_config(Settings.from_env({}), "m", "/models/m").block_size is None
+
+
+def test_engine_dtype_reaches_the_engine_config():
+    from api.cli import engine_config
+
+    s = Settings.from_env({"FREIGHT_ENGINE_DTYPE": "float32"})
+    assert engine_config(s, "m", "/models/m").dtype == "float32"
+    assert engine_config(Settings.from_env({}), "m", "/models/m").dtype == "auto"
 
 
 def test_settings_are_frozen():

@@ -4,7 +4,7 @@ import json
 import struct
 from pathlib import Path
 
-from workers.checkpoint import model_shape
+from workers.checkpoint import model_shape, stored_dtype
 
 
 def write_safetensors(path: Path, tensors: dict) -> None:
@@ -53,3 +53,37 @@ def test_packed_int4_weights_count_eight_per_int32(tmp_path):  # type: ignore[no
 
 def test_unreadable_checkpoint_gives_none(tmp_path):  # type: ignore[no-untyped-def]
     assert model_shape(tmp_path) is None
+
+
+def test_served_dtype_counts_weights_and_kv_at_its_width(demo_model):  # type: ignore[no-untyped-def]
+    stored = model_shape(demo_model)
+    served = model_shape(demo_model, served_dtype="float32")
+    assert stored is not None and served is not None
+    assert served.parameters == stored.parameters
+    assert served.bytes_per_parameter == 4.0
+    assert served.kv_bytes_per_token == 2 * stored.kv_bytes_per_token
+    assert model_shape(demo_model, served_dtype="bfloat16") == stored
+
+
+def test_stored_dtype_and_quantized_checkpoints(tmp_path):  # type: ignore[no-untyped-def]
+    assert stored_dtype(tmp_path) == (None, False)  # no config.json
+    (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "float16"}))
+    assert stored_dtype(tmp_path) == ("float16", False)
+    write_safetensors(
+        tmp_path / "model.safetensors",
+        {
+            "layer.weight_packed": {"dtype": "I32", "shape": [64, 16], "data_offsets": [0, 4096]},
+            "layer.weight_scale": {"dtype": "BF16", "shape": [64, 1], "data_offsets": [4096, 4224]},
+        },
+    )
+    config = {
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "hidden_size": 128,
+        "dtype": "bfloat16",
+        "quantization_config": {"format": "pack-quantized"},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert stored_dtype(tmp_path) == ("bfloat16", True)
+    # an INT4 checkpoint's weights stay packed whatever its activations compute in
+    assert model_shape(tmp_path, served_dtype="float32") == model_shape(tmp_path)
