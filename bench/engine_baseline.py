@@ -143,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         enable_prefix_caching=True,
         seed=0,
         disable_log_stats=False,  # the stat-logger manager is where the per-step stats arrive
+        dtype=args.dtype,
         **kwargs,
     )
     startup = time.monotonic() - started
@@ -170,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             "block_size": cache.block_size,
             "enforce_eager": args.enforce_eager,
             "enable_prefix_caching": cache.enable_prefix_caching,
+            "dtype": str(llm.llm_engine.model_config.dtype).removeprefix("torch."),
         },
         "runs": [],
     }
@@ -219,10 +221,16 @@ class EngineServer:
         raise RuntimeError(f"engine baseline exited ({self.proc.wait()}); see {self.log.name}")
 
     def run(self, path: Path) -> dict[str, Any]:
+        """One file's result line, with the CPU seconds of the front end and vLLM's processes."""
+        from bench.cpu import snapshot, spent
+
         assert self.proc.stdin is not None
+        roles = {"engine": self.proc.pid}
+        before = snapshot(roles, split=("engine",))
         self.proc.stdin.write(f"{path}\n")
         self.proc.stdin.flush()
-        return self._answer()
+        answer = self._answer()
+        return {**answer, "cpu_s": spent(before, snapshot(roles, split=("engine",)))}
 
     def pause(self) -> None:
         from bench.freeze import pause

@@ -24,6 +24,8 @@ Measured per run:
                   overlap); null where the table does not exist (older Freight) or has no rows
   errors          error-file lines + missing custom_ids + duplicated custom_ids + batches that did
                   not complete
+  cpu_s           CPU seconds per stack process over the run (bench/cpu.py): api, control, beat,
+                  each engine worker's front end and (``/children``) its vLLM processes, redis
 """
 
 from __future__ import annotations
@@ -189,6 +191,22 @@ class FreightStack:
     def pids(self) -> list[int]:
         return [proc.pid for proc in self.stack.processes.values()]
 
+    def cpu_roles(self) -> dict[str, int]:
+        """Each stack process by name (engine workers with their vLLM processes), and Redis."""
+        from infra.services import read_pidfile
+
+        roles = {name: proc.pid for name, proc in self.stack.processes.items()}
+        redis = read_pidfile(self.run_dir / "redis.pid")
+        if redis:
+            roles["redis"] = redis[0]
+        return roles
+
+    def cpu_snapshot(self) -> dict[str, float]:
+        from bench.cpu import snapshot
+
+        engines = tuple(name for name in self.stack.processes if name.startswith("engine-"))
+        return snapshot(self.cpu_roles(), split=engines)
+
     def pause(self) -> None:
         """Stop every process of the idle stack (bench/freeze.py); Redis keeps running."""
         from bench.freeze import pause
@@ -215,6 +233,7 @@ class FreightStack:
             payloads.append((tenant, name, data))
         clients = {tenant: self.client(tenant) for tenant in {t for t, _ in jobs}}
 
+        cpu_before = self.cpu_snapshot()
         wall_start = time.time()
         started = time.monotonic()
 
@@ -261,6 +280,9 @@ class FreightStack:
             time.sleep(POLL_INTERVAL_S if near else SLOW_POLL_S)
         wall = time.monotonic() - started
         wall_end = time.time()
+        from bench.cpu import spent
+
+        cpu = spent(cpu_before, self.cpu_snapshot())
 
         seen: dict[str, int] = {}
         error_lines = 0
@@ -305,6 +327,7 @@ class FreightStack:
             "batch_fill_method": "engine_samples rows overlapping the run's window: "
             "sum(running_mean*overlap) / sum(max_num_seqs*overlap)",
             "window": [wall_start, wall_end],
+            "cpu_s": cpu,
         }
 
     def fill(self, start: float, end: float) -> dict[str, Any]:

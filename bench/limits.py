@@ -16,3 +16,6 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--block-size", type=int, default=None, help="KV block (tokens); vLLM's default if unset"
     )
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument(
+        "--dtype", default="auto", help="vLLM's dtype (bench.scheduler passes Freight's choice)"
+    )

@@ -53,6 +53,7 @@ def command(
     enforce_eager: bool,
     block_size: int | None = None,
     metrics_port: int | None = None,
+    dtype: str = "auto",
 ) -> list[str]:
     argv = [
         sys.executable, "-m", "vllm.entrypoints.openai.run_batch",
@@ -60,7 +61,7 @@ def command(
         "--model", model, "--served-model-name", served_model_name,
         "--max-num-seqs", str(max_num_seqs),
         "--enable-prompt-tokens-details",
-        "--seed", "0",
+        "--seed", "0", "--dtype", dtype,
     ]  # fmt: skip
     if max_num_batched_tokens:
         argv += ["--max-num-batched-tokens", str(max_num_batched_tokens)]
@@ -199,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         kv_cache_bytes=args.kv_cache_bytes,
         enforce_eager=args.enforce_eager,
         block_size=args.block_size,
+        dtype=args.dtype,
     )
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

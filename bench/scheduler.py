@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import math
 import os
@@ -123,10 +124,24 @@ def safetensors_parameters(model_dir: Path) -> int | None:
     return total or None
 
 
+@functools.lru_cache
+def serving_dtype(model_dir: Path) -> str:
+    """The dtype every system serves ``model_dir`` in: Freight's own choice on this machine
+    (``workers.engine.serving_dtype``, float32 on a CPU without native BF16), passed explicitly
+    to the engine baseline and run_batch too, which would otherwise run BF16 there."""
+    from workers.checkpoint import stored_dtype
+    from workers.engine import native_half_precision
+    from workers.engine import serving_dtype as choose
+
+    stored, quantized = stored_dtype(model_dir)
+    chosen = choose("auto", stored, quantized, native_half=native_half_precision())
+    return (stored or "bfloat16") if chosen == "auto" else chosen
+
+
 def model_facts(model_dir: Path) -> dict[str, Any]:
     config = json.loads((model_dir / "config.json").read_text())
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    dtype_bytes = {"bfloat16": 2, "float16": 2, "float32": 4}.get(str(config.get("dtype", "bfloat16")), 2)
+    dtype_bytes = {"float32": 4, "float": 4}.get(serving_dtype(model_dir), 2)
     kv_bytes_per_token = (
         config["num_hidden_layers"] * 2 * config["num_key_value_heads"] * head_dim * dtype_bytes
     )
@@ -142,6 +157,7 @@ def model_facts(model_dir: Path) -> dict[str, Any]:
         "vocab_size": config["vocab_size"],
         "max_position_embeddings": config.get("max_position_embeddings"),
         "dtype": config.get("dtype"),
+        "serving_dtype": serving_dtype(model_dir),
         "kv_bytes_per_token": kv_bytes_per_token,
         "note": "random weights (infra/build_demo_model.py): output text is noise; lengths are fixed",
     }
@@ -197,7 +213,7 @@ def combine_repeats(cells: list[dict[str, Any]]) -> dict[str, Any]:
     ranked = sorted(good, key=lambda c: c["output_tok_s"])
     median = dict(ranked[(len(ranked) - 1) // 2])
     median["repeats"] = [
-        {k: c.get(k) for k in ("wall_s", "output_tok_s", "batch_fill", "errors")} for c in cells
+        {k: c.get(k) for k in ("wall_s", "output_tok_s", "batch_fill", "errors", "cpu_s")} for c in cells
     ]
     median["repeat_method"] = f"median of {len(cells)} runs by output tok/s (fresh prompts per run)"
     return median
@@ -209,7 +225,7 @@ def engine_flags(model_dir: Path, kv_bytes: int, block_size: int, eager: bool) -
         "--model", str(model_dir), "--max-num-seqs", str(MAX_NUM_SEQS),
         "--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS), "--max-model-len", str(MAX_MODEL_LEN),
         "--kv-cache-bytes", str(kv_bytes), "--block-size", str(block_size),
-        *(["--enforce-eager"] if eager else []),
+        "--dtype", serving_dtype(model_dir), *(["--enforce-eager"] if eager else []),
     ]  # fmt: skip
 
 
@@ -267,6 +283,7 @@ def run_runbatch(
             kv_cache_bytes=kv_bytes,
             enforce_eager=eager,
             block_size=block_size,
+            dtype=serving_dtype(model_dir),
         )
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {exc}"[:2000]}
@@ -328,6 +345,7 @@ def freight_stack(
         block_size=block_size,
         tenants=wl.TENANTS,
         warmup_file=warmup_file,
+        extra_env={"FREIGHT_ENGINE_DTYPE": serving_dtype(model_dir)},
     )
 
 

@@ -1,0 +1,49 @@
+"""CPU seconds each part of a system spends during one measured run.
+
+On two cores every CPU-second the control plane takes comes out of the engine's threads, and
+vLLM's CPU kernels split each step over both cores, so a core taken away stalls the other at the
+step's end too: the per-process figures say where a wall-time gap between two systems comes from.
+
+A role is a named process and its descendants (an engine worker's vLLM engine core and its model
+processes); ``split`` keeps a role's own process apart from its children (the Python front end of
+an engine worker against the vLLM processes it started).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+
+import psutil
+
+from bench.freeze import tree
+
+
+def _seconds(proc: psutil.Process) -> float:
+    times = proc.cpu_times()
+    return float(times.user + times.system)
+
+
+def snapshot(roles: Mapping[str, int], split: tuple[str, ...] = ()) -> dict[str, float]:
+    """CPU seconds so far per role (pid and descendants); roles in ``split`` give two entries,
+    ``ROLE`` (the process itself) and ``ROLE/children``."""
+    out: dict[str, float] = {}
+    for role, pid in roles.items():
+        own = children = 0.0
+        for proc in tree([pid]):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if proc.pid == pid:
+                    own += _seconds(proc)
+                else:
+                    children += _seconds(proc)
+        if role in split:
+            out[role] = own
+            out[f"{role}/children"] = children
+        else:
+            out[role] = own + children
+    return out
+
+
+def spent(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
+    """CPU seconds per role between two snapshots (a role that restarted counts from zero)."""
+    return {role: round(max(0.0, after[role] - before.get(role, 0.0)), 2) for role in after}
