@@ -164,3 +164,54 @@ def test_a_lost_units_live_counts_are_cleared(settings):  # type: ignore[no-unty
         assert all((u.completed, u.failed) == (0, 0) for u in by_id.values())
     finally:
         rt.db.dispose()
+
+
+def test_finalization_starts_for_finished_batches_in_one_query(settings):  # type: ignore[no-untyped-def]
+    """Only batches whose units have all finished move to finalizing; finding them takes the same
+    statements however many batches are still running (it once took a count query per batch)."""
+    from sqlalchemy import event, update
+
+    from storage.models import Batch
+    from storage.status import BatchStatus
+
+    rt = Runtime(replace(settings, unit_size=4))
+    statements: list[str] = []
+
+    def count(conn, cursor, statement, *args):  # type: ignore[no-untyped-def]
+        statements.append(statement)
+
+    try:
+        tenant, _ = create_tenant(rt.db, "a", now())
+        done = submit(rt, tenant.id, 4, "done")
+        running = [submit(rt, tenant.id, 8, f"run{i}") for i in range(2)]
+
+        def tick_statements() -> int:
+            statements.clear()
+            event.listen(rt.db.engine, "before_cursor_execute", count)
+            try:
+                dispatcher.start_finalization(rt, now(), report)
+            finally:
+                event.remove(rt.db.engine, "before_cursor_execute", count)
+            return len(statements)
+
+        with rt.db.write() as s:  # every unit of `done`, and one of each running batch, finished
+            s.execute(update(WorkUnit).where(WorkUnit.batch_id == done).values(status=UnitStatus.DONE))
+            for batch_id in running:
+                first = s.scalar(select(WorkUnit.id).where(WorkUnit.batch_id == batch_id).limit(1))
+                s.execute(update(WorkUnit).where(WorkUnit.id == first).values(status=UnitStatus.DONE))
+        report = dispatcher.TickReport()
+        tick_statements()
+        assert report.finalizing == [done]
+        with rt.db.read() as s:
+            status = dict(s.execute(select(Batch.id, Batch.status)).all())
+        assert status[done] == BatchStatus.FINALIZING
+        assert all(status[b] == BatchStatus.IN_PROGRESS for b in running)
+
+        # `done` is sent again on every tick until a finalizer takes its lease
+        few = tick_statements()
+        running += [submit(rt, tenant.id, 8, f"more{i}") for i in range(6)]
+        report = dispatcher.TickReport()
+        assert tick_statements() == few
+        assert report.finalizing == [done]
+    finally:
+        rt.db.dispose()
