@@ -151,18 +151,34 @@ def add(s: Session, tenant_id: str, request: BatchRequest, now: int) -> Batch:
 
 def get(rt: Runtime, tenant_id: str, batch_id: str) -> Batch:
     with rt.db.read() as s:
-        batch = s.get(Batch, batch_id)
+        return _owned(s, tenant_id, batch_id)
+
+
+def get_with_progress(rt: Runtime, tenant_id: str, batch_id: str) -> tuple[Batch, tuple[int, int]]:
+    """The batch and its running units' (completed, failed) so far (see ``running_counts``)."""
+    with rt.db.read() as s:
+        batch = _owned(s, tenant_id, batch_id)
+        return batch, running_counts(s, [batch]).get(batch.id, (0, 0))
+
+
+def _owned(s: Session, tenant_id: str, batch_id: str) -> Batch:
+    batch = s.get(Batch, batch_id)
     if batch is None or batch.tenant_id != tenant_id:
         raise ServiceError("not_found", f"No such Batch object: {batch_id}", param="batch_id")
     return batch
 
 
-def list_batches(rt: Runtime, tenant_id: str, after: str | None, limit: int) -> Page:
+def list_batches(
+    rt: Runtime, tenant_id: str, after: str | None, limit: int
+) -> tuple[Page, dict[str, tuple[int, int]]]:
+    """A page of the tenant's batches and their running units' counts, in one read transaction
+    (clients poll this: every transaction it saves is CPU the engines keep)."""
     with rt.db.read() as s:
-        return page(s, Batch, tenant_id, after, limit)
+        result = page(s, Batch, tenant_id, after, limit)
+        return result, running_counts(s, result.rows)
 
 
-def running_counts(rt: Runtime, batches: Iterable[Batch]) -> dict[str, tuple[int, int]]:
+def running_counts(s: Session, batches: Iterable[Batch]) -> dict[str, tuple[int, int]]:
     """(completed, failed) so far in each batch's running units, from their heartbeats.
 
     ``Batch.request_completed`` counts finished units only; adding these makes request_counts
@@ -170,12 +186,11 @@ def running_counts(rt: Runtime, batches: Iterable[Batch]) -> dict[str, tuple[int
     ids = [b.id for b in batches if b.status in (BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING)]
     if not ids:
         return {}
-    with rt.db.read() as s:
-        rows = s.execute(
-            select(WorkUnit.batch_id, func.sum(WorkUnit.completed), func.sum(WorkUnit.failed))
-            .where(WorkUnit.batch_id.in_(ids), WorkUnit.status == UnitStatus.RUNNING)
-            .group_by(WorkUnit.batch_id)
-        ).all()
+    rows = s.execute(
+        select(WorkUnit.batch_id, func.sum(WorkUnit.completed), func.sum(WorkUnit.failed))
+        .where(WorkUnit.batch_id.in_(ids), WorkUnit.status == UnitStatus.RUNNING)
+        .group_by(WorkUnit.batch_id)
+    ).all()
     return {batch_id: (int(done or 0), int(failed or 0)) for batch_id, done, failed in rows}
 
 

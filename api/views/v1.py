@@ -87,17 +87,15 @@ def create_batch():  # type: ignore[no-untyped-def]
 @require_tenant
 def list_batches():  # type: ignore[no-untyped-def]
     limit = parse_limit(request.args.get("limit"))
-    result = batches.list_batches(rt(), g.tenant_id, request.args.get("after"), limit)
-    running = batches.running_counts(rt(), result.rows)
+    result, running = batches.list_batches(rt(), g.tenant_id, request.args.get("after"), limit)
     return jsonify(list_object(result, lambda b: batch_object(b, running.get(b.id, (0, 0)))))
 
 
 @bp.get("/batches/<batch_id>")
 @require_tenant
 def get_batch(batch_id: str):  # type: ignore[no-untyped-def]
-    batch = batches.get(rt(), g.tenant_id, batch_id)
-    running = batches.running_counts(rt(), [batch])
-    return jsonify(batch_object(batch, running.get(batch.id, (0, 0))))
+    batch, running = batches.get_with_progress(rt(), g.tenant_id, batch_id)
+    return jsonify(batch_object(batch, running))
 
 
 @bp.post("/batches/<batch_id>/cancel")

@@ -151,4 +151,4 @@ def test_hostile_json_strings_answer_4xx_not_500(runtime, body):  # type: ignore
     assert response.status_code in (400, 404), response.get_data(as_text=True)
     error = response.get_json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
-    assert batches.list_batches(runtime, tenant.id, None, 10).rows == []
+    assert batches.list_batches(runtime, tenant.id, None, 10)[0].rows == []
