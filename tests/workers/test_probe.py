@@ -27,3 +27,9 @@ def test_an_incomplete_probe_keeps_bf16() -> None:
 
 def test_speedups_are_per_batch_ratios() -> None:
     assert speedups(CPU_PROBE) == {"1": 0.618, "16": 0.488}
+
+
+def test_a_machine_without_an_int4_kernel_keeps_bf16() -> None:
+    probe = {"bf16": {"1": 22.0, "16": 164.0}, "int4": {}}  # run_probe's record of such a machine
+    assert choose(probe, 1.0) == "none"
+    assert speedups(probe) == {}
