@@ -80,8 +80,7 @@ def kv_bytes_per_token(config: dict) -> int:
     heads = int(text["num_attention_heads"])
     kv_heads = int(text.get("num_key_value_heads") or heads)
     head_dim = int(text.get("head_dim") or int(text["hidden_size"]) // heads)
-    dtype = str(text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or "bfloat16")
-    return 2 * layers * kv_heads * head_dim * TORCH_DTYPE_BYTES.get(dtype, 2)
+    return 2 * layers * kv_heads * head_dim * TORCH_DTYPE_BYTES.get(_dtype_of(config) or "bfloat16", 2)
 
 
 def stored_dtype(model_dir: str | Path) -> tuple[str | None, bool]:
@@ -90,9 +89,13 @@ def stored_dtype(model_dir: str | Path) -> tuple[str | None, bool]:
         config = json.loads((Path(model_dir) / "config.json").read_text())
     except (OSError, ValueError):
         return None, False
-    text = config.get("text_config") or config
+    return _dtype_of(config), _quantized(config)
+
+
+def _dtype_of(config: dict) -> str | None:
+    text = config.get("text_config") or config  # multimodal configs nest the language model
     dtype = text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or config.get("dtype")
-    return (str(dtype) if dtype else None), _quantized(config)
+    return str(dtype) if dtype else None
 
 
 def _quantized(config: dict) -> bool:

@@ -237,10 +237,9 @@ class Engine:
         from workers.checkpoint import stored_dtype
 
         stored, quantized = stored_dtype(config.model_path)
-        if quantized or config.quantization is not None:
-            reason = int4_kernel_missing()
-            if reason is not None:
-                raise EngineUnsupported(f"{config.served_name} ({config.model_path}): {reason}")
+        quantized = quantized or config.quantization is not None
+        if quantized and (reason := int4_kernel_missing()) is not None:
+            raise EngineUnsupported(f"{config.served_name} ({config.model_path}): {reason}")
         kwargs: dict[str, Any] = {}
         if config.kv_cache_bytes:
             kwargs["kv_cache_memory_bytes"] = int(config.kv_cache_bytes)
@@ -258,9 +257,7 @@ class Engine:
             seed=config.seed,
             enable_prefix_caching=config.enable_prefix_caching,
             disable_log_stats=True,  # see _count_step_outputs
-            dtype=serving_dtype(config.dtype, stored, quantized, native_half=native_half_precision())
-            if config.quantization is None
-            else config.dtype,
+            dtype=serving_dtype(config.dtype, stored, quantized, native_half=native_half_precision()),
             quantization=config.quantization,
             **kwargs,
         )
