@@ -95,9 +95,11 @@ def test_submit_wait_status_list_download(live, tmp_path: Path) -> None:  # type
 
 
 def test_cancel_and_a_failed_batch(live, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # ~256k output tokens: minutes of work on any CPU, so the batch is surely still running when
+    # download and cancel arrive a few seconds later (300 x 64 tokens once finished first)
     long = [
-        request_line(f"long-{i}", f"Story {i}", max_tokens=64, min_tokens=64, ignore_eos=True)
-        for i in range(300)
+        request_line(f"long-{i}", f"Story {i}", max_tokens=256, min_tokens=256, ignore_eos=True)
+        for i in range(1000)
     ]
     submitted = freight(live, "submit", str(write_jsonl(tmp_path / "long.jsonl", long)), "--model", "demo", cwd=tmp_path)  # fmt: skip
     assert submitted.returncode == 0, submitted.stderr

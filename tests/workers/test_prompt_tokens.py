@@ -3,6 +3,8 @@ the same results as letting the engine render (real demo model, real vLLM engine
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from workers.engine import Engine, EngineRequest
@@ -77,4 +79,16 @@ def test_results_are_identical_with_validation_ids(vllm_engine: Engine, renderer
         assert (a.prompt_tokens, a.completion_tokens) == (b.prompt_tokens, b.completion_tokens)
         for body in (a.body, b.body):  # the second of a pair may hit the first's prefix cache
             body.pop("id"), body.pop("created"), body["usage"]["prompt_tokens_details"].pop("cached_tokens")
-        assert a.body == b.body
+        assert a.body == _close(b.body)
+
+
+def _close(value: Any) -> Any:
+    """``value`` with every float compared to 1e-5: a prefix-cache hit computes the same logits
+    through a different kernel path, so logprobs agree only to float rounding (seen: 5e-7)."""
+    if isinstance(value, float):
+        return pytest.approx(value, rel=1e-5, abs=1e-6)
+    if isinstance(value, dict):
+        return {k: _close(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_close(v) for v in value]
+    return value
