@@ -8,6 +8,7 @@ works; the S3 server stopped and restarted mid-run loses nothing and duplicates 
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import socket
 import subprocess
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import select
 
@@ -80,18 +83,23 @@ def drops(
     live, stack = start_live(tmp_path_factory.mktemp("drops"), demo_model, overrides, ("alpha",))
     try:
         bucket = weed.handle.create_bucket(f"drop-{uuid.uuid4().hex[:8]}")
-        added = subprocess.run(
-            [*FREIGHT, "dropfolder", "add", f"s3://{bucket}/{PREFIX}", "--tenant", "alpha", "--model", "demo",
-             "--window", "1h", "--endpoint-url", weed.handle.endpoint_url, "--region", "us-east-1",
-             "--access-key-id", weed.handle.access_key, "--secret-access-key", weed.handle.secret_key],
-            cwd=REPO, env=stack.env, capture_output=True, text=True, check=True,
-        )  # fmt: skip
-        assert weed.handle.secret_key not in added.stdout + added.stderr
+        add_folder(live, weed, f"s3://{bucket}/{PREFIX}")
         yield live, bucket
     finally:
         keep_logs(stack, "dropfolders")
         logs = "".join(p.read_text(errors="replace") for p in stack.run_dir.glob("*.log"))
         assert weed.handle.secret_key not in logs  # secrets never logged
+
+
+def add_folder(live: LiveStack, weed: Weed, url: str, *options: str) -> None:
+    """``freight dropfolder add`` as an operator runs it, with the folder's own S3 credentials."""
+    added = subprocess.run(
+        [*FREIGHT, "dropfolder", "add", url, "--tenant", "alpha", "--model", "demo", "--window", "1h",
+         "--endpoint-url", weed.handle.endpoint_url, "--region", "us-east-1",
+         "--access-key-id", weed.handle.access_key, "--secret-access-key", weed.handle.secret_key, *options],
+        cwd=REPO, env=live.stack.env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert weed.handle.secret_key not in added.stdout + added.stderr
 
 
 def line(custom_id: str, content: str, **body: Any) -> dict:
@@ -103,17 +111,17 @@ def jsonl(lines: list[dict]) -> bytes:
     return b"".join(json.dumps(x).encode() + b"\n" for x in lines)
 
 
-def put(weed: Weed, bucket: str, key: str, data: bytes) -> str:
-    return weed.client().put_object(Bucket=bucket, Key=f"{PREFIX}/{key}", Body=data)["ETag"].strip('"')
+def put(weed: Weed, bucket: str, key: str, data: bytes, prefix: str = PREFIX) -> str:
+    return weed.client().put_object(Bucket=bucket, Key=f"{prefix}/{key}", Body=data)["ETag"].strip('"')
 
 
-def read(weed: Weed, bucket: str, key: str) -> bytes:
-    return weed.client().get_object(Bucket=bucket, Key=f"{PREFIX}/{key}")["Body"].read()  # type: ignore[no-any-return]
+def read(weed: Weed, bucket: str, key: str, prefix: str = PREFIX) -> bytes:
+    return weed.client().get_object(Bucket=bucket, Key=f"{prefix}/{key}")["Body"].read()  # type: ignore[no-any-return]
 
 
-def keys(weed: Weed, bucket: str, folder: str) -> set[str]:
-    listed = weed.client().list_objects_v2(Bucket=bucket, Prefix=f"{PREFIX}/{folder}/").get("Contents", [])
-    return {o["Key"].removeprefix(f"{PREFIX}/") for o in listed}
+def keys(weed: Weed, bucket: str, folder: str, prefix: str = PREFIX) -> set[str]:
+    listed = weed.client().list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/{folder}/").get("Contents", [])
+    return {o["Key"].removeprefix(f"{prefix}/") for o in listed}
 
 
 def wait_for(check: Callable[[], Any], what: str, timeout: float = 240) -> Any:
@@ -126,16 +134,16 @@ def wait_for(check: Callable[[], Any], what: str, timeout: float = 240) -> Any:
     raise AssertionError(f"{what}: not after {timeout}s")
 
 
-def batches_of(live: LiveStack, bucket: str, key: str) -> list:  # type: ignore[type-arg]
-    source = f"s3://{bucket}/{PREFIX}/{key}"
+def batches_of(live: LiveStack, bucket: str, key: str, prefix: str = PREFIX) -> list:  # type: ignore[type-arg]
+    source = f"s3://{bucket}/{prefix}/{key}"
     every = live.client().batches.list(limit=100).data
     return [b for b in every if (b.metadata or {}).get("source_object") == source]
 
 
-def manifest(weed: Weed, bucket: str, name: str, timeout: float = 240) -> dict:
+def manifest(weed: Weed, bucket: str, name: str, timeout: float = 240, prefix: str = PREFIX) -> dict:
     key = f"outbox/{name}.manifest.json"
-    wait_for(lambda: key in keys(weed, bucket, "outbox"), f"manifest {key}", timeout)
-    return json.loads(read(weed, bucket, key))  # type: ignore[no-any-return]
+    wait_for(lambda: key in keys(weed, bucket, "outbox", prefix), f"manifest {key}", timeout)
+    return json.loads(read(weed, bucket, key, prefix))  # type: ignore[no-any-return]
 
 
 def test_a_dropped_file_comes_back_with_results_and_a_manifest(drops, weed):  # type: ignore[no-untyped-def]
@@ -221,6 +229,49 @@ def test_a_gzip_file_works(drops, weed):  # type: ignore[no-untyped-def]
     stored = live.client().files.content(batch.input_file_id).text.splitlines()  # gunzipped, model filled
     assert [json.loads(x)["custom_id"] for x in stored] == [x["custom_id"] for x in lines]
     assert {json.loads(x)["body"]["model"] for x in stored} == {"demo"}
+
+
+def test_a_parquet_file_comes_back_as_parquet(drops, weed):  # type: ignore[no-untyped-def]
+    """A folder with ``--output-format parquet``: a table dropped in its inbox runs on the folder's
+    model (rows carry none) and its results come back as typed Parquet, errors included."""
+    live, bucket = drops
+    tables = "tables"
+    add_folder(live, weed, f"s3://{bucket}/{tables}", "--output-format", "parquet")
+    n = 6
+    table = pa.table(
+        {
+            "custom_id": [f"t-{i}" for i in range(n)] + ["too-long"],
+            "messages": [[{"role": "user", "content": f"Row {i}: name a colour."}] for i in range(n)]
+            + [[{"role": "user", "content": "word " * 5000}]],  # longer than the context
+            "max_tokens": [2 + i % 3 for i in range(n)] + [4],
+            "ignore_eos": [True] * (n + 1),
+        }
+    )
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    etag = put(weed, bucket, "inbox/rows.parquet", sink.getvalue(), prefix=tables)
+
+    m = manifest(weed, bucket, "rows", prefix=tables)
+    assert m["status"] == "completed" and m["model"] == "demo" and m["source"]["etag"] == etag
+    assert m["request_counts"] == {"total": n + 1, "completed": n, "failed": 1}
+    assert m["results"]["output"] == f"s3://{bucket}/{tables}/outbox/rows.output.parquet"
+    assert m["results"]["errors"] == f"s3://{bucket}/{tables}/outbox/rows.errors.parquet"
+    [batch] = batches_of(live, bucket, "inbox/rows.parquet", prefix=tables)
+    assert batch.status == "completed" and m["batch_id"] == batch.id
+
+    output = pq.read_table(io.BytesIO(read(weed, bucket, "outbox/rows.output.parquet", tables))).to_pylist()
+    assert sorted(r["custom_id"] for r in output) == [f"t-{i}" for i in range(n)]
+    for row in output:
+        wanted = 2 + int(row["custom_id"].split("-")[1]) % 3
+        assert (row["status_code"], row["completion_tokens"], row["finish_reason"]) == (200, wanted, "length")
+        assert row["prompt_tokens"] > 0 and json.loads(row["response_body"])["model"] == "demo"
+    [error] = pq.read_table(io.BytesIO(read(weed, bucket, "outbox/rows.errors.parquet", tables))).to_pylist()
+    assert error["custom_id"] == "too-long" and error["status_code"] != 200 and error["error_message"]
+    assert not {"outbox/rows.output.jsonl", "outbox/rows.errors.jsonl"} & keys(weed, bucket, "outbox", tables)
+    wait_for(
+        lambda: "archive/rows.parquet" in keys(weed, bucket, "archive", tables), "the table archived", 30
+    )
+    assert read(weed, bucket, "archive/rows.parquet", tables) == sink.getvalue()
 
 
 def test_the_s3_server_stopped_and_restarted_mid_run_loses_nothing(drops, weed):  # type: ignore[no-untyped-def]
