@@ -622,8 +622,8 @@ def main(argv: list[str] | None = None) -> int:
         "notes": [
             "output_tok_s and prompt_tok_s are tokens over each system's wall_s; cache_hit_rate = cached / prompt tokens",
             "batch_fill: engine = time-weighted num_running_reqs per step; runbatch = mean of the "
-            "vllm:num_requests_running gauge while busy; freight = engine_samples rows (null before the "
-            "scheduler rewrite adds that table)",
+            "vllm:num_requests_running gauge while busy; freight = the engine worker's engine_samples rows "
+            "(mean running / max_num_seqs, weighted by each sample's overlap with the run)",
             "unique and multi_job: paired runs (bench/interleaved.py): the engine (--serve), Freight "
             "stack A (the file as one batch) and Freight stack B (the same lines as 20 batches from 3 "
             "tenants) warm at once, warmed on unique-warmup.jsonl (4 x max_num_seqs requests of the "
