@@ -22,7 +22,7 @@ run: model
 	@bash infra/run_demo.sh
 
 stop:
-	@if [ -x $(PY) ]; then $(PY) -m infra.services stop-all $(RUN_DIR); else echo "nothing to stop"; fi
+	@if [ -x $(PY) ]; then $(PY) -m infra.daemons stop-all $(RUN_DIR); else echo "nothing to stop"; fi
 
 lint: install
 	$(PY) -m ruff check --no-cache .

@@ -8,12 +8,13 @@ from flask import Flask, jsonify, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from api.auth import check_metrics_access
-from api.errors import UPLOAD_ENDPOINTS, ServiceError, register_error_handlers
+from api.errors import UPLOAD_ENDPOINTS, register_error_handlers
 from api.metrics import register_metrics
 from api.openapi import openapi_document
 from api.ratelimit import register_rate_limits
+from storage.errors import ServiceError
+from storage.runtime import Runtime
 from storage.settings import Settings
-from workers.runtime import Runtime
 
 
 def create_app(settings: Settings | None = None, runtime: Runtime | None = None) -> Flask:

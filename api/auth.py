@@ -15,8 +15,8 @@ from typing import Any
 
 from flask import current_app, g, request
 
-from api.errors import ServiceError
 from api.services.tenants import authenticate
+from storage.errors import ServiceError
 from storage.settings import Settings
 
 MAX_KEY_CHARS = 200

@@ -9,7 +9,6 @@ import logging
 import os
 import sys
 import time
-from pathlib import Path
 
 import click
 
@@ -62,9 +61,9 @@ def tenant() -> None:
 @click.argument("name")
 def tenant_create(name: str) -> None:
     """Create a tenant; its new API key is printed alone on the last line."""
-    from api.errors import ServiceError
     from api.services.tenants import create_tenant
     from storage.db import Database
+    from storage.errors import ServiceError
 
     try:
         created, key = create_tenant(Database(_settings().database_url), name, int(time.time()))
@@ -78,9 +77,9 @@ def tenant_create(name: str) -> None:
 @click.argument("name")
 def tenant_key(name: str) -> None:
     """Add another API key to a tenant; printed alone on the last line."""
-    from api.errors import ServiceError
     from api.services.tenants import create_key
     from storage.db import Database
+    from storage.errors import ServiceError
 
     try:
         key = create_key(Database(_settings().database_url), name, int(time.time()))
@@ -122,106 +121,39 @@ def api(host: str | None, port: int | None, workers: int) -> None:
     os.execv(sys.executable, argv)
 
 
+def _exec_bootstrap(*args: str) -> None:
+    """Replace this process with ``python -m workers.bootstrap ARGS`` (same pid): the worker's
+    ``__main__`` is then a module without Flask, which vLLM's engine processes re-import."""
+    _settings()  # a bad FREIGHT_* value is reported here, as by every other command
+    os.execv(sys.executable, [sys.executable, "-m", "workers.bootstrap", *args])
+
+
 @main.command()
 @click.option("--model", "model", default=None, help="serve this model: load its engine, consume its queue")
 @click.option("--control", is_flag=True, help="run validation, finalization and dispatch tasks")
 @click.option("--name", default=None, help="Celery node name")
 def worker(model: str | None, control: bool, name: str | None) -> None:
     """Run a Celery worker: an engine worker for one model, or the control worker."""
-    from workers.celery_app import CONTROL_QUEUE, make_celery, model_queue
-
     if bool(model) == control:
         raise click.UsageError("give exactly one of --model NAME or --control")
-    settings = _settings()
-    app = make_celery(settings)
-    if control:
-        from workers.protocol import CHAT, parse_body
-
-        # import vLLM's request models now (seconds), not inside the first validation
-        parse_body(CHAT, {"model": "warm-up", "messages": [{"role": "user", "content": "hi"}]})
-        from storage.registry import served_names
-        from workers.runtime import Runtime
-        from workers.validation import prompt_keys
-
-        rt = Runtime(settings)
-        warm = prompt_keys(rt)  # and load each model's tokenizer for the prompt keys
-        for served in sorted(served_names(rt.db, settings)):
-            warm(served, CHAT, {"messages": [{"role": "user", "content": "hi"}]})
-        argv = ["worker", "-P", "threads", "-c", "4", "-Q", CONTROL_QUEUE, "-n", name or "control@%h"]
-    else:
-        from celery import signals
-
-        from storage.checkpoint_cache import CheckpointError, local_checkpoint
-        from storage.objectstore import s3_client
-        from storage.registry import RegistryError, require
-        from workers.runtime import Runtime
-
-        try:  # the registry entry says what to load, from where, at what price
-            entry = require(Runtime(settings).db, settings, model)
-            local = local_checkpoint(
-                entry.checkpoint,
-                Path(settings.model_cache_dir),
-                lambda: s3_client(settings.s3_endpoint_url or None),
-            )
-        except (RegistryError, CheckpointError) as exc:
-            raise click.ClickException(str(exc)) from exc
-
-        from workers.engine import Engine, EngineUnsupported
-        from workers.execution import PackRunner
-        from workers.tasks import runtime_of
-
-        # load once, before consuming: every task this process runs finds the engine warm.
-        # solo pool: vLLM's engine spawns processes, which prefork's daemonic children cannot.
-        try:
-            engine = Engine.start(engine_config(settings, model, str(local), entry.max_model_len))
-        except EngineUnsupported as exc:  # a supervisor restarting it would meet the same refusal
-            raise click.ClickException(str(exc)) from exc
-        runner = PackRunner(
-            runtime_of(app), engine, model, price_per_hour=entry.price_per_hour(settings)
-        ).start()
-        app.freight_runner = runner  # type: ignore[attr-defined]
-
-        @signals.worker_shutdown.connect(weak=False)
-        def drain(**_: object) -> None:  # warm shutdown (SIGTERM): finish or hand back, then stop
-            runner.close(settings.drain_seconds)
-            engine.shutdown()
-
-        argv = ["worker", "-P", "solo", "-Q", model_queue(model), "-n", name or f"{model}-{os.getpid()}@%h"]
-    app.worker_main([*argv, "--loglevel", "INFO", "--without-gossip", "--without-mingle"])
-
-
-def engine_config(settings: Settings, model: str, path: str, max_model_len: int | None = None):  # type: ignore[no-untyped-def]
-    from workers.engine import EngineConfig
-
-    return EngineConfig(
-        model_path=path,
-        served_name=model,
-        max_num_seqs=settings.engine_max_num_seqs,
-        max_model_len=max_model_len or settings.engine_max_model_len or None,
-        kv_cache_bytes=int(settings.engine_kv_cache_gib * 1024**3),
-        block_size=settings.engine_block_size or None,
-        enforce_eager=settings.engine_enforce_eager,
-        default_max_tokens=settings.engine_default_max_tokens or None,
-        dtype=settings.engine_dtype,
+    _exec_bootstrap(
+        "worker",
+        *(["--control"] if control else ["--model", model or ""]),
+        *(["--name", name] if name else []),
     )
 
 
 @main.command()
 def beat() -> None:
     """Run the Celery beat scheduler that drives the dispatcher tick."""
-    from workers.celery_app import make_celery
-
-    settings = _settings()
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    app = make_celery(settings)
-    app.Beat(schedule=str(settings.data_dir / "celerybeat-schedule"), loglevel="INFO").run()
+    _exec_bootstrap("beat")
 
 
 @main.command()
 def tick() -> None:
     """Run one dispatcher pass now and print what it did."""
-    from scheduler.dispatcher import tick as run_tick
-    from workers.runtime import Runtime
+    from storage.runtime import Runtime
+    from workers.dispatcher import tick as run_tick
 
     click.echo(run_tick(Runtime(_settings()), time.time()))
 
@@ -245,7 +177,7 @@ def report(since: str, until: str | None, tenant: str | None, model: str | None,
     """Usage, cost and SLA per tenant and model of the batches that finished in a window."""
     from api.report_format import format_report
     from api.services.reports import parse_since, usage_report
-    from workers.runtime import Runtime
+    from storage.runtime import Runtime
 
     now = time.time()
     times: dict[str, float] = {}
@@ -312,9 +244,9 @@ def dropfolder_add(
     secret_access_key: str | None,
 ) -> None:
     """Watch URL (s3://bucket/prefix): PREFIX/inbox/ in; outbox/, archive/ and failed/ out."""
-    from api.errors import ServiceError
     from api.services import dropfolders
-    from workers.runtime import Runtime
+    from storage.errors import ServiceError
+    from storage.runtime import Runtime
 
     if access_key_id and not secret_access_key:
         secret_access_key = click.prompt("Secret access key", hide_input=True)
@@ -347,7 +279,7 @@ def dropfolder_add(
 def dropfolder_list() -> None:
     """The drop folders; credentials show as *** (secrets are never printed)."""
     from api.services import dropfolders
-    from workers.runtime import Runtime
+    from storage.runtime import Runtime
 
     rt = Runtime(_settings())
     try:
@@ -373,9 +305,9 @@ def dropfolder_list() -> None:
 @click.argument("folder")
 def dropfolder_remove(folder: str) -> None:
     """Stop watching FOLDER (its id or s3:// URL); files already taken in are still delivered."""
-    from api.errors import ServiceError
     from api.services import dropfolders
-    from workers.runtime import Runtime
+    from storage.errors import ServiceError
+    from storage.runtime import Runtime
 
     rt = Runtime(_settings())
     try:

@@ -1,6 +1,7 @@
-"""One error type for the HTTP layer, one JSON shape: OpenAI's ``{"error": {...}}``.
+"""The HTTP face of errors, one JSON shape: OpenAI's ``{"error": {...}}``.
 
-Services raise ``ServiceError``; views never build error responses by hand. Anything unexpected
+Services raise ``storage.errors.ServiceError``; this maps its kind to a status code, and views never
+build error responses by hand. Anything unexpected
 still answers in the same shape (500, logged) so clients always get parseable JSON.
 """
 
@@ -13,6 +14,7 @@ from kombu.exceptions import OperationalError as KombuOperationalError
 from sqlalchemy.exc import DBAPIError, OperationalError
 from werkzeug.exceptions import HTTPException
 
+from storage.errors import ServiceError
 from storage.objectstore import ObjectStoreError
 
 log = logging.getLogger(__name__)
@@ -34,19 +36,8 @@ TYPES = {401: "authentication_error", 404: "invalid_request_error", 429: "reques
 UPLOAD_ENDPOINTS = frozenset({"v1.upload_file", "console.upload_post"})
 
 
-class ServiceError(Exception):
-    """A request Freight refuses, with the reason in words a user can act on."""
-
-    def __init__(self, kind: str, message: str, *, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
-        self.param = param
-        self.code = code
-
-    @property
-    def status(self) -> int:
-        return STATUS[self.kind]
+def status_of(exc: ServiceError) -> int:
+    return STATUS[exc.kind]
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
@@ -57,7 +48,8 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
 def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(ServiceError)
     def _service(exc: ServiceError):  # type: ignore[no-untyped-def]
-        return jsonify(error_body(exc.status, exc.message, exc.param, exc.code)), exc.status
+        status = status_of(exc)
+        return jsonify(error_body(status, exc.message, exc.param, exc.code)), status
 
     @app.errorhandler(HTTPException)
     def _http(exc: HTTPException):  # type: ignore[no-untyped-def]

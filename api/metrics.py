@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 
 from api.services.monitoring import MetricsSnapshot, metrics_snapshot
 from api.services.reports import WORKER_STALE_SECONDS
-from workers.runtime import Runtime
+from storage.runtime import Runtime
 
 # the classic text format every Prometheus reads (newer clients name it CONTENT_TYPE_PLAIN_0_0_4)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -12,14 +12,18 @@ from pathlib import Path
 import click
 
 from storage.registry import REQUESTED, ModelEntry
-from storage.settings import Settings
+from storage.settings import Settings, SettingsError
 from workers.quantize import METHODS, SCHEMES
 
 
 def _runtime():  # type: ignore[no-untyped-def]
-    from workers.runtime import Runtime
+    from storage.runtime import Runtime
 
-    return Runtime(Settings.from_env())
+    try:
+        settings = Settings.from_env()
+    except SettingsError as exc:  # one clear line, as every other command prints
+        raise click.ClickException(str(exc)) from exc
+    return Runtime(settings)
 
 
 class _Bar:
@@ -69,8 +73,8 @@ def models_add(
     name: str, source: str, quantization: str, max_model_len: int | None, **prices: float | None
 ) -> None:
     """Register NAME, served from --path (quantized as --quantization says)."""
-    from api.errors import ServiceError
     from api.services.models import AddRequest, add
+    from storage.errors import ServiceError
 
     bar = _Bar("quantizing")
     try:
@@ -149,8 +153,8 @@ def _as_dict(e: ModelEntry) -> dict:
 @click.argument("name")
 def models_remove(name: str) -> None:
     """Unregister NAME (refused while it has open batches). Its files are left alone."""
-    from api.errors import ServiceError
     from api.services.models import remove
+    from storage.errors import ServiceError
 
     try:
         entry = remove(_runtime(), name)
@@ -179,8 +183,8 @@ def models_quantize(
     register: str | None,
 ) -> None:
     """Write an INT4 (W4A16, compressed-tensors) checkpoint of SOURCE to DESTINATION."""
-    from api.errors import ServiceError
     from api.services.models import AddRequest, add, quantize_checkpoint
+    from storage.errors import ServiceError
 
     rt = _runtime()
     bar = _Bar("quantizing")

@@ -21,7 +21,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.http import parse_options_header
 from werkzeug.sansio.multipart import NEED_DATA, Data, Epilogue, Field, File, MultipartDecoder
 
-from api.errors import ServiceError
+from storage.errors import ServiceError
 
 READ_CHUNK = 64 * 1024  # bytes read from the request body at a time
 FIELD_LIMIT = 64 * 1024  # bytes of all non-file fields together

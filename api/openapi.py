@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from storage.settings import Settings
-from workers.protocol import ENDPOINTS
+from workers.request_bodies import ENDPOINTS
 
 JSON = "application/json"
 Schema = dict[str, Any]

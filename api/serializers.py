@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from api.services.paging import Page
-from scheduler.metering import MICROS_PER_DOLLAR, charged_micros, per_million
+from scheduler.cost import cost_summary
 from storage.models import Batch, StoredFile
 from storage.registry import ModelEntry
 from storage.status import BatchStatus
@@ -73,37 +73,8 @@ def batch_object(b: Batch, running: tuple[int, int] = (0, 0)) -> dict[str, Any]:
             "warnings": b.warnings or [],
             # cached prompt tokens / prompt tokens, as vLLM reported them per request
             "cache_hit_rate": round(b.cached_tokens / b.prompt_tokens, 4) if b.prompt_tokens else None,
-            "cost": cost_object(b),
+            "cost": cost_summary(b),
         },
-    }
-
-
-def cost_object(b: Batch) -> dict[str, Any]:
-    """Dollars: the engine time's cost, times the SLA tier's multiplier, per 1M tokens of each
-    kind, and the same tokens at the model's list price (None where none is configured)."""
-    m = b.price_multiplier
-    total = charged_micros(b.cost_micros, m)
-    uncached = max(0, b.prompt_tokens - b.cached_tokens)
-    list_price = b.list_price_micros
-
-    def rate(micros: int, tokens: int) -> float | None:
-        value = per_million(charged_micros(micros, m), tokens)
-        return None if value is None else round(value, 6)
-
-    return {
-        "currency": "usd",
-        "engine_seconds": round(b.engine_seconds, 3),
-        "engine_cost": b.cost_micros / MICROS_PER_DOLLAR,
-        "price_multiplier": m,
-        "total": total / MICROS_PER_DOLLAR,
-        "per_1m_tokens": {
-            "input": rate(b.cost_input_micros, uncached),
-            "cached_input": rate(b.cost_cached_micros, b.cached_tokens),
-            "output": rate(b.cost_output_micros, b.completion_tokens),
-            "all": rate(b.cost_micros, b.prompt_tokens + b.completion_tokens),
-        },
-        "list_price": None if list_price is None else list_price / MICROS_PER_DOLLAR,
-        "saving": round(1 - total / list_price, 4) if list_price else None,
     }
 
 

@@ -3,7 +3,7 @@
     python -m bench.freight_runner --out RESULT.json [engine flags] FILE [FILE ...]
     python -m bench.freight_runner --out RESULT.json --multi-job FILE      # 20 batches, 3 tenants
 
-`FreightStack` starts the whole local stack (`infra.stack.up`: Redis, API, control worker, one
+`FreightStack` starts the whole local stack (`infra.processes.up`: Redis, API, control worker, one
 engine worker, beat) with the given engine limits, makes the tenants with `freight tenant create`,
 and runs a small warm-up batch (and `warmup_file`, a file of the measured shape, if given), so
 every measured run finds the engine loaded and compiled for its batch shapes.
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra.stack import create_tenant
+from infra.processes import create_tenant
 
 REPO = Path(__file__).resolve().parent.parent
 SUBMIT_THREADS = 8
@@ -76,7 +76,7 @@ class FreightStack:
     startup_s: float | None = None
 
     def freight_env(self) -> dict[str, str]:
-        from infra import services
+        from infra import daemons as services
 
         broker_port = services.free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("FREIGHT_")}  # nothing stray
@@ -104,7 +104,7 @@ class FreightStack:
         return env
 
     def start(self) -> FreightStack:
-        from infra.stack import up
+        from infra.processes import up
 
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.env = self.freight_env()
@@ -193,7 +193,7 @@ class FreightStack:
 
     def cpu_roles(self) -> dict[str, int]:
         """Each stack process by name (engine workers with their vLLM processes), and Redis."""
-        from infra.services import read_pidfile
+        from infra.daemons import read_pidfile
 
         roles = {name: proc.pid for name, proc in self.stack.processes.items()}
         redis = read_pidfile(self.run_dir / "redis.pid")

@@ -29,6 +29,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from workers import intake
+
 REPO = Path(__file__).resolve().parent.parent
 RESULT = REPO / "bench" / "results" / "parquet.json"
 CHAT = "/v1/chat/completions"
@@ -84,14 +86,13 @@ def child(mode: str, data_dir: str, input_path: str, model_dir: str) -> None:
     """In a fresh process: validate and plan one batch; print timings and peak RSS as JSON."""
     from dataclasses import replace
 
-    from api.services import batches
-    from api.services.files import store_file
     from api.services.tenants import create_tenant
     from storage.migrate import upgrade
+    from storage.runtime import Runtime
     from storage.settings import Settings
+    from workers.intake import store_file
     from workers.planning import plan_batch
     from workers.prompt_tokens import renderer_for
-    from workers.runtime import Runtime
     from workers.validation import FileRules, prompt_renders, write_store
 
     settings = Settings.from_env(
@@ -103,11 +104,11 @@ def child(mode: str, data_dir: str, input_path: str, model_dir: str) -> None:
     tenant, _ = create_tenant(rt.db, "bench", int(time.time()))
     with open(input_path, "rb") as f:
         record = store_file(rt, tenant.id, "batch", Path(input_path).name, f)
-    request = batches.check_request(rt, {"input_file_id": "-", "endpoint": CHAT})
+    request = intake.check_request(rt, {"input_file_id": "-", "endpoint": CHAT})
     with rt.db.write() as s:
         s.add(record)
         s.flush()
-        batch_id = batches.add(s, tenant.id, replace(request, input_file_id=record.id), int(time.time())).id
+        batch_id = intake.add(s, tenant.id, replace(request, input_file_id=record.id), int(time.time())).id
     rules = FileRules(CHAT, frozenset(settings.models), settings.max_requests_per_file,
                       settings.max_line_bytes, prompt_renders(rt))  # fmt: skip
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

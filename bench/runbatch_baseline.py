@@ -151,7 +151,7 @@ def run(in_path: Path, work_dir: Path, **engine: Any) -> dict[str, Any]:
     env = dict(os.environ)
     env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")  # the same cores as the other systems
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
-    from infra.services import free_port
+    from infra.daemons import free_port
 
     port = free_port()
     argv = command(in_path, out_path, metrics_port=port, **engine)

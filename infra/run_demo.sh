@@ -25,9 +25,9 @@ EOV
 fi
 set -a; . "$ENV_FILE"; set +a
 
-$PY -m infra.services stop-all "$RUN_DIR" >/dev/null 2>&1 || true
+$PY -m infra.daemons stop-all "$RUN_DIR" >/dev/null 2>&1 || true
 echo "starting Redis, API, control worker, engine worker (vLLM) and beat; logs in $RUN_DIR ..."
-$PY -m infra.stack up "$RUN_DIR"
+$PY -m infra.processes up "$RUN_DIR"
 
 if [ ! -s var/demo-api-key ]; then
     $PY -m api.cli tenant create demo | tail -n 1 >var/demo-api-key

@@ -10,7 +10,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from scheduler.metering import eta
+from scheduler.sla import eta
 
 
 @dataclass(frozen=True)

@@ -180,7 +180,7 @@ class WorkUnit(Base):
     pack_id: Mapped[str | None] = mapped_column(String(40))  # the pack it was last queued in
     # mean of running sequences / max_num_seqs while its requests were in the engine
     mean_fill: Mapped[float | None] = mapped_column(Float)
-    # metering: the unit's share of its engine's busy time and cost (see workers/accounting.py),
+    # metering: the unit's share of its engine's busy time and cost (see workers/cost_meter.py),
     # the KV entries its decode read, the model it ran on, and utilization over that share
     engine_seconds: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     cost_micros: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")

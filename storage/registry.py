@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from scheduler.metering import ListPrice
+from scheduler.cost import ListPrice
 from storage.db import Database
 from storage.models import Model
 from storage.settings import Settings

@@ -12,7 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from scheduler.metering import ADMISSION_POLICIES, Accelerator, ListPrice, SlaTier, parse_tiers
+from scheduler.cost import ListPrice
+from scheduler.sla import ADMISSION_POLICIES, SlaTier, parse_tiers
+from scheduler.utilization import Accelerator
 
 _DURATION = re.compile(r"^(\d+)(s|m|h|d)$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from typing import Protocol
 
-from scheduler.metering import sla_met
+from scheduler.sla import sla_met
 
 
 class BatchStatus(enum.StrEnum):

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from infra import services
+from infra import daemons as services
 from storage.migrate import upgrade
+from storage.runtime import Runtime
 from storage.settings import Settings
-from workers.runtime import Runtime
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_MODEL = REPO / "models" / "demo"

@@ -14,13 +14,13 @@ import struct
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from scheduler.metering import ModelShape
+from scheduler.utilization import ModelShape
 from storage.checkpoint_cache import local_checkpoint
 from storage.objectstore import s3_client
 from storage.registry import RegistryError, require
 
 if TYPE_CHECKING:
-    from workers.runtime import Runtime
+    from storage.runtime import Runtime
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
-from api.serializers import cost_object
+from scheduler.cost import cost_summary
 from scheduler.dropfolder_plan import (
     BatchFacts,
     Delivery,
@@ -32,8 +32,8 @@ from scheduler.dropfolder_plan import (
 from storage.models import Batch, DropFolder, DropObject, StoredFile
 from storage.objectstore import ObjectNotFound, ObjectStore, ObjectStoreError, iter_lines
 from storage.result_tables import write_results
+from storage.runtime import Runtime
 from workers.dropfolders import FINAL, FolderConfig, describe_error, folder_store, renew_lease, set_columns
-from workers.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +199,7 @@ def batch_facts(b: Batch) -> BatchFacts:
         input_tokens=b.prompt_tokens,
         cached_tokens=b.cached_tokens,
         output_tokens=b.completion_tokens,
-        cost=cost_object(b),
+        cost=cost_summary(b),
         errors=tuple(errors),
     )
 

@@ -20,7 +20,6 @@ object stays where it is until its results are out. Secrets never reach a log li
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import logging
 import threading
@@ -31,8 +30,6 @@ from typing import Any
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
-from api.errors import ServiceError
-from api.services import batches, files
 from scheduler.dropfolder_plan import (
     INBOX,
     MAX_SIDECAR_BYTES,
@@ -49,6 +46,7 @@ from scheduler.dropfolder_plan import (
     plan_scan,
     refusal,
 )
+from storage.errors import ServiceError
 from storage.models import Batch, DropFolder, DropObject, StoredFile
 from storage.objectstore import (
     ObjectChanged,
@@ -59,9 +57,10 @@ from storage.objectstore import (
     s3_client,
 )
 from storage.request_tables import DEFAULT_PREFIX
+from storage.runtime import Runtime
 from storage.status import BatchStatus
+from workers import intake
 from workers.dropfolder_input import InvalidInput, request_stream
-from workers.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -194,10 +193,6 @@ class ScanReport:
     skipped: list[str] = field(default_factory=list)  # inbox keys that could not be read this time
 
 
-class _Taken(Exception):
-    """Another scanner recorded this object version first: roll back what this one added."""
-
-
 def scan_folder(rt: Runtime, folder_id: str, now: float) -> ScanReport:
     report = ScanReport()
     claimed = _claim_scan(rt, folder_id, now)
@@ -259,7 +254,7 @@ def ingest(rt: Runtime, folder: FolderConfig, store: ObjectStore, f: InboxFile) 
         metadata = dict(wanted.metadata)
         if parquet and wanted.model:  # rows cannot be rewritten on the way: a batch-level default
             metadata[f"{DEFAULT_PREFIX}model"] = wanted.model
-        request = batches.check_request(
+        request = intake.check_request(
             rt,
             {
                 "input_file_id": "-",  # known once the copy is stored, below
@@ -270,7 +265,7 @@ def ingest(rt: Runtime, folder: FolderConfig, store: ObjectStore, f: InboxFile) 
         )
         suffix = "parquet" if parquet else "jsonl"
         with store.open_version(f.key, f.etag) as raw:
-            record = files.store_file(
+            record = intake.store_file(
                 rt,
                 folder.tenant_id,
                 "batch",
@@ -288,27 +283,23 @@ def ingest(rt: Runtime, folder: FolderConfig, store: ObjectStore, f: InboxFile) 
         refused.append(refusal(exc.code or exc.kind, exc.message, exc.param))
 
     now = time.time()
-    try:
+    if record is None:
         with rt.db.write() as s:
-            batch_id = None
-            if record is not None:
-                s.add(record)
-                s.flush()
-                batch = batches.add(
-                    s, folder.tenant_id, dataclasses.replace(request, input_file_id=record.id), int(now)
-                )
-                s.flush()
-                batch_id = batch.id
-            if not record_object(s, folder, f, source, batch_id, refused or None, now):
-                raise _Taken
-    except _Taken:
-        return None
-    if batch_id is None:
+            if not record_object(s, folder, f, source, None, refused or None, now):
+                return None  # another scanner recorded this version first
         log.warning("drop folder %s: %s refused: %s", folder.url, source, refused[0]["message"])
         return "refused"
-    rt.queue.validate(batch_id)  # after the commit that made the row
-    set_columns(rt, DropObject.batch_id == batch_id, validation_sent_at=time.time())
-    return batch_id
+    batch = intake.create_batch(
+        rt,
+        folder.tenant_id,
+        request,
+        new_file=record,
+        record=lambda s, batch: record_object(s, folder, f, source, batch.id, None, now),
+    )
+    if batch is None:
+        return None  # another scanner made this version a batch first
+    set_columns(rt, DropObject.batch_id == batch.id, validation_sent_at=time.time())
+    return batch.id
 
 
 def record_object(

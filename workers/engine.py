@@ -8,7 +8,7 @@ across work units and holds only a bounded window of a huge input in memory.
 `Engine.run` takes any iterable of `EngineRequest`s and yields exactly one
 `EngineResult` per request, in completion order:
 
-* status 200: `body` is the OpenAI response body (see `workers.protocol`);
+* status 200: `body` is the OpenAI response body (see `workers.request_bodies`);
 * status 400: the request itself is at fault (bad parameter, prompt too long...),
   reported immediately, never disturbing the other requests;
 * status 500: the engine failed this request (vLLM reported an error for it, or the
@@ -30,14 +30,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from workers.engine_lifetime import PARENT_ENV
-from workers.protocol import (
-    ParsedRequest,
-    RenderedRequest,
-    RequestError,
-    build_response_body,
-    parse_body,
-    render_request,
-)
+from workers.rendering import RenderedRequest, build_response_body, render_request
+from workers.request_bodies import ParsedRequest, RequestError, parse_body
 
 if TYPE_CHECKING:
     from vllm.v1.engine.llm_engine import LLMEngine

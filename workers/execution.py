@@ -35,17 +35,18 @@ from typing import IO
 
 from sqlalchemy import ColumnElement, and_, select, update
 
-from scheduler.lifecycle import abort_reason, finish_if_done
-from scheduler.metering import TokenWork, engine_cost_micros, kv_reads, mbu, mfu
+from scheduler.cost import TokenWork, engine_cost_micros, kv_reads
+from scheduler.utilization import mbu, mfu
 from storage.db import is_transient
+from storage.lifecycle import abort_reason, finish_if_done
 from storage.models import Batch, EngineSample, UnitStatus, WorkUnit
+from storage.runtime import Runtime
 from storage.shards import ShardRow, read_rows
 from storage.status import BatchStatus
-from workers.accounting import CostMeter, UnitMeter
 from workers.checkpoint import model_shape
+from workers.cost_meter import CostMeter, UnitMeter
 from workers.engine import ABORTED_STATUS, Engine, EngineRequest, EngineResult
 from workers.results import encode, request_error_line, stopped_line, success_line
-from workers.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -537,7 +538,7 @@ class PackRunner:
         )
         if ready:
             self.rt.queue.finalize(claim.batch_id)
-        from scheduler.dispatcher import TickReport, enqueue_units
+        from workers.dispatcher import TickReport, enqueue_units
 
         enqueue_units(self.rt, time.time(), TickReport())  # refill the queue this unit made room in
 

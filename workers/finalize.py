@@ -14,15 +14,15 @@ from collections.abc import Iterator
 
 from sqlalchemy import or_, select, update
 
-from scheduler.lifecycle import unfinished_units
-from scheduler.metering import TokenWork, list_price_micros
+from scheduler.cost import TokenWork, list_price_micros
+from storage.lifecycle import unfinished_units
 from storage.models import Batch, StoredFile, UnitStatus, WorkUnit, new_id
 from storage.objectstore import CHUNK
 from storage.registry import lookup_in
+from storage.runtime import Runtime
 from storage.shards import read_rows
 from storage.status import BatchStatus, transition
 from workers.results import encode, stopped_line
-from workers.runtime import Runtime
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from scheduler.ordering import KEY_TOKEN_BYTES
 from workers.prompts import PromptKeyer, _template_messages
-from workers.protocol import CHAT, COMPLETIONS
+from workers.request_bodies import CHAT, COMPLETIONS
 
 _ALL = 1 << 40  # tokens: "no limit" for a full rendering
 _ROLES = frozenset({"system", "user", "assistant"})

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.ordering import KEY_TOKEN_BYTES, prompt_key
-from workers.protocol import CHAT, COMPLETIONS
+from workers.request_bodies import CHAT, COMPLETIONS
 
 _NO_LIMIT = 1 << 62
 _MAX_CACHED_PIECE = 64 * 1024  # characters: longer pieces are tokenized every time

@@ -10,19 +10,18 @@ import time
 
 from celery import Celery
 
-from workers.runtime import Runtime
+from storage.runtime import Runtime
 
 
 def runtime_of(app: Celery) -> Runtime:
     rt = getattr(app, "freight_runtime", None)
     if rt is None:
-        rt = app.freight_runtime = Runtime(app.conf.freight_settings)
+        rt = app.freight_runtime = Runtime(app.conf.freight_settings, celery=app)
     return rt
 
 
 def register(app: Celery) -> None:
-    from scheduler import dispatcher
-    from workers import dropfolder_delivery, dropfolders, execution, finalize, validation
+    from workers import dispatcher, dropfolder_delivery, dropfolders, execution, finalize, validation
 
     @app.task(name="freight.validate_batch", acks_late=True)
     def validate_batch(batch_id: str) -> None:

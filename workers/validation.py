@@ -25,21 +25,21 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler.dispatcher import admit_batch, measured_throughput
 from scheduler.ordering import SortStats, sort_records
 from storage.checkpoint_cache import CheckpointError
 from storage.models import Batch, StoredFile, WorkUnit
 from storage.registry import served_names
 from storage.request_tables import RowError, column_of, metadata_defaults
+from storage.runtime import Runtime
 from storage.settings import Settings
 from storage.shards import PREFIX_KEY_BYTES, SHARD_UNITS, ShardRow, ShardWriter
 from storage.status import BatchStatus, transition
 from workers.batch_input import open_requests
 from workers.checkpoint import checkpoint_dir
+from workers.dispatcher import admit_batch, measured_throughput
 from workers.planning import plan_batch
 from workers.prompt_tokens import RenderedPrompt, TokenizerUnavailable, renderer_for
-from workers.protocol import RequestError, parse_body
-from workers.runtime import Runtime
+from workers.request_bodies import RequestError, parse_body
 
 log = logging.getLogger(__name__)
 

@@ -10,23 +10,23 @@ import logging
 import math
 import os
 import secrets
-import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from sqlalchemy import func, select
 
-from api.errors import ServiceError
-from api.services import batches, files
+from api.services import batches
 from api.services.models import list_models
 from api.services.reports import WORKER_STALE_SECONDS, as_int, ratio
-from scheduler.metering import ListPrice
+from scheduler.cost import ListPrice
+from storage.errors import ServiceError
 from storage.models import ApiKey, Batch, EngineSample, StoredFile, Tenant, UnitStatus, WorkUnit
+from storage.runtime import Runtime
 from storage.settings import Settings
 from storage.status import BatchStatus
+from workers import intake
 from workers.dropfolder_input import InvalidInput, request_stream
-from workers.runtime import Runtime
 
 ACTIVE = "active"  # the status filter for every batch that is not final yet
 ACTIVE_STATUSES = tuple(s.value for s in BatchStatus if not s.is_terminal)
@@ -215,7 +215,7 @@ def submit(
 ) -> Batch:
     """Upload a JSONL (or .jsonl.gz) file and create its batch in one transaction, as a drop folder
     does: lines without ``body.model`` get ``model`` (a line's own model wins)."""
-    request = batches.check_request(
+    request = intake.check_request(
         rt,
         {"input_file_id": "-", "endpoint": endpoint, "completion_window": window, "metadata": metadata},
     )
@@ -224,14 +224,11 @@ def submit(
     gz = (filename or "").lower().endswith(".gz")
     source = request_stream(stream, gz, model or None, rt.settings.max_line_bytes)
     try:
-        record = files.store_file(rt, tenant_id, "batch", filename, source)
+        record = intake.store_file(rt, tenant_id, "batch", filename, source)
     except InvalidInput as exc:
         raise ServiceError("invalid_request", exc.message, param="file", code=exc.code) from None
-    with rt.db.write() as s:
-        s.add(record)
-        s.flush()
-        batch = batches.add(s, tenant_id, replace(request, input_file_id=record.id), int(time.time()))
-    rt.queue.validate(batch.id)  # after the commit that made the row
+    batch = intake.create_batch(rt, tenant_id, request, new_file=record)
+    assert batch is not None  # no ``record`` callback: nothing can refuse it
     return batch
 
 

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 from sqlalchemy import func, select
 
-from api.errors import ServiceError
 from scheduler.dropfolder_plan import folder_url, parse_folder_url
+from storage.errors import ServiceError
 from storage.models import DropFolder, DropObject, Tenant
 from storage.registry import served_names
-from workers.protocol import ENDPOINTS
-from workers.runtime import Runtime
+from storage.runtime import Runtime
+from workers.request_bodies import ENDPOINTS
 
 HIDDEN = "***"
 BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,254}")

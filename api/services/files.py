@@ -6,98 +6,22 @@ import os
 import shutil
 import tempfile
 import time
-import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import IO
 
 from sqlalchemy import select
 
-from api.errors import ServiceError
 from api.services.paging import Page, page
-from storage.models import Batch, StoredFile, new_id
+from storage.errors import ServiceError
+from storage.models import Batch, StoredFile
 from storage.objectstore import CHUNK, iter_lines
 from storage.request_tables import RowError, is_parquet, request_lines, write_requests
 from storage.result_tables import write_results
+from storage.runtime import Runtime
 from storage.status import BatchStatus
-from workers.runtime import Runtime
 
-PURPOSES = ("batch",)
 FORMATS = ("jsonl", "parquet")
 MIMETYPES = {"jsonl": "application/jsonl", "parquet": "application/vnd.apache.parquet"}
-MAX_FILENAME = 255
-BIDI_CONTROLS = frozenset("\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
-
-
-class _Limited:
-    """Reads at most ``limit`` bytes, then refuses: the store never holds an oversize upload."""
-
-    def __init__(self, stream: IO[bytes], limit: int) -> None:
-        self.stream = stream
-        self.limit = limit
-        self.total = 0
-
-    def read(self, size: int = -1) -> bytes:
-        data = self.stream.read(CHUNK if size is None or size < 0 else min(size, CHUNK))
-        self.total += len(data)
-        if self.total > self.limit:
-            raise ServiceError(
-                "too_large",
-                f"file is larger than the {self.limit} byte limit",
-                param="file",
-                code="file_too_large",
-            )
-        return data
-
-
-def clean_filename(name: str | None) -> str:
-    """The last path segment, without control or bidi-override characters (they would spoof or
-    break a listing); a name is only a label, never part of an object key."""
-    name = os.path.basename((name or "").replace("\\", "/"))
-    name = "".join(c for c in name if unicodedata.category(c) not in ("Cc", "Cs") and c not in BIDI_CONTROLS)
-    name = name.strip()
-    return (name if name not in ("", ".", "..") else "upload.jsonl")[:MAX_FILENAME]
-
-
-def upload(
-    rt: Runtime, tenant_id: str, purpose: str | None, filename: str | None, stream: IO[bytes]
-) -> StoredFile:
-    record = store_file(rt, tenant_id, purpose, filename, stream)
-    with rt.db.write() as s:
-        s.add(record)
-    return record
-
-
-def store_file(
-    rt: Runtime,
-    tenant_id: str,
-    purpose: str | None,
-    filename: str | None,
-    stream: IO[bytes],
-    key: str | None = None,
-) -> StoredFile:
-    """Stream an upload into the object store (at ``key``, by default one of its own) and return
-    its row, not yet added: the caller commits it, alone or with rows that refer to it."""
-    if purpose not in PURPOSES:
-        raise ServiceError(
-            "invalid_request", f"purpose must be one of {', '.join(PURPOSES)}", param="purpose"
-        )
-    file_id = new_id("file-")
-    key = key or f"files/{tenant_id}/{file_id}"
-    limited = _Limited(stream, rt.settings.max_file_bytes)
-    size = rt.store.put_stream(key, limited)  # type: ignore[arg-type]
-    if size == 0:
-        rt.store.delete(key)
-        raise ServiceError("invalid_request", "the uploaded file is empty", param="file")
-    return StoredFile(
-        id=file_id,
-        tenant_id=tenant_id,
-        purpose=purpose,
-        filename=clean_filename(filename),
-        bytes=size,
-        object_key=key,
-        created_at=int(time.time()),
-    )
 
 
 def get(rt: Runtime, tenant_id: str, file_id: str) -> StoredFile:

@@ -19,17 +19,17 @@ from typing import Any
 
 from sqlalchemy import select
 
-from api.errors import ServiceError
 from storage.checkpoint_cache import CheckpointError, local_checkpoint, publish
+from storage.errors import ServiceError
 from storage.models import Batch, Model
 from storage.objectstore import s3_client
 from storage.registry import REQUESTED, ModelEntry, RegistryError, entries, local_quantization, lookup
+from storage.runtime import Runtime
 from storage.status import BatchStatus
 from workers.checkpoint import weights
 from workers.probe import ProbeError, choose, run_probe
 from workers.quantize import QuantizeError, QuantizeRequest, quantize
 from workers.quantize_env import ensure
-from workers.runtime import Runtime
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}$")
 CALIBRATION_LIMIT = 512  # prompts read from a calibration file

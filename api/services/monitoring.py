@@ -23,16 +23,12 @@ from api.services.reports import (
     in_window,
     ratio,
 )
-from scheduler.metering import (
-    MICROS_PER_DOLLAR,
-    BatchOutcome,
-    charged_micros,
-    sla_summary,
-)
+from scheduler.cost import MICROS_PER_DOLLAR, charged_micros
+from scheduler.sla import BatchOutcome, sla_summary
 from storage.models import Batch, EngineSample, Tenant, WorkUnit
 from storage.registry import served_names
+from storage.runtime import Runtime
 from storage.status import BatchStatus
-from workers.runtime import Runtime
 
 # --- /metrics ---------------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
-from api.errors import ServiceError
+from storage.errors import ServiceError
 
 
 @dataclass(frozen=True)

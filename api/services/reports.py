@@ -18,17 +18,11 @@ from datetime import UTC, datetime
 from sqlalchemy import case, func, select, text
 from sqlalchemy.orm import Session
 
-from scheduler.metering import (
-    MICROS_PER_DOLLAR,
-    BatchOutcome,
-    SlaSummary,
-    charged_micros,
-    per_million,
-    sla_summary,
-)
+from scheduler.cost import MICROS_PER_DOLLAR, charged_micros, per_million
+from scheduler.sla import BatchOutcome, SlaSummary, sla_summary
 from storage.models import Batch, Tenant, UnitStatus, WorkUnit
+from storage.runtime import Runtime
 from storage.status import BatchStatus
-from workers.runtime import Runtime
 
 ALL = "*"  # tenant and model of the total row
 NO_MODEL = "-"  # model of a batch whose file failed validation before its model was known

@@ -8,8 +8,8 @@ import secrets
 
 from sqlalchemy import select
 
-from api.errors import ServiceError
 from storage.db import Database
+from storage.errors import ServiceError
 from storage.models import ApiKey, Tenant
 
 KEY_PREFIX = "fk-"

@@ -32,14 +32,15 @@ from flask.blueprints import BlueprintSetupState
 from werkzeug.exceptions import HTTPException
 
 from api.console_format import chart, register_filters
-from api.errors import ServiceError
+from api.errors import status_of
 from api.serializers import batch_object
 from api.services import batches, console, files
 from api.services.tenants import authenticate, hash_key
+from storage.errors import ServiceError
 from storage.objectstore import ObjectStoreError
+from storage.runtime import Runtime
 from storage.status import STAMP, BatchStatus
-from workers.protocol import ENDPOINTS
-from workers.runtime import Runtime
+from workers.request_bodies import ENDPOINTS
 
 log = logging.getLogger(__name__)
 bp = Blueprint("console", __name__, url_prefix="/console")
@@ -136,7 +137,7 @@ def _console_error(exc: ConsoleError):  # type: ignore[no-untyped-def]
 
 @bp.errorhandler(ServiceError)
 def _service_error(exc: ServiceError):  # type: ignore[no-untyped-def]
-    return error_page(exc.status, exc.message)
+    return error_page(status_of(exc), exc.message)
 
 
 @bp.errorhandler(HTTPException)

@@ -5,12 +5,13 @@ from __future__ import annotations
 from flask import Blueprint, Response, current_app, g, jsonify, request
 
 from api.auth import require_tenant
-from api.errors import ServiceError
 from api.multipart import open_upload
 from api.serializers import batch_object, file_object, list_object, model_object
 from api.services import batches, files, models
 from api.services.paging import parse_limit
-from workers.runtime import Runtime
+from storage.errors import ServiceError
+from storage.runtime import Runtime
+from workers import intake
 
 bp = Blueprint("v1", __name__, url_prefix="/v1")
 
@@ -39,7 +40,7 @@ def upload_file():  # type: ignore[no-untyped-def]
         raise ServiceError("invalid_request", "multipart field 'file' is required", param="file")
     if "purpose" not in form.fields:
         form.spool(rt().settings.max_file_bytes)  # the file came first: read on to find the purpose
-    record = files.upload(rt(), g.tenant_id, form.fields.get("purpose"), form.filename, form.file)
+    record = intake.upload(rt(), g.tenant_id, form.fields.get("purpose"), form.filename, form.file)
     form.finish()
     return jsonify(file_object(record))
 
@@ -80,7 +81,7 @@ def delete_file(file_id: str):  # type: ignore[no-untyped-def]
 @bp.post("/batches")
 @require_tenant
 def create_batch():  # type: ignore[no-untyped-def]
-    return jsonify(batch_object(batches.create(rt(), g.tenant_id, json_body())))
+    return jsonify(batch_object(intake.create(rt(), g.tenant_id, json_body())))
 
 
 @bp.get("/batches")

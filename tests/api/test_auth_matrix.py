@@ -23,9 +23,9 @@ from api.app import create_app
 from api.services import tenants
 from api.services.tenants import authenticate, create_key, create_tenant, hash_key
 from storage.models import ApiKey, Base
+from storage.runtime import Runtime
 from tests.api.test_v1 import line
 from tests.conftest import now
-from workers.runtime import Runtime
 
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 # routes anyone may call, and why; everything else in the url_map needs a key or a session

@@ -373,7 +373,7 @@ def test_sessions_verify_across_processes_sharing_the_data_folder(runtime, keys)
 def test_a_configured_secret_is_used_and_no_file_made(settings, keys):  # type: ignore[no-untyped-def]
     from dataclasses import replace
 
-    from workers.runtime import Runtime
+    from storage.runtime import Runtime
 
     rt = Runtime(replace(settings, secret_key="s3cret-from-env"))
     try:

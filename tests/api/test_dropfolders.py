@@ -7,9 +7,9 @@ import pytest
 from click.testing import CliRunner
 
 from api.cli import main
-from api.errors import ServiceError
 from api.services import dropfolders
 from api.services.tenants import create_tenant
+from storage.errors import ServiceError
 from storage.models import DropFolder
 from tests.conftest import DEMO_MODEL, now
 

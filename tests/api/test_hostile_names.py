@@ -16,11 +16,11 @@ import pytest
 
 from api.app import create_app
 from api.services import dropfolders
-from api.services.files import MAX_FILENAME
 from api.services.tenants import create_tenant
 from scheduler.dropfolder_plan import ARCHIVE, FAILED, OUTBOX, inbox_name, moved_key, result_keys
 from storage.objectstore import S3ObjectStore
 from tests.conftest import now
+from workers.intake import MAX_FILENAME
 
 LINE = json.dumps({"custom_id": "r", "method": "POST", "url": "/v1/chat/completions",
                    "body": {"model": "demo", "messages": [{"role": "user", "content": "hi"}]}}).encode() + b"\n"  # fmt: skip

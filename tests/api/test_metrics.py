@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from api.app import create_app
 from api.services.tenants import create_tenant
 from storage.models import Batch, EngineSample, StoredFile, WorkUnit
-from workers.runtime import Runtime
+from storage.runtime import Runtime
 
 
 def add_batch(s, tenant_id: str, model: str | None, status: str, **columns):  # type: ignore[no-untyped-def]

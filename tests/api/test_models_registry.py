@@ -12,10 +12,10 @@ import pytest
 from click.testing import CliRunner
 
 from api.app import create_app
-from api.errors import ServiceError
 from api.services import models
 from api.services.models import AddRequest
 from api.services.tenants import create_tenant
+from storage.errors import ServiceError
 from storage.models import Batch, StoredFile
 from storage.registry import lookup
 from storage.status import BatchStatus

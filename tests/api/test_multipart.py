@@ -7,8 +7,8 @@ import io
 import httpx
 import pytest
 
-from api.errors import ServiceError
 from api.multipart import FIELD_LIMIT, READ_CHUNK, open_upload
+from storage.errors import ServiceError
 
 
 class CountingBody(io.BytesIO):

@@ -16,10 +16,10 @@ import pytest
 
 from api.app import create_app
 from api.services.tenants import create_tenant
-from infra import services
+from infra import daemons as services
+from storage.runtime import Runtime
 from storage.settings import Settings
 from tests.conftest import now
-from workers.runtime import Runtime
 
 RATE, BURST = 0.25, 3  # one token every 4 s: a slow, loaded machine cannot refill one mid-test
 

@@ -18,7 +18,7 @@ from api.report_format import dollars, format_csv, format_json, format_table
 from api.services.reports import ReportRow, parse_since, usage_report
 from api.services.tenants import create_tenant
 from storage.models import Batch, StoredFile, WorkUnit
-from workers.runtime import Runtime
+from storage.runtime import Runtime
 
 T = int(datetime(2027, 1, 15, tzinfo=UTC).timestamp())  # window [T, T + 2 h)
 UNTIL = T + 7200

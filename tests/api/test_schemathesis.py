@@ -26,9 +26,10 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from api.app import create_app
-from api.services import batches, files
+from api.services import batches
 from api.services.tenants import create_tenant
 from tests.conftest import now
+from workers import intake
 
 EXAMPLES = 25  # per operation and generation mode
 CHECKS = [
@@ -84,9 +85,9 @@ def test_schemathesis_finds_no_server_error_and_no_schema_mismatch(runtime, data
     app = create_app(runtime=runtime)
     tenant, key = create_tenant(runtime.db, "fuzzed", now())
     # real objects for the by-id routes: a file, a batch reading it, and a second file
-    seeded = files.upload(runtime, tenant.id, "batch", "in.jsonl", io.BytesIO(request_line("a")))
-    spare = files.upload(runtime, tenant.id, "batch", "spare.jsonl", io.BytesIO(request_line("b")))
-    batch = batches.create(
+    seeded = intake.upload(runtime, tenant.id, "batch", "in.jsonl", io.BytesIO(request_line("a")))
+    spare = intake.upload(runtime, tenant.id, "batch", "spare.jsonl", io.BytesIO(request_line("b")))
+    batch = intake.create(
         runtime, tenant.id, {"input_file_id": seeded.id, "endpoint": "/v1/chat/completions"}
     )
     real_ids = {"file_id": [seeded.id, spare.id], "batch_id": [batch.id], "model": ["demo"]}
@@ -142,7 +143,7 @@ def test_hostile_json_strings_answer_4xx_not_500(runtime, body):  # type: ignore
     """Regressions of what fuzzing the API found: strings JSON allows but no database stores."""
     app = create_app(runtime=runtime)
     tenant, key = create_tenant(runtime.db, "hostile", now())
-    seeded = files.upload(runtime, tenant.id, "batch", "in.jsonl", io.BytesIO(request_line("a")))
+    seeded = intake.upload(runtime, tenant.id, "batch", "in.jsonl", io.BytesIO(request_line("a")))
     response = app.test_client().post(
         "/v1/batches",
         data=body.replace(b"SEEDED", seeded.id.encode()),

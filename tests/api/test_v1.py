@@ -241,7 +241,7 @@ def test_models_and_unknown_routes(client, keys):  # type: ignore[no-untyped-def
 def test_creating_a_batch_with_the_broker_down_is_a_503_and_leaves_no_batch(settings):  # type: ignore[no-untyped-def]
     from dataclasses import replace
 
-    from workers.runtime import Runtime
+    from storage.runtime import Runtime
 
     rt = Runtime(replace(settings, broker_url="redis://127.0.0.1:1/0"))  # nothing listens on port 1
     rt.queue.celery.conf.task_publish_retry = False

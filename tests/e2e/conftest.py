@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
-from infra import services
-from infra.stack import REPO, Stack, create_tenant, up
+from infra import daemons as services
+from infra.processes import REPO, Stack, create_tenant, up
 
 HUGE = 1_000_000  # lines of the largest batch the tests submit
 WINDOWS = "24h,1h,8s"  # 8s: a window short enough to expire during a test

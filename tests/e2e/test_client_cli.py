@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from infra import services
-from infra.stack import REPO
+from infra import daemons as services
+from infra.processes import REPO
 from tests.e2e.conftest import request_line, wait_final, write_jsonl
 
 pytestmark = pytest.mark.stack

@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from infra.stack import REPO
+from infra.processes import REPO
 from tests.e2e.conftest import CHAT, request_line, wait_final, write_jsonl
 
 pytestmark = pytest.mark.stack

@@ -24,8 +24,8 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import select
 
-from infra import services
-from infra.stack import FREIGHT, REPO
+from infra import daemons as services
+from infra.processes import FREIGHT, REPO
 from storage.db import Database
 from storage.models import DropObject
 from tests.e2e.conftest import LiveStack, keep_logs, start_live, wait_final

@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from infra.stack import FREIGHT, REPO, _log_has, spawn, wait_for
+from infra.processes import FREIGHT, REPO, _log_has, spawn, wait_for
 from tests.e2e.conftest import LiveStack, wait_final
 from workers.engine import INT4_KERNEL, int4_kernel_missing
 

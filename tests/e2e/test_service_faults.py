@@ -22,8 +22,8 @@ import openai
 import pytest
 from sqlalchemy import func, select
 
-from infra import services
-from infra.stack import up
+from infra import daemons as services
+from infra.processes import up
 from storage.db import Database
 from storage.models import EngineSample, UnitStatus, WorkUnit
 from tests.e2e.conftest import LiveStack, keep_logs, start_live, wait_final
@@ -262,7 +262,7 @@ def _retrieve_raw(live: LiveStack, batch_id: str) -> int:
 
 
 def test_full_stack_restart_resumes(faults: LiveStack, reliability) -> None:  # type: ignore[no-untyped-def]
-    """Every Freight process and Redis stopped mid-batch, then ``infra.stack.up`` on the same run
+    """Every Freight process and Redis stopped mid-batch, then ``infra.processes.up`` on the same run
     folder and database: the batch goes on from the units it had recorded, not from zero."""
     client, batch_id, expected = submit(faults, "full")
     wait_mid_run(client, batch_id, at_least=TOTAL // 4)

@@ -22,8 +22,8 @@ import psutil
 import pytest
 from sqlalchemy import select
 
-from infra import services
-from infra.stack import engine_names
+from infra import daemons as services
+from infra.processes import engine_names
 from storage.db import Database
 from storage.models import Batch, UnitStatus, WorkUnit
 from tests.e2e.conftest import LiveStack, keep_logs, start_live, wait_final

@@ -6,35 +6,24 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler.metering import (
+from scheduler.cost import (
     DEFAULT_TOKEN_COSTS,
-    Accelerator,
-    BatchOutcome,
     ListPrice,
-    ModelShape,
     PeriodWork,
-    SlaSummary,
-    SlaTier,
     TokenCosts,
     TokenWork,
-    admit,
     apportion,
     charged_micros,
     cost_breakdown,
     engine_cost_micros,
-    eta,
     fit_token_costs,
     kv_reads,
     list_price_micros,
-    mbu,
-    mfu,
-    model_flops,
-    parse_tiers,
     per_million,
-    sla_met,
-    sla_summary,
     work_weight,
 )
+from scheduler.sla import BatchOutcome, SlaSummary, SlaTier, admit, eta, parse_tiers, sla_met, sla_summary
+from scheduler.utilization import Accelerator, ModelShape, mbu, mfu, model_flops
 
 # --- token work -------------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import services
+from infra import daemons as services
 from storage.objectstore import CHUNK, PART_SIZE, ObjectStoreError, S3ObjectStore
 from storage.objectstore_retry import Retrier, RetryPolicy
 

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from infra.services import free_port
+from infra.daemons import free_port
 from storage.objectstore import (
     LocalObjectStore,
     ObjectChanged,

@@ -48,7 +48,7 @@ def test_bad_values_name_the_variable(env):
 
 
 def test_engine_block_size_reaches_the_engine_config():
-    from api.cli import engine_config
+    from workers.bootstrap import engine_config
 
     s = Settings.from_env({"FREIGHT_ENGINE_BLOCK_SIZE": "32", "FREIGHT_MODELS": "m=/models/m"})
     assert engine_config(s, "m", "/models/m").block_size == 32
@@ -56,7 +56,7 @@ def test_engine_block_size_reaches_the_engine_config():
 
 
 def test_engine_dtype_reaches_the_engine_config():
-    from api.cli import engine_config
+    from workers.bootstrap import engine_config
 
     s = Settings.from_env({"FREIGHT_ENGINE_DTYPE": "float32"})
     assert engine_config(s, "m", "/models/m").dtype == "float32"

@@ -10,12 +10,12 @@ from dataclasses import replace
 
 import pytest
 
-from api.errors import ServiceError
-from api.services import batches, files
 from api.services.tenants import create_tenant
+from storage.errors import ServiceError
 from storage.models import Batch, EngineSample
+from storage.runtime import Runtime
 from tests.conftest import now
-from workers.runtime import Runtime
+from workers import intake
 from workers.validation import validate_batch
 
 RATE = 10.0  # requests/s the seeded samples measure
@@ -39,8 +39,8 @@ def submit(rt: Runtime, tenant_id: str, n: int, window: str) -> str:
         for i in range(n)
     ]  # fmt: skip
     data = "".join(json.dumps(x) + "\n" for x in lines).encode()
-    stored = files.upload(rt, tenant_id, "batch", "in.jsonl", io.BytesIO(data))
-    batch = batches.create(
+    stored = intake.upload(rt, tenant_id, "batch", "in.jsonl", io.BytesIO(data))
+    batch = intake.create(
         rt,
         tenant_id,
         {"input_file_id": stored.id, "endpoint": "/v1/chat/completions", "completion_window": window},
@@ -100,9 +100,9 @@ def test_tiers_price_and_window(tiered):  # type: ignore[no-untyped-def]
     rt = Runtime(tiered)
     try:
         tenant, _ = create_tenant(rt.db, "t", now())
-        stored = files.upload(rt, tenant.id, "batch", "in.jsonl", io.BytesIO(b"{}\n"))
+        stored = intake.upload(rt, tenant.id, "batch", "in.jsonl", io.BytesIO(b"{}\n"))
         made = {
-            w: batches.create(
+            w: intake.create(
                 rt,
                 tenant.id,
                 {"input_file_id": stored.id, "endpoint": "/v1/chat/completions", "completion_window": w},
@@ -110,7 +110,7 @@ def test_tiers_price_and_window(tiered):  # type: ignore[no-untyped-def]
             for w in ("1h", "24h")
         }
         with pytest.raises(ServiceError) as refused:
-            batches.create(
+            intake.create(
                 rt,
                 tenant.id,
                 {"input_file_id": stored.id, "endpoint": "/v1/chat/completions", "completion_window": "7d"},

@@ -16,14 +16,14 @@ from sqlalchemy import func, select
 
 from api.services import dropfolders as folders_service
 from api.services.tenants import create_tenant
-from infra.services import free_port
+from infra.daemons import free_port
 from scheduler.dropfolder_plan import InboxFile
 from storage.models import Batch, DropFolder, DropObject, StoredFile
 from storage.objectstore import CHUNK
+from storage.runtime import Runtime
 from storage.settings import Settings, SettingsError
 from tests.conftest import now
 from workers import dropfolder_delivery, dropfolder_input, dropfolders
-from workers.runtime import Runtime
 from workers.validation import validate_batch
 
 CHAT = "/v1/chat/completions"

@@ -15,7 +15,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from workers.engine import ABORTED_STATUS, Engine, EngineRequest, EngineResult, EngineStats
-from workers.protocol import parse_body
+from workers.request_bodies import parse_body
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour. ✓"}]

@@ -6,10 +6,10 @@ from __future__ import annotations
 from sqlalchemy import update
 
 from storage.models import Batch, UnitStatus, WorkUnit
+from storage.runtime import Runtime
 from storage.status import BatchStatus
 from tests.workers.test_finalize_release import validated_batch
 from workers.finalize import finalize_batch
-from workers.runtime import Runtime
 
 
 def test_stale_live_counts_are_not_counted(settings):  # type: ignore[no-untyped-def]

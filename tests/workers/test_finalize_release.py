@@ -10,14 +10,14 @@ from dataclasses import replace
 import pytest
 from sqlalchemy import update
 
-from api.services import batches, files
 from api.services.tenants import create_tenant
 from storage.models import Batch, UnitStatus, WorkUnit
 from storage.objectstore import ObjectStoreError
+from storage.runtime import Runtime
 from storage.status import BatchStatus
 from tests.conftest import now
+from workers import intake
 from workers.finalize import finalize_batch
-from workers.runtime import Runtime
 from workers.validation import validate_batch
 
 
@@ -28,8 +28,8 @@ def validated_batch(rt: Runtime, requests: int = 4) -> str:
               "body": {"model": "demo", "max_tokens": 2, "messages": [{"role": "user", "content": f"{i}"}]}}
              for i in range(requests)]  # fmt: skip
     data = "".join(json.dumps(x) + "\n" for x in lines).encode()
-    stored = files.upload(rt, tenant.id, "batch", "f.jsonl", io.BytesIO(data))
-    batch = batches.create(rt, tenant.id, {"input_file_id": stored.id, "endpoint": "/v1/chat/completions"})
+    stored = intake.upload(rt, tenant.id, "batch", "f.jsonl", io.BytesIO(data))
+    batch = intake.create(rt, tenant.id, {"input_file_id": stored.id, "endpoint": "/v1/chat/completions"})
     validate_batch(rt, batch.id)
     return batch.id
 

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tests.conftest import DEMO_MODEL, REPO
+from workers import intake
 
 SMALL, LARGE = 12_000, 60_000
 GROWTH_BOUND_MB = 60  # peak RSS of LARGE minus that of SMALL; the input itself grows by ~10 MB
@@ -47,13 +48,12 @@ def child(data_dir: str, input_path: str) -> None:
     import resource
     import time
 
-    from api.services import batches
-    from api.services.files import store_file
     from api.services.tenants import create_tenant
     from storage.migrate import upgrade
     from storage.models import Batch
+    from storage.runtime import Runtime
     from storage.settings import Settings
-    from workers.runtime import Runtime
+    from workers.intake import store_file
     from workers.validation import validate_batch
 
     settings = Settings.from_env(
@@ -65,7 +65,7 @@ def child(data_dir: str, input_path: str) -> None:
     tenant, _ = create_tenant(rt.db, "t", int(time.time()))
     with open(input_path, "rb") as f:
         record = store_file(rt, tenant.id, "batch", "big.parquet", f)
-    request = batches.check_request(
+    request = intake.check_request(
         rt, {"input_file_id": "-", "endpoint": "/v1/completions", "metadata": {"default_model": "demo"}}
     )
     with rt.db.write() as s:
@@ -73,7 +73,7 @@ def child(data_dir: str, input_path: str) -> None:
         s.flush()
         from dataclasses import replace
 
-        batch_id = batches.add(s, tenant.id, replace(request, input_file_id=record.id), int(time.time())).id
+        batch_id = intake.add(s, tenant.id, replace(request, input_file_id=record.id), int(time.time())).id
     started = time.monotonic()
     validate_batch(rt, batch_id)
     with rt.db.read() as s:

@@ -11,12 +11,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from sqlalchemy import select
 
-from api.services import batches, files
 from api.services.tenants import create_tenant
 from storage.models import Batch, WorkUnit
+from storage.runtime import Runtime
 from storage.shards import read_rows
 from tests.conftest import now
-from workers.runtime import Runtime
+from workers import intake
 from workers.validation import validate_batch
 
 CHAT = "/v1/chat/completions"
@@ -32,9 +32,9 @@ def run(
     rt: Runtime, data: bytes, name: str = "in.parquet", metadata: dict | None = None
 ) -> tuple[Batch, list]:
     tenant, _ = create_tenant(rt.db, "t", now())
-    stored = files.upload(rt, tenant.id, "batch", name, io.BytesIO(data))
+    stored = intake.upload(rt, tenant.id, "batch", name, io.BytesIO(data))
     body = {"input_file_id": stored.id, "endpoint": CHAT, "metadata": metadata or {}}
-    batch = batches.create(rt, tenant.id, body)
+    batch = intake.create(rt, tenant.id, body)
     validate_batch(rt, batch.id)
     with rt.db.read() as s:
         batch = s.get(Batch, batch.id)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from workers.protocol import ENDPOINTS, ParsedRequest, RequestError, parse_body
+from workers.request_bodies import ENDPOINTS, ParsedRequest, RequestError, parse_body
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "héllo ✓"}]

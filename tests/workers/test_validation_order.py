@@ -11,13 +11,13 @@ from itertools import pairwise
 
 from sqlalchemy import select
 
-from api.services import batches, files
 from api.services.tenants import create_tenant
 from scheduler.ordering import common_prefix_tokens
 from storage.models import Batch, WorkUnit
+from storage.runtime import Runtime
 from storage.shards import read_rows
 from tests.conftest import now
-from workers.runtime import Runtime
+from workers import intake
 from workers.validation import PREFIX_KEY_BYTES, validate_batch
 
 DOCS = 6
@@ -44,10 +44,8 @@ def test_shards_hold_the_batch_in_prefix_order_even_when_the_sort_spills(setting
         tenant, _ = create_tenant(rt.db, "t", now())
         lines = doc_lines()
         data = "".join(json.dumps(x) + "\n" for x in lines).encode()
-        stored = files.upload(rt, tenant.id, "batch", "docs.jsonl", io.BytesIO(data))
-        batch = batches.create(
-            rt, tenant.id, {"input_file_id": stored.id, "endpoint": "/v1/chat/completions"}
-        )
+        stored = intake.upload(rt, tenant.id, "batch", "docs.jsonl", io.BytesIO(data))
+        batch = intake.create(rt, tenant.id, {"input_file_id": stored.id, "endpoint": "/v1/chat/completions"})
         validate_batch(rt, batch.id)
         with rt.db.read() as s:
             assert s.get(Batch, batch.id).status == "in_progress"

@@ -26,11 +26,11 @@ processes the same way, e.g. with :func:`write_pidfile`:
 
 CLI (used by the Makefile; each ``up-*`` prints ``KEY=VALUE`` lines; PORT may be omitted)::
 
-    python -m infra.services up-redis RUN_DIR PORT
-    python -m infra.services up-postgres RUN_DIR PORT
-    python -m infra.services up-seaweedfs RUN_DIR S3_PORT
-    python -m infra.services stop-all RUN_DIR
-    python -m infra.services status RUN_DIR
+    python -m infra.daemons up-redis RUN_DIR PORT
+    python -m infra.daemons up-postgres RUN_DIR PORT
+    python -m infra.daemons up-seaweedfs RUN_DIR S3_PORT
+    python -m infra.daemons stop-all RUN_DIR
+    python -m infra.daemons status RUN_DIR
 """
 
 from __future__ import annotations
@@ -1086,7 +1086,7 @@ def _status(run_dir: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.services", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m infra.daemons", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     for name, help_ in (
         ("up-redis", "start redis-server; prints REDIS_URL=..."),

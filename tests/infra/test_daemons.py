@@ -1,4 +1,4 @@
-"""infra.services against the real servers: Redis, PostgreSQL, SeaweedFS (no mocks)."""
+"""infra.daemons against the real servers: Redis, PostgreSQL, SeaweedFS (no mocks)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import services
+from infra import daemons as services
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -221,9 +221,9 @@ def test_free_port_is_bindable_and_respects_exclude() -> None:
 
 
 def services_cli(env: dict[str, str], *args: str) -> str:
-    """``python -m infra.services ARGS`` as an operator runs it; its stdout."""
+    """``python -m infra.daemons ARGS`` as an operator runs it; its stdout."""
     return subprocess.run(
-        [sys.executable, "-m", "infra.services", *args],
+        [sys.executable, "-m", "infra.daemons", *args],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=True,
     ).stdout  # fmt: skip
 

@@ -9,12 +9,11 @@ from dataclasses import replace
 
 from sqlalchemy import select
 
-from api.services import batches, files
 from api.services.tenants import create_tenant
-from scheduler import dispatcher
 from storage.models import UnitStatus, WorkUnit
+from storage.runtime import Runtime
 from tests.conftest import now
-from workers.runtime import Runtime
+from workers import dispatcher, intake
 from workers.validation import validate_batch
 
 
@@ -25,8 +24,8 @@ def submit(rt: Runtime, tenant_id: str, n: int, tag: str) -> str:
         for i in range(n)
     ]  # fmt: skip
     data = "".join(json.dumps(x) + "\n" for x in lines).encode()
-    stored = files.upload(rt, tenant_id, "batch", f"{tag}.jsonl", io.BytesIO(data))
-    batch = batches.create(rt, tenant_id, {"input_file_id": stored.id, "endpoint": "/v1/chat/completions"})
+    stored = intake.upload(rt, tenant_id, "batch", f"{tag}.jsonl", io.BytesIO(data))
+    batch = intake.create(rt, tenant_id, {"input_file_id": stored.id, "endpoint": "/v1/chat/completions"})
     validate_batch(rt, batch.id)
     return batch.id
 
@@ -65,7 +64,7 @@ def test_small_batches_are_packed_together_and_lost_packs_are_sent_again(setting
 def test_queued_units_are_packed_again_at_once_when_the_broker_lost_its_data(settings):  # type: ignore[no-untyped-def]
     """Redis restarted without persistence: the dispatcher's marker key is gone with the queued
     messages, so the next tick packs the queued units again without waiting for a lease."""
-    from workers.celery_app import BROKER_MARKER_KEY
+    from storage.broker import BROKER_MARKER_KEY
 
     rt = Runtime(replace(settings, unit_size=4, pack_requests=8, queue_depth=1, lease_seconds=300))
     try:
@@ -92,8 +91,8 @@ def test_validation_is_sent_again_when_the_broker_lost_its_data(settings):  # ty
     rt = Runtime(settings)
     try:
         tenant, _ = create_tenant(rt.db, "a", now())
-        stored = files.upload(rt, tenant.id, "batch", "v.jsonl", io.BytesIO(b'{"custom_id": "x"}\n'))
-        waiting = batches.create(
+        stored = intake.upload(rt, tenant.id, "batch", "v.jsonl", io.BytesIO(b'{"custom_id": "x"}\n'))
+        waiting = intake.create(
             rt, tenant.id, {"input_file_id": stored.id, "endpoint": "/v1/chat/completions"}
         )
         dispatcher.tick(rt, float(now()))  # sets the marker
@@ -115,8 +114,8 @@ def test_a_batch_is_not_left_behind_when_the_broker_is_down(settings):  # type: 
     answers 503) and no batch row stays ``validating`` with no task to validate it."""
     from kombu.exceptions import OperationalError
 
+    from storage.broker import BROKER_ERRORS
     from storage.models import Batch
-    from workers.celery_app import BROKER_ERRORS
 
     down = replace(settings, broker_url="redis://127.0.0.1:1/0")  # nothing listens on port 1
     rt = Runtime(down)
@@ -124,9 +123,9 @@ def test_a_batch_is_not_left_behind_when_the_broker_is_down(settings):  # type: 
     rt.queue.celery.conf.task_publish_retry = False
     try:
         tenant, _ = create_tenant(rt.db, "a", now())
-        stored = files.upload(rt, tenant.id, "batch", "v.jsonl", io.BytesIO(b'{"custom_id": "x"}\n'))
+        stored = intake.upload(rt, tenant.id, "batch", "v.jsonl", io.BytesIO(b'{"custom_id": "x"}\n'))
         try:
-            batches.create(rt, tenant.id, {"input_file_id": stored.id, "endpoint": "/v1/chat/completions"})
+            intake.create(rt, tenant.id, {"input_file_id": stored.id, "endpoint": "/v1/chat/completions"})
         except BROKER_ERRORS as exc:
             assert isinstance(exc, OperationalError | ConnectionError)
         else:

@@ -1,11 +1,11 @@
 """Start and stop the whole local Freight stack: Redis, the API, the control worker, one engine
 worker per served model, and the beat scheduler. Used by ``make run``/``make stop`` and the tests.
 
-Every process gets a pid file in ``run_dir`` (the contract of ``infra.services.stop_all``) and a
+Every process gets a pid file in ``run_dir`` (the contract of ``infra.daemons.stop_all``) and a
 log file beside it, so ``stop`` needs nothing but the folder.
 
-    python -m infra.stack up RUN_DIR      # settings from FREIGHT_* in the environment
-    python -m infra.stack down RUN_DIR
+    python -m infra.processes up RUN_DIR      # settings from FREIGHT_* in the environment
+    python -m infra.processes down RUN_DIR
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from infra import services
+from infra import daemons as services
 from storage.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent

@@ -16,12 +16,12 @@ from sqlalchemy.orm import Session
 
 from scheduler.deadlines import BatchLoad, Sample, assess, etas, measured_rates
 from scheduler.leases import QueuedUnit, RunningUnit, plan_redelivery, plan_requeue
-from scheduler.lifecycle import finish_if_done, stop_batch
-from scheduler.metering import AdmissionDecision, admit, eta
 from scheduler.packing import Candidate, plan_packs
+from scheduler.sla import AdmissionDecision, admit, eta
+from storage.lifecycle import finish_if_done, stop_batch
 from storage.models import Batch, EngineSample, UnitStatus, WorkUnit, new_id
+from storage.runtime import Runtime
 from storage.status import BatchStatus
-from workers.runtime import Runtime
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ can be timed on its own. The engine loop sums its busy time into periods instead
 after a step whose results finished a unit (so its share is known before it is recorded) or after
 ``period_seconds``, always after the step's results are all counted.
 Its time and cost go to the units whose requests finished in it, in proportion to their weighted
-tokens (``scheduler.metering.work_weight``, with token costs fitted on this worker's recent
+tokens (``scheduler.cost.work_weight``, with token costs fitted on this worker's recent
 periods), by largest remainder in integer microseconds and micro-dollars: the shares sum exactly
 to the period. A period in which nothing finished carries over to the next.
 
@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from scheduler.metering import (
+from scheduler.cost import (
     DEFAULT_TOKEN_COSTS,
     PeriodWork,
     TokenCosts,

@@ -1,6 +1,9 @@
-"""What a process needs to do Freight's work: settings, database, object store, task queue.
+"""The composition root: what a process needs to do Freight's work (settings, database, object
+store, task queue), each built lazily on first use.
 
-Built once per process (API app factory, worker start-up, CLI command) and passed down.
+Built once per process (API app factory, worker start-up, CLI command) and passed down. Worker
+processes pass their own Celery app so sends share its connection pool; every other process gets
+a producer app with no tasks registered.
 """
 
 from __future__ import annotations
@@ -8,16 +11,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from celery import Celery
+
+from storage.broker import TaskQueue, make_producer
 from storage.db import Database
 from storage.objectstore import ObjectStore, open_object_store
 from storage.objectstore_retry import RetryPolicy
 from storage.settings import Settings
-from workers.celery_app import TaskQueue, make_celery
 
 
 @dataclass
 class Runtime:
     settings: Settings
+    celery: Celery | None = None  # a worker process's own app; None: a producer app of its own
 
     @cached_property
     def db(self) -> Database:
@@ -30,4 +36,4 @@ class Runtime:
 
     @cached_property
     def queue(self) -> TaskQueue:
-        return TaskQueue(make_celery(self.settings))
+        return TaskQueue(self.celery or make_producer(self.settings))

@@ -3,8 +3,8 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler.metering import TokenWork, engine_cost_micros
-from workers.accounting import CostMeter, UnitMeter
+from scheduler.cost import TokenWork, engine_cost_micros
+from workers.cost_meter import CostMeter, UnitMeter
 
 
 class Clock:

@@ -1,0 +1,88 @@
+"""The sending side of the broker: queue names, what a send raises, and `TaskQueue`.
+
+Tasks are sent by name, so a producer (the API, a CLI, the dispatcher) never imports the task
+modules; only worker and beat processes register tasks (``workers.celery_app``).
+
+Queues: ``freight.control`` carries validation, finalization, the dispatcher tick and the S3 drop
+folders' scans and deliveries; each served model has its own queue ``freight.model.<name>``
+consumed by engine workers (``-P solo``, one warm vLLM engine per process), which take packs of
+work units from it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from kombu.exceptions import OperationalError as KombuOperationalError
+
+from storage.settings import Settings
+
+CONTROL_QUEUE = "freight.control"
+# what sending a task raises when the broker cannot be reached (after kombu's own retries)
+BROKER_ERRORS = (KombuOperationalError, ConnectionError)
+# A key the dispatcher keeps in the broker: gone means the broker lost its data, messages included.
+BROKER_MARKER_KEY = "freight:broker-marker"
+
+
+def model_queue(model: str) -> str:
+    return f"freight.model.{model}"
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """The Celery settings every Freight process shares, producer or worker."""
+    return {
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "task_default_queue": CONTROL_QUEUE,
+        "task_ignore_result": True,
+        "broker_connection_retry_on_startup": True,
+        "broker_transport_options": {"visibility_timeout": settings.visibility_timeout_seconds},
+        "worker_hijack_root_logger": False,
+    }
+
+
+def make_producer(settings: Settings) -> Celery:
+    """A Celery app that only sends: no task is registered in it."""
+    app = Celery("freight", broker=settings.broker_url, set_as_current=False)
+    app.conf.update(celery_config(settings))
+    return app
+
+
+class TaskQueue:
+    """Sends tasks by name, so producers (the API) need not import the task modules."""
+
+    def __init__(self, celery: Celery) -> None:
+        self.celery = celery
+
+    def broker_was_reset(self) -> bool:
+        """True once after the broker lost everything it held (Redis restarted without persistence,
+        or a new one): the marker this sets is missing. Then every queued message is gone too and
+        the database, not the broker, says what must be sent again. False on brokers other than
+        Redis (nothing to check)."""
+        # a pooled connection: the dispatcher asks every tick, and a new one costs a connect
+        with self.celery.pool.acquire(block=True) as conn:
+            client = getattr(conn.default_channel, "client", None)
+            if client is None or not hasattr(client, "set"):
+                return False
+            return bool(client.set(BROKER_MARKER_KEY, "1", nx=True))
+
+    def validate(self, batch_id: str) -> None:
+        self.celery.send_task("freight.validate_batch", args=[batch_id], queue=CONTROL_QUEUE)
+
+    def finalize(self, batch_id: str) -> None:
+        self.celery.send_task("freight.finalize_batch", args=[batch_id], queue=CONTROL_QUEUE)
+
+    def run_pack(self, pack_id: str, model: str, unit_ids: list[int]) -> None:
+        self.celery.send_task("freight.run_pack", args=[pack_id, unit_ids], queue=model_queue(model))
+
+    def scan_dropfolder(self, folder_id: str, expires: float) -> None:
+        self.celery.send_task(
+            "freight.scan_dropfolder", args=[folder_id], queue=CONTROL_QUEUE, expires=expires
+        )
+
+    def deliver_dropfolder_object(self, object_id: int, expires: float) -> None:
+        self.celery.send_task(
+            "freight.deliver_dropfolder_object", args=[object_id], queue=CONTROL_QUEUE, expires=expires
+        )

@@ -1,0 +1,36 @@
+"""Every `freight` command builds its settings the same way: a bad `FREIGHT_*` value is one clear
+line naming the variable, never a traceback (the `models` group used to print one)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["models", "list"],
+        ["db", "upgrade"],
+        ["tenant", "create", "x"],
+        ["worker", "--control"],
+        ["beat"],
+        ["tick"],
+    ],
+)
+def test_a_bad_setting_is_one_clear_line(argv: list[str], tmp_path) -> None:
+    env = {**os.environ, "FREIGHT_TICK_SECONDS": "soon", "FREIGHT_DATA_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "api.cli", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert "FREIGHT_TICK_SECONDS" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr

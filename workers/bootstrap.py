@@ -1,0 +1,141 @@
+"""Start a worker or beat process: what `freight worker` and `freight beat` run.
+
+`freight worker` (``api.cli``) execs ``python -m workers.bootstrap worker ...``, so this module is
+``__main__`` of every engine worker. vLLM's engine processes re-import ``__main__`` and walk every
+loaded module at start-up, tripping over Flask's context globals: nothing here may import Flask
+(``tests/workers/test_bootstrap.py`` holds that).
+
+    python -m workers.bootstrap worker --control [--name N]
+    python -m workers.bootstrap worker --model NAME [--name N]
+    python -m workers.bootstrap beat
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from storage.settings import Settings, SettingsError
+
+
+class BootstrapError(RuntimeError):
+    """The process cannot start; the message says why (printed, exit status 1)."""
+
+
+def run_control_worker(settings: Settings, name: str | None) -> None:
+    """Validation, finalization, the dispatcher tick and the drop folders, on a thread pool."""
+    from storage.broker import CONTROL_QUEUE
+    from storage.registry import served_names
+    from storage.runtime import Runtime
+    from workers.celery_app import make_celery
+    from workers.request_bodies import CHAT, parse_body
+    from workers.validation import prompt_keys
+
+    app = make_celery(settings)
+    # import vLLM's request models now (seconds), not inside the first validation
+    parse_body(CHAT, {"model": "warm-up", "messages": [{"role": "user", "content": "hi"}]})
+    rt = Runtime(settings)
+    warm = prompt_keys(rt)  # and load each model's tokenizer for the prompt keys
+    for served in sorted(served_names(rt.db, settings)):
+        warm(served, CHAT, {"messages": [{"role": "user", "content": "hi"}]})
+    argv = ["worker", "-P", "threads", "-c", "4", "-Q", CONTROL_QUEUE, "-n", name or "control@%h"]
+    app.worker_main([*argv, "--loglevel", "INFO", "--without-gossip", "--without-mingle"])
+
+
+def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
+    """One warm vLLM engine serving ``model``'s queue (solo pool: vLLM's engine spawns processes,
+    which prefork's daemonic children cannot)."""
+    from celery import signals
+
+    from storage.broker import model_queue
+    from storage.checkpoint_cache import CheckpointError, local_checkpoint
+    from storage.objectstore import s3_client
+    from storage.registry import RegistryError, require
+    from storage.runtime import Runtime
+    from workers.celery_app import make_celery
+    from workers.engine import Engine, EngineUnsupported
+    from workers.execution import PackRunner
+    from workers.tasks import runtime_of
+
+    app = make_celery(settings)
+    try:  # the registry entry says what to load, from where, at what price
+        entry = require(Runtime(settings).db, settings, model)
+        local = local_checkpoint(
+            entry.checkpoint,
+            Path(settings.model_cache_dir),
+            lambda: s3_client(settings.s3_endpoint_url or None),
+        )
+    except (RegistryError, CheckpointError) as exc:
+        raise BootstrapError(str(exc)) from exc
+    # load once, before consuming: every task this process runs finds the engine warm
+    try:
+        engine = Engine.start(engine_config(settings, model, str(local), entry.max_model_len))
+    except EngineUnsupported as exc:  # a supervisor restarting it would meet the same refusal
+        raise BootstrapError(str(exc)) from exc
+    runner = PackRunner(runtime_of(app), engine, model, price_per_hour=entry.price_per_hour(settings)).start()
+    app.freight_runner = runner  # type: ignore[attr-defined]
+
+    @signals.worker_shutdown.connect(weak=False)
+    def drain(**_: object) -> None:  # warm shutdown (SIGTERM): finish or hand back, then stop
+        runner.close(settings.drain_seconds)
+        engine.shutdown()
+
+    argv = ["worker", "-P", "solo", "-Q", model_queue(model), "-n", name or f"{model}-{os.getpid()}@%h"]
+    app.worker_main([*argv, "--loglevel", "INFO", "--without-gossip", "--without-mingle"])
+
+
+def engine_config(settings: Settings, model: str, path: str, max_model_len: int | None = None):  # type: ignore[no-untyped-def]
+    from workers.engine import EngineConfig
+
+    return EngineConfig(
+        model_path=path,
+        served_name=model,
+        max_num_seqs=settings.engine_max_num_seqs,
+        max_model_len=max_model_len or settings.engine_max_model_len or None,
+        kv_cache_bytes=int(settings.engine_kv_cache_gib * 1024**3),
+        block_size=settings.engine_block_size or None,
+        enforce_eager=settings.engine_enforce_eager,
+        default_max_tokens=settings.engine_default_max_tokens or None,
+        dtype=settings.engine_dtype,
+    )
+
+
+def run_beat(settings: Settings) -> None:
+    """The Celery beat scheduler that drives the dispatcher tick and the drop-folder polls."""
+    from workers.celery_app import make_celery
+
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    app = make_celery(settings)
+    app.Beat(schedule=str(settings.data_dir / "celerybeat-schedule"), loglevel="INFO").run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workers.bootstrap", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    worker = sub.add_parser("worker")
+    which = worker.add_mutually_exclusive_group(required=True)
+    which.add_argument("--model")
+    which.add_argument("--control", action="store_true")
+    worker.add_argument("--name")
+    sub.add_parser("beat")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = Settings.from_env()
+        if args.command == "beat":
+            run_beat(settings)
+        elif args.control:
+            run_control_worker(settings, args.name)
+        else:
+            run_engine_worker(settings, args.model, args.name)
+    except (SettingsError, BootstrapError) as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,285 @@
+"""Intake: a file and a create request become a batch waiting for validation.
+
+The one way in, whatever the entry point (the Batch API, the console's upload form, an S3 drop
+folder): store the file, check the request, add the batch in one transaction, commit, then send
+its validation. The batch row is made only by a transaction that commits before the send, so a
+task never refers to a row that might roll back.
+
+When the broker is down the send fails, and nothing would ever validate the batch. Every entry
+point gets the same answer: the batch (and a file row made in the same call) is withdrawn and the
+broker's error propagates, so the caller's retry is the only copy of the job. The API answers 503
+with Retry-After, the console shows the error, a drop folder's scan fails and retries with
+backoff, re-reading the inbox object it could not hand over. A process that dies between the
+commit and the send leaves a ``validating`` batch that the dispatcher's tick sends again once its
+validation lease has lapsed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import unicodedata
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import IO, Any
+
+from sqlalchemy import delete
+from sqlalchemy.orm import Session
+
+from scheduler.sla import SlaTier
+from storage.broker import BROKER_ERRORS
+from storage.errors import ServiceError
+from storage.models import Batch, DropObject, StoredFile, new_id
+from storage.objectstore import CHUNK
+from storage.runtime import Runtime
+from storage.status import BatchStatus
+from workers.request_bodies import ENDPOINTS
+
+PURPOSES = ("batch",)
+MAX_FILENAME = 255
+BIDI_CONTROLS = frozenset("\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+MAX_METADATA_PAIRS = 16
+
+
+def storable(text: str) -> bool:
+    """Whether a JSON string can go into a database column: PostgreSQL refuses NUL, and no
+    database takes an unpaired surrogate (valid JSON, ``"\\ud800"``, but not UTF-8)."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_metadata(metadata: Any) -> dict[str, str] | None:
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict):
+        raise ServiceError(
+            "invalid_request", "metadata must be an object of string keys and values", param="metadata"
+        )
+    if len(metadata) > MAX_METADATA_PAIRS:
+        raise ServiceError(
+            "invalid_request", f"metadata may hold at most {MAX_METADATA_PAIRS} pairs", param="metadata"
+        )
+    for key, value in metadata.items():
+        if not isinstance(value, str) or len(key) > 64 or len(value) > 512 or not storable(key + value):
+            raise ServiceError(
+                "invalid_request",
+                "metadata keys are strings of at most 64 characters, values strings of at most 512,"
+                " without NUL characters or unpaired surrogates",
+                param=f"metadata.{str(key)[:64]}",
+            )
+    return metadata
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    """A checked create request; ``add`` turns it into a row inside the caller's transaction."""
+
+    input_file_id: str
+    endpoint: str
+    window: str
+    tier: SlaTier
+    metadata: dict[str, str] | None
+    priority: int
+
+
+def check_request(rt: Runtime, payload: Any) -> BatchRequest:
+    if not isinstance(payload, dict):
+        raise ServiceError("invalid_request", "the request body must be a JSON object")
+    input_file_id = payload.get("input_file_id")
+    endpoint = payload.get("endpoint")
+    window = payload.get("completion_window", rt.settings.default_window)
+    if not isinstance(input_file_id, str) or not input_file_id:
+        raise ServiceError("invalid_request", "input_file_id is required", param="input_file_id")
+    if not storable(input_file_id):
+        raise ServiceError(
+            "not_found", f"No such File object: {input_file_id[:100]!r}", param="input_file_id"
+        )
+    if endpoint not in ENDPOINTS:
+        raise ServiceError(
+            "invalid_request",
+            f"endpoint must be one of {', '.join(ENDPOINTS)}",
+            param="endpoint",
+            code="invalid_endpoint",
+        )
+    tier = rt.settings.tier(window) if isinstance(window, str) else None
+    if tier is None:
+        offered = ", ".join(t.window for t in rt.settings.sla_tiers)
+        raise ServiceError(
+            "invalid_request", f"completion_window must be one of {offered}", param="completion_window"
+        )
+    metadata = check_metadata(payload.get("metadata"))
+    priority = payload.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
+        raise ServiceError(
+            "invalid_request", "priority must be an integer from -100 to 100", param="priority"
+        )
+    return BatchRequest(input_file_id, endpoint, window, tier, metadata, priority)
+
+
+def add(s: Session, tenant_id: str, request: BatchRequest, now: int) -> Batch:
+    """The new ``validating`` batch, added in the caller's transaction; the caller enqueues its
+    validation after the commit."""
+    source = s.get(StoredFile, request.input_file_id)
+    if source is None or source.tenant_id != tenant_id or source.deleted_at is not None:
+        raise ServiceError(
+            "not_found", f"No such File object: {request.input_file_id}", param="input_file_id"
+        )
+    if source.purpose != "batch":
+        raise ServiceError(
+            "invalid_request",
+            "input_file_id must be a file uploaded with purpose=batch",
+            param="input_file_id",
+        )
+    batch = Batch(
+        id=new_id("batch_"),
+        tenant_id=tenant_id,
+        endpoint=request.endpoint,
+        input_file_id=request.input_file_id,
+        completion_window=request.window,
+        status=BatchStatus.VALIDATING.value,
+        metadata_=request.metadata,
+        priority=request.priority,
+        created_at=now,
+        expires_at=now + request.tier.seconds,
+        price_multiplier=request.tier.price_multiplier,
+    )
+    s.add(batch)
+    return batch
+
+
+class _Limited:
+    """Reads at most ``limit`` bytes, then refuses: the store never holds an oversize upload."""
+
+    def __init__(self, stream: IO[bytes], limit: int) -> None:
+        self.stream = stream
+        self.limit = limit
+        self.total = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.stream.read(CHUNK if size is None or size < 0 else min(size, CHUNK))
+        self.total += len(data)
+        if self.total > self.limit:
+            raise ServiceError(
+                "too_large",
+                f"file is larger than the {self.limit} byte limit",
+                param="file",
+                code="file_too_large",
+            )
+        return data
+
+
+def clean_filename(name: str | None) -> str:
+    """The last path segment, without control or bidi-override characters (they would spoof or
+    break a listing); a name is only a label, never part of an object key."""
+    name = os.path.basename((name or "").replace("\\", "/"))
+    name = "".join(c for c in name if unicodedata.category(c) not in ("Cc", "Cs") and c not in BIDI_CONTROLS)
+    name = name.strip()
+    return (name if name not in ("", ".", "..") else "upload.jsonl")[:MAX_FILENAME]
+
+
+def upload(
+    rt: Runtime, tenant_id: str, purpose: str | None, filename: str | None, stream: IO[bytes]
+) -> StoredFile:
+    record = store_file(rt, tenant_id, purpose, filename, stream)
+    with rt.db.write() as s:
+        s.add(record)
+    return record
+
+
+def store_file(
+    rt: Runtime,
+    tenant_id: str,
+    purpose: str | None,
+    filename: str | None,
+    stream: IO[bytes],
+    key: str | None = None,
+) -> StoredFile:
+    """Stream an upload into the object store (at ``key``, by default one of its own) and return
+    its row, not yet added: the caller commits it, alone or with rows that refer to it."""
+    if purpose not in PURPOSES:
+        raise ServiceError(
+            "invalid_request", f"purpose must be one of {', '.join(PURPOSES)}", param="purpose"
+        )
+    file_id = new_id("file-")
+    key = key or f"files/{tenant_id}/{file_id}"
+    limited = _Limited(stream, rt.settings.max_file_bytes)
+    size = rt.store.put_stream(key, limited)  # type: ignore[arg-type]
+    if size == 0:
+        rt.store.delete(key)
+        raise ServiceError("invalid_request", "the uploaded file is empty", param="file")
+    return StoredFile(
+        id=file_id,
+        tenant_id=tenant_id,
+        purpose=purpose,
+        filename=clean_filename(filename),
+        bytes=size,
+        object_key=key,
+        created_at=int(time.time()),
+    )
+
+
+class _Refused(Exception):
+    """``record`` said no: roll back everything this transaction added."""
+
+
+def create(rt: Runtime, tenant_id: str, payload: Any) -> Batch:
+    """The Batch API's create: a batch over a file the tenant uploaded before."""
+    batch = create_batch(rt, tenant_id, check_request(rt, payload))
+    assert batch is not None  # no ``record`` callback: nothing can refuse it
+    return batch
+
+
+def create_batch(
+    rt: Runtime,
+    tenant_id: str,
+    request: BatchRequest,
+    *,
+    new_file: StoredFile | None = None,
+    record: Callable[[Session, Batch], bool] | None = None,
+) -> Batch | None:
+    """Add the batch (with ``new_file``, a stored file's row not yet added, when the upload came
+    with the request) in one transaction, commit, and send its validation.
+
+    ``record`` runs inside that transaction with the new batch; returning False rolls everything
+    back and returns None (a drop folder's claim on the inbox object, taken by another scanner).
+    On a broker error the batch is withdrawn and the error propagates (see the module's doc)."""
+    try:
+        with rt.db.write() as s:
+            if new_file is not None:
+                s.add(new_file)
+                s.flush()
+                request = replace(request, input_file_id=new_file.id)
+            batch = add(s, tenant_id, request, int(time.time()))
+            s.flush()
+            if record is not None and not record(s, batch):
+                raise _Refused
+    except _Refused:
+        return None
+    try:
+        rt.queue.validate(batch.id)  # after the commit that made the row
+    except BROKER_ERRORS:
+        withdraw(rt, batch.id, new_file)
+        raise
+    return batch
+
+
+def withdraw(rt: Runtime, batch_id: str, new_file: StoredFile | None) -> None:
+    """Take back a batch whose validation could not be sent, while it is still ``validating``,
+    with what was made alongside it: a drop folder's claim on its inbox object (so the next scan
+    reads the object again) and the file row and object stored in the same call."""
+    with rt.db.write() as s:
+        taken = s.execute(
+            delete(Batch).where(Batch.id == batch_id, Batch.status == BatchStatus.VALIDATING)
+        ).rowcount
+        if not taken:  # validation was sent after all (a retry of ours reached the broker)
+            return
+        s.execute(delete(DropObject).where(DropObject.batch_id == batch_id))
+        if new_file is not None:
+            s.execute(delete(StoredFile).where(StoredFile.id == new_file.id))
+    if new_file is not None:
+        rt.store.delete(new_file.object_key)
