@@ -1,1 +1,3 @@
-"""Persistence: settings, database models and sessions, the object store, JSONL and Parquet I/O."""
+"""Talking to the backing services: settings, the database (models, sessions, row-level lifecycle),
+the object store, Parquet codecs, the broker's sending side, and the composition root
+(``storage.runtime``). Builds on ``scheduler`` only."""

@@ -1,1 +1,2 @@
-"""Celery app and tasks, the vLLM engine adapter, and the domain steps workers run."""
+"""Everything off the request path: the Celery app and tasks, intake, validation, the dispatcher,
+the vLLM engine and the packs it runs, finalization and the S3 drop folders."""

@@ -1,4 +1,5 @@
-"""Batches: create (then validate asynchronously), read, list, cancel."""
+"""Batches, the tenant's side after intake: read, list with live counts, cancel. (Creating one is
+``workers.intake``: the API, the console and the drop folders share it.)"""
 
 from __future__ import annotations
 

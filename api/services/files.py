@@ -1,4 +1,5 @@
-"""Files: uploads stream straight into the object store; content streams back out."""
+"""Files, the tenant's side after upload: read, list, stream content back (JSONL or converted to
+Parquet), delete. Uploads stream into the object store through ``workers.intake``."""
 
 from __future__ import annotations
 

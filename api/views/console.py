@@ -332,7 +332,7 @@ def upload_post():  # type: ignore[no-untyped-def]
             _metadata(request.form.get("metadata", "")),
         )
     except ServiceError as exc:
-        return _upload_form(exc.message, exc.status)
+        return _upload_form(exc.message, status_of(exc))
     flash(f"Uploaded {chosen.filename} and created batch {batch.id}.")
     return redirect(url_for(".job_page", batch_id=batch.id))
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from api.app import create_app
+from api.errors import status_of
 from api.services import dropfolders
 from api.services.tenants import create_tenant
 from scheduler.dropfolder_plan import ARCHIVE, FAILED, OUTBOX, inbox_name, moved_key, result_keys
@@ -175,7 +176,7 @@ def test_drop_folder_prefixes_and_keys_cannot_climb_out(runtime, figures) -> Non
         figures.cases += 1
         with pytest.raises(dropfolders.ServiceError) as refused:
             dropfolders.add(runtime, url, "alpha", "/v1/chat/completions", now=now())
-        assert refused.value.status == 400, url
+        assert status_of(refused.value) == 400, url
     assert dropfolders.list_folders(runtime) == []
     # inbox keys: only plain names one level under inbox/ become batches
     for key in ("inbox/../escape.jsonl", "inbox/../../x.jsonl", "inbox/a/../../b.jsonl", "inbox/..jsonl",
