@@ -16,6 +16,7 @@ validation lease has lapsed.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import unicodedata
@@ -30,7 +31,7 @@ from scheduler.sla import SlaTier
 from storage.broker import BROKER_ERRORS
 from storage.errors import ServiceError
 from storage.models import Batch, DropObject, StoredFile, new_id
-from storage.objectstore import CHUNK
+from storage.objectstore import CHUNK, ObjectStoreError
 from storage.runtime import Runtime
 from storage.status import BatchStatus
 from workers.request_bodies import ENDPOINTS
@@ -39,6 +40,8 @@ PURPOSES = ("batch",)
 MAX_FILENAME = 255
 BIDI_CONTROLS = frozenset("\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 MAX_METADATA_PAIRS = 16
+
+log = logging.getLogger(__name__)
 
 
 def storable(text: str) -> bool:
@@ -273,13 +276,16 @@ def withdraw(rt: Runtime, batch_id: str, new_file: StoredFile | None) -> None:
     with what was made alongside it: a drop folder's claim on its inbox object (so the next scan
     reads the object again) and the file row and object stored in the same call."""
     with rt.db.write() as s:
-        taken = s.execute(
-            delete(Batch).where(Batch.id == batch_id, Batch.status == BatchStatus.VALIDATING)
-        ).rowcount
-        if not taken:  # validation was sent after all (a retry of ours reached the broker)
-            return
+        batch = s.get(Batch, batch_id, with_for_update=True)
+        if batch is None or batch.status != BatchStatus.VALIDATING:
+            return  # validation ran after all (a send of ours reached the broker) or it was cancelled
+        # the claim first: deleting the batch would only null its batch_id (ON DELETE SET NULL)
         s.execute(delete(DropObject).where(DropObject.batch_id == batch_id))
+        s.delete(batch)
         if new_file is not None:
             s.execute(delete(StoredFile).where(StoredFile.id == new_file.id))
     if new_file is not None:
-        rt.store.delete(new_file.object_key)
+        try:
+            rt.store.delete(new_file.object_key)
+        except ObjectStoreError:  # the broker's error is the one to report; the object is unlisted
+            log.warning("could not delete %s after withdrawing batch %s", new_file.object_key, batch_id)
