@@ -40,7 +40,7 @@ def _check_header() -> str | tuple[str, str, str]:
 def _answer() -> str | tuple[str, str, str]:
     if "auth" not in g:
         g.auth = _check_header()
-    return g.auth  # type: ignore[no-any-return]
+    return g.auth
 
 
 def tenant_or_none() -> str | None:

@@ -175,7 +175,7 @@ def prepared(file: Path, model: str) -> IO[bytes]:
     except OSError as exc:
         raise ClientError(f"cannot read {file}: {exc.strerror or exc}") from None
     spool.seek(0)
-    return spool  # type: ignore[return-value]
+    return spool
 
 
 @click.command()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from flask import Flask, jsonify, request
+from flask import Flask, Response, jsonify, request
 from kombu.exceptions import OperationalError as KombuOperationalError
 from sqlalchemy.exc import DBAPIError, OperationalError
 from werkzeug.exceptions import HTTPException
@@ -47,12 +47,12 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
 
 def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(ServiceError)
-    def _service(exc: ServiceError):  # type: ignore[no-untyped-def]
+    def _service(exc: ServiceError) -> tuple[Response, int]:
         status = status_of(exc)
         return jsonify(error_body(status, exc.message, exc.param, exc.code)), status
 
     @app.errorhandler(HTTPException)
-    def _http(exc: HTTPException):  # type: ignore[no-untyped-def]
+    def _http(exc: HTTPException) -> tuple[Response, int]:
         status = exc.code or 500
         too_large = "file_too_large" if request.endpoint in UPLOAD_ENDPOINTS else "request_too_large"
         code = {404: "not_found", 405: "method_not_allowed", 413: too_large, 429: "rate_limit_exceeded"}.get(
@@ -67,7 +67,7 @@ def register_error_handlers(app: Flask) -> None:
             response.headers.update({k: v for k, v in exc.get_headers() if k.lower() == "allow"})
         return response, status
 
-    def unavailable(what: str, code: str, exc: Exception):  # type: ignore[no-untyped-def]
+    def unavailable(what: str, code: str, exc: Exception) -> tuple[Response, int]:
         """A backing service is down or restarting: 503 with ``Retry-After``, so clients (the
         ``openai`` client among them) retry instead of failing."""
         log.error("%s unavailable: %s", what, exc)
@@ -76,21 +76,21 @@ def register_error_handlers(app: Flask) -> None:
         return response, 503
 
     @app.errorhandler(ObjectStoreError)
-    def _store(exc: ObjectStoreError):  # type: ignore[no-untyped-def]
+    def _store(exc: ObjectStoreError) -> tuple[Response, int]:
         return unavailable("object store", "store_unavailable", exc)
 
     @app.errorhandler(KombuOperationalError)
     @app.errorhandler(ConnectionError)
-    def _broker(exc: Exception):  # type: ignore[no-untyped-def]
+    def _broker(exc: Exception) -> tuple[Response, int]:
         return unavailable("job queue", "queue_unavailable", exc)
 
     @app.errorhandler(DBAPIError)
-    def _database(exc: DBAPIError):  # type: ignore[no-untyped-def]
+    def _database(exc: DBAPIError) -> tuple[Response, int]:
         if not (isinstance(exc, OperationalError) or exc.connection_invalidated):
             return _unexpected(exc)
         return unavailable("database", "service_unavailable", exc)  # down, restarting, or a cut connection
 
     @app.errorhandler(Exception)
-    def _unexpected(exc: Exception):  # type: ignore[no-untyped-def]
+    def _unexpected(exc: Exception) -> tuple[Response, int]:
         log.exception("unhandled error")
         return jsonify(error_body(500, "Internal error; it has been logged.", None, "internal_error")), 500

@@ -16,7 +16,7 @@ from storage.settings import Settings, SettingsError
 from workers.quantize import METHODS, SCHEMES
 
 
-def _runtime():  # type: ignore[no-untyped-def]
+def _runtime():
     from storage.runtime import Runtime
 
     try:

@@ -134,7 +134,7 @@ class UploadForm:
                 )
             spooled.write(chunk)
         spooled.seek(0)
-        self.file = spooled  # type: ignore[assignment]
+        self.file = spooled
         self.finish()
 
     def finish(self) -> None:

@@ -95,7 +95,7 @@ def spawn(run_dir: Path, name: str, argv: list[str], env: dict[str, str]) -> sub
 
 def wait_for(
     check, what: str, timeout: float, proc: subprocess.Popen | None = None, log: Path | None = None
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():

@@ -70,7 +70,7 @@ def _make_engine(url: str) -> Engine:
     engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
 
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_connection, _record):  # type: ignore[no-untyped-def]
+    def _on_connect(dbapi_connection, _record):
         dbapi_connection.isolation_level = None  # SQLAlchemy emits BEGIN itself, below
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")  # readers never wait for the writer
@@ -80,7 +80,7 @@ def _make_engine(url: str) -> Engine:
         cursor.close()
 
     @event.listens_for(engine, "begin")
-    def _on_begin(conn):  # type: ignore[no-untyped-def]
+    def _on_begin(conn):
         immediate = conn.get_execution_options().get(_IMMEDIATE, False)
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 

@@ -95,7 +95,7 @@ class ChunkReader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def]
+    def readinto(self, buffer) -> int:
         while not self._pending:
             try:
                 self._pending = next(self._chunks)
@@ -195,7 +195,7 @@ class LocalObjectStore:
 class S3ObjectStore:
     """``s3://bucket/prefix``; endpoint and credentials from boto3's chain unless given."""
 
-    def __init__(  # type: ignore[no-untyped-def]
+    def __init__(
         self,
         bucket: str,
         prefix: str = "",
@@ -227,7 +227,7 @@ class S3ObjectStore:
         check_key(key)
         return f"{self.prefix}/{key}" if self.prefix else key
 
-    def _call(self, what: str, fn):  # type: ignore[no-untyped-def]
+    def _call(self, what: str, fn):
         return self.retrier.call(what, fn) if self.retrier else fn()
 
     def put_stream(self, key: str, stream: IO[bytes]) -> int:
@@ -296,7 +296,7 @@ class S3ObjectStore:
             raise ObjectStoreError(str(exc)) from exc
         except BotoCoreError as exc:
             raise ObjectStoreError(f"get of {key} in {self.url} failed: {exc}") from exc
-        return response["Body"]  # type: ignore[no-any-return]
+        return response["Body"]
 
     def size(self, key: str) -> int:
         return self.stat(key).size
@@ -418,7 +418,7 @@ def _read_part(stream: IO[bytes], size: int = PART_SIZE) -> bytes:
     return b"".join(pieces)
 
 
-def s3_client(  # type: ignore[no-untyped-def]
+def s3_client(
     endpoint_url: str | None = None,
     *,
     region: str | None = None,
@@ -453,7 +453,7 @@ def s3_client(  # type: ignore[no-untyped-def]
 class _GuardedReader(io.RawIOBase):
     """A streaming S3 body whose network errors surface as ObjectStoreError (not OSError)."""
 
-    def __init__(self, body, where: str) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, body, where: str) -> None:
         self._body = body
         self._where = where
 
@@ -465,11 +465,11 @@ class _GuardedReader(io.RawIOBase):
         from urllib3.exceptions import HTTPError
 
         try:
-            return self._body.read(None if size is None or size < 0 else size)  # type: ignore[no-any-return]
+            return self._body.read(None if size is None or size < 0 else size)
         except (BotoCoreError, HTTPError, OSError) as exc:
             raise ObjectStoreError(f"reading {self._where} failed: {exc}") from exc
 
-    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def]
+    def readinto(self, buffer) -> int:
         data = self.read(len(buffer))
         buffer[: len(data)] = data
         return len(data)

@@ -129,7 +129,9 @@ def request_lines(
             yield _line(record, row, shape, endpoint, merged)
 
 
-def _line(record: dict[str, Any], row: int, shape: str, endpoint: str, defaults: Mapping[str, Any]):  # type: ignore[no-untyped-def]
+def _line(
+    record: dict[str, Any], row: int, shape: str, endpoint: str, defaults: Mapping[str, Any]
+) -> bytes | RowError:
     if shape == "openai":
         body = record.get("body")
         if isinstance(body, bytes):

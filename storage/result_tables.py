@@ -44,10 +44,12 @@ def result_record(line: dict[str, Any]) -> dict[str, Any]:
     body = body if isinstance(body, dict) else {}
     choices = body.get("choices") or [{}]
     first = choices[0] if isinstance(choices[0], dict) else {}
-    message = first.get("message") if isinstance(first.get("message"), dict) else {}
+    raw_message = first.get("message")
+    message = raw_message if isinstance(raw_message, dict) else {}
     usage = body.get("usage") or {}
     details = usage.get("prompt_tokens_details") or {}
-    error = body.get("error") if isinstance(body.get("error"), dict) else line.get("error") or {}
+    raw_error = body.get("error")
+    error = raw_error if isinstance(raw_error, dict) else line.get("error") or {}
     return {
         "custom_id": line.get("custom_id"),
         "id": line.get("id"),

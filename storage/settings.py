@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
 from scheduler.cost import ListPrice
 from scheduler.sla import ADMISSION_POLICIES, SlaTier, parse_tiers
@@ -149,7 +150,7 @@ class Settings:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
         env = os.environ if environ is None else environ
-        values: dict[str, object] = {}
+        values: dict[str, Any] = {}
         for f in fields(cls):
             raw = env.get(f"FREIGHT_{f.name.upper()}")
             if raw is None:
@@ -161,7 +162,7 @@ class Settings:
     def resolved(self) -> Settings:
         """Fill the defaults that depend on other settings, and check the whole."""
         data_dir = Path(self.data_dir).absolute()
-        changes: dict[str, object] = {"data_dir": data_dir}
+        changes: dict[str, Any] = {"data_dir": data_dir}
         if not self.database_url:
             changes["database_url"] = f"sqlite:///{data_dir / 'freight.db'}"
         if not self.object_store_url:
@@ -210,7 +211,7 @@ class Settings:
             raise SettingsError("FREIGHT_ENGINE_BLOCK_SIZE must be 0 (vLLM's default) or a multiple of 16")
         if self.engine_dtype not in ENGINE_DTYPES:
             raise SettingsError(f"FREIGHT_ENGINE_DTYPE must be one of {', '.join(ENGINE_DTYPES)}")
-        return replace(self, **changes)  # type: ignore[arg-type]
+        return replace(self, **changes)
 
     @property
     def sla_tiers(self) -> tuple[SlaTier, ...]:

@@ -66,7 +66,7 @@ class ShardRow:
     def body(self) -> dict:
         import json
 
-        return json.loads(self.body_json)  # type: ignore[no-any-return]
+        return json.loads(self.body_json)
 
 
 def _table(rows: Sequence[ShardRow]) -> pa.Table:
@@ -162,7 +162,7 @@ class ShardWriter:
     def __enter__(self) -> ShardWriter:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:  # type: ignore[no-untyped-def]
+    def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
             self.close()
         else:

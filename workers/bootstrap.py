@@ -76,7 +76,7 @@ def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
     except EngineUnsupported as exc:  # a supervisor restarting it would meet the same refusal
         raise BootstrapError(str(exc)) from exc
     runner = PackRunner(runtime_of(app), engine, model, price_per_hour=entry.price_per_hour(settings)).start()
-    app.freight_runner = runner  # type: ignore[attr-defined]
+    app.freight_runner = runner
 
     @signals.worker_shutdown.connect(weak=False)
     def drain(**_: object) -> None:  # warm shutdown (SIGTERM): finish or hand back, then stop
@@ -87,7 +87,7 @@ def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
     app.worker_main([*argv, "--loglevel", "INFO", "--without-gossip", "--without-mingle"])
 
 
-def engine_config(settings: Settings, model: str, path: str, max_model_len: int | None = None):  # type: ignore[no-untyped-def]
+def engine_config(settings: Settings, model: str, path: str, max_model_len: int | None = None):
     from workers.engine import EngineConfig
 
     return EngineConfig(

@@ -80,7 +80,7 @@ class _Gunzip(io.RawIOBase):
         except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
             raise InvalidInput("invalid_gzip", f"the file is not valid gzip: {exc}") from exc
 
-    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def]
+    def readinto(self, buffer) -> int:
         data = self.read(len(buffer))
         buffer[: len(data)] = data
         return len(data)

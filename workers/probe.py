@@ -106,7 +106,7 @@ def _measure_in_child(model_dir: Path, batches: tuple[int, ...], tokens: int, ea
         text = out.read()
     for line in text.splitlines():
         if line.startswith(MARKER):
-            return json.loads(line[len(MARKER) :])  # type: ignore[no-any-return]
+            return json.loads(line[len(MARKER) :])
     tail = "\n".join(text.strip().splitlines()[-5:])
     raise ProbeError(f"probe of {model_dir} failed (exit {code}): {tail}")
 

@@ -29,7 +29,7 @@ def ready(env: Path) -> bool:
     return (env / STAMP).is_file() and python_of(env).is_file()
 
 
-def ensure(env: Path, echo=print) -> Path:  # type: ignore[no-untyped-def]
+def ensure(env: Path, echo=print) -> Path:
     """The environment's interpreter, making the environment first if it is not complete."""
     if ready(env):
         return python_of(env)

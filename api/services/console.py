@@ -43,7 +43,7 @@ def signed_in(rt: Runtime, tenant_id: str, key_digest: str) -> str | None:
     """The tenant's name while the key it signed in with is still valid, else None: revoking a
     key signs its console sessions out at their next request."""
     with rt.db.read() as s:
-        return s.scalar(  # type: ignore[no-any-return]
+        return s.scalar(
             select(Tenant.name)
             .join(ApiKey, ApiKey.tenant_id == Tenant.id)
             .where(Tenant.id == tenant_id, ApiKey.key_hash == key_digest, ApiKey.revoked_at.is_(None))

@@ -131,7 +131,7 @@ def add(rt: Runtime, req: AddRequest, *, echo: Echo = print, progress: Progress 
     return entry
 
 
-def _s3_factory(rt: Runtime):  # type: ignore[no-untyped-def]
+def _s3_factory(rt: Runtime):
     return lambda: s3_client(rt.settings.s3_endpoint_url or None)
 
 

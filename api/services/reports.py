@@ -122,7 +122,7 @@ class _Sums:
 _UNIT_METRICS = ("mean_fill", "mfu", "mbu")
 
 
-def in_window(since: float, until: float):  # type: ignore[no-untyped-def]
+def in_window(since: float, until: float):
     """Final batches whose final stamp (integer epoch seconds) is in [since, until)."""
     return (
         Batch.status.in_(FINAL_STATUSES),
@@ -131,7 +131,7 @@ def in_window(since: float, until: float):  # type: ignore[no-untyped-def]
     )
 
 
-def _filters(tenant: str | None, model: str | None) -> list:  # type: ignore[type-arg]
+def _filters(tenant: str | None, model: str | None) -> list:
     where = []
     if tenant is not None:
         where.append(Tenant.name == tenant)

@@ -41,7 +41,7 @@ def create_key(db: Database, tenant_name: str, now: int) -> str:
         return _add_key(s, tenant.id, now)
 
 
-def _add_key(s, tenant_id: str, now: int) -> str:  # type: ignore[no-untyped-def]
+def _add_key(s, tenant_id: str, now: int) -> str:
     key = KEY_PREFIX + secrets.token_urlsafe(32)
     s.add(ApiKey(tenant_id=tenant_id, key_hash=hash_key(key), prefix=key[:10], created_at=now))
     return key
@@ -59,4 +59,4 @@ def authenticate(db: Database, key: str) -> str | None:
         ).first()
     if row is None or not hmac.compare_digest(row.key_hash, digest):
         return None
-    return row.tenant_id  # type: ignore[no-any-return]
+    return row.tenant_id

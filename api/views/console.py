@@ -29,6 +29,7 @@ from flask import (
     url_for,
 )
 from flask.blueprints import BlueprintSetupState
+from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException
 
 from api.console_format import chart, register_filters
@@ -67,7 +68,7 @@ class ConsoleError(Exception):
 
 
 def rt() -> Runtime:
-    return current_app.extensions["freight"]  # type: ignore[no-any-return]
+    return current_app.extensions["freight"]
 
 
 @bp.record_once
@@ -86,7 +87,7 @@ def _setup(state: BlueprintSetupState) -> None:
 def csrf_token() -> str:
     if "csrf" not in session:
         session["csrf"] = secrets.token_urlsafe(32)
-    return session["csrf"]  # type: ignore[no-any-return]
+    return session["csrf"]
 
 
 @bp.context_processor
@@ -95,7 +96,7 @@ def _context() -> dict[str, Any]:
 
 
 @bp.before_request
-def _guard():  # type: ignore[no-untyped-def]
+def _guard() -> ResponseReturnValue | None:
     if not current_app.secret_key:
         raise ConsoleError(
             503, "The console is off: set FREIGHT_SECRET_KEY (or make the data folder writable)."
@@ -126,22 +127,22 @@ def _headers(response: Response) -> Response:
     return response
 
 
-def error_page(status: int, message: str):  # type: ignore[no-untyped-def]
+def error_page(status: int, message: str) -> tuple[str, int]:
     return render_template("console/error.html", status=status, message=message), status
 
 
 @bp.errorhandler(ConsoleError)
-def _console_error(exc: ConsoleError):  # type: ignore[no-untyped-def]
+def _console_error(exc: ConsoleError) -> tuple[str, int]:
     return error_page(exc.status, exc.message)
 
 
 @bp.errorhandler(ServiceError)
-def _service_error(exc: ServiceError):  # type: ignore[no-untyped-def]
+def _service_error(exc: ServiceError) -> tuple[str, int]:
     return error_page(status_of(exc), exc.message)
 
 
 @bp.errorhandler(HTTPException)
-def _http_error(exc: HTTPException):  # type: ignore[no-untyped-def]
+def _http_error(exc: HTTPException) -> tuple[str, int]:
     status = exc.code or 400
     message = {
         404: "There is no such page.",
@@ -151,13 +152,13 @@ def _http_error(exc: HTTPException):  # type: ignore[no-untyped-def]
 
 
 @bp.errorhandler(Exception)
-def _unexpected(exc: Exception):  # type: ignore[no-untyped-def]
+def _unexpected(exc: Exception) -> tuple[str, int]:
     log.exception("console: unhandled error")
     return error_page(500, "Internal error; it has been logged.")
 
 
 @bp.errorhandler(ObjectStoreError)
-def _store_error(exc: ObjectStoreError):  # type: ignore[no-untyped-def]
+def _store_error(exc: ObjectStoreError) -> tuple[str, int]:
     log.error("object store unavailable: %s", exc)
     return error_page(503, "The object store is unavailable; retry shortly.")
 
@@ -173,12 +174,12 @@ def _next_url() -> str:
 
 
 @bp.get("/sign-in")
-def sign_in():  # type: ignore[no-untyped-def]
+def sign_in() -> str:
     return render_template("console/sign_in.html", next=request.args.get("next", ""))
 
 
 @bp.post("/sign-in")
-def sign_in_post():  # type: ignore[no-untyped-def]
+def sign_in_post() -> ResponseReturnValue:
     key = request.form.get("api_key", "").strip()
     tenant_id = authenticate(rt().db, key) if key and len(key) <= 200 else None
     if tenant_id is None:
@@ -191,7 +192,7 @@ def sign_in_post():  # type: ignore[no-untyped-def]
 
 
 @bp.post("/sign-out")
-def sign_out():  # type: ignore[no-untyped-def]
+def sign_out() -> ResponseReturnValue:
     session.clear()
     flash("Signed out.")
     return redirect(url_for(".sign_in"))
@@ -224,7 +225,7 @@ def job_view(b: Any, filename: str | None = None) -> dict[str, Any]:
 
 @bp.get("/")
 @bp.get("/jobs")
-def jobs_page():  # type: ignore[no-untyped-def]
+def jobs_page() -> str:
     status = request.args.get("status") or None
     model = request.args.get("model") or None
     per_page = _int_arg("per_page", 20, 100)
@@ -243,7 +244,7 @@ def jobs_page():  # type: ignore[no-untyped-def]
 
 
 @bp.get("/jobs/<batch_id>")
-def job_page(batch_id: str):  # type: ignore[no-untyped-def]
+def job_page(batch_id: str) -> str:
     detail = console.job(rt(), g.tenant_id, batch_id, time.time())
     view = job_view(detail.batch, detail.input_file.filename if detail.input_file else None)
     stamps = [("created", detail.batch.created_at)]
@@ -259,14 +260,14 @@ def job_page(batch_id: str):  # type: ignore[no-untyped-def]
 
 
 @bp.post("/jobs/<batch_id>/cancel")
-def cancel(batch_id: str):  # type: ignore[no-untyped-def]
+def cancel(batch_id: str) -> ResponseReturnValue:
     batch = batches.cancel(rt(), g.tenant_id, batch_id)
     flash(f"Batch {batch.id} is {batch.status}.")
     return redirect(url_for(".job_page", batch_id=batch.id))
 
 
 @bp.get("/jobs/<batch_id>/files/<kind>")
-def download(batch_id: str, kind: str):  # type: ignore[no-untyped-def]
+def download(batch_id: str, kind: str) -> Response:
     batch = batches.get(rt(), g.tenant_id, batch_id)
     file_id = {"input": batch.input_file_id, "output": batch.output_file_id, "errors": batch.error_file_id}
     if not file_id.get(kind):
@@ -291,7 +292,7 @@ def _metadata(text: str) -> dict[str, str] | None:
     return pairs or None
 
 
-def _upload_form(error: str | None = None, status: int = 200):  # type: ignore[no-untyped-def]
+def _upload_form(error: str | None = None, status: int = 200) -> tuple[str, int]:
     settings = rt().settings
     form = request.form
     page = render_template(
@@ -311,12 +312,12 @@ def _upload_form(error: str | None = None, status: int = 200):  # type: ignore[n
 
 
 @bp.get("/upload")
-def upload():  # type: ignore[no-untyped-def]
+def upload() -> tuple[str, int]:
     return _upload_form()
 
 
 @bp.post("/upload")
-def upload_post():  # type: ignore[no-untyped-def]
+def upload_post() -> ResponseReturnValue:
     chosen = request.files.get("file")
     if chosen is None or not chosen.filename:
         return _upload_form("Choose a JSONL file to upload.", 400)
@@ -341,7 +342,7 @@ def upload_post():  # type: ignore[no-untyped-def]
 
 
 @bp.get("/models")
-def models_page():  # type: ignore[no-untyped-def]
+def models_page() -> str:
     queues = console.queues(rt())
     workers = console.live_workers(rt(), time.time())
     busy = any(q.batches or any(q.units.values()) for q in queues)
@@ -355,5 +356,5 @@ def models_page():  # type: ignore[no-untyped-def]
 
 
 @bp.route("/<path:unknown>")
-def not_found(unknown: str):  # type: ignore[no-untyped-def]
+def not_found(unknown: str) -> ResponseReturnValue:
     raise ConsoleError(404, "There is no such page.")

@@ -17,7 +17,7 @@ bp = Blueprint("v1", __name__, url_prefix="/v1")
 
 
 def rt() -> Runtime:
-    return current_app.extensions["freight"]  # type: ignore[no-any-return]
+    return current_app.extensions["freight"]
 
 
 def json_body() -> object:
@@ -34,7 +34,7 @@ def json_body() -> object:
 
 @bp.post("/files")
 @require_tenant
-def upload_file():  # type: ignore[no-untyped-def]
+def upload_file() -> Response:
     form = open_upload(request.stream, request.content_type)  # the file part streams to the store
     if form.file is None:
         raise ServiceError("invalid_request", "multipart field 'file' is required", param="file")
@@ -47,7 +47,7 @@ def upload_file():  # type: ignore[no-untyped-def]
 
 @bp.get("/files")
 @require_tenant
-def list_files():  # type: ignore[no-untyped-def]
+def list_files() -> Response:
     limit = parse_limit(request.args.get("limit"), default=100, maximum=10_000)
     result = files.list_files(
         rt(), g.tenant_id, request.args.get("purpose"), request.args.get("after"), limit
@@ -57,13 +57,13 @@ def list_files():  # type: ignore[no-untyped-def]
 
 @bp.get("/files/<file_id>")
 @require_tenant
-def get_file(file_id: str):  # type: ignore[no-untyped-def]
+def get_file(file_id: str) -> Response:
     return jsonify(file_object(files.get(rt(), g.tenant_id, file_id)))
 
 
 @bp.get("/files/<file_id>/content")
 @require_tenant
-def file_content(file_id: str):  # type: ignore[no-untyped-def]
+def file_content(file_id: str) -> Response:
     content = files.download(rt(), g.tenant_id, file_id, request.args.get("format"))
     response = Response(content.chunks, mimetype=content.mimetype)
     response.headers["Content-Length"] = str(content.size)
@@ -73,20 +73,20 @@ def file_content(file_id: str):  # type: ignore[no-untyped-def]
 
 @bp.delete("/files/<file_id>")
 @require_tenant
-def delete_file(file_id: str):  # type: ignore[no-untyped-def]
+def delete_file(file_id: str) -> Response:
     record = files.delete(rt(), g.tenant_id, file_id)
     return jsonify({"id": record.id, "object": "file", "deleted": True})
 
 
 @bp.post("/batches")
 @require_tenant
-def create_batch():  # type: ignore[no-untyped-def]
+def create_batch() -> Response:
     return jsonify(batch_object(intake.create(rt(), g.tenant_id, json_body())))
 
 
 @bp.get("/batches")
 @require_tenant
-def list_batches():  # type: ignore[no-untyped-def]
+def list_batches() -> Response:
     limit = parse_limit(request.args.get("limit"))
     result, running = batches.list_batches(rt(), g.tenant_id, request.args.get("after"), limit)
     return jsonify(list_object(result, lambda b: batch_object(b, running.get(b.id, (0, 0)))))
@@ -94,24 +94,24 @@ def list_batches():  # type: ignore[no-untyped-def]
 
 @bp.get("/batches/<batch_id>")
 @require_tenant
-def get_batch(batch_id: str):  # type: ignore[no-untyped-def]
+def get_batch(batch_id: str) -> Response:
     batch, running = batches.get_with_progress(rt(), g.tenant_id, batch_id)
     return jsonify(batch_object(batch, running))
 
 
 @bp.post("/batches/<batch_id>/cancel")
 @require_tenant
-def cancel_batch(batch_id: str):  # type: ignore[no-untyped-def]
+def cancel_batch(batch_id: str) -> Response:
     return jsonify(batch_object(batches.cancel(rt(), g.tenant_id, batch_id)))
 
 
 @bp.get("/models")
 @require_tenant
-def list_models():  # type: ignore[no-untyped-def]
+def list_models() -> Response:
     return jsonify({"object": "list", "data": [model_object(e) for e in models.list_models(rt())]})
 
 
 @bp.get("/models/<path:model>")
 @require_tenant
-def get_model(model: str):  # type: ignore[no-untyped-def]
+def get_model(model: str) -> Response:
     return jsonify(model_object(models.get(rt(), model)))
