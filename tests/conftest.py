@@ -33,21 +33,21 @@ def services_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session")
-def redis_service(services_dir: Path):  # type: ignore[no-untyped-def]
+def redis_service(services_dir: Path):
     handle = services.start_redis(services_dir, services.free_port())
     yield handle
     handle.stop()
 
 
 @pytest.fixture(scope="session")
-def postgres_service(services_dir: Path):  # type: ignore[no-untyped-def]
+def postgres_service(services_dir: Path):
     handle = services.start_postgres(services_dir, services.free_port())
     yield handle
     handle.stop()
 
 
 @pytest.fixture(scope="session")
-def s3_service(services_dir: Path):  # type: ignore[no-untyped-def]
+def s3_service(services_dir: Path):
     handle = services.start_seaweedfs(services_dir, services.free_port())
     yield handle
     handle.stop()
@@ -76,7 +76,7 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def settings(tmp_path: Path, database_url: str, redis_service) -> Settings:  # type: ignore[no-untyped-def]
+def settings(tmp_path: Path, database_url: str, redis_service) -> Settings:
     return Settings.from_env(
         {},
         data_dir=tmp_path,

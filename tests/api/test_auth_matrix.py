@@ -24,8 +24,8 @@ from api.services import tenants
 from api.services.tenants import authenticate, create_key, create_tenant, hash_key
 from storage.models import ApiKey, Base
 from storage.runtime import Runtime
-from tests.api.test_v1 import line
 from tests.conftest import now
+from tests.factories import chat_line, http_upload
 
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 # routes anyone may call, and why; everything else in the url_map needs a key or a session
@@ -62,7 +62,7 @@ def bearer(key: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def world(settings) -> Iterator[World]:  # type: ignore[no-untyped-def]
+def world(settings) -> Iterator[World]:
     # rate limits off: this test sends hundreds of failed keys from one address on purpose
     rt = Runtime(replace(settings, rate_limit_rps=0, rate_limit_anonymous_rps=0))
     app = create_app(runtime=rt)
@@ -72,11 +72,7 @@ def world(settings) -> Iterator[World]:  # type: ignore[no-untyped-def]
     with rt.db.write() as s:
         s.execute(update(ApiKey).where(ApiKey.key_hash == hash_key(revoked)).values(revoked_at=now()))
     client = app.test_client()
-    data = json.dumps(line()).encode() + b"\n"
-    uploaded = client.post(
-        "/v1/files", headers=bearer(key_a), content_type="multipart/form-data",
-        data={"purpose": "batch", "file": (io.BytesIO(data), SECRET_NAME)},
-    ).get_json()  # fmt: skip
+    uploaded = http_upload(client, bearer(key_a), name=SECRET_NAME).get_json()
     batch = client.post(
         "/v1/batches", headers=bearer(key_a),
         json={"input_file_id": uploaded["id"], "endpoint": "/v1/chat/completions", "metadata": {"p": SECRET_META}},
@@ -106,11 +102,11 @@ def url(rule: Any, values: dict[str, str]) -> str:
     return path
 
 
-def send(client, method: str, path: str, headers: dict | None = None, csrf: str | None = None):  # type: ignore[no-untyped-def]
+def send(client, method: str, path: str, headers: dict | None = None, csrf: str | None = None):
     """A plausible request for the route: an upload for upload routes, a JSON body for /v1 posts."""
     kw: dict[str, Any] = {"headers": headers or {}}
     if method == "POST" and path.endswith(("/files", "/upload")):
-        kw["data"] = {"purpose": "batch", "file": (io.BytesIO(json.dumps(line()).encode()), "x.jsonl")}
+        kw["data"] = {"purpose": "batch", "file": (io.BytesIO(json.dumps(chat_line()).encode()), "x.jsonl")}
         kw["content_type"] = "multipart/form-data"
     elif method == "POST" and path.startswith("/v1"):
         kw["json"] = {"input_file_id": "file-x", "endpoint": "/v1/chat/completions"}
@@ -121,14 +117,14 @@ def send(client, method: str, path: str, headers: dict | None = None, csrf: str 
     return client.open(path, method=method, **kw)
 
 
-def sign_in(app: Flask, key: str):  # type: ignore[no-untyped-def]
+def sign_in(app: Flask, key: str):
     client = app.test_client()
     token = CSRF.search(client.get("/console/sign-in").get_data(as_text=True)).group(1)  # type: ignore[union-attr]
     assert client.post("/console/sign-in", data={"api_key": key, "csrf_token": token}).status_code == 302
     return client
 
 
-def page_csrf(client) -> str:  # type: ignore[no-untyped-def]
+def page_csrf(client) -> str:
     return CSRF.search(client.get("/console/sign-in").get_data(as_text=True)).group(1)  # type: ignore[union-attr]
 
 
@@ -139,7 +135,7 @@ class Tally:
         self.server_errors = 0
         self.leaks: list[str] = []
 
-    def check(self, what: str, response, allowed: tuple[int, ...]) -> None:  # type: ignore[no-untyped-def]
+    def check(self, what: str, response, allowed: tuple[int, ...]) -> None:
         self.cases += 1
         if response.status_code >= 500:
             self.server_errors += 1
@@ -151,7 +147,7 @@ class Tally:
 
 
 @pytest.mark.reliability
-def test_every_route_refuses_strangers_and_hides_other_tenants(world: World, reliability) -> None:  # type: ignore[no-untyped-def]
+def test_every_route_refuses_strangers_and_hides_other_tenants(world: World, reliability) -> None:
     app, tally = world.app, Tally(world)
     own = {"file_id": world.file_a, "batch_id": world.batch_a, "kind": "input", "model": "demo", "unknown": "nowhere", "filename": "x"}  # fmt: skip
     fake = {**own, "file_id": "file-" + "0" * 24, "batch_id": "batch_" + "0" * 24}
@@ -254,7 +250,7 @@ def test_public_routes_show_no_tenant_data(world: World) -> None:
     assert public >= {"/healthz", "/static/<path:filename>", "/console/sign-in", "/metrics"}
 
 
-def test_metrics_answer_loopback_or_a_token_only(world: World, settings) -> None:  # type: ignore[no-untyped-def]
+def test_metrics_answer_loopback_or_a_token_only(world: World, settings) -> None:
     client = world.app.test_client()
     assert client.get("/metrics").status_code == 200  # the test client is 127.0.0.1
     assert client.get("/metrics", environ_base={"REMOTE_ADDR": "::1"}).status_code == 200
@@ -291,11 +287,11 @@ def test_keys_are_stored_as_digests_only(world: World) -> None:
         assert not any(key in cell or key[10:] in cell for cell in cells), "a plaintext key is stored"
 
 
-def test_keys_are_compared_in_constant_time(world: World, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_keys_are_compared_in_constant_time(world: World, monkeypatch) -> None:
     calls: list[tuple[Any, Any]] = []
     real = hmac.compare_digest
 
-    def recording(a, b):  # type: ignore[no-untyped-def]
+    def recording(a, b):
         calls.append((a, b))
         return real(a, b)
 

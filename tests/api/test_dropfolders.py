@@ -17,7 +17,7 @@ SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCY"
 
 
 @pytest.fixture
-def cli_env(runtime):  # type: ignore[no-untyped-def]
+def cli_env(runtime):
     create_tenant(runtime.db, "alpha", now())
     return {
         "FREIGHT_DATA_DIR": str(runtime.settings.data_dir),
@@ -27,7 +27,7 @@ def cli_env(runtime):  # type: ignore[no-untyped-def]
     }
 
 
-def test_add_list_remove_through_the_cli_never_prints_the_secret(runtime, cli_env):  # type: ignore[no-untyped-def]
+def test_add_list_remove_through_the_cli_never_prints_the_secret(runtime, cli_env):
     runner = CliRunner()
     added = runner.invoke(
         main,
@@ -82,7 +82,7 @@ def test_add_list_remove_through_the_cli_never_prints_the_secret(runtime, cli_en
         ({"access_key_id": "AKIA"}, "both"),
     ],
 )
-def test_add_refuses_what_cannot_work(runtime, kwargs, words):  # type: ignore[no-untyped-def]
+def test_add_refuses_what_cannot_work(runtime, kwargs, words):
     create_tenant(runtime.db, "alpha", now())
     args = {"url": "s3://bucket/p", "tenant": "alpha", "endpoint": "/v1/chat/completions", **kwargs}
     url, tenant, endpoint = args.pop("url"), args.pop("tenant"), args.pop("endpoint")
@@ -90,7 +90,7 @@ def test_add_refuses_what_cannot_work(runtime, kwargs, words):  # type: ignore[n
         dropfolders.add(runtime, url, tenant, endpoint, now=now(), **args)
 
 
-def test_list_shows_the_chain_when_a_folder_has_no_keys(runtime):  # type: ignore[no-untyped-def]
+def test_list_shows_the_chain_when_a_folder_has_no_keys(runtime):
     create_tenant(runtime.db, "alpha", now())
     view = dropfolders.add(runtime, "s3://bucket", "alpha", "/v1/completions", now=now())
     assert view.credentials == "boto3 chain" and view.url == "s3://bucket" and view.window == "24h"

@@ -6,7 +6,6 @@ of a folder, break a database column or spoof a listing. Each answers 4xx or is 
 from __future__ import annotations
 
 import io
-import json
 import unicodedata
 import uuid
 from collections.abc import Iterator
@@ -21,10 +20,10 @@ from api.services.tenants import create_tenant
 from scheduler.dropfolder_plan import ARCHIVE, FAILED, OUTBOX, inbox_name, moved_key, result_keys
 from storage.objectstore import S3ObjectStore
 from tests.conftest import now
+from tests.factories import OMIT, chat_line, jsonl
 from workers.intake import MAX_FILENAME
 
-LINE = json.dumps({"custom_id": "r", "method": "POST", "url": "/v1/chat/completions",
-                   "body": {"model": "demo", "messages": [{"role": "user", "content": "hi"}]}}).encode() + b"\n"  # fmt: skip
+LINE = jsonl([chat_line("r", max_tokens=OMIT)])
 FILENAMES = [
     "../../../../etc/passwd",
     "/etc/passwd",
@@ -60,13 +59,13 @@ class Figures:
         self.server_errors = 0
         self.escaped = 0
 
-    def saw(self, response) -> None:  # type: ignore[no-untyped-def]
+    def saw(self, response) -> None:
         self.cases += 1
         self.server_errors += response.status_code >= 500
 
 
 @pytest.fixture(scope="module")
-def figures(reliability) -> Iterator[Figures]:  # type: ignore[no-untyped-def]
+def figures(reliability) -> Iterator[Figures]:
     """Counts every case of the module; its figures are recorded once the module's tests ran."""
     seen = Figures()
     yield seen
@@ -77,7 +76,7 @@ def figures(reliability) -> Iterator[Figures]:  # type: ignore[no-untyped-def]
         )  # fmt: skip
 
 
-def upload(client, key: str, name: str, purpose: str = "batch"):  # type: ignore[no-untyped-def]
+def upload(client, key: str, name: str, purpose: str = "batch"):
     return client.post(
         "/v1/files", headers={"Authorization": f"Bearer {key}"}, content_type="multipart/form-data",
         data={"purpose": purpose, "file": (io.BytesIO(LINE), name)},
@@ -90,7 +89,7 @@ def assert_clean(name: str) -> None:
     assert not any(unicodedata.category(c) == "Cc" or c == "\u202e" for c in name), repr(name)
 
 
-def upload_all(runtime, figures: Figures) -> list[dict]:  # type: ignore[no-untyped-def]
+def upload_all(runtime, figures: Figures) -> list[dict]:
     _, key = create_tenant(runtime.db, "alpha", now())
     client = create_app(runtime=runtime).test_client()
     made = []
@@ -115,7 +114,7 @@ def upload_all(runtime, figures: Figures) -> list[dict]:  # type: ignore[no-unty
     return made
 
 
-def test_hostile_file_names_on_the_local_store(runtime, figures) -> None:  # type: ignore[no-untyped-def]
+def test_hostile_file_names_on_the_local_store(runtime, figures) -> None:
     data_dir = Path(runtime.settings.data_dir)
     outside_before = {p.name for p in data_dir.parent.iterdir()}
     made = upload_all(runtime, figures)
@@ -131,7 +130,7 @@ def test_hostile_file_names_on_the_local_store(runtime, figures) -> None:  # typ
     assert {p.name for p in data_dir.parent.iterdir()} == outside_before  # nothing landed beside the data dir
 
 
-def test_hostile_file_names_on_s3_keep_keys_under_the_prefix(runtime, s3_service, figures) -> None:  # type: ignore[no-untyped-def]
+def test_hostile_file_names_on_s3_keep_keys_under_the_prefix(runtime, s3_service, figures) -> None:
     bucket = f"t-{uuid.uuid4().hex[:10]}"
     s3_service.create_bucket(bucket)
     client = s3_service.client()
@@ -145,7 +144,7 @@ def test_hostile_file_names_on_s3_keep_keys_under_the_prefix(runtime, s3_service
         assert inside and "\x00" not in key, key
 
 
-def test_hostile_ids_in_urls_answer_4xx(runtime, figures) -> None:  # type: ignore[no-untyped-def]
+def test_hostile_ids_in_urls_answer_4xx(runtime, figures) -> None:
     _, key = create_tenant(runtime.db, "alpha", now())
     app = create_app(runtime=runtime)
     client = app.test_client()
@@ -169,7 +168,7 @@ def test_hostile_ids_in_urls_answer_4xx(runtime, figures) -> None:  # type: igno
     assert batch.status_code in (400, 404)
 
 
-def test_drop_folder_prefixes_and_keys_cannot_climb_out(runtime, figures) -> None:  # type: ignore[no-untyped-def]
+def test_drop_folder_prefixes_and_keys_cannot_climb_out(runtime, figures) -> None:
     create_tenant(runtime.db, "alpha", now())
     for url in ("s3://bucket/../other", "s3://bucket/a/../../b", "s3://bucket/a/./b", "s3://bucket/a/b/..",
                 "s3://bucket/a\x00b", "s3://bucket/a\nb", "s3://../x", "file:///etc", "s3://bucket/a?x=1"):  # fmt: skip

@@ -15,7 +15,7 @@ from storage.models import Batch, EngineSample, StoredFile, WorkUnit
 from storage.runtime import Runtime
 
 
-def add_batch(s, tenant_id: str, model: str | None, status: str, **columns):  # type: ignore[no-untyped-def]
+def add_batch(s, tenant_id: str, model: str | None, status: str, **columns):
     f = StoredFile(
         tenant_id=tenant_id, purpose="batch", filename="in.jsonl", bytes=1, object_key="k", created_at=0
     )
@@ -30,7 +30,7 @@ def add_batch(s, tenant_id: str, model: str | None, status: str, **columns):  # 
     return b
 
 
-def add_unit(s, batch: Batch, seq: int, status: str) -> None:  # type: ignore[no-untyped-def]
+def add_unit(s, batch: Batch, seq: int, status: str) -> None:
     s.add(
         WorkUnit(
             batch_id=batch.id,
@@ -44,7 +44,7 @@ def add_unit(s, batch: Batch, seq: int, status: str) -> None:  # type: ignore[no
     )
 
 
-def sample(worker: str, started_at: float, **columns) -> EngineSample:  # type: ignore[no-untyped-def]
+def sample(worker: str, started_at: float, **columns) -> EngineSample:
     values = dict(
         worker=worker, model="demo", started_at=started_at, seconds=5.0, steps=10, running_mean=8.0,
         waiting_mean=0.0, max_num_seqs=64, prompt_tokens=0, cached_tokens=0, output_tokens=0, requests=0,
@@ -126,7 +126,7 @@ def seed(rt: Runtime, now: int) -> None:
         )
 
 
-def scrape(client) -> dict[tuple[str, frozenset], float]:  # type: ignore[no-untyped-def]
+def scrape(client) -> dict[tuple[str, frozenset], float]:
     response = client.get("/metrics")  # no Authorization header: exporters are open to the scraper
     assert response.status_code == 200, response.get_data(as_text=True)
     assert response.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
@@ -137,20 +137,20 @@ def scrape(client) -> dict[tuple[str, frozenset], float]:  # type: ignore[no-unt
     }
 
 
-def value(samples, name: str, **labels: str) -> float:  # type: ignore[no-untyped-def]
-    return samples[(name, frozenset(labels.items()))]  # type: ignore[no-any-return]
+def value(samples, name: str, **labels: str) -> float:
+    return samples[(name, frozenset(labels.items()))]
 
 
-def named(samples, name: str) -> dict[frozenset, float]:  # type: ignore[no-untyped-def]
+def named(samples, name: str) -> dict[frozenset, float]:
     return {labels: v for (n, labels), v in samples.items() if n == name}
 
 
 @pytest.fixture
-def client(runtime):  # type: ignore[no-untyped-def]
+def client(runtime):
     return create_app(runtime=runtime).test_client()
 
 
-def test_metrics(runtime, client):  # type: ignore[no-untyped-def]
+def test_metrics(runtime, client):
     now = int(time.time())
     seed(runtime, now)
     m = scrape(client)
@@ -216,7 +216,7 @@ def test_metrics(runtime, client):  # type: ignore[no-untyped-def]
     assert len(named(m, "freight_sla_attainment_ratio")) == 2
 
 
-def test_metrics_of_an_empty_database_and_per_app_registries(runtime, client):  # type: ignore[no-untyped-def]
+def test_metrics_of_an_empty_database_and_per_app_registries(runtime, client):
     m = scrape(client)
     # the configured model is listed at 0 before any batch arrives; nothing else has series yet
     assert value(m, "freight_queue_requests", model="demo") == 0

@@ -27,12 +27,12 @@ def _quiet(_: str) -> None:
 
 
 @pytest.fixture
-def headers(runtime):  # type: ignore[no-untyped-def]
+def headers(runtime):
     _, key = create_tenant(runtime.db, "alpha", now())
     return {"Authorization": f"Bearer {key}"}
 
 
-def test_add_w4a16_quantizes_records_and_serves_it(runtime, headers) -> None:  # type: ignore[no-untyped-def]
+def test_add_w4a16_quantizes_records_and_serves_it(runtime, headers) -> None:
     entry = models.add(
         runtime,
         AddRequest("tiny-int4", str(DEMO_MODEL), "w4a16", max_model_len=512, instance_price_per_hour=1.5,
@@ -56,7 +56,7 @@ def test_add_w4a16_quantizes_records_and_serves_it(runtime, headers) -> None:  #
     assert client.get("/v1/models/tiny-int4").status_code == 401
 
 
-def test_an_already_quantized_checkpoint_is_served_as_it_is(runtime, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_an_already_quantized_checkpoint_is_served_as_it_is(runtime, tmp_path: Path) -> None:
     first = models.add(runtime, AddRequest("q1", str(DEMO_MODEL), "w4a16"), echo=_quiet)
     again = models.add(runtime, AddRequest("q2", first.checkpoint, "auto"), echo=_quiet)
     assert again.quantization == "w4a16" and again.checkpoint == first.checkpoint and again.probe is None
@@ -75,14 +75,14 @@ def test_an_already_quantized_checkpoint_is_served_as_it_is(runtime, tmp_path: P
         (AddRequest("m", str(DEMO_MODEL), "none", list_price_input=1.0), "give both"),
     ],
 )
-def test_bad_additions_are_refused_with_the_reason(runtime, request_: AddRequest, message: str) -> None:  # type: ignore[no-untyped-def]
+def test_bad_additions_are_refused_with_the_reason(runtime, request_: AddRequest, message: str) -> None:
     with pytest.raises(ServiceError, match=message) as caught:
         models.add(runtime, request_, echo=_quiet)
     assert caught.value.kind == "invalid_request"
     assert lookup(runtime.db, runtime.settings, "m") is None
 
 
-def test_remove_refuses_declared_and_busy_models(runtime) -> None:  # type: ignore[no-untyped-def]
+def test_remove_refuses_declared_and_busy_models(runtime) -> None:
     models.add(runtime, AddRequest("plain", str(DEMO_MODEL), "none"), echo=_quiet)
     with pytest.raises(ServiceError, match="already registered"):
         models.add(runtime, AddRequest("plain", str(DEMO_MODEL), "none"), echo=_quiet)
@@ -102,12 +102,12 @@ def test_remove_refuses_declared_and_busy_models(runtime) -> None:  # type: igno
     with pytest.raises(ServiceError, match=r"still has open batches \(batch_x\)"):
         models.remove(runtime, "plain")
     with runtime.db.write() as s:
-        s.get(Batch, "batch_x").status = BatchStatus.COMPLETED  # type: ignore[union-attr]
+        s.get(Batch, "batch_x").status = BatchStatus.COMPLETED
     assert models.remove(runtime, "plain").name == "plain"
     assert lookup(runtime.db, runtime.settings, "plain") is None
 
 
-def test_the_cli_adds_lists_and_removes(runtime, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+def test_the_cli_adds_lists_and_removes(runtime, monkeypatch: pytest.MonkeyPatch) -> None:
     from api.cli import main
 
     s = runtime.settings

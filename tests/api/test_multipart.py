@@ -91,7 +91,7 @@ def test_a_form_without_a_file_part_has_no_file():
         "huge-field",
     ],
 )
-def test_malformed_bodies_are_a_client_error(body, content_type):  # type: ignore[no-untyped-def]
+def test_malformed_bodies_are_a_client_error(body, content_type):
     with pytest.raises(ServiceError) as caught:
         form = open_upload(io.BytesIO(body), content_type)
         if form.file is not None:

@@ -21,19 +21,19 @@ HTTP_METHODS = {"get", "put", "post", "delete", "patch", "head", "options", "tra
 
 
 @pytest.fixture
-def app(tmp_path: Path):  # type: ignore[no-untyped-def]
+def app(tmp_path: Path):
     settings = Settings.from_env({}, data_dir=tmp_path, completion_windows=("24h", "1h:2"))
     return create_app(settings)
 
 
 @pytest.fixture
-def document(app) -> dict:  # type: ignore[no-untyped-def]
+def document(app) -> dict:
     response = app.test_client().get("/openapi.json")  # no Authorization header: public
     assert response.status_code == 200 and response.mimetype == "application/json"
     return response.get_json()
 
 
-def flask_routes(app) -> dict[str, set[str]]:  # type: ignore[no-untyped-def]
+def flask_routes(app) -> dict[str, set[str]]:
     """Every /v1 route as an OpenAPI path template ('<path:model>' -> '{model}') and its methods."""
     routes: dict[str, set[str]] = {}
     for rule in app.url_map.iter_rules():
@@ -44,7 +44,7 @@ def flask_routes(app) -> dict[str, set[str]]:  # type: ignore[no-untyped-def]
     return routes
 
 
-def test_document_validates_as_openapi(document):  # type: ignore[no-untyped-def]
+def test_document_validates_as_openapi(document):
     validate(document)  # raises on any violation of the OpenAPI 3.1 schema
     assert document["openapi"].startswith("3.1")
     assert document["components"]["securitySchemes"]["bearer"] == {
@@ -52,7 +52,7 @@ def test_document_validates_as_openapi(document):  # type: ignore[no-untyped-def
     }  # fmt: skip
 
 
-def test_every_flask_route_is_documented_and_every_documented_path_exists(app, document):  # type: ignore[no-untyped-def]
+def test_every_flask_route_is_documented_and_every_documented_path_exists(app, document):
     routes = flask_routes(app)
     assert len(routes) >= 7, routes  # files, file, content, batches, batch, cancel, models, model
     documented = {
@@ -71,7 +71,7 @@ def test_every_flask_route_is_documented_and_every_documented_path_exists(app, d
     assert not any(p.startswith(("/console", "/metrics")) for p in document["paths"])
 
 
-def test_every_api_operation_documents_auth_and_error_bodies(document):  # type: ignore[no-untyped-def]
+def test_every_api_operation_documents_auth_and_error_bodies(document):
     error_ref = {"$ref": "#/components/schemas/Error"}
     for path, item in document["paths"].items():
         for method, op in item.items():
@@ -108,7 +108,7 @@ def batch(**fields: object) -> Batch:
     return Batch(**{**base, **fields})
 
 
-def test_serialized_objects_match_their_schemas(document):  # type: ignore[no-untyped-def]
+def test_serialized_objects_match_their_schemas(document):
     failed = batch(
         status="failed", failed_at=101,
         errors={"object": "list", "data": [

@@ -9,44 +9,31 @@ import time
 
 import duckdb
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from api.app import create_app
 from api.services.tenants import create_tenant
 from storage.models import StoredFile, new_id
 from tests.conftest import now
+from tests.factories import http_upload, parquet_bytes
 from workers.results import encode, stopped_line, success_line
 
 
 @pytest.fixture
-def client(runtime):  # type: ignore[no-untyped-def]
+def client(runtime):
     return create_app(runtime=runtime).test_client()
 
 
 @pytest.fixture
-def tenant(runtime):  # type: ignore[no-untyped-def]
+def tenant(runtime):
     record, key = create_tenant(runtime.db, "alpha", now())
     return record.id, {"Authorization": f"Bearer {key}"}
 
 
-def upload(client, headers, data: bytes, name: str):  # type: ignore[no-untyped-def]
-    return client.post(
-        "/v1/files", headers=headers, data={"purpose": "batch", "file": (io.BytesIO(data), name)},
-        content_type="multipart/form-data",
-    )  # fmt: skip
-
-
-def parquet(table: pa.Table) -> bytes:
-    sink = io.BytesIO()
-    pq.write_table(table, sink)
-    return sink.getvalue()
-
-
-def test_parquet_upload_and_its_jsonl_view(client, tenant):  # type: ignore[no-untyped-def]
+def test_parquet_upload_and_its_jsonl_view(client, tenant):
     _, headers = tenant
-    data = parquet(pa.table({"custom_id": ["a", "b"], "prompt": ["x", "y"], "model": ["demo", "demo"]}))
-    made = upload(client, headers, data, "rows.parquet")
+    data = parquet_bytes(pa.table({"custom_id": ["a", "b"], "prompt": ["x", "y"], "model": ["demo", "demo"]}))
+    made = http_upload(client, headers, data, "rows.parquet")
     assert (
         made.status_code == 200
         and made.json["bytes"] == len(data)
@@ -61,7 +48,7 @@ def test_parquet_upload_and_its_jsonl_view(client, tenant):  # type: ignore[no-u
     ]
 
 
-def test_results_download_as_typed_parquet(client, tenant, runtime, tmp_path):  # type: ignore[no-untyped-def]
+def test_results_download_as_typed_parquet(client, tenant, runtime, tmp_path):
     tenant_id, headers = tenant
     body = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "length"}],
             "usage": {"prompt_tokens": 5, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 0}}}  # fmt: skip
@@ -90,9 +77,9 @@ def test_results_download_as_typed_parquet(client, tenant, runtime, tmp_path):  
     assert client.get(f"/v1/files/{file_id}/content?format=jsonl", headers=headers).data == data
 
 
-def test_unknown_format_is_an_openai_400(client, tenant):  # type: ignore[no-untyped-def]
+def test_unknown_format_is_an_openai_400(client, tenant):
     _, headers = tenant
-    made = upload(client, headers, b'{"custom_id": "a"}\n', "a.jsonl")
+    made = http_upload(client, headers, b'{"custom_id": "a"}\n', "a.jsonl")
     bad = client.get(f"/v1/files/{made.json['id']}/content?format=csv", headers=headers)
     assert bad.status_code == 400
     assert bad.json["error"]["param"] == "format" and bad.json["error"]["type"] == "invalid_request_error"

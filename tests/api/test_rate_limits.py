@@ -39,7 +39,7 @@ def limited(settings: Settings) -> Iterator[Runtime]:
     rt.db.dispose()
 
 
-def drain(client, headers, path: str = "/v1/batches", **kw):  # type: ignore[no-untyped-def]
+def drain(client, headers, path: str = "/v1/batches", **kw):
     """Requests until the first 429; returns (the statuses before it, the 429 response)."""
     statuses = []
     for _ in range(BURST + 5):
@@ -51,7 +51,7 @@ def drain(client, headers, path: str = "/v1/batches", **kw):  # type: ignore[no-
 
 
 @pytest.mark.reliability
-def test_a_tenant_that_exhausts_its_bucket_waits_and_others_do_not(limited, reliability) -> None:  # type: ignore[no-untyped-def]
+def test_a_tenant_that_exhausts_its_bucket_waits_and_others_do_not(limited, reliability) -> None:
     _, key_a = create_tenant(limited.db, "alpha", now())
     _, key_b = create_tenant(limited.db, "beta", now())
     a, b = ({"Authorization": f"Bearer {k}"} for k in (key_a, key_b))
@@ -100,7 +100,7 @@ def test_a_tenant_that_exhausts_its_bucket_waits_and_others_do_not(limited, reli
     )  # fmt: skip
 
 
-def test_failed_keys_are_throttled_per_address(limited) -> None:  # type: ignore[no-untyped-def]
+def test_failed_keys_are_throttled_per_address(limited) -> None:
     _, key = create_tenant(limited.db, "alpha", now())
     client = create_app(runtime=limited).test_client()
     guessing = {"REMOTE_ADDR": "198.51.100.7"}
@@ -125,13 +125,13 @@ def test_failed_keys_are_throttled_per_address(limited) -> None:  # type: ignore
     assert codes == [400] * BURST + [429]  # 400: no CSRF token; the throttle comes first
 
 
-def test_health_and_static_are_never_limited(limited) -> None:  # type: ignore[no-untyped-def]
+def test_health_and_static_are_never_limited(limited) -> None:
     client = create_app(runtime=limited).test_client()
     assert {client.get("/healthz").status_code for _ in range(BURST * 3)} == {200}
     assert {client.get("/static/console/console.css").status_code for _ in range(BURST * 3)} == {200}
 
 
-def test_a_zero_rate_turns_the_limit_off(settings) -> None:  # type: ignore[no-untyped-def]
+def test_a_zero_rate_turns_the_limit_off(settings) -> None:
     rt = Runtime(replace(settings, rate_limit_rps=0, rate_limit_anonymous_rps=0))
     try:
         _, key = create_tenant(rt.db, "alpha", now())
@@ -143,7 +143,7 @@ def test_a_zero_rate_turns_the_limit_off(settings) -> None:  # type: ignore[no-u
         rt.db.dispose()
 
 
-def test_an_unreachable_redis_fails_open_with_a_warning(settings, caplog) -> None:  # type: ignore[no-untyped-def]
+def test_an_unreachable_redis_fails_open_with_a_warning(settings, caplog) -> None:
     closed = f"redis://127.0.0.1:{services.free_port()}/0"  # nothing listens there
     rt = Runtime(replace(settings, broker_url=closed, rate_limit_rps=RATE, rate_limit_burst=1))
     try:

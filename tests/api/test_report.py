@@ -30,7 +30,7 @@ STAMP = {
 }
 
 
-def add_batch(s, tenant_id: str, model: str | None, status: str, at: int | None, units=(), **columns):  # type: ignore[no-untyped-def]
+def add_batch(s, tenant_id: str, model: str | None, status: str, at: int | None, units=(), **columns):
     """A batch in ``status``, stamped final at ``at``, with work units of (engine_seconds, fill, mfu, mbu)."""
     f = StoredFile(
         tenant_id=tenant_id, purpose="batch", filename="in.jsonl", bytes=1, object_key="k", created_at=T
@@ -103,7 +103,7 @@ def seed(rt: Runtime) -> None:
 
 
 @pytest.fixture
-def seeded(runtime):  # type: ignore[no-untyped-def]
+def seeded(runtime):
     seed(runtime)
     return runtime
 
@@ -112,7 +112,7 @@ def by_key(rows: list[ReportRow]) -> dict[tuple[str, str], ReportRow]:
     return {(r.tenant, r.model): r for r in rows}
 
 
-def test_report_rows_totals_and_window(seeded):  # type: ignore[no-untyped-def]
+def test_report_rows_totals_and_window(seeded):
     rows = usage_report(seeded, T, UNTIL, None, None)
     assert [(r.tenant, r.model) for r in rows] == [
         ("alpha", "-"), ("alpha", "demo"), ("alpha", "other"), ("beta", "demo"), ("*", "*"),
@@ -172,7 +172,7 @@ def test_report_rows_totals_and_window(seeded):  # type: ignore[no-untyped-def]
     assert wider[("alpha", "demo")].batches == 3 and wider[("*", "*")].batches == 7
 
 
-def test_report_filters(seeded):  # type: ignore[no-untyped-def]
+def test_report_filters(seeded):
     beta = usage_report(seeded, T, UNTIL, "beta", None)
     assert [(r.tenant, r.model) for r in beta] == [("beta", "demo"), ("*", "*")]
     assert asdict(beta[1]) == {**asdict(beta[0]), "tenant": "*", "model": "*"}
@@ -224,7 +224,7 @@ def test_dollars_keep_four_significant_decimals() -> None:
     ]  # fmt: skip
 
 
-def test_formats(seeded):  # type: ignore[no-untyped-def]
+def test_formats(seeded):
     rows = usage_report(seeded, T, UNTIL, None, None)
 
     parsed = list(csv.DictReader(io.StringIO(format_csv(rows))))
@@ -249,7 +249,7 @@ def test_formats(seeded):  # type: ignore[no-untyped-def]
     assert "0.01226" in body[-1] and "3/4" in body[-1] and "75.0%" in body[-1]
 
 
-def test_cli_report(seeded, monkeypatch):  # type: ignore[no-untyped-def]
+def test_cli_report(seeded, monkeypatch):
     for name in [n for n in os.environ if n.startswith("FREIGHT_")]:
         monkeypatch.delenv(name)
     env = {

@@ -6,8 +6,6 @@ and body match the document. Positive and negative cases for every operation; th
 
 from __future__ import annotations
 
-import io
-import json
 from collections import Counter
 
 import pytest
@@ -29,7 +27,7 @@ from api.app import create_app
 from api.services import batches
 from api.services.tenants import create_tenant
 from tests.conftest import now
-from workers import intake
+from tests.factories import chat_line, create, upload
 
 EXAMPLES = 25  # per operation and generation mode
 CHECKS = [
@@ -43,13 +41,7 @@ TOTALS: Counter[str] = Counter()  # over both databases: the figures recorded ar
 DATABASES: list[str] = []
 
 
-def request_line(custom_id: str) -> bytes:
-    body = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-    line = {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
-    return json.dumps(line).encode() + b"\n"
-
-
-def fuzz(operation, mode, real_ids, headers, counts, statuses, failures) -> None:  # type: ignore[no-untyped-def]
+def fuzz(operation, mode, real_ids, headers, counts, statuses, failures) -> None:
     """EXAMPLES cases of one operation in one generation mode; check failures are collected."""
 
     @hypothesis_settings(
@@ -61,7 +53,7 @@ def fuzz(operation, mode, real_ids, headers, counts, statuses, failures) -> None
         suppress_health_check=list(HealthCheck),
     )
     @given(case=operation.as_strategy(generation_mode=mode), pick=st.integers(0, 3))
-    def run(case, pick: int) -> None:  # type: ignore[no-untyped-def]
+    def run(case, pick: int) -> None:
         # most positive cases address a real object, the rest a random id
         for name in case.path_parameters or {}:
             if mode is schemathesis.GenerationMode.POSITIVE and pick < len(real_ids[name]) + 1:
@@ -81,15 +73,13 @@ def fuzz(operation, mode, real_ids, headers, counts, statuses, failures) -> None
 
 
 @pytest.mark.reliability
-def test_schemathesis_finds_no_server_error_and_no_schema_mismatch(runtime, database_url, reliability):  # type: ignore[no-untyped-def]
+def test_schemathesis_finds_no_server_error_and_no_schema_mismatch(runtime, database_url, reliability):
     app = create_app(runtime=runtime)
     tenant, key = create_tenant(runtime.db, "fuzzed", now())
     # real objects for the by-id routes: a file, a batch reading it, and a second file
-    seeded = intake.upload(runtime, tenant.id, "batch", "in.jsonl", io.BytesIO(request_line("a")))
-    spare = intake.upload(runtime, tenant.id, "batch", "spare.jsonl", io.BytesIO(request_line("b")))
-    batch = intake.create(
-        runtime, tenant.id, {"input_file_id": seeded.id, "endpoint": "/v1/chat/completions"}
-    )
+    seeded = upload(runtime, tenant.id, [chat_line("a")])
+    spare = upload(runtime, tenant.id, [chat_line("b")], "spare.jsonl")
+    batch = create(runtime, tenant.id, seeded.id)
     real_ids = {"file_id": [seeded.id, spare.id], "batch_id": [batch.id], "model": ["demo"]}
     headers = {"Authorization": f"Bearer {key}"}
 
@@ -139,11 +129,11 @@ HOSTILE_BODIES = [
 @pytest.mark.parametrize(
     "body", HOSTILE_BODIES, ids=["nul-id", "surrogate-id", "nul-meta", "surrogate-meta", "deep"]
 )
-def test_hostile_json_strings_answer_4xx_not_500(runtime, body):  # type: ignore[no-untyped-def]
+def test_hostile_json_strings_answer_4xx_not_500(runtime, body):
     """Regressions of what fuzzing the API found: strings JSON allows but no database stores."""
     app = create_app(runtime=runtime)
     tenant, key = create_tenant(runtime.db, "hostile", now())
-    seeded = intake.upload(runtime, tenant.id, "batch", "in.jsonl", io.BytesIO(request_line("a")))
+    seeded = upload(runtime, tenant.id, [chat_line("a")])
     response = app.test_client().post(
         "/v1/batches",
         data=body.replace(b"SEEDED", seeded.id.encode()),

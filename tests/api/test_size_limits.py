@@ -16,12 +16,10 @@ from werkzeug.test import EnvironBuilder, run_wsgi_app
 from api.app import create_app
 from api.services.tenants import create_tenant
 from tests.conftest import now
+from tests.factories import OMIT, chat_line, http_upload, jsonl
 
 BOUNDARY = "freight-size-limits"
-LINE = (
-    json.dumps({"custom_id": "r", "method": "POST", "url": "/v1/chat/completions",
-                "body": {"model": "demo", "messages": [{"role": "user", "content": "hi"}]}}).encode() + b"\n"
-)  # fmt: skip
+LINE = jsonl([chat_line("r", max_tokens=OMIT)])
 
 pytestmark = pytest.mark.reliability  # every test adds to the size_limits figures
 
@@ -54,7 +52,7 @@ def multipart_head(name: str = "big.jsonl") -> bytes:
     ).encode()
 
 
-def raw_request(app, path: str, body: io.RawIOBase, content_type: str, length: int | None, headers: dict):  # type: ignore[no-untyped-def]
+def raw_request(app, path: str, body: io.RawIOBase, content_type: str, length: int | None, headers: dict):
     """A request whose body is ``body`` as is: ``length`` declared, or chunked (no length) as
     gunicorn hands it on (``wsgi.input_terminated``)."""
     environ = EnvironBuilder(
@@ -72,25 +70,22 @@ def raw_request(app, path: str, body: io.RawIOBase, content_type: str, length: i
 
 
 @pytest.fixture
-def app(runtime):  # type: ignore[no-untyped-def]
+def app(runtime):
     return create_app(runtime=runtime)
 
 
 @pytest.fixture
-def key(runtime) -> dict[str, str]:  # type: ignore[no-untyped-def]
+def key(runtime) -> dict[str, str]:
     _, k = create_tenant(runtime.db, "alpha", now())
     return {"Authorization": f"Bearer {k}"}
 
 
-def uploaded_id(app, key) -> str:  # type: ignore[no-untyped-def]
-    response = app.test_client().post(
-        "/v1/files", headers=key, content_type="multipart/form-data",
-        data={"purpose": "batch", "file": (io.BytesIO(LINE), "in.jsonl")},
-    )  # fmt: skip
-    return response.get_json()["id"]  # type: ignore[no-any-return]
+def uploaded_id(app, key) -> str:
+    response = http_upload(app.test_client(), key, LINE)
+    return response.get_json()["id"]
 
 
-def assert_error(response, status: int, code: str | None = None, param: str | None = None) -> None:  # type: ignore[no-untyped-def]
+def assert_error(response, status: int, code: str | None = None, param: str | None = None) -> None:
     assert response.status_code == status, response.get_data(as_text=True)[:300]
     error = response.get_json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
@@ -105,14 +100,14 @@ class Cases:
         self.n = 0
         self.server_errors = 0
 
-    def __call__(self, response):  # type: ignore[no-untyped-def]
+    def __call__(self, response):
         self.n += 1
         self.server_errors += response.status_code >= 500
         return response
 
 
 @pytest.fixture(scope="module")
-def tally(reliability) -> Iterator[Cases]:  # type: ignore[no-untyped-def]
+def tally(reliability) -> Iterator[Cases]:
     """Counts every response of the module; its figures are recorded once the module's tests ran."""
     cases = Cases()
     yield cases
@@ -140,7 +135,7 @@ METADATA_CASES = [
 
 
 @pytest.mark.parametrize(("metadata", "status"), METADATA_CASES)
-def test_metadata_follows_openais_limits(app, key, tally, metadata, status) -> None:  # type: ignore[no-untyped-def]
+def test_metadata_follows_openais_limits(app, key, tally, metadata, status) -> None:
     response = tally(app.test_client().post("/v1/batches", headers=key, json=batch_body(uploaded_id(app, key), metadata)))  # fmt: skip
     if status == 200:
         assert response.status_code == 200 and response.get_json()["metadata"] == metadata
@@ -149,7 +144,7 @@ def test_metadata_follows_openais_limits(app, key, tally, metadata, status) -> N
         assert response.get_json()["error"]["param"].startswith("metadata")
 
 
-def test_json_bodies_have_a_small_limit_streamed_or_declared(app, key, runtime, tally) -> None:  # type: ignore[no-untyped-def]
+def test_json_bodies_have_a_small_limit_streamed_or_declared(app, key, runtime, tally) -> None:
     limit = runtime.settings.max_json_body_bytes
     assert limit == 1024 * 1024  # the default
     huge = json.dumps(batch_body(uploaded_id(app, key), {"k": "v" * (3 * limit)})).encode()
@@ -173,7 +168,7 @@ def test_json_bodies_have_a_small_limit_streamed_or_declared(app, key, runtime, 
     assert sign_in.status_code == 413 and sign_in.mimetype == "text/html"
 
 
-def test_uploads_are_cut_off_at_the_limit_and_leave_nothing(app, key, runtime, tally) -> None:  # type: ignore[no-untyped-def]
+def test_uploads_are_cut_off_at_the_limit_and_leave_nothing(app, key, runtime, tally) -> None:
     store, limit = runtime.store, runtime.settings.max_file_bytes
     envelope_limit = app.config["MAX_CONTENT_LENGTH"]
     content_type = f"multipart/form-data; boundary={BOUNDARY}"

@@ -7,13 +7,13 @@ pagination). The end-to-end tests run the same API with workers and vLLM.
 from __future__ import annotations
 
 import io
-import json
 
 import pytest
 
 from api.app import create_app
 from api.services.tenants import create_tenant
 from tests.conftest import now
+from tests.factories import chat_line, http_create, http_upload, jsonl
 
 BATCH_FIELDS = {
     "id", "object", "endpoint", "model", "errors", "input_file_id", "completion_window", "status",
@@ -23,54 +23,24 @@ BATCH_FIELDS = {
 }  # fmt: skip
 
 
-def line(custom_id: str = "r1") -> dict:
-    return {
-        "custom_id": custom_id,
-        "method": "POST",
-        "url": "/v1/chat/completions",
-        "body": {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
-    }
-
-
-def jsonl(*lines: dict) -> bytes:
-    return b"".join(json.dumps(item).encode() + b"\n" for item in lines)
-
-
 @pytest.fixture
-def app(runtime):  # type: ignore[no-untyped-def]
+def app(runtime):
     return create_app(runtime=runtime)
 
 
 @pytest.fixture
-def client(app):  # type: ignore[no-untyped-def]
+def client(app):
     return app.test_client()
 
 
 @pytest.fixture
-def keys(runtime):  # type: ignore[no-untyped-def]
+def keys(runtime):
     _, a = create_tenant(runtime.db, "alpha", now())
     _, b = create_tenant(runtime.db, "beta", now())
     return {"a": {"Authorization": f"Bearer {a}"}, "b": {"Authorization": f"Bearer {b}"}}
 
 
-def upload(client, headers, data: bytes = jsonl(line()), name: str = "in.jsonl"):  # type: ignore[no-untyped-def]
-    return client.post(
-        "/v1/files", headers=headers, data={"purpose": "batch", "file": (io.BytesIO(data), name)},
-        content_type="multipart/form-data",
-    )  # fmt: skip
-
-
-def create_batch(client, headers, file_id: str, **extra):  # type: ignore[no-untyped-def]
-    payload = {
-        "input_file_id": file_id,
-        "endpoint": "/v1/chat/completions",
-        "completion_window": "24h",
-        **extra,
-    }
-    return client.post("/v1/batches", headers=headers, json=payload)
-
-
-def assert_error(response, status: int, param: str | None = None) -> dict:  # type: ignore[no-untyped-def]
+def assert_error(response, status: int, param: str | None = None) -> dict:
     assert response.status_code == status, response.get_data(as_text=True)
     error = response.get_json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
@@ -89,15 +59,15 @@ ROUTES = [
 
 @pytest.mark.parametrize(("method", "path"), ROUTES)
 @pytest.mark.parametrize("header", [None, "Bearer fk-wrong", "Basic abc", "Bearer "])
-def test_every_route_needs_a_valid_key(client, keys, method, path, header):  # type: ignore[no-untyped-def]
+def test_every_route_needs_a_valid_key(client, keys, method, path, header):
     headers = {"Authorization": header} if header else {}
     error = assert_error(getattr(client, method)(path, headers=headers), 401)
     assert error["type"] == "authentication_error"
 
 
-def test_file_round_trip(client, keys):  # type: ignore[no-untyped-def]
-    data = jsonl(line("a"), line("b"))
-    created = upload(client, keys["a"], data, name="../../etc/passwd\x00.jsonl").get_json()
+def test_file_round_trip(client, keys):
+    data = jsonl([chat_line("a"), chat_line("b")])
+    created = http_upload(client, keys["a"], data, name="../../etc/passwd\x00.jsonl").get_json()
     assert created["object"] == "file" and created["bytes"] == len(data) and created["purpose"] == "batch"
     assert "/" not in created["filename"] and "\x00" not in created["filename"]
     assert client.get(f"/v1/files/{created['id']}", headers=keys["a"]).get_json() == created
@@ -111,21 +81,21 @@ def test_file_round_trip(client, keys):  # type: ignore[no-untyped-def]
     assert client.get("/v1/files", headers=keys["a"]).get_json()["data"] == []
 
 
-def test_upload_errors(client, keys):  # type: ignore[no-untyped-def]
+def test_upload_errors(client, keys):
     assert_error(client.post("/v1/files", headers=keys["a"], data={"purpose": "batch"}), 400, "file")
     assert_error(
         client.post("/v1/files", headers=keys["a"], data={"purpose": "fine-tune", "file": (io.BytesIO(b"x"), "a")}),
         400, "purpose",
     )  # fmt: skip
-    assert_error(upload(client, keys["a"], b""), 400, "file")
+    assert_error(http_upload(client, keys["a"], b""), 400, "file")
     too_big = b"x" * (64 * 1024 + 1)  # the fixture's max_file_bytes is 64 KiB
-    assert upload(client, keys["a"], too_big).status_code == 413
+    assert http_upload(client, keys["a"], too_big).status_code == 413
     assert client.get("/v1/files", headers=keys["a"]).get_json()["data"] == []
 
 
-def test_batch_create_and_object_shape(client, keys):  # type: ignore[no-untyped-def]
-    file_id = upload(client, keys["a"]).get_json()["id"]
-    response = create_batch(client, keys["a"], file_id, metadata={"project": "evals"}, priority=7)
+def test_batch_create_and_object_shape(client, keys):
+    file_id = http_upload(client, keys["a"]).get_json()["id"]
+    response = http_create(client, keys["a"], file_id, metadata={"project": "evals"}, priority=7)
     batch = response.get_json()
     assert response.status_code == 200, batch
     assert set(batch) == BATCH_FIELDS
@@ -163,8 +133,8 @@ def test_batch_create_and_object_shape(client, keys):  # type: ignore[no-untyped
         ({"priority": True}, 400, "priority"),
     ],
 )
-def test_batch_create_errors(client, keys, change, status, param):  # type: ignore[no-untyped-def]
-    file_id = upload(client, keys["a"]).get_json()["id"]
+def test_batch_create_errors(client, keys, change, status, param):
+    file_id = http_upload(client, keys["a"]).get_json()["id"]
     payload = {
         "input_file_id": file_id,
         "endpoint": "/v1/chat/completions",
@@ -174,21 +144,21 @@ def test_batch_create_errors(client, keys, change, status, param):  # type: igno
     assert_error(client.post("/v1/batches", headers=keys["a"], json=payload), status, param)
 
 
-def test_batch_create_needs_a_json_object(client, keys):  # type: ignore[no-untyped-def]
+def test_batch_create_needs_a_json_object(client, keys):
     assert_error(client.post("/v1/batches", headers=keys["a"], data="not json"), 400)
     assert_error(client.post("/v1/batches", headers=keys["a"], json=[1, 2]), 400)
 
 
-def test_tenants_cannot_see_each_other(client, keys):  # type: ignore[no-untyped-def]
-    file_id = upload(client, keys["a"]).get_json()["id"]
-    batch_id = create_batch(client, keys["a"], file_id).get_json()["id"]
+def test_tenants_cannot_see_each_other(client, keys):
+    file_id = http_upload(client, keys["a"]).get_json()["id"]
+    batch_id = http_create(client, keys["a"], file_id).get_json()["id"]
     b = keys["b"]
     assert_error(client.get(f"/v1/files/{file_id}", headers=b), 404)
     assert_error(client.get(f"/v1/files/{file_id}/content", headers=b), 404)
     assert_error(client.delete(f"/v1/files/{file_id}", headers=b), 404)
     assert_error(client.get(f"/v1/batches/{batch_id}", headers=b), 404)
     assert_error(client.post(f"/v1/batches/{batch_id}/cancel", headers=b), 404)
-    assert_error(create_batch(client, b, file_id), 404, "input_file_id")
+    assert_error(http_create(client, b, file_id), 404, "input_file_id")
     assert_error(client.get(f"/v1/batches?after={batch_id}", headers=b), 400, "after")
     assert client.get("/v1/files", headers=b).get_json()["data"] == []
     assert client.get("/v1/batches", headers=b).get_json()["data"] == []
@@ -196,9 +166,9 @@ def test_tenants_cannot_see_each_other(client, keys):  # type: ignore[no-untyped
     assert client.get(f"/v1/batches/{batch_id}", headers=keys["a"]).get_json()["status"] == "validating"
 
 
-def test_batch_pagination(client, keys):  # type: ignore[no-untyped-def]
-    file_id = upload(client, keys["a"]).get_json()["id"]
-    made = [create_batch(client, keys["a"], file_id).get_json()["id"] for _ in range(23)]
+def test_batch_pagination(client, keys):
+    file_id = http_upload(client, keys["a"]).get_json()["id"]
+    made = [http_create(client, keys["a"], file_id).get_json()["id"] for _ in range(23)]
     newest_first = list(reversed(made))
     first = client.get("/v1/batches", headers=keys["a"]).get_json()
     assert len(first["data"]) == 20 and first["has_more"] is True
@@ -218,9 +188,9 @@ def test_batch_pagination(client, keys):  # type: ignore[no-untyped-def]
         assert_error(client.get(f"/v1/batches?limit={bad}", headers=keys["a"]), 400, "limit")
 
 
-def test_cancel_a_validating_batch(client, keys):  # type: ignore[no-untyped-def]
-    file_id = upload(client, keys["a"]).get_json()["id"]
-    batch_id = create_batch(client, keys["a"], file_id).get_json()["id"]
+def test_cancel_a_validating_batch(client, keys):
+    file_id = http_upload(client, keys["a"]).get_json()["id"]
+    batch_id = http_create(client, keys["a"], file_id).get_json()["id"]
     cancelled = client.post(f"/v1/batches/{batch_id}/cancel", headers=keys["a"]).get_json()
     assert cancelled["status"] == "cancelling" and cancelled["cancelling_at"] is not None
     again = client.post(f"/v1/batches/{batch_id}/cancel", headers=keys["a"])
@@ -229,7 +199,7 @@ def test_cancel_a_validating_batch(client, keys):  # type: ignore[no-untyped-def
     assert_error(client.delete(f"/v1/files/{file_id}", headers=keys["a"]), 409, "file_id")
 
 
-def test_models_and_unknown_routes(client, keys):  # type: ignore[no-untyped-def]
+def test_models_and_unknown_routes(client, keys):
     models = client.get("/v1/models", headers=keys["a"]).get_json()
     assert [m["id"] for m in models["data"]] == ["demo"] and models["object"] == "list"
     assert client.get("/v1/models/demo", headers=keys["a"]).get_json()["id"] == "demo"
@@ -238,7 +208,7 @@ def test_models_and_unknown_routes(client, keys):  # type: ignore[no-untyped-def
     assert_error(client.put("/v1/batches", headers=keys["a"]), 405)
 
 
-def test_creating_a_batch_with_the_broker_down_is_a_503_and_leaves_no_batch(settings):  # type: ignore[no-untyped-def]
+def test_creating_a_batch_with_the_broker_down_is_a_503_and_leaves_no_batch(settings):
     from dataclasses import replace
 
     from storage.runtime import Runtime
@@ -250,7 +220,7 @@ def test_creating_a_batch_with_the_broker_down_is_a_503_and_leaves_no_batch(sett
         _, key = create_tenant(rt.db, "alpha", now())
         headers = {"Authorization": f"Bearer {key}"}
         client = app.test_client()
-        file_id = upload(client, headers).get_json()["id"]
+        file_id = http_upload(client, headers).get_json()["id"]
         response = client.post("/v1/batches", headers=headers, json={
             "input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"})  # fmt: skip
         assert response.status_code == 503, response.get_json()

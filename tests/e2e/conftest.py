@@ -3,7 +3,6 @@ holding a real vLLM engine on the demo model, and beat; started once per test se
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ from openai import OpenAI
 
 from infra import daemons as services
 from infra.processes import REPO, Stack, create_tenant, up
+from tests.factories import OMIT, chat_line, jsonl
 
 HUGE = 1_000_000  # lines of the largest batch the tests submit
 WINDOWS = "24h,1h,8s"  # 8s: a window short enough to expire during a test
@@ -144,14 +144,11 @@ CHAT = "/v1/chat/completions"
 
 def request_line(custom_id: str, content: str = "hello", **body: object) -> dict:
     """One chat line of the OpenAI batch format (the model comes from the file's default)."""
-    return {
-        "custom_id": custom_id, "method": "POST", "url": CHAT,
-        "body": {"messages": [{"role": "user", "content": content}], "max_tokens": 8, **body},
-    }  # fmt: skip
+    return chat_line(custom_id, content, **{"model": OMIT, "max_tokens": 8, **body})
 
 
 def write_jsonl(path: Path, lines: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    path.write_bytes(jsonl(lines))
     return path
 
 

@@ -11,21 +11,22 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
+from tests import factories
 from tests.e2e.conftest import wait_final
+
+pytestmark = pytest.mark.stack
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 
 
 def chat_line(custom_id: str, content: str, **body: object) -> dict:
-    return {
-        "custom_id": custom_id, "method": "POST", "url": CHAT,
-        "body": {"model": "demo", "messages": [{"role": "user", "content": content}], "max_tokens": 8, **body},
-    }  # fmt: skip
+    """A chat line for the demo model, 8 tokens unless ``max_tokens`` says otherwise."""
+    return factories.chat_line(custom_id, content, **{"max_tokens": 8, **body})
 
 
 def upload(client: openai.OpenAI, lines: list[dict] | bytes, name: str = "requests.jsonl") -> str:
-    data = lines if isinstance(lines, bytes) else b"".join(json.dumps(x).encode() + b"\n" for x in lines)
+    data = lines if isinstance(lines, bytes) else factories.jsonl(lines)
     return client.files.create(file=(name, io.BytesIO(data)), purpose="batch").id
 
 
@@ -35,14 +36,14 @@ def read_jsonl(client: openai.OpenAI, file_id: str | None) -> list[dict]:
     return [json.loads(x) for x in client.files.content(file_id).text.splitlines() if x.strip()]
 
 
-def run_batch(client, lines, endpoint=CHAT, window="24h", **kw):  # type: ignore[no-untyped-def]
+def run_batch(client, lines, endpoint=CHAT, window="24h", **kw):
     batch = client.batches.create(
         input_file_id=upload(client, lines), endpoint=endpoint, completion_window=window, **kw
     )
     return wait_final(client, batch.id)
 
 
-def test_chat_batch_end_to_end(live):  # type: ignore[no-untyped-def]
+def test_chat_batch_end_to_end(live):
     client = live.client()
     tokenizer = AutoTokenizer.from_pretrained(live.model_dir)
     schema = {
@@ -131,7 +132,7 @@ def test_chat_batch_end_to_end(live):  # type: ignore[no-untyped-def]
     assert [m.id for m in client.models.list().data] == ["demo"]
 
 
-def test_completions_batch_end_to_end(live):  # type: ignore[no-untyped-def]
+def test_completions_batch_end_to_end(live):
     client = live.client()
     tokenizer = AutoTokenizer.from_pretrained(live.model_dir)
     lines = [
@@ -167,7 +168,7 @@ def test_completions_batch_end_to_end(live):  # type: ignore[no-untyped-def]
     ],
     ids=["malformed", "wrong-endpoint", "unknown-model", "duplicate-id", "bad-range"],
 )
-def test_invalid_files_fail_with_line_numbers(live, content, expected):  # type: ignore[no-untyped-def]
+def test_invalid_files_fail_with_line_numbers(live, content, expected):
     client = live.client()
     batch = run_batch(client, content)
     assert batch.status == "failed" and batch.failed_at
@@ -177,14 +178,14 @@ def test_invalid_files_fail_with_line_numbers(live, content, expected):  # type:
     assert batch.output_file_id is None and batch.request_counts.total == 0
 
 
-def test_oversize_upload_is_refused(live):  # type: ignore[no-untyped-def]
+def test_oversize_upload_is_refused(live):
     client = live.client()
     with pytest.raises(openai.APIStatusError) as info:
         upload(client, b"x" * (1024 * 1024 + 10))
     assert info.value.status_code == 413
 
 
-def test_auth_and_tenant_isolation_over_http(live):  # type: ignore[no-untyped-def]
+def test_auth_and_tenant_isolation_over_http(live):
     alpha, beta = live.client("alpha"), live.client("beta")
     file_id = upload(alpha, [chat_line("a", "x")])
     with pytest.raises(openai.NotFoundError):
@@ -210,7 +211,7 @@ def _long_lines(n: int, tokens: int, prefix: str) -> list[dict]:
     ]
 
 
-def test_cancel_mid_run(live):  # type: ignore[no-untyped-def]
+def test_cancel_mid_run(live):
     client = live.client()
     lines = _long_lines(400, 64, "cancel")
     batch = client.batches.create(input_file_id=upload(client, lines), endpoint=CHAT, completion_window="24h")
@@ -232,7 +233,7 @@ def test_cancel_mid_run(live):  # type: ignore[no-untyped-def]
     assert {e["error"]["code"] for e in errors} == {"batch_cancelled"}
 
 
-def test_expiry_keeps_done_results(live):  # type: ignore[no-untyped-def]
+def test_expiry_keeps_done_results(live):
     client = live.client("beta")
     lines = _long_lines(600, 96, "exp")
     batch = client.batches.create(input_file_id=upload(client, lines), endpoint=CHAT, completion_window="8s")

@@ -17,11 +17,12 @@ import pytest
 from infra import daemons as services
 from infra.processes import REPO
 from tests.e2e.conftest import request_line, wait_final, write_jsonl
+from tests.factories import jsonl
 
 pytestmark = pytest.mark.stack
 
 
-def freight(live, *args: str, cwd: Path, tenant: str = "alpha", **env: str) -> subprocess.CompletedProcess:  # type: ignore[no-untyped-def]
+def freight(live, *args: str, cwd: Path, tenant: str = "alpha", **env: str) -> subprocess.CompletedProcess:
     environ = {**os.environ, "FREIGHT_API_URL": live.base_url, "FREIGHT_API_KEY": live.keys[tenant], **env}
     done = subprocess.run(
         [sys.executable, "-m", "api.cli", *args], cwd=cwd, env={**environ, "PYTHONPATH": str(REPO)},
@@ -39,9 +40,9 @@ def error_line(done: subprocess.CompletedProcess) -> str:
     return errors[0]
 
 
-def test_submit_wait_status_list_download(live, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_submit_wait_status_list_download(live, tmp_path: Path) -> None:
     lines = [request_line(f"cli-{i}", f"Question {i} about the document") for i in range(16)]
-    source = gzip.compress("".join(json.dumps(x) + "\n" for x in lines).encode())  # gzip works too
+    source = gzip.compress(jsonl(lines))  # gzip works too
     (tmp_path / "questions.jsonl.gz").write_bytes(source)
     done = freight(
         live, "submit", "questions.jsonl.gz", "--model", "demo", "--wait", "--poll", "0.5",
@@ -94,7 +95,7 @@ def test_submit_wait_status_list_download(live, tmp_path: Path) -> None:  # type
     assert "Cannot cancel a batch with status completed" in cannot and "409" in cannot
 
 
-def test_cancel_and_a_failed_batch(live, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_cancel_and_a_failed_batch(live, tmp_path: Path) -> None:
     # ~256k output tokens: minutes of work on any CPU, so the batch is surely still running when
     # download and cancel arrive a few seconds later (300 x 64 tokens once finished first)
     long = [
@@ -123,7 +124,7 @@ def test_cancel_and_a_failed_batch(live, tmp_path: Path) -> None:  # type: ignor
     assert error_line(failed).endswith("failed") and "Error: batch batch_" in failed.stderr
 
 
-def test_every_error_is_one_clear_line(live, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_every_error_is_one_clear_line(live, tmp_path: Path) -> None:
     good = write_jsonl(tmp_path / "ok.jsonl", [request_line("a")])
     cases = {
         "refused the API key (401)": ("list", {"FREIGHT_API_KEY": "fk-wrong"}),

@@ -17,6 +17,7 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from infra.processes import REPO
 from tests.e2e.conftest import CHAT, request_line, wait_final, write_jsonl
+from tests.factories import jsonl
 
 pytestmark = pytest.mark.stack
 
@@ -39,7 +40,7 @@ def browser() -> Iterator[Browser]:
 
 
 @pytest.fixture
-def page(browser: Browser, live) -> Iterator[Page]:  # type: ignore[no-untyped-def]
+def page(browser: Browser, live) -> Iterator[Page]:
     context = browser.new_context(base_url=live.stack.api_url, accept_downloads=True)
     page = context.new_page()
     page.set_default_timeout(30_000)
@@ -76,7 +77,7 @@ def upload(page: Page, path: Path, model: str = "demo", metadata: str = "") -> s
     return page.url.rsplit("/", 1)[-1]
 
 
-def test_console_in_a_browser(live, page: Page, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_console_in_a_browser(live, page: Page, tmp_path: Path) -> None:
     SHOTS.mkdir(parents=True, exist_ok=True)
     sign_in(page, live.keys["alpha"])
     expect(page.locator("#tenant-name")).to_have_text("alpha")
@@ -115,7 +116,7 @@ def test_console_in_a_browser(live, page: Page, tmp_path: Path) -> None:  # type
                      min_tokens=64, ignore_eos=True)
         for i in range(400)
     ]  # fmt: skip
-    data = b"".join(json.dumps(x).encode() + b"\n" for x in long_lines)
+    data = jsonl(long_lines)
     source = client.files.create(file=("long.jsonl", io.BytesIO(data)), purpose="batch")
     long_batch = client.batches.create(input_file_id=source.id, endpoint=CHAT, completion_window="24h")
     page.goto(f"/console/jobs/{long_batch.id}")
@@ -133,7 +134,7 @@ def test_console_in_a_browser(live, page: Page, tmp_path: Path) -> None:  # type
 
     # another tenant's job: not found, and not listed
     theirs = live.client("beta")
-    one = json.dumps(request_line("beta-1", "hello", model="demo")).encode() + b"\n"
+    one = jsonl([request_line("beta-1", "hello", model="demo")])
     other_file = theirs.files.create(file=("b.jsonl", io.BytesIO(one)), purpose="batch")
     other = theirs.batches.create(input_file_id=other_file.id, endpoint=CHAT, completion_window="24h")
     response = page.goto(f"/console/jobs/{other.id}")

@@ -29,6 +29,9 @@ from infra.processes import FREIGHT, REPO
 from storage.db import Database
 from storage.models import DropObject
 from tests.e2e.conftest import LiveStack, keep_logs, start_live, wait_final
+from tests.factories import OMIT, chat_line, jsonl, parquet_bytes
+
+pytestmark = pytest.mark.stack
 
 CHAT = "/v1/chat/completions"
 PREFIX = "jobs"
@@ -52,7 +55,7 @@ class Weed:
         with mock.patch.object(services, "_ensure_port_free", _free_for_reuse):
             self.handle = services.start_seaweedfs(self.run_dir, self.port, auth=True)
 
-    def client(self):  # type: ignore[no-untyped-def]
+    def client(self):
         return self.handle.client()
 
 
@@ -103,12 +106,8 @@ def add_folder(live: LiveStack, weed: Weed, url: str, *options: str) -> None:
 
 
 def line(custom_id: str, content: str, **body: Any) -> dict:
-    return {"custom_id": custom_id, "method": "POST", "url": CHAT,
-            "body": {"messages": [{"role": "user", "content": content}], "max_tokens": 4, **body}}  # fmt: skip
-
-
-def jsonl(lines: list[dict]) -> bytes:
-    return b"".join(json.dumps(x).encode() + b"\n" for x in lines)
+    """A chat line without a model unless given (the folder's default fills it)."""
+    return chat_line(custom_id, content, **{"model": OMIT, **body})
 
 
 def put(weed: Weed, bucket: str, key: str, data: bytes, prefix: str = PREFIX) -> str:
@@ -116,7 +115,7 @@ def put(weed: Weed, bucket: str, key: str, data: bytes, prefix: str = PREFIX) ->
 
 
 def read(weed: Weed, bucket: str, key: str, prefix: str = PREFIX) -> bytes:
-    return weed.client().get_object(Bucket=bucket, Key=f"{prefix}/{key}")["Body"].read()  # type: ignore[no-any-return]
+    return weed.client().get_object(Bucket=bucket, Key=f"{prefix}/{key}")["Body"].read()
 
 
 def keys(weed: Weed, bucket: str, folder: str, prefix: str = PREFIX) -> set[str]:
@@ -134,7 +133,7 @@ def wait_for(check: Callable[[], Any], what: str, timeout: float = 240) -> Any:
     raise AssertionError(f"{what}: not after {timeout}s")
 
 
-def batches_of(live: LiveStack, bucket: str, key: str, prefix: str = PREFIX) -> list:  # type: ignore[type-arg]
+def batches_of(live: LiveStack, bucket: str, key: str, prefix: str = PREFIX) -> list:
     source = f"s3://{bucket}/{prefix}/{key}"
     every = live.client().batches.list(limit=100).data
     return [b for b in every if (b.metadata or {}).get("source_object") == source]
@@ -143,10 +142,10 @@ def batches_of(live: LiveStack, bucket: str, key: str, prefix: str = PREFIX) -> 
 def manifest(weed: Weed, bucket: str, name: str, timeout: float = 240, prefix: str = PREFIX) -> dict:
     key = f"outbox/{name}.manifest.json"
     wait_for(lambda: key in keys(weed, bucket, "outbox", prefix), f"manifest {key}", timeout)
-    return json.loads(read(weed, bucket, key, prefix))  # type: ignore[no-any-return]
+    return json.loads(read(weed, bucket, key, prefix))
 
 
-def test_a_dropped_file_comes_back_with_results_and_a_manifest(drops, weed):  # type: ignore[no-untyped-def]
+def test_a_dropped_file_comes_back_with_results_and_a_manifest(drops, weed):
     live, bucket = drops
     lines = [line(f"q-{i}", f"Question {i}: what is in the document?") for i in range(6)]
     lines.append(line("own-model", "Say hi", model="demo"))  # a line's own model is kept
@@ -187,7 +186,7 @@ def test_a_dropped_file_comes_back_with_results_and_a_manifest(drops, weed):  # 
     assert len(batches_of(live, bucket, "inbox/first.jsonl")) == 1
 
 
-def test_a_malformed_file_lands_in_failed_with_a_readable_manifest(drops, weed):  # type: ignore[no-untyped-def]
+def test_a_malformed_file_lands_in_failed_with_a_readable_manifest(drops, weed):
     live, bucket = drops
     bad = jsonl([line("a", "hello")]) + b'{"custom_id": "b", "method": "POST"\n' + jsonl([line("a", "again")])
     put(weed, bucket, "inbox/bad.jsonl", bad)
@@ -214,7 +213,7 @@ def test_a_malformed_file_lands_in_failed_with_a_readable_manifest(drops, weed):
     wait_for(lambda: "failed/zip.jsonl.gz" in keys(weed, bucket, "failed"), "the refused input moved", 30)
 
 
-def test_a_gzip_file_works(drops, weed):  # type: ignore[no-untyped-def]
+def test_a_gzip_file_works(drops, weed):
     live, bucket = drops
     lines = [line(f"g-{i}", f"Zipped question {i}") for i in range(5)]
     put(weed, bucket, "inbox/zipped.jsonl.gz", gzip.compress(jsonl(lines)))
@@ -231,7 +230,7 @@ def test_a_gzip_file_works(drops, weed):  # type: ignore[no-untyped-def]
     assert {json.loads(x)["body"]["model"] for x in stored} == {"demo"}
 
 
-def test_a_parquet_file_comes_back_as_parquet(drops, weed):  # type: ignore[no-untyped-def]
+def test_a_parquet_file_comes_back_as_parquet(drops, weed):
     """A folder with ``--output-format parquet``: a table dropped in its inbox runs on the folder's
     model (rows carry none) and its results come back as typed Parquet, errors included."""
     live, bucket = drops
@@ -247,9 +246,8 @@ def test_a_parquet_file_comes_back_as_parquet(drops, weed):  # type: ignore[no-u
             "ignore_eos": [True] * (n + 1),
         }
     )
-    sink = io.BytesIO()
-    pq.write_table(table, sink)
-    etag = put(weed, bucket, "inbox/rows.parquet", sink.getvalue(), prefix=tables)
+    data = parquet_bytes(table)
+    etag = put(weed, bucket, "inbox/rows.parquet", data, prefix=tables)
 
     m = manifest(weed, bucket, "rows", prefix=tables)
     assert m["status"] == "completed" and m["model"] == "demo" and m["source"]["etag"] == etag
@@ -271,10 +269,10 @@ def test_a_parquet_file_comes_back_as_parquet(drops, weed):  # type: ignore[no-u
     wait_for(
         lambda: "archive/rows.parquet" in keys(weed, bucket, "archive", tables), "the table archived", 30
     )
-    assert read(weed, bucket, "archive/rows.parquet", tables) == sink.getvalue()
+    assert read(weed, bucket, "archive/rows.parquet", tables) == data
 
 
-def test_the_s3_server_stopped_and_restarted_mid_run_loses_nothing(drops, weed):  # type: ignore[no-untyped-def]
+def test_the_s3_server_stopped_and_restarted_mid_run_loses_nothing(drops, weed):
     live, bucket = drops
     names = ["r1", "r2", "r3"]
     for name in names[:2]:

@@ -14,12 +14,13 @@ import pytest
 
 from infra.processes import FREIGHT, REPO, _log_has, spawn, wait_for
 from tests.e2e.conftest import LiveStack, wait_final
+from tests.factories import chat_line, jsonl
 from workers.engine import INT4_KERNEL, int4_kernel_missing
 
 pytestmark = pytest.mark.stack
 
 
-def test_an_int4_model_registered_by_the_cli_serves_a_batch(live: LiveStack, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_an_int4_model_registered_by_the_cli_serves_a_batch(live: LiveStack, tmp_path) -> None:
     env = live.stack.env
     int4 = tmp_path / "demo-w4a16"
     done = subprocess.run(
@@ -59,7 +60,7 @@ def test_an_int4_model_registered_by_the_cli_serves_a_batch(live: LiveStack, tmp
     assert removed.returncode == 0 and "removed demo-int4" in removed.stdout
 
 
-def _serve_a_batch(live: LiveStack, proc, name: str) -> None:  # type: ignore[no-untyped-def]
+def _serve_a_batch(live: LiveStack, proc, name: str) -> None:
     log = live.stack.log(name)
     wait_for(lambda: _log_has(log, " ready."), "INT4 engine worker", 300, proc, log)
     assert "WNA16" in log.read_text(errors="replace")  # vLLM picked its INT4 weight-only kernel
@@ -68,15 +69,8 @@ def _serve_a_batch(live: LiveStack, proc, name: str) -> None:  # type: ignore[no
     served = {m.id: m for m in client.models.list().data}
     assert served["demo-int4"].model_extra["x_freight"]["quantization"] == "w4a16"
 
-    lines = [
-        {"custom_id": f"q-{i}", "method": "POST", "url": "/v1/chat/completions",
-         "body": {"model": "demo-int4", "messages": [{"role": "user", "content": f"count to {i}"}],
-                  "max_tokens": 8}}
-        for i in range(12)
-    ]  # fmt: skip
-    upload = client.files.create(
-        file=("int4.jsonl", "".join(json.dumps(x) + "\n" for x in lines).encode()), purpose="batch"
-    )
+    lines = [chat_line(f"q-{i}", f"count to {i}", model="demo-int4", max_tokens=8) for i in range(12)]
+    upload = client.files.create(file=("int4.jsonl", jsonl(lines)), purpose="batch")
     batch = client.batches.create(
         input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
     )

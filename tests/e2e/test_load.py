@@ -68,7 +68,7 @@ async def swarm(base_url: str, keys: list[str], batch_ids: list[str]) -> dict[st
     return seen
 
 
-def test_a_hundred_clients_poll_while_a_job_runs(sched, reliability):  # type: ignore[no-untyped-def]
+def test_a_hundred_clients_poll_while_a_job_runs(sched, reliability):
     tenants = ["alpha", "beta", "gamma"]
     clients = [sched.client(t) for t in tenants]
     per_tenant = int(15 * POLL_SECONDS)  # enough work that the batches run all through the polling
@@ -131,7 +131,7 @@ def write_big_jsonl(path: Path, size: int) -> tuple[int, str]:
     return count, digest.hexdigest()
 
 
-def test_a_200_mb_upload_streams_in_bounded_memory(sched, reliability, tmp_path):  # type: ignore[no-untyped-def]
+def test_a_200_mb_upload_streams_in_bounded_memory(sched, reliability, tmp_path):
     client = sched.client("gamma").with_options(timeout=600)
     path = tmp_path / "big.jsonl"
     count, sha = write_big_jsonl(path, UPLOAD_BYTES)

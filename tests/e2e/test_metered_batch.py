@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+import pytest
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
@@ -12,11 +13,13 @@ from storage.models import Batch, WorkUnit
 from tests.e2e.test_batches import chat_line, read_jsonl, run_batch
 from workers.engine import native_half_precision, serving_dtype
 
+pytestmark = pytest.mark.stack
+
 PRICE_PER_SECOND = Fraction(36, 10) / 3600  # FREIGHT_INSTANCE_PRICE_PER_HOUR=3.6 in start_live
 LIST = {"input": 0.15, "cached_input": 0.075, "output": 0.6}  # FREIGHT_LIST_PRICES
 
 
-def test_metering_end_to_end(live):  # type: ignore[no-untyped-def]
+def test_metering_end_to_end(live):
     client = live.client("beta")
     system = "You label support tickets. " * 40  # a shared prefix: cached after the first requests
     lines = [

@@ -3,19 +3,21 @@ run on the real vLLM engine, and the results downloaded as Parquet and read by D
 
 from __future__ import annotations
 
-import io
 import json
 
 import duckdb
 import pyarrow as pa
-import pyarrow.parquet as pq
+import pytest
 
 from tests.e2e.conftest import wait_final
+from tests.factories import parquet_bytes
+
+pytestmark = pytest.mark.stack
 
 N = 12
 
 
-def test_parquet_in_parquet_out(live, tmp_path):  # type: ignore[no-untyped-def]
+def test_parquet_in_parquet_out(live, tmp_path):
     client = live.client()
     table = pa.table(
         {
@@ -27,9 +29,7 @@ def test_parquet_in_parquet_out(live, tmp_path):  # type: ignore[no-untyped-def]
             "max_tokens": [3 + i % 3 for i in range(N)],
         }
     ).replace_schema_metadata({"freight.defaults": json.dumps({"model": "demo", "ignore_eos": True})})
-    sink = io.BytesIO()
-    pq.write_table(table, sink)
-    uploaded = client.files.create(file=("questions.parquet", sink.getvalue()), purpose="batch")
+    uploaded = client.files.create(file=("questions.parquet", parquet_bytes(table)), purpose="batch")
     batch = client.batches.create(
         input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
     )

@@ -18,6 +18,8 @@ from storage.models import EngineSample, UnitStatus, WorkUnit
 from tests.e2e.conftest import HUGE, LiveStack, api_worker_pids, peak_rss_mb, peak_rss_reset, wait_final
 from tests.e2e.test_batches import CHAT, chat_line, read_jsonl, upload
 
+pytestmark = pytest.mark.stack
+
 
 def db(live: LiveStack) -> Database:
     return Database(live.stack.settings.database_url)
@@ -36,7 +38,7 @@ def worker_pid(unit: WorkUnit) -> str:
     return (unit.worker or "").rsplit(":", 1)[0]  # claim tokens are host:pid:nonce
 
 
-def ids_once(client, batch, expected: list[str]) -> tuple[list[dict], list[dict]]:  # type: ignore[no-untyped-def]
+def ids_once(client, batch, expected: list[str]) -> tuple[list[dict], list[dict]]:
     output, errors = read_jsonl(client, batch.output_file_id), read_jsonl(client, batch.error_file_id)
     ids = [x["custom_id"] for x in output + errors]
     assert sorted(ids) == sorted(expected) and len(ids) == len(set(ids))
@@ -65,7 +67,7 @@ def finished_output_tokens(live: LiveStack) -> int:
 SYSTEM = " ".join(f"rule {i}: answer tersely and cite the clause number {i * 7 % 13}." for i in range(40))
 
 
-def test_small_jobs_share_packs_workers_and_prefixes(sched):  # type: ignore[no-untyped-def]
+def test_small_jobs_share_packs_workers_and_prefixes(sched):
     """A long job keeps both workers busy; small jobs of two other tenants, all with the same long
     system prompt, arrive meanwhile and are packed together and with it, across tenants."""
     alpha = sched.client("alpha")
@@ -138,7 +140,7 @@ def test_small_jobs_share_packs_workers_and_prefixes(sched):  # type: ignore[no-
     assert max(x.running_mean for x in samples) > 0.5 * samples[0].max_num_seqs  # the engines ran full
 
 
-def test_killed_worker_loses_no_work(sched):  # type: ignore[no-untyped-def]
+def test_killed_worker_loses_no_work(sched):
     client = sched.client("alpha")
     lines = [chat_line(f"kill-{i}", f"Row {i}", max_tokens=48, min_tokens=48) for i in range(768)]
     batch = client.batches.create(input_file_id=upload(client, lines), endpoint=CHAT, completion_window="24h")
@@ -161,7 +163,7 @@ def test_killed_worker_loses_no_work(sched):  # type: ignore[no-untyped-def]
     assert all(not worker_pid(u).endswith(f":{victim_pid}") for u in units if u.attempts >= 2)
 
 
-def test_request_counts_move_within_a_unit(sched):  # type: ignore[no-untyped-def]
+def test_request_counts_move_within_a_unit(sched):
     """request_counts come from the running units' heartbeats too, not only from finished units."""
     client = sched.client("beta")
     # one unit (FREIGHT_UNIT_SIZE=64) of two waves of 32 sequences (max_num_seqs): the first
@@ -198,14 +200,12 @@ def _digest(custom_id: str) -> bytes:
 
 
 @pytest.mark.reliability
-def test_a_million_requests_in_bounded_memory(sched, tmp_path, reliability):  # type: ignore[no-untyped-def]
+def test_a_million_requests_in_bounded_memory(sched, tmp_path, reliability):
     client = sched.client("beta").with_options(timeout=600)
     path = tmp_path / "huge.jsonl"
     with path.open("w") as f:
         for i in range(HUGE):
-            body = {"model": "demo", "max_tokens": 1,
-                    "messages": [{"role": "user", "content": f"Label {i % 997}: row {i}"}]}  # fmt: skip
-            f.write(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": CHAT, "body": body}) + "\n")
+            f.write(json.dumps(chat_line(f"r{i}", f"Label {i % 997}: row {i}", max_tokens=1)) + "\n")
     control = int((sched.stack.run_dir / "control.pid").read_text())
     peak_rss_reset(control)
     before = peak_rss_mb(control)

@@ -39,7 +39,7 @@ MAX_TOKENS = 16
 @pytest.fixture(scope="module")
 def faults(
     tmp_path_factory: pytest.TempPathFactory, demo_model: Path, postgres_service
-) -> Iterator[LiveStack]:  # type: ignore[no-untyped-def]
+) -> Iterator[LiveStack]:
     overrides = {
         "FREIGHT_DATABASE_URL": postgres_service.create_database(f"faults_{uuid.uuid4().hex[:10]}"),
         "FREIGHT_UNIT_SIZE": str(UNIT),
@@ -149,7 +149,7 @@ def first_finish_after(live: LiveStack, batch_id: str, since: float) -> float | 
     return round(min(done) - since, 2) if done else None
 
 
-def test_redis_restarted_mid_batch(faults: LiveStack, reliability) -> None:  # type: ignore[no-untyped-def]
+def test_redis_restarted_mid_batch(faults: LiveStack, reliability) -> None:
     """Redis keeps nothing across a restart (``--save ""``): queued pack messages vanish and the
     system recovers them from the database; workers, beat and the control worker reconnect."""
     client, batch_id, expected = submit(faults, "redis")
@@ -185,7 +185,7 @@ def test_redis_restarted_mid_batch(faults: LiveStack, reliability) -> None:  # t
         assert b"the broker lost its messages" in f.read()
 
 
-def test_api_restarted_mid_batch(faults: LiveStack, reliability) -> None:  # type: ignore[no-untyped-def]
+def test_api_restarted_mid_batch(faults: LiveStack, reliability) -> None:
     """SIGTERM to gunicorn and a fresh one with the same argv: clients see refused connections
     while it is down, never a 5xx; the batch does not notice."""
     client, batch_id, expected = submit(faults, "api")
@@ -215,7 +215,7 @@ def test_api_restarted_mid_batch(faults: LiveStack, reliability) -> None:  # typ
     assert poller.ok > before
 
 
-def test_postgres_restarted_mid_batch(  # type: ignore[no-untyped-def]
+def test_postgres_restarted_mid_batch(
     faults: LiveStack, reliability, postgres_service, services_dir: Path
 ) -> None:
     """PostgreSQL fast-stopped for a few seconds (every open connection cut) and started again:
@@ -261,7 +261,7 @@ def _retrieve_raw(live: LiveStack, batch_id: str) -> int:
     return client.batches.with_raw_response.retrieve(batch_id).status_code
 
 
-def test_full_stack_restart_resumes(faults: LiveStack, reliability) -> None:  # type: ignore[no-untyped-def]
+def test_full_stack_restart_resumes(faults: LiveStack, reliability) -> None:
     """Every Freight process and Redis stopped mid-batch, then ``infra.processes.up`` on the same run
     folder and database: the batch goes on from the units it had recorded, not from zero."""
     client, batch_id, expected = submit(faults, "full")

@@ -45,7 +45,7 @@ class Faults:
     bucket: str
 
     @property
-    def stack(self):  # type: ignore[no-untyped-def]
+    def stack(self):
         return self.live.stack
 
     def db(self) -> Database:
@@ -158,7 +158,7 @@ def long_lines(prefix: str, n: int, tokens: int = 48) -> list[dict]:
     ]
 
 
-def check_usage_and_cost(f: Faults, final, output: list[dict]) -> None:  # type: ignore[no-untyped-def]
+def check_usage_and_cost(f: Faults, final, output: list[dict]) -> None:
     """The batch's usage is the sum over its output lines, and its cost the sum over its units,
     each unit once (a killed or released attempt records nothing)."""
     prompt = sum(x["response"]["body"]["usage"]["prompt_tokens"] for x in output)
@@ -178,7 +178,7 @@ def check_usage_and_cost(f: Faults, final, output: list[dict]) -> None:  # type:
 # ---------------------------------------------------------------------------------------- scenarios
 
 
-def test_engine_rejecting_one_request_fails_it_alone(faults: Faults, reliability) -> None:  # type: ignore[no-untyped-def]
+def test_engine_rejecting_one_request_fails_it_alone(faults: Faults, reliability) -> None:
     """A prompt longer than the model's context and an output budget beyond it reach the engine
     (validation does not know the context) inside one unit with good requests: those two get
     400 error lines naming the reason, the others succeed."""
@@ -218,7 +218,7 @@ def test_engine_rejecting_one_request_fails_it_alone(faults: Faults, reliability
     assert final.request_counts.completed == 3 and final.request_counts.failed == 2
 
 
-def test_object_store_outage_while_results_are_written(faults: Faults, reliability) -> None:  # type: ignore[no-untyped-def]
+def test_object_store_outage_while_results_are_written(faults: Faults, reliability) -> None:
     """SeaweedFS stops while units are being recorded and starts again seconds later: the writes
     retry with backoff, the batch completes exactly, and no partial object was ever published."""
     faults.ensure_workers()
@@ -267,7 +267,7 @@ def test_object_store_outage_while_results_are_written(faults: Faults, reliabili
     check_usage_and_cost(faults, final, output)
 
 
-def test_sigkilled_worker_unit_is_redelivered_once(faults: Faults, reliability) -> None:  # type: ignore[no-untyped-def]
+def test_sigkilled_worker_unit_is_redelivered_once(faults: Faults, reliability) -> None:
     faults.ensure_workers()
     client = faults.live.client()
     lines = long_lines("kill", 256)
@@ -311,7 +311,7 @@ def test_a_killed_workers_engine_processes_exit_with_it(faults: Faults) -> None:
     assert not alive, [(p.pid, p.name()) for p in alive]
 
 
-def test_sigterm_drains_within_its_bound(faults: Faults, reliability) -> None:  # type: ignore[no-untyped-def]
+def test_sigterm_drains_within_its_bound(faults: Faults, reliability) -> None:
     """SIGTERM to a worker holding units (as ``kill``, Docker and Kubernetes send it): it takes no
     new pack, lets its units run for FREIGHT_DRAIN_SECONDS, hands the rest back for the other
     worker to run at once (no lease expiry: attempts stay 1), and exits 0 within the bound."""

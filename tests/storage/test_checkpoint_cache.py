@@ -14,11 +14,11 @@ from tests.conftest import DEMO_MODEL
 class CountingClient:
     """A real boto3 client that counts the objects it downloads."""
 
-    def __init__(self, client) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, client) -> None:
         self.client = client
         self.downloads = 0
 
-    def get_paginator(self, name: str):  # type: ignore[no-untyped-def]
+    def get_paginator(self, name: str):
         return self.client.get_paginator(name)
 
     def download_file(self, bucket: str, key: str, dest: str) -> None:
@@ -27,7 +27,7 @@ class CountingClient:
 
 
 @pytest.fixture
-def s3(s3_service):  # type: ignore[no-untyped-def]
+def s3(s3_service):
     bucket = s3_service.create_bucket("checkpoints")
     client = s3_service.client()
     for file in DEMO_MODEL.iterdir():

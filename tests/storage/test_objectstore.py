@@ -19,7 +19,7 @@ from storage.objectstore import (
 
 
 @pytest.fixture(params=["local", "s3"])
-def store(request, tmp_path):  # type: ignore[no-untyped-def]
+def store(request, tmp_path):
     if request.param == "local":
         return LocalObjectStore(tmp_path / "objects")
     s3 = request.getfixturevalue("s3_service")
@@ -28,7 +28,7 @@ def store(request, tmp_path):  # type: ignore[no-untyped-def]
     return S3ObjectStore(bucket, "freight/prefix", client=s3.client())
 
 
-def test_put_open_size_delete(store):  # type: ignore[no-untyped-def]
+def test_put_open_size_delete(store):
     assert store.put_stream("files/t1/a", io.BytesIO(b"hello\nworld\n")) == 12
     assert store.exists("files/t1/a") and store.size("files/t1/a") == 12
     with store.open("files/t1/a") as stream:
@@ -39,7 +39,7 @@ def test_put_open_size_delete(store):  # type: ignore[no-untyped-def]
         store.open("files/t1/a")
 
 
-def test_large_objects_stream_in_chunks(store):  # type: ignore[no-untyped-def]
+def test_large_objects_stream_in_chunks(store):
     # 20 MiB: above boto3's multipart threshold, so S3 takes the multipart path
     chunks = (bytes([i % 251]) * CHUNK for i in range(20))
     assert store.put_chunks("big/object", chunks) == 20 * CHUNK
@@ -51,16 +51,16 @@ def test_large_objects_stream_in_chunks(store):  # type: ignore[no-untyped-def]
     assert total == 20 * CHUNK and first == 0
 
 
-def test_list_by_prefix(store):  # type: ignore[no-untyped-def]
+def test_list_by_prefix(store):
     for key in ("batches/b1/x", "batches/b1/y", "batches/b2/z"):
         store.put_chunks(key, [b"1"])
     assert sorted(store.list("batches/b1/")) == ["batches/b1/x", "batches/b1/y"]
 
 
-def test_failed_write_publishes_nothing(store):  # type: ignore[no-untyped-def]
+def test_failed_write_publishes_nothing(store):
     store.put_chunks("out/file", [b"old"])
 
-    def broken():  # type: ignore[no-untyped-def]
+    def broken():
         yield b"partial data"
         raise OSError("disk went away")
 
@@ -71,7 +71,7 @@ def test_failed_write_publishes_nothing(store):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("key", ["", "/abs", "a/../b", "a//b", "a/./b", "nul\x00key", ".."])
-def test_keys_cannot_escape(key):  # type: ignore[no-untyped-def]
+def test_keys_cannot_escape(key):
     with pytest.raises(ValueError):
         check_key(key)
 

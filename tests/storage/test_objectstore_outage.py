@@ -33,7 +33,7 @@ class Weed:
     def start(self) -> None:
         self.handle = services.start_seaweedfs(self.run_dir, self.port)
 
-    def client(self):  # type: ignore[no-untyped-def]
+    def client(self):
         return self.handle.client()
 
     def store(self, bucket: str, policy: RetryPolicy | Retrier) -> S3ObjectStore:
@@ -84,7 +84,7 @@ def test_pauses_grow_exponentially_with_full_jitter() -> None:
 
 
 @pytest.mark.reliability
-def test_a_multipart_write_rides_out_a_store_restart(weed: Weed, reliability) -> None:  # type: ignore[no-untyped-def]
+def test_a_multipart_write_rides_out_a_store_restart(weed: Weed, reliability) -> None:
     """The store goes away after the first part and comes back ~5 s later (plus its start-up):
     the write retries, completes, and the object is whole; it was never visible before that."""
     bucket = _bucket(weed)

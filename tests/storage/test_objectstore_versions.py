@@ -19,7 +19,7 @@ from storage.objectstore import (
 
 
 @pytest.fixture(params=["local", "s3"])
-def store(request, tmp_path):  # type: ignore[no-untyped-def]
+def store(request, tmp_path):
     if request.param == "local":
         return LocalObjectStore(tmp_path / "objects")
     s3 = request.getfixturevalue("s3_service")
@@ -29,7 +29,7 @@ def store(request, tmp_path):  # type: ignore[no-untyped-def]
     )
 
 
-def test_list_info_stat_and_versions(store):  # type: ignore[no-untyped-def]
+def test_list_info_stat_and_versions(store):
     store.put_stream("inbox/a.jsonl", io.BytesIO(b"one\n"))
     store.put_stream("inbox/b.jsonl", io.BytesIO(b"two lines\n"))
     store.put_stream("outbox/c.json", io.BytesIO(b"{}"))
@@ -50,7 +50,7 @@ def test_list_info_stat_and_versions(store):  # type: ignore[no-untyped-def]
         store.open_version("inbox/missing.jsonl", "x")
 
 
-def test_copy_within_the_store(store):  # type: ignore[no-untyped-def]
+def test_copy_within_the_store(store):
     store.put_stream("inbox/a.jsonl", io.BytesIO(b"payload\n"))
     store.copy("inbox/a.jsonl", "archive/a.jsonl")
     with store.open("archive/a.jsonl") as stream:

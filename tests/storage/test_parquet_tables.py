@@ -39,7 +39,7 @@ def requests(n: int = 50) -> list[dict]:
     ]
 
 
-def test_jsonl_to_parquet_to_jsonl_keeps_every_custom_id_and_value(tmp_path):  # type: ignore[no-untyped-def]
+def test_jsonl_to_parquet_to_jsonl_keeps_every_custom_id_and_value(tmp_path):
     original = requests()
     target = tmp_path / "requests.parquet"
     rows = write_requests((json.dumps(x, ensure_ascii=False).encode() for x in original), str(target))
@@ -53,7 +53,7 @@ def test_jsonl_to_parquet_to_jsonl_keeps_every_custom_id_and_value(tmp_path):  #
     assert got == [(x["custom_id"], x["body"]["seed"]) for x in original]
 
 
-def test_simple_shape_with_defaults_from_the_file_and_the_batch(tmp_path):  # type: ignore[no-untyped-def]
+def test_simple_shape_with_defaults_from_the_file_and_the_batch(tmp_path):
     table = pa.table(
         {
             "custom_id": ["a", "b", "c"],
@@ -85,7 +85,7 @@ def test_simple_shape_with_defaults_from_the_file_and_the_batch(tmp_path):  # ty
     assert "temperature" not in lines[1]["body"]  # null cells are left out
 
 
-def test_bad_rows_name_their_row_and_column(tmp_path):  # type: ignore[no-untyped-def]
+def test_bad_rows_name_their_row_and_column(tmp_path):
     path = tmp_path / "bad.parquet"
     pq.write_table(pa.table({"custom_id": ["a", "b"], "body": ['{"model": "demo"}', "{not json"]}), path)
     out = list(request_lines(str(path), CHAT))
@@ -97,7 +97,7 @@ def test_bad_rows_name_their_row_and_column(tmp_path):  # type: ignore[no-untype
     assert isinstance(only, RowError) and only.code == "invalid_parquet_columns"
 
 
-def test_results_as_typed_parquet_read_by_duckdb(tmp_path):  # type: ignore[no-untyped-def]
+def test_results_as_typed_parquet_read_by_duckdb(tmp_path):
     body = {
         "id": "chatcmpl-1",
         "object": "chat.completion",

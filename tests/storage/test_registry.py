@@ -49,7 +49,7 @@ def _row(name: str, **extra: object) -> Model:
     return Model(**(values | extra))
 
 
-def test_rows_and_declared_models_make_one_listing(runtime) -> None:  # type: ignore[no-untyped-def]
+def test_rows_and_declared_models_make_one_listing(runtime) -> None:
     rt = runtime
     with rt.db.write() as s:
         s.add(_row("alpha", list_price_input=1.0, list_price_output=2.0, instance_price_per_hour=0.5))
@@ -66,7 +66,7 @@ def test_rows_and_declared_models_make_one_listing(runtime) -> None:  # type: ig
     assert served_names(rt.db, rt.settings) == {"alpha", "demo"}
 
 
-def test_a_row_overrides_a_declaration_of_the_same_name(runtime) -> None:  # type: ignore[no-untyped-def]
+def test_a_row_overrides_a_declaration_of_the_same_name(runtime) -> None:
     with runtime.db.write() as s:
         s.add(_row("demo", instance_price_per_hour=2.0))
     (demo,) = entries(runtime.db, runtime.settings)
@@ -74,7 +74,7 @@ def test_a_row_overrides_a_declaration_of_the_same_name(runtime) -> None:  # typ
     assert demo.price_per_hour(runtime.settings) == 2.0
 
 
-def test_an_unknown_model_is_named_with_what_is_served(runtime) -> None:  # type: ignore[no-untyped-def]
+def test_an_unknown_model_is_named_with_what_is_served(runtime) -> None:
     assert lookup(runtime.db, runtime.settings, "nope") is None
     with pytest.raises(RegistryError, match=r"'nope' is not registered \(served: demo\)"):
         require(runtime.db, runtime.settings, "nope")

@@ -66,7 +66,7 @@ def test_engine_dtype_reaches_the_engine_config():
 def test_settings_are_frozen():
     s = Settings.from_env({})
     with pytest.raises(AttributeError):
-        s.api_port = 1  # type: ignore[misc]
+        s.api_port = 1
 
 
 def test_durations():

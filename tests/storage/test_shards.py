@@ -18,18 +18,18 @@ def row(i: int, ids: list[int] | None) -> ShardRow:
 
 
 @pytest.fixture
-def store(tmp_path):  # type: ignore[no-untyped-def]
+def store(tmp_path):
     return LocalObjectStore(tmp_path / "objects")
 
 
-def write(store, rows: list[ShardRow], group: int) -> str:  # type: ignore[no-untyped-def]
+def write(store, rows: list[ShardRow], group: int) -> str:
     with ShardWriter(store, "s/000000.parquet", group) as writer:
         for r in rows:
             writer.add(r)
     return "s/000000.parquet"
 
 
-def test_schema_and_row_groups(store, tmp_path):  # type: ignore[no-untyped-def]
+def test_schema_and_row_groups(store, tmp_path):
     rows = [row(i, list(range(i, i + 5)) if i % 3 else None) for i in range(23)]
     key = write(store, rows, 5)
     meta = pq.ParquetFile(tmp_path / "objects" / key).metadata
@@ -40,7 +40,7 @@ def test_schema_and_row_groups(store, tmp_path):  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize(
     ("start", "count"), [(0, 23), (0, 5), (3, 4), (4, 2), (5, 5), (7, 11), (20, 10), (22, 1)]
 )
-def test_row_ranges_read_exactly_their_rows(store, start, count):  # type: ignore[no-untyped-def]
+def test_row_ranges_read_exactly_their_rows(store, start, count):
     rows = [row(i, list(range(i, i + 3)) if i % 2 else None) for i in range(23)]
     key = write(store, rows, 5)
     got = list(read_rows(store, key, start, count))
@@ -52,7 +52,7 @@ def test_row_ranges_read_exactly_their_rows(store, start, count):  # type: ignor
     assert list(read_rows(store, key, 23, 5)) == []
 
 
-def test_ids_given_as_big_endian_bytes_are_stored_as_int32(store):  # type: ignore[no-untyped-def]
+def test_ids_given_as_big_endian_bytes_are_stored_as_int32(store):
     ids = [1, 255, 70_000, 2**31 - 1]
     r = ShardRow(1, "a", "{}", prompt_key(ids, 1024), prompt_key(ids, 1024), 4, None)
     key = write(store, [r], 8)
@@ -60,7 +60,7 @@ def test_ids_given_as_big_endian_bytes_are_stored_as_int32(store):  # type: igno
     assert back.prompt_token_ids == ids and back.prompt_len == 4 and back.max_tokens is None
 
 
-def test_planning_reads_only_its_columns(store):  # type: ignore[no-untyped-def]
+def test_planning_reads_only_its_columns(store):
     key = write(store, [row(i, [i, i + 1]) for i in range(10)], 4)
     table = read_columns(store, key)
     assert table.column_names == list(PLAN_COLUMNS)

@@ -3,8 +3,6 @@ store, broker and the demo model's tokenizer; the measured rate comes from seede
 
 from __future__ import annotations
 
-import io
-import json
 import time
 from dataclasses import replace
 
@@ -15,8 +13,7 @@ from storage.errors import ServiceError
 from storage.models import Batch, EngineSample
 from storage.runtime import Runtime
 from tests.conftest import now
-from workers import intake
-from workers.validation import validate_batch
+from tests.factories import chat_line, create, upload, validated_batch
 
 RATE = 10.0  # requests/s the seeded samples measure
 
@@ -33,29 +30,17 @@ def seed_rate(rt: Runtime, model: str = "demo") -> None:
 
 
 def submit(rt: Runtime, tenant_id: str, n: int, window: str) -> str:
-    lines = [
-        {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
-         "body": {"model": "demo", "max_tokens": 4, "messages": [{"role": "user", "content": f"hi {i}"}]}}
-        for i in range(n)
-    ]  # fmt: skip
-    data = "".join(json.dumps(x) + "\n" for x in lines).encode()
-    stored = intake.upload(rt, tenant_id, "batch", "in.jsonl", io.BytesIO(data))
-    batch = intake.create(
-        rt,
-        tenant_id,
-        {"input_file_id": stored.id, "endpoint": "/v1/chat/completions", "completion_window": window},
-    )
-    validate_batch(rt, batch.id)
-    return batch.id
+    lines = [chat_line(f"r{i}", f"hi {i}") for i in range(n)]
+    return validated_batch(rt, tenant_id, lines, completion_window=window)
 
 
 @pytest.fixture
-def tiered(settings):  # type: ignore[no-untyped-def]
+def tiered(settings):
     return replace(settings, completion_windows=("60s:3", "1h:1.5", "24h"), max_file_bytes=1 << 20)
 
 
 @pytest.mark.parametrize("policy", ["refuse", "warn", "off"])
-def test_a_batch_that_cannot_meet_its_window_is_refused_or_warned(tiered, policy):  # type: ignore[no-untyped-def]
+def test_a_batch_that_cannot_meet_its_window_is_refused_or_warned(tiered, policy):
     rt = Runtime(replace(tiered, admission=policy))
     try:
         tenant, _ = create_tenant(rt.db, "t", now())
@@ -84,7 +69,7 @@ def test_a_batch_that_cannot_meet_its_window_is_refused_or_warned(tiered, policy
         assert late.status == "in_progress" and not late.warnings
 
 
-def test_without_a_measured_rate_nothing_is_refused(tiered):  # type: ignore[no-untyped-def]
+def test_without_a_measured_rate_nothing_is_refused(tiered):
     rt = Runtime(replace(tiered, admission="refuse"))
     try:
         tenant, _ = create_tenant(rt.db, "t", now())
@@ -96,25 +81,14 @@ def test_without_a_measured_rate_nothing_is_refused(tiered):  # type: ignore[no-
     assert batch.status == "in_progress" and batch.eta_at is None and not batch.warnings
 
 
-def test_tiers_price_and_window(tiered):  # type: ignore[no-untyped-def]
+def test_tiers_price_and_window(tiered):
     rt = Runtime(tiered)
     try:
         tenant, _ = create_tenant(rt.db, "t", now())
-        stored = intake.upload(rt, tenant.id, "batch", "in.jsonl", io.BytesIO(b"{}\n"))
-        made = {
-            w: intake.create(
-                rt,
-                tenant.id,
-                {"input_file_id": stored.id, "endpoint": "/v1/chat/completions", "completion_window": w},
-            )
-            for w in ("1h", "24h")
-        }
+        stored = upload(rt, tenant.id, b"{}\n")
+        made = {w: create(rt, tenant.id, stored.id, completion_window=w) for w in ("1h", "24h")}
         with pytest.raises(ServiceError) as refused:
-            intake.create(
-                rt,
-                tenant.id,
-                {"input_file_id": stored.id, "endpoint": "/v1/chat/completions", "completion_window": "7d"},
-            )
+            create(rt, tenant.id, stored.id, completion_window="7d")
     finally:
         rt.db.dispose()
     assert made["1h"].price_multiplier == 1.5 and made["24h"].price_multiplier == 1.0

@@ -13,7 +13,7 @@ def write_safetensors(path: Path, tensors: dict) -> None:
     path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * size)
 
 
-def test_demo_model_shape(demo_model):  # type: ignore[no-untyped-def]
+def test_demo_model_shape(demo_model):
     shape = model_shape(demo_model)
     assert shape is not None
     config = json.loads((demo_model / "config.json").read_text())
@@ -30,7 +30,7 @@ def test_demo_model_shape(demo_model):  # type: ignore[no-untyped-def]
     assert shape.kv_bytes_per_token == 2 * layers * kv * 2
 
 
-def test_packed_int4_weights_count_eight_per_int32(tmp_path):  # type: ignore[no-untyped-def]
+def test_packed_int4_weights_count_eight_per_int32(tmp_path):
     write_safetensors(
         tmp_path / "model.safetensors",
         {
@@ -51,11 +51,11 @@ def test_packed_int4_weights_count_eight_per_int32(tmp_path):  # type: ignore[no
     assert shape.kv_bytes_per_token == 2 * 2 * 4 * 32 * 2  # no KV heads given: one per head
 
 
-def test_unreadable_checkpoint_gives_none(tmp_path):  # type: ignore[no-untyped-def]
+def test_unreadable_checkpoint_gives_none(tmp_path):
     assert model_shape(tmp_path) is None
 
 
-def test_served_dtype_counts_weights_and_kv_at_its_width(demo_model):  # type: ignore[no-untyped-def]
+def test_served_dtype_counts_weights_and_kv_at_its_width(demo_model):
     stored = model_shape(demo_model)
     served = model_shape(demo_model, served_dtype="float32")
     assert stored is not None and served is not None
@@ -65,7 +65,7 @@ def test_served_dtype_counts_weights_and_kv_at_its_width(demo_model):  # type: i
     assert model_shape(demo_model, served_dtype="bfloat16") == stored
 
 
-def test_stored_dtype_and_quantized_checkpoints(tmp_path):  # type: ignore[no-untyped-def]
+def test_stored_dtype_and_quantized_checkpoints(tmp_path):
     assert stored_dtype(tmp_path) == (None, False)  # no config.json
     (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "float16"}))
     assert stored_dtype(tmp_path) == ("float16", False)

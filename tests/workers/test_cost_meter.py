@@ -15,7 +15,7 @@ class Clock:
         return self.t
 
 
-def work(prompt=100, cached=0, output=10):  # type: ignore[no-untyped-def]
+def work(prompt=100, cached=0, output=10):
     return TokenWork(prompt, cached, output, 1, 0)
 
 

@@ -3,7 +3,6 @@ tenants, and re-sending packs whose message went with a dead worker."""
 
 from __future__ import annotations
 
-import io
 import json
 from dataclasses import replace
 
@@ -13,21 +12,13 @@ from api.services.tenants import create_tenant
 from storage.models import UnitStatus, WorkUnit
 from storage.runtime import Runtime
 from tests.conftest import now
-from workers import dispatcher, intake
-from workers.validation import validate_batch
+from tests.factories import chat_line, create, upload, upload_and_create, validated_batch
+from workers import dispatcher
 
 
 def submit(rt: Runtime, tenant_id: str, n: int, tag: str) -> str:
-    lines = [
-        {"custom_id": f"{tag}-{i}", "method": "POST", "url": "/v1/chat/completions",
-         "body": {"model": "demo", "max_tokens": 2, "messages": [{"role": "user", "content": f"{tag} {i}"}]}}
-        for i in range(n)
-    ]  # fmt: skip
-    data = "".join(json.dumps(x) + "\n" for x in lines).encode()
-    stored = intake.upload(rt, tenant_id, "batch", f"{tag}.jsonl", io.BytesIO(data))
-    batch = intake.create(rt, tenant_id, {"input_file_id": stored.id, "endpoint": "/v1/chat/completions"})
-    validate_batch(rt, batch.id)
-    return batch.id
+    lines = [chat_line(f"{tag}-{i}", f"{tag} {i}", max_tokens=2) for i in range(n)]
+    return validated_batch(rt, tenant_id, lines, name=f"{tag}.jsonl")
 
 
 def units(rt: Runtime) -> list[WorkUnit]:
@@ -35,7 +26,7 @@ def units(rt: Runtime) -> list[WorkUnit]:
         return list(s.scalars(select(WorkUnit).order_by(WorkUnit.id)).all())
 
 
-def test_small_batches_are_packed_together_and_lost_packs_are_sent_again(settings):  # type: ignore[no-untyped-def]
+def test_small_batches_are_packed_together_and_lost_packs_are_sent_again(settings):
     rt = Runtime(replace(settings, unit_size=4, pack_requests=12, queue_depth=1, lease_seconds=30))
     try:
         a, _ = create_tenant(rt.db, "a", now())
@@ -61,7 +52,7 @@ def test_small_batches_are_packed_together_and_lost_packs_are_sent_again(setting
         rt.db.dispose()
 
 
-def test_queued_units_are_packed_again_at_once_when_the_broker_lost_its_data(settings):  # type: ignore[no-untyped-def]
+def test_queued_units_are_packed_again_at_once_when_the_broker_lost_its_data(settings):
     """Redis restarted without persistence: the dispatcher's marker key is gone with the queued
     messages, so the next tick packs the queued units again without waiting for a lease."""
     from storage.broker import BROKER_MARKER_KEY
@@ -87,14 +78,11 @@ def test_queued_units_are_packed_again_at_once_when_the_broker_lost_its_data(set
         rt.db.dispose()
 
 
-def test_validation_is_sent_again_when_the_broker_lost_its_data(settings):  # type: ignore[no-untyped-def]
+def test_validation_is_sent_again_when_the_broker_lost_its_data(settings):
     rt = Runtime(settings)
     try:
         tenant, _ = create_tenant(rt.db, "a", now())
-        stored = intake.upload(rt, tenant.id, "batch", "v.jsonl", io.BytesIO(b'{"custom_id": "x"}\n'))
-        waiting = intake.create(
-            rt, tenant.id, {"input_file_id": stored.id, "endpoint": "/v1/chat/completions"}
-        )
+        waiting = upload_and_create(rt, tenant.id, b'{"custom_id": "x"}\n', name="v.jsonl")
         dispatcher.tick(rt, float(now()))  # sets the marker
         with rt.queue.celery.connection_for_write() as conn:
             client = conn.default_channel.client
@@ -109,7 +97,7 @@ def test_validation_is_sent_again_when_the_broker_lost_its_data(settings):  # ty
         rt.db.dispose()
 
 
-def test_a_batch_is_not_left_behind_when_the_broker_is_down(settings):  # type: ignore[no-untyped-def]
+def test_a_batch_is_not_left_behind_when_the_broker_is_down(settings):
     """Creating a batch while Redis is unreachable: the client gets the broker error (the API
     answers 503) and no batch row stays ``validating`` with no task to validate it."""
     from kombu.exceptions import OperationalError
@@ -123,9 +111,9 @@ def test_a_batch_is_not_left_behind_when_the_broker_is_down(settings):  # type: 
     rt.queue.celery.conf.task_publish_retry = False
     try:
         tenant, _ = create_tenant(rt.db, "a", now())
-        stored = intake.upload(rt, tenant.id, "batch", "v.jsonl", io.BytesIO(b'{"custom_id": "x"}\n'))
+        stored = upload(rt, tenant.id, b'{"custom_id": "x"}\n', "v.jsonl")
         try:
-            intake.create(rt, tenant.id, {"input_file_id": stored.id, "endpoint": "/v1/chat/completions"})
+            create(rt, tenant.id, stored.id)
         except BROKER_ERRORS as exc:
             assert isinstance(exc, OperationalError | ConnectionError)
         else:
@@ -136,7 +124,7 @@ def test_a_batch_is_not_left_behind_when_the_broker_is_down(settings):  # type: 
         rt.db.dispose()
 
 
-def test_a_lost_units_live_counts_are_cleared(settings):  # type: ignore[no-untyped-def]
+def test_a_lost_units_live_counts_are_cleared(settings):
     """Heartbeats write a running unit's results so far; when its worker is lost those results
     are gone, so redelivery (and giving up) must not leave its counts in request_counts' sums."""
     from sqlalchemy import update
@@ -165,7 +153,7 @@ def test_a_lost_units_live_counts_are_cleared(settings):  # type: ignore[no-unty
         rt.db.dispose()
 
 
-def test_finalization_starts_for_finished_batches_in_one_query(settings):  # type: ignore[no-untyped-def]
+def test_finalization_starts_for_finished_batches_in_one_query(settings):
     """Only batches whose units have all finished move to finalizing; finding them takes the same
     statements however many batches are still running (it once took a count query per batch)."""
     from sqlalchemy import event, update
@@ -176,7 +164,7 @@ def test_finalization_starts_for_finished_batches_in_one_query(settings):  # typ
     rt = Runtime(replace(settings, unit_size=4))
     statements: list[str] = []
 
-    def count(conn, cursor, statement, *args):  # type: ignore[no-untyped-def]
+    def count(conn, cursor, statement, *args):
         statements.append(statement)
 
     try:

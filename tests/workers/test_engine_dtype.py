@@ -21,11 +21,11 @@ from workers.engine import Engine, native_half_precision, serving_dtype
         ("float32", "bfloat16", False, True, "float32"),
     ],
 )
-def test_serving_dtype(requested, stored, quantized, native, served):  # type: ignore[no-untyped-def]
+def test_serving_dtype(requested, stored, quantized, native, served):
     assert serving_dtype(requested, stored, quantized, native) == served
 
 
-def test_the_engine_serves_in_the_chosen_dtype(vllm_engine: Engine, demo_model_dir) -> None:  # type: ignore[no-untyped-def]
+def test_the_engine_serves_in_the_chosen_dtype(vllm_engine: Engine, demo_model_dir) -> None:
     stored, quantized = stored_dtype(demo_model_dir)
     chosen = serving_dtype("auto", stored, quantized, native_half_precision())
     assert vllm_engine.dtype == (stored if chosen == "auto" else chosen)

@@ -12,7 +12,7 @@ from tests.workers.test_finalize_release import validated_batch
 from workers.finalize import finalize_batch
 
 
-def test_stale_live_counts_are_not_counted(settings):  # type: ignore[no-untyped-def]
+def test_stale_live_counts_are_not_counted(settings):
     rt = Runtime(settings)
     try:
         batch_id = validated_batch(rt, requests=4)

@@ -3,8 +3,6 @@ dispatcher tick retries it instead of waiting for the lease to run out."""
 
 from __future__ import annotations
 
-import io
-import json
 from dataclasses import replace
 
 import pytest
@@ -15,26 +13,20 @@ from storage.models import Batch, UnitStatus, WorkUnit
 from storage.objectstore import ObjectStoreError
 from storage.runtime import Runtime
 from storage.status import BatchStatus
+from tests import factories
 from tests.conftest import now
-from workers import intake
+from tests.factories import chat_line
 from workers.finalize import finalize_batch
-from workers.validation import validate_batch
 
 
 def validated_batch(rt: Runtime, requests: int = 4) -> str:
     """A tenant's batch of small chat requests, validated into units (no engine)."""
     tenant, _ = create_tenant(rt.db, "a", now())
-    lines = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
-              "body": {"model": "demo", "max_tokens": 2, "messages": [{"role": "user", "content": f"{i}"}]}}
-             for i in range(requests)]  # fmt: skip
-    data = "".join(json.dumps(x) + "\n" for x in lines).encode()
-    stored = intake.upload(rt, tenant.id, "batch", "f.jsonl", io.BytesIO(data))
-    batch = intake.create(rt, tenant.id, {"input_file_id": stored.id, "endpoint": "/v1/chat/completions"})
-    validate_batch(rt, batch.id)
-    return batch.id
+    lines = [chat_line(f"r{i}", f"{i}", max_tokens=2) for i in range(requests)]
+    return factories.validated_batch(rt, tenant.id, lines, name="f.jsonl")
 
 
-def test_a_failed_finalization_releases_its_lease(settings):  # type: ignore[no-untyped-def]
+def test_a_failed_finalization_releases_its_lease(settings):
     rt = Runtime(settings)
     try:
         batch_id = validated_batch(rt)

@@ -98,7 +98,7 @@ def measure(tmp: Path, rows: int) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_validating_5x_the_rows_grows_peak_memory_by_less_than_the_bound(tmp_path):  # type: ignore[no-untyped-def]
+def test_validating_5x_the_rows_grows_peak_memory_by_less_than_the_bound(tmp_path):
     small, large = measure(tmp_path, SMALL), measure(tmp_path, LARGE)
     assert (small["status"], small["rows"]) == ("in_progress", SMALL), small
     assert (large["status"], large["rows"]) == ("in_progress", LARGE), large

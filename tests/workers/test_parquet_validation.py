@@ -3,12 +3,10 @@ listed by row and column (real database, object store and the demo model's token
 
 from __future__ import annotations
 
-import io
 import json
 from dataclasses import replace
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from sqlalchemy import select
 
 from api.services.tenants import create_tenant
@@ -16,25 +14,15 @@ from storage.models import Batch, WorkUnit
 from storage.runtime import Runtime
 from storage.shards import read_rows
 from tests.conftest import now
-from workers import intake
+from tests.factories import OMIT, chat_line, jsonl, parquet_bytes, upload_and_create
 from workers.validation import validate_batch
-
-CHAT = "/v1/chat/completions"
-
-
-def parquet_bytes(table: pa.Table) -> bytes:
-    sink = io.BytesIO()
-    pq.write_table(table, sink)
-    return sink.getvalue()
 
 
 def run(
     rt: Runtime, data: bytes, name: str = "in.parquet", metadata: dict | None = None
 ) -> tuple[Batch, list]:
     tenant, _ = create_tenant(rt.db, "t", now())
-    stored = intake.upload(rt, tenant.id, "batch", name, io.BytesIO(data))
-    body = {"input_file_id": stored.id, "endpoint": CHAT, "metadata": metadata or {}}
-    batch = intake.create(rt, tenant.id, body)
+    batch = upload_and_create(rt, tenant.id, data, name=name, metadata=metadata or {})
     validate_batch(rt, batch.id)
     with rt.db.read() as s:
         batch = s.get(Batch, batch.id)
@@ -42,7 +30,7 @@ def run(
     return batch, [r for u in units for r in read_rows(rt.store, u.shard_key, u.row_start, u.n_requests)]
 
 
-def test_simple_shape_becomes_the_validated_store(settings):  # type: ignore[no-untyped-def]
+def test_simple_shape_becomes_the_validated_store(settings):
     rt = Runtime(replace(settings, unit_size=4))
     n = 10
     table = pa.table(
@@ -73,7 +61,7 @@ def test_simple_shape_becomes_the_validated_store(settings):  # type: ignore[no-
         assert r.prompt_token_ids and r.prompt_len == len(r.prompt_token_ids)
 
 
-def test_bad_rows_are_listed_by_row_and_column(settings):  # type: ignore[no-untyped-def]
+def test_bad_rows_are_listed_by_row_and_column(settings):
     rt = Runtime(settings)
     table = pa.table(
         {
@@ -106,13 +94,11 @@ def test_bad_rows_are_listed_by_row_and_column(settings):  # type: ignore[no-unt
     assert errors[5]["code"] == "duplicate_custom_id"
 
 
-def test_a_model_without_a_tokenizer_fails_clearly(settings, tmp_path):  # type: ignore[no-untyped-def]
+def test_a_model_without_a_tokenizer_fails_clearly(settings, tmp_path):
     (tmp_path / "empty-model").mkdir()
     rt = Runtime(replace(settings, models={"demo": str(tmp_path / "empty-model")}))
-    line = {"custom_id": "a", "method": "POST", "url": CHAT,
-            "body": {"model": "demo", "messages": [{"role": "user", "content": "hi"}]}}  # fmt: skip
     try:
-        batch, _ = run(rt, json.dumps(line).encode() + b"\n", "in.jsonl")
+        batch, _ = run(rt, jsonl([chat_line("a", max_tokens=OMIT)]), "in.jsonl")
     finally:
         rt.db.dispose()
     assert batch.status == "failed"

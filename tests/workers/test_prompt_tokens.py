@@ -32,12 +32,12 @@ RENDERED_BY_ENGINE = [
 
 
 @pytest.fixture(scope="module")
-def renderer(demo_model_dir) -> PromptRenderer:  # type: ignore[no-untyped-def]
+def renderer(demo_model_dir) -> PromptRenderer:
     return renderer_for(str(demo_model_dir), 1024)
 
 
 @pytest.mark.parametrize(("endpoint", "body"), EXACT)
-def test_validation_ids_equal_the_engines(vllm_engine: Engine, renderer: PromptRenderer, endpoint, body):  # type: ignore[no-untyped-def]
+def test_validation_ids_equal_the_engines(vllm_engine: Engine, renderer: PromptRenderer, endpoint, body):
     body = {"model": "demo", **body}
     rendered = renderer.render(endpoint, body)
     assert rendered.exact
@@ -53,7 +53,7 @@ def test_validation_ids_equal_the_engines(vllm_engine: Engine, renderer: PromptR
 
 
 @pytest.mark.parametrize(("endpoint", "body"), RENDERED_BY_ENGINE)
-def test_what_validation_cannot_render_exactly_is_left_to_the_engine(renderer, endpoint, body):  # type: ignore[no-untyped-def]
+def test_what_validation_cannot_render_exactly_is_left_to_the_engine(renderer, endpoint, body):
     rendered = renderer.render(endpoint, {"model": "demo", **body})
     assert not rendered.exact and rendered.token_ids() is None
     assert rendered.key  # still ordered by its prompt

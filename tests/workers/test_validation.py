@@ -6,23 +6,14 @@ import json
 
 import pytest
 
+from tests.factories import chat_line
 from workers.validation import FileRules, LineError, ScanResult, check_line, scan_lines
 
 RULES = FileRules("/v1/chat/completions", frozenset({"demo"}), max_requests=50, max_line_bytes=4096)
 
 
 def good(custom_id: str = "r1", **body: object) -> dict:
-    return {
-        "custom_id": custom_id,
-        "method": "POST",
-        "url": "/v1/chat/completions",
-        "body": {
-            "model": "demo",
-            "messages": [{"role": "user", "content": "héllo ✓"}],
-            "max_tokens": 8,
-            **body,
-        },
-    }
+    return chat_line(custom_id, "héllo ✓", **{"max_tokens": 8, **body})
 
 
 def raw(obj: object) -> bytes:

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from storage.objectstore import iter_lines
+from tests.factories import chat_line
 from workers.prompt_tokens import renderer_for
 from workers.validation import BOM, FileRules, ScanResult, _payload, _row, scan_lines
 
@@ -31,7 +32,7 @@ pytestmark = pytest.mark.reliability
 
 
 @pytest.fixture(scope="module", autouse=True)
-def record_figures(reliability) -> Iterator[None]:  # type: ignore[no-untyped-def]
+def record_figures(reliability) -> Iterator[None]:
     """Once the module's fuzz tests ran: what they checked, and that nothing escaped."""
     FIGURES.clear()
     yield
@@ -43,7 +44,7 @@ def record_figures(reliability) -> Iterator[None]:  # type: ignore[no-untyped-de
 
 
 @pytest.fixture(scope="module")
-def rules(demo_model) -> FileRules:  # type: ignore[no-untyped-def]
+def rules(demo_model) -> FileRules:
     renderer = renderer_for(str(demo_model), 1024)
     return FileRules(
         "/v1/chat/completions",
@@ -52,15 +53,6 @@ def rules(demo_model) -> FileRules:  # type: ignore[no-untyped-def]
         max_line_bytes=MAX_LINE_BYTES,
         render=lambda model, endpoint, body: renderer.render(endpoint, body),
     )
-
-
-def good(custom_id: str, content: str = "hi") -> dict:
-    return {
-        "custom_id": custom_id,
-        "method": "POST",
-        "url": "/v1/chat/completions",
-        "body": {"model": "demo", "messages": [{"role": "user", "content": content}], "max_tokens": 4},
-    }
 
 
 def encode(obj: object) -> bytes:
@@ -126,7 +118,7 @@ RAW_LINE = st.one_of(
     st.just(BOM),
     st.binary(min_size=MAX_LINE_BYTES + 1, max_size=MAX_LINE_BYTES + 64),  # over the line limit
     st.builds(lambda text: text.encode(), NASTY_TEXT),
-    st.builds(lambda n, text: encode(good(f"g{n}", text)), st.integers(0, 10**6), NASTY_TEXT),
+    st.builds(lambda n, text: encode(chat_line(f"g{n}", text)), st.integers(0, 10**6), NASTY_TEXT),
 )
 
 
@@ -138,7 +130,7 @@ RAW_LINE = st.one_of(
     bom=st.booleans(),
     final=st.booleans(),
 )
-def test_random_bytes_files_never_raise_and_every_line_is_accounted_for(rules, lines, endings, bom, final):  # type: ignore[no-untyped-def]
+def test_random_bytes_files_never_raise_and_every_line_is_accounted_for(rules, lines, endings, bom, final):
     data = (BOM if bom else b"") + endings.join(lines) + (endings if final else b"")
     validate(data, rules)
 
@@ -204,9 +196,9 @@ def mutated_file(draw: st.DrawFn) -> tuple[bytes, dict[int, str]]:
     expect: dict[int, str] = {}
     ids: list[str] = []
     for i in range(n):
-        line = good(f"req-{i}")
+        line = chat_line(f"req-{i}")
         if ids and draw(st.integers(0, 5)) == 0:  # a duplicate custom_id of an earlier line
-            line = good(draw(st.sampled_from(ids)))
+            line = chat_line(draw(st.sampled_from(ids)))
             lines.append(encode(line))
             expect[i + 1] = "any"  # bad if the earlier one was accepted
             continue
@@ -228,7 +220,7 @@ def mutated_file(draw: st.DrawFn) -> tuple[bytes, dict[int, str]]:
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
 @given(case=mutated_file())
-def test_mutated_valid_lines_are_reported_by_number_and_valid_ones_accepted(rules, case):  # type: ignore[no-untyped-def]
+def test_mutated_valid_lines_are_reported_by_number_and_valid_ones_accepted(rules, case):
     data, expect = case
     rows, result, _ = validate(data, rules)
     accepted = {r.line for r in rows}

@@ -3,8 +3,6 @@ object store and the demo model's tokenizer; no engine)."""
 
 from __future__ import annotations
 
-import io
-import json
 import random
 from dataclasses import replace
 from itertools import pairwise
@@ -17,7 +15,7 @@ from storage.models import Batch, WorkUnit
 from storage.runtime import Runtime
 from storage.shards import read_rows
 from tests.conftest import now
-from workers import intake
+from tests.factories import chat_line, upload_and_create
 from workers.validation import PREFIX_KEY_BYTES, validate_batch
 
 DOCS = 6
@@ -29,23 +27,20 @@ def doc_lines(seed: int = 7) -> list[dict]:
     words = ["alpha", "ledger", "river", "copper", "index", "marble", "signal", "harbor"]
     docs = [" ".join(rng.choice(words) for _ in range(400)) for _ in range(DOCS)]
     lines = [
-        {"custom_id": f"d{d}-q{q}", "method": "POST", "url": "/v1/chat/completions",
-         "body": {"model": "demo", "max_tokens": 4, "messages": [
-             {"role": "user", "content": f"{docs[d]}\\n\\nQuestion {q}: what is item {q * 3 + d}?"}]}}
-        for d in range(DOCS) for q in range(QUESTIONS)
-    ]  # fmt: skip
+        chat_line(f"d{d}-q{q}", f"{docs[d]}\\n\\nQuestion {q}: what is item {q * 3 + d}?")
+        for d in range(DOCS)
+        for q in range(QUESTIONS)
+    ]
     rng.shuffle(lines)
     return lines
 
 
-def test_shards_hold_the_batch_in_prefix_order_even_when_the_sort_spills(settings):  # type: ignore[no-untyped-def]
+def test_shards_hold_the_batch_in_prefix_order_even_when_the_sort_spills(settings):
     rt = Runtime(replace(settings, unit_size=4, sort_memory_mb=0, max_file_bytes=1 << 20))  # 0 MB: all spill
     try:
         tenant, _ = create_tenant(rt.db, "t", now())
         lines = doc_lines()
-        data = "".join(json.dumps(x) + "\n" for x in lines).encode()
-        stored = intake.upload(rt, tenant.id, "batch", "docs.jsonl", io.BytesIO(data))
-        batch = intake.create(rt, tenant.id, {"input_file_id": stored.id, "endpoint": "/v1/chat/completions"})
+        batch = upload_and_create(rt, tenant.id, lines, name="docs.jsonl")
         validate_batch(rt, batch.id)
         with rt.db.read() as s:
             assert s.get(Batch, batch.id).status == "in_progress"

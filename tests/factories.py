@@ -1,0 +1,116 @@
+"""Test factories for batch input: request lines of the OpenAI batch format, the JSONL and Parquet
+bytes of a file, and "upload a file, then create a batch on it", either in-process (``workers.intake``,
+as the API's services do) or over HTTP through a Flask test client."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from workers import intake
+from workers.validation import validate_batch
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from storage.models import Batch, StoredFile
+    from storage.runtime import Runtime
+
+CHAT = "/v1/chat/completions"
+
+
+class _Omit:
+    def __repr__(self) -> str:
+        return "OMIT"
+
+
+OMIT: Any = _Omit()  # a field given as OMIT is left out of the line (None is sent as JSON null)
+
+
+def chat_line(
+    custom_id: str = "r1",
+    content: str = "hi",
+    *,
+    model: str = "demo",
+    max_tokens: int | None = 4,
+    **body: Any,
+) -> dict:
+    """One chat-completions line: a single user message, ``model`` and ``max_tokens`` (either left
+    out when given as ``OMIT``), then any other ``body`` fields (which may also replace ``messages``)."""
+    fields = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens}
+    merged = {k: v for k, v in {**fields, **body}.items() if v is not OMIT}
+    return {"custom_id": custom_id, "method": "POST", "url": CHAT, "body": merged}
+
+
+def jsonl(lines: Iterable[dict]) -> bytes:
+    """The JSONL file of ``lines``: one JSON object a line, each ending in a newline."""
+    return b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+
+
+def parquet_bytes(table: pa.Table) -> bytes:
+    """``table`` written as one Parquet file."""
+    import pyarrow.parquet as pq
+
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    return sink.getvalue()
+
+
+def _data(data: bytes | Iterable[dict]) -> bytes:
+    return data if isinstance(data, bytes) else jsonl(data)
+
+
+# -- in-process: workers.intake, as the API's services call it ------------------------------------
+
+
+def upload(rt: Runtime, tenant_id: str, data: bytes | Iterable[dict], name: str = "in.jsonl") -> StoredFile:
+    """A tenant's uploaded batch input file: ``data`` as bytes, or lines made into JSONL."""
+    return intake.upload(rt, tenant_id, "batch", name, io.BytesIO(_data(data)))
+
+
+def create(rt: Runtime, tenant_id: str, file_id: str, endpoint: str = CHAT, **fields: Any) -> Batch:
+    """The Batch API's create on an uploaded file; ``fields`` add to or replace the payload's."""
+    return intake.create(rt, tenant_id, {"input_file_id": file_id, "endpoint": endpoint, **fields})
+
+
+def upload_and_create(
+    rt: Runtime,
+    tenant_id: str,
+    data: bytes | Iterable[dict],
+    *,
+    name: str = "in.jsonl",
+    endpoint: str = CHAT,
+    **create_fields: Any,
+) -> Batch:
+    """Upload ``data`` then create a batch on it (it stays ``validating``: nothing validates it)."""
+    return create(rt, tenant_id, upload(rt, tenant_id, data, name).id, endpoint, **create_fields)
+
+
+def validated_batch(rt: Runtime, tenant_id: str, data: bytes | Iterable[dict], **kw: Any) -> str:
+    """:func:`upload_and_create`, then the validating step run in-process; the batch's id."""
+    batch_id = upload_and_create(rt, tenant_id, data, **kw).id
+    validate_batch(rt, batch_id)
+    return batch_id
+
+
+# -- over HTTP: /v1 through a Flask test client ----------------------------------------------------
+
+
+def http_upload(
+    client: Any, headers: dict, data: bytes | Iterable[dict] | None = None, name: str = "in.jsonl"
+) -> Any:
+    """POST /v1/files (purpose ``batch``) of ``data``, one default :func:`chat_line` if None; the
+    test client's response."""
+    data = jsonl([chat_line()]) if data is None else data
+    return client.post(
+        "/v1/files", headers=headers, data={"purpose": "batch", "file": (io.BytesIO(_data(data)), name)},
+        content_type="multipart/form-data",
+    )  # fmt: skip
+
+
+def http_create(client: Any, headers: dict, file_id: str, **fields: Any) -> Any:
+    """POST /v1/batches for the chat endpoint and a 24h window; ``fields`` add to or replace those."""
+    payload = {"input_file_id": file_id, "endpoint": CHAT, "completion_window": "24h", **fields}
+    return client.post("/v1/batches", headers=headers, json=payload)
