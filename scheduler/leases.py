@@ -1,4 +1,5 @@
-"""Work-unit leases: which running units lost their worker, as a pure decision.
+"""Leases, as pure decisions: which running units lost their worker, and the arithmetic of the
+time leases (finalization, drop-folder scans and deliveries) that ``storage.leases`` applies.
 
 No database, no clock: the dispatcher passes rows and ``now`` in and applies the answer.
 """
@@ -72,3 +73,17 @@ def plan_requeue(
             or now - u.enqueued_at > requeue_after(rates.get(u.model), lease_seconds, depth, pack_requests)
         )
     ]
+
+
+# -- time leases: the token is the time the lease was taken or last renewed ----------------------
+
+
+def lease_cutoff(now: float, lease_seconds: float) -> float:
+    """A time lease whose token is older than this has run out: anyone may take it over."""
+    return now - lease_seconds
+
+
+def renewal_due(token: float, now: float, lease_seconds: float) -> bool:
+    """Renew a held lease once a quarter of it has gone: often enough that a slow step never lets
+    it run out, rarely enough to cost next to nothing."""
+    return now - token > lease_seconds / 4

@@ -1,12 +1,16 @@
-"""Batch state changes that several callers share, applied inside the caller's transaction."""
+"""Batch and work-unit state changes that several callers share, applied inside the caller's
+transaction. Every unit status change goes through ``move_units``."""
 
 from __future__ import annotations
 
-from sqlalchemy import func, select, update
+from collections.abc import Iterable
+from typing import Any, cast
+
+from sqlalchemy import ColumnElement, CursorResult, func, select, update
 from sqlalchemy.orm import Session
 
 from storage.models import Batch, UnitStatus, WorkUnit
-from storage.status import BatchStatus, transition
+from storage.status import BatchStatus, transition, unit_sources
 
 # states in which a batch's units may still run
 ACTIVE = (BatchStatus.VALIDATING.value, BatchStatus.IN_PROGRESS.value)
@@ -23,11 +27,25 @@ def stop_batch(s: Session, batch: Batch, target: BatchStatus, now: int) -> None:
         transition(batch, BatchStatus.FINALIZING, now)
     else:
         transition(batch, BatchStatus.CANCELLING, now)
-    s.execute(
-        update(WorkUnit)
-        .where(WorkUnit.batch_id == batch.id, WorkUnit.status.in_([UnitStatus.PENDING, UnitStatus.QUEUED]))
-        .values(status=UnitStatus.SKIPPED, finished_at=float(now))
+    move_units(
+        s,
+        WorkUnit.batch_id == batch.id,
+        from_=(UnitStatus.PENDING, UnitStatus.QUEUED),
+        to=UnitStatus.SKIPPED,
+        finished_at=float(now),
     )
+
+
+def move_units(
+    s: Session, *where: ColumnElement[bool], from_: str | Iterable[str], to: str, **values: Any
+) -> int:
+    """Move the units matching ``where`` from ``from_`` (a state or several) to ``to``, setting
+    ``values`` too, as one compare-and-set UPDATE: ``status IN from_`` is always part of the WHERE,
+    so of two writers racing for a unit only one moves it. Raises ``IllegalUnitMove`` for a move
+    ``UNIT_TRANSITIONS`` does not allow. Returns how many units moved."""
+    sources = unit_sources(from_, to)
+    statement = update(WorkUnit).where(*where, WorkUnit.status.in_(sources)).values(status=to, **values)
+    return int(cast(CursorResult[Any], s.execute(statement)).rowcount)
 
 
 def unfinished_units(s: Session, batch_id: str) -> int:

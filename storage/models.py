@@ -24,7 +24,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from storage.status import BatchStatus
+from storage.status import BatchStatus, UnitStatus  # UnitStatus: re-exported for callers
 
 
 class Base(DeclarativeBase):
@@ -110,6 +110,9 @@ class Batch(Base):
     completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     # lease of the finalizer assembling the output files (epoch seconds), so one runs at a time
     finalizer_heartbeat_at: Mapped[float | None] = mapped_column(Float)
+    # lease of the validation reading the input (epoch seconds), renewed while it runs: the tick
+    # sends validation again for a ``validating`` batch whose lease ran out (or was never taken)
+    validation_heartbeat_at: Mapped[float | None] = mapped_column(Float)
     # scheduling: higher runs first among the tenant's own batches of equal urgency
     priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # set while measured throughput says the rest cannot finish before expires_at (epoch seconds)
@@ -127,17 +130,6 @@ class Batch(Base):
     eta_at: Mapped[int | None] = mapped_column(BigInteger)
     sla_met: Mapped[bool | None] = mapped_column(Boolean)
     warnings: Mapped[list[str] | None] = mapped_column(JSON)  # e.g. admitted past its ETA
-
-
-class UnitStatus:
-    PENDING = "pending"  # made by validation, not yet handed to the broker
-    QUEUED = "queued"  # a Celery task for it is in the model's queue
-    RUNNING = "running"  # claimed by a worker, which heartbeats while it runs
-    DONE = "done"  # results written to the object store, counts recorded
-    SKIPPED = "skipped"  # the batch stopped (cancel, expiry) before the unit ran
-    FAILED = "failed"  # gave up after repeated worker deaths; its requests become error lines
-
-    FINISHED = (DONE, SKIPPED, FAILED)
 
 
 class WorkUnit(Base):

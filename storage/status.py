@@ -1,4 +1,5 @@
-"""The batch lifecycle: one enum, one transition table, one ``transition()`` that records when.
+"""The batch lifecycle: one enum, one transition table, one ``transition()`` that records when;
+and the work units' table, whose moves ``storage.lifecycle.move_units`` applies.
 
 OpenAI's states, plus the paths Freight takes between them. Expiry goes through ``finalizing``
 because the done results still have to be assembled into the output file before ``expired``.
@@ -7,6 +8,7 @@ because the done results still have to be assembled into the output file before 
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from typing import Protocol
 
 from scheduler.sla import sla_met
@@ -80,3 +82,48 @@ def transition(batch: HasStatus, target: BatchStatus, now: int) -> None:
     setattr(batch, STAMP[target], now)
     if target.is_terminal and current != BatchStatus.VALIDATING:
         batch.sla_met = sla_met(now, batch.expires_at, target.value)
+
+
+# -- work units ----------------------------------------------------------------------------------
+
+
+class UnitStatus:
+    PENDING = "pending"  # made by validation, not yet handed to the broker
+    QUEUED = "queued"  # a Celery task for it is in the model's queue
+    RUNNING = "running"  # claimed by a worker, which heartbeats while it runs
+    DONE = "done"  # results written to the object store, counts recorded
+    SKIPPED = "skipped"  # the batch stopped (cancel, expiry) before the unit ran
+    FAILED = "failed"  # gave up after repeated worker deaths; its requests become error lines
+
+    FINISHED = (DONE, SKIPPED, FAILED)
+
+
+U = UnitStatus
+# every move a unit's status may make; each is a compare-and-set UPDATE (``storage.lifecycle.move_units``)
+UNIT_TRANSITIONS: dict[str, frozenset[str]] = {
+    U.PENDING: frozenset({U.QUEUED, U.RUNNING, U.SKIPPED}),  # packed; claimed; its batch stopped
+    U.QUEUED: frozenset({U.PENDING, U.RUNNING, U.SKIPPED}),  # message lost; claimed; batch stopped
+    U.RUNNING: frozenset({U.DONE, U.PENDING, U.FAILED}),  # recorded; released or lost; given up
+    U.DONE: frozenset(),
+    U.SKIPPED: frozenset(),
+    U.FAILED: frozenset(),
+}
+
+
+class IllegalUnitMove(RuntimeError):
+    def __init__(self, current: str, target: str) -> None:
+        super().__init__(f"work unit cannot go from {current} to {target}")
+        self.current = current
+        self.target = target
+
+
+def unit_sources(from_: str | Iterable[str], to: str) -> tuple[str, ...]:
+    """The source states of a unit move, each checked against ``UNIT_TRANSITIONS``; raises
+    ``IllegalUnitMove`` for a move the table does not allow (or an unknown state)."""
+    sources = (from_,) if isinstance(from_, str) else tuple(from_)
+    if not sources:
+        raise ValueError("a unit move needs at least one source state")
+    for current in sources:
+        if to not in UNIT_TRANSITIONS.get(current, ()):
+            raise IllegalUnitMove(current, to)
+    return sources

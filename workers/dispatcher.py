@@ -11,14 +11,15 @@ import logging
 import math
 from dataclasses import dataclass, field
 
-from sqlalchemy import distinct, func, or_, select, update
+from sqlalchemy import distinct, func, or_, select
 from sqlalchemy.orm import Session
 
 from scheduler.deadlines import BatchLoad, Sample, assess, etas, measured_rates
 from scheduler.leases import QueuedUnit, RunningUnit, plan_redelivery, plan_requeue
 from scheduler.packing import Candidate, plan_packs
 from scheduler.sla import AdmissionDecision, admit, eta
-from storage.lifecycle import finish_if_done, stop_batch
+from storage.leases import lease_free
+from storage.lifecycle import finish_if_done, move_units, stop_batch
 from storage.models import Batch, EngineSample, UnitStatus, WorkUnit, new_id
 from storage.runtime import Runtime
 from storage.status import BatchStatus
@@ -45,6 +46,7 @@ def tick(rt: Runtime, now: float) -> TickReport:
     redeliver_stale(rt, now, report)
     rates = measured_throughput(rt, now)
     requeue_lost(rt, now, report, rates)
+    resend_lost_validations(rt, now, report)
     urgency = assess_deadlines(rt, now, report, rates)
     enqueue_units(rt, now, report, urgency)
     start_finalization(rt, int(now), report)
@@ -99,15 +101,35 @@ def requeue_lost(rt: Runtime, now: float, report: TickReport, rates: dict[str, f
             broker_lost=broker_lost,
         )
         for unit in stale:
-            changed = s.execute(
-                update(WorkUnit)
-                .where(WorkUnit.id == unit.unit_id, WorkUnit.status == UnitStatus.QUEUED)
-                .values(status=UnitStatus.PENDING, pack_id=None)
-            ).rowcount
+            changed = move_units(
+                s, WorkUnit.id == unit.unit_id, from_=UnitStatus.QUEUED, to=UnitStatus.PENDING, pack_id=None
+            )
             if changed:
                 report.requeued.append(unit.unit_id)
     if report.requeued:
         log.warning("units %s waited too long in the queue; packing them again", report.requeued)
+
+
+def resend_lost_validations(rt: Runtime, now: float, report: TickReport) -> None:
+    """Send validation again for every ``validating`` batch whose validation lease ran out (the
+    worker died mid-way), or that never had one and is older than a lease (its message was lost,
+    or the process that created it died between the commit and the send). A copy that meets a
+    live validation finds its lease fresh and does nothing; until one takes the lease, every tick
+    sends again."""
+    lease = rt.settings.lease_seconds
+    with rt.db.read() as s:
+        lost = s.scalars(
+            select(Batch.id).where(
+                Batch.status == BatchStatus.VALIDATING,
+                lease_free(Batch, "validation_heartbeat_at", now, lease),
+                Batch.created_at < now - lease,
+            )
+        ).all()
+    for batch_id in lost:
+        if batch_id not in report.revalidated:  # sent already: the broker had lost its data
+            rt.queue.validate(batch_id)
+            report.revalidated.append(batch_id)
+            log.warning("batch %s: its validation was lost; sending it again", batch_id)
 
 
 def revalidate(rt: Runtime, report: TickReport) -> None:
@@ -201,25 +223,29 @@ def redeliver_stale(rt: Runtime, now: float, report: TickReport) -> None:
             (RunningUnit(*row) for row in rows), now, rt.settings.lease_seconds, rt.settings.max_unit_attempts
         )
         for unit in retry:  # back to pending: the next packing pass queues them again
-            changed = s.execute(
-                update(WorkUnit)
-                .where(WorkUnit.id == unit.unit_id, WorkUnit.status == UnitStatus.RUNNING)
+            changed = move_units(
+                s,
+                WorkUnit.id == unit.unit_id,
+                from_=UnitStatus.RUNNING,
+                to=UnitStatus.PENDING,
                 # the lost attempt's live counts go too: its results were never recorded
-                .values(status=UnitStatus.PENDING, worker=None, pack_id=None, completed=0, failed=0)
-            ).rowcount
+                worker=None,
+                pack_id=None,
+                completed=0,
+                failed=0,
+            )
             if changed:
                 report.redelivered.append(unit.unit_id)
         for unit in give_up:
-            s.execute(
-                update(WorkUnit)
-                .where(WorkUnit.id == unit.unit_id, WorkUnit.status == UnitStatus.RUNNING)
-                .values(
-                    status=UnitStatus.FAILED,
-                    finished_at=now,
-                    completed=0,
-                    failed=0,
-                    note=f"worker lost {unit.attempts} times",
-                )
+            move_units(
+                s,
+                WorkUnit.id == unit.unit_id,
+                from_=UnitStatus.RUNNING,
+                to=UnitStatus.FAILED,
+                finished_at=now,
+                completed=0,
+                failed=0,
+                note=f"worker lost {unit.attempts} times",
             )
             report.given_up.append(unit.unit_id)
     for unit_id in report.redelivered:
@@ -307,10 +333,13 @@ def enqueue_units(
         )
         for pack in packs:
             pack_id = new_id("pack_")
-            s.execute(
-                update(WorkUnit)
-                .where(WorkUnit.id.in_(pack.unit_ids), WorkUnit.status == UnitStatus.PENDING)
-                .values(status=UnitStatus.QUEUED, enqueued_at=now, pack_id=pack_id)
+            move_units(
+                s,
+                WorkUnit.id.in_(pack.unit_ids),
+                from_=UnitStatus.PENDING,
+                to=UnitStatus.QUEUED,
+                enqueued_at=now,
+                pack_id=pack_id,
             )
             # a concurrent pass may have taken some of them: send only what this one queued
             taken = list(s.scalars(select(WorkUnit.id).where(WorkUnit.pack_id == pack_id)).all())

@@ -14,7 +14,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from scheduler.cost import cost_summary
@@ -29,11 +29,12 @@ from scheduler.dropfolder_plan import (
     moved_key,
     sidecar_key,
 )
+from storage.leases import release_lease, take_lease
 from storage.models import Batch, DropFolder, DropObject, StoredFile
 from storage.objectstore import ObjectNotFound, ObjectStore, ObjectStoreError, iter_lines
 from storage.result_tables import write_results
 from storage.runtime import Runtime
-from workers.dropfolders import FINAL, FolderConfig, describe_error, folder_store, renew_lease, set_columns
+from workers.dropfolders import FINAL, FolderConfig, describe_error, folder_store, renew_lease
 
 log = logging.getLogger(__name__)
 
@@ -75,15 +76,17 @@ def deliver(rt: Runtime, object_id: int, now: float) -> bool:
     except Exception as exc:
         _delivery_failed(rt, object_id, lease, exc, time.time())
         return False
-    set_columns(
-        rt,
-        DropObject.id == object_id,
-        DropObject.delivery_lease_at == lease,
-        delivered_at=time.time(),
-        delivery_lease_at=None,
-        last_error=None,
-        archived_key=full_key(d.prefix, d.archive),
-    )
+    with rt.db.write() as s:
+        release_lease(
+            s,
+            DropObject,
+            object_id,
+            "delivery_lease_at",
+            lease,
+            delivered_at=time.time(),
+            last_error=None,
+            archived_key=full_key(d.prefix, d.archive),
+        )
     log.info(
         "drop folder %s: %s delivered (%s)",
         folder_url(d.bucket, d.prefix),
@@ -138,19 +141,17 @@ def _claim_delivery(rt: Runtime, object_id: int, now: float) -> _Job | None:
     """Take the object's delivery lease (compare-and-set) if its results are due to go out."""
     try:
         with rt.db.write() as s:
-            claimed = s.execute(
-                update(DropObject)
-                .where(
-                    DropObject.id == object_id,
-                    DropObject.delivered_at.is_(None),
-                    or_(DropObject.next_delivery_at.is_(None), DropObject.next_delivery_at <= now),
-                    or_(
-                        DropObject.delivery_lease_at.is_(None),
-                        DropObject.delivery_lease_at < now - rt.settings.lease_seconds,
-                    ),
-                )
-                .values(delivery_lease_at=now)
-            ).rowcount
+            claimed = take_lease(
+                s,
+                DropObject,
+                object_id,
+                "delivery_lease_at",
+                now,
+                DropObject.delivered_at.is_(None),
+                or_(DropObject.next_delivery_at.is_(None), DropObject.next_delivery_at <= now),
+                now=now,
+                lease_seconds=rt.settings.lease_seconds,
+            )
             if not claimed:
                 return None
             obj = s.get(DropObject, object_id)
@@ -226,12 +227,14 @@ def _delivery_failed(rt: Runtime, object_id: int, lease: float, exc: Exception, 
         pause,
         exc_info=not isinstance(exc, ObjectStoreError | OSError),
     )
-    set_columns(
-        rt,
-        DropObject.id == object_id,
-        DropObject.delivery_lease_at == lease,
-        delivery_lease_at=None,
-        next_delivery_at=now + pause,
-        delivery_attempts=attempts,
-        last_error=message,
-    )
+    with rt.db.write() as s:
+        release_lease(
+            s,
+            DropObject,
+            object_id,
+            "delivery_lease_at",
+            lease,
+            next_delivery_at=now + pause,
+            delivery_attempts=attempts,
+            last_error=message,
+        )

@@ -46,6 +46,8 @@ from scheduler.dropfolder_plan import (
     plan_scan,
     refusal,
 )
+from scheduler.leases import lease_cutoff, renewal_due
+from storage import leases
 from storage.errors import ServiceError
 from storage.models import Batch, DropFolder, DropObject, StoredFile
 from storage.objectstore import (
@@ -144,7 +146,7 @@ class PollReport:
 
 def poll(rt: Runtime, now: float) -> PollReport:
     report = PollReport()
-    free = now - rt.settings.lease_seconds
+    free = lease_cutoff(now, rt.settings.lease_seconds)
     with rt.db.read() as s:
         report.scans = list(
             s.scalars(
@@ -387,19 +389,17 @@ def _read_small(store: ObjectStore, key: str) -> bytes:
 
 def _claim_scan(rt: Runtime, folder_id: str, now: float) -> tuple[FolderConfig, float] | None:
     with rt.db.write() as s:
-        claimed = s.execute(
-            update(DropFolder)
-            .where(
-                DropFolder.id == folder_id,
-                DropFolder.removed_at.is_(None),
-                or_(DropFolder.next_scan_at.is_(None), DropFolder.next_scan_at <= now),
-                or_(
-                    DropFolder.scan_lease_at.is_(None),
-                    DropFolder.scan_lease_at < now - rt.settings.lease_seconds,
-                ),
-            )
-            .values(scan_lease_at=now)
-        ).rowcount
+        claimed = leases.take_lease(
+            s,
+            DropFolder,
+            folder_id,
+            "scan_lease_at",
+            now,
+            DropFolder.removed_at.is_(None),
+            or_(DropFolder.next_scan_at.is_(None), DropFolder.next_scan_at <= now),
+            now=now,
+            lease_seconds=rt.settings.lease_seconds,
+        )
         if not claimed:
             return None
         return FolderConfig.of(s.get(DropFolder, folder_id)), now  # type: ignore[arg-type]
@@ -408,25 +408,26 @@ def _claim_scan(rt: Runtime, folder_id: str, now: float) -> tuple[FolderConfig, 
 def renew_lease(rt: Runtime, model: type, row_id: object, column: str, lease: float) -> float:
     """Extend a lease this process holds (the lease value is its token); the new token."""
     renewed = time.time()
-    if renewed - lease > rt.settings.lease_seconds / 4:
-        column_attr = getattr(model, column)
-        set_columns(rt, model.id == row_id, column_attr == lease, model=model, **{column: renewed})
+    if renewal_due(lease, renewed, rt.settings.lease_seconds):
+        with rt.db.write() as s:
+            leases.renew_lease(s, model, row_id, column, lease, renewed)
         return renewed
     return lease
 
 
 def _release_scan(rt: Runtime, folder_id: str, lease: float, now: float) -> None:
-    set_columns(
-        rt,
-        DropFolder.id == folder_id,
-        DropFolder.scan_lease_at == lease,
-        model=DropFolder,
-        scan_lease_at=None,
-        next_scan_at=None,
-        last_scan_at=now,
-        scan_failures=0,
-        last_error=None,
-    )
+    with rt.db.write() as s:
+        leases.release_lease(
+            s,
+            DropFolder,
+            folder_id,
+            "scan_lease_at",
+            lease,
+            next_scan_at=None,
+            last_scan_at=now,
+            scan_failures=0,
+            last_error=None,
+        )
 
 
 def _scan_failed(rt: Runtime, folder: FolderConfig, lease: float, exc: Exception, now: float) -> str:
@@ -443,16 +444,17 @@ def _scan_failed(rt: Runtime, folder: FolderConfig, lease: float, exc: Exception
         pause,
         exc_info=not isinstance(exc, ObjectStoreError | OSError),
     )
-    set_columns(
-        rt,
-        DropFolder.id == folder.id,
-        DropFolder.scan_lease_at == lease,
-        model=DropFolder,
-        scan_lease_at=None,
-        next_scan_at=now + pause,
-        scan_failures=failures,
-        last_error=message,
-    )
+    with rt.db.write() as s:
+        leases.release_lease(
+            s,
+            DropFolder,
+            folder.id,
+            "scan_lease_at",
+            lease,
+            next_scan_at=now + pause,
+            scan_failures=failures,
+            last_error=message,
+        )
     return message
 
 

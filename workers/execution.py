@@ -38,11 +38,12 @@ from sqlalchemy import ColumnElement, and_, select, update
 from scheduler.cost import TokenWork, engine_cost_micros, kv_reads
 from scheduler.utilization import mbu, mfu
 from storage.db import is_transient
-from storage.lifecycle import abort_reason, finish_if_done
+from storage.leases import take_lease
+from storage.lifecycle import abort_reason, finish_if_done, move_units
 from storage.models import Batch, EngineSample, UnitStatus, WorkUnit
 from storage.runtime import Runtime
 from storage.shards import ShardRow, read_rows
-from storage.status import BatchStatus
+from storage.status import BatchStatus, unit_sources
 from workers.checkpoint import model_shape
 from workers.cost_meter import CostMeter, UnitMeter
 from workers.engine import ABORTED_STATUS, Engine, EngineRequest, EngineResult
@@ -77,22 +78,33 @@ def held(claim: Claim) -> ColumnElement[bool]:
 
 def claim_unit(rt: Runtime, unit_id: int, now: float, worker: str = WORKER_NAME) -> Claim | None:
     """Take a queued or pending unit for this worker; None if it is running, finished or stopped."""
+    token = f"{worker}:{secrets.token_hex(4)}"
     with rt.db.write() as s:
-        unit = s.get(WorkUnit, unit_id, with_for_update=True)
-        if unit is None or unit.status in UnitStatus.FINISHED:
+        # compare-and-set: a pending or queued unit has no worker (every move back to pending clears
+        # it); a running one is a live worker's (if it dies, the dispatcher's lease redelivers), a
+        # finished one is done with, and a stopping batch skips its unstarted units itself
+        taken = take_lease(
+            s,
+            WorkUnit,
+            unit_id,
+            "worker",
+            token,
+            WorkUnit.status.in_(unit_sources((UnitStatus.PENDING, UnitStatus.QUEUED), UnitStatus.RUNNING)),
+            select(Batch.id)
+            .where(Batch.id == WorkUnit.batch_id, Batch.status == BatchStatus.IN_PROGRESS)
+            .exists(),
+            status=UnitStatus.RUNNING,
+            attempts=WorkUnit.attempts + 1,
+            started_at=now,
+            heartbeat_at=now,
+            completed=0,  # live progress of this attempt (see _heartbeat)
+            failed=0,
+        )
+        if not taken:
             return None
-        if unit.status == UnitStatus.RUNNING:
-            return None  # a live worker has it; if it dies, the dispatcher's lease redelivers
-        batch = s.get(Batch, unit.batch_id)
-        if batch is None or batch.status != BatchStatus.IN_PROGRESS:
-            return None  # stopping batches skip their unstarted units themselves
-        token = f"{worker}:{secrets.token_hex(4)}"
-        unit.status = UnitStatus.RUNNING
-        unit.attempts += 1
-        unit.worker = token
-        unit.started_at = now
-        unit.heartbeat_at = now
-        unit.completed = unit.failed = 0  # live progress of this attempt (see _heartbeat)
+        unit = s.get(WorkUnit, unit_id)
+        batch = s.get(Batch, unit.batch_id) if unit is not None else None
+        assert unit is not None and batch is not None
         return Claim(
             unit.id,
             token,
@@ -483,26 +495,25 @@ class PackRunner:
             "cost_output_micros": meter.parts["output"],
         }
         with self.rt.db.write() as s:
-            done = s.execute(
-                update(WorkUnit)
-                .where(held(claim))
-                .values(
-                    status=UnitStatus.DONE,
-                    finished_at=now,
-                    heartbeat_at=now,
-                    completed=tally.completed,
-                    failed=tally.failed,
-                    prompt_tokens=tally.prompt_tokens,
-                    cached_tokens=tally.cached_tokens,
-                    completion_tokens=tally.completion_tokens,
-                    output_key=output_key,
-                    error_key=error_key,
-                    mean_fill=fill,
-                    kv_tokens_read=meter.work.kv_tokens_read,
-                    **metering,
-                    **self._utilization(meter.work, meter.engine_seconds, round(meter.steps)),
-                )
-            ).rowcount
+            done = move_units(
+                s,
+                held(claim),
+                from_=UnitStatus.RUNNING,
+                to=UnitStatus.DONE,
+                finished_at=now,
+                heartbeat_at=now,
+                completed=tally.completed,
+                failed=tally.failed,
+                prompt_tokens=tally.prompt_tokens,
+                cached_tokens=tally.cached_tokens,
+                completion_tokens=tally.completion_tokens,
+                output_key=output_key,
+                error_key=error_key,
+                mean_fill=fill,
+                kv_tokens_read=meter.work.kv_tokens_read,
+                **metering,
+                **self._utilization(meter.work, meter.engine_seconds, round(meter.steps)),
+            )
             if not done:
                 log.warning("unit %s: claim lost before recording; results discarded", claim.unit_id)
                 return
@@ -544,17 +555,16 @@ class PackRunner:
 
     def _release(self, unit: ActiveUnit) -> None:
         with self.rt.db.write() as s:
-            s.execute(
-                update(WorkUnit)
-                .where(held(unit.claim))
-                .values(
-                    status=UnitStatus.PENDING,
-                    worker=None,
-                    pack_id=None,
-                    attempts=WorkUnit.attempts - 1,
-                    completed=0,  # its live counts: these results are given back unrecorded
-                    failed=0,
-                )
+            move_units(
+                s,
+                held(unit.claim),
+                from_=UnitStatus.RUNNING,
+                to=UnitStatus.PENDING,
+                worker=None,
+                pack_id=None,
+                attempts=WorkUnit.attempts - 1,
+                completed=0,  # its live counts: these results are given back unrecorded
+                failed=0,
             )
         log.info("unit %s released unfinished at shutdown", unit.claim.unit_id)
 

@@ -12,9 +12,11 @@ import logging
 import time
 from collections.abc import Iterator
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import select, update
 
 from scheduler.cost import TokenWork, list_price_micros
+from scheduler.leases import renewal_due
+from storage.leases import release_lease, take_lease
 from storage.lifecycle import unfinished_units
 from storage.models import Batch, StoredFile, UnitStatus, WorkUnit, new_id
 from storage.objectstore import CHUNK
@@ -38,21 +40,19 @@ METERED = (
 
 def _claim(rt: Runtime, batch_id: str, now: float) -> Batch | None:
     with rt.db.write() as s:
-        claimed = s.execute(
-            update(Batch)
-            .where(
-                Batch.id == batch_id,
-                Batch.status.in_([BatchStatus.FINALIZING, BatchStatus.CANCELLING]),
-                or_(
-                    Batch.finalizer_heartbeat_at.is_(None),
-                    Batch.finalizer_heartbeat_at < now - rt.settings.lease_seconds,
-                ),
-            )
-            .values(finalizer_heartbeat_at=now)
-        ).rowcount
+        claimed = take_lease(
+            s,
+            Batch,
+            batch_id,
+            "finalizer_heartbeat_at",
+            now,
+            Batch.status.in_([BatchStatus.FINALIZING, BatchStatus.CANCELLING]),
+            now=now,
+            lease_seconds=rt.settings.lease_seconds,
+        )
         if not claimed or unfinished_units(s, batch_id):
-            if claimed:
-                s.get(Batch, batch_id).finalizer_heartbeat_at = None  # type: ignore[union-attr]
+            if claimed:  # units still running: give the lease straight back
+                release_lease(s, Batch, batch_id, "finalizer_heartbeat_at", now)
             return None
         return s.get(Batch, batch_id)
 
@@ -153,7 +153,7 @@ def _assemble(
             for row in read_rows(rt.store, unit.shard_key, unit.row_start, unit.n_requests):
                 counts[kind] += 1
                 yield encode(stopped_line(row.custom_id, code))
-        if time.time() - last_beat > rt.settings.lease_seconds / 4:
+        if renewal_due(last_beat, time.time(), rt.settings.lease_seconds):
             last_beat = time.time()
             with rt.db.write() as s:
                 s.execute(update(Batch).where(Batch.id == batch_id).values(finalizer_heartbeat_at=last_beat))

@@ -20,6 +20,7 @@ import itertools
 import json
 import logging
 import struct
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from typing import Any
 
 from scheduler.ordering import SortStats, sort_records
 from storage.checkpoint_cache import CheckpointError
+from storage.leases import release_lease, renew_lease, take_lease
 from storage.models import Batch, StoredFile, WorkUnit
 from storage.registry import served_names
 from storage.request_tables import RowError, column_of, metadata_defaults
@@ -43,6 +45,7 @@ from workers.request_bodies import RequestError, parse_body
 
 log = logging.getLogger(__name__)
 
+VALIDATION_LEASE = "validation_heartbeat_at"  # Batch's column: the lease's token is its time
 BOM = b"\xef\xbb\xbf"
 UNSUPPORTED = "unsupported_parameter"
 MAX_OUTPUT_TOKENS = 2**31 - 1
@@ -253,7 +256,7 @@ def _payload(row: ShardRow) -> bytes:
     head = _HEAD.pack(
         len(custom_id), row.prompt_len, -1 if row.max_tokens is None else row.max_tokens, ids is not None
     )
-    return b"".join((head, custom_id, bytes(ids or b""), row.body_json.encode()))  # type: ignore[arg-type]
+    return b"".join((head, custom_id, bytes(ids or b""), row.body_json.encode()))
 
 
 def _row(key: bytes, line: int, payload: bytes) -> ShardRow:
@@ -378,16 +381,69 @@ def write_store(
     return summary, shard_keys
 
 
+class _LeaseKeeper:
+    """Renews a validation's lease from a small thread every quarter lease while the file is read,
+    sorted and planned (minutes for a million lines), and gives it back at the end, whatever the
+    outcome: a validation that failed on an outage is free to run again at once."""
+
+    def __init__(self, rt: Runtime, batch_id: str, token: float) -> None:
+        self.rt = rt
+        self.batch_id = batch_id
+        self.token = token
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew, name=f"lease-{batch_id}", daemon=True)
+
+    def __enter__(self) -> _LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        try:
+            with self.rt.db.write() as s:
+                release_lease(s, Batch, self.batch_id, VALIDATION_LEASE, self.token)
+        except Exception as exc:  # the database is down: the lease runs out instead
+            log.warning("batch %s: could not give back the validation lease: %s", self.batch_id, exc)
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.rt.settings.lease_seconds / 4):
+            renewed = time.time()
+            try:
+                with self.rt.db.write() as s:
+                    held = renew_lease(s, Batch, self.batch_id, VALIDATION_LEASE, self.token, renewed)
+            except Exception as exc:  # a blip: the next beat tries again, well within the lease
+                log.warning("batch %s: renewing the validation lease failed: %s", self.batch_id, exc)
+                continue
+            if not held:  # ran out and taken over; only one of us commits (from validating)
+                log.warning("batch %s: another validation took over the lease", self.batch_id)
+                return
+            self.token = renewed
+
+
 def validate_batch(rt: Runtime, batch_id: str) -> None:
-    """Validate a ``validating`` batch; the dispatcher queues its units after this commits."""
+    """Validate a ``validating`` batch; the dispatcher queues its units after this commits.
+
+    Runs under the batch's validation lease (compare-and-set): a delivery that finds a fresh lease
+    leaves the work to its holder; the dispatcher's tick sends validation again once it runs out."""
     settings: Settings = rt.settings
-    with rt.db.read() as s:
+    now = time.time()
+    with rt.db.write() as s:
+        taken = take_lease(s, Batch, batch_id, VALIDATION_LEASE, now, Batch.status == BatchStatus.VALIDATING,
+                           now=now, lease_seconds=settings.lease_seconds)  # fmt: skip
+        if not taken:
+            return  # validated already (task re-delivered), cancelled, or another validation runs
         batch = s.get(Batch, batch_id)
-        if batch is None or batch.status != BatchStatus.VALIDATING:
-            return  # already validated (task re-delivered) or cancelled meanwhile
+        assert batch is not None  # its lease was just taken
         input_key = s.get(StoredFile, batch.input_file_id).object_key  # type: ignore[union-attr]
         endpoint = batch.endpoint
         defaults = metadata_defaults(batch.metadata_)
+    with _LeaseKeeper(rt, batch_id, now):
+        _validate(rt, batch_id, input_key, endpoint, defaults)
+
+
+def _validate(rt: Runtime, batch_id: str, input_key: str, endpoint: str, defaults: dict) -> None:
+    settings: Settings = rt.settings
     rules = FileRules(
         endpoint=endpoint,
         served_models=served_names(rt.db, settings),

@@ -33,10 +33,11 @@ from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException
 
 from api.console_format import chart, register_filters
-from api.errors import status_of
+from api.errors import DB_RETRY_AFTER_SECONDS, status_of
 from api.serializers import batch_object
 from api.services import batches, console, files
 from api.services.tenants import authenticate, hash_key
+from storage.broker import BROKER_ERRORS
 from storage.errors import ServiceError
 from storage.objectstore import ObjectStoreError
 from storage.runtime import Runtime
@@ -161,6 +162,17 @@ def _unexpected(exc: Exception) -> tuple[str, int]:
 def _store_error(exc: ObjectStoreError) -> tuple[str, int]:
     log.error("object store unavailable: %s", exc)
     return error_page(503, "The object store is unavailable; retry shortly.")
+
+
+def _broker_error(exc: Exception) -> tuple[str, int, dict[str, str]]:
+    """The job queue could not be reached: nothing was created (intake withdraws the batch)."""
+    log.error("job queue unavailable: %s", exc)
+    page, status = error_page(503, "The job queue is unavailable; nothing was created. Retry shortly.")
+    return page, status, {"Retry-After": str(DB_RETRY_AFTER_SECONDS)}
+
+
+for _broker_exc in BROKER_ERRORS:
+    bp.register_error_handler(_broker_exc, _broker_error)
 
 
 # --- sign-in ----------------------------------------------------------------------------------------

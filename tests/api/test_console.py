@@ -19,73 +19,59 @@ from api.services import console
 from api.services.tenants import create_tenant
 from storage.models import ApiKey, Batch, EngineSample, UnitStatus, WorkUnit
 from tests.conftest import now
+from tests.factories import OMIT, chat_line, http_create, http_upload, jsonl
 
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 EVIL = "<img src=x onerror=alert(1)>"
 
 
-def line(custom_id: str = "r1", model: str | None = "demo") -> dict:
-    body: dict = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-    if model:
-        body["model"] = model
-    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
-
-
-def jsonl(*lines: dict) -> bytes:
-    return b"".join(json.dumps(item).encode() + b"\n" for item in lines)
-
-
 @pytest.fixture
-def app(runtime):  # type: ignore[no-untyped-def]
+def app(runtime):
     return create_app(runtime=runtime)
 
 
 @pytest.fixture
-def keys(runtime):  # type: ignore[no-untyped-def]
+def keys(runtime):
     _, a = create_tenant(runtime.db, "alpha", now())
     _, b = create_tenant(runtime.db, "beta", now())
     return {"a": a, "b": b}
 
 
-def csrf(client, path: str = "/console/sign-in") -> str:  # type: ignore[no-untyped-def]
+def csrf(client, path: str = "/console/sign-in") -> str:
     page = client.get(path)
     assert page.status_code == 200, page.get_data(as_text=True)
     return CSRF.search(page.get_data(as_text=True)).group(1)  # type: ignore[union-attr]
 
 
-def sign_in(client, key: str):  # type: ignore[no-untyped-def]
+def sign_in(client, key: str):
     response = client.post("/console/sign-in", data={"api_key": key, "csrf_token": csrf(client)})
     assert response.status_code == 302, response.get_data(as_text=True)
     return response
 
 
 @pytest.fixture
-def alpha(app, keys):  # type: ignore[no-untyped-def]
+def alpha(app, keys):
     client = app.test_client()
     sign_in(client, keys["a"])
     return client
 
 
-def api_batch(app, key: str, data: bytes = jsonl(line()), name: str = "in.jsonl", **extra) -> dict:  # type: ignore[no-untyped-def]
+def api_batch(app, key: str, data: bytes | None = None, name: str = "in.jsonl", **extra) -> dict:
     """A batch made through /v1, as any client would (it stays validating: no worker runs)."""
     api = app.test_client()
     headers = {"Authorization": f"Bearer {key}"}
-    uploaded = api.post(
-        "/v1/files", headers=headers, data={"purpose": "batch", "file": (io.BytesIO(data), name)},
-        content_type="multipart/form-data",
-    ).get_json()  # fmt: skip
-    body = {"input_file_id": uploaded["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}
-    created = api.post("/v1/batches", headers=headers, json={**body, **extra})
+    uploaded = http_upload(api, headers, data, name).get_json()
+    created = http_create(api, headers, uploaded["id"], **extra)
     assert created.status_code == 200, created.get_json()
-    return created.get_json()  # type: ignore[no-any-return]
+    return created.get_json()
 
 
-def html(response) -> str:  # type: ignore[no-untyped-def]
+def html(response) -> str:
     assert response.mimetype == "text/html", response.mimetype
-    return response.get_data(as_text=True)  # type: ignore[no-any-return]
+    return response.get_data(as_text=True)
 
 
-def test_pages_need_sign_in_and_the_key_decides_the_tenant(app, keys):  # type: ignore[no-untyped-def]
+def test_pages_need_sign_in_and_the_key_decides_the_tenant(app, keys):
     client = app.test_client()
     assert client.get("/").location.endswith("/console/jobs")
     for path in ("/console/", "/console/jobs?status=failed", "/console/models", "/console/upload"):
@@ -114,21 +100,21 @@ def test_pages_need_sign_in_and_the_key_decides_the_tenant(app, keys):  # type: 
     assert client.get("/console/jobs").status_code == 302
 
 
-def test_every_post_needs_the_session_csrf_token(app, keys, alpha):  # type: ignore[no-untyped-def]
+def test_every_post_needs_the_session_csrf_token(app, keys, alpha):
     batch = api_batch(app, keys["a"])
     fresh = app.test_client()
     no_session = fresh.post("/console/sign-in", data={"api_key": keys["a"], "csrf_token": "made-up"})
     assert no_session.status_code == 400 and "expired" in html(no_session)
     forms = [
         (f"/console/jobs/{batch['id']}/cancel", {}),
-        ("/console/upload", {"file": (io.BytesIO(jsonl(line())), "x.jsonl"), "window": "24h"}),
+        ("/console/upload", {"file": (io.BytesIO(jsonl([chat_line()])), "x.jsonl"), "window": "24h"}),
         ("/console/sign-out", {}),
     ]
     for path, data in forms:
-        for token in (None, "wrong", CSRF.search(html(fresh.get("/console/sign-in"))).group(1)):  # type: ignore[union-attr]
+        for token in (None, "wrong", CSRF.search(html(fresh.get("/console/sign-in"))).group(1)):
             sent = dict(data, csrf_token=token) if token else dict(data)
             if "file" in sent:
-                sent["file"] = (io.BytesIO(jsonl(line())), "x.jsonl")
+                sent["file"] = (io.BytesIO(jsonl([chat_line()])), "x.jsonl")
             response = alpha.post(path, data=sent, content_type="multipart/form-data")
             assert response.status_code == 400, (path, token)
     assert app.test_client().get(f"/v1/batches/{batch['id']}", headers={"Authorization": f"Bearer {keys['a']}"}).get_json()["status"] == "validating"  # fmt: skip
@@ -137,7 +123,7 @@ def test_every_post_needs_the_session_csrf_token(app, keys, alpha):  # type: ign
     assert len(listed) == 1  # the refused upload made nothing
 
 
-def test_another_tenants_job_is_not_found(app, keys, alpha):  # type: ignore[no-untyped-def]
+def test_another_tenants_job_is_not_found(app, keys, alpha):
     theirs = api_batch(app, keys["b"], metadata={"owner": "beta-secret"})
     mine = api_batch(app, keys["a"])
     pages = {}
@@ -160,7 +146,7 @@ def test_another_tenants_job_is_not_found(app, keys, alpha):  # type: ignore[no-
     assert status.get_json()["status"] == "validating"  # the refused cancel did nothing
 
 
-def test_user_text_is_escaped(app, runtime, keys, alpha):  # type: ignore[no-untyped-def]
+def test_user_text_is_escaped(app, runtime, keys, alpha):
     batch = api_batch(
         app, keys["a"], name=f"{EVIL}.jsonl", metadata={"note": f"<script>alert(1)</script>{EVIL}"}
     )
@@ -184,7 +170,7 @@ def test_user_text_is_escaped(app, runtime, keys, alpha):  # type: ignore[no-unt
     assert 'id="validation-errors"' in detail and 'id="cancel"' not in detail  # failed: nothing to cancel
 
 
-def test_filters_and_paging(app, runtime, keys, alpha):  # type: ignore[no-untyped-def]
+def test_filters_and_paging(app, runtime, keys, alpha):
     ids = [api_batch(app, keys["a"])["id"] for _ in range(5)]  # ids[4] is the newest
     with runtime.db.write() as s:
         for i, batch_id in enumerate(ids):
@@ -217,12 +203,12 @@ def test_filters_and_paging(app, runtime, keys, alpha):  # type: ignore[no-untyp
         assert response.status_code == 400 and html(response)
 
 
-def test_upload_creates_the_file_and_the_batch(app, keys, alpha):  # type: ignore[no-untyped-def]
+def test_upload_creates_the_file_and_the_batch(app, keys, alpha):
     token = csrf(alpha, "/console/upload")
     form = {
         "csrf_token": token, "endpoint": "/v1/chat/completions", "model": "demo", "window": "1h",
         "metadata": "project = evals\nowner=me",
-        "file": (io.BytesIO(jsonl(line("a", model=None), line("b"))), "questions.jsonl"),
+        "file": (io.BytesIO(jsonl([chat_line("a", model=OMIT), chat_line("b")])), "questions.jsonl"),
     }  # fmt: skip
     response = alpha.post("/console/upload", data=form, content_type="multipart/form-data")
     assert response.status_code == 302, response.get_data(as_text=True)
@@ -254,10 +240,10 @@ def test_upload_creates_the_file_and_the_batch(app, keys, alpha):  # type: ignor
         ({"file": (b"x" * (64 * 1024 + 1), "big.jsonl")}, "byte limit"),
     ],
 )
-def test_upload_errors_show_on_the_form(app, keys, alpha, change, message):  # type: ignore[no-untyped-def]
+def test_upload_errors_show_on_the_form(app, keys, alpha, change, message):
     form = {
         "csrf_token": csrf(alpha, "/console/upload"), "endpoint": "/v1/chat/completions", "model": "",
-        "window": "24h", "file": (jsonl(line()), "ok.jsonl"), **change,
+        "window": "24h", "file": (jsonl([chat_line()]), "ok.jsonl"), **change,
     }  # fmt: skip
     form["file"] = (io.BytesIO(form["file"][0]), form["file"][1])  # a fresh stream for each run
     response = alpha.post("/console/upload", data=form, content_type="multipart/form-data")
@@ -268,13 +254,44 @@ def test_upload_errors_show_on_the_form(app, keys, alpha, change, message):  # t
     assert app.test_client().get("/v1/batches", headers=headers).get_json()["data"] == []
 
 
-def test_cancel_from_the_job_page(app, keys, alpha):  # type: ignore[no-untyped-def]
+def test_an_upload_with_the_broker_down_is_a_503_and_leaves_no_batch(settings):
+    """The broker cannot take the validation task: the console shows the outage (not a 500) and
+    no batch is left ``validating`` with nothing to validate it, nor its file."""
+    from dataclasses import replace
+
+    from sqlalchemy import func, select
+
+    from storage.models import StoredFile
+    from storage.runtime import Runtime
+
+    rt = Runtime(replace(settings, broker_url="redis://127.0.0.1:1/0"))  # nothing listens on port 1
+    rt.queue.celery.conf.broker_transport_options = {"max_retries": 0}
+    rt.queue.celery.conf.task_publish_retry = False
+    try:
+        _, key = create_tenant(rt.db, "alpha", now())
+        client = create_app(runtime=rt).test_client()
+        sign_in(client, key)
+        form = {
+            "csrf_token": csrf(client, "/console/upload"), "endpoint": "/v1/chat/completions", "model": "demo",
+            "window": "24h", "file": (io.BytesIO(jsonl([chat_line("a")])), "questions.jsonl"),
+        }  # fmt: skip
+        response = client.post("/console/upload", data=form, content_type="multipart/form-data")
+        assert response.status_code == 503, response.get_data(as_text=True)
+        assert "job queue is unavailable" in html(response) and response.headers["Retry-After"]
+        with rt.db.read() as s:
+            assert s.scalar(select(func.count()).select_from(Batch)) == 0
+            assert s.scalar(select(func.count()).select_from(StoredFile)) == 0
+    finally:
+        rt.db.dispose()
+
+
+def test_cancel_from_the_job_page(app, keys, alpha):
     batch = api_batch(app, keys["a"])
     page = html(alpha.get(f"/console/jobs/{batch['id']}"))
     assert 'id="cancel"' in page and 'http-equiv="refresh"' in page
     response = alpha.post(
         f"/console/jobs/{batch['id']}/cancel", data={"csrf_token": CSRF.search(page).group(1)}
-    )  # type: ignore[union-attr]
+    )
     assert response.status_code == 302
     after = html(alpha.get(response.location))
     assert "is cancelling" in after and 'id="cancel"' not in after
@@ -282,7 +299,7 @@ def test_cancel_from_the_job_page(app, keys, alpha):  # type: ignore[no-untyped-
     assert app.test_client().get(f"/v1/batches/{batch['id']}", headers=headers).get_json()["status"] == "cancelling"  # fmt: skip
 
 
-def test_job_page_costs_timeline_and_throughput_chart(app, runtime, keys, alpha):  # type: ignore[no-untyped-def]
+def test_job_page_costs_timeline_and_throughput_chart(app, runtime, keys, alpha):
     batch = api_batch(app, keys["a"])
     start = float(now() - 100)
     with runtime.db.write() as s:
@@ -305,7 +322,7 @@ def test_job_page_costs_timeline_and_throughput_chart(app, runtime, keys, alpha)
     assert re.search(r"created</span>.*in progress</span>.*\+5s</span>.*deadline</span>", page, re.S)
 
 
-def test_throughput_spreads_each_unit_over_its_run():  # type: ignore[no-untyped-def]
+def test_throughput_spreads_each_unit_over_its_run():
     runs = [console.UnitRun(0.0, 10.0, 10, 100), console.UnitRun(5.0, 5.0, 2, 30)]
     t = console.throughput(runs, 0.0, 20.0, max_buckets=4)
     assert [b.seconds for b in t.buckets] == [5.0] * 4
@@ -319,7 +336,7 @@ def test_throughput_spreads_each_unit_over_its_run():  # type: ignore[no-untyped
     )
 
 
-def test_models_queues_and_workers(app, runtime, keys, alpha):  # type: ignore[no-untyped-def]
+def test_models_queues_and_workers(app, runtime, keys, alpha):
     batch = api_batch(app, keys["a"])
     t = time.time()
     with runtime.db.write() as s:
@@ -337,9 +354,9 @@ def test_models_queues_and_workers(app, runtime, keys, alpha):  # type: ignore[n
                 requests=4,
             ))  # fmt: skip
     page = html(alpha.get("/console/models"))
-    demo = re.search(r'<tr id="model-demo">(.*?)</tr>', page, re.S).group(1)  # type: ignore[union-attr]
+    demo = re.search(r'<tr id="model-demo">(.*?)</tr>', page, re.S).group(1)
     assert "none" in demo  # the demo checkpoint is not quantized
-    queue = re.search(r'<tr id="queue-demo">(.*?)</tr>', page, re.S).group(1)  # type: ignore[union-attr]
+    queue = re.search(r'<tr id="queue-demo">(.*?)</tr>', page, re.S).group(1)
     assert [int(x) for x in re.findall(r'class="num">(\d+)<', queue)] == [1, 16, 1, 0, 1]
     workers = re.findall(r'<tr class="worker">(.*?)</tr>', page, re.S)
     assert len(workers) == 1 and "host:42" in workers[0] and "stale:1" not in page
@@ -349,7 +366,7 @@ def test_models_queues_and_workers(app, runtime, keys, alpha):  # type: ignore[n
     assert view.running_units == 1 and view.batch_fill == 0.5 and 0.9 < view.busy <= 1.0
 
 
-def test_revoking_the_key_signs_the_session_out(runtime, alpha, keys):  # type: ignore[no-untyped-def]
+def test_revoking_the_key_signs_the_session_out(runtime, alpha, keys):
     assert alpha.get("/console/jobs").status_code == 200
     with runtime.db.write() as s:
         for key in s.query(ApiKey).all():
@@ -358,7 +375,7 @@ def test_revoking_the_key_signs_the_session_out(runtime, alpha, keys):  # type: 
     assert response.status_code == 302 and "/console/sign-in" in response.location
 
 
-def test_sessions_verify_across_processes_sharing_the_data_folder(runtime, keys):  # type: ignore[no-untyped-def]
+def test_sessions_verify_across_processes_sharing_the_data_folder(runtime, keys):
     first, second = create_app(runtime=runtime), create_app(runtime=runtime)
     secret = runtime.settings.data_dir / console.SECRET_FILE
     assert (secret.stat().st_mode & 0o777) == 0o600 and first.secret_key == second.secret_key
@@ -366,11 +383,11 @@ def test_sessions_verify_across_processes_sharing_the_data_folder(runtime, keys)
     sign_in(client, keys["a"])
     cookie = client.get_cookie("session")
     other = second.test_client()
-    other.set_cookie("session", cookie.value)  # type: ignore[union-attr]
+    other.set_cookie("session", cookie.value)
     assert other.get("/console/jobs").status_code == 200
 
 
-def test_a_configured_secret_is_used_and_no_file_made(settings, keys):  # type: ignore[no-untyped-def]
+def test_a_configured_secret_is_used_and_no_file_made(settings, keys):
     from dataclasses import replace
 
     from storage.runtime import Runtime
@@ -383,7 +400,7 @@ def test_a_configured_secret_is_used_and_no_file_made(settings, keys):  # type: 
         rt.db.dispose()
 
 
-def test_console_errors_are_html_pages_with_security_headers(alpha):  # type: ignore[no-untyped-def]
+def test_console_errors_are_html_pages_with_security_headers(alpha):
     for path in ("/console/nowhere", "/console/jobs/batch_x/files/output", "/console/jobs/x/y/z"):
         response = alpha.get(path)
         assert response.status_code == 404

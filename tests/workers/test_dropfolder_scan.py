@@ -23,6 +23,7 @@ from storage.objectstore import CHUNK
 from storage.runtime import Runtime
 from storage.settings import Settings, SettingsError
 from tests.conftest import now
+from tests.factories import OMIT, chat_line, jsonl
 from workers import dropfolder_delivery, dropfolder_input, dropfolders
 from workers.validation import validate_batch
 
@@ -31,21 +32,15 @@ SECRET = "super-secret-value-42"
 
 
 def line(custom_id: str, model: str | None = None, **extra: object) -> dict:
-    body: dict = {"messages": [{"role": "user", "content": f"say {custom_id}"}], "max_tokens": 2}
-    if model:
-        body["model"] = model
-    return {"custom_id": custom_id, "method": "POST", "url": CHAT, "body": body, **extra}
-
-
-def jsonl(*lines: dict) -> bytes:
-    return b"".join(json.dumps(x).encode() + b"\n" for x in lines)
+    """A chat line without a model unless given (the folder's default fills it)."""
+    return {**chat_line(custom_id, f"say {custom_id}", model=model or OMIT, max_tokens=2), **extra}
 
 
 # -- streaming helpers, no fixtures --------------------------------------------------------------
 
 
 def test_with_model_streams_lines_and_fills_only_missing_models() -> None:
-    data = jsonl(line("a"), line("b", model="own")) + b"not json\n" + json.dumps(line("c")).encode()
+    data = jsonl([line("a"), line("b", model="own")]) + b"not json\n" + json.dumps(line("c")).encode()
     out = b"".join(dropfolder_input.with_model(io.BytesIO(data), "demo", 1024))
     rows = out.split(b"\n")
     assert json.loads(rows[0])["body"]["model"] == "demo"
@@ -55,14 +50,14 @@ def test_with_model_streams_lines_and_fills_only_missing_models() -> None:
     # a line longer than the line limit passes through untouched, in pieces, and the next is filled
     long_line = json.dumps(line("x" * (3 * CHUNK))).encode()
     out = b"".join(
-        dropfolder_input.with_model(io.BytesIO(long_line + b"\n" + jsonl(line("y"))), "demo", 1000)
+        dropfolder_input.with_model(io.BytesIO(long_line + b"\n" + jsonl([line("y")])), "demo", 1000)
     )
     first, second, _ = out.split(b"\n")
     assert first == long_line and json.loads(second)["body"]["model"] == "demo"
 
 
 def test_request_stream_gunzips_and_reports_a_broken_gzip_as_invalid() -> None:
-    data = jsonl(line("a", model="demo"))
+    data = jsonl([line("a", model="demo")])
     assert dropfolder_input.request_stream(io.BytesIO(gzip.compress(data)), True, None, 1024).read() == data
     with pytest.raises(dropfolder_input.InvalidInput) as err:
         dropfolder_input.request_stream(io.BytesIO(b"this is not gzip"), True, None, 1024).read()
@@ -85,17 +80,17 @@ def test_settings_poll_period_and_backoff_cap() -> None:
 
 
 @pytest.fixture
-def s3(s3_service):  # type: ignore[no-untyped-def]
+def s3(s3_service):
     return s3_service
 
 
 @pytest.fixture
-def bucket(s3) -> str:  # type: ignore[no-untyped-def]
+def bucket(s3) -> str:
     return s3.create_bucket(f"drop-{uuid.uuid4().hex[:10]}")
 
 
 @pytest.fixture
-def folder(runtime: Runtime, s3, bucket: str) -> str:  # type: ignore[no-untyped-def]
+def folder(runtime: Runtime, s3, bucket: str) -> str:
     create_tenant(runtime.db, "alpha", now())
     view = folders_service.add(
         runtime, f"s3://{bucket}/team/evals", "alpha", CHAT, now=now(), model="demo", window="24h",
@@ -105,17 +100,17 @@ def folder(runtime: Runtime, s3, bucket: str) -> str:  # type: ignore[no-untyped
     return view.id
 
 
-def put(s3, bucket: str, key: str, data: bytes) -> str:  # type: ignore[no-untyped-def]
+def put(s3, bucket: str, key: str, data: bytes) -> str:
     return s3.client().put_object(Bucket=bucket, Key=f"team/evals/{key}", Body=data)["ETag"].strip('"')
 
 
-def keys(s3, bucket: str) -> set[str]:  # type: ignore[no-untyped-def]
+def keys(s3, bucket: str) -> set[str]:
     listed = s3.client().list_objects_v2(Bucket=bucket).get("Contents", [])
     return {o["Key"].removeprefix("team/evals/") for o in listed}
 
 
-def get(s3, bucket: str, key: str) -> bytes:  # type: ignore[no-untyped-def]
-    return s3.client().get_object(Bucket=bucket, Key=f"team/evals/{key}")["Body"].read()  # type: ignore[no-any-return]
+def get(s3, bucket: str, key: str) -> bytes:
+    return s3.client().get_object(Bucket=bucket, Key=f"team/evals/{key}")["Body"].read()
 
 
 def counts(rt: Runtime) -> tuple[int, int, int]:
@@ -131,8 +126,8 @@ def later(seconds: float = 0) -> float:
     return time.time() + seconds
 
 
-def test_a_dropped_file_becomes_one_ordinary_batch(runtime, s3, bucket, folder):  # type: ignore[no-untyped-def]
-    etag = put(s3, bucket, "inbox/data.jsonl", jsonl(line("a"), line("b", model="demo")))
+def test_a_dropped_file_becomes_one_ordinary_batch(runtime, s3, bucket, folder):
+    etag = put(s3, bucket, "inbox/data.jsonl", jsonl([line("a"), line("b", model="demo")]))
     put(s3, bucket, "inbox/data.jsonl.freight.json", b'{"window": "1h", "metadata": {"project": "evals"}}')
     put(s3, bucket, "inbox/notes.txt", b"ignored")
 
@@ -157,19 +152,19 @@ def test_a_dropped_file_becomes_one_ordinary_batch(runtime, s3, bucket, folder):
 
     # the same version is never taken again; a re-upload with new content is a new batch
     assert dropfolders.scan_folder(runtime, folder, later()).created == []
-    put(s3, bucket, "inbox/data.jsonl", jsonl(line("c")))
+    put(s3, bucket, "inbox/data.jsonl", jsonl([line("c")]))
     assert len(dropfolders.scan_folder(runtime, folder, later()).created) == 1
     assert counts(runtime)[:2] == (2, 2)
 
 
-def test_an_unreadable_object_does_not_hold_up_the_rest(runtime, s3, bucket, folder, monkeypatch):  # type: ignore[no-untyped-def]
+def test_an_unreadable_object_does_not_hold_up_the_rest(runtime, s3, bucket, folder, monkeypatch):
     from storage.objectstore import ObjectStoreError, S3ObjectStore
 
-    put(s3, bucket, "inbox/locked.jsonl", jsonl(line("x", model="demo")))
-    put(s3, bucket, "inbox/fine.jsonl", jsonl(line("y", model="demo")))
+    put(s3, bucket, "inbox/locked.jsonl", jsonl([line("x", model="demo")]))
+    put(s3, bucket, "inbox/fine.jsonl", jsonl([line("y", model="demo")]))
     opened = S3ObjectStore.open_version
 
-    def denied(self, key, etag):  # type: ignore[no-untyped-def]
+    def denied(self, key, etag):
         if key.endswith("locked.jsonl"):
             raise ObjectStoreError("AccessDenied")
         return opened(self, key, etag)
@@ -183,8 +178,8 @@ def test_an_unreadable_object_does_not_hold_up_the_rest(runtime, s3, bucket, fol
     assert dropfolders.scan_folder(runtime, folder, later()).created == []
 
 
-def test_a_gzip_file_is_decompressed_into_the_store(runtime, s3, bucket, folder):  # type: ignore[no-untyped-def]
-    data = jsonl(*(line(f"r{i}", model="demo") for i in range(50)))
+def test_a_gzip_file_is_decompressed_into_the_store(runtime, s3, bucket, folder):
+    data = jsonl(line(f"r{i}", model="demo") for i in range(50))
     put(s3, bucket, "inbox/big.jsonl.gz", gzip.compress(data))
     [batch_id] = dropfolders.scan_folder(runtime, folder, later()).created
     with runtime.db.read() as s:
@@ -194,8 +189,8 @@ def test_a_gzip_file_is_decompressed_into_the_store(runtime, s3, bucket, folder)
     assert stored.bytes == len(data)
 
 
-def test_two_scans_racing_make_one_batch(runtime, s3, bucket, folder):  # type: ignore[no-untyped-def]
-    etag = put(s3, bucket, "inbox/race.jsonl", jsonl(line("a"), line("b")))
+def test_two_scans_racing_make_one_batch(runtime, s3, bucket, folder):
+    etag = put(s3, bucket, "inbox/race.jsonl", jsonl([line("a"), line("b")]))
     with runtime.db.read() as s:
         config = dropfolders.FolderConfig.of(s.get(DropFolder, folder))
     store = dropfolders.folder_store(config)
@@ -231,8 +226,8 @@ def test_two_scans_racing_make_one_batch(runtime, s3, bucket, folder):  # type: 
 
 def test_a_crash_between_creating_the_batch_and_recording_the_object(
     runtime, s3, bucket, folder, monkeypatch
-):  # type: ignore[no-untyped-def]
-    put(s3, bucket, "inbox/crash.jsonl", jsonl(line("a")))
+):
+    put(s3, bucket, "inbox/crash.jsonl", jsonl([line("a")]))
 
     def crash(*args: object, **kwargs: object) -> bool:
         raise RuntimeError("injected crash after the batch row, before the object row")
@@ -252,8 +247,8 @@ def test_a_crash_between_creating_the_batch_and_recording_the_object(
     assert counts(runtime) == (1, 1, 1)
 
 
-def test_a_crash_after_the_commit_before_validation_is_sent(runtime, s3, bucket, folder, monkeypatch):  # type: ignore[no-untyped-def]
-    put(s3, bucket, "inbox/lost.jsonl", jsonl(line("a")))
+def test_a_crash_after_the_commit_before_validation_is_sent(runtime, s3, bucket, folder, monkeypatch):
+    put(s3, bucket, "inbox/lost.jsonl", jsonl([line("a")]))
     sent: list[str] = []
 
     def die(batch_id: str) -> None:
@@ -274,10 +269,37 @@ def test_a_crash_after_the_commit_before_validation_is_sent(runtime, s3, bucket,
     assert dropfolders.resend_validation(runtime, folder, later(3600)) == []  # once
 
 
-def test_invalid_files_get_a_failed_manifest_and_move_to_failed(runtime, s3, bucket, folder):  # type: ignore[no-untyped-def]
+def test_an_ingest_with_the_broker_down_is_withdrawn_and_read_again(runtime, s3, bucket, folder):
+    """The validation task cannot be sent: the batch, its file and the claim on the inbox object
+    are withdrawn (nothing left ``validating``), the scan backs off, and the next scan reads the
+    object again and makes it a batch."""
+    from dataclasses import replace
+
+    down = Runtime(replace(runtime.settings, broker_url="redis://127.0.0.1:1/0"))  # nobody listens
+    down.queue.celery.conf.broker_transport_options = {"max_retries": 0}
+    down.queue.celery.conf.task_publish_retry = False
+    put(s3, bucket, "inbox/queued.jsonl", jsonl([line("a")]))
+    try:
+        report = dropfolders.scan_folder(down, folder, later())
+    finally:
+        down.db.dispose()
+    assert report.failed and report.created == []
+    assert counts(runtime) == (0, 0, 0)  # no batch, no claim on the object, no stored copy
+    assert "inbox/queued.jsonl" in keys(s3, bucket)
+    with runtime.db.read() as s:
+        assert s.get(DropFolder, folder).scan_failures == 1
+
+    created = dropfolders.scan_folder(runtime, folder, later(60)).created  # past the backoff
+    assert len(created) == 1 and counts(runtime) == (1, 1, 1)
+    with runtime.db.read() as s:
+        assert s.get(Batch, created[0]).status == "validating"
+        assert s.scalar(select(DropObject.batch_id)) == created[0]
+
+
+def test_invalid_files_get_a_failed_manifest_and_move_to_failed(runtime, s3, bucket, folder):
     put(s3, bucket, "inbox/broken.jsonl.gz", b"not gzip at all")
-    put(s3, bucket, "inbox/bad.jsonl", jsonl(line("a")) + b"{not json\n" + jsonl(line("a")))
-    put(s3, bucket, "inbox/side.jsonl", jsonl(line("a")))
+    put(s3, bucket, "inbox/bad.jsonl", jsonl([line("a")]) + b"{not json\n" + jsonl([line("a")]))
+    put(s3, bucket, "inbox/side.jsonl", jsonl([line("a")]))
     put(s3, bucket, "inbox/side.jsonl.freight.json", b'{"modle": "demo"}')
     report = dropfolders.scan_folder(runtime, folder, later())
     assert sorted(report.refused) == ["inbox/broken.jsonl.gz", "inbox/side.jsonl"]
@@ -308,8 +330,8 @@ def test_invalid_files_get_a_failed_manifest_and_move_to_failed(runtime, s3, buc
     assert dropfolders.scan_folder(runtime, folder, later()).created == []
 
 
-def test_an_unreachable_bucket_backs_off_and_logs_no_secret(runtime, s3, bucket, folder, caplog):  # type: ignore[no-untyped-def]
-    put(s3, bucket, "inbox/wait.jsonl", jsonl(line("a")))
+def test_an_unreachable_bucket_backs_off_and_logs_no_secret(runtime, s3, bucket, folder, caplog):
+    put(s3, bucket, "inbox/wait.jsonl", jsonl([line("a")]))
     good = s3.endpoint_url
     with runtime.db.write() as s:
         s.get(DropFolder, folder).s3_endpoint_url = f"http://127.0.0.1:{free_port()}"  # nobody listens
@@ -333,7 +355,7 @@ def test_an_unreachable_bucket_backs_off_and_logs_no_secret(runtime, s3, bucket,
     assert len(dropfolders.scan_folder(runtime, folder, later()).created) == 1
 
 
-def test_a_failed_delivery_is_retried_with_backoff(runtime, s3, bucket, folder):  # type: ignore[no-untyped-def]
+def test_a_failed_delivery_is_retried_with_backoff(runtime, s3, bucket, folder):
     put(s3, bucket, "inbox/z.jsonl.gz", b"broken")
     assert dropfolders.scan_folder(runtime, folder, later()).refused == ["inbox/z.jsonl.gz"]
     with runtime.db.write() as s:
@@ -350,8 +372,8 @@ def test_a_failed_delivery_is_retried_with_backoff(runtime, s3, bucket, folder):
     assert "failed/z.jsonl.gz" in keys(s3, bucket) and "inbox/z.jsonl.gz" not in keys(s3, bucket)
 
 
-def test_removed_folders_are_not_scanned(runtime, s3, bucket, folder):  # type: ignore[no-untyped-def]
-    put(s3, bucket, "inbox/a.jsonl", jsonl(line("a")))
+def test_removed_folders_are_not_scanned(runtime, s3, bucket, folder):
+    put(s3, bucket, "inbox/a.jsonl", jsonl([line("a")]))
     folders_service.remove(runtime, f"s3://{bucket}/team/evals", now())
     assert dropfolders.poll(runtime, later()).scans == []
     assert dropfolders.scan_folder(runtime, folder, later()).created == []

@@ -1,0 +1,186 @@
+"""The tasks' exception policy and the validation lease, against a real database (SQLite and
+PostgreSQL) and a real broker; no engine. An outage retries a task, a fault ends its batch
+``failed`` naming the step, and a validation whose message or worker was lost is sent again by the
+dispatcher's tick once its lease has run out (a fake clock: ``now`` is passed in, nothing sleeps)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from sqlalchemy import update
+
+from api.services.tenants import create_tenant
+from storage.models import Batch, StoredFile
+from storage.runtime import Runtime
+from storage.status import BatchStatus
+from tests.conftest import now
+from tests.factories import chat_line, upload_and_create
+from workers import dispatcher, finalize, task_policy, validation
+from workers.celery_app import make_celery
+
+LINES = [chat_line("a"), chat_line("b")]
+
+
+def worker_app(rt: Runtime):
+    """A worker process's Celery app, its tasks run in-process (``apply``: retries run at once)."""
+    app = make_celery(rt.settings)
+    app.freight_runtime = rt
+    return app
+
+
+def batch_row(rt: Runtime, batch_id: str) -> Batch:
+    with rt.db.read() as s:
+        row = s.get(Batch, batch_id)
+        assert row is not None
+        return row
+
+
+@pytest.fixture
+def tenant(runtime: Runtime) -> str:
+    return create_tenant(runtime.db, "a", now())[0].id
+
+
+def count_calls(monkeypatch, module, name: str) -> list[tuple]:
+    calls: list[tuple] = []
+    real = getattr(module, name)
+
+    def spy(*args):
+        calls.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(module, name, spy)
+    return calls
+
+
+def test_an_object_store_outage_retries_validation_then_leaves_it_to_the_lease(
+    settings, runtime, tenant, monkeypatch
+):
+    batch = upload_and_create(runtime, tenant, LINES)
+    # the same database and broker, an object store nobody answers at, and no time to retry there
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "freight")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "freight")
+    dead = Runtime(replace(settings, object_store_url="s3://freight/x", s3_endpoint_url="http://127.0.0.1:1",
+                           object_store_retry_seconds=0))  # fmt: skip
+    calls = count_calls(monkeypatch, validation, "validate_batch")
+    app = worker_app(dead)
+    try:
+        app.tasks["freight.validate_batch"].apply(args=[batch.id])
+    finally:
+        dead.db.dispose()
+    assert len(calls) == task_policy.MAX_RETRIES + 1  # retried while the outage lasted
+    row = batch_row(runtime, batch.id)
+    assert row.status == BatchStatus.VALIDATING and row.errors is None
+    assert row.validation_heartbeat_at is None  # given back: nothing holds it
+
+    # the outage outlived the retries: a lease later the tick sends validation again
+    runtime.queue.broker_was_reset()  # the marker is set: only the lease decides below
+    assert dispatcher.tick(runtime, row.created_at + 1).revalidated == []
+    assert dispatcher.tick(runtime, row.created_at + settings.lease_seconds + 1).revalidated == [batch.id]
+    # and with the store back, that delivery validates it
+    app.freight_runtime = runtime
+    app.tasks["freight.validate_batch"].apply(args=[batch.id])
+    assert batch_row(runtime, batch.id).status == BatchStatus.IN_PROGRESS
+
+
+def test_a_validation_fault_fails_the_batch_naming_the_step(runtime, tenant, monkeypatch):
+    batch = upload_and_create(runtime, tenant, LINES)
+    with runtime.db.read() as s:
+        key = s.get(StoredFile, batch.input_file_id).object_key
+    runtime.store.delete(key)  # the input object vanished: no retry will bring it back
+    calls = count_calls(monkeypatch, validation, "validate_batch")
+    worker_app(runtime).tasks["freight.validate_batch"].apply(args=[batch.id])
+    assert len(calls) == 1  # not retried
+    row = batch_row(runtime, batch.id)
+    assert row.status == BatchStatus.FAILED and row.failed_at and row.request_total == 0
+    [error] = row.errors["data"]
+    assert error["message"].startswith(
+        "validation failed: internal error in step validate_batch: ObjectNotFound"
+    )
+    assert key in error["message"] and error["line"] is None and error["code"] == "internal_error"
+
+
+def test_a_lost_validation_is_sent_again_once_its_lease_is_stale(settings, runtime, tenant):
+    lease = settings.lease_seconds
+    batch = upload_and_create(runtime, tenant, LINES)  # its message is never consumed: lost
+    created = batch_row(runtime, batch.id).created_at
+    runtime.queue.broker_was_reset()  # the marker is set: the broker did not lose its data
+    assert dispatcher.tick(runtime, created + lease - 1).revalidated == []  # may still be on its way
+    assert dispatcher.tick(runtime, created + lease + 1).revalidated == [batch.id]
+
+    # a validation holding a fresh lease is left alone until its lease runs out
+    beat = float(created + lease)
+    with runtime.db.write() as s:
+        s.execute(update(Batch).where(Batch.id == batch.id).values(validation_heartbeat_at=beat))
+    assert dispatcher.tick(runtime, beat + lease / 2).revalidated == []
+    assert dispatcher.tick(runtime, beat + lease + 1).revalidated == [batch.id]
+
+
+def test_a_delivery_finding_a_fresh_lease_does_nothing(settings, runtime, tenant):
+    import time
+
+    batch = upload_and_create(runtime, tenant, LINES)
+    held = time.time()
+    with runtime.db.write() as s:  # another validation took the lease just now
+        s.execute(update(Batch).where(Batch.id == batch.id).values(validation_heartbeat_at=held))
+    validation.validate_batch(runtime, batch.id)
+    row = batch_row(runtime, batch.id)
+    assert row.status == BatchStatus.VALIDATING and row.validation_heartbeat_at == held
+    with runtime.db.write() as s:  # its worker died: the lease runs out, the next delivery takes it
+        s.execute(
+            update(Batch)
+            .where(Batch.id == batch.id)
+            .values(validation_heartbeat_at=held - settings.lease_seconds - 1)
+        )
+    validation.validate_batch(runtime, batch.id)
+    row = batch_row(runtime, batch.id)
+    assert row.status == BatchStatus.IN_PROGRESS and row.validation_heartbeat_at is None
+
+
+@pytest.mark.parametrize("status", [BatchStatus.FINALIZING, BatchStatus.CANCELLING])
+def test_a_finalization_fault_fails_the_batch_only_where_the_states_allow(
+    runtime, tenant, monkeypatch, status
+):
+    batch = upload_and_create(runtime, tenant, LINES)
+    with runtime.db.write() as s:
+        s.execute(update(Batch).where(Batch.id == batch.id).values(status=status, finalizer_heartbeat_at=1.0))
+
+    def broken(rt: Runtime, batch_id: str) -> None:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(finalize, "finalize_batch", broken)
+    worker_app(runtime).tasks["freight.finalize_batch"].apply(args=[batch.id])
+    row = batch_row(runtime, batch.id)
+    message = row.errors["data"][0]["message"]
+    assert message == "finalization failed: internal error in step finalize_batch: KeyError: 'a bug'"
+    assert row.finalizer_heartbeat_at is None  # the tick may send it again
+    # finalizing -> failed; a cancelling batch can only become cancelled: it keeps its state
+    assert row.status == (BatchStatus.FAILED if status == BatchStatus.FINALIZING else BatchStatus.CANCELLING)
+
+
+def test_which_errors_are_outages():
+    from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
+    from kombu.exceptions import OperationalError as BrokerDown
+    from sqlalchemy.exc import OperationalError as DatabaseDown
+
+    from storage.objectstore import ObjectNotFound, ObjectStoreError
+
+    def wrapped(cause: Exception) -> ObjectStoreError:
+        try:
+            raise ObjectStoreError("store call failed") from cause
+        except ObjectStoreError as exc:
+            return exc
+
+    denied = ClientError(
+        {"Error": {"Code": "AccessDenied"}, "ResponseMetadata": {"HTTPStatusCode": 403}}, "Get"
+    )
+    busy = ClientError({"Error": {"Code": "SlowDown"}, "ResponseMetadata": {"HTTPStatusCode": 503}}, "Get")
+    assert task_policy.is_transient(BrokerDown("no broker"))
+    assert task_policy.is_transient(DatabaseDown("select 1", {}, Exception("connection refused")))
+    assert task_policy.is_transient(wrapped(EndpointConnectionError(endpoint_url="http://x")))
+    assert task_policy.is_transient(wrapped(busy))
+    assert not task_policy.is_transient(wrapped(denied))
+    assert not task_policy.is_transient(wrapped(NoCredentialsError()))
+    assert not task_policy.is_transient(ObjectNotFound("files/x"))
+    assert not task_policy.is_transient(ValueError("a bug"))
+    assert [task_policy.retry_countdown(n) for n in range(8)] == [5, 10, 20, 40, 80, 160, 300, 300]
