@@ -113,6 +113,10 @@ class Batch(Base):
     # lease of the validation reading the input (epoch seconds), renewed while it runs: the tick
     # sends validation again for a ``validating`` batch whose lease ran out (or was never taken)
     validation_heartbeat_at: Mapped[float | None] = mapped_column(Float)
+    # when a delivery of its validation is due at the latest (epoch seconds): the tick's last
+    # re-send, or the time a retry is scheduled for; NULL: created_at, when intake sent it. The tick
+    # sends again only a lease after this, so a slow queue or a long outage gets one copy a lease
+    validation_due_at: Mapped[float | None] = mapped_column(Float)
     # scheduling: higher runs first among the tenant's own batches of equal urgency
     priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # set while measured throughput says the rest cannot finish before expires_at (epoch seconds)

@@ -11,7 +11,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 
-from sqlalchemy import distinct, func, or_, select
+from sqlalchemy import distinct, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from scheduler.deadlines import BatchLoad, Sample, assess, etas, measured_rates
@@ -81,7 +81,7 @@ def requeue_lost(rt: Runtime, now: float, report: TickReport, rates: dict[str, f
         log.warning(
             "the broker lost its messages (restarted without persistence?); packing queued units again"
         )
-        revalidate(rt, report)
+        revalidate(rt, now, report)
     with rt.db.write() as s:
         queued = [
             QueuedUnit(*row)
@@ -112,31 +112,44 @@ def requeue_lost(rt: Runtime, now: float, report: TickReport, rates: dict[str, f
 
 def resend_lost_validations(rt: Runtime, now: float, report: TickReport) -> None:
     """Send validation again for every ``validating`` batch whose validation lease ran out (the
-    worker died mid-way), or that never had one and is older than a lease (its message was lost,
-    or the process that created it died between the commit and the send). A copy that meets a
-    live validation finds its lease fresh and does nothing; until one takes the lease, every tick
-    sends again."""
+    worker died mid-way) or was never taken, once a lease has passed since a delivery was last due
+    (``validation_due_at``: the last send, or a scheduled retry): its message was lost, or the
+    process that created it died between the commit and the send.
+
+    At most one copy a lease: the send is claimed by moving ``validation_due_at`` to ``now`` with a
+    compare-and-set, so neither a message waiting behind a long queue nor a long outage multiplies
+    into one copy a tick, and two ticks never both send. A copy that meets a live validation finds
+    its lease fresh and does nothing."""
     lease = rt.settings.lease_seconds
+    due = func.coalesce(Batch.validation_due_at, Batch.created_at)
+    lost = (
+        Batch.status == BatchStatus.VALIDATING,
+        lease_free(Batch, "validation_heartbeat_at", now, lease),
+        due < now - lease,
+    )
     with rt.db.read() as s:
-        lost = s.scalars(
-            select(Batch.id).where(
-                Batch.status == BatchStatus.VALIDATING,
-                lease_free(Batch, "validation_heartbeat_at", now, lease),
-                Batch.created_at < now - lease,
-            )
-        ).all()
-    for batch_id in lost:
-        if batch_id not in report.revalidated:  # sent already: the broker had lost its data
+        candidates = list(s.scalars(select(Batch.id).where(*lost)).all())
+    for batch_id in candidates:
+        if batch_id in report.revalidated:  # sent already: the broker had lost its data
+            continue
+        with rt.db.write() as s:
+            claimed = s.execute(
+                update(Batch).where(Batch.id == batch_id, *lost).values(validation_due_at=now)
+            ).rowcount
+        if claimed:
             rt.queue.validate(batch_id)
             report.revalidated.append(batch_id)
             log.warning("batch %s: its validation was lost; sending it again", batch_id)
 
 
-def revalidate(rt: Runtime, report: TickReport) -> None:
+def revalidate(rt: Runtime, now: float, report: TickReport) -> None:
     """Validation messages went with the broker's data too: send them again for every batch still
     ``validating``. Safe if one was in fact running: validation commits only from ``validating``."""
-    with rt.db.read() as s:
+    with rt.db.write() as s:
         waiting = list(s.scalars(select(Batch.id).where(Batch.status == BatchStatus.VALIDATING)))
+        s.execute(  # sent now: the lost-validation check waits a lease from here
+            update(Batch).where(Batch.id.in_(waiting)).values(validation_due_at=now)
+        )
     for batch_id in waiting:
         rt.queue.validate(batch_id)
     report.revalidated.extend(waiting)

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from celery import Task
 from celery.exceptions import Retry
+from sqlalchemy import update
 
 from storage.broker import BROKER_ERRORS
 from storage.db import is_transient as db_transient
@@ -39,6 +40,8 @@ RETRY_CAP_SECONDS = 300.0
 F = TypeVar("F", bound=Callable[..., Any])
 # (error naming the step, the task's arguments): end the work of a task that failed for good
 OnFault = Callable[..., object]
+# (when the retry is due, epoch seconds; the task's arguments): note it where the tick can see it
+OnRetry = Callable[..., object]
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -64,9 +67,10 @@ def describe(step: str, exc: BaseException) -> str:
     return f"internal error in step {step}: {type(exc).__name__}: {exc}"[:1000]
 
 
-def guarded(on_fault: OnFault | None = None) -> Callable[[F], F]:
+def guarded(on_fault: OnFault | None = None, on_retry: OnRetry | None = None) -> Callable[[F], F]:
     """Wrap a bound task (``bind=True``; its arguments are ids) in the policy: an outage retries
-    it, a fault calls ``on_fault(error, *args)`` and ends the task."""
+    it (``on_retry(due, *args)`` first records when the retry is due), a fault calls
+    ``on_fault(error, *args)`` and ends the task."""
 
     def wrap(fn: F) -> F:
         step = fn.__name__
@@ -79,7 +83,7 @@ def guarded(on_fault: OnFault | None = None) -> Callable[[F], F]:
                 raise
             except Exception as exc:
                 if is_transient(exc):
-                    _retry(self, step, args, exc)
+                    _retry(self, step, args, exc, on_retry)
                     return None
                 log.exception("task %s%r failed: %s", step, args, describe(step, exc))
                 if on_fault is not None:
@@ -107,7 +111,7 @@ def periodic(fn: F) -> F:
     return run  # type: ignore[return-value]
 
 
-def _retry(task: Task, step: str, args: tuple, exc: Exception) -> None:
+def _retry(task: Task, step: str, args: tuple, exc: Exception, on_retry: OnRetry | None = None) -> None:
     retries = task.request.retries or 0
     if retries >= (task.max_retries if task.max_retries is not None else MAX_RETRIES):
         log.error("task %s%r: still failing after %d retries, leaving it to its lease: %s",
@@ -115,6 +119,11 @@ def _retry(task: Task, step: str, args: tuple, exc: Exception) -> None:
         return
     countdown = retry_countdown(retries)
     log.warning("task %s%r: %s; retry %d in %.0fs", step, args, describe(step, exc), retries + 1, countdown)
+    if on_retry is not None:
+        try:
+            on_retry(time.time() + countdown, *args)
+        except Exception as second:  # the database may be what is down: the lease decides instead
+            log.warning("task %s%r: could not note when its retry is due: %s", step, args, second)
     raise task.retry(exc=exc, countdown=countdown, max_retries=None)
 
 
@@ -151,6 +160,17 @@ def fail_validation(rt: Runtime, error: str, batch_id: str) -> bool:
         transition(batch, BatchStatus.FAILED, int(time.time()))
     log.error("batch %s failed: validation failed: %s", batch_id, error)
     return True
+
+
+def validation_retry_due(rt: Runtime, due: float, batch_id: str) -> None:
+    """A validation retry is scheduled for ``due``: the tick waits a lease past it before it sends
+    a copy of its own (``dispatcher.resend_lost_validations``)."""
+    with rt.db.write() as s:
+        s.execute(
+            update(Batch)
+            .where(Batch.id == batch_id, Batch.status == BatchStatus.VALIDATING)
+            .values(validation_due_at=due)
+        )
 
 
 def fail_finalization(rt: Runtime, error: str, batch_id: str) -> bool:

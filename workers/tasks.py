@@ -35,6 +35,7 @@ def register(app: Celery) -> None:
         fail_validation,
         guarded,
         periodic,
+        validation_retry_due,
     )
 
     # registered in this app only: a shared task would also be added to every app made later
@@ -53,7 +54,10 @@ def register(app: Celery) -> None:
             log.warning("refilling the queues failed; the next tick does it", exc_info=True)
 
     @task("freight.validate_batch")
-    @guarded(lambda error, batch_id: fail_validation(runtime_of(app), error, batch_id))
+    @guarded(
+        lambda error, batch_id: fail_validation(runtime_of(app), error, batch_id),
+        lambda due, batch_id: validation_retry_due(runtime_of(app), due, batch_id),
+    )
     def validate_batch(self: Task, batch_id: str) -> None:
         validation.validate_batch(runtime_of(app), batch_id)
         poke(runtime_of(app))

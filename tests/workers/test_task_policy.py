@@ -73,10 +73,14 @@ def test_an_object_store_outage_retries_validation_then_leaves_it_to_the_lease(
     assert row.status == BatchStatus.VALIDATING and row.errors is None
     assert row.validation_heartbeat_at is None  # given back: nothing holds it
 
-    # the outage outlived the retries: a lease later the tick sends validation again
+    # each retry noted when it was due: the tick waits a lease past the last one, then sends once
+    last_retry = task_policy.retry_countdown(task_policy.MAX_RETRIES - 1)
+    assert row.validation_due_at is not None and row.validation_due_at >= row.created_at + last_retry
+    lease = settings.lease_seconds
     runtime.queue.broker_was_reset()  # the marker is set: only the lease decides below
-    assert dispatcher.tick(runtime, row.created_at + 1).revalidated == []
-    assert dispatcher.tick(runtime, row.created_at + settings.lease_seconds + 1).revalidated == [batch.id]
+    assert dispatcher.tick(runtime, row.created_at + lease + 1).revalidated == []  # a retry is due
+    assert dispatcher.tick(runtime, row.validation_due_at + lease - 1).revalidated == []
+    assert dispatcher.tick(runtime, row.validation_due_at + lease + 1).revalidated == [batch.id]
     # and with the store back, that delivery validates it
     app.freight_runtime = runtime
     app.tasks["freight.validate_batch"].apply(args=[batch.id])
@@ -107,9 +111,13 @@ def test_a_lost_validation_is_sent_again_once_its_lease_is_stale(settings, runti
     runtime.queue.broker_was_reset()  # the marker is set: the broker did not lose its data
     assert dispatcher.tick(runtime, created + lease - 1).revalidated == []  # may still be on its way
     assert dispatcher.tick(runtime, created + lease + 1).revalidated == [batch.id]
+    # one copy a lease, however many ticks pass while it waits in the queue
+    for t in range(2, int(lease), 2):
+        assert dispatcher.tick(runtime, created + lease + t).revalidated == []
+    assert dispatcher.tick(runtime, created + 2 * lease + 2).revalidated == [batch.id]
 
     # a validation holding a fresh lease is left alone until its lease runs out
-    beat = float(created + lease)
+    beat = float(created + 3 * lease)
     with runtime.db.write() as s:
         s.execute(update(Batch).where(Batch.id == batch.id).values(validation_heartbeat_at=beat))
     assert dispatcher.tick(runtime, beat + lease / 2).revalidated == []
