@@ -6,7 +6,7 @@ Two separate decisions:
   shared fairly between tenants (the tenant with the fewest requests in flight goes next), and
   within one tenant by its own priority, then deadline.
 * **Layout** (``plan_packs``): the selected units of one model, from any batch and any tenant, are
-  sorted by the prompt-prefix key of their first request and cut into packs of about
+  sorted by prefix-cache domain, then by the prompt-prefix key of their first request and cut into packs of about
   ``pack_requests`` requests. A pack is what one worker feeds its engine in one go, so small jobs
   share large batches, and units whose prompts start alike land in the same pack, where the worker
   merges their (already sorted) requests so vLLM's prefix cache computes each prefix once.
@@ -33,6 +33,7 @@ class Candidate:
     n_requests: int
     prefix_key: bytes = b""
     urgent: bool = False
+    domain: str = ""  # its prefix-cache domain: units of different domains never share a prefix
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ def plan_packs(
                 break
             chosen.append((rank, c))
             budget -= c.n_requests
-        chosen.sort(key=lambda rc: (rc[1].prefix_key, rc[1].batch_id, rc[1].seq))
+        chosen.sort(key=lambda rc: (rc[1].domain, rc[1].prefix_key, rc[1].batch_id, rc[1].seq))
         current: list[tuple[int, Candidate]] = []
         size = 0
         packs: list[list[tuple[int, Candidate]]] = []

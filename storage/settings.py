@@ -23,6 +23,9 @@ _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 ENGINE_DTYPES = ("auto", "bfloat16", "float16", "float32")  # FREIGHT_ENGINE_DTYPE
 
 
+CACHE_SHARING = ("global", "tenant")  # FREIGHT_PREFIX_CACHE_SHARING
+
+
 class SettingsError(ValueError):
     """A FREIGHT_* variable has a value Freight cannot use."""
 
@@ -102,6 +105,14 @@ class Settings:
     unit_tokens: int = 0  # also cut units at this many planned tokens (prompt + output budget); 0: off
     # scheduling: units of all batches of a model are packed into packs of about this many requests
     pack_requests: int = 1024
+    # an engine worker claims another pack while no more than this many of its requests wait to
+    # start (0: one pack, pack_requests): the look-ahead in which a later job's requests meet their
+    # prefix-mates (scheduler/feed_order.py). More claims work early that other workers of the model
+    # then cannot take
+    feed_requests: int = 0
+    # whose requests may share prefix-cache entries: "global" (all tenants: the most reuse) or
+    # "tenant" (each tenant's own, through vLLM's cache_salt: no tenant can time another's prompts)
+    prefix_cache_sharing: str = "global"
     sort_key_tokens: int = 1024  # prompt tokens that decide the prefix order of requests
     sort_memory_mb: int = 256  # validation sorts in memory up to this, then spills sorted runs to disk
     urgent_slack_seconds: float = 900.0  # slack below this makes a batch urgent: strict EDF, no sharing
@@ -147,6 +158,10 @@ class Settings:
     # one it answers loopback clients only
     metrics_token: str = ""
 
+    def cache_domain(self, tenant_id: str) -> str:
+        """The prefix-cache domain of a tenant's requests: "" (one shared by all) or the tenant."""
+        return tenant_id if self.prefix_cache_sharing == "tenant" else ""
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
         env = os.environ if environ is None else environ
@@ -188,6 +203,10 @@ class Settings:
             raise SettingsError("FREIGHT_UNIT_SIZE must be at least 1")
         if self.unit_tokens < 0:
             raise SettingsError("FREIGHT_UNIT_TOKENS cannot be negative")
+        if self.feed_requests < 0:
+            raise SettingsError("FREIGHT_FEED_REQUESTS cannot be negative")
+        if self.prefix_cache_sharing not in CACHE_SHARING:
+            raise SettingsError(f"FREIGHT_PREFIX_CACHE_SHARING must be one of {', '.join(CACHE_SHARING)}")
         if self.pack_requests < 1 or self.queue_depth < 1:
             raise SettingsError("FREIGHT_PACK_REQUESTS and FREIGHT_QUEUE_DEPTH must be at least 1")
         if self.dropfolder_poll_seconds <= 0 or self.dropfolder_max_backoff_seconds <= 0:

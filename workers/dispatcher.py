@@ -331,6 +331,7 @@ def enqueue_units(
                 seq=r.seq,
                 n_requests=r.n_requests,
                 prefix_key=bytes(r.prefix_key or b""),
+                domain=settings.cache_domain(r.tenant_id),
                 urgent=urgency[r.batch_id][0]
                 if urgency and r.batch_id in urgency
                 else r.at_risk_since is not None,

@@ -77,6 +77,9 @@ class EngineRequest:
     parsed: ParsedRequest | None = None
     prompt_token_ids: Sequence[int] | None = None  # rendered at validation: used, not re-rendered
     validated: bool = False  # the body passed validation and is a fresh copy (see parse_body)
+    # prefix-cache isolation: requests share cached blocks only with requests of the same salt
+    # (vLLM hashes it into the first block); None shares with every unsalted request
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -445,7 +448,10 @@ class Engine:
             rendered = self.render(request)
             request_id = f"freight-{self._next_id}"
             self._next_id += 1
-            self._llm.add_request(request_id, rendered.engine_input, rendered.sampling_params)
+            engine_input = rendered.engine_input
+            if request.cache_salt:
+                engine_input = {**engine_input, "cache_salt": request.cache_salt}
+            self._llm.add_request(request_id, engine_input, rendered.sampling_params)
         except RequestError as exc:
             return _error(key, exc.status_code, exc.code, exc.message, exc.param)
         except Exception as exc:

@@ -20,7 +20,6 @@ again. Results are keyed by ``custom_id``, never by position, so the order of ru
 
 from __future__ import annotations
 
-import heapq
 import logging
 import os
 import queue
@@ -29,13 +28,13 @@ import socket
 import tempfile
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import IO
 
 from sqlalchemy import ColumnElement, and_, select, update
 
 from scheduler.cost import TokenWork, engine_cost_micros, kv_reads
+from scheduler.feed_order import ElevatorFeed
 from scheduler.utilization import mbu, mfu
 from storage.db import is_transient
 from storage.leases import take_lease
@@ -67,6 +66,8 @@ class Claim:
     seq: int
     n_requests: int
     row_start: int = 0  # the unit's rows are [row_start, row_start + n_requests) of its shard
+    cache_domain: str = ""  # whose prefix-cache entries its requests may share ("": everyone's)
+    urgent: bool = False  # its batch was at risk of missing its deadline when claimed
 
 
 def held(claim: Claim) -> ColumnElement[bool]:
@@ -115,6 +116,8 @@ def claim_unit(rt: Runtime, unit_id: int, now: float, worker: str = WORKER_NAME)
             unit.seq,
             unit.n_requests,
             unit.row_start,
+            rt.settings.cache_domain(batch.tenant_id),
+            batch.at_risk_since is not None,
         )
 
 
@@ -204,7 +207,13 @@ class PackRunner:
         self.model = model
         self.worker = worker
         self._lock = threading.Condition()
-        self._feed: deque[tuple[ActiveUnit, ShardRow]] = deque()  # guarded by _lock
+        # not-yet-started requests of every claimed unit, in elevator order; guarded by _lock
+        self._feed: ElevatorFeed[tuple[ActiveUnit, ShardRow]] = ElevatorFeed()
+        # the next pack is wanted once no more requests wait than this look-ahead (at least the
+        # engine's batch): a later job then reaches the feed while its prefix-mates still run
+        self._high_water = max(
+            engine.config.max_num_seqs, rt.settings.feed_requests or rt.settings.pack_requests
+        )
         self._units: dict[int, ActiveUnit] = {}  # guarded by _lock
         self._keys: dict[str, tuple[ActiveUnit, str]] = {}  # engine key -> (unit, custom_id)
         self._stops: queue.SimpleQueue[ActiveUnit] = queue.SimpleQueue()  # for the engine loop
@@ -242,28 +251,25 @@ class PackRunner:
         if not claims:
             return 0
         units = [ActiveUnit(c, _spool(), _spool(), c.n_requests) for c in claims]
-        streams = [
-            [
-                (row.key, row.line, i, row)
-                for row in read_rows(self.rt.store, u.claim.shard_key, u.claim.row_start, u.claim.n_requests)
-            ]
-            for i, u in enumerate(units)
+        rows = [
+            list(read_rows(self.rt.store, u.claim.shard_key, u.claim.row_start, u.claim.n_requests))
+            for u in units
         ]
-        for unit, rows in zip(units, streams, strict=True):
-            unit.total = len(rows)
-        # each shard is sorted already: a k-way merge puts the pack in prefix order across batches
-        merged = [(units[i], row) for _, _, i, row in heapq.merge(*streams, key=lambda r: (r[0], r[1], r[2]))]
         with self._lock:
-            for unit in units:
+            for unit, unit_rows in zip(units, rows, strict=True):
+                unit.total = len(unit_rows)
                 self._units[unit.claim.unit_id] = unit
                 if unit.total == 0:
                     self._finished.put(unit)
-            self._feed.extend(merged)
+                # each shard is prefix-sorted already; the feed merges them with every request
+                # waiting from earlier packs, whatever batch or tenant (see scheduler.feed_order)
+                for row in unit_rows:
+                    key = (unit.claim.cache_domain, row.key, row.line, unit.claim.unit_id)
+                    self._feed.push(key, (unit, row), urgent=unit.claim.urgent)
             self._lock.notify_all()
-        log.info("pack %s: %d units, %d requests", pack_id, len(units), len(merged))
-        low_water = self.engine.config.max_num_seqs
+        log.info("pack %s: %d units, %d requests", pack_id, len(units), sum(map(len, rows)))
         with self._lock:
-            while len(self._feed) > low_water and not self._closing.is_set() and self.failure is None:
+            while len(self._feed) > self._high_water and not self._closing.is_set() and self.failure is None:
                 self._lock.wait(1.0)
         if self.failure is not None:
             raise RuntimeError("the engine loop failed") from self.failure
@@ -335,8 +341,8 @@ class PackRunner:
                 if not self._feed:
                     self._lock.notify_all()
                     return
-                unit, row = self._feed.popleft()
-                if len(self._feed) <= engine.config.max_num_seqs:
+                unit, row = self._feed.pop()
+                if len(self._feed) <= self._high_water:
                     self._lock.notify_all()  # run_pack may return: the next pack is wanted
             if unit.stopping:
                 self._deliver_to(unit, row.custom_id, None)
@@ -348,6 +354,7 @@ class PackRunner:
                 body=row.body,
                 prompt_token_ids=row.prompt_token_ids,
                 validated=True,
+                cache_salt=unit.claim.cache_domain or None,
             )
             rejected = engine.add(request)
             if rejected is not None:
@@ -366,9 +373,7 @@ class PackRunner:
             for result in self.engine.abort(keys):
                 self._deliver(result)
             with self._lock:
-                mine = [entry for entry in self._feed if entry[0] is unit]
-                if mine:
-                    self._feed = deque(entry for entry in self._feed if entry[0] is not unit)
+                mine = self._feed.remove_if(lambda entry, stopped=unit: entry[0] is stopped)
             for _, row in mine:
                 self._deliver_to(unit, row.custom_id, None)
 

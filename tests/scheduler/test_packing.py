@@ -5,8 +5,9 @@ from scheduler.packing import Candidate, dispatch_order, plan_packs
 
 
 def cand(uid, *, tenant="t1", batch=None, deadline=1000, priority=0, created=0, seq=0, n=10, key=b"",
-         model="m", urgent=False):  # fmt: skip
-    return Candidate(uid, model, batch or f"b{uid}", tenant, deadline, priority, created, seq, n, key, urgent)
+         model="m", urgent=False, domain=""):  # fmt: skip
+    return Candidate(uid, model, batch or f"b{uid}", tenant, deadline, priority, created, seq, n, key, urgent,
+                     domain)  # fmt: skip
 
 
 def ids(units):
@@ -52,6 +53,25 @@ def test_packs_group_units_by_prompt_prefix():
              cand(4, key=b"\x00\x01\x09", n=5)]  # fmt: skip
     packs = plan_packs(units, {}, depth=2, pack_requests=10, tenant_load={})
     assert sorted(sorted(p.unit_ids) for p in packs) == [[1, 3], [2, 4]]
+
+
+def test_cache_domains_are_packed_apart_even_on_equal_prompts():
+    """Per-tenant prefix caches: equal prompts of two tenants share nothing, so each tenant's units
+    are packed with their own prefix-mates, not interleaved with the other's."""
+    units = [cand(i, tenant=t, domain=t, key=k, n=5) for i, (t, k) in
+             enumerate([("a", b"\x01"), ("b", b"\x01"), ("a", b"\x02"), ("b", b"\x02")])]  # fmt: skip
+    packs = plan_packs(units, {}, depth=2, pack_requests=10, tenant_load={})
+    assert sorted(sorted(p.unit_ids) for p in packs) == [[0, 2], [1, 3]]
+
+
+@given(st.lists(st.tuples(st.sampled_from(["", "a", "b"]), st.binary(max_size=3), st.integers(1, 30)),
+                min_size=1, max_size=30), st.integers(1, 60))  # fmt: skip
+def test_within_a_pack_units_run_in_domain_then_key_order(specs, size):
+    units = [cand(i, tenant=d or "t", domain=d, key=k, n=n) for i, (d, k, n) in enumerate(specs)]
+    by_id = {u.unit_id: u for u in units}
+    for pack in plan_packs(units, {}, depth=3, pack_requests=size, tenant_load={}):
+        order = [(by_id[u].domain, by_id[u].prefix_key) for u in pack.unit_ids]
+        assert order == sorted(order)
 
 
 def test_queue_depth_counts_packs_already_queued():
