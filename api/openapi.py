@@ -137,6 +137,7 @@ BATCH = obj(
                 "sla_met": nullable(BOOL),
                 "warnings": {"type": "array", "items": STR},
                 "cache_hit_rate": nullable(NUM),
+                "planned_cache_hit_rate": nullable(NUM),
                 "cost": ref("Cost"),
             }
         ),

@@ -58,6 +58,7 @@ _COLUMNS: tuple[tuple[str, Callable[[ReportRow], str], bool], ...] = (
     ("list $", lambda r: dollars(r.list_price), True),
     ("saving", lambda r: percent(r.saving), True),
     ("cache hit", lambda r: percent(r.cache_hit_rate), True),
+    ("plan hit", lambda r: percent(r.planned_cache_hit_rate), True),
     ("fill", lambda r: percent(r.mean_fill), True),
     ("MFU", lambda r: percent(r.mfu), True),
     ("MBU", lambda r: percent(r.mbu), True),

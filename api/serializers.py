@@ -73,6 +73,12 @@ def batch_object(b: Batch, running: tuple[int, int] = (0, 0)) -> dict[str, Any]:
             "warnings": b.warnings or [],
             # cached prompt tokens / prompt tokens, as vLLM reported them per request
             "cache_hit_rate": round(b.cached_tokens / b.prompt_tokens, 4) if b.prompt_tokens else None,
+            # what the prefix-sorted plan predicts for the whole batch (known once it is validated)
+            "planned_cache_hit_rate": (
+                round(b.planned_cached_tokens / b.planned_prompt_tokens, 4)
+                if b.planned_prompt_tokens
+                else None
+            ),
             "cost": cost_summary(b),
         },
     }

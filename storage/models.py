@@ -108,6 +108,10 @@ class Batch(Base):
     prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0)  # part of prompt_tokens
     completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    # what the prefix-sorted plan predicts, set with the units: the prompt tokens of its requests
+    # and the prefix-cache hits their order should give (sums over the units; see unit_plan.py)
+    planned_prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    planned_cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     # lease of the finalizer assembling the output files (epoch seconds), so one runs at a time
     finalizer_heartbeat_at: Mapped[float | None] = mapped_column(Float)
     # lease of the validation reading the input (epoch seconds), renewed while it runs: the tick
@@ -173,6 +177,9 @@ class WorkUnit(Base):
     # the sort key of the unit's first request (its prompt's leading tokens): packs group
     # units whose prompts start alike, across batches and tenants
     prefix_key: Mapped[bytes] = mapped_column(LargeBinary, default=b"", server_default="")
+    # planned: the rows' prompt lengths, and the prefix-cache hits their sorted order predicts
+    planned_prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    planned_cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     pack_id: Mapped[str | None] = mapped_column(String(40))  # the pack it was last queued in
     # mean of running sequences / max_num_seqs while its requests were in the engine
     mean_fill: Mapped[float | None] = mapped_column(Float)

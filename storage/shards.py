@@ -15,6 +15,8 @@ range and touches only the row groups it needs, and the planner reads only its f
                                      could not render it exactly (the engine renders then)
 ``prompt_len``      int32            len(prompt_token_ids), or the key's length in tokens
 ``max_tokens``      int32            the body's output budget; null: the engine's default
+``shared_tokens``   int32            leading tokens ``key`` shares with the previous row's
+                                     in the batch (0 for its first): predicted cache hits
 ==================  ===============  =====================================================
 
 Writes stream (``ShardWriter``): memory is one row group, whatever the batch size.
@@ -36,7 +38,7 @@ from storage.objectstore import ObjectStore
 
 SHARD_UNITS = 64  # row groups (units' worth of rows) per shard
 PREFIX_KEY_BYTES = 128  # of a row's key kept as prefix_key: 32 tokens, what packing compares
-PLAN_COLUMNS = ("line", "prefix_key", "prompt_len", "max_tokens")
+PLAN_COLUMNS = ("line", "prefix_key", "prompt_len", "max_tokens", "shared_tokens")
 
 SCHEMA = pa.schema(
     [
@@ -48,6 +50,7 @@ SCHEMA = pa.schema(
         ("prompt_token_ids", pa.list_(pa.int32())),
         ("prompt_len", pa.int32()),
         ("max_tokens", pa.int32()),
+        ("shared_tokens", pa.int32()),
     ]
 )
 
@@ -61,6 +64,7 @@ class ShardRow:
     prompt_token_ids: Sequence[int] | bytes | None = None  # bytes: big-endian uint32 ids
     prompt_len: int = 0
     max_tokens: int | None = None
+    shared_tokens: int = 0  # leading key tokens shared with the previous row of the batch
 
     @property
     def body(self) -> dict:
@@ -80,6 +84,7 @@ def _table(rows: Sequence[ShardRow]) -> pa.Table:
             _token_lists(rows),
             pa.array([r.prompt_len for r in rows], pa.int32()),
             pa.array([r.max_tokens for r in rows], pa.int32()),
+            pa.array([r.shared_tokens for r in rows], pa.int32()),
         ],
         schema=SCHEMA,
     )
@@ -218,6 +223,7 @@ def _rows(batch: pa.RecordBatch) -> Iterator[ShardRow]:
     tokens = batch.column("prompt_token_ids").to_pylist() if "prompt_token_ids" in names else None
     lens = batch.column("prompt_len").to_pylist() if "prompt_len" in names else None
     budgets = batch.column("max_tokens").to_pylist() if "max_tokens" in names else None
+    shared = batch.column("shared_tokens").to_pylist() if "shared_tokens" in names else None
     for i, line in enumerate(lines):
         yield ShardRow(
             line,
@@ -227,4 +233,5 @@ def _rows(batch: pa.RecordBatch) -> Iterator[ShardRow]:
             None if tokens is None else tokens[i],
             0 if lens is None else lens[i],
             None if budgets is None else budgets[i],
+            0 if shared is None else shared[i] or 0,
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 
-from scheduler.unit_plan import ShardColumns, UnitPlan, plan_units
+from scheduler.unit_plan import ShardColumns, UnitPlan, kv_block_size, plan_units, shared_prefix_tokens
 from storage.objectstore import ObjectStore
 from storage.settings import Settings
 from storage.shards import PLAN_COLUMNS, PREFIX_KEY_BYTES, read_columns
@@ -27,21 +27,25 @@ def shard_columns(store: ObjectStore, key: str) -> ShardColumns:
         table.column("prefix_key").to_pylist(),
         table.column("prompt_len").to_pylist(),
         table.column("max_tokens").to_pylist(),
+        table.column("shared_tokens").to_pylist(),
     )
 
 
 def reparsed_columns(store: ObjectStore, key: str, endpoint: str, renderer: PromptRenderer) -> ShardColumns:
     """The same columns from the bodies alone: parse each, render and tokenize its prompt again."""
     table = read_columns(store, key, ("line", "body"))
-    prefixes, lens, budgets = [], [], []
+    keys, prefixes, lens, budgets = [], [], [], []
     for text in table.column("body").to_pylist():
         body = json.loads(text)
         rendered = renderer.render(endpoint, body)
+        keys.append(rendered.key)
         prefixes.append(rendered.key[:PREFIX_KEY_BYTES])
         lens.append(rendered.prompt_len)
         budget = body.get("max_completion_tokens", body.get("max_tokens"))
         budgets.append(budget if isinstance(budget, int) else None)
-    return ShardColumns(key, table.column("line").to_pylist(), prefixes, lens, budgets)
+    # the shard's first row is taken to share nothing (the previous shard's keys are not at hand)
+    shared = shared_prefix_tokens(keys)
+    return ShardColumns(key, table.column("line").to_pylist(), prefixes, lens, budgets, shared)
 
 
 def plan_batch(
@@ -63,5 +67,6 @@ def plan_batch(
             unit_size=settings.unit_size,
             default_max_tokens=settings.engine_default_max_tokens,
             unit_tokens=settings.unit_tokens,
+            block_size=kv_block_size(settings.engine_block_size),
         )
     )

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler.ordering import SortStats, sort_records
+from scheduler.ordering import SortStats, common_prefix_tokens, sort_records
 from storage.checkpoint_cache import CheckpointError
 from storage.leases import release_lease, renew_lease, take_lease
 from storage.models import Batch, StoredFile, WorkUnit
@@ -259,7 +259,7 @@ def _payload(row: ShardRow) -> bytes:
     return b"".join((head, custom_id, bytes(ids or b""), row.body_json.encode()))
 
 
-def _row(key: bytes, line: int, payload: bytes) -> ShardRow:
+def _row(key: bytes, line: int, payload: bytes, shared: int = 0) -> ShardRow:
     n, prompt_len, max_tokens, exact = _HEAD.unpack_from(payload)
     start = _HEAD.size + n
     custom_id = payload[_HEAD.size : start].decode()
@@ -267,7 +267,8 @@ def _row(key: bytes, line: int, payload: bytes) -> ShardRow:
     if exact:
         ids, start = payload[start : start + 4 * prompt_len], start + 4 * prompt_len
     body = payload[start:].decode()
-    return ShardRow(line, custom_id, body, key, ids, prompt_len, None if max_tokens < 0 else max_tokens)
+    budget = None if max_tokens < 0 else max_tokens
+    return ShardRow(line, custom_id, body, key, ids, prompt_len, budget, shared)
 
 
 def prompt_renders(rt: Runtime) -> PromptFn:
@@ -360,13 +361,17 @@ def write_store(
         try:
             first = next(ordered, None)  # the sort reads the whole file before its first row
             if first is not None and not summary.error_count:
+                previous: bytes | None = None  # the key of the row before, across shards
                 for record in itertools.chain([first], ordered):
                     if writer is None or writer.rows >= per_shard:
                         if writer is not None:
                             writer.close()
                         shard_keys.append(f"batches/{batch_id}/shards/{len(shard_keys):06d}.parquet")
                         writer = ShardWriter(rt.store, shard_keys[-1], settings.unit_size, spill)
-                    writer.add(_row(*record))
+                    # what the row's prompt shares with the one run before it: its predicted cache hit
+                    shared = 0 if previous is None else common_prefix_tokens(previous, record[0])
+                    previous = record[0]
+                    writer.add(_row(*record, shared))
                 if writer is not None:
                     writer.close()
                     writer = None
@@ -512,6 +517,9 @@ def _validate(rt: Runtime, batch_id: str, input_key: str, endpoint: str, default
         else:
             batch.model = summary.model
             batch.request_total = summary.rows
+            # the plan's prediction, fixed with the units (their rows never change)
+            batch.planned_prompt_tokens = sum(unit.prompt_tokens for unit in units)
+            batch.planned_cached_tokens = sum(unit.cached_tokens for unit in units)
             units_made = [
                 WorkUnit(
                     batch_id=batch_id,
@@ -522,6 +530,8 @@ def _validate(rt: Runtime, batch_id: str, input_key: str, endpoint: str, default
                     first_line=unit.first_line,
                     n_requests=unit.n_requests,
                     prefix_key=unit.prefix_key[:PREFIX_KEY_BYTES],
+                    planned_prompt_tokens=unit.prompt_tokens,
+                    planned_cached_tokens=unit.cached_tokens,
                 )
                 for seq, unit in enumerate(units)
             ]

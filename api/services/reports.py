@@ -52,7 +52,9 @@ class ReportRow:
     Money in dollars: ``cost`` is what the tiers charge (engine cost x multiplier); the per-1M rates
     divide the charged parts by uncached prompt, cached prompt and output tokens. ``saving`` compares
     the charge of the batches that have a list price with that list price. Means of fill, MFU and
-    MBU are weighted by the engine seconds of the work units that have them.
+    MBU are weighted by the engine seconds of the work units that have them. ``cache_hit_rate`` is
+    what vLLM reported (cached / prompt tokens); ``planned_cache_hit_rate`` what the batches'
+    prefix-sorted plans predicted (planned cached / planned prompt tokens, of every request).
     """
 
     tenant: str
@@ -72,6 +74,7 @@ class ReportRow:
     list_price: float | None
     saving: float | None
     cache_hit_rate: float | None
+    planned_cache_hit_rate: float | None
     mean_fill: float | None
     mfu: float | None
     mbu: float | None
@@ -94,6 +97,8 @@ class _Sums:
     cached_tokens: int = 0
     uncached_tokens: int = 0
     output_tokens: int = 0
+    planned_prompt_tokens: int = 0
+    planned_cached_tokens: int = 0
     engine_seconds: float = 0.0
     list_micros: int | None = None
     charged: int = 0  # micro-dollars, each batch's charge rounded on its own
@@ -108,7 +113,8 @@ class _Sums:
     def add(self, other: _Sums) -> None:
         for name in (
             "batches", "requests_completed", "requests_failed", "prompt_tokens", "cached_tokens",
-            "uncached_tokens", "output_tokens", "engine_seconds", "charged", "charged_input",
+            "uncached_tokens", "output_tokens", "planned_prompt_tokens", "planned_cached_tokens",
+            "engine_seconds", "charged", "charged_input",
             "charged_cached", "charged_output", "charged_listed",
         ):  # fmt: skip
             setattr(self, name, getattr(self, name) + getattr(other, name))
@@ -169,6 +175,8 @@ def usage_report(
         func.sum(Batch.completion_tokens),
         func.sum(Batch.engine_seconds),
         func.sum(Batch.list_price_micros),  # NULL when no batch of the group has one
+        func.sum(Batch.planned_prompt_tokens),
+        func.sum(Batch.planned_cached_tokens),
     )
     weighted = []
     for name in _UNIT_METRICS:
@@ -201,7 +209,7 @@ def usage_report(
     outcomes: list[BatchOutcome] = []
     with rt.db.read() as s:
         consistent_snapshot(s, rt.db.is_sqlite)
-        for name, mdl, n, done, failed, prompt, cached, unc, output, secs, listed in s.execute(
+        for name, mdl, n, done, failed, prompt, cached, unc, output, secs, listed, *plan in s.execute(
             totals.join(Tenant, Tenant.id == Batch.tenant_id).where(*where).group_by(Tenant.name, Batch.model)
         ):
             g = groups[(name, mdl or NO_MODEL)]
@@ -209,6 +217,7 @@ def usage_report(
             g.prompt_tokens, g.cached_tokens, g.uncached_tokens = as_int(prompt), as_int(cached), as_int(unc)
             g.output_tokens, g.engine_seconds = as_int(output), float(secs or 0.0)
             g.list_micros = None if listed is None else int(listed)
+            g.planned_prompt_tokens, g.planned_cached_tokens = as_int(plan[0]), as_int(plan[1])
         for name, mdl, *sums in s.execute(
             units.join(Tenant, Tenant.id == Batch.tenant_id).where(*where).group_by(Tenant.name, Batch.model)
         ):
@@ -260,6 +269,7 @@ def _row(tenant: str, model: str, g: _Sums, sla: SlaSummary | None) -> ReportRow
         list_price=None if g.list_micros is None else g.list_micros / d,
         saving=1 - g.charged_listed / g.list_micros if g.list_micros else None,
         cache_hit_rate=ratio(g.cached_tokens, g.prompt_tokens),
+        planned_cache_hit_rate=ratio(g.planned_cached_tokens, g.planned_prompt_tokens),
         mean_fill=ratio(g.weighted["mean_fill"], g.weights["mean_fill"]),
         mfu=ratio(g.weighted["mfu"], g.weights["mfu"]),
         mbu=ratio(g.weighted["mbu"], g.weights["mbu"]),

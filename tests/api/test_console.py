@@ -309,6 +309,7 @@ def test_job_page_costs_timeline_and_throughput_chart(app, runtime, keys, alpha)
         row.request_total, row.request_completed, row.completion_tokens = 20, 16, 1600
         row.prompt_tokens, row.cached_tokens, row.cost_micros, row.cost_output_micros = 4000, 1000, 2500, 2000
         row.list_price_micros = 10_000
+        row.planned_prompt_tokens, row.planned_cached_tokens = 4000, 2400  # what the plan predicted
         for seq, (a, b) in enumerate([(0, 40), (20, 60)]):
             s.add(WorkUnit(
                 batch_id=row.id, seq=seq, model="demo", shard_key=f"k{seq}", first_line=seq * 8, n_requests=8,
@@ -320,6 +321,13 @@ def test_job_page_costs_timeline_and_throughput_chart(app, runtime, keys, alpha)
     assert 'id="count-completed">16<' in page and 'id="saving">75.0%<' in page
     assert 'id="cost-total">$0.0025<' in page
     assert re.search(r"created</span>.*in progress</span>.*\+5s</span>.*deadline</span>", page, re.S)
+    # the cache hit rate vLLM reported, and the one the prefix-sorted plan predicted beside it
+    assert re.search(r'id="cache-hit">25\.0% <span class="sub planned">\(plan 60\.0%\)</span>', page)
+    listing = html(alpha.get("/console/jobs"))
+    row_html = listing[listing.index(f'id="job-{batch["id"]}"') :]
+    assert re.search(
+        r">25\.0% <span class=\"sub planned\">\(plan 60\.0%\)</span>", row_html.split("</tr>")[0]
+    )
 
 
 def test_throughput_spreads_each_unit_over_its_run():

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from api.cli import main
-from api.report_format import dollars, format_csv, format_json, format_table
+from api.report_format import dollars, format_csv, format_json, format_parquet, format_table
 from api.services.reports import ReportRow, parse_since, usage_report
 from api.services.tenants import create_tenant
 from storage.models import Batch, StoredFile, WorkUnit
@@ -66,12 +66,13 @@ def seed(rt: Runtime) -> None:
             sla_met=True, request_total=10, request_completed=10, prompt_tokens=1000, cached_tokens=400,
             completion_tokens=500, engine_seconds=20.0, cost_micros=3001, cost_input_micros=1001,
             cost_cached_micros=500, cost_output_micros=1500, price_multiplier=1.5, list_price_micros=10_000,
+            planned_prompt_tokens=1000, planned_cached_tokens=700,
         )  # fmt: skip
         add_batch(
             s, a, "demo", "expired", T + 200, units=[(10.0, None, 0.2, None)],
             sla_met=False, request_total=8, request_completed=5, request_failed=3, prompt_tokens=600,
             completion_tokens=300, engine_seconds=10.0, cost_micros=1003, cost_input_micros=501,
-            cost_output_micros=502, price_multiplier=1.5,
+            cost_output_micros=502, price_multiplier=1.5, planned_prompt_tokens=600, planned_cached_tokens=260,
         )  # fmt: skip
         # alpha/other: the last second of the window
         add_batch(
@@ -87,13 +88,14 @@ def seed(rt: Runtime) -> None:
             sla_met=True, request_total=20, request_completed=20, prompt_tokens=2000, cached_tokens=1000,
             completion_tokens=1000, engine_seconds=40.0, cost_micros=7000, cost_input_micros=3000,
             cost_cached_micros=1000, cost_output_micros=3000, price_multiplier=0.75, list_price_micros=20_000,
+            planned_prompt_tokens=2000, planned_cached_tokens=1600,
         )  # fmt: skip
         add_batch(s, b, "demo", "cancelled", T + 300)
         # left out: finished at the window's end, before its start, still running, still cancelling
         noise = dict(
             request_total=99, request_completed=99, prompt_tokens=9999, completion_tokens=9999, sla_met=False,
             engine_seconds=999.0, cost_micros=999_999, price_multiplier=1.0, list_price_micros=1,
-            units=[(500.0, 0.01, 0.01, 0.01)],
+            units=[(500.0, 0.01, 0.01, 0.01)], planned_prompt_tokens=9999, planned_cached_tokens=1,
         )  # fmt: skip
         add_batch(s, a, "demo", "completed", UNTIL, **noise)
         add_batch(s, a, "demo", "completed", T - 1, **noise)
@@ -131,6 +133,7 @@ def test_report_rows_totals_and_window(seeded):
     assert ad.list_price == 0.01
     assert ad.saving == 1 - 4502 / 10_000  # only the batch that has a list price
     assert ad.cache_hit_rate == 0.25
+    assert ad.planned_cache_hit_rate == (700 + 260) / 1600  # what the plans predicted, beside it
     assert ad.mean_fill == pytest.approx((0.8 * 15 + 0.4 * 5) / 20)
     assert ad.mfu == pytest.approx((0.3 * 15 + 0.2 * 10) / 25)
     assert ad.mbu == pytest.approx((0.5 * 15 + 0.1 * 5) / 20)
@@ -146,12 +149,16 @@ def test_report_rows_totals_and_window(seeded):
     invalid = rows_by[("alpha", "-")]
     assert invalid.batches == 1 and invalid.cost == 0 and invalid.cost_per_1m_tokens is None
     assert invalid.list_price is None and invalid.saving is None and invalid.cache_hit_rate is None
+    assert (
+        invalid.planned_cache_hit_rate is None and rows_by[("alpha", "other")].planned_cache_hit_rate is None
+    )
     assert (invalid.sla_batches, invalid.sla_attainment, invalid.goodput_batches_per_hour) == (0, None, 0.0)
 
     bd = rows_by[("beta", "demo")]
     assert (bd.batches, bd.requests_completed, bd.cost, bd.list_price) == (2, 20, 5250 / 1e6, 0.02)
     assert (bd.sla_batches, bd.sla_met, bd.sla_attainment) == (1, 1, 1.0)  # the cancelled one has no verdict
     assert bd.mean_fill == pytest.approx(0.5)
+    assert bd.planned_cache_hit_rate == 0.8
 
     total = rows_by[("*", "*")]
     assert (total.batches, total.requests_completed, total.requests_failed) == (6, 39, 3)
@@ -164,6 +171,7 @@ def test_report_rows_totals_and_window(seeded):
     assert total.goodput_batches_per_hour == 1.5
     assert total.goodput_requests_per_hour == (10 + 4 + 20) / 2
     assert total.mean_fill == pytest.approx((12 + 2 + 20) / 60)
+    assert total.planned_cache_hit_rate == (960 + 1600) / 3600
 
     # the bounds: [since, until)
     later = by_key(usage_report(seeded, T + 1, UNTIL, None, None))
@@ -233,8 +241,17 @@ def test_formats(seeded):
     assert float(parsed[1]["cost"]) == 6007 / 1e6 and int(parsed[1]["batches"]) == 2
     assert float(parsed[-1]["sla_attainment"]) == 0.75
     assert parsed[0]["saving"] == "" and parsed[0]["sla_attainment"] == ""  # None
+    assert float(parsed[1]["planned_cache_hit_rate"]) == 0.6 and parsed[0]["planned_cache_hit_rate"] == ""
 
     assert json.loads(format_json(rows)) == [asdict(r) for r in rows]
+    assert json.loads(format_json(rows))[1]["planned_cache_hit_rate"] == 0.6
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(io.BytesIO(format_parquet(rows)))
+    assert table.schema.field("planned_cache_hit_rate").type == pa.float64()
+    assert table.column("planned_cache_hit_rate").to_pylist() == [r.planned_cache_hit_rate for r in rows]
 
     lines = format_table(rows).splitlines()
     assert len({len(line) for line in lines}) == 1  # aligned: every line as wide as the header
@@ -246,6 +263,8 @@ def test_formats(seeded):
     ]  # fmt: skip
     assert set(lines[-2]) == {"-", " "}  # a rule above the total
     assert "0.006007" in body[1] and "25.0%" in body[1] and "1/2" in body[1] and "50.0%" in body[1]
+    assert "plan hit" in lines[0]  # the planned hit rate, right after the reported one
+    assert body[1][body[1].index("25.0%") + 1] == "60.0%"
     assert "0.01226" in body[-1] and "3/4" in body[-1] and "75.0%" in body[-1]
 
 

@@ -107,6 +107,7 @@ def test_batch_create_and_object_shape(client, keys):
     assert batch["x_freight"] == {
         "priority": 7, "deadline": batch["expires_at"], "eta": None, "at_risk": False,
         "at_risk_since": None, "sla_met": None, "warnings": [], "cache_hit_rate": None,
+        "planned_cache_hit_rate": None,
         "cost": {
             "currency": "usd", "engine_seconds": 0.0, "engine_cost": 0.0, "price_multiplier": 1.0,
             "total": 0.0,

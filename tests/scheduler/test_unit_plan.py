@@ -1,8 +1,18 @@
-"""Cutting shards into work units from their columns (pure)."""
+"""Cutting shards into work units from their columns, and the cache hits they predict (pure)."""
 
 from __future__ import annotations
 
-from scheduler.unit_plan import ShardColumns, plan_units
+from hypothesis import given
+from hypothesis import strategies as st
+
+from scheduler.ordering import prompt_key
+from scheduler.unit_plan import (
+    ShardColumns,
+    kv_block_size,
+    plan_units,
+    predicted_cached_tokens,
+    shared_prefix_tokens,
+)
 
 
 def shard(key: str, lens: list[int], budgets: list[int | None]) -> ShardColumns:
@@ -30,3 +40,60 @@ def test_token_budget_cuts_heavy_units_and_keeps_a_large_row_alone():
     units = list(plan_units([s], unit_size=100, default_max_tokens=0, unit_tokens=60))
     assert [(u.row_start, u.n_requests) for u in units] == [(0, 2), (2, 1), (3, 3)]
     assert sum(u.n_requests for u in units) == 6
+
+
+# --- the plan's predicted prefix-cache hits ------------------------------------------------------
+
+sizes = st.sampled_from([16, 32, 128])
+
+
+@given(shared=st.integers(-5, 5000), prompt_len=st.integers(0, 5000), block=sizes)
+def test_predicted_hits_are_whole_blocks_of_at_most_the_prompt_but_its_last_token(shared, prompt_len, block):
+    hit = predicted_cached_tokens(shared, prompt_len, block)
+    assert 0 <= hit <= max(0, prompt_len - 1)
+    assert hit <= max(0, shared)
+    assert hit % block == 0
+    assert hit + block > min(max(0, shared), max(0, prompt_len - 1))  # no whole block left out
+
+
+@given(ids=st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=600), block=sizes)
+def test_identical_prompts_predict_all_but_the_last_partial_block(ids, block):
+    key = prompt_key(ids, len(ids))
+    shared = shared_prefix_tokens([key, key])
+    assert shared == [0, len(ids)]  # the first request of the batch shares nothing
+    assert predicted_cached_tokens(shared[1], len(ids), block) == (len(ids) - 1) // block * block
+
+
+def test_predicted_hits_examples():
+    assert predicted_cached_tokens(300, 1000, 128) == 256
+    assert predicted_cached_tokens(1000, 1000, 128) == 896  # 999 prompt tokens at most: 7 blocks
+    assert predicted_cached_tokens(1024, 1025, 128) == 1024
+    assert predicted_cached_tokens(127, 1000, 128) == 0
+    assert predicted_cached_tokens(5, 1, 16) == 0
+    assert kv_block_size(0) == 128 and kv_block_size(16) == 16
+
+
+def test_units_carry_the_predicted_hits_of_their_rows_in_batch_order():
+    shared_prompt = list(range(1000, 1300))  # 300 tokens every request starts with
+    keys = [prompt_key([*shared_prompt, i], 1024) for i in range(6)]
+    s1 = ShardColumns("a", [1, 2, 3, 4], keys[:4], [301] * 4, [None] * 4, shared_prefix_tokens(keys[:4]))
+    s2 = ShardColumns("b", [5, 6], keys[4:], [301] * 2, [None] * 2, shared_prefix_tokens(keys[4:], keys[3]))
+    units = list(plan_units([s1, s2], unit_size=3, default_max_tokens=1, block_size=128))
+    # the first row of the batch predicts nothing; every other shares 300 tokens: 2 blocks
+    assert [(u.shard_key, u.n_requests, u.cached_tokens) for u in units] == [
+        ("a", 3, 2 * 256), ("a", 1, 256), ("b", 2, 2 * 256)
+    ]  # fmt: skip
+    # without the column, from the (shorter) prefix keys, across shards too
+    short = [k[:128] for k in keys]  # 32 tokens: shared, but not a whole 16-token block more
+    s1 = ShardColumns("a", [1, 2, 3, 4], short[:4], [301] * 4, [None] * 4)
+    s2 = ShardColumns("b", [5, 6], short[4:], [301] * 2, [None] * 2)
+    units = list(plan_units([s1, s2], unit_size=3, default_max_tokens=1, block_size=16))
+    assert [u.cached_tokens for u in units] == [2 * 32, 32, 2 * 32]
+
+
+def test_unique_prompts_predict_nothing():
+    keys = [prompt_key([i, *range(50)], 1024) for i in range(8)]
+    s = ShardColumns("a", list(range(8)), keys, [51] * 8, [None] * 8, shared_prefix_tokens(keys))
+    assert (
+        sum(u.cached_tokens for u in plan_units([s], unit_size=4, default_max_tokens=1, block_size=16)) == 0
+    )

@@ -66,3 +66,12 @@ def test_planning_reads_only_its_columns(store):
     assert table.column_names == list(PLAN_COLUMNS)
     assert table.column("prompt_len").to_pylist() == [2] * 10
     assert table.column("prefix_key").to_pylist()[3] == prompt_key([3, 4], 32)
+
+
+def test_shared_tokens_round_trip(store):
+    from dataclasses import replace
+
+    rows = [replace(row(i, [7, 7, i]), shared_tokens=0 if i == 0 else 2) for i in range(6)]
+    key = write(store, rows, 4)
+    assert read_columns(store, key).column("shared_tokens").to_pylist() == [0, 2, 2, 2, 2, 2]
+    assert [r.shared_tokens for r in read_rows(store, key, 3, 2)] == [2, 2]
