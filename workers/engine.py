@@ -41,6 +41,11 @@ log = logging.getLogger(__name__)
 ABORTED_STATUS = 499
 ABORT_POLL_SECONDS = 0.5
 WINDOW_PER_SEQ = 2  # sequences held in the engine (running + waiting) per max_num_seqs
+# while the KV cache, not max_num_seqs, bounds the running batch: sequences waiting in vLLM beyond
+# the running ones, per max_num_seqs (at least 2). vLLM serves its waiting queue first come, first
+# served, so everything past what it can start soon is better left on Freight's feed, where a later
+# job's requests can still be ordered next to their prefix-mates (scheduler/feed_order.py)
+KV_BOUND_WAITING_PER_SEQ = 1 / 8
 
 
 @dataclass(frozen=True)
@@ -216,6 +221,8 @@ class Engine:
         self.dtype = str(llm.model_config.dtype).removeprefix("torch.")  # what it computes in
         self._llm = llm
         self._counters: _Counters = _Counters()
+        self._running = 0  # requests still running after the last step
+        self._kv_bound = False  # the last step left requests waiting with sequence slots free
         self._default_sampling = dict(llm.model_config.get_diff_sampling_param())
         self._next_id = 0
         self._live: dict[str, _InFlight] = {}  # vLLM request id -> what it is
@@ -314,8 +321,16 @@ class Engine:
 
     @property
     def window(self) -> int:
-        """Sequences to keep in the engine (running + waiting) so no step finds a free slot idle."""
-        return max(1, WINDOW_PER_SEQ * self.config.max_num_seqs)
+        """Sequences to keep in the engine (running + waiting) so no step finds a free slot idle.
+
+        While sequence slots bound the batch, twice max_num_seqs, so a step that frees every slot
+        finds as many waiting. While the KV cache bounds it (the last step left requests waiting
+        with slots free), only a few beyond those running: vLLM could not start more anyway, and
+        the order of the rest is still the feed's to decide."""
+        seqs = self.config.max_num_seqs
+        if self._kv_bound:
+            return max(1, self._running + max(2, round(KV_BOUND_WAITING_PER_SEQ * seqs)))
+        return max(1, WINDOW_PER_SEQ * seqs)
 
     @property
     def load(self) -> int:
@@ -345,9 +360,11 @@ class Engine:
     def step(self) -> list[EngineResult]:
         """One engine step; the results of the requests that finished in it."""
         results: list[EngineResult] = []
+        finished = 0
         for output in self._llm.step():
             if not getattr(output, "finished", False):
                 continue
+            finished += 1
             entry = self._live.pop(output.request_id, None)
             if entry is None:
                 continue  # aborted meanwhile
@@ -355,6 +372,11 @@ class Engine:
             result = self._finish(entry, output)
             self._count(result)
             results.append(result)
+        # the requests still running, and whether vLLM left some waiting with sequence slots free:
+        # then its KV cache, not max_num_seqs, is what bounds the batch (see ``window``)
+        advanced = self._counters.advanced
+        self._running = max(0, advanced - finished)
+        self._kv_bound = len(self._live) > self._running and advanced < self.config.max_num_seqs
         return results
 
     def abort(self, keys: Iterable[str]) -> list[EngineResult]:
