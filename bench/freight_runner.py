@@ -153,11 +153,12 @@ class FreightStack:
             "unit_size": s.unit_size,
             "queue_depth": s.queue_depth,
             "tick_seconds": s.tick_seconds,
+            "prefix_cache_sharing": getattr(s, "prefix_cache_sharing", None),  # None: a Freight without it
             "startup_s": self.startup_s,
             "env": {
                 k: v
                 for k, v in self.env.items()
-                if k.startswith(("FREIGHT_ENGINE_", "FREIGHT_UNIT", "VLLM_CPU"))
+                if k.startswith(("FREIGHT_ENGINE_", "FREIGHT_UNIT", "FREIGHT_PREFIX_CACHE", "VLLM_CPU"))
             },
         }
 

@@ -1,20 +1,27 @@
-"""The scheduler benchmark (issue #3): three systems, four workloads, two KV cache sizes.
+"""The scheduler benchmark (issues #3, #24): four systems, five workloads, two KV cache sizes.
 
     python -m bench.scheduler [--quick] [--eager] [--out PATH] [--model DIR]
-                              [--workloads unique,shared_prefix,system_prompts,multi_job]
-                              [--kv default,tight] [--systems engine,runbatch,freight]
+                              [--workloads unique,shared_prefix,system_prompts,multi_job,
+                                           multi_job_shared_prefix]
+                              [--kv default,tight] [--systems engine,engine_sorted,runbatch,freight]
 
 Systems, all at the same limits (max_num_seqs, max_num_batched_tokens, max_model_len, KV cache,
 prefix caching on, compiled unless --eager, VLLM_CPU_NUM_OF_RESERVED_CPU=0):
   engine    (a) vLLM `LLM.chat` in-process on the lines in file order; engine start-up excluded
             (bench/engine_baseline.py), prefix cache reset between files.
+  engine_sorted  the same engine on the same lines sorted by rendered prompt token ids (the chat
+            template applied by the tokenizer), in the prefix workloads (PREFIX_WORKLOADS).
   runbatch  (b) `python -m vllm.entrypoints.openai.run_batch` on the same file, whole process
             (bench/runbatch_baseline.py).
   freight   (c) Freight end to end through the Batch API with the `openai` client, from the first
             upload to the last output file, on a stack already warm (bench/freight_runner.py).
 
-Workloads (bench/workloads.py, fixed seeds): unique, shared_prefix, system_prompts, and
-multi_job = the unique lines as 20 batches of 3 tenants submitted together.
+Workloads (bench/workloads.py, fixed seeds): unique, shared_prefix, system_prompts,
+multi_job = the unique lines as 20 batches of 3 tenants submitted together, and
+multi_job_shared_prefix = 40 few-shot prompts x 30 items, which Freight runs in four modes
+(run_multi_job_shared_prefix): as one job; as 3 tenants x 2 jobs (global cache sharing); the same
+jobs with FREIGHT_PREFIX_CACHE_SHARING=tenant; and one job per tenant with tenant sharing. The
+plan's ideal cache hit rate (bench/prefix.py) is that of the lines prefix-sorted as one job.
 
 shared_prefix and system_prompts: one engine process and one Freight stack per KV size, each
 file run once. unique and multi_job (targets near 1, where the machine's drift matters): paired
@@ -23,8 +30,10 @@ once, each repeat gives all three the same fresh file while the other two are pa
 target ratios are the medians of the per-repeat ratios.
 
 KV sizes: "default" = Freight's default FREIGHT_ENGINE_KV_CACHE_GIB; "tight" = per workload,
-max_num_seqs x blocks per request (longest prompt + output, in 128-token blocks) x TIGHT_FACTOR,
-so the running batch fits and little else: which prefixes stay cached is decided by order.
+max_num_seqs x blocks per request (longest prompt + output, in --block-size blocks) x TIGHT_FACTOR,
+so the running batch fits and little else: which prefixes stay cached is decided by order. For
+multi_job_shared_prefix, whose 64 running requests share a few prompts, "tight" holds
+PREFIX_TIGHT_SHARE of its shared prefix tokens (16k of 32k): a batch and a few prompts.
 
 Writes bench/results/scheduler.json (--quick: scheduler-quick.json, every workload 10x smaller)
 and prints a table. A system that fails gets {"error": ...} in its cell; the rest goes on.
@@ -69,15 +78,26 @@ BLOCK_SIZE = 32
 TIGHT_FACTOR = 1.05  # 5% headroom over the running batch: about three spare documents of shared_prefix
 QUICK_SCALE = 0.1
 ENGINE_TIMEOUT_S = 3600
-WORKLOADS = ("unique", "shared_prefix", "system_prompts", "multi_job")
+MJSP = "multi_job_shared_prefix"
+WORKLOADS = ("unique", "shared_prefix", "system_prompts", "multi_job", MJSP)
+PREFIX_WORKLOADS = ("shared_prefix", "system_prompts", MJSP)  # where engine_sorted runs
 KV_CONFIGS = ("default", "tight")
-SYSTEMS = ("engine", "runbatch", "freight")
+SYSTEMS = ("engine", "engine_sorted", "runbatch", "freight")
+SORTED = "+sorted"  # run_engine's key of a workload's sorted file
+# multi_job_shared_prefix's tight KV cache: this share of its shared prefix tokens (all 40 prompts)
+PREFIX_TIGHT_SHARE = 0.5
 
-TARGETS = {  # ratio key -> minimum
-    "unique.freight_over_engine": 0.95,
-    "shared_prefix_tight_kv.freight_over_engine": 2.5,
-    "shared_prefix_tight_kv.freight_over_runbatch": 2.5,
-    "multi_job.freight_over_single_job": 0.95,
+TARGETS = {  # ratio key -> (">=" or "<=", bound)
+    "unique.freight_over_engine": (">=", 0.95),
+    "shared_prefix_tight_kv.freight_over_engine": (">=", 2.5),
+    "shared_prefix_tight_kv.freight_over_runbatch": (">=", 2.5),
+    "multi_job.freight_over_single_job": (">=", 0.95),
+    "shared_prefix_tight_kv.freight_over_engine_sorted": (">=", 0.9),
+    f"{MJSP}_tight_kv.freight_over_single_job": (">=", 0.95),
+    f"{MJSP}_tight_kv.hit_rate_gap_points": ("<=", 2.0),
+    f"{MJSP}_tight_kv.per_tenant_over_single_job_per_tenant": (">=", 0.95),
+    f"{MJSP}_tight_kv.freight_over_engine_sorted": (">=", 0.9),
+    f"{MJSP}_tight_kv.multi_job_over_engine_sorted": (">=", 0.9),
 }
 
 
@@ -175,8 +195,16 @@ def kv_plan(manifest: dict[str, Any], kv_bytes_per_token: int, block_size: int) 
         per_request = math.ceil((info["prompt_tokens_max"] + info["output_tokens_per_request"]) / block_size)
         running = MAX_NUM_SEQS * per_request
         blocks = max(math.ceil(running * TIGHT_FACTOR), math.ceil(MAX_MODEL_LEN / block_size))
+        if name == MJSP:  # its running batch shares a few prompts: hold half of all shared prefixes
+            shared = math.ceil(info["shared_prefix_tokens"] * PREFIX_TIGHT_SHARE / block_size)
+            blocks = max(shared, math.ceil(MAX_MODEL_LEN / block_size) + 1)  # vLLM keeps one block back
         plan["default"][name] = _kv_entry(default_bytes, block_bytes, running, block_size)
         plan["tight"][name] = _kv_entry(blocks * block_bytes, block_bytes, running, block_size)
+        if name == MJSP:
+            plan["tight"][name]["rule"] = (
+                f"{PREFIX_TIGHT_SHARE} x shared_prefix_tokens ({info['shared_prefix_tokens']}), "
+                "at least max_model_len and one block"
+            )
     return plan
 
 
@@ -332,9 +360,14 @@ def freight_stack(
     eager: bool,
     block_size: int,
     warmup_file: Path | None = None,
+    cache_sharing: str | None = None,
 ) -> Any:
+    """A FreightStack at the benchmark's limits; `cache_sharing` sets FREIGHT_PREFIX_CACHE_SHARING."""
     from bench.freight_runner import FreightStack
 
+    extra_env = {"FREIGHT_ENGINE_DTYPE": serving_dtype(model_dir)}
+    if cache_sharing:
+        extra_env["FREIGHT_PREFIX_CACHE_SHARING"] = cache_sharing
     return FreightStack(
         run_dir,
         model_dir,
@@ -345,8 +378,92 @@ def freight_stack(
         block_size=block_size,
         tenants=wl.TENANTS,
         warmup_file=warmup_file,
-        extra_env={"FREIGHT_ENGINE_DTYPE": serving_dtype(model_dir)},
+        extra_env=extra_env,
     )
+
+
+# multi_job_shared_prefix's Freight modes: cell -> (FREIGHT_PREFIX_CACHE_SHARING, how the lines are
+# submitted), measured in pairs of warm stacks (the two of a pair started, then run one at a time)
+MJSP_MODES = {
+    "freight_single_job": ("global", "the lines as one job (tenant-a)"),
+    "freight": ("global", "3 tenants x 2 jobs (split_multi_job_shared_prefix), submitted together"),
+    "freight_per_tenant_1job": ("tenant", "one job per tenant (its 2 jobs' lines), submitted together"),
+    "freight_per_tenant": ("tenant", "3 tenants x 2 jobs, submitted together"),
+}
+MJSP_PAIRS = (("freight_single_job", "freight"), ("freight_per_tenant_1job", "freight_per_tenant"))
+
+
+def run_multi_job_shared_prefix(
+    path: Path, kv: str, kv_bytes: int, work: Path, args: argparse.Namespace
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Freight on multi_job_shared_prefix in MJSP_MODES, one fresh stack per mode (no mode finds
+    another's prefixes cached). A pair's two stacks are started and warmed first, then each runs
+    its mode while the other is paused (SIGSTOP), so the two are measured back to back."""
+    run_dir = work / f"{MJSP}-{kv}-{kv_bytes}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    pieces = wl.split_multi_job_shared_prefix(path, run_dir / "jobs")
+    per_tenant = wl.merge_by_tenant(pieces, run_dir / "jobs", stem=f"{path.stem}-per-tenant")
+    multi = [(p["tenant"], Path(p["path"])) for p in pieces]
+    jobs = {
+        "freight_single_job": [(wl.TENANTS[0], path)],
+        "freight": multi,
+        "freight_per_tenant_1job": [(p["tenant"], Path(p["path"])) for p in per_tenant],
+        "freight_per_tenant": multi,
+    }
+    freight_kv = None if kv == "default" else kv_bytes
+    cells: dict[str, dict[str, Any]] = {}
+    settings: dict[str, Any] = {}
+    for pair in MJSP_PAIRS:
+        stacks: dict[str, Any] = {}
+        try:
+            for role in pair:
+                sharing = MJSP_MODES[role][0]
+                log(f"freight: {MJSP} {kv} KV: starting a stack for {role} (cache sharing {sharing})")
+                stack = freight_stack(
+                    run_dir / role, args.model, freight_kv, args.eager, args.block_size, cache_sharing=sharing
+                )
+                try:
+                    stacks[role] = stack.start()
+                    settings[role] = stack.settings()
+                    stack.pause()
+                except Exception as exc:
+                    traceback.print_exc()
+                    cells[role] = {"error": f"stack failed to start: {type(exc).__name__}: {exc}"[:2000]}
+            for role, stack in stacks.items():
+                log(f"freight: {MJSP} {kv} KV: {role} ({len(jobs[role])} jobs)")
+                stack.resume()
+                try:
+                    cell = with_rates(stack.run_jobs(jobs[role]))
+                    cells[role] = {**cell, "cache_sharing": MJSP_MODES[role][0], "note": MJSP_MODES[role][1]}
+                except Exception as exc:
+                    traceback.print_exc()
+                    cells[role] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+                finally:
+                    stack.pause()
+        finally:
+            for stack in stacks.values():
+                stack.stop()
+    return {role: cells[role] for role in MJSP_MODES if role in cells}, settings
+
+
+def prepare_sorted(
+    names: list[str], files: dict[str, Path], model_dir: Path, block_size: int
+) -> tuple[dict[str, Path], dict[str, float]]:
+    """For each prefix workload: its lines sorted by rendered prompt token ids (engine_sorted's
+    file, NAME-sorted.jsonl) and the plan's ideal cache hit rate at `block_size` (bench/prefix.py)."""
+    from bench.prefix import ideal_cache_hit_rate
+
+    tokenizer = wl.load_tokenizer(model_dir)
+    sorted_files: dict[str, Path] = {}
+    ideal: dict[str, float] = {}
+    for name in names:
+        if name not in PREFIX_WORKLOADS:
+            continue
+        ordered, ids = wl.sort_by_prompt(tokenizer, wl.read_jsonl(files[name]))
+        sorted_files[name] = files[name].with_name(f"{files[name].stem}-sorted.jsonl")
+        wl.write_jsonl(sorted_files[name], ordered)
+        ideal[name] = ideal_cache_hit_rate(ids, block_size)
+    return sorted_files, ideal
 
 
 def run_paired(
@@ -396,11 +513,18 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+def hit_rate(cell: dict[str, Any] | None) -> float | None:
+    return None if not cell or "error" in cell else cell.get("cache_hit_rate")
+
+
 def compute_ratios(
-    results: dict[str, Any], paired: dict[str, dict[str, list[float]]] | None = None
+    results: dict[str, Any],
+    paired: dict[str, dict[str, list[float]]] | None = None,
+    ideal: dict[str, float] | None = None,
 ) -> dict[str, dict[str, float | None]]:
     """Output-rate ratios per workload and KV size; where paired runs exist (unique, multi_job),
-    the median of the per-repeat ratios replaces the ratio of the median runs."""
+    the median of the per-repeat ratios replaces the ratio of the median runs. `ideal`: the plan's
+    ideal cache hit rate per workload (multi_job_shared_prefix's hit_rate_gap_points)."""
     from bench.interleaved import median_ratios
 
     ratios: dict[str, dict[str, float | None]] = {}
@@ -419,6 +543,28 @@ def compute_ratios(
                 entry["freight_over_single_job"] = ratio(
                     freight, output_rate(cells.get("freight_single_job"))
                 )
+            engine_sorted = output_rate(cells.get("engine_sorted"))
+            if "engine_sorted" in cells:
+                entry["engine_sorted_over_engine"] = ratio(engine_sorted, output_rate(cells.get("engine")))
+                entry["freight_over_engine_sorted"] = ratio(freight, engine_sorted)
+            if name == MJSP:  # "freight" is the multi-job run (b), as in multi_job
+                single = output_rate(cells.get("freight_single_job"))
+                best, measured = (ideal or {}).get(name), hit_rate(cells.get("freight"))
+                entry.update(
+                    {
+                        "freight_over_single_job": ratio(freight, single),
+                        "per_tenant_over_single_job_per_tenant": ratio(
+                            output_rate(cells.get("freight_per_tenant")),
+                            output_rate(cells.get("freight_per_tenant_1job")),
+                        ),
+                        "freight_over_engine_sorted": ratio(single, engine_sorted),
+                        "multi_job_over_engine_sorted": ratio(freight, engine_sorted),
+                        "ideal_hit_rate": best,
+                        "hit_rate_gap_points": (
+                            None if best is None or measured is None else 100 * (best - measured)
+                        ),
+                    }
+                )
             ratios[key] = entry
     for key, fields in median_ratios(paired or {}).items():
         for field, value in fields.items():
@@ -431,11 +577,19 @@ def compute_ratios(
 
 
 def evaluate_targets(ratios: dict[str, dict[str, float | None]]) -> dict[str, dict[str, Any]]:
+    """{key: {value, bound, op, min | max, pass}} (pass null when not measured)."""
     out = {}
-    for key, minimum in TARGETS.items():
+    for key, (op, bound) in TARGETS.items():
         group, field = key.split(".")
         value = ratios.get(group, {}).get(field)
-        out[key] = {"min": minimum, "value": value, "pass": None if value is None else value >= minimum}
+        passed = None if value is None else (value >= bound if op == ">=" else value <= bound)
+        out[key] = {
+            "value": value,
+            "bound": bound,
+            "op": op,
+            ("min" if op == ">=" else "max"): bound,
+            "pass": passed,
+        }
     return out
 
 
@@ -445,30 +599,30 @@ def _fmt(value: Any, spec: str) -> str:
 
 def table(results: dict[str, Any], ratios: dict[str, Any], targets: dict[str, Any]) -> str:
     rows = [
-        f"{'workload':15s} {'kv':8s} {'system':19s} {'wall s':>8s} {'out tok/s':>10s} {'prompt tok/s':>12s}"
+        f"{'workload':23s} {'kv':8s} {'system':23s} {'wall s':>8s} {'out tok/s':>10s} {'prompt tok/s':>12s}"
         f" {'hit':>6s} {'fill':>6s} {'err':>4s}"
     ]
     for name, by_kv in results.items():
         for kv, cells in by_kv.items():
             for system, cell in cells.items():
                 if "error" in cell:
-                    rows.append(f"{name:15s} {kv:8s} {system:19s} ERROR {cell['error'][:70]!r}")
+                    rows.append(f"{name:23s} {kv:8s} {system:23s} ERROR {cell['error'][:70]!r}")
                     continue
                 rows.append(
-                    f"{name:15s} {kv:8s} {system:19s} {_fmt(cell.get('wall_s'), '8.1f')}"
+                    f"{name:23s} {kv:8s} {system:23s} {_fmt(cell.get('wall_s'), '8.1f')}"
                     f" {_fmt(cell.get('output_tok_s'), '10.1f')} {_fmt(cell.get('prompt_tok_s'), '12.1f')}"
                     f" {_fmt(cell.get('cache_hit_rate'), '6.1%')} {_fmt(cell.get('batch_fill'), '6.1%')}"
                     f" {_fmt(cell.get('errors'), '4d')}"
                 )
     rows.append("")
-    rows.append("ratios (output tok/s):")
+    rows.append("ratios (output tok/s; hit_rate_gap_points in points, ideal_hit_rate a fraction):")
     for key, entry in ratios.items():
         parts = [f"{k}={_fmt(v, '.2f')}" for k, v in entry.items()]
-        rows.append(f"  {key:26s} {'  '.join(parts)}")
+        rows.append(f"  {key:32s} {'  '.join(parts)}")
     rows.append("targets:")
     for key, t in targets.items():
         verdict = {True: "PASS", False: "FAIL", None: "n/a"}[t["pass"]]
-        rows.append(f"  {key:46s} >= {t['min']:<5} {_fmt(t['value'], '6.2f')}  {verdict}")
+        rows.append(f"  {key:70s} {t['op']} {t['bound']:<5} {_fmt(t['value'], '6.2f')}  {verdict}")
     return "\n".join(rows)
 
 
@@ -525,6 +679,9 @@ def main(argv: list[str] | None = None) -> int:
     unique_files = [work / "workloads" / f for f in manifest["unique_repeat_files"]]
     model = model_facts(args.model)
     plan = kv_plan(manifest, model["kv_bytes_per_token"], args.block_size)
+    sorted_files, ideal = prepare_sorted(names, files, args.model, args.block_size)
+    for name, rate in ideal.items():
+        manifest["workloads"][name][f"ideal_cache_hit_rate_block{args.block_size}"] = rate
     results: dict[str, dict[str, dict[str, Any]]] = {n: {kv: {} for kv in kvs} for n in names}
     freight_settings: dict[str, Any] = {}
     paired: dict[str, dict[str, list[float]]] = {}  # ratio group -> ratio -> value per repeat
@@ -538,13 +695,20 @@ def main(argv: list[str] | None = None) -> int:
             # unique and multi_job: paired runs with all systems warm at once (bench/interleaved.py)
             paired_names = [n for n in group if n in ("unique", "multi_job")]
             rest = [n for n in group if n not in paired_names]
-            if "engine" in systems and rest:
-                log(f"engine: {kv} KV ({kv_bytes} bytes): {', '.join(rest)}")
+            engine_files = {n: files[n] for n in rest} if "engine" in systems else {}
+            if "engine_sorted" in systems:  # the same engine, the prefix workloads' sorted files
+                engine_files.update({n + SORTED: sorted_files[n] for n in rest if n in sorted_files})
+            if engine_files:
+                log(f"engine: {kv} KV ({kv_bytes} bytes): {', '.join(engine_files)}")
                 engine_cells = run_engine(
-                    {n: files[n] for n in rest}, kv_bytes, work, args.eager, args.model, args.block_size
+                    engine_files, kv_bytes, work, args.eager, args.model, args.block_size
                 )
-                for name, cell in engine_cells.items():
-                    results[name][kv]["engine"] = cell
+                for key, cell in engine_cells.items():
+                    if key.endswith(SORTED):
+                        note = "the lines sorted by rendered prompt token ids"
+                        results[key.removesuffix(SORTED)][kv]["engine_sorted"] = {**cell, "note": note}
+                    else:
+                        results[key][kv]["engine"] = cell
             if "runbatch" in systems:
                 for name in rest + (["unique"] if paired_names else []):
                     log(f"run-batch: {name}, {kv} KV ({kv_bytes} bytes)")
@@ -556,10 +720,11 @@ def main(argv: list[str] | None = None) -> int:
                             **cell,
                             "note": "the same lines in one file (unique)",
                         }
-            if "freight" in systems and rest:
-                log(f"freight: {kv} KV ({kv_bytes} bytes): starting a stack for {', '.join(rest)}")
+            one_batch = [n for n in rest if n != MJSP]  # one stack, each file as one batch
+            if "freight" in systems and one_batch:
+                log(f"freight: {kv} KV ({kv_bytes} bytes): starting a stack for {', '.join(one_batch)}")
                 cells, settings = run_freight(
-                    rest,
+                    one_batch,
                     files,
                     None if kv == "default" else kv_bytes,
                     work,
@@ -568,9 +733,14 @@ def main(argv: list[str] | None = None) -> int:
                     args.block_size,
                 )
                 if settings:
-                    freight_settings[f"{kv}:{'+'.join(rest)}"] = settings
+                    freight_settings[f"{kv}:{'+'.join(one_batch)}"] = settings
                 for name, cell in cells.items():
                     results[name][kv]["freight"] = cell
+            if "freight" in systems and MJSP in rest:
+                cells, settings_by_role = run_multi_job_shared_prefix(files[MJSP], kv, kv_bytes, work, args)
+                results[MJSP][kv].update(cells)
+                for role, settings in settings_by_role.items():
+                    freight_settings[f"{kv}:{MJSP}:{role}"] = settings
             if paired_names and ({"engine", "freight"} & set(systems)):
                 cells_by_name, ratio_lists, settings_by_role = run_paired(
                     paired_names, systems, kv, kv_bytes, work, args, unique_files
@@ -585,10 +755,10 @@ def main(argv: list[str] | None = None) -> int:
             out_path.parent.mkdir(parents=True, exist_ok=True)
             out_path.write_text(json.dumps(partial, indent=2, default=str) + "\n")
 
-    ratios = compute_ratios(results, paired)
+    ratios = compute_ratios(results, paired, ideal)
     targets = evaluate_targets(ratios)
     report = {
-        "benchmark": "scheduler (issue #3)",
+        "benchmark": "scheduler (issues #3, #24)",
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "quick": args.quick,
         "duration_s": round(time.monotonic() - began, 1),
@@ -610,6 +780,8 @@ def main(argv: list[str] | None = None) -> int:
             "engine": "vllm.LLM(..., enable_prefix_caching=True, seed=0, disable_log_stats=False); one "
             "LLM.chat call per file, lines in file order; start-up, 8 warm-up requests (and for unique, "
             "unique-warmup.jsonl) excluded; prefix cache reset before each file",
+            "engine_sorted": "the engine (same process and limits) on NAME-sorted.jsonl: the lines sorted "
+            "by their prompt token ids (tokenizer.apply_chat_template, generation prompt added)",
             "runbatch": "python -m vllm.entrypoints.openai.run_batch --enable-prompt-tokens-details "
             "--enable-metrics (gauge scraped for fill) --seed 0, limits as above; whole process timed",
             "freight": freight_settings,
@@ -631,6 +803,13 @@ def main(argv: list[str] | None = None) -> int:
             "paused (SIGSTOP), in an order rotating per repeat. Cells are the median run; the ratios "
             "unique.freight_over_engine and multi_job.freight_over_single_job (and multi_job."
             "freight_over_engine) are medians of the per-repeat ratios in paired_ratios",
+            "multi_job_shared_prefix: freight_single_job = (a) the lines as one job, freight = (b) 3 "
+            "tenants x 2 jobs submitted together (FREIGHT_PREFIX_CACHE_SHARING=global), "
+            "freight_per_tenant = (c) the same jobs with FREIGHT_PREFIX_CACHE_SHARING=tenant, "
+            "freight_per_tenant_1job = (d) one job per tenant, tenant sharing; a fresh stack per mode, "
+            "the stacks of (a, b) and of (d, c) warm together and measured back to back. "
+            "ideal_hit_rate: the lines prefix-sorted as one job, sum of floor(lcp(prev, cur) / block) "
+            "* block over prompt tokens; hit_rate_gap_points = 100 x (ideal - (b)'s hit rate)",
         ],
     }
     out_path.parent.mkdir(parents=True, exist_ok=True)

@@ -2,8 +2,10 @@
 
     python -m bench.workloads OUT_DIR [--scale 0.1] [--model models/demo]
 
-writes OUT_DIR/unique.jsonl, shared_prefix.jsonl, system_prompts.jsonl and manifest.json (requests
-and measured prompt tokens per workload). `split_multi_job` cuts a file into the multi-job pieces.
+writes OUT_DIR/unique.jsonl, shared_prefix.jsonl, system_prompts.jsonl, multi_job_shared_prefix.jsonl
+and manifest.json (requests and measured prompt tokens per workload). `split_multi_job` cuts a file
+into the multi-job pieces; `split_multi_job_shared_prefix` deals multi_job_shared_prefix over the
+tenants' jobs.
 
 Text is random words from the fixed list below, drawn with `random.Random(seed)`; lengths are
 measured with the demo model's own tokenizer, so "a 1,000-token document" is 1,000 tokens of the
@@ -18,6 +20,12 @@ model that runs it. The same seed, scale and tokenizer give byte-identical files
   SYSTEM_PROMPT_TOKENS tokens, each with its own short user message; shuffled.
 * multi_job (split_multi_job): a file cut into MULTI_JOB_BATCHES consecutive pieces, tenants
   assigned round-robin over TENANTS.
+* multi_job_shared_prefix: few-shot classification run by several teams: FEW_SHOT_PROMPTS system
+  messages of about FEW_SHOT_PROMPT_TOKENS tokens (a task line and FEW_SHOT_EXAMPLES labelled
+  examples), FEW_SHOT_ITEMS items each (a short user message), FEW_SHOT_OUTPUT_TOKENS out; shuffled.
+  `split_multi_job_shared_prefix` deals every prompt's items over len(TENANTS) x
+  FEW_SHOT_JOBS_PER_TENANT jobs (seeded), so every job holds items of every prompt;
+  `merge_by_tenant` joins each tenant's jobs into one.
 """
 
 from __future__ import annotations
@@ -52,10 +60,20 @@ SYSTEM_PROMPTS_OUTPUT_TOKENS = 64
 MULTI_JOB_BATCHES = 20
 TENANTS = ("tenant-a", "tenant-b", "tenant-c")
 
+FEW_SHOT_PROMPTS = 40  # 40 x 800 = 32k distinct prefix tokens: more than the tight KV cache holds
+FEW_SHOT_PROMPT_TOKENS = 800
+FEW_SHOT_EXAMPLES = 10
+FEW_SHOT_LABELS = 4
+FEW_SHOT_ITEMS = 30
+FEW_SHOT_ITEM_TOKENS = 20
+FEW_SHOT_OUTPUT_TOKENS = 8
+FEW_SHOT_JOBS_PER_TENANT = 2
+
 WORKLOAD_FILES = {
     "unique": "unique.jsonl",
     "shared_prefix": "shared_prefix.jsonl",
     "system_prompts": "system_prompts.jsonl",
+    "multi_job_shared_prefix": "multi_job_shared_prefix.jsonl",
 }
 
 # Fixed word list (plain English words; no punctuation, so token counts stay predictable).
@@ -209,10 +227,50 @@ def system_prompt_lines(tokenizer: Any, scale: float = 1.0, seed: int = SEED) ->
     return lines
 
 
+def few_shot_prompt(
+    rng: random.Random, tokenizer: Any, task: int, target: int = FEW_SHOT_PROMPT_TOKENS
+) -> str:
+    """A classification system message of about `target` tokens: the task and its labels, then
+    FEW_SHOT_EXAMPLES labelled examples of random words."""
+    labels = rng.sample(WORDS, FEW_SHOT_LABELS)
+    header = (
+        f"Task {task}: label each text with one of: {', '.join(labels)}. "
+        "Answer with the label only.\n\nExamples:\n"
+    )
+    per_example = (target - count_tokens(tokenizer, header)) // FEW_SHOT_EXAMPLES
+    examples = []
+    for _ in range(FEW_SHOT_EXAMPLES):
+        label = rng.choice(labels)
+        frame = f"\nText: \nLabel: {label}\n"
+        text = text_of_tokens(rng, tokenizer, max(1, per_example - count_tokens(tokenizer, frame)))
+        examples.append(f"\nText: {text}\nLabel: {label}\n")
+    return header + "".join(examples)
+
+
+def multi_job_shared_prefix_lines(
+    tokenizer: Any, scale: float = 1.0, seed: int = SEED
+) -> list[dict[str, Any]]:
+    """FEW_SHOT_PROMPTS (scaled) few-shot prompts x FEW_SHOT_ITEMS items, shuffled."""
+    rng = random.Random(f"{seed}-multi-job-shared-prefix")
+    lines = []
+    for p in range(_scaled(FEW_SHOT_PROMPTS, scale)):
+        system = few_shot_prompt(rng, tokenizer, p)
+        for i in range(FEW_SHOT_ITEMS):
+            item = text_of_tokens(rng, tokenizer, FEW_SHOT_ITEM_TOKENS)
+            messages = [
+                {"role": "system", "content": system},
+                {"role": "user", "content": f"Text: {item}\nLabel:"},
+            ]
+            lines.append(_line(f"fs{p:02d}-i{i:02d}", messages, FEW_SHOT_OUTPUT_TOKENS))
+    random.Random(f"{seed}-multi-job-shared-prefix-order").shuffle(lines)
+    return lines
+
+
 GENERATORS = {
     "unique": unique_lines,
     "shared_prefix": shared_prefix_lines,
     "system_prompts": system_prompt_lines,
+    "multi_job_shared_prefix": multi_job_shared_prefix_lines,
 }
 
 
@@ -227,16 +285,34 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def prompt_tokens(tokenizer: Any, line: dict[str, Any]) -> int:
-    """Prompt length as the engine sees it: the chat template applied, generation prompt added."""
+def prompt_token_ids(tokenizer: Any, line: dict[str, Any]) -> list[int]:
+    """The prompt as the engine sees it: the chat template applied, generation prompt added."""
     ids = tokenizer.apply_chat_template(line["body"]["messages"], tokenize=True, add_generation_prompt=True)
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding in newer transformers
         ids = ids["input_ids"]
-    return len(ids)
+    return list(ids)
+
+
+def prompt_tokens(tokenizer: Any, line: dict[str, Any]) -> int:
+    return len(prompt_token_ids(tokenizer, line))
+
+
+def sort_by_prompt(
+    tokenizer: Any, lines: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[list[int]]]:
+    """The lines sorted by their rendered prompt token ids, and those ids in the same order."""
+    from bench.prefix import sort_order
+
+    ids = [prompt_token_ids(tokenizer, line) for line in lines]
+    order = sort_order(ids)
+    return [lines[i] for i in order], [ids[i] for i in order]
 
 
 def describe(tokenizer: Any, lines: list[dict[str, Any]]) -> dict[str, Any]:
-    lengths = [prompt_tokens(tokenizer, line) for line in lines]
+    from bench.prefix import shared_prefix_tokens
+
+    ids = [prompt_token_ids(tokenizer, line) for line in lines]
+    lengths = [len(x) for x in ids]
     outputs = [int(line["body"]["max_tokens"]) for line in lines]
     return {
         "requests": len(lines),
@@ -245,6 +321,7 @@ def describe(tokenizer: Any, lines: list[dict[str, Any]]) -> dict[str, Any]:
         "prompt_tokens_max": max(lengths),
         "output_tokens_per_request": max(outputs),
         "output_tokens_total": sum(outputs),
+        "shared_prefix_tokens": shared_prefix_tokens(ids),  # distinct tokens on shared prefixes
     }
 
 
@@ -310,6 +387,69 @@ def split_multi_job(
         pieces.append({"tenant": tenants[i % len(tenants)], "path": str(piece), "requests": size})
         start += size
     return pieces
+
+
+def split_multi_job_shared_prefix(
+    path: str | Path,
+    out_dir: str | Path,
+    tenants: tuple[str, ...] = TENANTS,
+    jobs_per_tenant: int = FEW_SHOT_JOBS_PER_TENANT,
+    seed: int = SEED,
+) -> list[dict[str, Any]]:
+    """Deal the lines of `path` over len(tenants) x jobs_per_tenant jobs, every job holding items of
+    every prompt: each prompt's lines (grouped by their first message, the few-shot system prompt)
+    are shuffled and dealt round-robin from a random job on (seeded), so job sizes differ by at
+    most one line per prompt. A job keeps its lines in file order.
+
+    Returns [{"tenant", "job", "path", "requests"}] in submission order (job 0 of every tenant,
+    then job 1, ...); the jobs together hold every line of `path` exactly once.
+    """
+    lines = [
+        line for line in Path(path).read_text(encoding="utf-8").splitlines(keepends=True) if line.strip()
+    ]
+    jobs = [(tenant, j) for j in range(jobs_per_tenant) for tenant in tenants]
+    groups: dict[str, list[int]] = {}  # first message -> line indices, in order of first appearance
+    for i, raw in enumerate(lines):
+        groups.setdefault(json.loads(raw)["body"]["messages"][0]["content"], []).append(i)
+    rng = random.Random(f"{seed}-multi-job-shared-prefix-split")
+    owner: dict[int, int] = {}
+    for indices in groups.values():
+        dealt = list(indices)
+        rng.shuffle(dealt)
+        first = rng.randrange(len(jobs))  # remainders do not always fall to the first jobs
+        for k, i in enumerate(dealt):
+            owner[i] = (first + k) % len(jobs)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    pieces = []
+    for n, (tenant, j) in enumerate(jobs):
+        mine = [lines[i] for i in range(len(lines)) if owner[i] == n]
+        piece = out / f"{Path(path).stem}-{tenant}-job{j}.jsonl"
+        piece.write_text("".join(mine), encoding="utf-8")
+        pieces.append({"tenant": tenant, "job": j, "path": str(piece), "requests": len(mine)})
+    return pieces
+
+
+def merge_by_tenant(
+    pieces: list[dict[str, Any]], out_dir: str | Path, stem: str = "per-tenant"
+) -> list[dict[str, Any]]:
+    """One job per tenant (OUT_DIR/STEM-TENANT.jsonl): its pieces' lines joined in piece order.
+
+    Returns [{"tenant", "path", "requests"}] in order of each tenant's first piece."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    by_tenant: dict[str, list[str]] = {}
+    for piece in pieces:
+        text = Path(piece["path"]).read_text(encoding="utf-8")
+        by_tenant.setdefault(piece["tenant"], []).extend(
+            x for x in text.splitlines(keepends=True) if x.strip()
+        )
+    merged = []
+    for tenant, lines in by_tenant.items():
+        path = out / f"{stem}-{tenant}.jsonl"
+        path.write_text("".join(lines), encoding="utf-8")
+        merged.append({"tenant": tenant, "path": str(path), "requests": len(lines)})
+    return merged
 
 
 def main(argv: list[str] | None = None) -> int:
