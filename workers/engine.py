@@ -221,7 +221,7 @@ class Engine:
         self.dtype = str(llm.model_config.dtype).removeprefix("torch.")  # what it computes in
         self._llm = llm
         self._counters: _Counters = _Counters()
-        self._running = 0  # requests still running after the last step
+        self._still_running = 0  # requests still running after the last step
         self._kv_bound = False  # the last step left requests waiting with sequence slots free
         self._default_sampling = dict(llm.model_config.get_diff_sampling_param())
         self._next_id = 0
@@ -328,8 +328,8 @@ class Engine:
         with slots free), only a few beyond those running: vLLM could not start more anyway, and
         the order of the rest is still the feed's to decide."""
         seqs = self.config.max_num_seqs
-        if self._kv_bound:
-            return max(1, self._running + max(2, round(KV_BOUND_WAITING_PER_SEQ * seqs)))
+        if self._kv_bound and self._live:  # an empty engine (all aborted, say) starts afresh
+            return max(1, self._still_running + max(2, round(KV_BOUND_WAITING_PER_SEQ * seqs)))
         return max(1, WINDOW_PER_SEQ * seqs)
 
     @property
@@ -375,8 +375,8 @@ class Engine:
         # the requests still running, and whether vLLM left some waiting with sequence slots free:
         # then its KV cache, not max_num_seqs, is what bounds the batch (see ``window``)
         advanced = self._counters.advanced
-        self._running = max(0, advanced - finished)
-        self._kv_bound = len(self._live) > self._running and advanced < self.config.max_num_seqs
+        self._still_running = max(0, advanced - finished)
+        self._kv_bound = len(self._live) > self._still_running and advanced < self.config.max_num_seqs
         return results
 
     def abort(self, keys: Iterable[str]) -> list[EngineResult]:
