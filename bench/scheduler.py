@@ -360,14 +360,17 @@ def freight_stack(
     eager: bool,
     block_size: int,
     warmup_file: Path | None = None,
-    cache_sharing: str | None = None,
+    cache_sharing: str = "global",
 ) -> Any:
-    """A FreightStack at the benchmark's limits; `cache_sharing` sets FREIGHT_PREFIX_CACHE_SHARING."""
+    """A FreightStack at the benchmark's limits; `cache_sharing` sets FREIGHT_PREFIX_CACHE_SHARING
+    (global unless a cell says otherwise: the tenant-isolating default would keep the multi-tenant
+    workloads' jobs from meeting in the cache, as they did in every result recorded so far)."""
     from bench.freight_runner import FreightStack
 
-    extra_env = {"FREIGHT_ENGINE_DTYPE": serving_dtype(model_dir)}
-    if cache_sharing:
-        extra_env["FREIGHT_PREFIX_CACHE_SHARING"] = cache_sharing
+    extra_env = {
+        "FREIGHT_ENGINE_DTYPE": serving_dtype(model_dir),
+        "FREIGHT_PREFIX_CACHE_SHARING": cache_sharing,
+    }
     return FreightStack(
         run_dir,
         model_dir,
@@ -394,24 +397,37 @@ MJSP_PAIRS = (("freight_single_job", "freight"), ("freight_per_tenant_1job", "fr
 
 
 def run_multi_job_shared_prefix(
-    path: Path, kv: str, kv_bytes: int, work: Path, args: argparse.Namespace
-) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    paths: list[Path], kv: str, kv_bytes: int, work: Path, args: argparse.Namespace, block_size: int
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any], dict[str, list[float]]]:
     """Freight on multi_job_shared_prefix in MJSP_MODES, one fresh stack per mode (no mode finds
-    another's prefixes cached). A pair's two stacks are started and warmed first, then each runs
-    its mode while the other is paused (SIGSTOP), so the two are measured back to back."""
+    another's prefixes cached). A pair's two stacks are started and warmed first; then, once per
+    file of ``paths`` (the workload and its repeats: other prompts, so no run finds the last one's
+    cached), each runs its mode while the other is paused (SIGSTOP), in an order alternating per
+    repeat. A cell is the median run (combine_repeats); the target ratios are the medians of the
+    per-repeat ratios of a pair, returned as lists (the ``paired`` form of compute_ratios)."""
+    from bench.prefix import ideal_cache_hit_rate
+
     run_dir = work / f"{MJSP}-{kv}-{kv_bytes}"
     shutil.rmtree(run_dir, ignore_errors=True)
-    pieces = wl.split_multi_job_shared_prefix(path, run_dir / "jobs")
-    per_tenant = wl.merge_by_tenant(pieces, run_dir / "jobs", stem=f"{path.stem}-per-tenant")
-    multi = [(p["tenant"], Path(p["path"])) for p in pieces]
-    jobs = {
-        "freight_single_job": [(wl.TENANTS[0], path)],
-        "freight": multi,
-        "freight_per_tenant_1job": [(p["tenant"], Path(p["path"])) for p in per_tenant],
-        "freight_per_tenant": multi,
-    }
+    tokenizer = wl.load_tokenizer(args.model)
+    jobs: list[dict[str, list[tuple[str, Path]]]] = []  # per repeat: role -> (tenant, file)
+    ideal: list[float] = []
+    for r, path in enumerate(paths):
+        pieces = wl.split_multi_job_shared_prefix(path, run_dir / f"jobs-r{r}")
+        per_tenant = wl.merge_by_tenant(pieces, run_dir / f"jobs-r{r}", stem=f"{path.stem}-per-tenant")
+        multi = [(p["tenant"], Path(p["path"])) for p in pieces]
+        jobs.append(
+            {
+                "freight_single_job": [(wl.TENANTS[0], path)],
+                "freight": multi,
+                "freight_per_tenant_1job": [(p["tenant"], Path(p["path"])) for p in per_tenant],
+                "freight_per_tenant": multi,
+            }
+        )
+        _, ids = wl.sort_by_prompt(tokenizer, wl.read_jsonl(path))
+        ideal.append(ideal_cache_hit_rate(ids, block_size))
     freight_kv = None if kv == "default" else kv_bytes
-    cells: dict[str, dict[str, Any]] = {}
+    runs: dict[str, list[dict[str, Any]]] = {}
     settings: dict[str, Any] = {}
     for pair in MJSP_PAIRS:
         stacks: dict[str, Any] = {}
@@ -428,22 +444,40 @@ def run_multi_job_shared_prefix(
                     stack.pause()
                 except Exception as exc:
                     traceback.print_exc()
-                    cells[role] = {"error": f"stack failed to start: {type(exc).__name__}: {exc}"[:2000]}
-            for role, stack in stacks.items():
-                log(f"freight: {MJSP} {kv} KV: {role} ({len(jobs[role])} jobs)")
-                stack.resume()
-                try:
-                    cell = with_rates(stack.run_jobs(jobs[role]))
-                    cells[role] = {**cell, "cache_sharing": MJSP_MODES[role][0], "note": MJSP_MODES[role][1]}
-                except Exception as exc:
-                    traceback.print_exc()
-                    cells[role] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
-                finally:
-                    stack.pause()
+                    runs[role] = [{"error": f"stack failed to start: {type(exc).__name__}: {exc}"[:2000]}]
+            for r in range(len(paths)):
+                for role in pair if r % 2 == 0 else tuple(reversed(pair)):
+                    if role not in stacks:
+                        continue
+                    stack = stacks[role]
+                    log(f"freight: {MJSP} {kv} KV: {role}, repeat {r} ({len(jobs[r][role])} jobs)")
+                    stack.resume()
+                    try:
+                        cell = with_rates(stack.run_jobs(jobs[r][role]))
+                        cell.update(cache_sharing=MJSP_MODES[role][0], note=MJSP_MODES[role][1])
+                        cell["ideal_hit_rate"] = ideal[r]
+                    except Exception as exc:
+                        traceback.print_exc()
+                        cell = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+                    finally:
+                        stack.pause()
+                    runs.setdefault(role, []).append(cell)
         finally:
             for stack in stacks.values():
                 stack.stop()
-    return {role: cells[role] for role in MJSP_MODES if role in cells}, settings
+    cells = {role: combine_repeats(runs[role]) for role in MJSP_MODES if role in runs}
+    paired: dict[str, list[float]] = {}
+    for field, (mine, base) in (
+        ("freight_over_single_job", ("freight", "freight_single_job")),
+        ("per_tenant_over_single_job_per_tenant", ("freight_per_tenant", "freight_per_tenant_1job")),
+    ):
+        for a, b in zip(runs.get(mine, []), runs.get(base, []), strict=False):
+            if (value := ratio(output_rate(a), output_rate(b))) is not None:
+                paired.setdefault(field, []).append(value)
+    for cell in runs.get("freight", []):
+        if (measured := hit_rate(cell)) is not None:
+            paired.setdefault("hit_rate_gap_points", []).append(100 * (cell["ideal_hit_rate"] - measured))
+    return cells, settings, paired
 
 
 def prepare_sorted(
@@ -737,10 +771,16 @@ def main(argv: list[str] | None = None) -> int:
                 for name, cell in cells.items():
                     results[name][kv]["freight"] = cell
             if "freight" in systems and MJSP in rest:
-                cells, settings_by_role = run_multi_job_shared_prefix(files[MJSP], kv, kv_bytes, work, args)
+                mjsp_files = [
+                    work / "workloads" / f for f in manifest["multi_job_shared_prefix_repeat_files"]
+                ]
+                cells, settings_by_role, mjsp_paired = run_multi_job_shared_prefix(
+                    mjsp_files, kv, kv_bytes, work, args, args.block_size
+                )
                 results[MJSP][kv].update(cells)
                 for role, settings in settings_by_role.items():
                     freight_settings[f"{kv}:{MJSP}:{role}"] = settings
+                paired[MJSP if kv == "default" else f"{MJSP}_{kv}_kv"] = mjsp_paired
             if paired_names and ({"engine", "freight"} & set(systems)):
                 cells_by_name, ratio_lists, settings_by_role = run_paired(
                     paired_names, systems, kv, kv_bytes, work, args, unique_files
@@ -807,7 +847,11 @@ def main(argv: list[str] | None = None) -> int:
             "tenants x 2 jobs submitted together (FREIGHT_PREFIX_CACHE_SHARING=global), "
             "freight_per_tenant = (c) the same jobs with FREIGHT_PREFIX_CACHE_SHARING=tenant, "
             "freight_per_tenant_1job = (d) one job per tenant, tenant sharing; a fresh stack per mode, "
-            "the stacks of (a, b) and of (d, c) warm together and measured back to back. "
+            "the stacks of (a, b) and of (d, c) warm together and measured back to back, once per "
+            "repeat file (other prompts each time), the order of the two alternating per repeat; a "
+            "cell is the median run and its ratios (freight_over_single_job, "
+            "per_tenant_over_single_job_per_tenant, hit_rate_gap_points) are medians of the per-repeat "
+            "values in paired_ratios. engine and engine_sorted run the first file only. "
             "ideal_hit_rate: the lines prefix-sorted as one job, sum of floor(lcp(prev, cur) / block) "
             "* block over prompt tokens; hit_rate_gap_points = 100 x (ideal - (b)'s hit rate)",
         ],

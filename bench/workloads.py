@@ -248,7 +248,7 @@ def few_shot_prompt(
 
 
 def multi_job_shared_prefix_lines(
-    tokenizer: Any, scale: float = 1.0, seed: int = SEED
+    tokenizer: Any, scale: float = 1.0, seed: int | str = SEED
 ) -> list[dict[str, Any]]:
     """FEW_SHOT_PROMPTS (scaled) few-shot prompts x FEW_SHOT_ITEMS items, shuffled."""
     rng = random.Random(f"{seed}-multi-job-shared-prefix")
@@ -336,7 +336,8 @@ def generate(
 
     ``doc_tokens`` sets the shared_prefix document length (the issue's shape is about 1,000).
     ``unique_repeats`` > 1 adds unique-r1.jsonl, ...: the same shape with other prompts (seed
-    ``SEED-r1``...), so a repeated run on a warm engine finds nothing of the last one cached."""
+    ``SEED-r1``...), so a repeated run on a warm engine finds nothing of the last one cached; and
+    as many multi_job_shared_prefix-r1.jsonl, ... (other few-shot prompts, items and order)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(model_dir)
@@ -349,17 +350,21 @@ def generate(
         write_jsonl(out / WORKLOAD_FILES[name], lines)
         manifest["workloads"][name] = {"file": WORKLOAD_FILES[name], **describe(tokenizer, lines)}
     manifest["unique_repeat_files"] = [WORKLOAD_FILES["unique"]]
+    manifest["multi_job_shared_prefix_repeat_files"] = [WORKLOAD_FILES["multi_job_shared_prefix"]]
     for r in range(1, unique_repeats):
         name = repeat_file(r)
         write_jsonl(out / name, unique_lines(tokenizer, scale, seed=f"{SEED}-r{r}"))
         manifest["unique_repeat_files"].append(name)
+        name = repeat_file(r, "multi_job_shared_prefix")
+        write_jsonl(out / name, multi_job_shared_prefix_lines(tokenizer, scale, seed=f"{SEED}-r{r}"))
+        manifest["multi_job_shared_prefix_repeat_files"].append(name)
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 
 
-def repeat_file(r: int) -> str:
-    """File name of repeat r of unique (r = 0 is unique.jsonl itself)."""
-    return WORKLOAD_FILES["unique"] if r == 0 else f"unique-r{r}.jsonl"
+def repeat_file(r: int, workload: str = "unique") -> str:
+    """File name of repeat r of a workload (r = 0 is the workload's own file)."""
+    return WORKLOAD_FILES[workload] if r == 0 else f"{Path(WORKLOAD_FILES[workload]).stem}-r{r}.jsonl"
 
 
 def split_multi_job(

@@ -82,3 +82,15 @@ def test_generator_shape(demo_model: Path) -> None:
     assert {line["body"]["max_tokens"] for line in lines} == {wl.FEW_SHOT_OUTPUT_TOKENS}
     info = wl.describe(tokenizer, lines)
     assert info["shared_prefix_tokens"] >= 2 * (wl.FEW_SHOT_PROMPT_TOKENS - 40)
+
+
+def test_a_repeat_has_other_prompts_so_nothing_of_the_last_run_is_cached(demo_model: Path) -> None:
+    """The repeats of multi_job_shared_prefix (seed SEED-rN) share no whole KV block of prompt with
+    the workload: a warm stack measured again finds none of the last run's prefixes cached."""
+    tokenizer = wl.load_tokenizer(demo_model)
+    base = wl.multi_job_shared_prefix_lines(tokenizer, scale=0.05)
+    repeat = wl.multi_job_shared_prefix_lines(tokenizer, scale=0.05, seed=f"{wl.SEED}-r1")
+    assert wl.repeat_file(1, "multi_job_shared_prefix") == "multi_job_shared_prefix-r1.jsonl"
+    assert wl.repeat_file(0, "multi_job_shared_prefix") == wl.WORKLOAD_FILES["multi_job_shared_prefix"]
+    ids = {tuple(wl.prompt_token_ids(tokenizer, line)[:32]) for line in base}
+    assert not ids & {tuple(wl.prompt_token_ids(tokenizer, line)[:32]) for line in repeat}
