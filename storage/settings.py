@@ -110,6 +110,10 @@ class Settings:
     # prefix-mates (scheduler/feed_order.py). More claims work early that other workers of the model
     # then cannot take
     feed_requests: int = 0
+    # an idle engine worker given fewer requests than that look-ahead waits up to this long for
+    # more packs before it starts (never for an urgent one): jobs of one model that pass validation
+    # a moment apart then meet in one sweep instead of the first running alone (seconds; 0: off)
+    feed_merge_seconds: float = 2.0
     # whose requests may share prefix-cache entries: "global" (all tenants: the most reuse) or
     # "tenant" (each tenant's own, through vLLM's cache_salt: no tenant can time another's prompts)
     prefix_cache_sharing: str = "global"
@@ -205,6 +209,8 @@ class Settings:
             raise SettingsError("FREIGHT_UNIT_TOKENS cannot be negative")
         if self.feed_requests < 0:
             raise SettingsError("FREIGHT_FEED_REQUESTS cannot be negative")
+        if not 0 <= self.feed_merge_seconds <= 60:
+            raise SettingsError("FREIGHT_FEED_MERGE_SECONDS must be between 0 and 60")
         if self.prefix_cache_sharing not in CACHE_SHARING:
             raise SettingsError(f"FREIGHT_PREFIX_CACHE_SHARING must be one of {', '.join(CACHE_SHARING)}")
         if self.pack_requests < 1 or self.queue_depth < 1:

@@ -275,8 +275,13 @@ def enqueue_units(
     """
     settings = rt.settings
     per_batch = math.ceil(settings.queue_depth * settings.pack_requests / settings.unit_size) + 1
-    sends: list[tuple[str, str, list[int]]] = []
+    sends: list[tuple[str, str, list[int], bool]] = []
     with rt.db.write() as s:
+        # models of the batches still validating (None: not known yet, it could be any): a pack of
+        # one of them tells its worker more may come (see PackRunner._gathering)
+        validating = set(
+            s.scalars(select(Batch.model).where(Batch.status == BatchStatus.VALIDATING).distinct()).all()
+        )
         queued = dict(
             s.execute(
                 select(WorkUnit.model, func.count(distinct(WorkUnit.pack_id)))
@@ -358,10 +363,11 @@ def enqueue_units(
             # a concurrent pass may have taken some of them: send only what this one queued
             taken = list(s.scalars(select(WorkUnit.id).where(WorkUnit.pack_id == pack_id)).all())
             if taken:
-                sends.append((pack_id, pack.model, taken))
+                more_coming = None in validating or pack.model in validating
+                sends.append((pack_id, pack.model, taken, more_coming))
     # after the commit: a task never refers to a row state that might roll back
-    for pack_id, model, unit_ids in sends:
-        rt.queue.run_pack(pack_id, model, unit_ids)
+    for pack_id, model, unit_ids, more_coming in sends:
+        rt.queue.run_pack(pack_id, model, unit_ids, more_coming)
         report.packs.append(pack_id)
         report.enqueued.extend(unit_ids)
 

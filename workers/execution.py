@@ -53,6 +53,9 @@ log = logging.getLogger(__name__)
 WORKER_NAME = f"{socket.gethostname()}:{os.getpid()}"
 CHECK_SECONDS = 1.0  # how often the watcher reads unit/batch state (cancellation latency)
 IDLE_WAIT_SECONDS = 0.2
+# the feed's keys: (cache domain, prompt key, line, unit id); the first two name the prompt
+FeedKey = tuple[str, bytes, int, int]
+FEED_PROMPT_FIELDS = 2
 
 
 @dataclass(frozen=True)
@@ -188,6 +191,10 @@ def _exit_process() -> None:
     os._exit(70)
 
 
+def feed_key(unit: ActiveUnit, row: ShardRow) -> FeedKey:
+    return (unit.claim.cache_domain, row.key, row.line, unit.claim.unit_id)
+
+
 class PackRunner:
     """The engine worker's side of the scheduler; see the module docstring."""
 
@@ -208,14 +215,17 @@ class PackRunner:
         self.worker = worker
         self._lock = threading.Condition()
         # not-yet-started requests of every claimed unit, in elevator order; guarded by _lock
-        self._feed: ElevatorFeed[tuple[ActiveUnit, ShardRow]] = ElevatorFeed()
+        self._feed: ElevatorFeed[tuple[ActiveUnit, ShardRow]] = ElevatorFeed(prompt_fields=FEED_PROMPT_FIELDS)
         # the next pack is wanted once no more requests wait than this look-ahead (at least the
         # engine's batch): a later job then reaches the feed while its prefix-mates still run
         self._high_water = max(
             engine.config.max_num_seqs, rt.settings.feed_requests or rt.settings.pack_requests
         )
+        self._gather_until: float | None = None  # an idle engine's start waits until (monotonic)
+        self._more_coming = False  # the last pack's: other batches were validating (guarded by _lock)
         self._units: dict[int, ActiveUnit] = {}  # guarded by _lock
-        self._keys: dict[str, tuple[ActiveUnit, str]] = {}  # engine key -> (unit, custom_id)
+        # engine key -> (unit, custom_id, feed key): the feed key is reported done when it ends
+        self._keys: dict[str, tuple[ActiveUnit, str, FeedKey]] = {}
         self._stops: queue.SimpleQueue[ActiveUnit] = queue.SimpleQueue()  # for the engine loop
         self._finished: queue.Queue[ActiveUnit | None] = queue.Queue()  # for the recorder
         self._sample = _Sample()
@@ -242,9 +252,12 @@ class PackRunner:
             self._threads.append(thread)
         return self
 
-    def run_pack(self, pack_id: str, unit_ids: list[int]) -> int:
+    def run_pack(self, pack_id: str, unit_ids: list[int], more_coming: bool = False) -> int:
         """Claim the pack's units, put their requests on the feed in prefix order, and return
-        once the feed is low enough that the engine needs the next pack. Returns units claimed."""
+        once the feed is low enough that the engine needs the next pack. Returns units claimed.
+
+        ``more_coming``: the dispatcher saw batches that may be of this model still validating;
+        the latest pack's word decides whether an idle engine waits for them (``_gathering``)."""
         if self._closing.is_set():
             return 0
         claims = [c for c in (claim_unit(self.rt, u, time.time(), self.worker) for u in unit_ids) if c]
@@ -256,6 +269,7 @@ class PackRunner:
             for u in units
         ]
         with self._lock:
+            self._more_coming = more_coming
             for unit, unit_rows in zip(units, rows, strict=True):
                 unit.total = len(unit_rows)
                 self._units[unit.claim.unit_id] = unit
@@ -264,8 +278,7 @@ class PackRunner:
                 # each shard is prefix-sorted already; the feed merges them with every request
                 # waiting from earlier packs, whatever batch or tenant (see scheduler.feed_order)
                 for row in unit_rows:
-                    key = (unit.claim.cache_domain, row.key, row.line, unit.claim.unit_id)
-                    self._feed.push(key, (unit, row), urgent=unit.claim.urgent)
+                    self._feed.push(feed_key(unit, row), (unit, row), urgent=unit.claim.urgent)
             self._lock.notify_all()
         log.info("pack %s: %d units, %d requests", pack_id, len(units), sum(map(len, rows)))
         with self._lock:
@@ -309,6 +322,8 @@ class PackRunner:
             while not self._stopped.is_set():
                 started = time.monotonic()
                 self._apply_stops()
+                if engine.load == 0 and self._gathering():
+                    continue
                 self._top_up()
                 self._settle()
                 if engine.load == 0:
@@ -316,6 +331,7 @@ class PackRunner:
                         if not self._feed and not self._stopped.is_set():
                             self._lock.wait(IDLE_WAIT_SECONDS)
                     continue
+                self._gather_until = None  # busy: the next idle start gathers afresh
                 results = engine.step()
                 self._account(time.monotonic() - started)  # busy time: top-up and step
                 for result in results:
@@ -334,6 +350,32 @@ class PackRunner:
                     log.exception("releasing unit %s failed; its lease will expire", unit.claim.unit_id)
             self.on_fatal()
 
+    def _gathering(self) -> bool:
+        """Whether an idle engine should wait a moment more for packs before it starts: while the
+        last pack said more may come (batches were validating), the feed holds less than the
+        look-ahead and nothing urgent, for at most feed_merge_seconds from the first request
+        waiting. Jobs of one model that pass validation a moment apart otherwise run
+        apart: the first fills the engine (2 x max_num_seqs) before the next one's requests arrive,
+        and every prefix they share is computed once per job (issue #24)."""
+        merge = self.rt.settings.feed_merge_seconds
+        with self._lock:
+            if (
+                merge <= 0
+                or not self._more_coming
+                or not self._feed
+                or self._feed.urgent_waiting
+                or len(self._feed) >= self._high_water
+                or self._closing.is_set()
+            ):
+                return False
+            now = time.monotonic()
+            if self._gather_until is None:
+                self._gather_until = now + merge
+            if now >= self._gather_until:
+                return False
+            self._lock.wait(min(IDLE_WAIT_SECONDS, self._gather_until - now))
+            return True
+
     def _top_up(self) -> None:
         engine = self.engine
         while engine.load < engine.window:
@@ -345,6 +387,7 @@ class PackRunner:
                 if len(self._feed) <= self._high_water:
                     self._lock.notify_all()  # run_pack may return: the next pack is wanted
             if unit.stopping:
+                self._started_done(unit, feed_key(unit, row))
                 self._deliver_to(unit, row.custom_id, None)
                 continue
             key = f"{unit.claim.unit_id}/{row.line}"
@@ -358,10 +401,17 @@ class PackRunner:
             )
             rejected = engine.add(request)
             if rejected is not None:
+                self._started_done(unit, feed_key(unit, row))
                 self._deliver_to(unit, row.custom_id, rejected)
             else:
-                self._keys[key] = (unit, row.custom_id)
+                self._keys[key] = (unit, row.custom_id, feed_key(unit, row))
                 unit.in_engine += 1
+
+    def _started_done(self, unit: ActiveUnit, key: FeedKey) -> None:
+        """A request the feed started has ended: its prompt stops holding the sweep's trailing edge."""
+        if not unit.claim.urgent:  # urgent requests never moved the sweep
+            with self._lock:
+                self._feed.done(key)
 
     def _apply_stops(self) -> None:
         while True:
@@ -369,7 +419,7 @@ class PackRunner:
                 unit = self._stops.get_nowait()
             except queue.Empty:
                 return
-            keys = [k for k, (u, _) in self._keys.items() if u is unit]
+            keys = [k for k, (u, _, _) in self._keys.items() if u is unit]
             for result in self.engine.abort(keys):
                 self._deliver(result)
             with self._lock:
@@ -387,15 +437,16 @@ class PackRunner:
             sample.running += stats.running * elapsed
             sample.waiting += stats.waiting * elapsed
         self._meter.busy(elapsed)
-        for unit in {u for u, _ in self._keys.values()}:
+        for unit in {u for u, _, _ in self._keys.values()}:
             if unit.in_engine:
                 unit.fill_seconds += fill * elapsed
                 unit.seconds += elapsed
 
     def _deliver(self, result: EngineResult) -> None:
         """A result out of the engine (finished or aborted)."""
-        unit, custom_id = self._keys.pop(result.key)
+        unit, custom_id, fkey = self._keys.pop(result.key)
         unit.in_engine -= 1
+        self._started_done(unit, fkey)
         self._deliver_to(unit, custom_id, result)
 
     def _deliver_to(self, unit: ActiveUnit, custom_id: str, result: EngineResult | None) -> None:

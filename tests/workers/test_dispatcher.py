@@ -202,3 +202,40 @@ def test_finalization_starts_for_finished_batches_in_one_query(settings):
         assert report.finalizing == [done]
     finally:
         rt.db.dispose()
+
+
+def sent_packs(rt: Runtime, model: str = "demo") -> list[list]:
+    """The args of the run_pack messages waiting in a model's broker queue, oldest first."""
+    import base64
+
+    from storage.broker import model_queue
+
+    with rt.queue.celery.connection_for_write() as conn:
+        raw = conn.default_channel.client.lrange(model_queue(model), 0, -1)
+    messages = [json.loads(m) for m in reversed(raw)]  # kombu pushes to the left
+    return [json.loads(base64.b64decode(m["body"]))[0] for m in messages]
+
+
+def test_a_pack_says_whether_more_batches_are_still_validating(settings):
+    """An idle engine worker waits a moment to merge jobs (FREIGHT_FEED_MERGE_SECONDS) only when
+    the pack says batches that may be of its model were still validating when it was made."""
+    rt = Runtime(replace(settings, unit_size=4, pack_requests=4, queue_depth=1))
+    try:
+        tenant, _ = create_tenant(rt.db, "a", now())
+        with rt.queue.celery.connection_for_write() as conn:
+            conn.default_channel.client.flushdb()
+        first = submit(rt, tenant.id, 4, "first")
+        later = upload_and_create(rt, tenant.id, [chat_line("l-0", "later", max_tokens=2)], name="l.jsonl")
+        dispatcher.tick(rt, float(now()))
+        assert [(args[1], args[2]) for args in sent_packs(rt)] == [([u.id for u in units(rt)], True)]
+        from workers.validation import validate_batch
+
+        validate_batch(rt, later.id)  # nothing validating any more
+        with rt.db.write() as s:  # the first pack ran; make room in the queue for the next
+            s.execute(
+                WorkUnit.__table__.update().where(WorkUnit.batch_id == first).values(status=UnitStatus.DONE)
+            )
+        dispatcher.tick(rt, float(now()))
+        assert sent_packs(rt)[-1][2] is False
+    finally:
+        rt.db.dispose()
