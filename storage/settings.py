@@ -6,8 +6,11 @@ passes the object down; nothing reads the environment anywhere else. The README 
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 import re
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -24,6 +27,9 @@ ENGINE_DTYPES = ("auto", "bfloat16", "float16", "float32")  # FREIGHT_ENGINE_DTY
 
 
 CACHE_SHARING = ("global", "tenant")  # FREIGHT_PREFIX_CACHE_SHARING
+# keys the per-tenant prefix-cache salts when FREIGHT_SECRET_KEY is unset: drawn once per process,
+# which is enough, since a prefix cache lives and dies with one engine worker's process
+_PROCESS_SALT_KEY = secrets.token_bytes(32)
 
 
 class SettingsError(ValueError):
@@ -114,9 +120,10 @@ class Settings:
     # more packs before it starts (never for an urgent one): jobs of one model that pass validation
     # a moment apart then meet in one sweep instead of the first running alone (seconds; 0: off)
     feed_merge_seconds: float = 2.0
-    # whose requests may share prefix-cache entries: "global" (all tenants: the most reuse) or
-    # "tenant" (each tenant's own, through vLLM's cache_salt: no tenant can time another's prompts)
-    prefix_cache_sharing: str = "global"
+    # whose requests may share prefix-cache entries: "tenant" (each tenant's own, through a secret
+    # per-tenant vLLM cache_salt: no tenant can learn from cached_tokens or timing whether another
+    # sent a prompt) or "global" (all tenants: the most reuse, for a single-organisation deployment)
+    prefix_cache_sharing: str = "tenant"
     sort_key_tokens: int = 1024  # prompt tokens that decide the prefix order of requests
     sort_memory_mb: int = 256  # validation sorts in memory up to this, then spills sorted runs to disk
     urgent_slack_seconds: float = 900.0  # slack below this makes a batch urgent: strict EDF, no sharing
@@ -163,8 +170,21 @@ class Settings:
     metrics_token: str = ""
 
     def cache_domain(self, tenant_id: str) -> str:
-        """The prefix-cache domain of a tenant's requests: "" (one shared by all) or the tenant."""
+        """The prefix-cache domain of a tenant's requests: "" (one shared by all) or the tenant.
+        It orders and packs requests only; what keeps the domains apart in vLLM is `cache_salt`."""
         return tenant_id if self.prefix_cache_sharing == "tenant" else ""
+
+    def cache_salt(self, tenant_id: str) -> str | None:
+        """The ``cache_salt`` vLLM gets with a tenant's requests (None: global sharing, no salt).
+
+        vLLM hashes the salt into a prompt's first KV block, so only requests with the same salt
+        share cache entries. The salt must be secret, not the tenant id: a tenant that could name
+        another's salt could reach its entries. So it is an HMAC of the tenant id under
+        FREIGHT_SECRET_KEY, or under a key drawn once per process when that is unset."""
+        if self.prefix_cache_sharing != "tenant":
+            return None
+        key = self.secret_key.encode() if self.secret_key else _PROCESS_SALT_KEY
+        return hmac.new(key, b"freight prefix cache\0" + tenant_id.encode(), hashlib.sha256).hexdigest()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:

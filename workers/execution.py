@@ -71,6 +71,9 @@ class Claim:
     row_start: int = 0  # the unit's rows are [row_start, row_start + n_requests) of its shard
     cache_domain: str = ""  # whose prefix-cache entries its requests may share ("": everyone's)
     urgent: bool = False  # its batch was at risk of missing its deadline when claimed
+    # vLLM's cache_salt for its requests: a secret per tenant (Settings.cache_salt), None when
+    # every tenant shares the prefix cache
+    cache_salt: str | None = None
 
 
 def held(claim: Claim) -> ColumnElement[bool]:
@@ -121,6 +124,7 @@ def claim_unit(rt: Runtime, unit_id: int, now: float, worker: str = WORKER_NAME)
             unit.row_start,
             rt.settings.cache_domain(batch.tenant_id),
             batch.at_risk_since is not None,
+            rt.settings.cache_salt(batch.tenant_id),
         )
 
 
@@ -397,7 +401,7 @@ class PackRunner:
                 body=row.body,
                 prompt_token_ids=row.prompt_token_ids,
                 validated=True,
-                cache_salt=unit.claim.cache_domain or None,
+                cache_salt=unit.claim.cache_salt,
             )
             rejected = engine.add(request)
             if rejected is not None:

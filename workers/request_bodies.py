@@ -11,9 +11,10 @@ Deliberate differences from `vllm serve`, because a batch line cannot honour the
 streaming, beam search, tool calling (no tool-call parser is configured; `tools` with
 `tool_choice: "none"` still reach the chat template), request-supplied chat templates,
 non-text content parts, prompt embeddings, FIM `suffix`, several prompts in one
-completions body (put each on its own line), disaggregated-serving transfer parameters
-and non-zero `priority` (Freight schedules by job). When a body gives neither
-`max_tokens` nor `max_completion_tokens`, the output budget is the configured default,
+completions body (put each on its own line), disaggregated-serving transfer parameters,
+non-zero `priority` (Freight schedules by job) and `cache_salt` (Freight salts each tenant's
+prefix cache itself; a salt of the body's choosing could name another tenant's). When a body
+gives neither `max_tokens` nor `max_completion_tokens`, the output budget is the configured default,
 capped by the context left (completions included, where OpenAI's default is 16).
 """
 
@@ -47,6 +48,7 @@ _UNSUPPORTED_FIELDS = {
     "ec_transfer_params": "disaggregated-serving transfer parameters are internal to vLLM serve.",
     "prompt_embeds": "prompt embeddings are not accepted in batch input.",
     "chat_template": "request-supplied chat templates are not trusted; the model's template is used.",
+    "cache_salt": "Freight keeps each tenant's prefix cache apart itself.",
 }
 
 

@@ -103,6 +103,8 @@ def sched(  # two engine workers, lines of a million-request file allowed
         "FREIGHT_MAX_REQUESTS_PER_FILE": str(HUGE),
         "FREIGHT_MAX_FILE_BYTES": str(400 * 1024 * 1024),
         "FREIGHT_SORT_MEMORY_MB": "32",
+        # test_small_jobs_share_packs_workers_and_prefixes: tenants meet in one prefix cache
+        "FREIGHT_PREFIX_CACHE_SHARING": "global",
     }
     live_stack, stack = start_live(
         tmp_path_factory.mktemp("sched"),

@@ -35,6 +35,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterat
         "FREIGHT_ENGINE_BLOCK_SIZE": "32",
         "FREIGHT_ENGINE_MAX_MODEL_LEN": "1024",
         "FREIGHT_HEARTBEAT_SECONDS": "1",
+        "FREIGHT_PREFIX_CACHE_SHARING": "global",  # the tenants' jobs are to meet in one cache
     }
     live_stack, stack = start_live(tmp_path_factory.mktemp("shared"), demo_model, overrides, TENANTS)
     try:
