@@ -58,6 +58,20 @@ def local_checkpoint(source: str, cache_root: Path, client_factory: Callable[[],
     return target
 
 
+def staged_path(staging: Path, relative: str) -> Path | None:
+    """Where the object named ``relative`` (its key less the prefix) goes under ``staging``, or
+    None if that name could land anywhere else. Keys are untrusted names: ``prefix//etc/cron.d/x``
+    leaves ``/etc/cron.d/x``, which ``staging / relative`` takes as an absolute path. So every
+    segment must be a plain name (no empty, ``.`` or ``..`` segment, no NUL), and the resolved
+    path (symlinks followed) must still be inside the resolved staging folder."""
+    segments = relative.split("/")
+    if any(s in ("", ".", "..") or "\0" in s for s in segments):
+        return None
+    root = staging.resolve()
+    dest = root.joinpath(*segments).resolve()
+    return dest if dest.is_relative_to(root) and dest != root else None
+
+
 def _download(source: str, target: Path, client: Any) -> None:
     bucket, prefix = split_s3(source)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
@@ -66,10 +80,13 @@ def _download(source: str, target: Path, client: Any) -> None:
         for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             for obj in page.get("Contents", []):
                 relative = obj["Key"][len(prefix) :]
-                # keys are untrusted names: never write outside the staging folder
-                if not relative or relative.endswith("/") or ".." in Path(relative).parts:
-                    continue
-                dest = staging / relative
+                if not relative or relative.endswith("/"):
+                    continue  # the prefix itself or a folder marker: nothing to write
+                dest = staged_path(staging, relative)
+                if dest is None:
+                    raise CheckpointError(
+                        f"{source}: refusing object {obj['Key']!r}: its name is not a plain relative path"
+                    )
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 client.download_file(bucket, obj["Key"], str(dest))
                 count += 1
