@@ -14,14 +14,22 @@ import click
 
 from api.client_cli import CLIENT_COMMANDS
 from api.models_cli import models
+from storage.private_files import private_process
 from storage.settings import Settings, SettingsError
 
 
 def _settings() -> Settings:
+    """The command's settings; and from here on, everything it (or what it execs) makes is private
+    (umask 077, the data folder 0700: see storage/private_files.py)."""
     try:
-        return Settings.from_env()
+        settings = Settings.from_env()
     except SettingsError as exc:
         raise click.ClickException(str(exc)) from exc
+    try:
+        private_process(settings.data_dir)
+    except OSError as exc:
+        raise click.ClickException(f"FREIGHT_DATA_DIR {settings.data_dir}: {exc}") from exc
+    return settings
 
 
 @click.group()

@@ -8,7 +8,12 @@ REPO=$(pwd)
 PY=.venv/bin/python
 RUN_DIR=var/run
 ENV_FILE=var/freight.env
+# var/ holds the data folder, the settings and the demo API key: its owner's alone (folders 0700,
+# files 0600), and so is everything the stack started from here writes (it inherits the umask)
+umask 077
 mkdir -p var "$RUN_DIR"
+chmod 700 var
+for secret in "$ENV_FILE" var/demo-api-key; do [ ! -e "$secret" ] || chmod 600 "$secret"; done
 
 if [ ! -f "$ENV_FILE" ]; then
     cat >"$ENV_FILE" <<EOV

@@ -18,6 +18,8 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from storage.private_files import create_private_file, make_private_dir
+
 _IMMEDIATE = "freight_sqlite_immediate"
 
 
@@ -66,7 +68,11 @@ def _make_engine(url: str) -> Engine:
 
     path = url.split("///", 1)[-1]
     if path and path != ":memory:":
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        # the database is its owner's alone (storage/private_files.py); SQLite gives its -wal and
+        # -shm files the database file's mode
+        make_private_dir(Path(path).parent)
+        if "///" in url and "?" not in path:  # a plain file path (not sqlite:// in memory, no options)
+            create_private_file(Path(path))
     engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
 
     @event.listens_for(engine, "connect")

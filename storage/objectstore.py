@@ -20,6 +20,7 @@ from typing import IO, Protocol
 from urllib.parse import urlparse
 
 from storage.objectstore_retry import Retrier, RetryPolicy
+from storage.private_files import make_private_dir, open_private
 
 CHUNK = 1024 * 1024  # bytes per streamed read
 
@@ -117,11 +118,11 @@ class LocalObjectStore:
 
     def put_stream(self, key: str, stream: IO[bytes]) -> int:
         path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dir(path.parent)  # tenants' data: folders 0700, files 0600
         tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.part")
         total = 0
         try:
-            with open(tmp, "wb") as out:
+            with os.fdopen(open_private(tmp), "wb") as out:
                 while chunk := stream.read(CHUNK):
                     out.write(chunk)
                     total += len(chunk)
