@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import tempfile
 import time
@@ -29,6 +30,9 @@ FINAL = ("completed", "failed", "expired", "cancelled")
 STATUSES = ("validating", "in_progress", "finalizing", "cancelling", *FINAL)
 MAX_LINE_BYTES = 8 * 1024 * 1024
 BAR = 24
+# a batch id names the downloaded files, so it must be a plain name: letters, digits, "_" and "-"
+# (Freight's batch_<hex>, OpenAI's batch_<alnum>), never a path ("/", ".."), an option or a dot file
+BATCH_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 
 
 class ClientError(click.ClickException):
@@ -271,10 +275,18 @@ def show_errors(b: dict) -> None:
         click.echo(f"  {where}{e.get('code')}: {e.get('message')}", err=True)
 
 
+def checked_batch_id(batch_id: object) -> str:
+    """``batch_id`` if it is a plain batch id (BATCH_ID); a ClientError otherwise."""
+    if not isinstance(batch_id, str) or not BATCH_ID.fullmatch(batch_id):
+        raise ClientError(f"not a batch id: {str(batch_id)[:200]!r} (expected letters, digits, '_' and '-')")
+    return batch_id
+
+
 def fetch(client: Any, b: dict, output_dir: Path, fmt: str = "jsonl") -> list[Path]:
     """Download the batch's output and error files as ``<id>.output.<fmt>`` / ``<id>.errors.<fmt>``
     (through a temporary name, so a broken download never looks complete). Parquet is converted
-    by the server (``?format=parquet``)."""
+    by the server (``?format=parquet``). The id is the server's, checked before it names a file."""
+    batch_id = checked_batch_id(b.get("id"))
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -283,7 +295,7 @@ def fetch(client: Any, b: dict, output_dir: Path, fmt: str = "jsonl") -> list[Pa
     for kind, file_id in (("output", b.get("output_file_id")), ("errors", b.get("error_file_id"))):
         if not file_id:
             continue
-        path = output_dir / f"{b['id']}.{kind}.{fmt}"
+        path = output_dir / f"{batch_id}.{kind}.{fmt}"
         part = path.with_name(path.name + ".part")
         try:
             query = {"format": fmt} if fmt != "jsonl" else None
@@ -400,7 +412,7 @@ def cancel(client: Any, batch_id: str) -> None:
 @connection
 def download(client: Any, batch_id: str, output_dir: Path, fmt: str) -> None:
     """Save a batch's output and error files into DIR (the current one by default)."""
-    b = client.batches.retrieve(batch_id).to_dict()
+    b = client.batches.retrieve(checked_batch_id(batch_id)).to_dict()
     if not b.get("output_file_id") and not b.get("error_file_id"):
         if b["status"] in FINAL:
             raise ClientError(f"batch {batch_id} ({b['status']}) has no result files")

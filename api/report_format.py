@@ -14,6 +14,10 @@ from api.services.reports import ALL, ReportRow
 FORMATS = ("table", "csv", "json", "parquet")
 TEXT_FORMATS = ("table", "csv", "json")
 FIELDS = tuple(f.name for f in fields(ReportRow))
+# a spreadsheet opening the CSV runs a cell that starts with one of these as a formula (CSV
+# injection through a tenant or model name): such text cells get a leading apostrophe, which
+# spreadsheets show as text. Numbers are never text cells, so a negative saving stays a number
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
 def dollars(value: float | None) -> str:
@@ -91,13 +95,26 @@ def format_table(rows: Sequence[ReportRow]) -> str:
     return "\n".join(out) + "\n"
 
 
+def csv_cell(value: object) -> object:
+    """None is an empty cell; text that a spreadsheet would take for a formula is escaped."""
+    if value is None:
+        return ""
+    # a lone "-" (the report's "no model") is no formula and stays as it is
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS) and value != "-":
+        return "'" + value
+    return value
+
+
 def format_csv(rows: Sequence[ReportRow]) -> str:
-    """A header of ReportRow's field names, one line per row; None is an empty cell."""
+    """A header of ReportRow's field names, one line per row; None is an empty cell, and a text
+    cell starting with = + - @ (or a tab or CR) starts with an apostrophe."""
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=FIELDS, lineterminator="\n")
+    # RFC 4180 line ends: the writer then quotes a cell holding a lone CR, which a "\n" terminator
+    # would leave bare (a row broken in two by a name)
+    writer = csv.DictWriter(buffer, fieldnames=FIELDS, lineterminator="\r\n")
     writer.writeheader()
     for r in rows:
-        writer.writerow({k: "" if v is None else v for k, v in asdict(r).items()})
+        writer.writerow({k: csv_cell(v) for k, v in asdict(r).items()})
     return buffer.getvalue()
 
 

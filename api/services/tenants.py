@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 
 from sqlalchemy import select
@@ -13,6 +14,9 @@ from storage.errors import ServiceError
 from storage.models import ApiKey, Tenant
 
 KEY_PREFIX = "fk-"
+# a tenant's name reaches reports (CSV, spreadsheets), metric labels, logs, the console and shell
+# arguments: letters, digits, "." "_" "-", starting with a letter or digit (never "-" or "=")
+TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def hash_key(key: str) -> str:
@@ -21,8 +25,12 @@ def hash_key(key: str) -> str:
 
 def create_tenant(db: Database, name: str, now: int) -> tuple[Tenant, str]:
     name = name.strip()
-    if not name or len(name) > 200:
-        raise ServiceError("invalid_request", "tenant name must be 1 to 200 characters", param="name")
+    if not TENANT_NAME.fullmatch(name):
+        raise ServiceError(
+            "invalid_request",
+            "tenant name must be 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit",
+            param="name",
+        )
     with db.write() as s:
         if s.scalar(select(Tenant).where(Tenant.name == name)) is not None:
             raise ServiceError("conflict", f"tenant {name!r} already exists", param="name")
