@@ -41,7 +41,8 @@ from workers.checkpoint import checkpoint_dir
 from workers.dispatcher import admit_batch, measured_throughput
 from workers.planning import plan_batch
 from workers.prompt_tokens import RenderedPrompt, TokenizerUnavailable, renderer_for
-from workers.request_bodies import RequestError, parse_body
+from workers.request_bodies import RequestError
+from workers.request_shapes import RequestShapes
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,8 @@ class FileRules:
     max_requests: int
     max_line_bytes: int
     render: PromptFn | None = None  # None: no token ids, no ordering key (rows keep file order)
+    # the file's accepted request shapes: vLLM's request model runs once per shape, not per line
+    shapes: RequestShapes = field(default_factory=RequestShapes, compare=False)
 
 
 def check_line(raw: bytes, line_no: int, rules: FileRules) -> ValidLine | LineError:
@@ -143,7 +146,7 @@ def check_line(raw: bytes, line_no: int, rules: FileRules) -> ValidLine | LineEr
         )
     max_tokens = None
     try:
-        max_tokens = parse_body(rules.endpoint, body).max_tokens
+        max_tokens = rules.shapes.max_tokens(rules.endpoint, body)
     except RequestError as exc:
         # a well-formed request Freight cannot honour (streaming, tool calling, …) is that
         # request's 400 error line at run time; only malformed input fails the whole file

@@ -1,0 +1,162 @@
+"""The shape cache (workers/request_shapes.py) agrees with the full path on every body: same
+acceptance, same output budget, same error code, message and param, whatever bodies of the same
+or another shape came before it (issue #21, section 1)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from workers.request_bodies import CHAT, COMPLETIONS, RequestError, parse_body
+from workers.request_shapes import MAX_KEY_CHARS, RequestShapes, shape_key
+from workers.validation import FileRules, check_line
+
+TEXT = st.text(max_size=12)
+FLOAT = st.floats(-3, 3, allow_nan=False)
+PARAMS: dict[str, st.SearchStrategy[Any]] = {
+    "temperature": st.one_of(FLOAT, st.just("hot")),
+    "top_p": st.one_of(st.floats(-0.5, 1.5, allow_nan=False), st.just([])),
+    "max_tokens": st.one_of(st.integers(-5, 3_000_000), st.just("4"), st.just(2.5)),
+    "max_completion_tokens": st.integers(-1, 64),
+    "n": st.integers(-1, 200),
+    "stop": st.one_of(TEXT, st.lists(TEXT, max_size=5), st.just(7)),
+    "seed": st.integers(-(2**64), 2**64),
+    "stream": st.sampled_from([False, True, "true"]),
+    "logprobs": st.one_of(st.booleans(), st.integers(-1, 30)),
+    "top_logprobs": st.integers(-1, 30),
+    "presence_penalty": FLOAT,
+    "min_tokens": st.integers(-1, 20),
+    "response_format": st.sampled_from(
+        [{"type": "json_object"}, {"type": "text"}, "json", {"type": "json_schema"}]
+    ),
+    "tool_choice": st.sampled_from(["none", "auto", "required"]),
+    "priority": st.sampled_from([0, 1]),
+    "cache_salt": TEXT,
+    "misspelt_parameter": st.integers(),
+}
+
+
+@st.composite
+def text_pair(draw: st.DrawFn) -> tuple[str, str]:
+    """Two texts for one slot, empty ones often: empty and non-empty meet in every combination."""
+    maybe_empty = st.one_of(st.just(""), TEXT)
+    return draw(maybe_empty), draw(maybe_empty)
+
+
+@st.composite
+def body_pair(draw: st.DrawFn, endpoint: str) -> tuple[dict, dict]:
+    """Two bodies alike in everything but their texts."""
+    # half the bodies have no parameter beyond the text: most of those are valid requests
+    fields = draw(
+        st.one_of(st.just({}), st.dictionaries(st.sampled_from(sorted(PARAMS)), st.none(), max_size=3))
+    )
+    params = {name: draw(PARAMS[name]) for name in fields}
+    model = draw(st.sampled_from(["demo", "demo", "demo", "", 3]))
+    if endpoint == CHAT:
+        first: list[Any] = []
+        second: list[Any] = []
+        for _ in range(draw(st.integers(0, 3))):
+            role = draw(st.sampled_from(["system", "user", "assistant", "tool", "robot"]))
+            kind = draw(st.sampled_from(["text", "text", "parts", "none", "number"]))
+            a, b = draw(text_pair())
+            extra = {"name": draw(TEXT)} if draw(st.booleans()) else {}
+            if kind == "text":
+                first.append({"role": role, "content": a, **extra})
+                second.append({"role": role, "content": b, **extra})
+            elif kind == "parts":
+                part_type = draw(st.sampled_from(["text", "text", "image_url"]))
+                first.append({"role": role, "content": [{"type": part_type, "text": a}], **extra})
+                second.append({"role": role, "content": [{"type": part_type, "text": b}], **extra})
+            else:
+                content = None if kind == "none" else 5
+                first.append({"role": role, "content": content, **extra})
+                second.append({"role": role, "content": content, **extra})
+        return {"model": model, "messages": first, **params}, {"model": model, "messages": second, **params}
+    kind = draw(st.sampled_from(["text", "text", "ids", "listed"]))
+    a, b = draw(text_pair())
+    if kind == "ids":
+        ids = draw(st.lists(st.integers(-1, 50_000), max_size=6))
+        a_prompt: Any = ids
+        b_prompt: Any = ids
+    elif kind == "listed":
+        a_prompt, b_prompt = [a], [b]
+    else:
+        a_prompt, b_prompt = a, b
+    return {"model": model, "prompt": a_prompt, **params}, {"model": model, "prompt": b_prompt, **params}
+
+
+def full(endpoint: str, body: dict) -> tuple:
+    try:
+        return ("accepted", parse_body(endpoint, body).max_tokens)
+    except RequestError as exc:
+        return ("refused", exc.code, exc.message, exc.param)
+
+
+def fast(shapes: RequestShapes, endpoint: str, body: dict) -> tuple:
+    try:
+        return ("accepted", shapes.max_tokens(endpoint, body))
+    except RequestError as exc:
+        return ("refused", exc.code, exc.message, exc.param)
+
+
+SHARED = RequestShapes(max_shapes=64)  # lives across examples: earlier bodies' shapes are in it
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(endpoint=st.sampled_from([CHAT, COMPLETIONS]), data=st.data())
+def test_the_shape_cache_and_the_full_path_agree(endpoint: str, data: st.DataObject) -> None:
+    first, second = data.draw(body_pair(endpoint))
+    shapes = RequestShapes()
+    assert fast(shapes, endpoint, first) == full(endpoint, first)
+    assert fast(shapes, endpoint, second) == full(endpoint, second)  # after its shape-mate
+    assert fast(SHARED, endpoint, second) == full(endpoint, second)
+    assert fast(SHARED, endpoint, first) == full(endpoint, first)
+
+
+def test_lines_of_one_shape_are_parsed_once_and_texts_do_not_matter() -> None:
+    shapes = RequestShapes()
+    for i in range(50):
+        body = {"model": "demo", "messages": [{"role": "user", "content": f"question {i}"}], "max_tokens": 7}
+        assert shapes.max_tokens(CHAT, body) == 7
+    assert (shapes.misses, shapes.hits) == (1, 49)
+    # an empty text is another shape: the full path decides it
+    prompt = {"model": "demo", "prompt": "a prompt", "max_tokens": 7}
+    empty = {**prompt, "prompt": ""}
+    assert fast(shapes, COMPLETIONS, prompt) == ("accepted", 7)
+    for _ in range(2):
+        assert fast(shapes, COMPLETIONS, empty) == full(COMPLETIONS, empty)
+        assert full(COMPLETIONS, empty)[:2] == ("refused", "invalid_request")
+    assert shapes.misses == 4  # a refused shape is never remembered
+
+
+def test_shapes_that_are_long_or_unwritable_are_not_remembered() -> None:
+    long_ids = {"model": "demo", "prompt": list(range(MAX_KEY_CHARS)), "max_tokens": 1}
+    assert shape_key(COMPLETIONS, long_ids) is None
+    huge = {"model": "demo", "prompt": "x", "seed": 10**5000}
+    assert shape_key(COMPLETIONS, huge) is None  # more digits than int -> str allows
+    shapes = RequestShapes(max_shapes=2)
+    for n in range(1, 5):
+        shapes.max_tokens(COMPLETIONS, {"model": "demo", "prompt": "p", "max_tokens": n})
+    assert len(shapes._accepted) == 2  # least recently used went first
+
+
+def test_a_file_validates_with_its_own_shape_cache() -> None:
+    """check_line goes through the file's cache: the second line of a shape is a hit, and an error
+    line is the full path's (here: the line's own number and message)."""
+    rules = FileRules(CHAT, frozenset({"demo"}), max_requests=10, max_line_bytes=10_000)
+    good = b'{"custom_id":"a%d","method":"POST","url":"/v1/chat/completions","body":{"model":"demo","messages":[{"role":"user","content":"q%d"}],"max_tokens":3}}'
+    bad = b'{"custom_id":"b","method":"POST","url":"/v1/chat/completions","body":{"model":"demo","messages":[{"role":"user","content":"q"}],"max_tokens":3,"temperature":-1}}'
+    first, second = check_line(good % (1, 1), 1, rules), check_line(good % (2, 2), 2, rules)
+    assert first.row.max_tokens == second.row.max_tokens == 3  # type: ignore[union-attr]
+    assert (rules.shapes.misses, rules.shapes.hits) == (1, 1)
+    refused = check_line(bad, 3, rules)
+    assert refused.line == 3 and refused.code == "invalid_request" and "temperature" in refused.message  # type: ignore[union-attr]
+    assert FileRules(CHAT, frozenset({"demo"}), 10, 10_000).shapes is not rules.shapes
