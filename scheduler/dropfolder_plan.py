@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
+from scheduler import json_text
+
 INBOX = "inbox/"
 OUTBOX = "outbox/"
 ARCHIVE = "archive/"
@@ -162,9 +164,9 @@ def parse_sidecar(raw: bytes) -> Sidecar:
     if len(raw) > MAX_SIDECAR_BYTES:
         raise SidecarError(f"the sidecar is larger than {MAX_SIDECAR_BYTES} bytes")
     try:
-        data = json.loads(raw.decode("utf-8-sig"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SidecarError(f"the sidecar is not valid JSON: {exc}") from exc
+        data = json_text.loads(raw.decode("utf-8-sig"))
+    except ValueError as exc:  # UnicodeDecodeError too; depth and digit limits included
+        raise SidecarError(f"the sidecar is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise SidecarError("the sidecar must be a JSON object")
     unknown = sorted(set(data) - set(SIDECAR_FIELDS))
@@ -211,14 +213,17 @@ def fill_model(line: bytes, model: str, first: bool = False) -> bytes:
     is (its own model wins, and a malformed line is left for validation to report)."""
     try:
         text = line.decode("utf-8")
-        obj = json.loads(text[1:] if first and text.startswith(BOM) else text)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        obj = json_text.loads(text[1:] if first and text.startswith(BOM) else text)
+    except ValueError:  # UnicodeDecodeError, malformed, past the depth or digit limits
         return line
     body = obj.get("body") if isinstance(obj, dict) else None
     if not isinstance(body, dict) or "model" in body:
         return line
     body["model"] = model
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+    try:
+        return json_text.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+    except ValueError:
+        return line
 
 
 # -- the manifest -------------------------------------------------------------------------------

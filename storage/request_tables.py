@@ -25,6 +25,8 @@ from typing import IO, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from scheduler import json_text
+
 MAGIC = b"PAR1"
 DEFAULTS_KEY = b"freight.defaults"
 DEFAULT_PREFIX = "default_"  # batch metadata keys carrying defaults: default_model, default_max_tokens
@@ -56,8 +58,8 @@ def metadata_defaults(metadata: Mapping[str, str] | None) -> dict[str, Any]:
     for name, value in (metadata or {}).items():
         if name.startswith(DEFAULT_PREFIX) and len(name) > len(DEFAULT_PREFIX):
             try:
-                out[name[len(DEFAULT_PREFIX) :]] = json.loads(value)
-            except (TypeError, ValueError):
+                out[name[len(DEFAULT_PREFIX) :]] = json_text.loads(value)
+            except (TypeError, ValueError):  # past the depth or digit limits too: kept as text
                 out[name[len(DEFAULT_PREFIX) :]] = value
     return out
 
@@ -67,7 +69,7 @@ def file_defaults(pf: pq.ParquetFile) -> dict[str, Any]:
     raw = (pf.schema_arrow.metadata or {}).get(DEFAULTS_KEY)
     if raw is None:
         return {}
-    value = json.loads(raw)
+    value = json_text.loads(raw)  # ValueError for depth and digit limits too
     if not isinstance(value, dict):
         raise ValueError("freight.defaults must be a JSON object")
     return value
@@ -138,8 +140,8 @@ def _line(
             body = body.decode("utf-8", "replace")
         if isinstance(body, str):
             try:
-                body = json.loads(body)
-            except ValueError as exc:
+                body = json_text.loads(body)
+            except ValueError as exc:  # malformed, a number past the digit limit, too deep
                 return RowError(
                     row, "invalid_body", f"row {row}, column 'body': not valid JSON ({exc})", "body"
                 )
@@ -158,7 +160,7 @@ def _line(
                 continue
             if name in JSON_TEXT_FIELDS and isinstance(value, str) and value[:1] in ("[", "{"):
                 try:
-                    value = json.loads(value)
+                    value = json_text.loads(value)
                 except ValueError as exc:
                     return RowError(
                         row, "invalid_value", f"row {row}, column '{name}': not valid JSON ({exc})", name
@@ -168,11 +170,13 @@ def _line(
             body[name] = value
         line = {"custom_id": record.get("custom_id"), "method": "POST", "url": endpoint, "body": body}
     try:
-        return json.dumps(line, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        return json_text.dumps(line, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
     except (TypeError, ValueError):
         for name, value in record.items():
             try:
-                json.dumps(value, allow_nan=False)
+                json_text.dumps(value, allow_nan=False)
+            except json_text.JSONTextError as exc:
+                return RowError(row, "invalid_value", f"row {row}, column '{name}': {exc}", name)
             except (TypeError, ValueError):
                 return RowError(
                     row,
@@ -206,8 +210,8 @@ def write_requests(lines: Iterable[bytes], sink: IO[bytes] | str) -> int:
             if not text:
                 continue
             try:
-                obj = json.loads(text)
-            except ValueError:
+                obj = json_text.loads(text)
+            except ValueError:  # depth and digit limits too: the line is kept as text
                 obj = None
             if not isinstance(obj, dict):
                 buffer.append((None, None, None, text))

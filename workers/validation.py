@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 import logging
 import struct
 import threading
@@ -26,6 +25,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from scheduler import json_text
 from scheduler.ordering import SortStats, common_prefix_tokens, sort_records
 from storage.checkpoint_cache import CheckpointError
 from storage.leases import release_lease, renew_lease, take_lease
@@ -109,8 +109,8 @@ def check_line(raw: bytes, line_no: int, rules: FileRules) -> ValidLine | LineEr
             line_no, "invalid_json_line", f"line is not valid UTF-8 ({exc.reason} at byte {exc.start})"
         )
     try:
-        obj = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
+        obj = json_text.loads(text)
+    except ValueError as exc:  # malformed, a number past the digit limit, nested too deeply
         return LineError(line_no, "invalid_json_line", f"line is not valid JSON: {getattr(exc, 'msg', exc)}")
     if not isinstance(obj, dict):
         return LineError(line_no, "invalid_json_line", "line must be a JSON object")
@@ -136,7 +136,10 @@ def check_line(raw: bytes, line_no: int, rules: FileRules) -> ValidLine | LineEr
     body = obj.get("body")
     if not isinstance(body, dict):
         return LineError(line_no, "invalid_body", "body must be a JSON object", "body")
-    body_json = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    try:
+        body_json = json_text.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    except ValueError as exc:
+        return LineError(line_no, "invalid_body", f"body cannot be stored: {exc}", "body")
     if not _is_utf8(body_json):
         return LineError(line_no, "invalid_body", f"body {SURROGATE}", "body")
     model = body.get("model")

@@ -228,6 +228,26 @@ def test_upload_creates_the_file_and_the_batch(app, keys, alpha):
     assert alpha.get(f"/console/jobs/{batch_id}/files/output").status_code == 404  # not yet
 
 
+def test_an_upload_of_lines_that_crashed_the_parser_creates_the_batch(app, keys, alpha):
+    """A number past Python's 4,300 digits, or nesting deeper than JSON decoders recurse, in a line
+    the console gives a model to: the upload used to answer 500 (issue #19, section 2). The lines
+    are stored as sent and validation reports them."""
+    huge = (
+        b'{"custom_id":"n","method":"POST","url":"/v1/chat/completions","body":{"seed":' + b"9" * 5000 + b"}}"
+    )
+    deep = b"[" * 20_000 + b"]" * 20_000
+    form = {
+        "csrf_token": csrf(alpha, "/console/upload"), "endpoint": "/v1/chat/completions", "model": "demo",
+        "window": "1h", "file": (io.BytesIO(jsonl([chat_line("a", model=OMIT)]) + huge + b"\n" + deep), "x.jsonl"),
+    }  # fmt: skip
+    response = alpha.post("/console/upload", data=form, content_type="multipart/form-data")
+    assert response.status_code == 302, response.get_data(as_text=True)[:500]
+    headers = {"Authorization": f"Bearer {keys['a']}"}
+    batch = app.test_client().get(f"/v1/batches/{response.location.rsplit('/', 1)[-1]}", headers=headers)
+    stored = app.test_client().get(f"/v1/files/{batch.get_json()['input_file_id']}/content", headers=headers)
+    assert stored.data.splitlines()[1:] == [huge, deep]
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [

@@ -330,6 +330,31 @@ def test_invalid_files_get_a_failed_manifest_and_move_to_failed(runtime, s3, buc
     assert dropfolders.scan_folder(runtime, folder, later()).created == []
 
 
+def test_files_that_crashed_the_parser_do_not_block_the_folder(runtime, s3, bucket, folder):
+    """A sidecar nested deeper than JSON decoders recurse, and a line holding a number past Python's
+    4,300 digits, used to raise out of the scan on every pass (issue #19, section 2): now the one is
+    refused, the other becomes a batch whose validation reports the line, and the file after them
+    in the folder still becomes its batch."""
+    put(s3, bucket, "inbox/a-deep.jsonl", jsonl([line("a")]))
+    put(s3, bucket, "inbox/a-deep.jsonl.freight.json", b"[" * 20_000 + b"]" * 20_000)
+    huge = (
+        b'{"custom_id":"n","method":"POST","url":"/v1/chat/completions","body":{"seed":' + b"9" * 5000 + b"}}"
+    )
+    put(s3, bucket, "inbox/b-huge.jsonl", jsonl([line("a")]) + huge + b"\n")
+    put(s3, bucket, "inbox/c-fine.jsonl", jsonl([line("a")]))
+    report = dropfolders.scan_folder(runtime, folder, later())
+    assert report.failed is None and report.refused == ["inbox/a-deep.jsonl"]
+    assert len(report.created) == 2
+    for batch_id in report.created:
+        validate_batch(runtime, batch_id)
+    with runtime.db.read() as s:
+        batches = {b.metadata_["source_object"].rsplit("/", 1)[-1]: b for b in s.scalars(select(Batch))}
+    assert batches["c-fine.jsonl"].status == "in_progress"
+    assert batches["b-huge.jsonl"].status == "failed"
+    [error] = batches["b-huge.jsonl"].errors["data"]
+    assert (error["line"], error["code"]) == (2, "invalid_json_line") and "4300 digits" in error["message"]
+
+
 def test_an_unreachable_bucket_backs_off_and_logs_no_secret(runtime, s3, bucket, folder, caplog):
     put(s3, bucket, "inbox/wait.jsonl", jsonl([line("a")]))
     good = s3.endpoint_url

@@ -14,6 +14,7 @@ import io
 import json
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -172,6 +173,15 @@ def mutations(draw: st.DrawFn, line: dict) -> tuple[object, bool]:
     elif kind == "surrogate":
         where = draw(st.sampled_from(['"hi"', '"req-']))  # the content, or the custom_id
         return json.dumps(obj).replace(where, where[0] + "\\ud800" + where[1:], 1), True
+    elif kind == "parser_limits":  # what json.loads raises other than JSONDecodeError for
+        number = "9" * draw(st.integers(4301, 6000))  # ValueError: past the int <-> str digit limit
+        deep = "[" * draw(st.integers(3000, 5000))  # RecursionError: past the decoder's recursion
+        hostile = draw(st.sampled_from([number, deep + "]" * len(deep), deep]))
+        where = draw(st.sampled_from(['"seed": 1', '"content": "hi"', "line"]))
+        if where == "line":
+            return hostile, True
+        obj["body"]["seed"] = 1
+        return json.dumps(obj).replace(where, where.split(":")[0] + ": " + hostile, 1), True
     elif kind == "unicode_ok":
         body["messages"][0]["content"] = draw(st.text(st.characters(codec="utf-8"), min_size=1, max_size=60))
         obj["custom_id"] = obj["custom_id"] + draw(st.text(st.characters(codec="utf-8"), max_size=8))
@@ -180,7 +190,7 @@ def mutations(draw: st.DrawFn, line: dict) -> tuple[object, bool]:
 
 
 MUTATIONS = ["drop", "retype_custom_id", "method", "url", "extra_field", "body_type", "model", "messages_junk",
-             "numbers", "unknown_param", "surrogate", "unicode_ok"]  # fmt: skip
+             "numbers", "unknown_param", "surrogate", "parser_limits", "unicode_ok"]  # fmt: skip
 
 
 def _plausible_messages(messages: object) -> bool:
@@ -222,7 +232,8 @@ def mutated_file(draw: st.DrawFn) -> tuple[bytes, dict[int, str]]:
 @given(case=mutated_file())
 def test_mutated_valid_lines_are_reported_by_number_and_valid_ones_accepted(rules, case):
     data, expect = case
-    rows, result, _ = validate(data, rules)
+    # room for the parser_limits lines (a 6,000-digit number, 5,000 levels): not the limit under test
+    rows, result, _ = validate(data, replace(rules, max_line_bytes=64 * 1024))
     accepted = {r.line for r in rows}
     reported = {e.line: e for e in result.errors}
     for number, outcome in expect.items():
