@@ -22,10 +22,21 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from scheduler import json_text
+from storage.parquet_limits import (
+    LIST_VALUE_BYTES,
+    DecodeLimits,
+    batch_rows,
+    dictionary_columns,
+    list_values,
+    row_sizes,
+    slices,
+)
+from storage.settings import Settings
 
 MAGIC = b"PAR1"
 DEFAULTS_KEY = b"freight.defaults"
@@ -75,6 +86,11 @@ def file_defaults(pf: pq.ParquetFile) -> dict[str, Any]:
     return value
 
 
+def decode_limits(settings: Settings) -> DecodeLimits:
+    """A JSONL file's limits, for what a Parquet file decodes to."""
+    return DecodeLimits(settings.max_requests_per_file, settings.max_line_bytes, settings.max_file_bytes)
+
+
 def _shape(names: list[str]) -> str | None:
     if "body" in names:
         return "openai"
@@ -97,13 +113,19 @@ def column_of(param: str | None, columns: Iterable[str]) -> str | None:
 
 
 def request_lines(
-    source: IO[bytes] | str, endpoint: str | None, defaults: Mapping[str, Any] | None = None
+    source: IO[bytes] | str,
+    endpoint: str | None,
+    defaults: Mapping[str, Any] | None = None,
+    limits: DecodeLimits | None = None,
 ) -> Iterator[bytes | RowError]:
     """One OpenAI batch line (JSON bytes, no newline) or RowError per row of a Parquet file.
 
-    ``endpoint``: the batch's; None (a file not yet in a batch) infers it from the columns."""
+    ``endpoint``: the batch's; None (a file not yet in a batch) infers it from the columns.
+    ``limits``: what the file may decode to (storage/parquet_limits.py), checked per record batch
+    before its rows become Python objects; the first row past a file limit ends the lines."""
     try:
-        pf = pq.ParquetFile(source)
+        columns = dictionary_columns(pq.ParquetFile(source).schema)
+        pf = pq.ParquetFile(source, read_dictionary=columns or None)
         merged = {**file_defaults(pf), **(defaults or {})}
     except (pa.ArrowException, OSError, ValueError) as exc:
         yield RowError(1, "invalid_parquet", f"the file is not readable Parquet: {exc}"[:500])
@@ -124,11 +146,59 @@ def request_lines(
         return
     if endpoint is None:
         endpoint = "/v1/chat/completions" if "messages" in names else "/v1/completions"
-    row = 0
-    for batch in pf.iter_batches(batch_size=READ_ROWS):
-        for record in batch.to_pylist():
-            row += 1
-            yield _line(record, row, shape, endpoint, merged)
+    if limits is None:
+        row = 0
+        for batch in pf.iter_batches(batch_size=READ_ROWS):
+            for record in batch.to_pylist():
+                row += 1
+                yield _line(record, row, shape, endpoint, merged)
+        return
+    values = list_values(pf)
+    if values * LIST_VALUE_BYTES > limits.max_total_bytes:
+        yield RowError(
+            1,
+            "file_too_large",
+            f"the file's list columns hold {values} values: decoded, more than the "
+            f"{limits.max_total_bytes} byte limit",
+        )
+        return
+    yield from _limited_lines(pf, shape, endpoint, merged, limits)
+
+
+def _limited_lines(
+    pf: pq.ParquetFile, shape: str, endpoint: str, defaults: Mapping[str, Any], limits: DecodeLimits
+) -> Iterator[bytes | RowError]:
+    row = total = 0  # rows read; their decoded bytes
+    for batch in pf.iter_batches(batch_size=batch_rows(pf, READ_ROWS)):
+        sizes = sum((row_sizes(column) for column in batch.columns), np.zeros(batch.num_rows, np.int64))
+        for start, end in slices(sizes, alone=limits.max_line_bytes):
+            if row + (end - start) > limits.max_rows:
+                yield RowError(
+                    limits.max_rows + 1,
+                    "too_many_requests",
+                    f"the file has more than {limits.max_rows} requests",
+                )
+                return
+            if end - start == 1 and sizes[start] > limits.max_line_bytes:  # never made an object
+                row += 1
+                yield RowError(
+                    row,
+                    "line_too_large",
+                    f"row {row} is {sizes[start]} bytes decoded; the limit is {limits.max_line_bytes}",
+                )
+                continue
+            total += int(sizes[start:end].sum())
+            if total > limits.max_total_bytes:
+                yield RowError(
+                    row + 1,
+                    "file_too_large",
+                    f"decoded, the file is larger than the {limits.max_total_bytes} byte limit "
+                    f"(by row {row + (end - start)})",
+                )
+                return
+            for record in batch.slice(start, end - start).to_pylist():
+                row += 1
+                yield _line(record, row, shape, endpoint, defaults)
 
 
 def _line(

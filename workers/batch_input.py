@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from storage.objectstore import CHUNK, ObjectStore, iter_lines
+from storage.parquet_limits import DecodeLimits
 from storage.request_tables import RowError, is_parquet, request_lines
 
 
@@ -34,8 +35,14 @@ def head_bytes(store: ObjectStore, key: str, n: int = 4) -> bytes:
 
 @contextmanager
 def open_requests(
-    store: ObjectStore, key: str, endpoint: str, defaults: Mapping[str, Any], spill_dir: str
+    store: ObjectStore,
+    key: str,
+    endpoint: str,
+    defaults: Mapping[str, Any],
+    spill_dir: str,
+    limits: DecodeLimits,
 ) -> Iterator[RequestSource]:
+    """The file's lines: JSONL as stored, Parquet rows as lines decoded within ``limits``."""
     if not is_parquet(head_bytes(store, key)):
         with store.open(key) as stream:
             yield RequestSource(iter_lines(stream), False)
@@ -51,4 +58,4 @@ def open_requests(
             columns = tuple(pq.read_schema(local.name).names)
         except Exception:
             pass  # request_lines reports the unreadable file as the first row's error
-        yield RequestSource(request_lines(local.name, endpoint, defaults), True, columns)
+        yield RequestSource(request_lines(local.name, endpoint, defaults, limits), True, columns)

@@ -31,7 +31,7 @@ from storage.checkpoint_cache import CheckpointError
 from storage.leases import release_lease, renew_lease, take_lease
 from storage.models import Batch, StoredFile, WorkUnit
 from storage.registry import served_names
-from storage.request_tables import RowError, column_of, metadata_defaults
+from storage.request_tables import RowError, column_of, decode_limits, metadata_defaults
 from storage.runtime import Runtime
 from storage.settings import Settings
 from storage.shards import PREFIX_KEY_BYTES, SHARD_UNITS, ShardRow, ShardWriter
@@ -349,7 +349,8 @@ def write_store(
     sort_stats = SortStats()
     spill = spill_dir(settings)
     per_shard = SHARD_UNITS * settings.unit_size
-    with open_requests(rt.store, input_key, rules.endpoint, defaults, spill) as source:
+    limits = decode_limits(rt.settings)
+    with open_requests(rt.store, input_key, rules.endpoint, defaults, spill, limits) as source:
         lines = (_line_error(x) if isinstance(x, RowError) else x for x in source.lines)
 
         def records() -> Iterator[tuple[bytes, int, bytes]]:

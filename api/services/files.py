@@ -16,7 +16,7 @@ from api.services.paging import Page, page
 from storage.errors import ServiceError
 from storage.models import Batch, StoredFile
 from storage.objectstore import CHUNK, iter_lines
-from storage.request_tables import RowError, is_parquet, request_lines, write_requests
+from storage.request_tables import RowError, decode_limits, is_parquet, request_lines, write_requests
 from storage.result_tables import write_results
 from storage.runtime import Runtime
 from storage.status import BatchStatus
@@ -108,9 +108,9 @@ def _converted(rt: Runtime, record: StoredFile, fmt: str) -> tuple[str, int]:
             with rt.store.open(record.object_key) as stream, open(source, "wb") as local:
                 shutil.copyfileobj(stream, local, CHUNK)
             with open(target, "wb") as out:
-                for line in request_lines(source, None):
+                for line in request_lines(source, None, limits=decode_limits(rt.settings)):
                     if isinstance(line, RowError):
-                        raise ServiceError("invalid_request", line.message, param=line.column)
+                        raise ServiceError("invalid_request", line.message, param=line.column, code=line.code)
                     out.write(line + b"\n")
         with open(target, "rb") as converted:
             size = rt.store.put_stream(key, converted)

@@ -1,0 +1,55 @@
+"""A Parquet decompression bomb through the API and validation (issue #19, section 1): a few
+kilobytes that decode to 600 MB. Its JSONL download is an OpenAI 400 naming the limit, no derived
+object is left, and the API process's peak RSS grows by less than 100 MB; as a batch's input it
+fails validation with a row error. Real database, object store and broker, Flask's test client."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from api.app import create_app
+from api.services.tenants import create_tenant
+from storage.models import Batch
+from storage.runtime import Runtime
+from tests.conftest import now
+from tests.factories import http_upload, validated_batch
+from tests.storage.test_parquet_limits import bomb, peak_rss_mb
+
+LIMIT = 200 * 1024 * 1024  # FREIGHT_MAX_FILE_BYTES's default
+
+
+def test_the_jsonl_view_of_a_bomb_is_a_400_within_bounded_memory(settings) -> None:
+    rt = Runtime(replace(settings, max_file_bytes=LIMIT))
+    try:
+        _, key = create_tenant(rt.db, "alpha", now())
+        headers = {"Authorization": f"Bearer {key}"}
+        client = create_app(runtime=rt).test_client()
+        data = bomb()
+        made = http_upload(client, headers, data, "bomb.parquet")
+        assert made.status_code == 200 and made.json["bytes"] == len(data) < 64 * 1024
+        file_id = made.json["id"]
+
+        before = peak_rss_mb(reset=True)
+        refused = client.get(f"/v1/files/{file_id}/content?format=jsonl", headers=headers)
+        grown = peak_rss_mb() - before
+        assert refused.status_code == 400, refused.get_data(as_text=True)[:300]
+        error = refused.get_json()["error"]
+        assert error["code"] == "file_too_large" and f"the {LIMIT} byte limit" in error["message"], error
+        assert grown < 100, f"the API grew by {grown:.0f} MB refusing the bomb"
+        assert not rt.store.exists(f"derived/{file_id}.jsonl")  # nothing half-converted is kept
+        # the file itself is intact and downloadable as it was sent
+        assert client.get(f"/v1/files/{file_id}/content?format=parquet", headers=headers).data == data
+    finally:
+        rt.db.dispose()
+
+
+def test_a_bomb_as_a_batch_input_fails_validation_with_a_row_error(runtime) -> None:
+    tenant, _ = create_tenant(runtime.db, "alpha", now())
+    batch_id = validated_batch(runtime, tenant.id, bomb(rows=40, value_mb=1), name="bomb.parquet")
+    with runtime.db.read() as s:
+        batch = s.get(Batch, batch_id)
+    assert batch.status == "failed"
+    # the test settings allow 64 kB a file, which the first rows' decoded megabytes pass
+    [error] = batch.errors["data"]
+    assert (error["code"], error["line"]) == ("file_too_large", 1), error
+    assert "65536 byte limit" in error["message"]
