@@ -87,8 +87,11 @@ def assess(
     """batch id -> (urgent, at_risk).
 
     Urgent: slack under ``urgent_slack``, so the batch is dispatched strictly by deadline rather
-    than sharing the engines fairly. At risk: slack below zero at the measured rate, counting the
-    work of every batch of its model with an earlier (or equal) deadline as ahead of it.
+    than sharing the engines fairly, unless it is hopeless: past its deadline, or unable to meet
+    it at the measured rate even run alone, ahead of everything. Hurrying a hopeless batch only
+    makes others late; it runs at its fair share and expires. At risk: slack below zero at the
+    measured rate, counting the work of every batch of its model with an earlier (or equal)
+    deadline as ahead of it.
     """
     verdicts: dict[str, tuple[bool, bool]] = {}
     by_model: dict[str, list[BatchLoad]] = defaultdict(list)
@@ -99,6 +102,7 @@ def assess(
         ahead = 0
         for load in sorted(items, key=lambda b: (b.deadline, b.batch_id)):
             spare = slack(load, ahead, rate, now)
-            verdicts[load.batch_id] = (spare < urgent_slack, rate is not None and spare < 0)
+            hopeless = load.deadline <= now or slack(load, 0, rate, now) < 0
+            verdicts[load.batch_id] = (spare < urgent_slack and not hopeless, rate is not None and spare < 0)
             ahead += load.remaining
     return verdicts

@@ -4,7 +4,10 @@ Two separate decisions:
 
 * **Selection** (``dispatch_order``): urgent units first, earliest deadline first; the rest are
   shared fairly between tenants (the tenant with the fewest requests in flight goes next), and
-  within one tenant by its own priority, then deadline.
+  within one tenant by its own priority, then deadline. Urgency is capped per tenant
+  (``urgent_share``): a tenant already holding more than that share of the requests in flight
+  while others wait gets no precedence from its deadlines, so no tenant can take the engines by
+  submitting batches that are always in a hurry.
 * **Layout** (``plan_packs``): the selected units of one model, from any batch and any tenant, are
   sorted by prefix-cache domain, then by the prompt-prefix key of their first request and cut into packs of about
   ``pack_requests`` requests. A pack is what one worker feeds its engine in one go, so small jobs
@@ -17,7 +20,7 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,7 @@ class Pack:
     model: str
     unit_ids: tuple[int, ...]
     n_requests: int
+    urgent: tuple[int, ...] = ()  # the units still urgent after the share cap: the worker runs them first
 
 
 def _deadline_order(c: Candidate) -> tuple:
@@ -51,23 +55,41 @@ def _tenant_order(c: Candidate) -> tuple:
     return (-c.priority, c.deadline, c.created_at, c.batch_id, c.seq)
 
 
-def dispatch_order(candidates: Iterable[Candidate], tenant_load: Mapping[str, int]) -> list[Candidate]:
+def dispatch_order(
+    candidates: Iterable[Candidate], tenant_load: Mapping[str, int], urgent_share: float = 1.0
+) -> list[Candidate]:
     """Urgent units by deadline, then the rest by fair share: requests already in flight per
-    tenant (``tenant_load``) plus those taken so far decide whose unit comes next."""
-    urgent: list[Candidate] = []
+    tenant (``tenant_load``) plus those taken so far decide whose unit comes next.
+
+    ``urgent_share``: an urgent unit goes ahead only while its tenant holds at most this share of
+    the requests in flight and taken (or no other tenant has a unit waiting); otherwise it waits
+    its turn in its tenant's fair-share queue and is returned with ``urgent=False``."""
+    pending = list(candidates)
+    waiting: dict[str, int] = defaultdict(int)  # units not yet placed, per tenant
     per_tenant: dict[str, list[Candidate]] = defaultdict(list)
-    for c in candidates:
-        (urgent if c.urgent else per_tenant[c.tenant_id]).append(c)
-    order = sorted(urgent, key=_deadline_order)
+    for c in pending:
+        waiting[c.tenant_id] += 1
+        if not c.urgent:
+            per_tenant[c.tenant_id].append(c)
+    load: dict[str, int] = defaultdict(int, tenant_load)
+    order: list[Candidate] = []
+    for c in sorted((c for c in pending if c.urgent), key=_deadline_order):
+        others_wait = any(n for tenant, n in waiting.items() if tenant != c.tenant_id)
+        if not others_wait or load[c.tenant_id] <= urgent_share * sum(load.values()):
+            order.append(c)
+            load[c.tenant_id] += c.n_requests
+            waiting[c.tenant_id] -= 1
+        else:
+            per_tenant[c.tenant_id].append(replace(c, urgent=False))
     queues = {tenant: sorted(units, key=_tenant_order, reverse=True) for tenant, units in per_tenant.items()}
-    heap = [(tenant_load.get(tenant, 0), tenant) for tenant in queues]
+    heap = [(load[tenant], tenant) for tenant in queues]
     heapq.heapify(heap)
     while heap:
-        load, tenant = heapq.heappop(heap)
+        held, tenant = heapq.heappop(heap)
         unit = queues[tenant].pop()
         order.append(unit)
         if queues[tenant]:
-            heapq.heappush(heap, (load + unit.n_requests, tenant))
+            heapq.heappush(heap, (held + unit.n_requests, tenant))
     return order
 
 
@@ -78,6 +100,7 @@ def plan_packs(
     depth: int,
     pack_requests: int,
     tenant_load: Mapping[str, int],
+    urgent_share: float = 1.0,
 ) -> list[Pack]:
     """Packs to queue now, in the order to send them: at most ``depth`` queued per model.
 
@@ -94,7 +117,7 @@ def plan_packs(
             continue
         budget = room * pack_requests
         chosen: list[tuple[int, Candidate]] = []
-        for rank, c in enumerate(dispatch_order(by_model[model], tenant_load)):
+        for rank, c in enumerate(dispatch_order(by_model[model], tenant_load, urgent_share)):
             if budget <= 0:
                 break
             chosen.append((rank, c))
@@ -114,6 +137,7 @@ def plan_packs(
         ranked = sorted(((min(rank for rank, _ in m), m) for m in packs), key=lambda rm: rm[0])
         for best, members in ranked[:room]:  # uneven cuts: the least urgent packs wait a tick
             units = tuple(c.unit_id for _, c in members)
-            planned.append((best, Pack(model, units, sum(c.n_requests for _, c in members))))
+            urgent = tuple(c.unit_id for _, c in members if c.urgent)
+            planned.append((best, Pack(model, units, sum(c.n_requests for _, c in members), urgent)))
     planned.sort(key=lambda rp: (rp[0], rp[1].model))
     return [pack for _, pack in planned]

@@ -74,11 +74,19 @@ class TaskQueue:
     def finalize(self, batch_id: str) -> None:
         self.celery.send_task("freight.finalize_batch", args=[batch_id], queue=CONTROL_QUEUE)
 
-    def run_pack(self, pack_id: str, model: str, unit_ids: list[int], more_coming: bool = False) -> None:
+    def run_pack(
+        self,
+        pack_id: str,
+        model: str,
+        unit_ids: list[int],
+        more_coming: bool = False,
+        urgent: list[int] | None = None,
+    ) -> None:
         """``more_coming``: batches that may be of this model were still validating when the pack
-        was made, so an idle worker may wait a moment to merge them (FREIGHT_FEED_MERGE_SECONDS)."""
+        was made, so an idle worker may wait a moment to merge them (FREIGHT_FEED_MERGE_SECONDS).
+        ``urgent``: the units the worker runs ahead of its elevator (the plan's, after the share cap)."""
         self.celery.send_task(
-            "freight.run_pack", args=[pack_id, unit_ids, more_coming], queue=model_queue(model)
+            "freight.run_pack", args=[pack_id, unit_ids, more_coming, urgent or []], queue=model_queue(model)
         )
 
     def scan_dropfolder(self, folder_id: str, expires: float) -> None:

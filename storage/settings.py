@@ -127,6 +127,9 @@ class Settings:
     sort_key_tokens: int = 1024  # prompt tokens that decide the prefix order of requests
     sort_memory_mb: int = 256  # validation sorts in memory up to this, then spills sorted runs to disk
     urgent_slack_seconds: float = 900.0  # slack below this makes a batch urgent: strict EDF, no sharing
+    # the most of the requests in flight a tenant may hold and still have its urgent units go first
+    # while other tenants wait (0-1; 1: urgency always goes first)
+    urgent_share: float = 0.5
     throughput_window_seconds: float = 600.0  # measured rate for at-risk estimates looks back this far
     sample_seconds: float = 5.0  # engine fill/throughput sample period (engine_samples rows)
     drain_seconds: float = 30.0  # on warm shutdown, in-flight packs get this long before release
@@ -229,6 +232,8 @@ class Settings:
             raise SettingsError("FREIGHT_UNIT_TOKENS cannot be negative")
         if self.feed_requests < 0:
             raise SettingsError("FREIGHT_FEED_REQUESTS cannot be negative")
+        if not 0 < self.urgent_share <= 1:
+            raise SettingsError("FREIGHT_URGENT_SHARE must be above 0 and at most 1")
         if not 0 <= self.feed_merge_seconds <= 60:
             raise SettingsError("FREIGHT_FEED_MERGE_SECONDS must be between 0 and 60")
         if self.prefix_cache_sharing not in CACHE_SHARING:

@@ -275,7 +275,7 @@ def enqueue_units(
     """
     settings = rt.settings
     per_batch = math.ceil(settings.queue_depth * settings.pack_requests / settings.unit_size) + 1
-    sends: list[tuple[str, str, list[int], bool]] = []
+    sends: list[tuple[str, str, list[int], bool, list[int]]] = []
     with rt.db.write() as s:
         # models of the batches still validating (None: not known yet, it could be any): a pack of
         # one of them tells its worker more may come (see PackRunner._gathering)
@@ -349,6 +349,7 @@ def enqueue_units(
             depth=settings.queue_depth,
             pack_requests=settings.pack_requests,
             tenant_load=tenant_load,
+            urgent_share=settings.urgent_share,
         )
         for pack in packs:
             pack_id = new_id("pack_")
@@ -364,10 +365,11 @@ def enqueue_units(
             taken = list(s.scalars(select(WorkUnit.id).where(WorkUnit.pack_id == pack_id)).all())
             if taken:
                 more_coming = None in validating or pack.model in validating
-                sends.append((pack_id, pack.model, taken, more_coming))
+                urgent = [u for u in taken if u in set(pack.urgent)]
+                sends.append((pack_id, pack.model, taken, more_coming, urgent))
     # after the commit: a task never refers to a row state that might roll back
-    for pack_id, model, unit_ids, more_coming in sends:
-        rt.queue.run_pack(pack_id, model, unit_ids, more_coming)
+    for pack_id, model, unit_ids, more_coming, urgent in sends:
+        rt.queue.run_pack(pack_id, model, unit_ids, more_coming, urgent)
         report.packs.append(pack_id)
         report.enqueued.extend(unit_ids)
 

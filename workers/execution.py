@@ -28,6 +28,7 @@ import socket
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -70,7 +71,7 @@ class Claim:
     n_requests: int
     row_start: int = 0  # the unit's rows are [row_start, row_start + n_requests) of its shard
     cache_domain: str = ""  # whose prefix-cache entries its requests may share ("": everyone's)
-    urgent: bool = False  # its batch was at risk of missing its deadline when claimed
+    urgent: bool = False  # the dispatcher marked it urgent (its batch short of slack, within the share cap)
     # vLLM's cache_salt for its requests: a secret per tenant (Settings.cache_salt), None when
     # every tenant shares the prefix cache
     cache_salt: str | None = None
@@ -83,8 +84,11 @@ def held(claim: Claim) -> ColumnElement[bool]:
     )
 
 
-def claim_unit(rt: Runtime, unit_id: int, now: float, worker: str = WORKER_NAME) -> Claim | None:
-    """Take a queued or pending unit for this worker; None if it is running, finished or stopped."""
+def claim_unit(
+    rt: Runtime, unit_id: int, now: float, worker: str = WORKER_NAME, urgent: bool = False
+) -> Claim | None:
+    """Take a queued or pending unit for this worker; None if it is running, finished or stopped.
+    ``urgent``: the dispatcher's word (after its per-tenant share cap) that it runs first."""
     token = f"{worker}:{secrets.token_hex(4)}"
     with rt.db.write() as s:
         # compare-and-set: a pending or queued unit has no worker (every move back to pending clears
@@ -123,7 +127,7 @@ def claim_unit(rt: Runtime, unit_id: int, now: float, worker: str = WORKER_NAME)
             unit.n_requests,
             unit.row_start,
             rt.settings.cache_domain(batch.tenant_id),
-            batch.at_risk_since is not None,
+            urgent,
             rt.settings.cache_salt(batch.tenant_id),
         )
 
@@ -256,7 +260,9 @@ class PackRunner:
             self._threads.append(thread)
         return self
 
-    def run_pack(self, pack_id: str, unit_ids: list[int], more_coming: bool = False) -> int:
+    def run_pack(
+        self, pack_id: str, unit_ids: list[int], more_coming: bool = False, urgent: Iterable[int] = ()
+    ) -> int:
         """Claim the pack's units, put their requests on the feed in prefix order, and return
         once the feed is low enough that the engine needs the next pack. Returns units claimed.
 
@@ -264,7 +270,8 @@ class PackRunner:
         the latest pack's word decides whether an idle engine waits for them (``_gathering``)."""
         if self._closing.is_set():
             return 0
-        claims = [c for c in (claim_unit(self.rt, u, time.time(), self.worker) for u in unit_ids) if c]
+        hurry = set(urgent)
+        claims = [c for u in unit_ids if (c := claim_unit(self.rt, u, time.time(), self.worker, u in hurry))]
         if not claims:
             return 0
         units = [ActiveUnit(c, _spool(), _spool(), c.n_requests) for c in claims]

@@ -62,15 +62,27 @@ def register(app: Celery) -> None:
         validation.validate_batch(runtime_of(app), batch_id)
         poke(runtime_of(app))
 
-    def pack_failed(error: str, pack_id: str, unit_ids: list[int], more_coming: bool = False) -> None:
+    def pack_failed(
+        error: str,
+        pack_id: str,
+        unit_ids: list[int],
+        more_coming: bool = False,
+        urgent: list[int] | None = None,
+    ) -> None:
         runner: execution.PackRunner = app.freight_runner
         fail_pack(runtime_of(app), runner.worker, runner.failure is not None, error, pack_id, unit_ids)
 
     @task("freight.run_pack")
     @guarded(pack_failed)
-    def run_pack(self: Task, pack_id: str, unit_ids: list[int], more_coming: bool = False) -> None:
+    def run_pack(
+        self: Task,
+        pack_id: str,
+        unit_ids: list[int],
+        more_coming: bool = False,
+        urgent: list[int] | None = None,
+    ) -> None:
         runner: execution.PackRunner = app.freight_runner  # started with the engine worker
-        runner.run_pack(pack_id, unit_ids, more_coming=more_coming)
+        runner.run_pack(pack_id, unit_ids, more_coming=more_coming, urgent=urgent or ())
         poke(runtime_of(app))
 
     @task("freight.finalize_batch")

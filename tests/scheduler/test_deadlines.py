@@ -48,7 +48,8 @@ def test_risk_is_monotone_in_deadline_order(specs, rate):
     verdicts = assess(loads, {"m": rate}, now=1000, urgent_slack=60)
     for load in loads:
         urgent, risk = verdicts[load.batch_id]
-        assert not risk or urgent  # at risk implies urgent
+        hopeless = load.deadline <= 1000 or load.deadline - 1000 - load.remaining / rate < 0
+        assert urgent != hopeless if risk else not (urgent and hopeless)  # at risk: urgent unless hopeless
         ahead = sum(o.remaining for o in loads if (o.deadline, o.batch_id) < (load.deadline, load.batch_id))
         assert risk == (load.deadline - 1000 - (ahead + load.remaining) / rate < 0)
 
@@ -67,3 +68,14 @@ def test_etas_run_each_models_batches_earliest_deadline_first():
     assert finish["late"] == 15.0  # behind "soon": 150 requests
     assert finish["done"] == 0.0  # nothing left: now
     assert finish["other"] is None  # no measured rate for model n yet
+
+
+def test_a_batch_that_cannot_make_its_deadline_even_alone_is_not_urgent():
+    """Issue #19, section 3: hurrying a hopeless batch only makes the others late."""
+    loads = [
+        BatchLoad("hopeless", "m", deadline=1010, remaining=1000),  # 100 s of work, 10 s left
+        BatchLoad("past", "m", deadline=990, remaining=1),
+        BatchLoad("tight", "m", deadline=1200, remaining=100),  # 10 s of work (+100 s ahead), 200 s left
+    ]
+    verdicts = assess(loads, {"m": 10.0}, now=1000, urgent_slack=900)
+    assert verdicts == {"hopeless": (False, True), "past": (False, True), "tight": (True, False)}

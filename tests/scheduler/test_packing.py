@@ -150,3 +150,57 @@ def test_fair_share_never_lets_one_tenant_run_far_ahead(spec):
         assert taken.get(u.tenant_id, 0) == min(taken.get(t, 0) for t in contenders)
         taken[u.tenant_id] = taken.get(u.tenant_id, 0) + u.n_requests
         remaining[u.tenant_id] -= u.n_requests
+
+
+# -- the share cap on urgency (issue #19, section 3) ----------------------------------------------
+
+
+def test_a_flood_of_urgent_units_does_not_starve_another_tenants_only_unit():
+    """The measured case: tenant A's 40 urgent units with 10,000 requests in flight put tenant B's
+    only unit 41st of 41. With the cap, B (nothing in flight) goes first."""
+    flood = [cand(i, tenant="a", batch=f"a{i}", deadline=100 + i, urgent=True) for i in range(40)]
+    b = cand(99, tenant="b", deadline=5000)
+    uncapped = dispatch_order([*flood, b], {"a": 10_000})
+    assert ids(uncapped)[-1] == 99
+    capped = dispatch_order([*flood, b], {"a": 10_000}, urgent_share=0.5)
+    assert ids(capped)[0] == 99
+    assert not any(u.urgent for u in capped)  # over its share, A's units are not run first anywhere
+
+
+def test_an_urgent_unit_of_a_tenant_under_its_share_still_goes_first():
+    units = [cand(1, tenant="a", deadline=50), cand(2, tenant="b", deadline=999, urgent=True)]
+    order = dispatch_order(units, {"a": 500, "b": 100}, urgent_share=0.5)
+    assert ids(order) == [2, 1] and order[0].urgent
+
+
+def test_alone_a_tenant_keeps_its_urgency_whatever_its_share():
+    units = [cand(i, tenant="a", deadline=100 - i, urgent=True) for i in range(3)]
+    order = dispatch_order(units, {"a": 10_000}, urgent_share=0.1)
+    assert ids(order) == [2, 1, 0] and all(u.urgent for u in order)
+
+
+def test_packs_name_the_units_that_are_still_urgent():
+    flood = [cand(i, tenant="a", deadline=100 + i, urgent=True, n=10) for i in range(3)]
+    packs = plan_packs([*flood, cand(9, tenant="b")], {}, depth=1, pack_requests=100, tenant_load={},
+                       urgent_share=0.5)  # fmt: skip
+    [pack] = packs
+    assert pack.urgent == (0,)  # a's first unit went while a held no share; then b and a took turns
+
+
+@given(specs, st.floats(0.05, 1.0), st.dictionaries(st.sampled_from(["t1", "t2", "t3"]), st.integers(0, 500)))
+def test_no_tenant_goes_ahead_by_urgency_past_its_share(spec, share, in_flight):
+    units = build(spec)
+    order = dispatch_order(units, in_flight, urgent_share=share)
+    assert sorted(ids(order)) == ids(units)  # a permutation: nothing lost or doubled
+    load = {t: in_flight.get(t, 0) for t in {u.tenant_id for u in units} | set(in_flight)}
+    left = {t: sum(u.tenant_id == t for u in units) for t in load}
+    urgent = [u for u in order if u.urgent]
+    assert order[: len(urgent)] == urgent  # still-urgent units first, by deadline
+    assert [u.deadline for u in urgent] == sorted(u.deadline for u in urgent)
+    for u in urgent:
+        others_wait = any(n for t, n in left.items() if t != u.tenant_id)
+        assert not others_wait or load[u.tenant_id] <= share * sum(load.values()) + 1e-9
+        load[u.tenant_id] += u.n_requests
+        left[u.tenant_id] -= 1
+    demoted = {u.unit_id for u in units if u.urgent} - {u.unit_id for u in urgent}
+    assert all(not u.urgent for u in order if u.unit_id in demoted)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import pytest
 from sqlalchemy import select
 
 from api.services.tenants import create_tenant
@@ -14,6 +15,7 @@ from storage.runtime import Runtime
 from tests.conftest import now
 from tests.factories import chat_line, create, upload, upload_and_create, validated_batch
 from workers import dispatcher
+from workers.execution import claim_unit
 
 
 def submit(rt: Runtime, tenant_id: str, n: int, tag: str) -> str:
@@ -129,8 +131,6 @@ def test_a_lost_units_live_counts_are_cleared(settings):
     are gone, so redelivery (and giving up) must not leave its counts in request_counts' sums."""
     from sqlalchemy import update
 
-    from workers.execution import claim_unit
-
     rt = Runtime(replace(settings, unit_size=4, lease_seconds=30, max_unit_attempts=2))
     try:
         tenant, _ = create_tenant(rt.db, "a", now())
@@ -237,5 +237,33 @@ def test_a_pack_says_whether_more_batches_are_still_validating(settings):
             )
         dispatcher.tick(rt, float(now()))
         assert sent_packs(rt)[-1][2] is False
+    finally:
+        rt.db.dispose()
+
+
+@pytest.mark.parametrize(("share", "urgent_units"), [(0.5, 1), (1.0, 2)])
+def test_a_pack_names_the_units_urgent_within_the_tenants_share(settings, share, urgent_units):
+    """Issue #19, section 3: every batch is short of slack here (FREIGHT_URGENT_SLACK_SECONDS is
+    huge), yet a tenant's urgency takes it ahead only up to FREIGHT_URGENT_SHARE of the requests
+    in flight while another tenant waits; the pack tells the worker which units run first, and
+    the claim carries it."""
+    rt = Runtime(replace(settings, unit_size=4, pack_requests=12, queue_depth=1, urgent_slack_seconds=1e9,
+                         urgent_share=share))  # fmt: skip
+    try:
+        a, _ = create_tenant(rt.db, "a", now())
+        b, _ = create_tenant(rt.db, "b", now())
+        with rt.queue.celery.connection_for_write() as conn:
+            conn.default_channel.client.flushdb()
+        lines = [chat_line(f"a-{i}", f"a {i}", max_tokens=2) for i in range(8)]  # two units of 4
+        first = validated_batch(rt, a.id, lines, name="a.jsonl", completion_window="1h")  # due first
+        submit(rt, b.id, 4, "b")
+        dispatcher.tick(rt, float(now()))
+        [(_, unit_ids, _, urgent)] = sent_packs(rt)
+        a_units = [u.id for u in units(rt) if u.batch_id == first]
+        b_units = [u.id for u in units(rt) if u.batch_id != first]
+        # b's unit is urgent too (b holds nothing); a's second only when urgency has no cap
+        assert len(unit_ids) == 3 and set(urgent) == {*a_units[:urgent_units], *b_units}
+        claim = claim_unit(rt, urgent[0], float(now()), "w", urgent=True)
+        assert claim is not None and claim.urgent
     finally:
         rt.db.dispose()
