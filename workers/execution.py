@@ -232,8 +232,7 @@ class PackRunner:
         self._gather_until: float | None = None  # an idle engine's start waits until (monotonic)
         self._more_coming = False  # the last pack's: other batches were validating (guarded by _lock)
         self._units: dict[int, ActiveUnit] = {}  # guarded by _lock
-        # engine key -> (unit, custom_id, feed key): the feed key is reported done when it ends
-        self._keys: dict[str, tuple[ActiveUnit, str, FeedKey]] = {}
+        self._keys: dict[str, tuple[ActiveUnit, str]] = {}  # engine key -> (unit, custom_id)
         self._stops: queue.SimpleQueue[ActiveUnit] = queue.SimpleQueue()  # for the engine loop
         self._finished: queue.Queue[ActiveUnit | None] = queue.Queue()  # for the recorder
         self._sample = _Sample()
@@ -291,7 +290,13 @@ class PackRunner:
                 for row in unit_rows:
                     self._feed.push(feed_key(unit, row), (unit, row), urgent=unit.claim.urgent)
             self._lock.notify_all()
-        log.info("pack %s: %d units, %d requests", pack_id, len(units), sum(map(len, rows)))
+        log.info(
+            "pack %s: %d units, %d requests%s",
+            pack_id,
+            len(units),
+            sum(map(len, rows)),
+            ", more may come" if more_coming else "",
+        )
         with self._lock:
             while len(self._feed) > self._high_water and not self._closing.is_set() and self.failure is None:
                 self._lock.wait(1.0)
@@ -398,7 +403,6 @@ class PackRunner:
                 if len(self._feed) <= self._high_water:
                     self._lock.notify_all()  # run_pack may return: the next pack is wanted
             if unit.stopping:
-                self._started_done(unit, feed_key(unit, row))
                 self._deliver_to(unit, row.custom_id, None)
                 continue
             key = f"{unit.claim.unit_id}/{row.line}"
@@ -412,17 +416,10 @@ class PackRunner:
             )
             rejected = engine.add(request)
             if rejected is not None:
-                self._started_done(unit, feed_key(unit, row))
                 self._deliver_to(unit, row.custom_id, rejected)
             else:
-                self._keys[key] = (unit, row.custom_id, feed_key(unit, row))
+                self._keys[key] = (unit, row.custom_id)
                 unit.in_engine += 1
-
-    def _started_done(self, unit: ActiveUnit, key: FeedKey) -> None:
-        """A request the feed started has ended: its prompt stops holding the sweep's trailing edge."""
-        if not unit.claim.urgent:  # urgent requests never moved the sweep
-            with self._lock:
-                self._feed.done(key)
 
     def _apply_stops(self) -> None:
         while True:
@@ -430,7 +427,7 @@ class PackRunner:
                 unit = self._stops.get_nowait()
             except queue.Empty:
                 return
-            keys = [k for k, (u, _, _) in self._keys.items() if u is unit]
+            keys = [k for k, (u, _) in self._keys.items() if u is unit]
             for result in self.engine.abort(keys):
                 self._deliver(result)
             with self._lock:
@@ -448,16 +445,15 @@ class PackRunner:
             sample.running += stats.running * elapsed
             sample.waiting += stats.waiting * elapsed
         self._meter.busy(elapsed)
-        for unit in {u for u, _, _ in self._keys.values()}:
+        for unit in {u for u, _ in self._keys.values()}:
             if unit.in_engine:
                 unit.fill_seconds += fill * elapsed
                 unit.seconds += elapsed
 
     def _deliver(self, result: EngineResult) -> None:
         """A result out of the engine (finished or aborted)."""
-        unit, custom_id, fkey = self._keys.pop(result.key)
+        unit, custom_id = self._keys.pop(result.key)
         unit.in_engine -= 1
-        self._started_done(unit, fkey)
         self._deliver_to(unit, custom_id, result)
 
     def _deliver_to(self, unit: ActiveUnit, custom_id: str, result: EngineResult | None) -> None:
