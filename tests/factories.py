@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -114,3 +116,19 @@ def http_create(client: Any, headers: dict, file_id: str, **fields: Any) -> Any:
     """POST /v1/batches for the chat endpoint and a 24h window; ``fields`` add to or replace those."""
     payload = {"input_file_id": file_id, "endpoint": CHAT, "completion_window": "24h", **fields}
     return client.post("/v1/batches", headers=headers, json=payload)
+
+
+# -- the `freight` command, as an operator runs it -------------------------------------------------
+
+
+def run_freight(*argv: str, env: dict[str, str], cwd: Any, umask: int = -1) -> subprocess.CompletedProcess:
+    """``python -m api.cli ARGV`` in a subprocess (its own settings, umask and exit status)."""
+    return subprocess.run(
+        [sys.executable, "-m", "api.cli", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=120,
+        umask=umask,
+    )

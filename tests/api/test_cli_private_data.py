@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 from tests.conftest import REPO
+from tests.factories import run_freight
 
 
 def freight(*argv: str, data_dir: Path) -> subprocess.CompletedProcess:
@@ -21,15 +21,7 @@ def freight(*argv: str, data_dir: Path) -> subprocess.CompletedProcess:
     }
     env.pop("FREIGHT_DATABASE_URL", None)
     env.pop("FREIGHT_OBJECT_STORE_URL", None)
-    return subprocess.run(
-        [sys.executable, "-m", "api.cli", *argv],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=120,
-        umask=0o022,
-    )
+    return run_freight(*argv, env=env, cwd=REPO, umask=0o022)
 
 
 def test_the_data_folder_and_its_files_are_private(tmp_path: Path) -> None:

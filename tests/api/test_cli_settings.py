@@ -4,10 +4,10 @@ line naming the variable, never a traceback (the `models` group used to print on
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
+
+from tests.factories import run_freight
 
 
 @pytest.mark.parametrize(
@@ -23,14 +23,7 @@ import pytest
 )
 def test_a_bad_setting_is_one_clear_line(argv: list[str], tmp_path) -> None:
     env = {**os.environ, "FREIGHT_TICK_SECONDS": "soon", "FREIGHT_DATA_DIR": str(tmp_path)}
-    done = subprocess.run(
-        [sys.executable, "-m", "api.cli", *argv],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=120,
-    )
+    done = run_freight(*argv, env=env, cwd=tmp_path)
     assert done.returncode != 0
     assert "FREIGHT_TICK_SECONDS" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
