@@ -19,25 +19,40 @@ How memory stays bounded:
   that its rows average at most a slice of uncompressed pages and `SLICE_VALUES` list values,
   and the count of list values is held to the file limit at 2 bytes a value (the least a list
   element takes as JSON text).
-What is not bounded below the file limit: a single row whose pages or lists hold far more than
-the rows around it is decoded (as a batch of its row group's average size) before its own size
-is known.
+- every page's header is read before anything is decompressed (`page_refusal`,
+  `storage/parquet_pages.py`), since one page can be one value of any size: no page may
+  decompress to more than its values could take in a file within the limits (the line limit a
+  value, the file limit in all, plus `VALUE_OVERHEAD` a value), and all pages together to no more
+  than `DECOMPRESSED_FACTOR` times the file limit, since dictionary pages can hold values no row
+  refers to. A page is the reader's unit of decompression, and pyarrow's writer puts up to 1,024
+  values in one (30 kB prompts: 30 MB pages), so a file that would pass is never refused here, and
+  a page as large as the file limit is decompressed before its rows are sized.
+What is not bounded below the file limit: a single row whose lists hold far more values than the
+rows around it is decoded (as a batch of its row group's average size) before its own size is
+known; its dictionary-encoded values take no page bytes, so only the file's count of list values
+holds them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import IO
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from storage.parquet_pages import PageHeaderError, pages
+
 SLICE_BYTES = 8 * 1024 * 1024  # decoded bytes made Python objects at once
 SLICE_VALUES = 1_000_000  # list values a record batch is cut to hold (about 8 MB of integers)
 SCALAR_BYTES = 24  # a number, bool or timestamp as JSON text, at most (an estimate, not a bound)
 LIST_VALUE_BYTES = 2  # the least a list element takes as JSON text ("1,")
+VALUE_OVERHEAD = 16  # page bytes a value takes besides its decoded size (length prefix, levels)
+DECOMPRESSED_FACTOR = 8  # all pages decompressed, at most, in file limits (an int64 page holds
+# a list element of 2 JSON bytes in 8, plus its levels)
 
 
 @dataclass(frozen=True)
@@ -47,6 +62,57 @@ class DecodeLimits:
     max_rows: int
     max_line_bytes: int
     max_total_bytes: int
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a file is not decoded at all: its first affected row, an error code, the message."""
+
+    row: int
+    code: str
+    message: str
+
+
+def page_refusal(source: IO[bytes], pf: pq.ParquetFile, limits: DecodeLimits) -> Refusal | None:
+    """The first page that would decompress to more than its values may take, or the page at
+    which all pages together pass their bound, from the page headers alone; None if none does."""
+    budget = DECOMPRESSED_FACTOR * limits.max_total_bytes
+    meta = pf.metadata
+    first_rows = [1]  # of each row group, 1-based
+    for g in range(meta.num_row_groups):
+        first_rows.append(first_rows[-1] + meta.row_group(g).num_rows)
+    total = 0
+    try:
+        for page in pages(source, meta):
+            row = first_rows[page.row_group]
+            where = f"row group {page.row_group + 1} (from row {row}), column '{page.column}'"
+            values = max(1, page.values)
+            if page.uncompressed > limits.max_total_bytes + VALUE_OVERHEAD * values:
+                return Refusal(
+                    row,
+                    "file_too_large",
+                    f"{where}: a page decompresses to {page.uncompressed} bytes, more than the "
+                    f"{limits.max_total_bytes} byte limit on a file",
+                )
+            if page.uncompressed > (limits.max_line_bytes + VALUE_OVERHEAD) * values:
+                return Refusal(
+                    row,
+                    "line_too_large",
+                    f"{where}: a page of {values} value(s) decompresses to {page.uncompressed} "
+                    f"bytes, more than {values} line(s) may hold at the {limits.max_line_bytes} "
+                    "byte limit on a line",
+                )
+            total += page.uncompressed
+            if total > budget:
+                return Refusal(
+                    row,
+                    "file_too_large",
+                    f"{where}: the file's pages decompress to more than {budget} bytes, "
+                    f"{DECOMPRESSED_FACTOR} times the {limits.max_total_bytes} byte limit",
+                )
+    except PageHeaderError as exc:
+        return Refusal(1, "invalid_parquet", f"the file is not readable Parquet: {exc}"[:500])
+    return None
 
 
 def dictionary_columns(schema: pq.ParquetSchema) -> list[str]:

@@ -33,6 +33,7 @@ from storage.parquet_limits import (
     batch_rows,
     dictionary_columns,
     list_values,
+    page_refusal,
     row_sizes,
     slices,
 )
@@ -121,8 +122,9 @@ def request_lines(
     """One OpenAI batch line (JSON bytes, no newline) or RowError per row of a Parquet file.
 
     ``endpoint``: the batch's; None (a file not yet in a batch) infers it from the columns.
-    ``limits``: what the file may decode to (storage/parquet_limits.py), checked per record batch
-    before its rows become Python objects; the first row past a file limit ends the lines."""
+    ``limits``: what the file may decode to (storage/parquet_limits.py), checked on the page
+    headers before anything is decompressed, then per record batch before its rows become Python
+    objects; the first row past a file limit ends the lines."""
     try:
         columns = dictionary_columns(pq.ParquetFile(source).schema)
         pf = pq.ParquetFile(source, read_dictionary=columns or None)
@@ -162,6 +164,14 @@ def request_lines(
             f"{limits.max_total_bytes} byte limit",
         )
         return
+    if isinstance(source, str):
+        with open(source, "rb") as raw:
+            refusal = page_refusal(raw, pf, limits)
+    else:
+        refusal = page_refusal(source, pf, limits)
+    if refusal is not None:
+        yield RowError(refusal.row, refusal.code, refusal.message)
+        return
     yield from _limited_lines(pf, shape, endpoint, merged, limits)
 
 
@@ -179,15 +189,15 @@ def _limited_lines(
                     f"the file has more than {limits.max_rows} requests",
                 )
                 return
-            if end - start == 1 and sizes[start] > limits.max_line_bytes:  # never made an object
-                row += 1
+            total += int(sizes[start:end].sum())  # rows too large count too, as a JSONL file's lines
+            if end - start == 1 and sizes[start] > limits.max_line_bytes and total <= limits.max_total_bytes:
+                row += 1  # never made an object
                 yield RowError(
                     row,
                     "line_too_large",
                     f"row {row} is {sizes[start]} bytes decoded; the limit is {limits.max_line_bytes}",
                 )
                 continue
-            total += int(sizes[start:end].sum())
             if total > limits.max_total_bytes:
                 yield RowError(
                     row + 1,

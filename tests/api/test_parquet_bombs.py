@@ -5,7 +5,11 @@ fails validation with a row error. Real database, object store and broker, Flask
 
 from __future__ import annotations
 
+import io
 from dataclasses import replace
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from api.app import create_app
 from api.services.tenants import create_tenant
@@ -13,7 +17,7 @@ from storage.models import Batch
 from storage.runtime import Runtime
 from tests.conftest import now
 from tests.factories import http_upload, validated_batch
-from tests.storage.test_parquet_limits import bomb, peak_rss_mb
+from tests.storage.test_parquet_limits import body, bomb, peak_rss_mb
 
 LIMIT = 200 * 1024 * 1024  # FREIGHT_MAX_FILE_BYTES's default
 
@@ -53,3 +57,42 @@ def test_a_bomb_as_a_batch_input_fails_validation_with_a_row_error(runtime) -> N
     [error] = batch.errors["data"]
     assert (error["code"], error["line"]) == ("file_too_large", 1), error
     assert "65536 byte limit" in error["message"]
+
+
+def page_bomb(value_mb: int = 40) -> bytes:
+    """One row whose body is one ``value_mb`` MB string in one zstd page: a few kB."""
+    table = pa.table({"custom_id": ["a"], "body": [body("a" * (value_mb * 1024 * 1024))]})
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="zstd", use_dictionary=False)
+    return sink.getvalue()
+
+
+def test_a_page_bomb_is_refused_from_its_header_on_download_and_at_validation(runtime) -> None:
+    """A single value far over the limits in one page: the reader would decompress it whole before
+    a row could be sized. Refused from the page header: a 400 naming the limit, nothing derived
+    kept; as a batch input, a row error."""
+    tenant, key = create_tenant(runtime.db, "alpha", now())
+    headers = {"Authorization": f"Bearer {key}"}
+    client = create_app(runtime=runtime).test_client()
+    data = page_bomb()
+    made = http_upload(client, headers, data, "page-bomb.parquet")
+    assert made.status_code == 200 and made.json["bytes"] == len(data) < 64 * 1024
+    file_id = made.json["id"]
+
+    before = peak_rss_mb(reset=True)
+    refused = client.get(f"/v1/files/{file_id}/content?format=jsonl", headers=headers)
+    grown = peak_rss_mb() - before
+    assert refused.status_code == 400, refused.get_data(as_text=True)[:300]
+    error = refused.get_json()["error"]
+    assert error["code"] == "file_too_large", error
+    assert "a page decompresses to" in error["message"] and "65536 byte limit on a file" in error["message"]
+    assert grown < 100, f"the API grew by {grown:.0f} MB refusing the bomb"
+    assert not runtime.store.exists(f"derived/{file_id}.jsonl")
+
+    batch_id = validated_batch(runtime, tenant.id, data, name="page-bomb.parquet")
+    with runtime.db.read() as s:
+        batch = s.get(Batch, batch_id)
+    assert batch.status == "failed"
+    [line] = batch.errors["data"]
+    assert (line["code"], line["line"]) == ("file_too_large", 1), line
+    assert "column 'body': a page decompresses to" in line["message"]

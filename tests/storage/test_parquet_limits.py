@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -119,3 +121,88 @@ def test_row_sizes_count_decoded_bytes_of_every_kind_of_column() -> None:
     assert row_sizes(nested.slice(1)).tolist() == [2, 2]  # a sliced array counts its own rows
     assert row_sizes(pa.array([1, 2])).tolist() == [24, 24]
     assert list(slices(np.array([5, 5, 5, 20, 5]), budget=10, alone=15)) == [(0, 2), (2, 3), (3, 4), (4, 5)]
+
+
+REFUSE_AND_MEASURE = """
+import sys
+from pathlib import Path
+
+from storage.parquet_limits import DecodeLimits
+from storage.request_tables import request_lines
+
+
+def peak_kb() -> int:
+    return next(int(x.split()[1]) for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmHWM:"))
+
+
+before = peak_kb()
+lines = list(request_lines(sys.argv[1], "/v1/completions", limits=DecodeLimits(50_000, 8 << 20, 200 << 20)))
+print((peak_kb() - before) / 1024, [(x.row, x.code) for x in lines if not isinstance(x, bytes)])
+"""
+
+
+def test_one_value_of_a_page_alone_is_refused_from_its_header(tmp_path) -> None:
+    """One 64 MB string in one zstd page: a few kB that the reader decompresses whole before any
+    row can be sized (it grew a process by 3 times the value). The page header states its size and
+    its values, so the file is refused before decompression; a fresh process measures its peak."""
+    path = tmp_path / "page-bomb.parquet"
+    table = pa.table({"custom_id": ["a", "b"], "body": [body("a" * (64 * MB)), body("b")]})
+    pq.write_table(table, path, compression="zstd", use_dictionary=False)
+    del table
+    assert path.stat().st_size < 64 * 1024
+    script = subprocess.run(
+        [sys.executable, "-c", REFUSE_AND_MEASURE, str(path)],
+        cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    grown, errors = script.stdout.split(" ", 1)
+    assert errors.strip() == "[(1, 'line_too_large')]", script.stdout
+    assert float(grown) < 100, f"refusing the bomb grew the process by {grown} MB"
+
+    [error] = request_lines(str(path), CHAT, limits=LIMITS)
+    assert isinstance(error, RowError)
+    assert "column 'body': a page of 2 value(s) decompresses to" in error.message
+    assert f"at the {8 * MB} byte limit on a line" in error.message
+
+
+def test_a_page_larger_than_the_file_limit_is_refused_from_its_header() -> None:
+    """Many values each under the line limit in one page (pyarrow puts up to 1,024 in a page)."""
+    table = pa.table({"custom_id": [f"r{i}" for i in range(64)], "body": [body("a" * (MB // 2))] * 64})
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="zstd", use_dictionary=False)
+    limits = DecodeLimits(max_rows=100, max_line_bytes=MB, max_total_bytes=8 * MB)
+    [error] = request_lines(io.BytesIO(sink.getvalue()), CHAT, limits=limits)
+    assert (error.row, error.code) == (1, "file_too_large"), error
+    assert f"more than the {8 * MB} byte limit on a file" in error.message
+
+
+def test_dictionary_pages_no_row_refers_to_count_against_the_file() -> None:
+    """Each row group's dictionary holds 7 MB of values no row uses: the rows decode to a few bytes,
+    but every dictionary page is decompressed. All pages together may decompress to 8 file limits."""
+    values = pa.array([body("p")] + [chr(ord("a") + k) * (900 * 1024) for k in range(8)])
+    group = pa.table(
+        {
+            "custom_id": pa.array(["a", "b"]),
+            "body": pa.DictionaryArray.from_arrays(pa.array([0, 0], pa.int32()), values),
+        }
+    )
+    sink = io.BytesIO()
+    with pq.ParquetWriter(sink, group.schema, compression="zstd") as writer:
+        for _ in range(10):
+            writer.write_table(group)
+    limits = DecodeLimits(max_rows=100, max_line_bytes=MB, max_total_bytes=8 * MB)
+    [error] = request_lines(io.BytesIO(sink.getvalue()), CHAT, limits=limits)
+    assert (error.row, error.code) == (19, "file_too_large"), error  # row group 10's first row
+    assert f"decompress to more than {64 * MB} bytes, 8 times the {8 * MB} byte limit" in error.message
+
+
+def test_rows_over_the_line_limit_count_toward_the_file_limit() -> None:
+    """A JSONL file's oversized lines are bytes of the file: so are a Parquet file's oversized rows,
+    or a file of them (each in a page of small rows) would be decompressed whole, row by row."""
+    rows = [body(chr(ord("a") + i // 5) * (2 * MB)) if i % 5 == 0 else body(f"s{i}") for i in range(30)]
+    table = pa.table({"custom_id": [f"r{i}" for i in range(30)], "body": rows})
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="zstd", row_group_size=5)
+    limits = DecodeLimits(max_rows=100, max_line_bytes=MB, max_total_bytes=5 * MB)
+    errors = [(x.row, x.code) for x in request_lines(io.BytesIO(sink.getvalue()), CHAT, limits=limits)
+              if isinstance(x, RowError)]  # fmt: skip
+    assert errors == [(1, "line_too_large"), (6, "line_too_large"), (11, "file_too_large")]
