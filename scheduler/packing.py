@@ -6,8 +6,8 @@ Two separate decisions:
   shared fairly between tenants (the tenant with the fewest requests in flight goes next), and
   within one tenant by its own priority, then deadline. Urgency is capped per tenant
   (``urgent_share``): a tenant already holding more than that share of the requests in flight
-  while others wait gets no precedence from its deadlines, so no tenant can take the engines by
-  submitting batches that are always in a hurry.
+  while another tenant has work pending or in flight gets no precedence from its deadlines, so no
+  tenant can take the engines by submitting batches that are always in a hurry.
 * **Layout** (``plan_packs``): the selected units of one model, from any batch and any tenant, are
   sorted by prefix-cache domain, then by the prompt-prefix key of their first request and cut into packs of about
   ``pack_requests`` requests. A pack is what one worker feeds its engine in one go, so small jobs
@@ -62,8 +62,10 @@ def dispatch_order(
     tenant (``tenant_load``) plus those taken so far decide whose unit comes next.
 
     ``urgent_share``: an urgent unit goes ahead only while its tenant holds at most this share of
-    the requests in flight and taken (or no other tenant has a unit waiting); otherwise it waits
-    its turn in its tenant's fair-share queue and is returned with ``urgent=False``."""
+    the requests in flight and taken, or no other tenant has work pending or in flight; otherwise
+    it waits its turn in its tenant's fair-share queue and is returned with ``urgent=False``.
+    Another tenant's requests in flight count as waiting: on the worker they wait behind every
+    urgent request (scheduler.feed_order), so a stream of urgent packs would starve them there."""
     pending = list(candidates)
     waiting: dict[str, int] = defaultdict(int)  # units not yet placed, per tenant
     per_tenant: dict[str, list[Candidate]] = defaultdict(list)
@@ -74,7 +76,7 @@ def dispatch_order(
     load: dict[str, int] = defaultdict(int, tenant_load)
     order: list[Candidate] = []
     for c in sorted((c for c in pending if c.urgent), key=_deadline_order):
-        others_wait = any(n for tenant, n in waiting.items() if tenant != c.tenant_id)
+        others_wait = any(waiting[t] or load[t] for t in waiting.keys() | load.keys() if t != c.tenant_id)
         if not others_wait or load[c.tenant_id] <= urgent_share * sum(load.values()):
             order.append(c)
             load[c.tenant_id] += c.n_requests

@@ -11,7 +11,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 
-from sqlalchemy import distinct, func, or_, select, update
+from sqlalchemy import Row, distinct, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from scheduler.deadlines import BatchLoad, Sample, assess, etas, measured_rates
@@ -164,15 +164,7 @@ def assess_deadlines(
         batches = s.scalars(
             select(Batch).where(Batch.status == BatchStatus.IN_PROGRESS).with_for_update()
         ).all()
-        loads = [
-            BatchLoad(
-                b.id,
-                b.model or "",
-                b.expires_at,
-                max(0, b.request_total - b.request_completed - b.request_failed),
-            )
-            for b in batches
-        ]
+        loads = [batch_load(b) for b in batches]
         verdicts = assess(loads, rates, now, settings.urgent_slack_seconds)
         finish = etas(loads, rates, now)
         for b in batches:
@@ -186,6 +178,33 @@ def assess_deadlines(
     for batch_id in report.at_risk:
         log.warning("batch %s is at risk of missing its deadline at the measured throughput", batch_id)
     return verdicts
+
+
+def batch_load(b: Batch | Row) -> BatchLoad:
+    """What is left of an in-progress batch (a row or a row's columns of the same names)."""
+    return BatchLoad(
+        b.id, b.model or "", b.expires_at, max(0, b.request_total - b.request_completed - b.request_failed)
+    )
+
+
+def current_urgency(rt: Runtime, now: float) -> dict[str, tuple[bool, bool]]:
+    """The tick's verdicts (batch id -> (urgent, at_risk)) without its writes, for a refill between
+    ticks: most packs are made then (a unit done, a pack taken), and a pack made from the at-risk
+    flags alone would drop urgency for whoever it was due to, and its share cap with it."""
+    rates = measured_throughput(rt, now)
+    with rt.db.read() as s:
+        rows = s.execute(
+            select(
+                Batch.id,
+                Batch.model,
+                Batch.expires_at,
+                Batch.request_total,
+                Batch.request_completed,
+                Batch.request_failed,
+            ).where(Batch.status == BatchStatus.IN_PROGRESS)
+        ).all()
+        loads = [batch_load(row) for row in rows]
+    return assess(loads, rates, now, rt.settings.urgent_slack_seconds)
 
 
 def admit_batch(
@@ -271,9 +290,11 @@ def enqueue_units(
     """Keep each model's broker queue ``queue_depth`` packs deep (see ``scheduler.packing``).
 
     ``urgency`` comes from this tick's `assess_deadlines`; callers outside the tick (a unit just
-    finished, a batch just validated) pass none and use the at-risk flags already recorded.
+    finished, a batch just validated) pass none and get the same verdicts from `current_urgency`.
     """
     settings = rt.settings
+    if urgency is None:
+        urgency = current_urgency(rt, now)
     per_batch = math.ceil(settings.queue_depth * settings.pack_requests / settings.unit_size) + 1
     sends: list[tuple[str, str, list[int], bool, list[int]]] = []
     with rt.db.write() as s:

@@ -290,11 +290,13 @@ class PackRunner:
                 for row in unit_rows:
                     self._feed.push(feed_key(unit, row), (unit, row), urgent=unit.claim.urgent)
             self._lock.notify_all()
+        hurried = sum(len(r) for u, r in zip(units, rows, strict=True) if u.claim.urgent)
         log.info(
-            "pack %s: %d units, %d requests%s",
+            "pack %s: %d units, %d requests%s%s",
             pack_id,
             len(units),
             sum(map(len, rows)),
+            f" ({hurried} urgent)" if hurried else "",
             ", more may come" if more_coming else "",
         )
         with self._lock:

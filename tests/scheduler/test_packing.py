@@ -173,6 +173,16 @@ def test_an_urgent_unit_of_a_tenant_under_its_share_still_goes_first():
     assert ids(order) == [2, 1] and order[0].urgent
 
 
+def test_another_tenants_requests_in_flight_cap_urgency_too():
+    """On the worker, B's requests already in flight wait behind every urgent request: were only
+    pending units counted, A's urgent packs would pass them there as long as A kept sending."""
+    flood = [cand(i, tenant="a", deadline=100 + i, urgent=True) for i in range(3)]
+    capped = dispatch_order(flood, {"a": 30, "b": 10}, urgent_share=0.5)
+    assert not any(u.urgent for u in capped)
+    under = dispatch_order(flood, {"a": 10, "b": 20}, urgent_share=0.5)
+    assert [u.urgent for u in under] == [True, True, False]  # a held 10 of 30, 20 of 40, 30 of 50
+
+
 def test_alone_a_tenant_keeps_its_urgency_whatever_its_share():
     units = [cand(i, tenant="a", deadline=100 - i, urgent=True) for i in range(3)]
     order = dispatch_order(units, {"a": 10_000}, urgent_share=0.1)
@@ -198,7 +208,7 @@ def test_no_tenant_goes_ahead_by_urgency_past_its_share(spec, share, in_flight):
     assert order[: len(urgent)] == urgent  # still-urgent units first, by deadline
     assert [u.deadline for u in urgent] == sorted(u.deadline for u in urgent)
     for u in urgent:
-        others_wait = any(n for t, n in left.items() if t != u.tenant_id)
+        others_wait = any(left[t] or load[t] for t in load if t != u.tenant_id)
         assert not others_wait or load[u.tenant_id] <= share * sum(load.values()) + 1e-9
         load[u.tenant_id] += u.n_requests
         left[u.tenant_id] -= 1

@@ -267,3 +267,25 @@ def test_a_pack_names_the_units_urgent_within_the_tenants_share(settings, share,
         assert claim is not None and claim.urgent
     finally:
         rt.db.dispose()
+
+
+def test_a_refill_between_ticks_keeps_urgency_and_its_cap(settings):
+    """Most packs are made between ticks (a unit done, a pack taken): they carry the same urgency
+    as the tick's, so a batch short of slack still goes first, and the cap still holds."""
+    rt = Runtime(replace(settings, unit_size=4, pack_requests=8, queue_depth=1, urgent_slack_seconds=1e9))
+    try:
+        a, _ = create_tenant(rt.db, "a", now())
+        b, _ = create_tenant(rt.db, "b", now())
+        with rt.queue.celery.connection_for_write() as conn:
+            conn.default_channel.client.flushdb()
+        lines = [chat_line(f"a-{i}", f"a {i}", max_tokens=2) for i in range(8)]  # two units of 4
+        validated_batch(rt, a.id, lines, name="a.jsonl", completion_window="1h")  # due first
+        later = submit(rt, b.id, 4, "b")
+        dispatcher.enqueue_units(rt, float(now()), dispatcher.TickReport())  # not a tick
+        [(_, unit_ids, _, urgent)] = sent_packs(rt)
+        b_unit = next(u.id for u in units(rt) if u.batch_id == later)
+        # a's first unit is urgent (a held nothing), then a is over its share while b waits: b's
+        # unit (urgent too, b holding nothing) goes next, and a's second waits for the next pack
+        assert len(unit_ids) == 2 and b_unit in unit_ids and set(urgent) == set(unit_ids)
+    finally:
+        rt.db.dispose()
