@@ -5,16 +5,19 @@ from __future__ import annotations
 import logging
 
 from flask import Flask, Response, jsonify, request
-from werkzeug.exceptions import RequestEntityTooLarge
+from werkzeug.exceptions import NotFound, RequestEntityTooLarge
 
-from api.auth import check_metrics_access
+from api.auth import check_metrics_access, on_metrics_listener
 from api.errors import UPLOAD_ENDPOINTS, register_error_handlers
 from api.metrics import register_metrics
 from api.openapi import openapi_document
+from api.proxies import TrustedProxies
 from api.ratelimit import register_rate_limits
 from storage.errors import ServiceError
 from storage.runtime import Runtime
 from storage.settings import Settings
+
+METRICS_LISTENER_ENDPOINTS = frozenset({"metrics", "healthz"})
 
 
 def create_app(settings: Settings | None = None, runtime: Runtime | None = None) -> Flask:
@@ -25,13 +28,15 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     app.config["SECRET_KEY"] = settings.secret_key or None
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.extensions["freight"] = runtime or Runtime(settings)
+    if settings.trusted_proxies:
+        app.wsgi_app = TrustedProxies(app.wsgi_app, settings.trusted_proxies)  # type: ignore[method-assign]
     register_error_handlers(app)
 
     @app.before_request
     def _screen() -> None:
         """Before any view or rate limit: hold non-upload bodies to the small limit (werkzeug cuts
         the stream there, declared length or not), refuse NUL in the URL (no database stores it),
-        and keep /metrics to its scrapers."""
+        keep /metrics to its scrapers, and the metrics listener to /metrics."""
         if request.endpoint not in UPLOAD_ENDPOINTS:
             limit = settings.max_json_body_bytes
             chunked = "chunked" in request.headers.get("Transfer-Encoding", "").lower()
@@ -46,6 +51,8 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
             raise ServiceError(
                 "invalid_request", "NUL characters are not allowed in URLs", code="invalid_url"
             )
+        if on_metrics_listener(settings) and request.endpoint not in METRICS_LISTENER_ENDPOINTS:
+            raise NotFound()  # the metrics listener serves nothing of tenants'
         if request.endpoint == "metrics":
             check_metrics_access(settings)
 

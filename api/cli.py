@@ -15,7 +15,7 @@ import click
 from api.client_cli import CLIENT_COMMANDS
 from api.models_cli import models
 from storage.private_files import private_process
-from storage.settings import Settings, SettingsError
+from storage.settings import Settings, SettingsError, metrics_port
 
 
 def _settings() -> Settings:
@@ -81,19 +81,119 @@ def tenant_create(name: str) -> None:
     click.echo(key)
 
 
-@tenant.command("key")
+@tenant.command("new-key")
 @click.argument("name")
-def tenant_key(name: str) -> None:
+def tenant_new_key(name: str) -> None:
     """Add another API key to a tenant; printed alone on the last line."""
     from api.services.tenants import create_key
     from storage.db import Database
     from storage.errors import ServiceError
 
+    db = Database(_settings().database_url)
     try:
-        key = create_key(Database(_settings().database_url), name, int(time.time()))
+        key = create_key(db, name, int(time.time()))
     except ServiceError as exc:
         raise click.ClickException(exc.message) from exc
+    finally:
+        db.dispose()
     click.echo(key)
+
+
+# the older name of new-key, kept for scripts that use it
+tenant.add_command(click.Command("key", callback=tenant_new_key.callback, params=tenant_new_key.params,
+                                 help="Same as new-key.", hidden=True))  # fmt: skip
+
+
+def _when(epoch: int | None) -> str:
+    return "-" if epoch is None else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch))
+
+
+@tenant.command("keys")
+@click.argument("name")
+def tenant_keys(name: str) -> None:
+    """A tenant's keys: id (for revoke-key), first characters, created, revoked (never the key)."""
+    from api.services.tenants import list_keys
+    from storage.db import Database
+    from storage.errors import ServiceError
+
+    db = Database(_settings().database_url)
+    try:
+        keys = list_keys(db, name)
+    except ServiceError as exc:
+        raise click.ClickException(exc.message) from exc
+    finally:
+        db.dispose()
+    rows = [("id", "prefix", "created", "revoked")]
+    rows += [(str(k.id), k.prefix + "...", _when(k.created_at), _when(k.revoked_at)) for k in keys]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+@tenant.command("revoke-key")
+@click.argument("key_id", type=int)
+def tenant_revoke_key(key_id: int) -> None:
+    """Revoke key KEY_ID (see `tenant keys`): refused from the next request on, its console
+    sessions ended."""
+    from api.services.tenants import revoke_key
+    from storage.db import Database
+    from storage.errors import ServiceError
+
+    db = Database(_settings().database_url)
+    try:
+        name, key = revoke_key(db, key_id, int(time.time()))
+    except ServiceError as exc:
+        raise click.ClickException(exc.message) from exc
+    finally:
+        db.dispose()
+    click.echo(f"revoked key {key.id} ({key.prefix}...) of tenant {name} at {_when(key.revoked_at)}")
+
+
+@tenant.command("disable")
+@click.argument("name")
+def tenant_disable(name: str) -> None:
+    """Disable a tenant: all its keys refused, its console sessions ended; its data is kept."""
+    from api.services.tenants import disable_tenant
+    from storage.db import Database
+    from storage.errors import ServiceError
+
+    db = Database(_settings().database_url)
+    try:
+        disabled = disable_tenant(db, name, int(time.time()))
+    except ServiceError as exc:
+        raise click.ClickException(exc.message) from exc
+    finally:
+        db.dispose()
+    click.echo(f"disabled tenant {disabled.name} ({disabled.id}) at {_when(disabled.disabled_at)}")
+
+
+@tenant.command("quota")
+@click.argument("name")
+@click.option("--stored-bytes", default=None, help="bytes of files kept (N, 0 unlimited, or 'default')")
+@click.option("--open-batches", default=None, help="batches not yet final (N, 0 unlimited, or 'default')")
+@click.option("--queued-requests", default=None, help="unfinished requests of those (N, 0, or 'default')")
+def tenant_quota(
+    name: str, stored_bytes: str | None, open_batches: str | None, queued_requests: str | None
+) -> None:
+    """Set (or, with no option, show) a tenant's quotas; 'default' follows FREIGHT_QUOTA_*."""
+    from api.services.tenants import set_quota
+    from storage.db import Database
+    from storage.errors import ServiceError
+    from storage.quotas import quota_of
+
+    settings = _settings()
+    db = Database(settings.database_url)
+    given = {"quota_stored_bytes": stored_bytes, "quota_open_batches": open_batches,
+             "quota_queued_requests": queued_requests}  # fmt: skip
+    try:
+        tenant = set_quota(db, name, {k: v for k, v in given.items() if v is not None})
+    except ServiceError as exc:
+        raise click.ClickException(exc.message) from exc
+    with db.read() as s:
+        quota = quota_of(s, settings, tenant.id, lock=False)
+    for label, value in (("stored bytes", quota.stored_bytes), ("open batches", quota.open_batches),
+                         ("queued requests", quota.queued_requests)):  # fmt: skip
+        click.echo(f"{label}: {value if value else 'unlimited'}")
 
 
 @main.command()
@@ -104,12 +204,17 @@ def api(host: str | None, port: int | None, workers: int) -> None:
     """Serve the API and console with gunicorn."""
     settings = _settings()
     bind = f"{host or settings.api_host}:{port or settings.api_port}"
+    # /metrics on a listener of its own (the app tells them apart by the accepting socket's port)
+    metrics = ["--bind", settings.metrics_bind] if settings.metrics_bind else []
+    if metrics and port == metrics_port(settings.metrics_bind):
+        raise click.UsageError("--port is FREIGHT_METRICS_BIND's port; choose another")
     argv = [
         sys.executable,
         "-m",
         "gunicorn",
         "--bind",
         bind,
+        *metrics,
         "--workers",
         str(workers),
         "--threads",
@@ -155,6 +260,15 @@ def worker(model: str | None, control: bool, name: str | None) -> None:
 def beat() -> None:
     """Run the Celery beat scheduler that drives the dispatcher tick."""
     _exec_bootstrap("beat")
+
+
+@main.command()
+def cleanup() -> None:
+    """Run one cleanup pass now (expired files, old batch data, old engine samples)."""
+    from storage.runtime import Runtime
+    from workers.cleanup import run
+
+    click.echo(run(Runtime(_settings()), time.time()))
 
 
 @main.command()

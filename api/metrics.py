@@ -104,7 +104,9 @@ def families(snap: MetricsSnapshot) -> Iterator[Metric]:
 
 
 def register_metrics(app: Flask) -> CollectorRegistry:
-    """Add ``GET /metrics`` (no authentication, like any exporter) reading the app's runtime."""
+    """Add ``GET /metrics`` reading the app's runtime. It names tenants and their spend, so the
+    app's before-request screen guards it (``api.auth.check_metrics_access``): the metrics token,
+    or the separate listener of FREIGHT_METRICS_BIND."""
     registry = CollectorRegistry()
     registry.register(FreightCollector(app.extensions["freight"]))
     app.extensions["freight_metrics"] = registry

@@ -67,6 +67,9 @@ FILE = obj(
     }
 )
 
+# OpenAI's expires_after.seconds: an hour to 30 days (workers/intake.py checks the same)
+EXPIRES_SECONDS = {"type": "integer", "minimum": 3600, "maximum": 2592000}
+
 DELETED_FILE = obj({"id": STR, "object": {"const": "file"}, "deleted": {"const": True}})
 
 LINE_ERROR = obj({"code": nullable(STR), "message": STR, "param": nullable(STR), "line": nullable(INT)})
@@ -255,8 +258,9 @@ def create_batch_body(settings: Settings) -> Schema:
                 }
             ),
             "priority": {"type": "integer", "minimum": -100, "maximum": 100, "default": 0},
+            "output_expires_after": obj({"anchor": {"enum": ["created_at"]}, "seconds": EXPIRES_SECONDS}),
         },
-        optional=("completion_window", "metadata", "priority"),
+        optional=("completion_window", "metadata", "priority", "output_expires_after"),
     )
 
 
@@ -269,7 +273,10 @@ def paths(settings: Settings) -> Schema:
                     {
                         "file": {"type": "string", "format": "binary", "description": "JSONL or Parquet"},
                         "purpose": {"enum": ["batch"]},
-                    }
+                        "expires_after[anchor]": {"enum": ["created_at"]},
+                        "expires_after[seconds]": EXPIRES_SECONDS,
+                    },
+                    optional=("expires_after[anchor]", "expires_after[seconds]"),
                 )
             }
         },

@@ -16,10 +16,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from flask import Flask, Response, g, request, session
+from flask import Flask, Response, g, request
 from werkzeug.exceptions import TooManyRequests
 
-from api.auth import tenant_or_none
+from api.auth import console_session, tenant_or_none
 from storage.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -152,10 +152,14 @@ class RateLimiter:
         if request.blueprint not in LIMITED_BLUEPRINTS:
             return
         s = self.settings
-        tenant = tenant_or_none() if request.blueprint == "v1" else session.get("tenant")
+        if request.blueprint == "v1":
+            tenant = tenant_or_none()
+        else:  # the console: a session the server still knows, not whatever an old cookie says
+            signed_in = console_session()
+            tenant = signed_in.tenant_id if signed_in else None
         if tenant:
             decision = self.hit(f"tenant:{tenant}", s.rate_limit_rps, s.rate_limit_burst)
-        else:
+        else:  # the connection's peer, or the client a trusted proxy names (api/proxies.py)
             address = request.remote_addr or "unknown"
             decision = self.hit(f"ip:{address}", s.rate_limit_anonymous_rps, s.rate_limit_anonymous_burst)
         if decision is None:

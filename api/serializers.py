@@ -17,7 +17,7 @@ def file_object(f: StoredFile) -> dict[str, Any]:
         "object": "file",
         "bytes": f.bytes,
         "created_at": f.created_at,
-        "expires_at": None,
+        "expires_at": f.expires_at,
         "filename": f.filename,
         "purpose": f.purpose,
         "status": "processed",

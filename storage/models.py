@@ -42,6 +42,12 @@ class Tenant(Base):
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("tenant_"))
     name: Mapped[str] = mapped_column(String(200), unique=True)
     created_at: Mapped[int] = mapped_column(BigInteger)
+    # quotas of this tenant (storage/quotas.py); NULL: the FREIGHT_QUOTA_* default, 0: unlimited
+    quota_stored_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    quota_open_batches: Mapped[int | None] = mapped_column(Integer)
+    quota_queued_requests: Mapped[int | None] = mapped_column(BigInteger)
+    # `freight tenant disable`: from then on its keys and console sessions are refused
+    disabled_at: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class ApiKey(Base):
@@ -57,9 +63,26 @@ class ApiKey(Base):
     revoked_at: Mapped[int | None] = mapped_column(BigInteger)
 
 
+class ConsoleSession(Base):
+    """A signed-in console session. The cookie carries a random token and nothing else of the
+    key; only the token's SHA-256 is stored, so a database read yields no usable cookie. Deleting
+    the row (sign-out) ends it, and so do its key's revocation and its tenant's disabling."""
+
+    __tablename__ = "console_sessions"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # SHA-256 hex of the cookie's token
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    key_id: Mapped[int] = mapped_column(ForeignKey("api_keys.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[int] = mapped_column(BigInteger)  # epoch seconds
+
+
 class StoredFile(Base):
     __tablename__ = "files"
-    __table_args__ = (Index("ix_files_tenant_created", "tenant_id", "created_at", "id"),)
+    __table_args__ = (
+        Index("ix_files_tenant_created", "tenant_id", "created_at", "id"),
+        Index("ix_files_expires", "deleted_at", "expires_at"),
+    )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("file-"))
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
@@ -69,6 +92,8 @@ class StoredFile(Base):
     object_key: Mapped[str] = mapped_column(String(1024))
     created_at: Mapped[int] = mapped_column(BigInteger)
     deleted_at: Mapped[int | None] = mapped_column(BigInteger)
+    # when the periodic cleanup deletes it (epoch seconds; NULL: kept until deleted)
+    expires_at: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class Batch(Base):
@@ -76,6 +101,7 @@ class Batch(Base):
     __table_args__ = (
         Index("ix_batches_tenant_created", "tenant_id", "created_at", "id"),
         Index("ix_batches_status", "status"),
+        Index("ix_batches_purge", "purged_at", "status"),
     )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("batch_"))
@@ -138,6 +164,11 @@ class Batch(Base):
     eta_at: Mapped[int | None] = mapped_column(BigInteger)
     sla_met: Mapped[bool | None] = mapped_column(Boolean)
     warnings: Mapped[list[str] | None] = mapped_column(JSON)  # e.g. admitted past its ETA
+    # retention: the output and error files expire this many seconds after they are made
+    # (OpenAI's output_expires_after; NULL: FREIGHT_FILE_RETENTION_SECONDS), and when the cleanup
+    # deleted the batch's shards and unit results (epoch seconds; its rows stay)
+    output_expires_after: Mapped[int | None] = mapped_column(Integer)
+    purged_at: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class WorkUnit(Base):
@@ -201,7 +232,10 @@ class EngineSample(Base):
     """What one engine did over one sampling period: the raw series for fill and throughput."""
 
     __tablename__ = "engine_samples"
-    __table_args__ = (Index("ix_engine_samples_model_started", "model", "started_at"),)
+    __table_args__ = (
+        Index("ix_engine_samples_model_started", "model", "started_at"),
+        Index("ix_engine_samples_started", "started_at"),  # pruning, and /metrics' latest samples
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     worker: Mapped[str] = mapped_column(String(200))
@@ -222,6 +256,23 @@ class EngineSample(Base):
     kv_tokens_read: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     mfu: Mapped[float | None] = mapped_column(Float)
     mbu: Mapped[float | None] = mapped_column(Float)
+
+
+class EngineSampleTotal(Base):
+    """The sums of one worker's pruned ``engine_samples`` rows: what the counters of ``/metrics``
+    add to the rows still kept, so pruning old samples changes no total."""
+
+    __tablename__ = "engine_sample_totals"
+
+    worker: Mapped[str] = mapped_column(String(200), primary_key=True)
+    model: Mapped[str] = mapped_column(String(200), primary_key=True)
+    samples: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    seconds: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")  # busy time
+    cost_micros: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    output_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    requests: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
 
 class DropFolder(Base):

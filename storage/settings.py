@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import os
 import re
 import secrets
@@ -42,6 +43,14 @@ def parse_duration(text: str) -> int:
     if not match:
         raise SettingsError(f"not a duration like 30s, 10m, 24h or 7d: {text!r}")
     return int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+def metrics_port(bind: str) -> int | None:
+    """The port of a ``HOST:PORT`` (``[::1]:9108`` too) FREIGHT_METRICS_BIND, or None if it is not one."""
+    host, sep, port = bind.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return int(port)
 
 
 def parse_models(text: str) -> dict[str, str]:
@@ -168,9 +177,30 @@ class Settings:
     rate_limit_anonymous_burst: int = 100
     # bodies of requests other than uploads (JSON, forms) are cut off at this many bytes
     max_json_body_bytes: int = 1024 * 1024
-    # GET /metrics names tenants: with a token it needs 'Authorization: Bearer <token>', without
-    # one it answers loopback clients only
+    # GET /metrics names tenants and their spend: it needs 'Authorization: Bearer <token>', unless
+    # it arrives on the listener of metrics_bind (HOST:PORT, a second gunicorn bind serving
+    # /metrics and /healthz only); with neither set, /metrics answers nobody
     metrics_token: str = ""
+    metrics_bind: str = ""
+    # reverse proxies (addresses or CIDRs) whose X-Forwarded-For / X-Forwarded-Proto are believed;
+    # from any other peer those headers are ignored (api/proxies.py)
+    trusted_proxies: tuple[str, ...] = ()
+    # a console session ends this many seconds after sign-in (and at sign-out, key revocation or
+    # the tenant's disabling, whichever comes first)
+    session_seconds: int = 12 * 3600
+    # per-tenant quotas (a tenant's own columns override them; 0: unlimited): bytes of files kept,
+    # batches not yet final, requests of those batches not yet finished (storage/quotas.py)
+    quota_stored_bytes: int = 100 * 1024**3
+    quota_open_batches: int = 500
+    quota_queued_requests: int = 5_000_000
+    # retention (seconds): a file uploaded or written without expires_after expires this long after
+    # it is made (0: kept until deleted); a final batch's shards and unit results are deleted this
+    # long after it ended; engine_samples rows older than this are summed into engine_sample_totals
+    # and deleted. The cleanup (workers/cleanup.py) runs every cleanup_seconds
+    file_retention_seconds: int = 30 * 86400
+    batch_data_retention_seconds: int = 86400
+    sample_retention_seconds: int = 86400
+    cleanup_seconds: float = 60.0
 
     def cache_domain(self, tenant_id: str) -> str:
         """The prefix-cache domain of a tenant's requests: "" (one shared by all) or the tenant.
@@ -259,8 +289,37 @@ class Settings:
             )
         if self.engine_block_size < 0 or self.engine_block_size % 16:
             raise SettingsError("FREIGHT_ENGINE_BLOCK_SIZE must be 0 (vLLM's default) or a multiple of 16")
+        if min(self.quota_stored_bytes, self.quota_open_batches, self.quota_queued_requests) < 0:
+            raise SettingsError("FREIGHT_QUOTA_* cannot be negative (0 is unlimited)")
+        if (
+            min(self.file_retention_seconds, self.batch_data_retention_seconds) < 0
+            or self.cleanup_seconds <= 0
+        ):
+            raise SettingsError(
+                "FREIGHT_FILE_RETENTION_SECONDS and FREIGHT_BATCH_DATA_RETENTION_SECONDS cannot be negative,"
+                " FREIGHT_CLEANUP_SECONDS must be positive"
+            )
+        # the dispatcher's throughput window and the console's and /metrics' worker figures read
+        # the recent samples: they must outlive both
+        if self.sample_retention_seconds < max(self.throughput_window_seconds, 3600):
+            raise SettingsError(
+                "FREIGHT_SAMPLE_RETENTION_SECONDS must be at least 3600 and FREIGHT_THROUGHPUT_WINDOW_SECONDS"
+            )
         if self.engine_dtype not in ENGINE_DTYPES:
             raise SettingsError(f"FREIGHT_ENGINE_DTYPE must be one of {', '.join(ENGINE_DTYPES)}")
+        if self.metrics_bind and metrics_port(self.metrics_bind) in (None, self.api_port):
+            raise SettingsError(
+                "FREIGHT_METRICS_BIND must be HOST:PORT with a port other than FREIGHT_API_PORT's"
+            )
+        for proxy in self.trusted_proxies:
+            try:
+                ipaddress.ip_network(proxy, strict=False)
+            except ValueError:
+                raise SettingsError(
+                    f"FREIGHT_TRUSTED_PROXIES entries are addresses or CIDRs, got {proxy!r}"
+                ) from None
+        if not 60 <= self.session_seconds <= 90 * 86400:
+            raise SettingsError("FREIGHT_SESSION_SECONDS must be from 60 to 7776000 (90 days)")
         return replace(self, **changes)
 
     @property

@@ -24,6 +24,11 @@ def make_celery(settings: Settings) -> Celery:
                 "schedule": settings.tick_seconds,
                 "options": {"queue": CONTROL_QUEUE, "expires": max(settings.tick_seconds * 5, 10)},
             },
+            "freight-cleanup": {
+                "task": "freight.cleanup",
+                "schedule": settings.cleanup_seconds,
+                "options": {"queue": CONTROL_QUEUE, "expires": max(settings.cleanup_seconds * 5, 10)},
+            },
             "freight-scan-dropfolders": {
                 "task": "freight.scan_dropfolders",
                 "schedule": settings.dropfolder_poll_seconds,

@@ -285,12 +285,28 @@ def ingest(rt: Runtime, folder: FolderConfig, store: ObjectStore, f: InboxFile) 
         refused.append(refusal(exc.code or exc.kind, exc.message, exc.param))
 
     now = time.time()
-    if record is None:
-        with rt.db.write() as s:
-            if not record_object(s, folder, f, source, None, refused or None, now):
-                return None  # another scanner recorded this version first
-        log.warning("drop folder %s: %s refused: %s", folder.url, source, refused[0]["message"])
-        return "refused"
+    if record is not None:
+        try:  # a quota (open batches, queued requests) refuses the file like a bad one
+            return _create(rt, folder, f, source, request, record, now)
+        except ServiceError as exc:
+            refused.append(refusal(exc.code or exc.kind, exc.message, exc.param))
+    with rt.db.write() as s:
+        if not record_object(s, folder, f, source, None, refused or None, now):
+            return None  # another scanner recorded this version first
+    log.warning("drop folder %s: %s refused: %s", folder.url, source, refused[0]["message"])
+    return "refused"
+
+
+def _create(
+    rt: Runtime,
+    folder: FolderConfig,
+    f: InboxFile,
+    source: str,
+    request: intake.BatchRequest,
+    record: StoredFile,
+    now: float,
+) -> str | None:
+    """The batch of an inbox file stored as ``record``, claimed with its drop object."""
     batch = intake.create_batch(
         rt,
         folder.tenant_id,

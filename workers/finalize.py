@@ -21,6 +21,7 @@ from storage.lifecycle import unfinished_units
 from storage.models import Batch, StoredFile, UnitStatus, WorkUnit, new_id
 from storage.objectstore import CHUNK
 from storage.registry import lookup_in
+from storage.retention import expiry
 from storage.runtime import Runtime
 from storage.shards import read_rows
 from storage.status import BatchStatus, transition
@@ -104,6 +105,7 @@ def finalize_batch(rt: Runtime, batch_id: str) -> str | None:
                     bytes=sizes[kind],
                     object_key=keys[kind],
                     created_at=now,
+                    expires_at=expiry(rt.settings, now, batch.output_expires_after),
                 )
                 s.add(f)
                 setattr(batch, attr, f.id)

@@ -32,7 +32,10 @@ from storage.broker import BROKER_ERRORS
 from storage.errors import ServiceError
 from storage.models import Batch, DropObject, StoredFile, new_id
 from storage.objectstore import CHUNK, ObjectStoreError
+from storage.quotas import bytes_left, check_new_batch, check_stored, exceeded, quota_of, stored_bytes
+from storage.retention import expiry, live
 from storage.runtime import Runtime
+from storage.settings import Settings
 from storage.status import BatchStatus
 from workers.request_bodies import ENDPOINTS
 
@@ -40,6 +43,9 @@ PURPOSES = ("batch",)
 MAX_FILENAME = 255
 BIDI_CONTROLS = frozenset("\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 MAX_METADATA_PAIRS = 16
+# OpenAI's bounds of expires_after.seconds: an hour to 30 days
+MIN_EXPIRES_AFTER = 3600
+MAX_EXPIRES_AFTER = 30 * 86400
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +84,32 @@ def check_metadata(metadata: Any) -> dict[str, str] | None:
     return metadata
 
 
+def check_expires_after(value: Any, param: str) -> int | None:
+    """OpenAI's ``{"anchor": "created_at", "seconds": N}`` -> N (None when not given)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) - {"anchor", "seconds"}:
+        raise ServiceError(
+            "invalid_request", f'{param} must be {{"anchor": "created_at", "seconds": N}}', param=param
+        )
+    if value.get("anchor") != "created_at":
+        raise ServiceError("invalid_request", f"{param}.anchor must be 'created_at'", param=f"{param}.anchor")
+    seconds = value.get("seconds")
+    if isinstance(seconds, str) and seconds.strip().isdigit():  # a form field is text
+        seconds = int(seconds)
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int)
+        or not (MIN_EXPIRES_AFTER <= seconds <= MAX_EXPIRES_AFTER)
+    ):
+        raise ServiceError(
+            "invalid_request",
+            f"{param}.seconds must be an integer from {MIN_EXPIRES_AFTER} to {MAX_EXPIRES_AFTER}",
+            param=f"{param}.seconds",
+        )
+    return seconds
+
+
 @dataclass(frozen=True)
 class BatchRequest:
     """A checked create request; ``add`` turns it into a row inside the caller's transaction."""
@@ -88,6 +120,7 @@ class BatchRequest:
     tier: SlaTier
     metadata: dict[str, str] | None
     priority: int
+    output_expires_after: int | None = None  # seconds; None: FREIGHT_FILE_RETENTION_SECONDS
 
 
 def check_request(rt: Runtime, payload: Any) -> BatchRequest:
@@ -121,14 +154,18 @@ def check_request(rt: Runtime, payload: Any) -> BatchRequest:
         raise ServiceError(
             "invalid_request", "priority must be an integer from -100 to 100", param="priority"
         )
-    return BatchRequest(input_file_id, endpoint, window, tier, metadata, priority)
+    output_expires_after = check_expires_after(payload.get("output_expires_after"), "output_expires_after")
+    return BatchRequest(input_file_id, endpoint, window, tier, metadata, priority, output_expires_after)
 
 
-def add(s: Session, tenant_id: str, request: BatchRequest, now: int) -> Batch:
+def add(
+    s: Session, tenant_id: str, request: BatchRequest, now: int, settings: Settings | None = None
+) -> Batch:
     """The new ``validating`` batch, added in the caller's transaction; the caller enqueues its
-    validation after the commit."""
+    validation after the commit. With ``settings``, the tenant's quotas are checked (every entry
+    point passes them; a test or benchmark building rows directly may not)."""
     source = s.get(StoredFile, request.input_file_id)
-    if source is None or source.tenant_id != tenant_id or source.deleted_at is not None:
+    if source is None or source.tenant_id != tenant_id or not live(source, now):
         raise ServiceError(
             "not_found", f"No such File object: {request.input_file_id}", param="input_file_id"
         )
@@ -138,6 +175,8 @@ def add(s: Session, tenant_id: str, request: BatchRequest, now: int) -> Batch:
             "input_file_id must be a file uploaded with purpose=batch",
             param="input_file_id",
         )
+    if settings is not None:
+        check_new_batch(s, settings, tenant_id)
     batch = Batch(
         id=new_id("batch_"),
         tenant_id=tenant_id,
@@ -147,6 +186,7 @@ def add(s: Session, tenant_id: str, request: BatchRequest, now: int) -> Batch:
         status=BatchStatus.VALIDATING.value,
         metadata_=request.metadata,
         priority=request.priority,
+        output_expires_after=request.output_expires_after,
         created_at=now,
         expires_at=now + request.tier.seconds,
         price_multiplier=request.tier.price_multiplier,
@@ -155,17 +195,24 @@ def add(s: Session, tenant_id: str, request: BatchRequest, now: int) -> Batch:
     return batch
 
 
+class QuotaOverrun(Exception):
+    """The upload passed the bytes the tenant's quota left it (how many were read so far)."""
+
+
 class _Limited:
     """Reads at most ``limit`` bytes, then refuses: the store never holds an oversize upload."""
 
-    def __init__(self, stream: IO[bytes], limit: int) -> None:
+    def __init__(self, stream: IO[bytes], limit: int, quota_left: int | None = None) -> None:
         self.stream = stream
         self.limit = limit
+        self.quota_left = quota_left  # bytes the tenant's stored-bytes quota still allows
         self.total = 0
 
     def read(self, size: int = -1) -> bytes:
         data = self.stream.read(CHUNK if size is None or size < 0 else min(size, CHUNK))
         self.total += len(data)
+        if self.quota_left is not None and self.total > self.quota_left and self.quota_left < self.limit:
+            raise QuotaOverrun(self.total)
         if self.total > self.limit:
             raise ServiceError(
                 "too_large",
@@ -186,11 +233,32 @@ def clean_filename(name: str | None) -> str:
 
 
 def upload(
-    rt: Runtime, tenant_id: str, purpose: str | None, filename: str | None, stream: IO[bytes]
+    rt: Runtime,
+    tenant_id: str,
+    purpose: str | None,
+    filename: str | None,
+    stream: IO[bytes],
+    expires_after: int | None = None,
 ) -> StoredFile:
-    record = store_file(rt, tenant_id, purpose, filename, stream)
+    """``expires_after``: seconds from upload to expiry (checked by ``check_expires_after``)."""
+    record = store_file(rt, tenant_id, purpose, filename, stream, expires_after=expires_after)
+    try:
+        with rt.db.write() as s:
+            check_stored(s, rt.settings, tenant_id, record.bytes)
+            s.add(record)
+    except ServiceError:
+        rt.store.delete(record.object_key)
+        raise
+    return record
+
+
+def set_expiry(rt: Runtime, tenant_id: str, file_id: str, expires_after: int) -> StoredFile:
+    """Give a stored file of the tenant's its ``expires_after`` (seconds from its creation)."""
     with rt.db.write() as s:
-        s.add(record)
+        record = s.get(StoredFile, file_id, with_for_update=True)
+        if record is None or record.tenant_id != tenant_id or not live(record, time.time()):
+            raise ServiceError("not_found", f"No such File object: {file_id}", param="file_id")
+        record.expires_at = record.created_at + expires_after
     return record
 
 
@@ -201,20 +269,33 @@ def store_file(
     filename: str | None,
     stream: IO[bytes],
     key: str | None = None,
+    expires_after: int | None = None,
 ) -> StoredFile:
     """Stream an upload into the object store (at ``key``, by default one of its own) and return
-    its row, not yet added: the caller commits it, alone or with rows that refer to it."""
+    its row, not yet added: the caller commits it, alone or with rows that refer to it, after
+    ``quotas.check_stored`` in that transaction (the stream stops once it passes what the tenant's
+    quota left when it began, so a tenant at its limit cannot park a file's worth in the store)."""
     if purpose not in PURPOSES:
         raise ServiceError(
             "invalid_request", f"purpose must be one of {', '.join(PURPOSES)}", param="purpose"
         )
     file_id = new_id("file-")
     key = key or f"files/{tenant_id}/{file_id}"
-    limited = _Limited(stream, rt.settings.max_file_bytes)
-    size = rt.store.put_stream(key, limited)  # type: ignore[arg-type]
+    with rt.db.read() as s:
+        quota_left = bytes_left(s, rt.settings, tenant_id)
+    limited = _Limited(stream, rt.settings.max_file_bytes, quota_left)
+    try:
+        size = rt.store.put_stream(key, limited)  # type: ignore[arg-type]
+    except QuotaOverrun as exc:
+        rt.store.delete(key)
+        with rt.db.read() as s:
+            limit = quota_of(s, rt.settings, tenant_id, lock=False).stored_bytes
+            use = stored_bytes(s, tenant_id)
+        raise exceeded("stored file bytes", limit, use, " bytes", "file") from exc
     if size == 0:
         rt.store.delete(key)
         raise ServiceError("invalid_request", "the uploaded file is empty", param="file")
+    created_at = int(time.time())
     return StoredFile(
         id=file_id,
         tenant_id=tenant_id,
@@ -222,7 +303,8 @@ def store_file(
         filename=clean_filename(filename),
         bytes=size,
         object_key=key,
-        created_at=int(time.time()),
+        created_at=created_at,
+        expires_at=expiry(rt.settings, created_at, expires_after),
     )
 
 
@@ -254,15 +336,20 @@ def create_batch(
     try:
         with rt.db.write() as s:
             if new_file is not None:
+                check_stored(s, rt.settings, tenant_id, new_file.bytes)
                 s.add(new_file)
                 s.flush()
                 request = replace(request, input_file_id=new_file.id)
-            batch = add(s, tenant_id, request, int(time.time()))
+            batch = add(s, tenant_id, request, int(time.time()), rt.settings)
             s.flush()
             if record is not None and not record(s, batch):
                 raise _Refused
     except _Refused:
         return None
+    except ServiceError:  # a quota: the file stored for this batch goes with it
+        if new_file is not None:
+            rt.store.delete(new_file.object_key)
+        raise
     try:
         rt.queue.validate(batch.id)  # after the commit that made the row
     except BROKER_ERRORS:

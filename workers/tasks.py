@@ -27,7 +27,7 @@ def runtime_of(app: Celery) -> Runtime:
 
 
 def register(app: Celery) -> None:
-    from workers import dispatcher, dropfolder_delivery, dropfolders, execution, finalize, validation
+    from workers import cleanup, dispatcher, dropfolder_delivery, dropfolders, execution, finalize, validation
     from workers.task_policy import (
         MAX_RETRIES,
         fail_finalization,
@@ -94,6 +94,11 @@ def register(app: Celery) -> None:
     @periodic
     def tick() -> None:
         dispatcher.tick(runtime_of(app), time.time())
+
+    @periodic_task("freight.cleanup")
+    @periodic
+    def cleanup_pass() -> None:  # periodic: a pass that fails leaves the rest to the next
+        cleanup.run(runtime_of(app), time.time())
 
     @periodic_task("freight.scan_dropfolders")
     @periodic

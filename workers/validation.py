@@ -30,6 +30,7 @@ from scheduler.ordering import SortStats, common_prefix_tokens, sort_records
 from storage.checkpoint_cache import CheckpointError
 from storage.leases import release_lease, renew_lease, take_lease
 from storage.models import Batch, StoredFile, WorkUnit
+from storage.quotas import queued_refusal
 from storage.registry import served_names
 from storage.request_tables import RowError, column_of, decode_limits, metadata_defaults
 from storage.runtime import Runtime
@@ -488,9 +489,18 @@ def _validate(rt: Runtime, batch_id: str, input_key: str, endpoint: str, default
         if batch is None or batch.status != BatchStatus.VALIDATING:
             return
         admission = None
-        if not summary.error_count:
+        over_quota = None if summary.error_count else queued_refusal(s, settings, batch, summary.rows)
+        if not summary.error_count and over_quota is None:
             admission = admit_batch(rt, s, batch, summary.model or "", summary.rows, now, rates)
-        if admission is not None and not admission.accept:
+        if over_quota is not None:  # the tenant's other batches hold its queue already
+            batch.errors = {
+                "object": "list",
+                "data": [{"code": "quota_exceeded", "message": over_quota, "param": None, "line": None}],
+            }
+            batch.request_total = 0
+            transition(batch, BatchStatus.FAILED, now)
+            log.warning("batch %s refused: %s", batch_id, over_quota)
+        elif admission is not None and not admission.accept:
             batch.errors = {
                 "object": "list",
                 "data": [

@@ -21,7 +21,7 @@ from api.services.models import list_models
 from api.services.reports import WORKER_STALE_SECONDS, as_int, ratio
 from scheduler.cost import ListPrice
 from storage.errors import ServiceError
-from storage.models import ApiKey, Batch, EngineSample, StoredFile, Tenant, UnitStatus, WorkUnit
+from storage.models import Batch, EngineSample, StoredFile, UnitStatus, WorkUnit
 from storage.runtime import Runtime
 from storage.settings import Settings
 from storage.status import BatchStatus
@@ -34,20 +34,6 @@ STATUS_FILTERS = (ACTIVE, *(s.value for s in BatchStatus))
 MAX_BUCKETS = 40
 
 log = logging.getLogger(__name__)
-
-
-# --- who is signed in -------------------------------------------------------------------------
-
-
-def signed_in(rt: Runtime, tenant_id: str, key_digest: str) -> str | None:
-    """The tenant's name while the key it signed in with is still valid, else None: revoking a
-    key signs its console sessions out at their next request."""
-    with rt.db.read() as s:
-        return s.scalar(
-            select(Tenant.name)
-            .join(ApiKey, ApiKey.tenant_id == Tenant.id)
-            .where(Tenant.id == tenant_id, ApiKey.key_hash == key_digest, ApiKey.revoked_at.is_(None))
-        )
 
 
 # --- jobs ---------------------------------------------------------------------------------------

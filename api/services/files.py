@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 
 from api.services.paging import Page, page
 from storage.errors import ServiceError
@@ -18,6 +18,7 @@ from storage.models import Batch, StoredFile
 from storage.objectstore import CHUNK, iter_lines
 from storage.request_tables import RowError, decode_limits, is_parquet, request_lines, write_requests
 from storage.result_tables import write_results
+from storage.retention import delete_file_objects, live, purge_batches_of_file
 from storage.runtime import Runtime
 from storage.status import BatchStatus
 
@@ -28,13 +29,17 @@ MIMETYPES = {"jsonl": "application/jsonl", "parquet": "application/vnd.apache.pa
 def get(rt: Runtime, tenant_id: str, file_id: str) -> StoredFile:
     with rt.db.read() as s:
         record = s.get(StoredFile, file_id)
-    if record is None or record.tenant_id != tenant_id or record.deleted_at is not None:
+    if record is None or record.tenant_id != tenant_id or not live(record, time.time()):
         raise ServiceError("not_found", f"No such File object: {file_id}", param="file_id")
     return record
 
 
 def list_files(rt: Runtime, tenant_id: str, purpose: str | None, after: str | None, limit: int) -> Page:
-    filters = [StoredFile.deleted_at.is_(None)]
+    now = int(time.time())
+    filters = [
+        StoredFile.deleted_at.is_(None),
+        or_(StoredFile.expires_at.is_(None), StoredFile.expires_at > now),
+    ]
     if purpose:
         filters.append(StoredFile.purpose == purpose)
     with rt.db.read() as s:
@@ -120,7 +125,7 @@ def _converted(rt: Runtime, record: StoredFile, fmt: str) -> tuple[str, int]:
 def delete(rt: Runtime, tenant_id: str, file_id: str) -> StoredFile:
     with rt.db.write() as s:
         record = s.get(StoredFile, file_id, with_for_update=True)
-        if record is None or record.tenant_id != tenant_id or record.deleted_at is not None:
+        if record is None or record.tenant_id != tenant_id or not live(record, time.time()):
             raise ServiceError("not_found", f"No such File object: {file_id}", param="file_id")
         in_use = s.scalar(
             select(Batch.id).where(
@@ -142,7 +147,7 @@ def delete(rt: Runtime, tenant_id: str, file_id: str) -> StoredFile:
                 param="file_id",
             )
         record.deleted_at = int(time.time())
-    rt.store.delete(record.object_key)
-    for fmt in FORMATS:
-        rt.store.delete(f"derived/{record.id}.{fmt}")
+    delete_file_objects(rt, record)
+    # the batches that read it keep its prompts in their shards and results: those go too
+    purge_batches_of_file(rt, record.id, record.deleted_at)
     return record

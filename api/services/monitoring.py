@@ -25,7 +25,7 @@ from api.services.reports import (
 )
 from scheduler.cost import MICROS_PER_DOLLAR, charged_micros
 from scheduler.sla import BatchOutcome, sla_summary
-from storage.models import Batch, EngineSample, Tenant, WorkUnit
+from storage.models import Batch, EngineSample, EngineSampleTotal, Tenant, WorkUnit
 from storage.registry import served_names
 from storage.runtime import Runtime
 from storage.status import BatchStatus
@@ -106,28 +106,48 @@ def metrics_snapshot(rt: Runtime, now: float) -> MetricsSnapshot:
         }
         recent = s.execute(
             select(EngineSample)
-            .where(EngineSample.started_at + EngineSample.seconds >= now - WORKER_STALE_SECONDS)
+            .where(
+                # the first bound lets the index on started_at narrow the scan: no sample is
+                # longer than an hour (a period closes every FREIGHT_SAMPLE_SECONDS)
+                EngineSample.started_at >= now - WORKER_STALE_SECONDS - 3600,
+                EngineSample.started_at + EngineSample.seconds >= now - WORKER_STALE_SECONDS,
+            )
             .order_by(EngineSample.started_at, EngineSample.id)
         ).scalars()
         latest = {(r.worker, r.model): r for r in recent}  # ordered, so the last one wins
         busy: dict[tuple[str, str], float] = {}
         engine_cost: dict[tuple[str, str], float] = {}
         tokens: dict[tuple[str, str], int] = {}
-        for worker, model, secs, cost, prompt, cached, output in s.execute(
-            select(
-                EngineSample.worker,
-                EngineSample.model,
-                func.sum(EngineSample.seconds),
-                func.sum(EngineSample.cost_micros),
-                func.sum(EngineSample.prompt_tokens),
-                func.sum(EngineSample.cached_tokens),
-                func.sum(EngineSample.output_tokens),
-            ).group_by(EngineSample.worker, EngineSample.model)
-        ):
-            busy[(worker, model)] = float(secs or 0.0)
-            engine_cost[(worker, model)] = as_int(cost) / MICROS_PER_DOLLAR
-            for kind, n in (("prompt", prompt), ("cached", cached), ("output", output)):
-                tokens[(model, kind)] = tokens.get((model, kind), 0) + as_int(n)
+        cost_micros: dict[tuple[str, str], int] = {}
+        # the counters: the sums of the samples the cleanup pruned, plus the samples it keeps
+        # (FREIGHT_SAMPLE_RETENTION_SECONDS of them), so pruning changes no total
+        kept = select(
+            EngineSample.worker,
+            EngineSample.model,
+            func.sum(EngineSample.seconds),
+            func.sum(EngineSample.cost_micros),
+            func.sum(EngineSample.prompt_tokens),
+            func.sum(EngineSample.cached_tokens),
+            func.sum(EngineSample.output_tokens),
+        ).group_by(EngineSample.worker, EngineSample.model)
+        pruned = select(
+            EngineSampleTotal.worker,
+            EngineSampleTotal.model,
+            EngineSampleTotal.seconds,
+            EngineSampleTotal.cost_micros,
+            EngineSampleTotal.prompt_tokens,
+            EngineSampleTotal.cached_tokens,
+            EngineSampleTotal.output_tokens,
+        )
+        for query in (pruned, kept):
+            for row in s.execute(query):
+                key, (secs, cost, prompt, cached, output) = (row[0], row[1]), row[2:]
+                busy[key] = busy.get(key, 0.0) + float(secs or 0.0)
+                cost_micros[key] = cost_micros.get(key, 0) + as_int(cost)
+                for kind, n in (("prompt", prompt), ("cached", cached), ("output", output)):
+                    tokens[(key[1], kind)] = tokens.get((key[1], kind), 0) + as_int(n)
+        for key, micros in cost_micros.items():
+            engine_cost[key] = micros / MICROS_PER_DOLLAR
         # the charge is rounded per batch; batches that cost nothing charge nothing
         charged: dict[tuple[str, str], int] = defaultdict(int)
         for tenant, model, cost, mult in s.execute(

@@ -1,8 +1,11 @@
 """The web console: server-rendered pages over the same services as /v1, for one signed-in tenant.
 
-Sign-in takes an API key and keeps the tenant id and the key's digest in Flask's signed session
-cookie (HttpOnly, SameSite=Lax); every request re-checks the key, so revoking it signs the
-session out. Every POST carries the session's CSRF token. Pages refresh themselves (meta refresh)
+Sign-in takes an API key and starts a server-side session (``api/services/sessions.py``); Flask's
+signed cookie (HttpOnly, SameSite=Lax, Secure over HTTPS, FREIGHT_SESSION_SECONDS long) holds only
+that session's random token and the CSRF token, nothing of the key. Every request checks the
+session on the server, so sign-out, revoking the key and disabling the tenant end it at once, and
+a request without a live session is turned away before its body is read (an upload of 200 MB
+included). Every POST carries the session's CSRF token. Pages refresh themselves (meta refresh)
 while something on them still runs; charts are inline SVG drawn here, so nothing is fetched from
 anywhere but Freight (a Content-Security-Policy of 'self' enforces it). Errors are HTML pages.
 """
@@ -13,6 +16,7 @@ import hmac
 import logging
 import secrets
 import time
+from datetime import timedelta
 from typing import Any
 
 from flask import (
@@ -22,6 +26,7 @@ from flask import (
     current_app,
     flash,
     g,
+    has_request_context,
     redirect,
     render_template,
     request,
@@ -29,14 +34,16 @@ from flask import (
     url_for,
 )
 from flask.blueprints import BlueprintSetupState
+from flask.sessions import SecureCookieSessionInterface
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException
 
+from api.auth import console_session
 from api.console_format import chart, register_filters
 from api.errors import DB_RETRY_AFTER_SECONDS, status_of
 from api.serializers import batch_object
-from api.services import batches, console, files
-from api.services.tenants import authenticate, hash_key
+from api.services import batches, console, files, sessions
+from api.services.tenants import authenticate_key
 from storage.broker import BROKER_ERRORS
 from storage.errors import ServiceError
 from storage.objectstore import ObjectStoreError
@@ -72,12 +79,27 @@ def rt() -> Runtime:
     return current_app.extensions["freight"]
 
 
+class SessionCookies(SecureCookieSessionInterface):
+    """Flask's signed cookie, marked ``Secure`` whenever the request came over HTTPS (directly,
+    or as a trusted proxy's X-Forwarded-Proto says): the same deployment may be reached both ways."""
+
+    def get_cookie_secure(self, app: Flask) -> bool:
+        return request.is_secure if has_request_context() else super().get_cookie_secure(app)
+
+
 @bp.record_once
 def _setup(state: BlueprintSetupState) -> None:
     app: Flask = state.app
+    settings = app.extensions["freight"].settings
     if not app.secret_key:
-        app.secret_key = console.session_secret(app.extensions["freight"].settings)
-    app.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax")
+        app.secret_key = console.session_secret(settings)
+    app.session_interface = SessionCookies()
+    app.config.update(
+        SESSION_COOKIE_HTTPONLY=True,
+        SESSION_COOKIE_SAMESITE="Lax",
+        # the cookie's own age limit (its signature is refused after it) matches the server's
+        PERMANENT_SESSION_LIFETIME=timedelta(seconds=settings.session_seconds),
+    )
     register_filters(app)
     app.add_url_rule("/", "console_root", lambda: redirect(url_for("console.jobs_page")))
 
@@ -102,22 +124,21 @@ def _guard() -> ResponseReturnValue | None:
         raise ConsoleError(
             503, "The console is off: set FREIGHT_SECRET_KEY (or make the data folder writable)."
         )
+    if request.endpoint not in PUBLIC:
+        # the session first, the form (CSRF) after: a request nobody signed in sent is turned
+        # away before any of its body is read or parsed
+        signed_in = console_session()
+        if signed_in is None:
+            session.pop("sid", None)
+            target = request.full_path if request.method == "GET" else None
+            return redirect(url_for(".sign_in", next=target))
+        g.tenant_id, g.tenant_name = signed_in.tenant_id, signed_in.tenant_name
     if request.method == "POST":
         sent = request.form.get("csrf_token", "")
         if not sent or not hmac.compare_digest(sent, session.get("csrf", "")):
             raise ConsoleError(
                 400, "This form has expired or came from another site; reload the page and retry."
             )
-    if request.endpoint in PUBLIC:
-        return None
-    tenant_id, digest = session.get("tenant"), session.get("key")
-    name = console.signed_in(rt(), tenant_id, digest) if tenant_id and digest else None
-    if name is None:
-        session.pop("tenant", None)
-        session.pop("key", None)
-        target = request.full_path if request.method == "GET" else None
-        return redirect(url_for(".sign_in", next=target))
-    g.tenant_id, g.tenant_name = tenant_id, name
     return None
 
 
@@ -193,18 +214,22 @@ def sign_in() -> str:
 @bp.post("/sign-in")
 def sign_in_post() -> ResponseReturnValue:
     key = request.form.get("api_key", "").strip()
-    tenant_id = authenticate(rt().db, key) if key and len(key) <= 200 else None
-    if tenant_id is None:
+    found = authenticate_key(rt().db, key) if key and len(key) <= 200 else None
+    if found is None:
         page = render_template("console/sign_in.html", next=_next_url(), error="Incorrect API key.")
         return page, 401
     target = _next_url()
+    tenant_id, key_id = found
+    token = sessions.start(rt().db, tenant_id, key_id, int(time.time()), rt().settings.session_seconds)
     session.clear()  # a fresh session (and CSRF token) for the signed-in tenant
-    session.update(tenant=tenant_id, key=hash_key(key), csrf=secrets.token_urlsafe(32))
+    session.update(sid=token, csrf=secrets.token_urlsafe(32))
+    session.permanent = True  # the cookie expires with the server's session
     return redirect(target)
 
 
 @bp.post("/sign-out")
 def sign_out() -> ResponseReturnValue:
+    sessions.end(rt().db, session.get("sid"))  # a kept copy of the cookie is worth nothing now
     session.clear()
     flash("Signed out.")
     return redirect(url_for(".sign_in"))

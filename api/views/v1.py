@@ -40,9 +40,20 @@ def upload_file() -> Response:
         raise ServiceError("invalid_request", "multipart field 'file' is required", param="file")
     if "purpose" not in form.fields:
         form.spool(rt().settings.max_file_bytes)  # the file came first: read on to find the purpose
-    record = intake.upload(rt(), g.tenant_id, form.fields.get("purpose"), form.filename, form.file)
+    seen = expires_after_field(form.fields)
+    record = intake.upload(rt(), g.tenant_id, form.fields.get("purpose"), form.filename, form.file, seen)
     form.finish()
+    if seen is None and (late := expires_after_field(form.fields)) is not None:  # sent after the file
+        record = intake.set_expiry(rt(), g.tenant_id, record.id, late)
     return jsonify(file_object(record))
+
+
+def expires_after_field(fields: dict[str, str]) -> int | None:
+    """OpenAI's form fields ``expires_after[anchor]`` and ``expires_after[seconds]``, checked."""
+    anchor, seconds = fields.get("expires_after[anchor]"), fields.get("expires_after[seconds]")
+    if anchor is None and seconds is None:
+        return None
+    return intake.check_expires_after({"anchor": anchor, "seconds": seconds}, "expires_after")
 
 
 @bp.get("/files")

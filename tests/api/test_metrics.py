@@ -4,6 +4,7 @@ PostgreSQL, read back with prometheus_client's own parser."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import prometheus_client
 import pytest
@@ -13,6 +14,8 @@ from api.app import create_app
 from api.services.tenants import create_tenant
 from storage.models import Batch, EngineSample, StoredFile, WorkUnit
 from storage.runtime import Runtime
+
+TOKEN = "scrape-token"
 
 
 def add_batch(s, tenant_id: str, model: str | None, status: str, **columns):
@@ -127,7 +130,7 @@ def seed(rt: Runtime, now: int) -> None:
 
 
 def scrape(client) -> dict[tuple[str, frozenset], float]:
-    response = client.get("/metrics")  # no Authorization header: exporters are open to the scraper
+    response = client.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
     assert response.status_code == 200, response.get_data(as_text=True)
     assert response.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
     return {
@@ -145,9 +148,14 @@ def named(samples, name: str) -> dict[frozenset, float]:
     return {labels: v for (n, labels), v in samples.items() if n == name}
 
 
+def metrics_app(runtime):
+    """The app as a scraper meets it: /metrics wants the metrics token (tests/api/test_metrics_access.py)."""
+    return create_app(replace(runtime.settings, metrics_token=TOKEN), runtime)
+
+
 @pytest.fixture
 def client(runtime):
-    return create_app(runtime=runtime).test_client()
+    return metrics_app(runtime).test_client()
 
 
 def test_metrics(runtime, client):
@@ -223,6 +231,6 @@ def test_metrics_of_an_empty_database_and_per_app_registries(runtime, client):
     assert value(m, "freight_batches", status="in_progress", model="demo") == 0
     assert named(m, "freight_worker_batch_fill") == {} and named(m, "freight_tokens_total") == {}
     # a second app registers its own collector; the process-wide default registry has none
-    other = create_app(runtime=runtime).test_client()
+    other = metrics_app(runtime).test_client()
     assert scrape(other) == m
     assert prometheus_client.REGISTRY.get_sample_value("freight_queue_requests", {"model": "demo"}) is None

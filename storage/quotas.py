@@ -1,0 +1,134 @@
+"""Per-tenant quotas: bytes of files kept, batches not yet final, requests queued in them.
+
+A tenant that could store, open or queue without bound could fill the disk or hold the engines
+for everyone. Each limit is the tenant's own column when set, else the ``FREIGHT_QUOTA_*``
+default; 0 is unlimited. A check reads the use inside the caller's transaction after locking the
+tenant's row, so two uploads or creates of one tenant cannot both pass on the same figure. A
+refusal is a ``quota_exceeded`` error naming the limit and the current use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from storage.errors import ServiceError
+from storage.models import Batch, StoredFile, Tenant
+from storage.settings import Settings
+from storage.status import BatchStatus
+
+OPEN_STATUSES = (
+    BatchStatus.VALIDATING.value,
+    BatchStatus.IN_PROGRESS.value,
+    BatchStatus.FINALIZING.value,
+    BatchStatus.CANCELLING.value,
+)
+
+
+@dataclass(frozen=True)
+class Quota:
+    stored_bytes: int  # 0: unlimited
+    open_batches: int
+    queued_requests: int
+
+
+def quota_of(s: Session, settings: Settings, tenant_id: str, *, lock: bool = True) -> Quota:
+    """The tenant's limits; ``lock`` takes its row for the rest of the transaction."""
+    tenant = s.get(Tenant, tenant_id, with_for_update=lock)
+
+    def pick(own: int | None, default: int) -> int:
+        return default if own is None else own
+
+    if tenant is None:
+        return Quota(settings.quota_stored_bytes, settings.quota_open_batches, settings.quota_queued_requests)
+    return Quota(
+        pick(tenant.quota_stored_bytes, settings.quota_stored_bytes),
+        pick(tenant.quota_open_batches, settings.quota_open_batches),
+        pick(tenant.quota_queued_requests, settings.quota_queued_requests),
+    )
+
+
+def stored_bytes(s: Session, tenant_id: str) -> int:
+    """Bytes of the tenant's files not deleted (inputs and results alike)."""
+    total = s.scalar(
+        select(func.sum(StoredFile.bytes)).where(
+            StoredFile.tenant_id == tenant_id, StoredFile.deleted_at.is_(None)
+        )
+    )
+    return int(total or 0)
+
+
+def open_batches(s: Session, tenant_id: str) -> int:
+    return int(
+        s.scalar(select(func.count()).where(Batch.tenant_id == tenant_id, Batch.status.in_(OPEN_STATUSES)))
+        or 0
+    )
+
+
+def queued_requests(s: Session, tenant_id: str, *, excluding: str | None = None) -> int:
+    """Requests of the tenant's open batches not yet finished (a ``validating`` batch counts 0:
+    its lines are counted when validation ends)."""
+    left = Batch.request_total - Batch.request_completed - Batch.request_failed
+    query = select(func.sum(left)).where(
+        Batch.tenant_id == tenant_id, Batch.status.in_(OPEN_STATUSES), left > 0
+    )
+    if excluding is not None:
+        query = query.where(Batch.id != excluding)
+    return int(s.scalar(query) or 0)
+
+
+def exceeded(what: str, limit: int, use: int, unit: str = "", param: str | None = None) -> ServiceError:
+    return ServiceError(
+        "forbidden",
+        f"quota exceeded: {what} is limited to {limit:,}{unit} per tenant; current use {use:,}{unit}",
+        param=param,
+        code="quota_exceeded",
+    )
+
+
+def bytes_left(s: Session, settings: Settings, tenant_id: str) -> int | None:
+    """Bytes the tenant may still store (None: unlimited); refuses when none are left. Read
+    without the lock, before an upload streams: the commit checks again (``check_stored``)."""
+    limit = quota_of(s, settings, tenant_id, lock=False).stored_bytes
+    if not limit:
+        return None
+    use = stored_bytes(s, tenant_id)
+    if use >= limit:
+        raise exceeded("stored file bytes", limit, use, " bytes", "file")
+    return limit - use
+
+
+def check_stored(s: Session, settings: Settings, tenant_id: str, adding: int) -> None:
+    """Refuse ``adding`` bytes more (the file is not yet in the session) past the tenant's limit."""
+    limit = quota_of(s, settings, tenant_id).stored_bytes
+    if limit:
+        use = stored_bytes(s, tenant_id)
+        if use + adding > limit:
+            raise exceeded("stored file bytes", limit, use, " bytes", "file")
+
+
+def check_new_batch(s: Session, settings: Settings, tenant_id: str) -> None:
+    """Refuse another open batch when the tenant has its limit of open batches, or of queued
+    requests already."""
+    quota = quota_of(s, settings, tenant_id)
+    if quota.open_batches:
+        use = open_batches(s, tenant_id)
+        if use >= quota.open_batches:
+            raise exceeded("open batches", quota.open_batches, use)
+    if quota.queued_requests:
+        use = queued_requests(s, tenant_id)
+        if use >= quota.queued_requests:
+            raise exceeded("queued requests", quota.queued_requests, use)
+
+
+def queued_refusal(s: Session, settings: Settings, batch: Batch, requests: int) -> str | None:
+    """Why a validated batch of ``requests`` may not join the tenant's queue (None: it may)."""
+    limit = quota_of(s, settings, batch.tenant_id).queued_requests
+    if not limit:
+        return None
+    use = queued_requests(s, batch.tenant_id, excluding=batch.id)
+    if use + requests <= limit:
+        return None
+    return exceeded("queued requests", limit, use).message + f"; this batch has {requests:,} requests"

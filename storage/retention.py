@@ -1,0 +1,80 @@
+"""Deleting what a tenant's data left in the object store, row by row: a file's bytes (and the
+conversions kept beside them), a final batch's Parquet shards and unit results.
+
+Objects go first, the row's mark after: a pass that dies in between leaves a row that the next
+pass deletes again (deleting a missing object is no error), never a marked row whose prompts
+are still stored. Shared by the API's file delete and the periodic cleanup (workers/cleanup.py).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select, update
+
+from storage.models import Batch, StoredFile
+from storage.runtime import Runtime
+from storage.settings import Settings
+from storage.status import BatchStatus
+
+FINAL_STATUSES = tuple(s.value for s in BatchStatus if s.is_terminal)
+# when a batch reached its final status: exactly one of these is set on a final batch
+FINAL_AT = func.coalesce(Batch.completed_at, Batch.failed_at, Batch.expired_at, Batch.cancelled_at)
+DERIVED_FORMATS = ("jsonl", "parquet")  # api/services/files.py keeps conversions at derived/<id>.<fmt>
+
+
+def live(record: StoredFile, now: float) -> bool:
+    """Not deleted and not past its expiry: an expired file is gone to its tenant at once, before
+    the cleanup comes by to delete it."""
+    return record.deleted_at is None and (record.expires_at is None or record.expires_at > now)
+
+
+def expiry(settings: Settings, created_at: int, expires_after: int | None) -> int | None:
+    """When a file made at ``created_at`` expires: its own ``expires_after`` (seconds), else the
+    default retention (None: kept until deleted)."""
+    seconds = expires_after if expires_after is not None else settings.file_retention_seconds
+    return created_at + seconds if seconds else None
+
+
+def batch_data_prefixes(batch_id: str) -> tuple[str, ...]:
+    """Where validation writes a batch's shards and engine workers its unit results; the output
+    and error files under ``batches/<id>/`` are files of their own, with their own expiry."""
+    return (f"batches/{batch_id}/shards/", f"batches/{batch_id}/units/")
+
+
+def delete_file_objects(rt: Runtime, record: StoredFile) -> None:
+    rt.store.delete(record.object_key)
+    for fmt in DERIVED_FORMATS:
+        rt.store.delete(f"derived/{record.id}.{fmt}")
+
+
+def purge_batch_data(rt: Runtime, batch_id: str, now: int) -> int:
+    """Delete a final batch's shards and unit results and mark it purged; the objects deleted.
+    Its rows (batch, work units, figures) stay: reports and the console read them."""
+    deleted = 0
+    for prefix in batch_data_prefixes(batch_id):
+        for key in list(rt.store.list(prefix)):
+            rt.store.delete(key)
+            deleted += 1
+    with rt.db.write() as s:
+        s.execute(
+            update(Batch)
+            .where(Batch.id == batch_id, Batch.status.in_(FINAL_STATUSES), Batch.purged_at.is_(None))
+            .values(purged_at=now)
+        )
+    return deleted
+
+
+def purge_batches_of_file(rt: Runtime, file_id: str, now: int) -> list[str]:
+    """Purge the final batches that read ``file_id`` (just deleted): their shards hold its prompts."""
+    with rt.db.read() as s:
+        batch_ids = list(
+            s.scalars(
+                select(Batch.id).where(
+                    Batch.input_file_id == file_id,
+                    Batch.status.in_(FINAL_STATUSES),
+                    Batch.purged_at.is_(None),
+                )
+            )
+        )
+    for batch_id in batch_ids:
+        purge_batch_data(rt, batch_id, now)
+    return batch_ids

@@ -1,0 +1,55 @@
+"""/metrics after the cleanup pruned old ``engine_samples`` rows: the counters (busy seconds,
+engine cost, tokens) are the same as before, read from the sums kept in ``engine_sample_totals``
+plus the rows kept; the worker gauges still come from the latest samples."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from sqlalchemy import func, select
+
+from storage.models import EngineSample, EngineSampleTotal
+from tests.api.test_metrics import metrics_app, sample, scrape, value
+from workers import cleanup
+
+DAY = 86400
+COUNTERS = ("freight_engine_busy_seconds_total", "freight_engine_cost_dollars_total")
+
+
+def test_counters_survive_pruning(runtime):
+    t = time.time()
+    with runtime.db.write() as s:
+        for i in range(1200):  # old: more than one pruning pass (cleanup.PASS_ROWS) of them
+            worker = "w1" if i % 3 else "w2"
+            s.add(sample(worker, t - 3 * DAY + i, seconds=1.5, cost_micros=7, prompt_tokens=10,
+                         cached_tokens=4, output_tokens=3, requests=1))  # fmt: skip
+        s.add(sample("w1", t - 30, seconds=5.0, cost_micros=11, prompt_tokens=100, cached_tokens=25,
+                     output_tokens=50, requests=2))  # fmt: skip
+    client = metrics_app(runtime).test_client()
+    before = scrape(client)
+    assert value(before, "freight_tokens_total", model="demo", kind="prompt") == 1200 * 10 + 100
+
+    report = cleanup.run(runtime, t)
+    assert report.samples_pruned == 1200
+    with runtime.db.read() as s:
+        assert s.scalar(select(func.count()).select_from(EngineSample)) == 1  # the recent one
+        totals = {r.worker: r for r in s.scalars(select(EngineSampleTotal))}
+    assert totals["w1"].samples == 800 and totals["w2"].samples == 400
+    assert totals["w1"].seconds == pytest.approx(800 * 1.5) and totals["w2"].cost_micros == 400 * 7
+
+    after = scrape(client)
+    for name in COUNTERS:
+        for worker in ("w1", "w2"):
+            assert value(after, name, worker=worker, model="demo") == pytest.approx(
+                value(before, name, worker=worker, model="demo")
+            )
+    for kind in ("prompt", "cached", "output"):
+        assert value(after, "freight_tokens_total", model="demo", kind=kind) == value(
+            before, "freight_tokens_total", model="demo", kind=kind
+        )
+    # the latest sample still drives the gauges
+    assert value(after, "freight_worker_output_tokens_per_second", worker="w1", model="demo") == 10.0
+
+    assert cleanup.run(runtime, t).samples_pruned == 0  # a second pass adds nothing twice
+    assert scrape(client) == after

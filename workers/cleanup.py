@@ -1,0 +1,146 @@
+"""The periodic cleanup (beat task ``freight.cleanup``, every ``FREIGHT_CLEANUP_SECONDS``): what
+tenants stored and the platform recorded does not grow without end.
+
+Three steps, each bounded per pass (``PASS_ROWS``) so one pass is short and a backlog drains over
+several:
+
+- expired files (``files.expires_at`` passed) are deleted, bytes first; a file that is the input
+  of a batch still running waits for it to end;
+- a final batch's Parquet shards and unit results are deleted ``FREIGHT_BATCH_DATA_RETENTION_SECONDS``
+  after it ended, or once its input file is gone (they hold that file's prompts); its rows stay;
+- ``engine_samples`` rows older than ``FREIGHT_SAMPLE_RETENTION_SECONDS`` are added to
+  ``engine_sample_totals`` and deleted in one transaction, so the counters of ``/metrics`` (the
+  totals plus the rows kept) never move backwards.
+
+Any step may run twice at once (two beats, a manual ``freight cleanup``): deletes are idempotent,
+and a sample row is added to the totals by the transaction that deleted it, so by one only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from sqlalchemy import delete, exists, or_, select, update
+from sqlalchemy.orm import aliased
+
+from storage.models import Batch, EngineSample, EngineSampleTotal, StoredFile
+from storage.quotas import OPEN_STATUSES
+from storage.retention import FINAL_AT, FINAL_STATUSES, delete_file_objects, purge_batch_data
+from storage.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+PASS_ROWS = 500  # files, batches or sample rows handled per step and pass
+SUMMED = ("seconds", "cost_micros", "prompt_tokens", "cached_tokens", "output_tokens", "requests")
+
+
+@dataclass
+class CleanupReport:
+    files_expired: list[str] = field(default_factory=list)
+    batches_purged: list[str] = field(default_factory=list)
+    objects_deleted: int = 0
+    samples_pruned: int = 0
+
+
+def run(rt: Runtime, now: float) -> CleanupReport:
+    report = CleanupReport()
+    expire_files(rt, int(now), report)
+    purge_batches(rt, int(now), report)
+    prune_samples(rt, now, report)
+    if report.files_expired or report.batches_purged or report.samples_pruned:
+        log.info(
+            "cleanup: %d files expired, %d batches' data purged (%d objects), %d engine samples pruned",
+            len(report.files_expired),
+            len(report.batches_purged),
+            report.objects_deleted,
+            report.samples_pruned,
+        )
+    return report
+
+
+def expire_files(rt: Runtime, now: int, report: CleanupReport) -> None:
+    running = exists().where(Batch.input_file_id == StoredFile.id, Batch.status.in_(OPEN_STATUSES))
+    with rt.db.read() as s:
+        due = list(
+            s.scalars(
+                select(StoredFile)
+                .where(StoredFile.deleted_at.is_(None), StoredFile.expires_at <= now, ~running)
+                .order_by(StoredFile.expires_at)
+                .limit(PASS_ROWS)
+            )
+        )
+    for record in due:
+        delete_file_objects(rt, record)  # bytes first: a row marked deleted never has them left
+        with rt.db.write() as s:
+            s.execute(
+                update(StoredFile)
+                .where(StoredFile.id == record.id, StoredFile.deleted_at.is_(None))
+                .values(deleted_at=now)
+            )
+        report.files_expired.append(record.id)
+        report.objects_deleted += 1
+
+
+def purge_batches(rt: Runtime, now: int, report: CleanupReport) -> None:
+    """Final batches past retention, or whose input file is gone (deleted or expired above)."""
+    source = aliased(StoredFile)
+    input_gone = exists().where(source.id == Batch.input_file_id, source.deleted_at.is_not(None))
+    with rt.db.read() as s:
+        due = list(
+            s.scalars(
+                select(Batch.id)
+                .where(
+                    Batch.purged_at.is_(None),
+                    Batch.status.in_(FINAL_STATUSES),
+                    or_(now - rt.settings.batch_data_retention_seconds >= FINAL_AT, input_gone),
+                )
+                .limit(PASS_ROWS)
+            )
+        )
+    for batch_id in due:
+        report.objects_deleted += purge_batch_data(rt, batch_id, now)
+        report.batches_purged.append(batch_id)
+
+
+def prune_samples(rt: Runtime, now: float, report: CleanupReport) -> None:
+    """Fold samples older than the retention into the totals, ``PASS_ROWS`` at a time. The rows
+    a transaction adds are the ones its own DELETE … RETURNING removed: a concurrent pass that
+    picked the same rows deletes none of them and adds nothing."""
+    cutoff = now - rt.settings.sample_retention_seconds
+    while True:
+        with rt.db.write() as s:
+            oldest = (
+                select(EngineSample.id)
+                .where(EngineSample.started_at < cutoff)
+                .order_by(EngineSample.started_at)
+                .limit(PASS_ROWS)
+            )
+            rows = s.execute(
+                delete(EngineSample)
+                .where(EngineSample.id.in_(oldest.scalar_subquery()))
+                .returning(
+                    EngineSample.worker, EngineSample.model, *(getattr(EngineSample, c) for c in SUMMED)
+                )
+                .execution_options(synchronize_session=False)
+            ).all()
+            sums: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0] * (len(SUMMED) + 1))
+            for worker, model, *values in rows:
+                acc = sums[(worker, model)]
+                acc[0] += 1
+                for i, value in enumerate(values, 1):
+                    acc[i] += value or 0
+            for (worker, model), acc in sums.items():
+                total = s.get(EngineSampleTotal, (worker, model), with_for_update=True)
+                if total is None:
+                    total = EngineSampleTotal(
+                        worker=worker, model=model, samples=0, **dict.fromkeys(SUMMED, 0)
+                    )
+                    s.add(total)
+                total.samples += int(acc[0])
+                for name, value in zip(SUMMED, acc[1:], strict=True):
+                    setattr(total, name, getattr(total, name) + (value if name == "seconds" else int(value)))
+        report.samples_pruned += len(rows)
+        if len(rows) < PASS_ROWS:
+            return
