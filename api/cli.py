@@ -12,30 +12,64 @@ import time
 
 import click
 
+from api.cli_settings import command_settings, database_errors, require_schema
 from api.client_cli import CLIENT_COMMANDS
 from api.models_cli import models
-from storage.private_files import private_process
-from storage.settings import Settings, SettingsError, metrics_port
+from storage.settings import Settings, metrics_port
+from storage.settings_source import shown
 
 
 def _settings() -> Settings:
-    """The command's settings; and from here on, everything it (or what it execs) makes is private
-    (umask 077, the data folder 0700: see storage/private_files.py)."""
-    try:
-        settings = Settings.from_env()
-    except SettingsError as exc:
-        raise click.ClickException(str(exc)) from exc
-    try:
-        private_process(settings.data_dir)
-    except OSError as exc:
-        raise click.ClickException(f"FREIGHT_DATA_DIR {settings.data_dir}: {exc}") from exc
-    return settings
+    """The command's settings (the environment, or the stack's settings file: see
+    storage/settings_source.py); what it makes from here on is private."""
+    return command_settings()[0]
 
 
-@click.group()
+class FreightGroup(click.Group):
+    """The top-level group: a database error out of any command becomes one line saying what is
+    wrong (no schema, an old one, or no database to reach) and what to do."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        from sqlalchemy.exc import OperationalError, ProgrammingError
+
+        try:
+            return super().invoke(ctx)
+        except (OperationalError, ProgrammingError) as exc:
+            settings = _settings()
+            with database_errors(settings):
+                raise exc
+
+
+@click.group(cls=FreightGroup)
 def main() -> None:
-    """Freight: self-hosted OpenAI-compatible batch inference on vLLM."""
+    """Freight: self-hosted OpenAI-compatible batch inference on vLLM.
+
+    Settings come from FREIGHT_* in the environment, else from the file FREIGHT_ENV_FILE names,
+    else from ./var/freight.env (what `make run` wrote); `freight config` shows which.
+
+    Exit status: 0 done; 1 an error (one "Error:" line); 2 a usage error; 3 Freight's server or
+    database could not be reached, or the database is not migrated (`freight db upgrade`).
+    """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Alembic's set-up lines would precede every command's output; `db upgrade` shows its steps
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
+@main.command("config")
+@click.option("--json", "as_json", is_flag=True, help="print {source, settings} as JSON")
+def config(as_json: bool) -> None:
+    """Show where the settings come from and every setting (secrets masked)."""
+    settings, source = command_settings()
+    rows = shown(settings)
+    if as_json:
+        import json
+
+        click.echo(json.dumps({"source": source.describe(), "settings": dict(rows)}, indent=2))
+        return
+    click.echo(f"settings from {source.describe()}")
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        click.echo(f"{name:<{width}}  {value}")
 
 
 @main.group()
@@ -48,15 +82,23 @@ def db_upgrade() -> None:
     """Migrate the database to the newest schema."""
     from storage.migrate import upgrade
 
+    logging.getLogger("alembic").setLevel(logging.INFO)
     upgrade(_settings().database_url)
 
 
 @db.command("check")
 def db_check() -> None:
     """Fail if the models hold changes that no migration describes."""
+    from alembic.util.exc import CommandError as AlembicError
+
     from storage.migrate import check
 
-    check(_settings().database_url)
+    settings = _settings()
+    require_schema(settings)  # the check compares the models with a database at the newest migration
+    try:
+        check(settings.database_url)
+    except AlembicError as exc:
+        raise click.ClickException(str(exc).strip().splitlines()[0]) from exc
     click.echo("models and migrations agree")
 
 
@@ -203,6 +245,7 @@ def tenant_quota(
 def api(host: str | None, port: int | None, workers: int) -> None:
     """Serve the API and console with gunicorn."""
     settings = _settings()
+    require_schema(settings)  # an API on an unmigrated database would answer 500s
     bind = f"{host or settings.api_host}:{port or settings.api_port}"
     # /metrics on a listener of its own (the app tells them apart by the accepting socket's port)
     metrics = ["--bind", settings.metrics_bind] if settings.metrics_bind else []
@@ -237,7 +280,7 @@ def api(host: str | None, port: int | None, workers: int) -> None:
 def _exec_bootstrap(*args: str) -> None:
     """Replace this process with ``python -m workers.bootstrap ARGS`` (same pid): the worker's
     ``__main__`` is then a module without Flask, which vLLM's engine processes re-import."""
-    _settings()  # a bad FREIGHT_* value is reported here, as by every other command
+    require_schema(_settings())  # a bad FREIGHT_* value or an unmigrated database, said here
     os.execv(sys.executable, [sys.executable, "-m", "workers.bootstrap", *args])
 
 

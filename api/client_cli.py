@@ -26,6 +26,8 @@ from typing import IO, Any
 
 import click
 
+from api.cli_settings import EXIT_UNREACHABLE, CommandError
+
 FINAL = ("completed", "failed", "expired", "cancelled")
 STATUSES = ("validating", "in_progress", "finalizing", "cancelling", *FINAL)
 MAX_LINE_BYTES = 8 * 1024 * 1024
@@ -35,23 +37,25 @@ BAR = 24
 BATCH_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 
 
-class ClientError(click.ClickException):
-    """One line for the user; click prints it as ``Error: ...`` and exits with ``exit_code``."""
-
-    def __init__(self, message: str, exit_code: int = 1) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
+ClientError = CommandError  # one line for the user: ``Error: ...``, and its exit code
 
 
-def default_url() -> str:
-    from storage.settings import Settings, SettingsError
+def local_target() -> tuple[str, str | None]:
+    """The API URL of the stack this command belongs to (its settings: the environment or the
+    stack's settings file) and, when that file is one `make run` wrote, the demo tenant's key."""
+    from storage.settings import SettingsError
+    from storage.settings_source import load
 
     try:
-        settings = Settings.from_env()
+        settings, source = load()
     except SettingsError as exc:
         raise ClientError(str(exc)) from None
     host = "127.0.0.1" if settings.api_host in ("", "0.0.0.0", "::") else settings.api_host
-    return f"http://{host}:{settings.api_port}/v1"
+    return f"http://{host}:{settings.api_port}/v1", source.demo_key()
+
+
+def default_url() -> str:
+    return local_target()[0]
 
 
 def api_base(url: str | None) -> str:
@@ -67,6 +71,10 @@ def connection(command: Callable[..., Any]) -> Callable[..., Any]:
     @click.option("--api-key", envvar="FREIGHT_API_KEY", help="your tenant's API key [env FREIGHT_API_KEY]")
     @wraps(command)
     def wrapped(api_url: str | None, api_key: str | None, **kwargs: Any) -> Any:
+        demo_key = None
+        if not api_url:  # the local stack: its demo key, when make run made one
+            api_url, demo_key = local_target()
+        api_key = api_key or demo_key
         if not api_key:
             raise ClientError("no API key: set FREIGHT_API_KEY (or --api-key) to one of your tenant's keys")
         base = api_base(api_url)
@@ -88,7 +96,9 @@ def api_errors(base: str) -> Iterator[None]:
         yield
     except openai.APIConnectionError as exc:  # includes timeouts
         cause = exc.__cause__ or exc
-        raise ClientError(f"cannot reach Freight at {base}: {cause or 'no answer'}") from None
+        raise ClientError(
+            f"cannot reach Freight at {base}: {cause or 'no answer'}", EXIT_UNREACHABLE
+        ) from None
     except openai.APIStatusError as exc:
         body = exc.body if isinstance(exc.body, dict) else {}
         message = body.get("message") or exc.message

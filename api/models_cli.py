@@ -11,24 +11,15 @@ from pathlib import Path
 
 import click
 
-from storage.private_files import private_process
+from api.cli_settings import command_settings
 from storage.registry import REQUESTED, ModelEntry
-from storage.settings import Settings, SettingsError
 from workers.quantize import METHODS, SCHEMES
 
 
 def _runtime():
     from storage.runtime import Runtime
 
-    try:
-        settings = Settings.from_env()
-    except SettingsError as exc:  # one clear line, as every other command prints
-        raise click.ClickException(str(exc)) from exc
-    try:
-        private_process(settings.data_dir)  # umask 077, data folder 0700, as in api.cli
-    except OSError as exc:
-        raise click.ClickException(f"FREIGHT_DATA_DIR {settings.data_dir}: {exc}") from exc
-    return Runtime(settings)
+    return Runtime(command_settings()[0])  # the settings file of the stack, umask 077, as in api.cli
 
 
 class _Bar:

@@ -48,4 +48,9 @@ Freight is running (stop it with: make stop)
   API key: $FREIGHT_API_KEY
   console: $FREIGHT_API_URL/console/   (sign in with the API key above)
   logs:    $RUN_DIR/*.log
+
+The freight command finds this stack from this folder (var/freight.env, the demo key beside it).
+Put it on your PATH for this shell:
+  export PATH="$REPO/.venv/bin:\$PATH"
+  freight config
 MSG

@@ -32,9 +32,10 @@ def freight(live, *args: str, cwd: Path, tenant: str = "alpha", **env: str) -> s
     return done
 
 
-def error_line(done: subprocess.CompletedProcess) -> str:
-    """A failure is exit status 1 and exactly one ``Error:`` line on stderr."""
-    assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)
+def error_line(done: subprocess.CompletedProcess, status: int = 1) -> str:
+    """A failure is exactly one ``Error:`` line on stderr and exit status 1 (3: Freight could not
+    be reached)."""
+    assert done.returncode == status, (done.returncode, done.stdout, done.stderr)
     errors = [x for x in done.stderr.splitlines() if x.startswith("Error: ")]
     assert len(errors) == 1, done.stderr
     return errors[0]
@@ -142,5 +143,6 @@ def test_every_error_is_one_clear_line(live, tmp_path: Path) -> None:
     for expected, (args, env) in cases.items():
         if "{port}" in env.get("FREIGHT_API_URL", ""):
             env = {"FREIGHT_API_URL": expected.split(" at ", 1)[1]}
-        message = error_line(freight(live, *args.split(), cwd=tmp_path, **env))
+        status = 3 if expected.startswith("cannot reach") else 1
+        message = error_line(freight(live, *args.split(), cwd=tmp_path, **env), status)
         assert expected in message, (expected, message)

@@ -1,0 +1,82 @@
+"""What every ``freight`` command does before its own work: find its settings (the environment or
+the stack's settings file: storage/settings_source.py), make what it writes private, and turn a
+database that cannot be used into one line saying what to do instead of a traceback."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import click
+
+from storage.private_files import private_process
+from storage.settings import Settings, SettingsError
+from storage.settings_source import SettingsSource, load
+
+# exit codes a script can tell apart (also in `freight --help`)
+EXIT_UNREACHABLE = 3  # the server, the database or the broker could not be reached or used
+
+
+class CommandError(click.ClickException):
+    """One ``Error: ...`` line and its own exit code."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def command_settings() -> tuple[Settings, SettingsSource]:
+    """The command's settings and their source; from here on everything it (or what it execs)
+    makes is private (umask 077, the data folder 0700: see storage/private_files.py)."""
+    try:
+        settings, source = load()
+    except SettingsError as exc:
+        raise click.ClickException(str(exc)) from exc
+    try:
+        private_process(settings.data_dir)
+    except OSError as exc:
+        raise click.ClickException(f"FREIGHT_DATA_DIR {settings.data_dir}: {exc}") from exc
+    return settings, source
+
+
+def masked_url(url: str) -> str:
+    import re
+
+    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1****@", url)
+
+
+def require_schema(settings: Settings) -> None:
+    """Refuse to go on against a database that is not at the newest migration."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from storage.migrate import schema_state
+
+    try:
+        problem = schema_state(settings.database_url)
+    except SQLAlchemyError as exc:
+        raise unreachable(settings, exc) from None
+    if problem:
+        raise CommandError(
+            f"the database {masked_url(settings.database_url)} {problem}: run `freight db upgrade`",
+            EXIT_UNREACHABLE,
+        )
+
+
+def unreachable(settings: Settings, exc: BaseException) -> CommandError:
+    cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+    return CommandError(
+        f"cannot use the database {masked_url(settings.database_url)}: {cause}", EXIT_UNREACHABLE
+    )
+
+
+@contextmanager
+def database_errors(settings: Settings) -> Iterator[None]:
+    """A database error out of a command: say whether the schema is missing or behind (and how to
+    fix it), else that the database could not be used, in one line."""
+    from sqlalchemy.exc import OperationalError, ProgrammingError
+
+    try:
+        yield
+    except (OperationalError, ProgrammingError) as exc:
+        require_schema(settings)  # raises when the schema is what is wrong
+        raise unreachable(settings, exc) from None
