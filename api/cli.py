@@ -5,6 +5,7 @@ Every command builds one Settings from ``FREIGHT_*`` and passes it down.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -12,7 +13,7 @@ import time
 
 import click
 
-from api.cli_settings import command_settings, database_errors, require_schema
+from api.cli_settings import command_settings, database_errors, echo_json, require_schema
 from api.client_cli import CLIENT_COMMANDS
 from api.models_cli import models
 from storage.settings import Settings, metrics_port
@@ -39,8 +40,24 @@ class FreightGroup(click.Group):
             with database_errors(settings):
                 raise exc
 
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """Tenant commands (over the API, with a key) apart from the operator's (on the database
+        and the services of this deployment)."""
+        tenant_side = {c.name for c in CLIENT_COMMANDS}
+        listed = [(name, self.get_command(ctx, name)) for name in self.list_commands(ctx)]
+        width = formatter.width - 6 - max(len(name) for name, _ in listed)
+        for title, wanted in (("Tenant commands (the API, as a tenant)", True), ("Operator commands", False)):
+            rows = [
+                (name, command.get_short_help_str(width))
+                for name, command in listed
+                if command is not None and not command.hidden and (name in tenant_side) == wanted
+            ]
+            with formatter.section(title):
+                formatter.write_dl(rows)
 
-@click.group(cls=FreightGroup)
+
+@click.group(cls=FreightGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="freight", prog_name="freight")
 def main() -> None:
     """Freight: self-hosted OpenAI-compatible batch inference on vLLM.
 
@@ -48,7 +65,8 @@ def main() -> None:
     else from ./var/freight.env (what `make run` wrote); `freight config` shows which.
 
     Exit status: 0 done; 1 an error (one "Error:" line); 2 a usage error; 3 Freight's server or
-    database could not be reached, or the database is not migrated (`freight db upgrade`).
+    database could not be reached, or the database is not migrated (`freight db upgrade`); 4 a
+    batch waited for (submit --wait) ended other than completed.
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Alembic's set-up lines would precede every command's output; `db upgrade` shows its steps
@@ -109,7 +127,8 @@ def tenant() -> None:
 
 @tenant.command("create")
 @click.argument("name")
-def tenant_create(name: str) -> None:
+@click.option("--json", "as_json", is_flag=True, help="print {id, name, created_at, api_key} as JSON")
+def tenant_create(name: str, as_json: bool) -> None:
     """Create a tenant; its new API key is printed alone on the last line."""
     from api.services.tenants import create_tenant
     from storage.db import Database
@@ -119,6 +138,9 @@ def tenant_create(name: str) -> None:
         created, key = create_tenant(Database(_settings().database_url), name, int(time.time()))
     except ServiceError as exc:
         raise click.ClickException(exc.message) from exc
+    if as_json:
+        echo_json({"id": created.id, "name": created.name, "created_at": created.created_at, "api_key": key})
+        return
     click.echo(f"created tenant {created.name} ({created.id}); its API key (shown once):")
     click.echo(key)
 
@@ -152,7 +174,8 @@ def _when(epoch: int | None) -> str:
 
 @tenant.command("keys")
 @click.argument("name")
-def tenant_keys(name: str) -> None:
+@click.option("--json", "as_json", is_flag=True, help="print the keys (never the keys themselves) as JSON")
+def tenant_keys(name: str, as_json: bool) -> None:
     """A tenant's keys: id (for revoke-key), first characters, created, revoked (never the key)."""
     from api.services.tenants import list_keys
     from storage.db import Database
@@ -165,6 +188,10 @@ def tenant_keys(name: str) -> None:
         raise click.ClickException(exc.message) from exc
     finally:
         db.dispose()
+    if as_json:
+        fields = ("id", "prefix", "created_at", "revoked_at")
+        echo_json({"object": "list", "data": [{f: getattr(k, f) for f in fields} for k in keys]})
+        return
     rows = [("id", "prefix", "created", "revoked")]
     rows += [(str(k.id), k.prefix + "...", _when(k.created_at), _when(k.revoked_at)) for k in keys]
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
@@ -441,7 +468,8 @@ def dropfolder_add(
 
 
 @dropfolder.command("list")
-def dropfolder_list() -> None:
+@click.option("--json", "as_json", is_flag=True, help="print the folders as JSON")
+def dropfolder_list(as_json: bool) -> None:
     """The drop folders; credentials show as *** (secrets are never printed)."""
     from api.services import dropfolders
     from storage.runtime import Runtime
@@ -451,6 +479,9 @@ def dropfolder_list() -> None:
         views = dropfolders.list_folders(rt)
     finally:
         rt.db.dispose()
+    if as_json:
+        echo_json({"object": "list", "data": [dataclasses.asdict(v) for v in views]})
+        return
     header = ("id", "url", "tenant", "endpoint", "model", "window", "s3 endpoint", "region", "credentials",
               "pending", "state")  # fmt: skip
     rows = [

@@ -15,6 +15,7 @@ from storage.settings_source import SettingsSource, load
 
 # exit codes a script can tell apart (also in `freight --help`)
 EXIT_UNREACHABLE = 3  # the server, the database or the broker could not be reached or used
+EXIT_NOT_COMPLETED = 4  # a batch waited for ended other than completed (failed, expired, cancelled)
 
 
 class CommandError(click.ClickException):
@@ -37,6 +38,13 @@ def command_settings() -> tuple[Settings, SettingsSource]:
     except OSError as exc:
         raise click.ClickException(f"FREIGHT_DATA_DIR {settings.data_dir}: {exc}") from exc
     return settings, source
+
+
+def echo_json(value: object) -> None:
+    """One JSON document on stdout (``--json``): what a script reads instead of the table."""
+    import json
+
+    click.echo(json.dumps(value, indent=2, default=str))
 
 
 def masked_url(url: str) -> str:

@@ -26,7 +26,7 @@ from typing import IO, Any
 
 import click
 
-from api.cli_settings import EXIT_UNREACHABLE, CommandError
+from api.cli_settings import EXIT_NOT_COMPLETED, EXIT_UNREACHABLE, CommandError, echo_json
 
 FINAL = ("completed", "failed", "expired", "cancelled")
 STATUSES = ("validating", "in_progress", "finalizing", "cancelling", *FINAL)
@@ -205,9 +205,10 @@ def prepared(file: Path, model: str) -> IO[bytes]:
     help="where --wait saves the result files  [default: .]",
 )  # fmt: skip
 @click.option("--poll", type=click.FloatRange(min=0.2), default=2.0, show_default=True, help="seconds")
+@click.option("--json", "as_json", is_flag=True, help="print the API's objects as JSON")
 @connection
 def submit(client: Any, file: Path, model: str, endpoint: str, window: str | None, metadata: tuple[str, ...],
-           priority: int | None, wait: bool, output_dir: Path, poll: float) -> None:  # fmt: skip
+           priority: int | None, wait: bool, output_dir: Path, poll: float, as_json: bool) -> None:  # fmt: skip
     """Upload FILE (JSONL, or .jsonl.gz) and create a batch; its id goes to stdout."""
     import openai
 
@@ -229,9 +230,15 @@ def submit(client: Any, file: Path, model: str, endpoint: str, window: str | Non
         extra_body={"priority": priority} if priority is not None else None,
     )
     click.echo(f"created {batch.id}: {batch.status}, deadline {when(batch.expires_at)}", err=True)
-    click.echo(batch.id)
-    if wait:
-        finish(client, wait_for(client, batch.id, poll), output_dir)
+    if not wait:
+        echo_json(batch.to_dict()) if as_json else click.echo(batch.id)
+        return
+    if not as_json:
+        click.echo(batch.id)
+    final = wait_for(client, batch.id, poll)
+    if as_json:
+        echo_json(final)  # the batch as it ended, before finish() may exit 4
+    finish(client, final, output_dir)
 
 
 def wait_for(client: Any, batch_id: str, poll: float) -> dict:
@@ -276,7 +283,7 @@ def finish(client: Any, b: dict, output_dir: Path) -> None:
     show_errors(b)
     fetch(client, b, output_dir)
     if b["status"] != "completed":
-        raise ClientError(f"batch {b['id']} {b['status']}")
+        raise ClientError(f"batch {b['id']} {b['status']}", EXIT_NOT_COMPLETED)
 
 
 def show_errors(b: dict) -> None:
@@ -326,13 +333,18 @@ def fetch(client: Any, b: dict, output_dir: Path, fmt: str = "jsonl") -> list[Pa
 @click.command()
 @click.argument("batch_id", required=False)
 @click.option("--limit", type=click.IntRange(1, 1000), default=10, show_default=True, help="without an ID")
+@click.option("--json", "as_json", is_flag=True, help="print the API's objects as JSON")
 @connection
-def status(client: Any, batch_id: str | None, limit: int) -> None:
+def status(client: Any, batch_id: str | None, limit: int, as_json: bool) -> None:
     """One batch in detail, or (without an ID) the most recent batches."""
     if batch_id is None:
-        print_table(recent(client, limit, None))
+        listed = recent(client, limit, None)
+        echo_json({"object": "list", "data": listed}) if as_json else print_table(listed)
         return
     b = client.batches.retrieve(batch_id).to_dict()
+    if as_json:
+        echo_json(b)
+        return
     x, usage, counts = b.get("x_freight") or {}, b.get("usage") or {}, b["request_counts"]
     cost = x.get("cost") or {}
     per = cost.get("per_1m_tokens") or {}
@@ -397,19 +409,22 @@ def print_table(batches: list[dict]) -> None:
 @click.command("list")
 @click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True)
 @click.option("--status", "wanted", type=click.Choice([*STATUSES, "active"]), default=None)
+@click.option("--json", "as_json", is_flag=True, help="print the API's objects as JSON")
 @connection
-def list_batches(client: Any, limit: int, wanted: str | None) -> None:
+def list_batches(client: Any, limit: int, wanted: str | None, as_json: bool) -> None:
     """Your batches, newest first."""
-    print_table(recent(client, limit, wanted))
+    listed = recent(client, limit, wanted)
+    echo_json({"object": "list", "data": listed}) if as_json else print_table(listed)
 
 
 @click.command()
 @click.argument("batch_id")
+@click.option("--json", "as_json", is_flag=True, help="print the API's objects as JSON")
 @connection
-def cancel(client: Any, batch_id: str) -> None:
+def cancel(client: Any, batch_id: str, as_json: bool) -> None:
     """Cancel a batch: finished requests stay in its output, the rest become error lines."""
     b = client.batches.cancel(batch_id)
-    click.echo(f"{b.id} {b.status}")
+    echo_json(b.to_dict()) if as_json else click.echo(f"{b.id} {b.status}")
 
 
 @click.command()

@@ -132,3 +132,16 @@ def run_freight(*argv: str, env: dict[str, str], cwd: Any, umask: int = -1) -> s
         timeout=120,
         umask=umask,
     )
+
+
+def cli_on(runtime: Any, *argv: str) -> Any:
+    """``freight ARGV`` in-process (click's CliRunner) on the test's own database."""
+    from click.testing import CliRunner
+
+    from api.cli import main
+
+    env = {
+        "FREIGHT_DATA_DIR": str(runtime.settings.data_dir),
+        "FREIGHT_DATABASE_URL": runtime.settings.database_url,
+    }
+    return CliRunner().invoke(main, list(argv), env=env)

@@ -13,16 +13,15 @@ from dataclasses import replace
 from email.utils import parsedate_to_datetime
 
 import pytest
-from click.testing import CliRunner
 from sqlalchemy import func, select, update
 
 from api.app import create_app
-from api.cli import main
 from api.services.tenants import create_tenant, hash_key
 from storage.models import ApiKey, ConsoleSession
 from storage.runtime import Runtime
 from storage.settings import Settings, SettingsError
 from tests.conftest import now
+from tests.factories import cli_on
 
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 
@@ -37,12 +36,7 @@ def alpha_key(runtime) -> str:
     return create_tenant(runtime.db, "alpha", now())[1]
 
 
-def cli(runtime, *argv: str):
-    env = {
-        "FREIGHT_DATA_DIR": str(runtime.settings.data_dir),
-        "FREIGHT_DATABASE_URL": runtime.settings.database_url,
-    }
-    return CliRunner().invoke(main, list(argv), env=env)
+cli = cli_on
 
 
 def v1_status(app, key: str) -> int:

@@ -75,6 +75,17 @@ def test_submit_wait_status_list_download(live, tmp_path: Path) -> None:
         listed = freight(live, *args, cwd=tmp_path)
         assert listed.returncode == 0 and listed.stdout.splitlines()[0].split()[:2] == ["ID", "STATUS"]
         assert batch_id in listed.stdout
+    # --json: the API's own objects (a batch, a list of them), for scripts
+    as_json = freight(live, "status", batch_id, "--json", cwd=tmp_path)
+    assert as_json.returncode == 0, as_json.stderr
+    shown = json.loads(as_json.stdout)
+    assert shown == live.client().batches.retrieve(batch_id).to_dict()
+    listed_json = json.loads(freight(live, "list", "--json", "--limit", "5", cwd=tmp_path).stdout)
+    assert listed_json["object"] == "list" and batch_id in [b["id"] for b in listed_json["data"]]
+    submitted_json = freight(live, "submit", "questions.jsonl.gz", "--model", "demo", "--json", cwd=tmp_path)
+    made = json.loads(submitted_json.stdout)
+    assert made["object"] == "batch" and made["status"] == "validating" and made["id"] != batch_id
+    live.client().batches.cancel(made["id"])
     none = freight(live, "list", "--status", "expired", cwd=tmp_path)
     assert none.returncode == 0 and batch_id not in none.stdout and "no batches" in none.stderr
 
@@ -122,7 +133,7 @@ def test_cancel_and_a_failed_batch(live, tmp_path: Path) -> None:
     dup = write_jsonl(tmp_path / "dup.jsonl", [request_line("same"), request_line("same")])
     failed = freight(live, "submit", str(dup), "--model", "demo", "--wait", "--poll", "0.5", cwd=tmp_path)
     assert "line 2: duplicate_custom_id: custom_id 'same' appears more than once" in failed.stderr
-    assert error_line(failed).endswith("failed") and "Error: batch batch_" in failed.stderr
+    assert error_line(failed, 4).endswith("failed") and "Error: batch batch_" in failed.stderr
 
 
 def test_every_error_is_one_clear_line(live, tmp_path: Path) -> None:
