@@ -10,6 +10,7 @@ from sqlalchemy import ColumnElement, CursorResult, func, select, update
 from sqlalchemy.orm import Session
 
 from storage.models import Batch, UnitStatus, WorkUnit
+from storage.rollup import roll_up
 from storage.status import BatchStatus, transition, unit_sources
 
 # states in which a batch's units may still run
@@ -34,6 +35,15 @@ def stop_batch(s: Session, batch: Batch, target: BatchStatus, now: int) -> None:
         to=UnitStatus.SKIPPED,
         finished_at=float(now),
     )
+
+
+def finish_batch(s: Session, batch: Batch, target: BatchStatus, now: int) -> None:
+    """Move ``batch`` to a final state and, in the same transaction, add it to the rollup /metrics
+    reads (``storage.rollup``; at most once, and only once its units have all finished)."""
+    if not target.is_terminal:
+        raise ValueError(f"{target} is not a final state")
+    transition(batch, target, now)
+    roll_up(s, Batch.id == batch.id, now=now)
 
 
 def move_units(

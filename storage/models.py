@@ -21,6 +21,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    func,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -102,6 +103,8 @@ class Batch(Base):
         Index("ix_batches_tenant_created", "tenant_id", "created_at", "id"),
         Index("ix_batches_status", "status"),
         Index("ix_batches_purge", "purged_at", "status"),
+        # the batches /metrics still reads row by row: not yet in batch_rollups (storage/rollup.py)
+        Index("ix_batches_rolled_up", "rolled_up_at"),
     )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("batch_"))
@@ -169,6 +172,42 @@ class Batch(Base):
     # deleted the batch's shards and unit results (epoch seconds; its rows stay)
     output_expires_after: Mapped[int | None] = mapped_column(Integer)
     purged_at: Mapped[int | None] = mapped_column(BigInteger)
+    # when its final figures were added to batch_rollups (epoch seconds; NULL: not yet), set by
+    # the one transaction that added them (storage/rollup.py)
+    rolled_up_at: Mapped[int | None] = mapped_column(BigInteger)
+
+
+# final batches by when they ended (the coalesce is FINAL_AT of storage/retention.py): the window
+# of the SLA attainment that /metrics reads, and the usage report's period, without a full scan
+# (SQLite cannot reflect an expression index: a migration that copies `batches` in batch mode
+# on SQLite must create it again, see migrations/versions/0011_batch_rollups.py)
+Index(
+    "ix_batches_status_final_at",
+    Batch.status,
+    func.coalesce(Batch.completed_at, Batch.failed_at, Batch.expired_at, Batch.cancelled_at),
+)
+
+
+class BatchRollup(Base):
+    """The final batches /metrics counts, summed: one row per tenant, model, final status and SLA
+    verdict. A batch is added by the transaction that sets its ``rolled_up_at``, once it is final
+    and all its work units have finished (storage/rollup.py); the scrape adds the batches not yet
+    rolled up, row by row, so it never reads the rows of the others."""
+
+    __tablename__ = "batch_rollups"
+
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True)
+    model: Mapped[str] = mapped_column(String(200), primary_key=True)  # "": the batch had none
+    status: Mapped[str] = mapped_column(String(16), primary_key=True)
+    sla: Mapped[str] = mapped_column(String(8), primary_key=True)  # sla_met: "true", "false", "" (none)
+    batches: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # the charge (scheduler.cost.charged_micros, rounded per batch) of those that cost anything
+    charged_batches: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    charged_micros: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # their work units (all finished), by status
+    units_done: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    units_skipped: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    units_failed: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
 
 class WorkUnit(Base):

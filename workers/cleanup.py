@@ -1,7 +1,7 @@
 """The periodic cleanup (beat task ``freight.cleanup``, every ``FREIGHT_CLEANUP_SECONDS``): what
 tenants stored and the platform recorded does not grow without end.
 
-Three steps, each bounded per pass (``PASS_ROWS``) so one pass is short and a backlog drains over
+Four steps, each bounded per pass (``PASS_ROWS``) so one pass is short and a backlog drains over
 several:
 
 - expired files (``files.expires_at`` passed) are deleted, bytes first; a file that is the input
@@ -10,7 +10,9 @@ several:
   after it ended, or once its input file is gone (they hold that file's prompts); its rows stay;
 - ``engine_samples`` rows older than ``FREIGHT_SAMPLE_RETENTION_SECONDS`` are added to
   ``engine_sample_totals`` and deleted in one transaction, so the counters of ``/metrics`` (the
-  totals plus the rows kept) never move backwards.
+  totals plus the rows kept) never move backwards;
+- final batches not yet in the rollup /metrics reads (made final while a unit still ran, or
+  written by an older release) are added once their units have finished (``storage/rollup.py``).
 
 Any step may run twice at once (two beats, a manual ``freight cleanup``): deletes are idempotent,
 and a sample row is added to the totals by the transaction that deleted it, so by one only.
@@ -28,6 +30,7 @@ from sqlalchemy.orm import aliased
 from storage.models import Batch, EngineSample, EngineSampleTotal, StoredFile
 from storage.quotas import OPEN_STATUSES
 from storage.retention import FINAL_AT, FINAL_STATUSES, delete_file_objects, purge_batch_data
+from storage.rollup import roll_up_stragglers
 from storage.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -42,6 +45,7 @@ class CleanupReport:
     batches_purged: list[str] = field(default_factory=list)
     objects_deleted: int = 0
     samples_pruned: int = 0
+    batches_rolled_up: int = 0
 
 
 def run(rt: Runtime, now: float) -> CleanupReport:
@@ -49,6 +53,8 @@ def run(rt: Runtime, now: float) -> CleanupReport:
     expire_files(rt, int(now), report)
     purge_batches(rt, int(now), report)
     prune_samples(rt, now, report)
+    with rt.db.write() as s:
+        report.batches_rolled_up = roll_up_stragglers(s, int(now), PASS_ROWS)
     if report.files_expired or report.batches_purged or report.samples_pruned:
         log.info(
             "cleanup: %d files expired, %d batches' data purged (%d objects), %d engine samples pruned",

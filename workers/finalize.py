@@ -17,14 +17,14 @@ from sqlalchemy import select, update
 from scheduler.cost import TokenWork, list_price_micros
 from scheduler.leases import renewal_due
 from storage.leases import release_lease, take_lease
-from storage.lifecycle import unfinished_units
+from storage.lifecycle import finish_batch, unfinished_units
 from storage.models import Batch, StoredFile, UnitStatus, WorkUnit, new_id
 from storage.objectstore import CHUNK
 from storage.registry import lookup_in
 from storage.retention import expiry
 from storage.runtime import Runtime
 from storage.shards import read_rows
-from storage.status import BatchStatus, transition
+from storage.status import BatchStatus
 from workers.results import encode, stopped_line
 
 log = logging.getLogger(__name__)
@@ -130,7 +130,7 @@ def finalize_batch(rt: Runtime, batch_id: str) -> str | None:
             final = BatchStatus.EXPIRED
         else:
             final = BatchStatus.COMPLETED
-        transition(batch, final, now)
+        finish_batch(s, batch, final, now)
         batch.finalizer_heartbeat_at = None
     log.info(
         "batch %s %s: %d output lines, %d error lines", batch_id, final, counts["output"], counts["errors"]

@@ -24,12 +24,12 @@ from sqlalchemy import update
 
 from storage.broker import BROKER_ERRORS
 from storage.db import is_transient as db_transient
-from storage.lifecycle import move_units
+from storage.lifecycle import finish_batch, move_units
 from storage.models import Batch, UnitStatus, WorkUnit
 from storage.objectstore import ObjectChanged, ObjectNotFound, ObjectStoreError
 from storage.objectstore_retry import transient as store_call_transient
 from storage.runtime import Runtime
-from storage.status import BatchStatus, transition
+from storage.status import BatchStatus
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ def fail_validation(rt: Runtime, error: str, batch_id: str) -> bool:
         batch.errors = _error_list(f"validation failed: {error}")
         batch.request_total = 0
         batch.validation_heartbeat_at = None
-        transition(batch, BatchStatus.FAILED, int(time.time()))
+        finish_batch(s, batch, BatchStatus.FAILED, int(time.time()))
     log.error("batch %s failed: validation failed: %s", batch_id, error)
     return True
 
@@ -187,7 +187,7 @@ def fail_finalization(rt: Runtime, error: str, batch_id: str) -> bool:
         if batch.status == BatchStatus.CANCELLING:
             log.error("batch %s (cancelling): %s", batch_id, message)
             return False
-        transition(batch, BatchStatus.FAILED, int(time.time()))
+        finish_batch(s, batch, BatchStatus.FAILED, int(time.time()))
     log.error("batch %s failed: %s", batch_id, message)
     return True
 

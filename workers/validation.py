@@ -29,6 +29,7 @@ from scheduler import json_text
 from scheduler.ordering import SortStats, common_prefix_tokens, sort_records
 from storage.checkpoint_cache import CheckpointError
 from storage.leases import release_lease, renew_lease, take_lease
+from storage.lifecycle import finish_batch
 from storage.models import Batch, StoredFile, WorkUnit
 from storage.quotas import queued_refusal
 from storage.registry import served_names
@@ -498,7 +499,7 @@ def _validate(rt: Runtime, batch_id: str, input_key: str, endpoint: str, default
                 "data": [{"code": "quota_exceeded", "message": over_quota, "param": None, "line": None}],
             }
             batch.request_total = 0
-            transition(batch, BatchStatus.FAILED, now)
+            finish_batch(s, batch, BatchStatus.FAILED, now)
             log.warning("batch %s refused: %s", batch_id, over_quota)
         elif admission is not None and not admission.accept:
             batch.errors = {
@@ -513,7 +514,7 @@ def _validate(rt: Runtime, batch_id: str, input_key: str, endpoint: str, default
                 ],
             }
             batch.request_total = 0
-            transition(batch, BatchStatus.FAILED, now)
+            finish_batch(s, batch, BatchStatus.FAILED, now)
             log.warning("batch %s refused: %s", batch_id, admission.warning)
         elif summary.error_count:
             data = [e.as_openai() for e in summary.errors]
@@ -530,7 +531,7 @@ def _validate(rt: Runtime, batch_id: str, input_key: str, endpoint: str, default
                 )
             batch.errors = {"object": "list", "data": data}
             batch.request_total = 0
-            transition(batch, BatchStatus.FAILED, now)
+            finish_batch(s, batch, BatchStatus.FAILED, now)
         else:
             batch.model = summary.model
             batch.request_total = summary.rows

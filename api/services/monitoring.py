@@ -25,8 +25,9 @@ from api.services.reports import (
 )
 from scheduler.cost import MICROS_PER_DOLLAR, charged_micros
 from scheduler.sla import BatchOutcome, sla_summary
-from storage.models import Batch, EngineSample, EngineSampleTotal, Tenant, WorkUnit
+from storage.models import Batch, BatchRollup, EngineSample, EngineSampleTotal, Tenant, WorkUnit
 from storage.registry import served_names
+from storage.rollup import UNIT_COLUMNS
 from storage.runtime import Runtime
 from storage.status import BatchStatus
 
@@ -68,12 +69,19 @@ def metrics_snapshot(rt: Runtime, now: float) -> MetricsSnapshot:
     reads 0 rather than vanishing."""
     with rt.db.read() as s:
         consistent_snapshot(s, rt.db.is_sqlite)
-        batch_counts = {
-            (status, model or NO_MODEL): int(n)
-            for status, model, n in s.execute(
-                select(Batch.status, Batch.model, func.count()).group_by(Batch.status, Batch.model)
-            )
-        }
+        # final batches come summed from the rollup; the rest (open ones, and final ones not added
+        # yet) row by row, through the index on rolled_up_at: no scrape reads every batch or unit
+        rolled = s.execute(
+            select(BatchRollup, Tenant.name).join(Tenant, Tenant.id == BatchRollup.tenant_id)
+        ).all()
+        live = Batch.rolled_up_at.is_(None)
+        batch_counts: dict[tuple[str, str], int] = defaultdict(int)
+        for status, model, n in s.execute(
+            select(Batch.status, Batch.model, func.count()).where(live).group_by(Batch.status, Batch.model)
+        ):
+            batch_counts[(status, model or NO_MODEL)] += int(n)
+        for r, _ in rolled:
+            batch_counts[(r.status, r.model or NO_MODEL)] += r.batches
         active = (Batch.status == BatchStatus.IN_PROGRESS.value,)
         remaining = func.sum(
             case(
@@ -96,14 +104,17 @@ def metrics_snapshot(rt: Runtime, now: float) -> MetricsSnapshot:
                 .group_by(Batch.model)
             )
         }
-        unit_counts = {
-            (model, status): int(n)
-            for model, status, n in s.execute(
-                select(WorkUnit.model, WorkUnit.status, func.count()).group_by(
-                    WorkUnit.model, WorkUnit.status
-                )
-            )
-        }
+        unit_counts: dict[tuple[str, str], int] = defaultdict(int)
+        for model, status, n in s.execute(
+            select(WorkUnit.model, WorkUnit.status, func.count())
+            .where(WorkUnit.batch_id.in_(select(Batch.id).where(live)))
+            .group_by(WorkUnit.model, WorkUnit.status)
+        ):
+            unit_counts[(model, status)] += int(n)
+        for r, _ in rolled:  # the units of a rolled-up batch carry its model (validation sets both)
+            for status, column in UNIT_COLUMNS.items():
+                if n := getattr(r, column):
+                    unit_counts[(r.model, status)] += n
         recent = s.execute(
             select(EngineSample)
             .where(
@@ -153,18 +164,22 @@ def metrics_snapshot(rt: Runtime, now: float) -> MetricsSnapshot:
         for tenant, model, cost, mult in s.execute(
             select(Tenant.name, Batch.model, Batch.cost_micros, Batch.price_multiplier)
             .join(Tenant, Tenant.id == Batch.tenant_id)
-            .where(Batch.status.in_(FINAL_STATUSES), Batch.cost_micros > 0)
+            .where(live, Batch.status.in_(FINAL_STATUSES), Batch.cost_micros > 0)
         ):
             charged[(tenant, model or NO_MODEL)] += charged_micros(cost, mult)
-        sla_batches = {
-            (tenant, model or NO_MODEL, "true" if met else "false"): int(n)
-            for tenant, model, met, n in s.execute(
-                select(Tenant.name, Batch.model, Batch.sla_met, func.count())
-                .join(Tenant, Tenant.id == Batch.tenant_id)
-                .where(Batch.sla_met.is_not(None))
-                .group_by(Tenant.name, Batch.model, Batch.sla_met)
-            )
-        }
+        sla_batches: dict[tuple[str, str, str], int] = defaultdict(int)
+        for tenant, model, met, n in s.execute(
+            select(Tenant.name, Batch.model, Batch.sla_met, func.count())
+            .join(Tenant, Tenant.id == Batch.tenant_id)
+            .where(live, Batch.sla_met.is_not(None))
+            .group_by(Tenant.name, Batch.model, Batch.sla_met)
+        ):
+            sla_batches[(tenant, model or NO_MODEL, "true" if met else "false")] += int(n)
+        for r, tenant in rolled:
+            if r.charged_batches:
+                charged[(tenant, r.model or NO_MODEL)] += r.charged_micros
+            if r.sla:
+                sla_batches[(tenant, r.model or NO_MODEL, r.sla)] += r.batches
         since = now - SLA_WINDOW_SECONDS
         until = math.floor(now) + 1  # stamps are whole seconds: take the current one in
         outcomes = [
@@ -190,7 +205,7 @@ def metrics_snapshot(rt: Runtime, now: float) -> MetricsSnapshot:
         engine_cost_dollars=engine_cost,
         tokens=tokens,
         batch_cost_dollars={key: micros / MICROS_PER_DOLLAR for key, micros in sorted(charged.items())},
-        sla_batches=sla_batches,
+        sla_batches=dict(sla_batches),
         sla_attainment={
             (r.tenant, r.model): r.attainment
             for r in sla_summary(outcomes, since, until)
