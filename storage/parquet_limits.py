@@ -27,10 +27,18 @@ How memory stays bounded:
   refers to. A page is the reader's unit of decompression, and pyarrow's writer puts up to 1,024
   values in one (30 kB prompts: 30 MB pages), so a file that would pass is never refused here, and
   a page as large as the file limit is decompressed before its rows are sized.
-What is not bounded below the file limit: a single row whose lists hold far more values than the
-rows around it is decoded (as a batch of its row group's average size) before its own size is
-known; its dictionary-encoded values take no page bytes, so only the file's count of list values
-holds them.
+- list values are counted from the page headers and the repetition levels (`_ListBound`), since
+  a run of one repetition level and one dictionary index is a few bytes of page for any number of
+  values (a 1,351-byte file of one row of 40 million strings grew a process by 1,153 MB): a row
+  group whose values take, at the least (`element_bytes` each past a row's first), more than
+  its rows may hold at the line limit, or a file whose take more than the file limit, is refused;
+  where a row group could hold a row past the line limit, its repetition levels are counted run
+  by run (`first_long_row`) and the first such row refused. A file of more than `max_pages`
+  pages is refused, since each header costs time to read.
+What is not bounded below the file limit: a row holding, in each of several list columns, values
+just under what the line limit allows one column (levels are counted column by column) is decoded
+before its size is known; and a row of list values not in a dictionary takes page bytes for
+each, which the page limits hold.
 """
 
 from __future__ import annotations
@@ -44,7 +52,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from storage.parquet_pages import PageHeaderError, pages
+from storage.parquet_pages import Page, PageHeaderError, first_long_row, pages
 
 SLICE_BYTES = 8 * 1024 * 1024  # decoded bytes made Python objects at once
 SLICE_VALUES = 1_000_000  # list values a record batch is cut to hold (about 8 MB of integers)
@@ -53,6 +61,11 @@ LIST_VALUE_BYTES = 2  # the least a list element takes as JSON text ("1,")
 VALUE_OVERHEAD = 16  # page bytes a value takes besides its decoded size (length prefix, levels)
 DECOMPRESSED_FACTOR = 8  # all pages decompressed, at most, in file limits (an int64 page holds
 # a list element of 2 JSON bytes in 8, plus its levels)
+STRING_ELEMENT_BYTES = 3  # the least a further element of a list of strings or structs takes as
+# JSON text: '""' or '{}' (or '[]' of a list in a list) and a comma; of numbers, LIST_VALUE_BYTES
+PAGE_BYTES = 4096  # a file may have a page per this many bytes of FREIGHT_MAX_FILE_BYTES ...
+MIN_PAGES = 4096  # ... and this many pages whatever the limit: reading a header costs time, not
+# memory (about 15 microseconds), and pyarrow's writer fills a page to 1 MB or 20,000 rows
 
 
 @dataclass(frozen=True)
@@ -73,32 +86,55 @@ class Refusal:
     message: str
 
 
+def max_pages(limits: DecodeLimits) -> int:
+    """Pages a file may have: one per PAGE_BYTES of the file limit, MIN_PAGES at least."""
+    return max(MIN_PAGES, limits.max_total_bytes // PAGE_BYTES)
+
+
+def element_bytes(column: pq.ColumnSchema) -> int:
+    """The least JSON text a further value of a repeated leaf column adds to its row: a comma and
+    the least element it can start (a number: '1'; a string, struct or list: '""', '{}', '[]')."""
+    if column.physical_type in ("BYTE_ARRAY", "FIXED_LEN_BYTE_ARRAY"):
+        return STRING_ELEMENT_BYTES
+    return LIST_VALUE_BYTES
+
+
 def page_refusal(source: IO[bytes], pf: pq.ParquetFile, limits: DecodeLimits) -> Refusal | None:
     """The first page that would decompress to more than its values may take, or the page at
-    which all pages together pass their bound, from the page headers alone; None if none does."""
+    which all pages together pass their bound, from the page headers alone; then the first row
+    group whose list values take, at the least, more than its rows may hold; None if none does."""
     budget = DECOMPRESSED_FACTOR * limits.max_total_bytes
+    most_pages = max_pages(limits)
     meta = pf.metadata
     first_rows = [1]  # of each row group, 1-based
     for g in range(meta.num_row_groups):
         first_rows.append(first_rows[-1] + meta.row_group(g).num_rows)
-    total = 0
+    lists = _ListBound(source, pf, limits, first_rows)
+    total = count = 0
     try:
         for page in pages(source, meta):
             row = first_rows[page.row_group]
-            where = f"row group {page.row_group + 1} (from row {row}), column '{page.column}'"
+            count += 1
+            if count > most_pages:
+                return Refusal(
+                    row,
+                    "file_too_large",
+                    f"{_where(page, row)}: the file has more than {most_pages} pages, one per "
+                    f"{PAGE_BYTES} bytes of the {limits.max_total_bytes} byte limit on a file",
+                )
             values = max(1, page.values)
             if page.uncompressed > limits.max_total_bytes + VALUE_OVERHEAD * values:
                 return Refusal(
                     row,
                     "file_too_large",
-                    f"{where}: a page decompresses to {page.uncompressed} bytes, more than the "
+                    f"{_where(page, row)}: a page decompresses to {page.uncompressed} bytes, more than the "
                     f"{limits.max_total_bytes} byte limit on a file",
                 )
             if page.uncompressed > (limits.max_line_bytes + VALUE_OVERHEAD) * values:
                 return Refusal(
                     row,
                     "line_too_large",
-                    f"{where}: a page of {values} value(s) decompresses to {page.uncompressed} "
+                    f"{_where(page, row)}: a page of {values} value(s) decompresses to {page.uncompressed} "
                     f"bytes, more than {values} line(s) may hold at the {limits.max_line_bytes} "
                     "byte limit on a line",
                 )
@@ -107,12 +143,125 @@ def page_refusal(source: IO[bytes], pf: pq.ParquetFile, limits: DecodeLimits) ->
                 return Refusal(
                     row,
                     "file_too_large",
-                    f"{where}: the file's pages decompress to more than {budget} bytes, "
+                    f"{_where(page, row)}: the file's pages decompress to more than {budget} bytes, "
                     f"{DECOMPRESSED_FACTOR} times the {limits.max_total_bytes} byte limit",
                 )
+            refusal = lists.add(page)
+            if refusal is not None:
+                return refusal
+        return lists.end()
     except PageHeaderError as exc:
         return Refusal(1, "invalid_parquet", f"the file is not readable Parquet: {exc}"[:500])
-    return None
+
+
+def _where(page: Page, row: int) -> str:
+    return f"row group {page.row_group + 1} (from row {row}), column '{page.column}'"
+
+
+class _ListBound:
+    """The least a row group's list values take decoded, from the values its data pages state.
+
+    A row's first value in a leaf column may be its list being empty; every further value is a
+    further list element, which takes at least ``element_bytes`` of JSON text: a row group of R
+    rows whose leaf column holds V values takes at least (V - R) times that, whatever the encoding
+    (a run of one dictionary index or of one repetition level is a few bytes of page for millions
+    of values). Leaves of one top-level column (a message's role and content) share elements, so
+    a column counts its largest leaf; columns add up. R is the footer's rows, or fewer if a column
+    holds fewer values (every row has a value in every leaf). Refused: a row group whose least
+    exceeds its rows at the line limit, or the file's least exceeding the file limit; and a data
+    page v2 (which states its rows, and starts at a row) whose least exceeds its own rows."""
+
+    def __init__(
+        self, source: IO[bytes], pf: pq.ParquetFile, limits: DecodeLimits, first_rows: list[int]
+    ) -> None:
+        schema = pf.schema
+        repeated = [i for i in range(len(schema)) if schema.column(i).max_repetition_level > 0]
+        self.cost = {schema.column(i).path: element_bytes(schema.column(i)) for i in repeated}
+        self.index = {schema.column(i).path: i for i in repeated}
+        self.depth = {schema.column(i).path: schema.column(i).max_repetition_level for i in repeated}
+        self.leaves = len(schema)
+        self.source, self.meta, self.limits, self.first_rows = source, pf.metadata, limits, first_rows
+        self.group = -1
+        self.values: dict[str, int] = {}  # data page values of each leaf column in this group
+        self.chunks: dict[str, list[Page]] = {}  # the pages of each repeated leaf in this group
+        self.v2_rows: dict[str, int] = {}  # rows of the data pages v2 so far, per repeated leaf
+        self.total = 0  # the least the file's list values take, over the row groups done
+
+    def add(self, page: Page) -> Refusal | None:
+        refusal = None
+        if page.row_group != self.group:
+            refusal = self.end()
+            self.group, self.values, self.v2_rows, self.chunks = page.row_group, {}, {}, {}
+        if page.column in self.cost:
+            self.chunks.setdefault(page.column, []).append(page)
+        if not page.is_data:
+            return refusal
+        self.values[page.column] = self.values.get(page.column, 0) + page.values
+        cost = self.cost.get(page.column)
+        if refusal is None and cost is not None and page.rows is not None:
+            first = self.first_rows[self.group] + self.v2_rows.get(page.column, 0)
+            self.v2_rows[page.column] = self.v2_rows.get(page.column, 0) + page.rows
+            least = max(0, page.values - page.rows) * cost
+            if least > max(1, page.rows) * self.limits.max_line_bytes:
+                return Refusal(
+                    first,
+                    "line_too_large",
+                    f"row group {self.group + 1} (from row {self.first_rows[self.group]}), column "
+                    f"'{page.column}': a page of {page.rows} row(s) holds {page.values} list values, "
+                    f"at least {least} bytes decoded, more than {max(1, page.rows)} line(s) may "
+                    f"hold at the {self.limits.max_line_bytes} byte limit on a line",
+                )
+        return refusal
+
+    def end(self) -> Refusal | None:
+        """The row group read so far, once its pages are all read."""
+        g = self.group
+        if g < 0 or not self.values:
+            return None
+        rows = self.meta.row_group(g).num_rows
+        if len(self.values) >= self.leaves:  # every leaf column: a row has a value in each
+            rows = min(rows, *self.values.values())
+        for column, cost in self.cost.items():  # a row that may pass the line limit: find it
+            most = self.limits.max_line_bytes // cost + 1  # values a row within it may hold
+            if self.values.get(column, 0) - rows + 1 > most:
+                chunk = self.meta.row_group(g).column(self.index[column])
+                found = first_long_row(
+                    self.source, self.chunks.get(column, []), chunk.compression, self.depth[column], most
+                )
+                if found is not None:
+                    row = self.first_rows[g] + found[0]
+                    return Refusal(
+                        row,
+                        "line_too_large",
+                        f"row {row}, column '{column}': holds at least {found[1]} list values, "
+                        f"at least {(found[1] - 1) * cost} bytes decoded; the limit is "
+                        f"{self.limits.max_line_bytes}",
+                    )
+        least: dict[str, int] = {}  # per top-level column, its largest leaf's least
+        for column, cost in self.cost.items():
+            bytes_ = max(0, self.values.get(column, 0) - rows) * cost
+            top = column.split(".", 1)[0]
+            least[top] = max(least.get(top, 0), bytes_)
+        group_least = sum(least.values())
+        self.total += group_least
+        where = f"row group {g + 1} (from row {self.first_rows[g]})"
+        if least and group_least > max(1, rows) * self.limits.max_line_bytes:
+            column = max(least, key=least.__getitem__)
+            return Refusal(
+                self.first_rows[g],
+                "line_too_large",
+                f"{where}, column '{column}': its {max(1, rows)} row(s) hold list values of at "
+                f"least {group_least} bytes decoded, more than {max(1, rows)} line(s) may hold at "
+                f"the {self.limits.max_line_bytes} byte limit on a line",
+            )
+        if self.total > self.limits.max_total_bytes:
+            return Refusal(
+                self.first_rows[g],
+                "file_too_large",
+                f"{where}: the file's list values take at least {self.total} bytes decoded, more "
+                f"than the {self.limits.max_total_bytes} byte limit",
+            )
+        return None
 
 
 def dictionary_columns(schema: pq.ParquetSchema) -> list[str]:

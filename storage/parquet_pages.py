@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 BLOCK = 1024 * 1024  # file bytes read at once while walking headers
@@ -28,6 +30,11 @@ MAX_DEPTH = 32  # nesting of Thrift structs and lists in a header (PageHeader ne
 
 COUNTED = frozenset({5, 7, 8})  # data page, dictionary page, data page v2: field 1 is num_values
 NUM_VALUES = -1  # where _struct puts a counted page header's num_values
+NUM_ROWS = -3  # and a data page v2's num_rows (its field 3)
+REP_ENCODING = -4  # a data page's repetition_level_encoding (its field 4; RLE is 3)
+REP_BYTES = -6  # a data page v2's repetition_levels_byte_length (its field 6)
+RLE = 3
+DATA_PAGE, INDEX_PAGE, DICTIONARY_PAGE, DATA_PAGE_V2 = 0, 1, 2, 3  # PageHeader field 1
 
 
 class PageHeaderError(ValueError):
@@ -41,6 +48,15 @@ class Page:
     uncompressed: int  # bytes the reader decompresses the page to
     compressed: int
     values: int  # values the page holds, nulls and list elements included (0: an index page)
+    kind: int = DATA_PAGE  # DATA_PAGE, INDEX_PAGE, DICTIONARY_PAGE or DATA_PAGE_V2
+    rows: int | None = None  # rows the page holds: stated by a data page v2 alone
+    offset: int = 0  # where the page's bytes start in the file, after its header
+    rep_encoding: int | None = None  # a data page's encoding of its repetition levels
+    rep_bytes: int | None = None  # a data page v2's bytes of repetition levels (not compressed)
+
+    @property
+    def is_data(self) -> bool:
+        return self.kind in (DATA_PAGE, DATA_PAGE_V2)
 
 
 class _Short(Exception):
@@ -49,6 +65,7 @@ class _Short(Exception):
 
 def pages(source: IO[bytes], metadata: pq.FileMetaData) -> Iterator[Page]:
     """Every page of every column chunk, in file order of row groups; ``source`` is seekable."""
+    blocks = _Blocks(source)  # shared by the chunks: a file of many small chunks reads each block once
     for g in range(metadata.num_row_groups):
         group = metadata.row_group(g)
         for c in range(group.num_columns):
@@ -57,39 +74,178 @@ def pages(source: IO[bytes], metadata: pq.FileMetaData) -> Iterator[Page]:
             if chunk.has_dictionary_page and 0 < (chunk.dictionary_page_offset or 0) < start:
                 start = chunk.dictionary_page_offset  # as the reader computes the chunk's range
             yield from _chunk_pages(
-                source, g, chunk.path_in_schema, start, start + chunk.total_compressed_size
+                blocks, g, chunk.path_in_schema, start, start + chunk.total_compressed_size
             )
 
 
-def _chunk_pages(source: IO[bytes], group: int, column: str, pos: int, end: int) -> Iterator[Page]:
-    buf, at, eof = b"", pos, False  # file bytes [at, at + len(buf)) held; eof: they reach the end
-    while pos < end:
+class _Blocks:
+    """File bytes [at, at + len(buf)) held; eof: they reach the end of the file."""
+
+    def __init__(self, source: IO[bytes]) -> None:
+        self.source, self.buf, self.at, self.eof = source, b"", 0, False
+
+    def header(self, pos: int, column: str) -> tuple[dict[int, int], int]:
+        """The page header at ``pos``: its fields, and the file position where it ends."""
         want = BLOCK
         while True:
-            if not at <= pos < at + len(buf):
-                source.seek(pos)
-                buf, at = source.read(want), pos
-                eof = len(buf) < want
+            if not self.at <= pos < self.at + len(self.buf):
+                self.source.seek(pos)
+                self.buf, self.at = self.source.read(want), pos
+                self.eof = len(self.buf) < want
             try:
-                fields, used = _struct(buf, pos - at, 0, {1, 2, 3}, COUNTED)
-                break
+                fields, used = _struct(self.buf, pos - self.at, 0, {1, 2, 3}, COUNTED)
+                return fields, self.at + used
             except _Short:
-                if eof or want >= MAX_HEADER_BYTES:
+                if self.eof or want >= MAX_HEADER_BYTES:
                     raise PageHeaderError(
                         f"column '{column}': the page header at byte {pos} is cut off"
                     ) from None
-                if pos == at:  # a header longer than a block: read more of it
+                if pos == self.at:  # a header longer than a block: read more of it
                     want *= 4
-                buf = b""
+                self.buf = b""
+
+
+def _chunk_pages(blocks: _Blocks, group: int, column: str, pos: int, end: int) -> Iterator[Page]:
+    while pos < end:
+        fields, after = blocks.header(pos, column)
         uncompressed, compressed = fields.get(2, -1), fields.get(3, -1)
         if uncompressed < 0 or compressed < 0:
             raise PageHeaderError(f"column '{column}': the page header at byte {pos} states no sizes")
         values = max(0, fields.get(NUM_VALUES, 0))
-        yield Page(group, column, uncompressed, compressed, values)
-        pos = at + used + compressed
+        rows = max(0, fields[NUM_ROWS]) if NUM_ROWS in fields else None
+        yield Page(
+            group,
+            column,
+            uncompressed,
+            compressed,
+            values,
+            fields.get(1, DATA_PAGE),
+            rows,
+            after,
+            fields.get(REP_ENCODING),
+            fields.get(REP_BYTES),
+        )
+        pos = after + compressed
 
 
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+def first_long_row(
+    source: IO[bytes], chunk: list[Page], compression: str, max_repetition: int, most: int
+) -> tuple[int, int] | None:
+    """The first row of a column chunk holding more than ``most`` values, as (its index in the
+    chunk, the values counted when it passed ``most``), from the repetition levels of the chunk's
+    data pages (``chunk``, in file order); None if no row does.
+
+    A row starts at each repetition level 0, so a run of millions of levels 1 (a few bytes of
+    page) is one row of millions of list values. A data page v2 keeps its levels uncompressed
+    before its values; a data page (v1) is decompressed (its size already bounded by its header)
+    and begins with them. Levels are the RLE / bit-packed hybrid, counted run by run; levels in
+    another encoding, or a page that does not decompress, are a PageHeaderError."""
+    rows = _RowCounter(most)
+    width = max_repetition.bit_length()
+    for page in chunk:
+        if not page.is_data or not page.values:
+            continue
+        if page.kind == DATA_PAGE_V2:
+            source.seek(page.offset)
+            levels = memoryview(source.read(max(0, min(page.rep_bytes or 0, page.compressed))))
+        else:
+            if page.rep_encoding != RLE:  # BIT_PACKED, deprecated: not counted, so not read
+                raise PageHeaderError(
+                    f"column '{page.column}': repetition levels in encoding {page.rep_encoding} "
+                    "(only RLE is read for lists this long)"
+                )
+            source.seek(page.offset)
+            raw = _decompress(source.read(page.compressed), page.uncompressed, compression, page.column)
+            size = int.from_bytes(raw[:4], "little")
+            levels = raw[4 : 4 + size]
+        found = _count_levels(levels, page.values, width, rows)
+        if found is not None:
+            return found
+    return None
+
+
+class _RowCounter:
+    """Rows of repetition levels fed in order: the first row of more than ``most`` values."""
+
+    def __init__(self, most: int) -> None:
+        self.most, self.row, self.held = most, -1, 0  # the row being counted; its values so far
+
+    def run(self, level: int, n: int) -> tuple[int, int] | None:
+        if level == 0:  # n rows start; all but the last hold one value
+            first = self.row + 1
+            self.row, self.held = self.row + n, 1
+            if n and self.most < 1:
+                return first, 1
+        else:
+            self.held += n
+        return (max(0, self.row), self.held) if self.held > self.most else None
+
+    def levels(self, values: np.ndarray) -> tuple[int, int] | None:
+        starts = np.flatnonzero(values == 0)
+        if not len(starts):
+            return self.run(1, len(values))
+        found = self.run(1, int(starts[0]))  # values before the first start end the row held
+        if found is not None:
+            return found
+        lengths = np.diff(starts)
+        over = np.flatnonzero(lengths > self.most)
+        if len(over):
+            return self.row + 1 + int(over[0]), int(lengths[over[0]])
+        self.row += len(starts)
+        self.held = 0
+        return self.run(1, len(values) - int(starts[-1]))
+
+
+def _count_levels(
+    levels: memoryview | bytes, count: int, width: int, rows: _RowCounter
+) -> tuple[int, int] | None:
+    pos, left, size = 0, count, len(levels)
+    value_bytes = (width + 7) // 8
+    weights = 1 << np.arange(width, dtype=np.int64)
+    while left > 0 and pos < size:
+        head, pos = _varint(levels, pos)
+        if head & 1:  # bit-packed: groups of 8 values, ``width`` bits each
+            nbytes = (head >> 1) * width
+            packed = np.frombuffer(levels[pos : pos + nbytes], np.uint8)
+            pos += nbytes
+            bits = np.unpackbits(packed, bitorder="little")
+            n = min(left, len(bits) // max(1, width))
+            values = bits[: n * width].reshape(n, width) @ weights if width else np.zeros(n, np.int64)
+            found = rows.levels(values)
+        else:  # a run of one value
+            n = min(left, head >> 1)
+            level = int.from_bytes(levels[pos : pos + value_bytes], "little")
+            pos += value_bytes
+            found = rows.run(level, n)
+        if found is not None:
+            return found
+        left -= n
+    return None
+
+
+CODECS = {"SNAPPY": "snappy", "GZIP": "gzip", "BROTLI": "brotli", "ZSTD": "zstd", "LZ4_RAW": "lz4_raw"}
+
+
+def _decompress(data: bytes, size: int, compression: str, column: str) -> memoryview:
+    if compression == "UNCOMPRESSED":
+        return memoryview(data)
+    tries = (
+        [CODECS[compression]] if compression in CODECS else ["lz4_raw", "lz4"] if compression == "LZ4" else []
+    )
+    for codec in tries:
+        try:
+            return memoryview(pa.decompress(data, size, codec=codec, asbytes=True))
+        except (pa.ArrowException, ValueError):
+            continue
+    if compression == "LZ4" and len(data) > 8:  # Hadoop's framing: two sizes before each block
+        try:
+            return memoryview(pa.decompress(data[8:], size, codec="lz4_raw", asbytes=True))
+        except (pa.ArrowException, ValueError):
+            pass
+    raise PageHeaderError(f"column '{column}': a page cannot be decompressed as {compression}")
+
+
+def _varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
     value = shift = 0
     while True:
         if pos >= len(buf):
@@ -112,7 +268,8 @@ def _struct(
     buf: bytes, pos: int, depth: int, wanted: set[int] | None = None, counted: frozenset[int] = frozenset()
 ) -> tuple[dict[int, int], int]:
     """A compact-protocol struct from ``pos``: the ``wanted`` i32 fields (and field 1 of the
-    ``counted`` struct fields, as NUM_VALUES), and where it ends."""
+    ``counted`` struct fields, as NUM_VALUES; a data page v2's field 3, as NUM_ROWS), and where
+    it ends."""
     if depth > MAX_DEPTH:
         raise PageHeaderError("a page header is nested too deeply")
     fields: dict[int, int] = {}
@@ -136,9 +293,15 @@ def _struct(
         elif kind in (1, 2):  # a bool field's value is its type nibble
             continue
         elif kind == 12 and field in counted:
-            inner, pos = _struct(buf, pos, depth + 1, {1})
+            inner, pos = _struct(buf, pos, depth + 1, {1, 3, 4, 6})
             if 1 in inner:
                 fields[NUM_VALUES] = inner[1]
+            if field == 5 and 4 in inner:  # DataPageHeader.repetition_level_encoding
+                fields[REP_ENCODING] = inner[4]
+            if field == 8 and 3 in inner:  # DataPageHeaderV2.num_rows
+                fields[NUM_ROWS] = inner[3]
+            if field == 8 and 6 in inner:  # DataPageHeaderV2.repetition_levels_byte_length
+                fields[REP_BYTES] = inner[6]
         else:
             pos = _skip(buf, pos, kind, depth)
 

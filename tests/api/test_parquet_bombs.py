@@ -18,6 +18,7 @@ from storage.runtime import Runtime
 from tests.conftest import now
 from tests.factories import http_upload, validated_batch
 from tests.storage.test_parquet_limits import body, bomb, peak_rss_mb
+from tests.storage.test_parquet_list_bombs import list_bomb
 
 LIMIT = 200 * 1024 * 1024  # FREIGHT_MAX_FILE_BYTES's default
 
@@ -96,3 +97,44 @@ def test_a_page_bomb_is_refused_from_its_header_on_download_and_at_validation(ru
     [line] = batch.errors["data"]
     assert (line["code"], line["line"]) == ("file_too_large", 1), line
     assert "column 'body': a page decompresses to" in line["message"]
+
+
+def test_a_list_bomb_is_refused_from_its_levels_on_download_and_at_validation(settings) -> None:
+    """One row of 20 million identical messages among small rows (1.5 kB; 1.4 GB decoded): its
+    repetition levels name the row before anything is decoded. A 400 naming the row and the line
+    limit, nothing derived kept, less than 100 MB of growth; as a batch input, that row's error."""
+    runtime = Runtime(replace(settings, max_file_bytes=LIMIT))  # the footer's count passes it
+    try:
+        _list_bomb_is_refused(runtime)
+    finally:
+        runtime.db.dispose()
+
+
+def _list_bomb_is_refused(runtime: Runtime) -> None:
+    tenant, key = create_tenant(runtime.db, "alpha", now())
+    headers = {"Authorization": f"Bearer {key}"}
+    client = create_app(runtime=runtime).test_client()
+    data, decoded = list_bomb("messages", 20_000_000, before=5)
+    made = http_upload(client, headers, data, "list-bomb.parquet")
+    assert made.status_code == 200 and made.json["bytes"] == len(data) < 4096 and decoded > 1_000_000_000
+    file_id = made.json["id"]
+
+    before = peak_rss_mb(reset=True)
+    refused = client.get(f"/v1/files/{file_id}/content?format=jsonl", headers=headers)
+    grown = peak_rss_mb() - before
+    assert refused.status_code == 400, refused.get_data(as_text=True)[:300]
+    error = refused.get_json()["error"]
+    assert error["code"] == "line_too_large", error
+    assert (
+        error["message"].startswith("row 6, column 'messages.list.element.")
+        and "the limit is" in error["message"]
+    )
+    assert grown < 100, f"the API grew by {grown:.0f} MB refusing the bomb"
+    assert not runtime.store.exists(f"derived/{file_id}.jsonl")
+
+    batch_id = validated_batch(runtime, tenant.id, data, name="list-bomb.parquet")
+    with runtime.db.read() as s:
+        batch = s.get(Batch, batch_id)
+    assert batch.status == "failed"
+    lines = batch.errors["data"]
+    assert (lines[-1]["code"], lines[-1]["line"]) == ("line_too_large", 6), lines
