@@ -32,13 +32,12 @@ How memory stays bounded:
   values (a 1,351-byte file of one row of 40 million strings grew a process by 1,153 MB): a row
   group whose values take, at the least (`element_bytes` each past a row's first), more than
   its rows may hold at the line limit, or a file whose take more than the file limit, is refused;
-  where a row group could hold a row past the line limit, its repetition levels are counted run
-  by run (`first_long_row`) and the first such row refused. A file of more than `max_pages`
+  where a row group could hold a row past the line limit, the values of each of its rows are
+  counted from the levels run by run (`row_values`, `storage/parquet_pages.py`), summed over the
+  row's list columns, and the first row past the limit refused. A file of more than `max_pages`
   pages is refused, since each header costs time to read.
-What is not bounded below the file limit: a row holding, in each of several list columns, values
-just under what the line limit allows one column (levels are counted column by column) is decoded
-before its size is known; and a row of list values not in a dictionary takes page bytes for
-each, which the page limits hold.
+What is not bounded below the file limit: values that are not list elements (one per row and
+column) are sized from their pages, as above, not from their levels.
 """
 
 from __future__ import annotations
@@ -52,7 +51,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from storage.parquet_pages import Page, PageHeaderError, first_long_row, pages
+from storage.parquet_pages import Page, PageHeaderError, TooManyRuns, pages, row_values
 
 SLICE_BYTES = 8 * 1024 * 1024  # decoded bytes made Python objects at once
 SLICE_VALUES = 1_000_000  # list values a record batch is cut to hold (about 8 MB of integers)
@@ -66,6 +65,12 @@ STRING_ELEMENT_BYTES = 3  # the least a further element of a list of strings or 
 PAGE_BYTES = 4096  # a file may have a page per this many bytes of FREIGHT_MAX_FILE_BYTES ...
 MIN_PAGES = 4096  # ... and this many pages whatever the limit: reading a header costs time, not
 # memory (about 15 microseconds), and pyarrow's writer fills a page to 1 MB or 20,000 rows
+RUN_BYTES = 1024  # runs of repetition levels counted, at most: two per row (pyarrow's writer
+# starts a long list with a bit-packed group, then a run of its values) and one per this many
+# bytes of the file limit (a bit-packed run holds up to 504 values of 2 bytes at least); a run
+# costs 2 to 20 microseconds to count, so about 6 s at most at the default limits
+ROWS_PAST_LIMIT = 1024  # rows past FREIGHT_MAX_REQUESTS_PER_FILE whose levels are still counted:
+# the reader decodes a batch (at most 512 rows) before the row limit ends the lines
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,11 @@ class Refusal:
 def max_pages(limits: DecodeLimits) -> int:
     """Pages a file may have: one per PAGE_BYTES of the file limit, MIN_PAGES at least."""
     return max(MIN_PAGES, limits.max_total_bytes // PAGE_BYTES)
+
+
+def max_runs(limits: DecodeLimits) -> int:
+    """Runs of repetition levels a file may have counted (`RUN_BYTES`)."""
+    return 2 * (limits.max_rows + ROWS_PAST_LIMIT + 1) + limits.max_total_bytes // RUN_BYTES
 
 
 def element_bytes(column: pq.ColumnSchema) -> int:
@@ -186,6 +196,8 @@ class _ListBound:
         self.chunks: dict[str, list[Page]] = {}  # the pages of each repeated leaf in this group
         self.v2_rows: dict[str, int] = {}  # rows of the data pages v2 so far, per repeated leaf
         self.total = 0  # the least the file's list values take, over the row groups done
+        self.runs = max_runs(limits)
+        self.runs_left = self.runs  # repetition level runs the file may still have counted
 
     def add(self, page: Page) -> Refusal | None:
         refusal = None
@@ -221,22 +233,6 @@ class _ListBound:
         rows = self.meta.row_group(g).num_rows
         if len(self.values) >= self.leaves:  # every leaf column: a row has a value in each
             rows = min(rows, *self.values.values())
-        for column, cost in self.cost.items():  # a row that may pass the line limit: find it
-            most = self.limits.max_line_bytes // cost + 1  # values a row within it may hold
-            if self.values.get(column, 0) - rows + 1 > most:
-                chunk = self.meta.row_group(g).column(self.index[column])
-                found = first_long_row(
-                    self.source, self.chunks.get(column, []), chunk.compression, self.depth[column], most
-                )
-                if found is not None:
-                    row = self.first_rows[g] + found[0]
-                    return Refusal(
-                        row,
-                        "line_too_large",
-                        f"row {row}, column '{column}': holds at least {found[1]} list values, "
-                        f"at least {(found[1] - 1) * cost} bytes decoded; the limit is "
-                        f"{self.limits.max_line_bytes}",
-                    )
         least: dict[str, int] = {}  # per top-level column, its largest leaf's least
         for column, cost in self.cost.items():
             bytes_ = max(0, self.values.get(column, 0) - rows) * cost
@@ -261,7 +257,57 @@ class _ListBound:
                 f"{where}: the file's list values take at least {self.total} bytes decoded, more "
                 f"than the {self.limits.max_total_bytes} byte limit",
             )
-        return None
+        try:
+            return self._long_row(g, rows)
+        except TooManyRuns:
+            return Refusal(
+                self.first_rows[g],
+                "file_too_large",
+                f"{where}: the file's repetition levels come in more than {self.runs} runs, two "
+                f"a row and one per {RUN_BYTES} bytes of the {self.limits.max_total_bytes} byte "
+                "limit",
+            )
+
+    def _long_row(self, g: int, rows: int) -> Refusal | None:
+        """The first row of row group ``g`` whose list values take more than the line limit, if
+        one may: its values in each repeated leaf counted from the levels, as the group's are."""
+        first = self.first_rows[g]
+        counted = min(rows, max(0, self.limits.max_rows + ROWS_PAST_LIMIT + 1 - first))
+        most: dict[str, int] = {}  # per top-level column, the most its largest leaf can take
+        for column, cost in self.cost.items():
+            top = column.split(".", 1)[0]
+            most[top] = max(most.get(top, 0), max(0, self.values.get(column, 0) - rows) * cost)
+        if not counted or sum(most.values()) <= self.limits.max_line_bytes:
+            return None  # no row can pass the line limit
+        least: dict[str, np.ndarray] = {}  # per top-level column and row, its largest leaf's least
+        counts: dict[str, np.ndarray] = {}
+        for column, cost in self.cost.items():
+            chunk = self.meta.row_group(g).column(self.index[column])
+            counts[column], spent = row_values(
+                self.source,
+                self.chunks.get(column, []),
+                chunk.compression,
+                self.depth[column],
+                counted,
+                self.runs_left,
+            )
+            self.runs_left -= spent
+            top = column.split(".", 1)[0]
+            taken = np.maximum(counts[column] - 1, 0) * cost
+            least[top] = np.maximum(least[top], taken) if top in least else taken
+        total = sum(least.values(), np.zeros(counted, np.int64))
+        over = np.flatnonzero(total > self.limits.max_line_bytes)
+        if not len(over):
+            return None
+        i = int(over[0])
+        column = max(counts, key=lambda c: int(counts[c][i]) * self.cost[c])
+        return Refusal(
+            first + i,
+            "line_too_large",
+            f"row {first + i}, column '{column}': holds {int(counts[column][i])} list values; the "
+            f"row's list values take at least {int(total[i])} bytes decoded; the limit is "
+            f"{self.limits.max_line_bytes}",
+        )
 
 
 def dictionary_columns(schema: pq.ParquetSchema) -> list[str]:

@@ -59,6 +59,10 @@ class Page:
         return self.kind in (DATA_PAGE, DATA_PAGE_V2)
 
 
+class TooManyRuns(ValueError):
+    """Repetition levels in more runs than the caller allows: counting them costs time."""
+
+
 class _Short(Exception):
     """The header runs past the bytes read so far."""
 
@@ -128,19 +132,19 @@ def _chunk_pages(blocks: _Blocks, group: int, column: str, pos: int, end: int) -
         pos = after + compressed
 
 
-def first_long_row(
-    source: IO[bytes], chunk: list[Page], compression: str, max_repetition: int, most: int
-) -> tuple[int, int] | None:
-    """The first row of a column chunk holding more than ``most`` values, as (its index in the
-    chunk, the values counted when it passed ``most``), from the repetition levels of the chunk's
-    data pages (``chunk``, in file order); None if no row does.
+def row_values(
+    source: IO[bytes], chunk: list[Page], compression: str, max_repetition: int, rows: int, runs: int
+) -> tuple[np.ndarray, int]:
+    """Values of each of the first ``rows`` rows of a column chunk (a null or empty list is one),
+    from the repetition levels of the chunk's data pages (``chunk``, in file order).
 
     A row starts at each repetition level 0, so a run of millions of levels 1 (a few bytes of
     page) is one row of millions of list values. A data page v2 keeps its levels uncompressed
     before its values; a data page (v1) is decompressed (its size already bounded by its header)
     and begins with them. Levels are the RLE / bit-packed hybrid, counted run by run; levels in
-    another encoding, or a page that does not decompress, are a PageHeaderError."""
-    rows = _RowCounter(most)
+    another encoding, or a page that does not decompress, are a PageHeaderError; more than
+    ``runs`` runs, TooManyRuns. Returns the values of each row and the runs counted."""
+    counts = _RowCounts(rows, runs)
     width = max_repetition.bit_length()
     for page in chunk:
         if not page.is_data or not page.values:
@@ -158,69 +162,91 @@ def first_long_row(
             raw = _decompress(source.read(page.compressed), page.uncompressed, compression, page.column)
             size = int.from_bytes(raw[:4], "little")
             levels = raw[4 : 4 + size]
-        found = _count_levels(levels, page.values, width, rows)
-        if found is not None:
-            return found
-    return None
+        _count_levels(levels, page.values, width, counts)
+        if counts.row >= rows:  # every row wanted is counted
+            break
+    return counts.counts, runs - counts.runs_left
 
 
-class _RowCounter:
-    """Rows of repetition levels fed in order: the first row of more than ``most`` values."""
+class _RowCounts:
+    """Repetition levels fed in order, counted into the rows they belong to (the first ``rows``)."""
 
-    def __init__(self, most: int) -> None:
-        self.most, self.row, self.held = most, -1, 0  # the row being counted; its values so far
+    def __init__(self, rows: int, runs: int) -> None:
+        self.counts = np.zeros(rows, np.int64)
+        self.row = -1  # the row the next value joins unless it starts one
+        self.runs_left = runs
 
-    def run(self, level: int, n: int) -> tuple[int, int] | None:
-        if level == 0:  # n rows start; all but the last hold one value
+    def spend(self) -> None:
+        self.runs_left -= 1
+        if self.runs_left < 0:
+            raise TooManyRuns
+
+    def run(self, level: int, n: int) -> None:
+        if level == 0:  # n rows start, each with one value
             first = self.row + 1
-            self.row, self.held = self.row + n, 1
-            if n and self.most < 1:
-                return first, 1
-        else:
-            self.held += n
-        return (max(0, self.row), self.held) if self.held > self.most else None
+            self.row += n
+            self.counts[first : self.row + 1] += 1
+        elif 0 <= self.row < len(self.counts):
+            self.counts[self.row] += n
 
-    def levels(self, values: np.ndarray) -> tuple[int, int] | None:
-        starts = np.flatnonzero(values == 0)
-        if not len(starts):
-            return self.run(1, len(values))
-        found = self.run(1, int(starts[0]))  # values before the first start end the row held
-        if found is not None:
-            return found
-        lengths = np.diff(starts)
-        over = np.flatnonzero(lengths > self.most)
-        if len(over):
-            return self.row + 1 + int(over[0]), int(lengths[over[0]])
-        self.row += len(starts)
-        self.held = 0
-        return self.run(1, len(values) - int(starts[-1]))
+    def few(self, values: list[int]) -> None:
+        """As ``levels``, for a few values: Python is faster than numpy's calls on a handful."""
+        row, held, counts = self.row, 0, self.counts
+        for value in values:
+            if value == 0:
+                if held and 0 <= row < len(counts):
+                    counts[row] += held
+                row, held = row + 1, 1
+            else:
+                held += 1
+        if held and 0 <= row < len(counts):
+            counts[row] += held
+        self.row = row
+
+    def levels(self, values: np.ndarray) -> None:
+        ids = self.row + np.cumsum(values == 0)  # the row of each value
+        self.row = int(ids[-1])
+        ids = ids[(ids >= 0) & (ids < len(self.counts))]
+        if len(ids):
+            rows, n = np.unique(ids, return_counts=True)
+            self.counts[rows] += n
 
 
-def _count_levels(
-    levels: memoryview | bytes, count: int, width: int, rows: _RowCounter
-) -> tuple[int, int] | None:
+PACKED_GROUPS = 1 << 16  # groups of 8 bit-packed levels unpacked at once (memory: 4 MB)
+FEW_GROUPS = 8  # groups of a bit-packed run counted in Python: faster than numpy below it
+
+
+def _count_levels(levels: memoryview | bytes, count: int, width: int, rows: _RowCounts) -> None:
     pos, left, size = 0, count, len(levels)
     value_bytes = (width + 7) // 8
     weights = 1 << np.arange(width, dtype=np.int64)
-    while left > 0 and pos < size:
+    while left > 0 and pos < size and rows.row < len(rows.counts):
+        rows.spend()
         head, pos = _varint(levels, pos)
         if head & 1:  # bit-packed: groups of 8 values, ``width`` bits each
-            nbytes = (head >> 1) * width
-            packed = np.frombuffer(levels[pos : pos + nbytes], np.uint8)
-            pos += nbytes
-            bits = np.unpackbits(packed, bitorder="little")
-            n = min(left, len(bits) // max(1, width))
-            values = bits[: n * width].reshape(n, width) @ weights if width else np.zeros(n, np.int64)
-            found = rows.levels(values)
+            end = min(size, pos + (head >> 1) * width)
+            if end - pos <= FEW_GROUPS * width:  # a few groups of 8, as at a list's start
+                n = min(left, (end - pos) // max(1, width) * 8)
+                word = int.from_bytes(levels[pos:end], "little")
+                rows.few([(word >> (i * width)) & ((1 << width) - 1) for i in range(n)])
+                left -= n
+                pos = end
+                continue
+            while pos < end and left > 0:  # a slice of groups at a time, however many are claimed
+                packed = np.frombuffer(levels[pos : min(end, pos + PACKED_GROUPS * width)], np.uint8)
+                pos += len(packed)
+                bits = np.unpackbits(packed, bitorder="little")
+                n = min(left, len(bits) // max(1, width))
+                if n:
+                    rows.levels(bits[: n * width].reshape(n, width) @ weights)
+                left -= n
+            pos = end
         else:  # a run of one value
             n = min(left, head >> 1)
             level = int.from_bytes(levels[pos : pos + value_bytes], "little")
             pos += value_bytes
-            found = rows.run(level, n)
-        if found is not None:
-            return found
-        left -= n
-    return None
+            rows.run(level, n)
+            left -= n
 
 
 CODECS = {"SNAPPY": "snappy", "GZIP": "gzip", "BROTLI": "brotli", "ZSTD": "zstd", "LZ4_RAW": "lz4_raw"}

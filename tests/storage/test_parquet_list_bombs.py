@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage.parquet_limits import DecodeLimits, max_pages
-from storage.parquet_pages import first_long_row, pages
+from storage.parquet_limits import DecodeLimits, max_pages, max_runs
+from storage.parquet_pages import DATA_PAGE_V2, Page, TooManyRuns, pages, row_values
 from storage.request_tables import RowError, request_lines
 from tests.storage.test_parquet_limits import peak_rss_mb
 
@@ -106,30 +106,45 @@ WRITES = [
 @given(
     lengths=st.lists(st.one_of(st.integers(-1, 40), st.integers(200, 3000)), min_size=1, max_size=60),
     options=st.sampled_from(WRITES),
+    rows=st.integers(0, 70),
 )
-def test_rows_are_counted_from_their_repetition_levels(lengths: list[int], options: dict) -> None:
-    """For every leaf of every list column, the first row of more than ``most`` values is the row
+def test_rows_are_counted_from_their_repetition_levels(lengths: list[int], options: dict, rows: int) -> None:
+    """For every leaf of every list column, the values of each row (of the first ``rows``) are what
     the data says (a null or empty list takes one value, as the levels store it)."""
     data = lists_file(lengths, options)
     pf = pq.ParquetFile(io.BytesIO(data))
     found = list(pages(io.BytesIO(data), pf.metadata))
-    entries = np.array([max(1, k) for k in lengths])
     for i in range(len(pf.schema)):
         column = pf.schema.column(i)
         chunk = [p for p in found if p.column == column.path]
         compression = pf.metadata.row_group(0).column(i).compression
         if column.path.startswith("ids"):  # a row's values: its inner values, or 1 per empty list
-            counts = np.array([max(1, sum(max(1, j % 3) for j in range(k))) for k in lengths])
+            counts = [max(1, sum(max(1, j % 3) for j in range(k))) for k in lengths]
         else:
-            counts = entries
-        for most in sorted({0, 1, int(counts.max()) - 1, int(counts.max()), int(np.median(counts))}):
-            over = np.flatnonzero(counts > most)
-            got = first_long_row(io.BytesIO(data), chunk, compression, column.max_repetition_level, most)
-            if len(over):
-                assert got is not None and got[0] == over[0], (column.path, most, got, over[:3])
-                assert most < got[1] <= counts[over[0]]
-            else:
-                assert got is None, (column.path, most, got)
+            counts = [max(1, k) for k in lengths]
+        got, runs = row_values(io.BytesIO(data), chunk, compression, column.max_repetition_level, rows, 10**6)
+        assert runs <= len(lengths) * 2 + sum(max(0, k) for k in lengths) // 8 + 20
+        assert got.tolist() == (counts + [0] * rows)[:rows], column.path
+
+
+def test_a_row_past_the_line_limit_across_several_list_columns_is_refused() -> None:
+    """Each of 4 list columns holds 2 million values in one row (6 MB at least, under the line
+    limit alone): the row's values, summed over its columns, pass it."""
+    counts = [3] * 300 + [2_000_000] + [3] * 300
+    table = pa.table(
+        {"custom_id": [f"r{i}" for i in range(len(counts))]}
+        | {name: repeated(counts, "v" * 20) for name in ("prompt", "stop", "a", "b")}
+    )
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="zstd")
+    del table
+    before = peak_rss_mb(reset=True)
+    lines = list(request_lines(io.BytesIO(sink.getvalue()), "/v1/completions", limits=LIMITS))
+    grown = peak_rss_mb() - before
+    assert len(sink.getvalue()) < 8192 and grown < 100, grown
+    error = lines[-1]
+    assert isinstance(error, RowError) and (error.row, error.code) == (301, "line_too_large"), error
+    assert "holds 2000000 list values" in error.message and "at least 23999988 bytes" in error.message
 
 
 def near_limit_files() -> list[tuple[str, pa.Table]]:
@@ -190,3 +205,16 @@ def test_json_of_an_accepted_row_is_what_was_written() -> None:
     lines = list(request_lines(io.BytesIO(data), "/v1/chat/completions", limits=LIMITS))
     first = json.loads(lines[0])["body"]["messages"]
     assert len(first) == 1000 and first[0] == {"role": "user", "content": "c" * 40}
+
+
+def test_repetition_levels_are_counted_within_a_budget_of_runs() -> None:
+    """Counting levels costs time per run (2 to 20 microseconds): past the runs a caller allows,
+    TooManyRuns. A writer's file stays within max_runs (two a row, one per RUN_BYTES of the file
+    limit); these are hand-made levels of a data page v2, a row of 8 values per bit-packed run."""
+    levels = bytes([0x03, 0b11111110]) * 5000
+    page = Page(0, "p", len(levels), len(levels), 8 * 5000, DATA_PAGE_V2, 5000, 0, None, len(levels))
+    counts, runs = row_values(io.BytesIO(levels), [page], "UNCOMPRESSED", 1, 5000, 5000)
+    assert runs == 5000 and counts.tolist() == [8] * 5000
+    with pytest.raises(TooManyRuns):
+        row_values(io.BytesIO(levels), [page], "UNCOMPRESSED", 1, 5000, 4999)
+    assert max_runs(LIMITS) == 2 * 51_025 + 204_800
