@@ -1,0 +1,735 @@
+"""Issue #19 on the live stack: one hostile tenant tries every attack of the issue in turn while two
+other tenants' ordinary batches run. The platform must answer each attack as the issue says (a 4xx
+with the right code, or a failed batch with the right error line), no answer anywhere is a 5xx,
+the API and the control worker grow by less than 100 MB while the decompression bombs are refused,
+and the victims' batches complete with every ``custom_id`` exactly once.
+
+Tenant A (the attacker) and tenants B and C (victims: B sends JSONL whose lines share a long system
+prompt, C sends Parquet) are new tenants of the session's ``live`` stack, so nothing starts for this
+test but a drop folder on the session's SeaweedFS. A's quotas are set with ``freight tenant quota``
+as an operator would. Attacks already tested in depth without a live stack and that no tenant can
+reach over the API (checkpoint keys, CSV cells) are run in-process against the stack's own code and
+database; their ``detail`` says so. Figures go to the ``hostile`` reliability scenario."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import socket
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import redis
+import requests
+from openai import OpenAI
+from sqlalchemy import update
+
+from infra.processes import create_tenant
+from storage.checkpoint_cache import staged_path
+from storage.db import Database
+from storage.models import StoredFile
+from storage.runtime import Runtime
+from tests.api.test_parquet_bombs import page_bomb
+from tests.e2e.conftest import LiveStack, peak_rss_mb, peak_rss_reset, wait_final
+from tests.factories import chat_line, jsonl, run_freight
+from tests.storage.test_parquet_limits import bomb
+from tests.workers.test_crashing_inputs import DEEP, HUGE_INT, chat_text
+
+pytestmark = [pytest.mark.stack, pytest.mark.reliability]
+
+CHAT = "/v1/chat/completions"
+VICTIM_LINES = 100  # 16 tokens each: the victims run through most of the attacks
+RSS_BOUND_MB = 100  # the issue's bound on growth while a bomb is refused
+PAGE_BOMB_MB = 120  # one value in one zstd page: the reader before the fix decompressed it whole
+SYSTEM = "You answer questions about the Freight operations manual. " + " ".join(
+    f"Rule {i}: shipments of class {i % 7} leave dock {i % 5} before {8 + i % 9}:00." for i in range(40)
+)  # several 128-token KV blocks, shared by every line of tenant B
+
+
+# -- what every answer was -------------------------------------------------------------------------
+
+
+class Seen:
+    """Every HTTP status any client of this test got, from victims and attacker alike."""
+
+    def __init__(self) -> None:
+        self.statuses: list[int] = []
+        self.lock = threading.Lock()
+
+    def add(self, status: int) -> None:
+        with self.lock:
+            self.statuses.append(status)
+
+    def server_errors(self) -> int:
+        return sum(1 for s in self.statuses if s >= 500)
+
+    def openai(self, live: LiveStack, key: str) -> OpenAI:
+        http = httpx.Client(timeout=60, event_hooks={"response": [lambda r: self.add(r.status_code)]})
+        return OpenAI(base_url=live.base_url, api_key=key, max_retries=0, http_client=http)
+
+    def session(self) -> requests.Session:
+        s = requests.Session()
+        s.hooks["response"].append(lambda r, *a, **kw: self.add(r.status_code))
+        return s
+
+
+def error_code(response: requests.Response) -> str | None:
+    try:
+        return response.json()["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+# -- resident memory of the API and the control worker ----------------------------------------------
+
+
+def tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (gunicorn's workers, vLLM's helpers, ...)."""
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        with contextlib.suppress(OSError):
+            todo += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
+    return found
+
+
+def rss_mb(pid: int) -> float:
+    """VmRSS summed over ``pid`` and its descendants."""
+    total = 0
+    for p in tree(pid):
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            pass
+    return total / 1024
+
+
+class RssSampler(threading.Thread):
+    """Samples the API's and the control worker's RSS every 0.2 s; ``phase`` labels the samples."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        super().__init__(daemon=True)
+        self.pids = pids
+        self.samples: list[tuple[str, dict[str, float]]] = []
+        self.phase = "baseline"
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            self.samples.append((self.phase, {n: rss_mb(p) for n, p in self.pids.items()}))
+            self.halt.wait(0.2)
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(timeout=5)
+
+    def of(self, name: str, phases: tuple[str, ...] | None = None) -> list[float]:
+        return [s[name] for phase, s in self.samples if phases is None or phase in phases]
+
+
+# -- helpers ----------------------------------------------------------------------------------------
+
+
+def wait_until(check: Callable[[], Any], what: str, timeout: float = 120) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"{what}: not after {timeout}s")
+
+
+def parquet(table: pa.Table) -> bytes:
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    return sink.getvalue()
+
+
+def victim_b_lines(tag: str) -> list[dict]:
+    return [
+        chat_line(
+            f"{tag}-{i}",
+            messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Question {i}?"}],
+            max_tokens=16,
+            min_tokens=16,
+        )
+        for i in range(VICTIM_LINES)
+    ]
+
+
+def victim_c_parquet(tag: str) -> tuple[bytes, list[str]]:
+    ids = [f"{tag}-{i}" for i in range(VICTIM_LINES)]
+    table = pa.table({
+        "custom_id": ids,
+        "messages": [[{"role": "user", "content": f"Row {i}: one word please"}] for i in range(VICTIM_LINES)],
+        "model": ["demo"] * VICTIM_LINES,
+        "max_tokens": pa.array([16] * VICTIM_LINES, pa.int32()),
+        "min_tokens": pa.array([16] * VICTIM_LINES, pa.int32()),
+    })  # fmt: skip
+    return parquet(table), ids
+
+
+def results(client: OpenAI, batch: Any) -> list[dict]:
+    lines = []
+    for file_id in (batch.output_file_id, batch.error_file_id):
+        if file_id:
+            lines += [json.loads(x) for x in client.files.content(file_id).text.splitlines() if x.strip()]
+    return lines
+
+
+def test_a_hostile_tenant_harms_no_one(live: LiveStack, s3_service, reliability, tmp_path: Path) -> None:
+    started = time.monotonic()
+    stack, env, seen = live.stack, live.stack.env, Seen()
+    suffix = uuid.uuid4().hex[:6]
+    names = {"a": f"hostile-{suffix}", "b": f"victim-b-{suffix}", "c": f"victim-c-{suffix}"}
+    keys = {k: create_tenant(env, n) for k, n in names.items()}
+    log_offsets = {n: stack.log(n).stat().st_size for n in ("api", "control")}
+    api = stack.api_url
+    attacker = seen.session()
+    attacker.headers["Authorization"] = f"Bearer {keys['a']}"
+    victims = {k: seen.openai(live, keys[k]) for k in ("b", "c")}
+    attacks: list[dict] = []
+
+    def record(attack: str, status: int | str, code: str | None, detail: str) -> dict:
+        at = round(time.time() - submitted, 1)  # seconds since the victims submitted
+        entry = {"attack": attack, "status": status, "error_code": code, "detail": detail, "at_s": at}
+        attacks.append(entry)
+        return entry
+
+    def freight(*argv: str) -> Any:
+        return run_freight(*argv, env=env, cwd=stack.run_dir)
+
+    def upload(data: bytes, name: str, **fields: str) -> requests.Response:
+        return attacker.post(
+            f"{api}/v1/files", data={"purpose": "batch", **fields}, files={"file": (name, data)}, timeout=60
+        )
+
+    def create(file_id: str, window: str = "24h") -> requests.Response:
+        payload = {"input_file_id": file_id, "endpoint": CHAT, "completion_window": window}
+        return attacker.post(f"{api}/v1/batches", json=payload, timeout=60)
+
+    def final(batch_id: str, timeout: float = 120) -> dict:
+        def done() -> dict | None:
+            body = attacker.get(f"{api}/v1/batches/{batch_id}", timeout=30).json()
+            return body if body["status"] in ("completed", "failed", "expired", "cancelled") else None
+
+        return wait_until(done, f"batch {batch_id} final", timeout)
+
+    def batch_of(data: bytes, name: str, window: str = "24h") -> dict:
+        made = upload(data, name)
+        assert made.status_code == 200, made.text[:300]
+        created = create(made.json()["id"], window)
+        assert created.status_code == 200, created.text[:300]
+        return final(created.json()["id"])
+
+    # -- A first behaves: a JSONL and a Parquet batch, a Parquet file read as JSONL (warms the
+    # API's and the control worker's code paths, so the baseline below is theirs at work) --------
+    warm_parquet = parquet(pa.table({
+        "custom_id": ["w1", "w2"],
+        "messages": [[{"role": "user", "content": "hi"}], [{"role": "user", "content": "ho"}]],
+        "model": ["demo", "demo"],
+    }))  # fmt: skip
+    for data, filename in (
+        (jsonl([chat_line("w1"), chat_line("w2")]), "warm.jsonl"),
+        (warm_parquet, "warm.parquet"),
+    ):
+        warmed = batch_of(data, filename)
+        assert warmed["status"] == "completed", warmed
+    for _ in range(4):  # each gunicorn worker converts a small Parquet file once or more
+        warm = attacker.get(f"{api}/v1/files/{warmed['input_file_id']}/content?format=jsonl", timeout=30)
+        assert warm.status_code == 200, warm.text[:200]
+    bucket = s3_service.create_bucket(f"hostile-{suffix}")
+    s3 = s3_service.client()
+    added = freight(
+        "dropfolder", "add", f"s3://{bucket}/in", "--tenant", names["a"], "--model", "demo", "--window", "1h",
+        "--endpoint-url", s3_service.endpoint_url, "--region", s3_service.region,
+        "--access-key-id", s3_service.access_key, "--secret-access-key", s3_service.secret_key,
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    folder_id = re.search(r"added drop folder (\S+):", added.stdout).group(1)  # type: ignore[union-attr]
+    bombs = {"dictionary": bomb(), "page": page_bomb(PAGE_BOMB_MB)}
+    b_lines = victim_b_lines(names["b"])
+    c_data, c_ids = victim_c_parquet(names["c"])
+    pids = {
+        "api": int((stack.run_dir / "api.pid").read_text()),
+        "control": int((stack.run_dir / "control.pid").read_text()),
+    }
+    sampler = RssSampler(pids)
+    sampler.start()
+    time.sleep(1.5)  # baseline samples
+
+    # -- the victims submit ordinary batches; every attack below runs while they do, or after ------
+    sampler.phase = "bombs"
+    victim_batches = {}
+    submitted = time.time()
+    for k, data, filename in (("b", jsonl(b_lines), "questions.jsonl"), ("c", c_data, "rows.parquet")):
+        client = victims[k]
+        file_id = client.files.create(file=(filename, io.BytesIO(data)), purpose="batch").id
+        victim_batches[k] = client.batches.create(
+            input_file_id=file_id, endpoint=CHAT, completion_window="24h"
+        )
+    expected = {"b": [x["custom_id"] for x in b_lines], "c": c_ids}
+
+    # -- 3. a flood of urgent, hopeless batches (8 s window) -------------------------------------------
+    flood = []
+    for f in range(4):
+        lines = [chat_line(f"flood-{f}-{i}", f"Flood {f} row {i}", max_tokens=32) for i in range(64)]
+        made = upload(jsonl(lines), f"flood-{f}.jsonl")
+        created = create(made.json()["id"], window="8s")
+        assert created.status_code == 200, created.text[:300]
+        flood.append(created.json()["id"])
+
+    # -- 2. (drop folders) sidecars that crashed the scanner: both refused, the next file still runs
+    sidecars = {"deep": DEEP, "huge": f'{{"metadata": {{"n": {HUGE_INT}}}}}'}
+    for name, sidecar in sidecars.items():
+        s3.put_object(Bucket=bucket, Key=f"in/inbox/{name}.jsonl.freight.json", Body=sidecar.encode())
+        s3.put_object(Bucket=bucket, Key=f"in/inbox/{name}.jsonl", Body=jsonl([chat_line(f"{name}-1")]))
+    s3.put_object(Bucket=bucket, Key="in/inbox/next.jsonl", Body=jsonl([chat_line("next-1", max_tokens=2)]))
+
+    # -- 1. decompression bombs: the JSONL view, then validation -------------------------------------
+    hwm_pids = {n: tree(p) for n, p in pids.items()}
+    for ps in hwm_pids.values():
+        for p in ps:
+            peak_rss_reset(p)
+    hwm_before = {n: {p: peak_rss_mb(p) for p in ps} for n, ps in hwm_pids.items()}
+    store = Runtime(stack.settings).store
+    limit = stack.settings.max_file_bytes
+    for label, data in bombs.items():
+        made = upload(data, f"{label}-bomb.parquet")
+        assert made.status_code == 200, made.text[:300]
+        file_id = made.json()["id"]
+        view = attacker.get(f"{api}/v1/files/{file_id}/content?format=jsonl", timeout=60)
+        assert view.status_code == 400 and error_code(view) == "file_too_large", view.text[:300]
+        assert not store.exists(f"derived/{file_id}.jsonl")
+        record(
+            f"parquet {label} bomb: GET ?format=jsonl", view.status_code, error_code(view),
+            f"{len(data):,} bytes on disk; {view.json()['error']['message'][:160]}; no derived object kept "
+            f"(FREIGHT_MAX_FILE_BYTES {limit:,})",
+        )  # fmt: skip
+        created = create(file_id)
+        assert created.status_code == 200, created.text[:300]
+        done = final(created.json()["id"])
+        first = done["errors"]["data"][0]
+        assert done["status"] == "failed" and first["code"] in ("file_too_large", "line_too_large"), done
+        assert first["line"] == 1, first
+        record(
+            f"parquet {label} bomb: batch input", done["status"], first["code"],
+            f"validation failed at row {first['line']}: {first['message'][:160]}",
+        )  # fmt: skip
+    hwm_growth = {
+        n: round(max(peak_rss_mb(p) - hwm_before[n][p] for p in ps if p in hwm_before[n]), 1)
+        for n, ps in hwm_pids.items()
+    }
+
+    # -- 2. inputs that crashed the validator --------------------------------------------------------
+    sampler.phase = "attacks"
+    data = (
+        jsonl([chat_line("ok", "fine")])
+        + chat_text("n", seed=HUGE_INT)
+        + b"\n"
+        + chat_text("d", stop=DEEP)
+        + b"\n"
+    )
+    done = batch_of(data, "crash.jsonl")
+    lines = [(e["line"], e["code"]) for e in done["errors"]["data"]]
+    assert done["status"] == "failed" and lines == [(2, "invalid_json_line"), (3, "invalid_json_line")], done
+    record(
+        "JSONL lines: 5,000-digit integer, 20,000-deep nesting", done["status"], "invalid_json_line",
+        "; ".join(f"line {e['line']}: {e['message'][:80]}" for e in done["errors"]["data"]),
+    )  # fmt: skip
+    body = json.dumps(chat_line("x", "hi")["body"])
+    table = pa.table(
+        {"custom_id": ["a", "b", "c"], "body": [body, body[:-1] + f',"seed":{HUGE_INT}}}', DEEP]}
+    )
+    done = batch_of(parquet(table), "crash.parquet")
+    rows = [(e["line"], e["code"]) for e in done["errors"]["data"]]
+    assert done["status"] == "failed" and rows == [(2, "invalid_body"), (3, "invalid_body")], done
+    record(
+        "Parquet body cells: 5,000-digit integer, 20,000-deep nesting", done["status"], "invalid_body",
+        "; ".join(f"row {e['line']}: {e['message'][:80]}" for e in done["errors"]["data"]),
+    )  # fmt: skip
+
+    # -- 4. quotas and expiry ------------------------------------------------------------------------
+    def quota(*options: str) -> None:
+        done = freight("tenant", "quota", names["a"], *options)
+        assert done.returncode == 0, done.stderr
+
+    def taken_in() -> bool:  # before the quotas below could refuse it
+        every = attacker.get(f"{api}/v1/batches?limit=100", timeout=30).json()["data"]
+        return any((b.get("metadata") or {}).get("source_object", "").endswith("/next.jsonl") for b in every)
+
+    wait_until(taken_in, "the drop folder's next file taken in", 60)
+    quota("--stored-bytes", "1")
+    refused = upload(jsonl([chat_line()]), "over.jsonl")
+    assert refused.status_code == 403 and error_code(refused) == "quota_exceeded", refused.text[:300]
+    record(
+        "quota: stored bytes (limit 1 byte)",
+        refused.status_code,
+        error_code(refused),
+        refused.json()["error"]["message"][:200],
+    )
+    quota("--stored-bytes", "default", "--open-batches", "1")
+    one = upload(jsonl([chat_line("q", max_tokens=1)]), "one.jsonl").json()["id"]
+    accepted = []
+    for _ in range(3):  # the flood may still hold the one batch allowed
+        refused = create(one)
+        if refused.status_code != 200:
+            break
+        accepted.append(refused.json()["id"])
+    assert refused.status_code == 403 and error_code(refused) == "quota_exceeded", refused.text[:300]
+    record(
+        "quota: open batches (limit 1)",
+        refused.status_code,
+        error_code(refused),
+        refused.json()["error"]["message"][:200],
+    )
+    for batch_id in accepted:
+        attacker.post(f"{api}/v1/batches/{batch_id}/cancel", timeout=30)
+    quota("--open-batches", "default", "--queued-requests", "3")
+    eight = upload(jsonl([chat_line(f"q{i}", max_tokens=1) for i in range(8)]), "eight.jsonl").json()["id"]
+    refused = create(eight)
+    if refused.status_code == 200:  # counted by validation: the batch fails
+        done = final(refused.json()["id"])
+        code = done["errors"]["data"][0]["code"] if done["status"] == "failed" else None
+        assert done["status"] == "failed" and code == "quota_exceeded", done
+        record(
+            "quota: queued requests (limit 3, 8 sent)",
+            done["status"],
+            code,
+            done["errors"]["data"][0]["message"][:200],
+        )
+    else:
+        assert refused.status_code == 403 and error_code(refused) == "quota_exceeded", refused.text[:300]
+        record(
+            "quota: queued requests (limit 3, 8 sent)",
+            refused.status_code,
+            error_code(refused),
+            refused.json()["error"]["message"][:200],
+        )
+    quota("--queued-requests", "default")
+
+    gone = upload(
+        jsonl([chat_line()]),
+        "short.jsonl",
+        **{"expires_after[anchor]": "created_at", "expires_after[seconds]": "3600"},
+    ).json()
+    database = Database(stack.settings.database_url)
+    try:
+        with database.write() as s:  # an hour later, before the cleanup comes by
+            s.execute(
+                update(StoredFile).where(StoredFile.id == gone["id"]).values(expires_at=int(time.time()) - 1)
+            )
+    finally:
+        database.dispose()
+    answers = [
+        attacker.get(f"{api}/v1/files/{gone['id']}", timeout=30),
+        attacker.get(f"{api}/v1/files/{gone['id']}/content", timeout=30),
+        create(gone["id"]),
+    ]
+    assert [a.status_code for a in answers] == [404, 404, 404], [a.text[:200] for a in answers]
+    record(
+        "expired file: metadata, content, batch create", 404, error_code(answers[0]),
+        "expires_after 3600 s, expires_at moved into the past in the database (no test waits an hour); "
+        "all three answered as an unknown file",
+    )  # fmt: skip
+
+    # -- 7. who is "local" --------------------------------------------------------------------------
+    for label, headers in (("no token", {}), ("X-Forwarded-For 127.0.0.1", {"X-Forwarded-For": "127.0.0.1"}),
+                           ("a tenant's key", {"Authorization": f"Bearer {keys['a']}"})):  # fmt: skip
+        metrics = requests.get(f"{api}/metrics", headers=headers, timeout=30)
+        seen.add(metrics.status_code)
+        assert metrics.status_code in (401, 403) and b"freight_" not in metrics.content, metrics.text[:200]
+        record(
+            f"/metrics from loopback, {label}",
+            metrics.status_code,
+            error_code(metrics),
+            "no FREIGHT_METRICS_TOKEN set: answers no one on the API listener",
+        )
+    forged = "198.51.100.77"
+    anonymous = requests.get(f"{api}/v1/models", headers={"X-Forwarded-For": forged}, timeout=30)
+    seen.add(anonymous.status_code)
+    buckets = redis.Redis.from_url(stack.settings.broker_url).keys("freight:ratelimit:*ip:*")
+    named = sorted(k.decode().rsplit("ip:", 1)[1] for k in buckets)
+    assert anonymous.status_code == 401 and forged not in named and "127.0.0.1" in named, named
+    record(
+        "forged X-Forwarded-For from an untrusted peer", anonymous.status_code, error_code(anonymous),
+        f"no FREIGHT_TRUSTED_PROXIES: the anonymous bucket drawn from is the peer's ({', '.join(named)}), never {forged}",
+    )  # fmt: skip
+
+    # -- 8. keys and sessions -----------------------------------------------------------------------
+    made_key = freight("tenant", "new-key", names["a"])
+    assert made_key.returncode == 0, made_key.stderr
+    second = made_key.stdout.strip().splitlines()[-1]
+    listed = freight("tenant", "keys", names["a"]).stdout.strip().splitlines()
+    key_id = max(int(row.split()[0]) for row in listed[1:])
+    assert freight("tenant", "revoke-key", str(key_id)).returncode == 0
+    revoked = requests.get(f"{api}/v1/models", headers={"Authorization": f"Bearer {second}"}, timeout=30)
+    seen.add(revoked.status_code)
+    assert revoked.status_code == 401, revoked.text[:200]
+    record(
+        "revoked key",
+        revoked.status_code,
+        error_code(revoked),
+        "freight tenant new-key, then revoke-key; the next request refused",
+    )
+
+    console = seen.session()
+    csrf = re.compile(r'name="csrf_token" value="([^"]+)"')
+    page = console.get(f"{api}/console/sign-in", timeout=30)
+    signed = console.post(
+        f"{api}/console/sign-in",
+        data={"api_key": keys["a"], "csrf_token": csrf.search(page.text).group(1)},
+        allow_redirects=False,
+        timeout=30,
+    )  # type: ignore[union-attr]
+    assert signed.status_code == 302, signed.text[:200]
+    kept = console.cookies.get("session")
+    jobs = console.get(f"{api}/console/jobs", allow_redirects=False, timeout=30)
+    assert jobs.status_code == 200
+    out = console.post(
+        f"{api}/console/sign-out",
+        data={"csrf_token": csrf.search(jobs.text).group(1)},
+        allow_redirects=False,
+        timeout=30,
+    )  # type: ignore[union-attr]
+    assert out.status_code == 302
+    replay = seen.session()
+    replay.cookies.set("session", kept)
+    reused = replay.get(f"{api}/console/jobs", allow_redirects=False, timeout=30)
+    assert reused.status_code == 302 and "/console/sign-in" in reused.headers["Location"], reused.status_code
+    record(
+        "signed-out console cookie replayed",
+        reused.status_code,
+        None,
+        f"redirected to {reused.headers['Location']}: the session ended on the server",
+    )
+
+    for label, cookie in (("no session", None), ("the signed-out cookie", kept)):
+        host, port = stack.settings.api_host, stack.settings.api_port
+        head = (
+            f"POST /console/upload HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            f"Content-Type: multipart/form-data; boundary=x\r\nContent-Length: {200 * 1024 * 1024}\r\n"
+            + (f"Cookie: session={cookie}\r\n" if cookie else "")
+            + "Connection: close\r\n\r\n"
+        )
+        sent = time.monotonic()
+        with socket.create_connection((host, port), timeout=30) as raw:
+            raw.sendall(head.encode())  # and not one byte of the 200 MB it announces
+            answer = ""
+            while "\r\n\r\n" not in answer:
+                chunk = raw.recv(4096)
+                if not chunk:
+                    break
+                answer += chunk.decode(errors="replace")
+        took = time.monotonic() - sent
+        status = int(answer.split()[1])
+        seen.add(status)
+        assert status == 302 and "/console/sign-in" in answer, answer[:300]
+        record(
+            f"unauthenticated 200 MB POST /console/upload ({label})", status, None,
+            f"answered in {took * 1000:.0f} ms with 0 of 209,715,200 body bytes sent",
+        )  # fmt: skip
+
+    # -- 9. names, CSV cells, batch ids; 6. checkpoint keys --------------------------------------------
+    for hostile in ('=HYPERLINK("http://evil","x")', "../etc", "-rf"):
+        made_tenant = freight("tenant", "create", "--", hostile)
+        assert made_tenant.returncode == 1 and "letters, digits" in made_tenant.stderr, made_tenant.stderr
+        record(
+            f"tenant name {hostile!r}",
+            f"exit {made_tenant.returncode}",
+            None,
+            made_tenant.stderr.strip().splitlines()[-1][:160],
+        )
+    report = freight("report", "--since", "1h", "--format", "csv")
+    assert report.returncode == 0, report.stderr
+    from api.report_format import format_csv
+    from tests.api.test_report_csv_cells import row
+
+    escaped = format_csv([row('=HYPERLINK("http://evil","x")', "@SUM(A1)")]).splitlines()[1]
+    assert escaped.startswith("\"'=HYPERLINK") and ",'@SUM(A1)," in escaped, escaped
+    unsafe = [
+        c for line in report.stdout.splitlines()[1:] for c in line.split(",") if c[:1] in ("=", "+", "@")
+    ]
+    assert not unsafe, unsafe
+    record(
+        "CSV formula cells in freight report", f"exit {report.returncode}", None,
+        f"live report: {len(report.stdout.splitlines()) - 1} rows, no cell starting = + @; tenant names cannot carry one, "
+        "so format_csv was also called in-process on a formula row: cells start with an apostrophe",
+    )  # fmt: skip
+    out_dir = tmp_path / "downloads"
+    fetched = run_freight(
+        "download",
+        "../../etc/cron.d/x",
+        "-o",
+        str(out_dir),
+        "--api-url",
+        live.base_url,
+        "--api-key",
+        keys["a"],
+        env=env,
+        cwd=tmp_path,
+    )
+    assert (
+        fetched.returncode == 1
+        and "not a batch id" in fetched.stdout + fetched.stderr
+        and not out_dir.exists()
+    )
+    record(
+        "freight download ../../etc/cron.d/x",
+        f"exit {fetched.returncode}",
+        None,
+        (fetched.stdout + fetched.stderr).strip().splitlines()[-1][:160],
+    )
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    traversal = ["/etc/cron.d/x", "a//b", "../x", "a/../../x"]
+    assert all(staged_path(staging, key) is None for key in traversal)
+    record(
+        "checkpoint S3 key path traversal (operator side)", "refused", None,
+        f"keys {traversal} refused by storage.checkpoint_cache.staged_path, called in-process (no tenant reaches it; "
+        "the SeaweedFS test is tests/storage/test_checkpoint_cache.py)",
+    )  # fmt: skip
+
+    # -- 5. probing another tenant's prompt through the prefix cache ---------------------------------
+    for k in ("b", "c"):
+        victim_batches[k] = wait_final(victims[k], victim_batches[k].id, timeout=180)
+    b_out = results(victims["b"], victim_batches["b"])
+    b_cached = [
+        x["response"]["body"]["usage"]["prompt_tokens_details"]["cached_tokens"]
+        for x in b_out
+        if x.get("response")
+    ]
+    probe_line = {**b_lines[0], "custom_id": "probe"}
+    made = upload(jsonl([probe_line]), "probe.jsonl")
+    probe_batch = create(made.json()["id"]).json()["id"]
+    again = victims["b"].batches.create(
+        input_file_id=victims["b"].files.create(file=("again.jsonl", io.BytesIO(jsonl([{**b_lines[0], "custom_id": "again"}]))), purpose="batch").id,
+        endpoint=CHAT, completion_window="24h",
+    )  # fmt: skip
+    done = final(probe_batch)
+    [probe_out] = [
+        json.loads(x)
+        for x in attacker.get(
+            f"{api}/v1/files/{done['output_file_id']}/content", timeout=30
+        ).text.splitlines()
+        if x.strip()
+    ]
+    usage = probe_out["response"]["body"]["usage"]
+    again_done = wait_final(victims["b"], again.id, timeout=120)
+    [again_out] = results(victims["b"], again_done)
+    again_cached = again_out["response"]["body"]["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] == 0, usage
+    assert again_cached > 0 and max(b_cached) > 0, (again_cached, b_cached)
+    record(
+        "prefix-cache probe of tenant B's exact prompt", done["status"], None,
+        f"A's cached_tokens {usage['prompt_tokens_details']['cached_tokens']} of {usage['prompt_tokens']} prompt tokens; "
+        f"B re-sending it just after: {again_cached} cached (B's own batch: median {statistics.median(b_cached):.0f})",
+    )  # fmt: skip
+
+    # -- the drop folder's answers, then disable the attacker ----------------------------------------
+    def outbox() -> list[str]:
+        listed = s3.list_objects_v2(Bucket=bucket, Prefix="in/outbox/").get("Contents", [])
+        return [o["Key"].rsplit("/", 1)[1] for o in listed]
+
+    wanted = {f"{n}.manifest.json" for n in (*sidecars, "next")}
+    wait_until(lambda: wanted <= set(outbox()), "drop-folder manifests", 120)
+    manifests = {
+        n: json.loads(s3.get_object(Bucket=bucket, Key=f"in/outbox/{n}.manifest.json")["Body"].read())
+        for n in (*sidecars, "next")
+    }
+    for name in sidecars:
+        m = manifests[name]
+        assert m["status"] == "failed" and "not valid JSON" in json.dumps(m["errors"]), m
+        record(
+            f"drop-folder sidecar: {name}",
+            m["status"],
+            None,
+            json.dumps(m["errors"])[:160] + "; moved to failed/",
+        )
+    assert manifests["next"]["status"] == "completed", manifests["next"]
+    record(
+        "drop folder: the file after them",
+        manifests["next"]["status"],
+        None,
+        "the next file in the folder still ran",
+    )
+    assert freight("dropfolder", "remove", folder_id).returncode == 0
+
+    flood_final = [final(b) for b in flood]
+    record(
+        "flood: 4 urgent batches of 64 requests, 8 s window (hopeless)", 200, None,
+        "ended " + ", ".join(sorted(f["status"] for f in flood_final)) + "; the victims' batches below completed",
+    )  # fmt: skip
+
+    disabled = freight("tenant", "disable", names["a"])
+    assert disabled.returncode == 0, disabled.stderr
+    after = attacker.get(f"{api}/v1/models", timeout=30)
+    assert after.status_code == 401, after.text[:200]
+    record(
+        "disabled tenant's key",
+        after.status_code,
+        error_code(after),
+        "freight tenant disable; every key refused",
+    )
+    sampler.stop()
+
+    # -- the victims: completed, every custom_id exactly once ------------------------------------
+    lost = duplicated = 0
+    for k in ("b", "c"):
+        batch = victim_batches[k]
+        ids = [x["custom_id"] for x in results(victims[k], batch)]
+        lost += len(set(expected[k]) - set(ids))
+        duplicated += len(ids) - len(set(ids))
+    completed = sum(1 for b in victim_batches.values() if b.status == "completed")
+    took = {k: (b.completed_at or 0) - b.created_at for k, b in victim_batches.items()}
+    victims_done_at = max((b.completed_at or 0) - submitted for b in victim_batches.values())
+    during = sum(1 for a in attacks if a["at_s"] <= victims_done_at)
+    tracebacks = {}
+    for name, offset in log_offsets.items():
+        with stack.log(name).open("rb") as log:
+            log.seek(offset)
+            tracebacks[name] = log.read().count(b"Traceback")
+
+    def mb(values: list[float]) -> float:
+        return round(max(values), 1)
+
+    baseline = {n: round(statistics.median(sampler.of(n, ("baseline",))), 1) for n in pids}
+    bomb_peak = {n: mb(sampler.of(n, ("bombs",))) for n in pids}
+    entry = reliability.record(
+        "hostile", lost=lost, duplicated=duplicated, server_errors=seen.server_errors(),
+        attacks=attacks, attacks_tried=len(attacks), responses=len(seen.statuses),
+        api_baseline_rss_mb=baseline["api"], api_peak_rss_mb=mb(sampler.of("api")),
+        control_baseline_rss_mb=baseline["control"], control_peak_rss_mb=mb(sampler.of("control")),
+        api_bomb_peak_rss_mb=bomb_peak["api"], control_bomb_peak_rss_mb=bomb_peak["control"],
+        api_bomb_growth_mb=round(bomb_peak["api"] - baseline["api"], 1),
+        control_bomb_growth_mb=round(bomb_peak["control"] - baseline["control"], 1),
+        bomb_peak_hwm_growth_mb=hwm_growth, rss_bound_mb=RSS_BOUND_MB, rss_samples=len(sampler.samples),
+        victim_batches=len(victim_batches), victim_batches_completed=completed,
+        victim_requests=sum(len(v) for v in expected.values()), victim_batch_seconds=took,
+        victims_done_at_s=round(victims_done_at, 1), attacks_while_victims_ran=during,
+        log_tracebacks=tracebacks, seconds=round(time.monotonic() - started, 1),
+    )  # fmt: skip
+    print(json.dumps(entry, indent=1))
+    assert completed == len(victim_batches), {k: (b.status, b.errors) for k, b in victim_batches.items()}
+    assert (lost, duplicated) == (0, 0), entry
+    assert seen.server_errors() == 0, [s for s in seen.statuses if s >= 500]
+    assert tracebacks["api"] == 0, tracebacks
+    assert entry["api_bomb_growth_mb"] < RSS_BOUND_MB and entry["control_bomb_growth_mb"] < RSS_BOUND_MB, (
+        entry
+    )
+    assert max(hwm_growth.values()) < RSS_BOUND_MB, hwm_growth
