@@ -4,7 +4,9 @@ The scenarios are the tests marked ``reliability`` (fault injection on the live 
 under a hundred polling clients, big uploads, fuzzing, Schemathesis, auth and rate limits). This
 runs them with ``FREIGHT_RELIABILITY_DIR`` set, so each records its figures (at least ``lost``,
 ``duplicated`` and ``server_errors``), and with the load phase longer than in ``make test``; then it
-merges the figures into ``bench/results/reliability.json`` and prints the README's table.
+merges the figures into ``bench/results/reliability.json`` and prints the README's table. The
+``hostile`` scenario (issue 19: one tenant's attacks while two others' batches run) is also written
+as the file's top-level ``hostile`` section.
 
     python -m bench.reliability [--load-seconds 120] [-k EXPR]
     python -m bench.reliability --merge DIR   # figures a test run wrote (FREIGHT_RELIABILITY_DIR=DIR)
@@ -62,6 +64,23 @@ def table(scenarios: dict[str, dict]) -> str:
     return "\n".join(rows)
 
 
+HOSTILE_FIGURES = (
+    "api_baseline_rss_mb", "api_peak_rss_mb", "api_bomb_peak_rss_mb", "api_bomb_growth_mb",
+    "control_baseline_rss_mb", "control_peak_rss_mb", "control_bomb_peak_rss_mb", "control_bomb_growth_mb",
+    "bomb_peak_hwm_growth_mb", "rss_bound_mb", "victim_batches", "victim_batches_completed", "victim_requests",
+    "victim_batch_seconds", "victims_done_at_s", "attacks_while_victims_ran", "lost", "duplicated", "server_errors", "responses", "seconds", "recorded_at",
+)  # fmt: skip
+
+
+def hostile_section(scenarios: dict[str, dict]) -> dict | None:
+    """Issue 19's summary of the ``hostile`` scenario (tests/e2e/test_hostile_tenants.py): each
+    attack and what it got, the API's and the control worker's RSS, the victims' batches."""
+    entry = scenarios.get("hostile")
+    if entry is None:
+        return None
+    return {"attacks": entry["attacks"], **{k: entry[k] for k in HOSTILE_FIGURES if k in entry}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -90,6 +109,9 @@ def main() -> None:
         "scenarios": {**previous, **scenarios},  # a -k or --merge run updates its scenarios, keeps the rest
     }
     result["totals"] = {k: sum(e[k] for e in result["scenarios"].values()) for k in COUNTS}
+    hostile = hostile_section(result["scenarios"])
+    if hostile is not None:  # issue 19: the attacks of one hostile tenant, on top for readers
+        result["hostile"] = hostile
     RESULT.parent.mkdir(parents=True, exist_ok=True)
     RESULT.write_text(json.dumps(result, indent=2) + "\n")
     print(table(result["scenarios"]))
