@@ -105,40 +105,60 @@ def tree(pid: int) -> list[int]:
     return found
 
 
-def rss_mb(pid: int) -> float:
-    """VmRSS summed over ``pid`` and its descendants."""
-    total = 0
+def rss_kb(pid: int) -> dict[int, int]:
+    """VmRSS of ``pid`` and of each of its descendants, in kB."""
+    found = {}
     for p in tree(pid):
-        try:
+        with contextlib.suppress(OSError):
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-        except OSError:
-            pass
-    return total / 1024
+                    found[p] = int(line.split()[1])
+    return found
 
 
 class RssSampler(threading.Thread):
-    """Samples the API's and the control worker's RSS every 0.2 s; ``phase`` labels the samples."""
+    """Samples the API's and the control worker's RSS (each process of each) every 0.2 s; ``phase``
+    labels the samples."""
 
     def __init__(self, pids: dict[str, int]) -> None:
         super().__init__(daemon=True)
         self.pids = pids
-        self.samples: list[tuple[str, dict[str, float]]] = []
+        self.samples: list[tuple[str, dict[str, dict[int, int]]]] = []
         self.phase = "baseline"
         self.halt = threading.Event()
 
     def run(self) -> None:
         while not self.halt.is_set():
-            self.samples.append((self.phase, {n: rss_mb(p) for n, p in self.pids.items()}))
+            self.samples.append((self.phase, {n: rss_kb(p) for n, p in self.pids.items()}))
             self.halt.wait(0.2)
 
     def stop(self) -> None:
         self.halt.set()
         self.join(timeout=5)
 
-    def of(self, name: str, phases: tuple[str, ...] | None = None) -> list[float]:
-        return [s[name] for phase, s in self.samples if phases is None or phase in phases]
+    def of(
+        self, name: str, phases: tuple[str, ...] | None = None, only: set[int] | None = None
+    ) -> list[float]:
+        """Sums in MB over the processes (``only`` those if given) of ``name``, one per sample."""
+        return [
+            sum(kb for pid, kb in s[name].items() if only is None or pid in only) / 1024
+            for phase, s in self.samples
+            if phases is None or phase in phases
+        ]
+
+    def processes(self, name: str, phases: tuple[str, ...]) -> set[int]:
+        return {pid for phase, s in self.samples if phase in phases for pid in s[name]}
+
+
+def peak_rss_of(pids: list[int], reset: bool = False) -> dict[int, float]:
+    """Each live process's peak RSS (VmHWM, MB), after resetting it to its current RSS if asked."""
+    found = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            if reset:
+                peak_rss_reset(pid)
+            found[pid] = peak_rss_mb(pid)
+    return found
 
 
 # -- helpers ----------------------------------------------------------------------------------------
@@ -302,11 +322,7 @@ def test_a_hostile_tenant_harms_no_one(live: LiveStack, s3_service, reliability,
     s3.put_object(Bucket=bucket, Key="in/inbox/next.jsonl", Body=jsonl([chat_line("next-1", max_tokens=2)]))
 
     # -- 1. decompression bombs: the JSONL view, then validation -------------------------------------
-    hwm_pids = {n: tree(p) for n, p in pids.items()}
-    for ps in hwm_pids.values():
-        for p in ps:
-            peak_rss_reset(p)
-    hwm_before = {n: {p: peak_rss_mb(p) for p in ps} for n, ps in hwm_pids.items()}
+    hwm_before = {n: peak_rss_of(tree(p), reset=True) for n, p in pids.items()}
     store = Runtime(stack.settings).store
     limit = stack.settings.max_file_bytes
     for label, data in bombs.items():
@@ -331,9 +347,12 @@ def test_a_hostile_tenant_harms_no_one(live: LiveStack, s3_service, reliability,
             f"parquet {label} bomb: batch input", done["status"], first["code"],
             f"validation failed at row {first['line']}: {first['message'][:160]}",
         )  # fmt: skip
-    hwm_growth = {
-        n: round(max(peak_rss_mb(p) - hwm_before[n][p] for p in ps if p in hwm_before[n]), 1)
-        for n, ps in hwm_pids.items()
+    hwm_after = {n: peak_rss_of(list(before)) for n, before in hwm_before.items()}
+    hwm_growth = {  # the largest growth of one process's peak, among those still there
+        n: round(
+            max((hwm_after[n][p] - mb for p, mb in hwm_before[n].items() if p in hwm_after[n]), default=0), 1
+        )
+        for n in pids
     }
 
     # -- 2. inputs that crashed the validator --------------------------------------------------------
@@ -710,14 +729,26 @@ def test_a_hostile_tenant_harms_no_one(live: LiveStack, s3_service, reliability,
 
     baseline = {n: round(statistics.median(sampler.of(n, ("baseline",))), 1) for n in pids}
     bomb_peak = {n: mb(sampler.of(n, ("bombs",))) for n in pids}
+    # growth of the processes that were there at the baseline (a pool process started or replaced
+    # later would count its whole size as growth)
+    kept = {n: sampler.processes(n, ("baseline",)) for n in pids}
+    new_processes = {n: len(sampler.processes(n, ("bombs", "attacks")) - kept[n]) for n in pids}
+    growth = {
+        n: round(
+            max(sampler.of(n, ("bombs",), kept[n]))
+            - statistics.median(sampler.of(n, ("baseline",), kept[n])),
+            1,
+        )
+        for n in pids
+    }
     entry = reliability.record(
         "hostile", lost=lost, duplicated=duplicated, server_errors=seen.server_errors(),
         attacks=attacks, attacks_tried=len(attacks), responses=len(seen.statuses),
         api_baseline_rss_mb=baseline["api"], api_peak_rss_mb=mb(sampler.of("api")),
         control_baseline_rss_mb=baseline["control"], control_peak_rss_mb=mb(sampler.of("control")),
         api_bomb_peak_rss_mb=bomb_peak["api"], control_bomb_peak_rss_mb=bomb_peak["control"],
-        api_bomb_growth_mb=round(bomb_peak["api"] - baseline["api"], 1),
-        control_bomb_growth_mb=round(bomb_peak["control"] - baseline["control"], 1),
+        api_bomb_growth_mb=growth["api"], control_bomb_growth_mb=growth["control"],
+        processes_started_after_baseline=new_processes,
         bomb_peak_hwm_growth_mb=hwm_growth, rss_bound_mb=RSS_BOUND_MB, rss_samples=len(sampler.samples),
         victim_batches=len(victim_batches), victim_batches_completed=completed,
         victim_requests=sum(len(v) for v in expected.values()), victim_batch_seconds=took,
