@@ -212,7 +212,9 @@ def results(client: OpenAI, batch: Any) -> list[dict]:
     return lines
 
 
-def test_a_hostile_tenant_harms_no_one(live: LiveStack, s3_service, reliability, tmp_path: Path) -> None:
+def test_a_hostile_tenant_harms_no_one(
+    live: LiveStack, s3_service, reliability, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     started = time.monotonic()
     stack, env, seen = live.stack, live.stack.env, Seen()
     suffix = uuid.uuid4().hex[:6]
@@ -282,6 +284,7 @@ def test_a_hostile_tenant_harms_no_one(live: LiveStack, s3_service, reliability,
     )  # fmt: skip
     assert added.returncode == 0, added.stderr
     folder_id = re.search(r"added drop folder (\S+):", added.stdout).group(1)  # type: ignore[union-attr]
+    request.addfinalizer(lambda: freight("dropfolder", "remove", folder_id))  # if the test stops early
     bombs = {"dictionary": bomb(), "page": page_bomb(PAGE_BOMB_MB)}
     b_lines = victim_b_lines(names["b"])
     c_data, c_ids = victim_c_parquet(names["c"])
