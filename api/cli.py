@@ -314,14 +314,23 @@ def _exec_bootstrap(*args: str) -> None:
 @main.command()
 @click.option("--model", "model", default=None, help="serve this model: load its engine, consume its queue")
 @click.option("--control", is_flag=True, help="run validation, finalization and dispatch tasks")
+@click.option(
+    "--role",
+    type=click.Choice(["tick", "finalize", "validate"]),
+    default=None,
+    help="with --control: run this role of the control worker alone (default: every role)",
+)
 @click.option("--name", default=None, help="Celery node name")
-def worker(model: str | None, control: bool, name: str | None) -> None:
-    """Run a Celery worker: an engine worker for one model, or the control worker."""
+def worker(model: str | None, control: bool, role: str | None, name: str | None) -> None:
+    """Run a Celery worker: an engine worker for one model, or the control worker (each of its
+    roles, tick, finalize and validate, in a process pool of its own)."""
     if bool(model) == control:
         raise click.UsageError("give exactly one of --model NAME or --control")
+    if role and not control:
+        raise click.UsageError("--role goes with --control")
     _exec_bootstrap(
         "worker",
-        *(["--control"] if control else ["--model", model or ""]),
+        *(["--control", *(["--role", role] if role else [])] if control else ["--model", model or ""]),
         *(["--name", name] if name else []),
     )
 

@@ -3,10 +3,14 @@
 Tasks are sent by name, so a producer (the API, a CLI, the dispatcher) never imports the task
 modules; only worker and beat processes register tasks (``workers.celery_app``).
 
-Queues: ``freight.control`` carries validation, finalization, the dispatcher tick and the S3 drop
-folders' scans and deliveries; each served model has its own queue ``freight.model.<name>``
-consumed by engine workers (``-P solo``, one warm vLLM engine per process), which take packs of
-work units from it.
+Queues: the control plane has one queue per role (``CONTROL_ROLES``), each served by its own
+process pool of the control worker (``workers.control``), so a full one never holds up another:
+``freight.tick`` carries the periodic tasks (the dispatcher tick, cleanup, drop-folder polls),
+``freight.finalize`` finalization and the S3 drop folders' scans and deliveries (short, each
+ending a batch's or an object's wait), ``freight.validate`` validation. ``freight.control``, the
+one queue of them all before, is still consumed by the validation role so that messages left in it
+by an upgrade run. Each served model has its own queue ``freight.model.<name>`` consumed by engine
+workers (``-P solo``, one warm vLLM engine per process), which take packs of work units from it.
 """
 
 from __future__ import annotations
@@ -18,7 +22,28 @@ from kombu.exceptions import OperationalError as KombuOperationalError
 
 from storage.settings import Settings
 
-CONTROL_QUEUE = "freight.control"
+TICK_QUEUE = "freight.tick"
+FINALIZE_QUEUE = "freight.finalize"
+VALIDATE_QUEUE = "freight.validate"
+# the single control queue of releases before the roles: nothing is sent to it any more, but a
+# deployment upgraded with messages still in it must not lose them (the validation role drains it)
+LEGACY_CONTROL_QUEUE = "freight.control"
+# role -> the queues its pool consumes
+CONTROL_ROLES: dict[str, tuple[str, ...]] = {
+    "tick": (TICK_QUEUE,),
+    "finalize": (FINALIZE_QUEUE,),
+    "validate": (VALIDATE_QUEUE, LEGACY_CONTROL_QUEUE),
+}
+# task name -> queue, for every send (also one that names no queue, and beat's)
+TASK_QUEUES = {
+    "freight.tick": TICK_QUEUE,
+    "freight.cleanup": TICK_QUEUE,
+    "freight.scan_dropfolders": TICK_QUEUE,
+    "freight.finalize_batch": FINALIZE_QUEUE,
+    "freight.scan_dropfolder": FINALIZE_QUEUE,
+    "freight.deliver_dropfolder_object": FINALIZE_QUEUE,
+    "freight.validate_batch": VALIDATE_QUEUE,
+}
 # what sending a task raises when the broker cannot be reached (after kombu's own retries)
 BROKER_ERRORS = (KombuOperationalError, ConnectionError)
 # A key the dispatcher keeps in the broker: gone means the broker lost its data, messages included.
@@ -35,7 +60,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
-        "task_default_queue": CONTROL_QUEUE,
+        "task_default_queue": FINALIZE_QUEUE,
+        "task_routes": {name: {"queue": queue} for name, queue in TASK_QUEUES.items()},
         "task_ignore_result": True,
         "broker_connection_retry_on_startup": True,
         "broker_transport_options": {"visibility_timeout": settings.visibility_timeout_seconds},
@@ -68,11 +94,14 @@ class TaskQueue:
                 return False
             return bool(client.set(BROKER_MARKER_KEY, "1", nx=True))
 
-    def validate(self, batch_id: str) -> None:
-        self.celery.send_task("freight.validate_batch", args=[batch_id], queue=CONTROL_QUEUE)
+    def validate(self, batch_id: str, countdown: float | None = None) -> None:
+        """``countdown``: not before this many seconds (a validation waiting for its tenant's turn)."""
+        self.celery.send_task(
+            "freight.validate_batch", args=[batch_id], queue=VALIDATE_QUEUE, countdown=countdown
+        )
 
     def finalize(self, batch_id: str) -> None:
-        self.celery.send_task("freight.finalize_batch", args=[batch_id], queue=CONTROL_QUEUE)
+        self.celery.send_task("freight.finalize_batch", args=[batch_id], queue=FINALIZE_QUEUE)
 
     def run_pack(
         self,
@@ -91,10 +120,10 @@ class TaskQueue:
 
     def scan_dropfolder(self, folder_id: str, expires: float) -> None:
         self.celery.send_task(
-            "freight.scan_dropfolder", args=[folder_id], queue=CONTROL_QUEUE, expires=expires
+            "freight.scan_dropfolder", args=[folder_id], queue=FINALIZE_QUEUE, expires=expires
         )
 
     def deliver_dropfolder_object(self, object_id: int, expires: float) -> None:
         self.celery.send_task(
-            "freight.deliver_dropfolder_object", args=[object_id], queue=CONTROL_QUEUE, expires=expires
+            "freight.deliver_dropfolder_object", args=[object_id], queue=FINALIZE_QUEUE, expires=expires
         )

@@ -201,6 +201,19 @@ class Settings:
     batch_data_retention_seconds: int = 86400
     sample_retention_seconds: int = 86400
     cleanup_seconds: float = 60.0
+    # the control worker's roles (workers/control.py), each its own process pool: validation,
+    # finalization (with drop-folder scans and deliveries) and the periodic tasks (the tick,
+    # cleanup, drop-folder polls; 2 processes). A tenant holds at most tenant_validations of the
+    # validation pool at once; its other batches wait their turn without counting as retries
+    validation_concurrency: int = 3
+    finalize_concurrency: int = 2
+    tenant_validations: int = 2
+    # time limits (seconds): past one a task is stopped and handled as a fault (its batch fails,
+    # naming the step); a periodic task is stopped and runs again next period. Large files
+    # validate for minutes (a million lines took ~10 minutes on a 2-core machine)
+    validation_time_limit_seconds: float = 3600.0
+    finalize_time_limit_seconds: float = 1800.0
+    tick_time_limit_seconds: float = 60.0
 
     def cache_domain(self, tenant_id: str) -> str:
         """The prefix-cache domain of a tenant's requests: "" (one shared by all) or the tenant.
@@ -318,6 +331,20 @@ class Settings:
                 raise SettingsError(
                     f"FREIGHT_TRUSTED_PROXIES entries are addresses or CIDRs, got {proxy!r}"
                 ) from None
+        if min(self.validation_concurrency, self.finalize_concurrency, self.tenant_validations) < 1:
+            raise SettingsError(
+                "FREIGHT_VALIDATION_CONCURRENCY, FREIGHT_FINALIZE_CONCURRENCY and FREIGHT_TENANT_VALIDATIONS"
+                " must be at least 1"
+            )
+        if (
+            min(
+                self.validation_time_limit_seconds,
+                self.finalize_time_limit_seconds,
+                self.tick_time_limit_seconds,
+            )
+            <= 0
+        ):
+            raise SettingsError("FREIGHT_*_TIME_LIMIT_SECONDS must be positive")
         if not 60 <= self.session_seconds <= 90 * 86400:
             raise SettingsError("FREIGHT_SESSION_SECONDS must be from 60 to 7776000 (90 days)")
         return replace(self, **changes)

@@ -5,7 +5,8 @@
 loaded module at start-up, tripping over Flask's context globals: nothing here may import Flask
 (``tests/workers/test_bootstrap.py`` holds that).
 
-    python -m workers.bootstrap worker --control [--name N]
+    python -m workers.bootstrap worker --control [--name N]          # every role (workers.control)
+    python -m workers.bootstrap worker --control --role ROLE [--name N]  # one: tick, finalize, validate
     python -m workers.bootstrap worker --model NAME [--name N]
     python -m workers.bootstrap beat
 """
@@ -19,30 +20,59 @@ import sys
 from pathlib import Path
 
 from storage.settings import Settings, SettingsError
+from workers.control import ROLES, supervise
 
 
 class BootstrapError(RuntimeError):
     """The process cannot start; the message says why (printed, exit status 1)."""
 
 
-def run_control_worker(settings: Settings, name: str | None) -> None:
-    """Validation, finalization, the dispatcher tick and the drop folders, on a thread pool."""
-    from storage.broker import CONTROL_QUEUE
+def run_control_role(settings: Settings, role: str, name: str | None) -> None:
+    """One role of the control worker (``workers.control``) on its own prefork pool: the pool that
+    enforces the tasks' time limits."""
+    from celery import signals
+
+    from storage.broker import CONTROL_ROLES
+    from workers.celery_app import make_celery
+    from workers.control import READY_FD_ENV, TICK_CONCURRENCY, die_with_parent, role_name, supervised_ready
+
+    app = make_celery(settings)
+    if role == "validate":  # only validation needs them: the other roles stay small
+        warm_validation(settings)
+    ready_fd = os.environ.pop(READY_FD_ENV, None)
+    if ready_fd:
+        supervised_ready(int(ready_fd))
+
+    @signals.worker_process_init.connect(weak=False)
+    def pool_process(**_: object) -> None:  # a pool process dies with its role's main process
+        die_with_parent()
+
+    concurrency = {
+        "tick": TICK_CONCURRENCY,
+        "finalize": settings.finalize_concurrency,
+        "validate": settings.validation_concurrency,
+    }[role]
+    queues = ",".join(CONTROL_ROLES[role])
+    argv = ["worker", "-P", "prefork", "-c", str(concurrency), "-Q", queues, "-n", role_name(name, role)]
+    app.worker_main([*argv, "--loglevel", "INFO", "--without-gossip", "--without-mingle"])
+
+
+def warm_validation(settings: Settings) -> None:
+    """Import vLLM's request models and load each served model's tokenizer now (seconds), not in
+    the first validation; the pool's processes, forked after this, share them."""
     from storage.registry import served_names
     from storage.runtime import Runtime
-    from workers.celery_app import make_celery
     from workers.request_bodies import CHAT, parse_body
     from workers.validation import prompt_keys
 
-    app = make_celery(settings)
-    # import vLLM's request models now (seconds), not inside the first validation
     parse_body(CHAT, {"model": "warm-up", "messages": [{"role": "user", "content": "hi"}]})
     rt = Runtime(settings)
-    warm = prompt_keys(rt)  # and load each model's tokenizer for the prompt keys
-    for served in sorted(served_names(rt.db, settings)):
-        warm(served, CHAT, {"messages": [{"role": "user", "content": "hi"}]})
-    argv = ["worker", "-P", "threads", "-c", "4", "-Q", CONTROL_QUEUE, "-n", name or "control@%h"]
-    app.worker_main([*argv, "--loglevel", "INFO", "--without-gossip", "--without-mingle"])
+    try:
+        warm = prompt_keys(rt)
+        for served in sorted(served_names(rt.db, settings)):
+            warm(served, CHAT, {"messages": [{"role": "user", "content": "hi"}]})
+    finally:
+        rt.db.dispose()  # no connection of this process may be shared by the forked pool
 
 
 def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
@@ -119,16 +149,23 @@ def main(argv: list[str] | None = None) -> int:
     which = worker.add_mutually_exclusive_group(required=True)
     which.add_argument("--model")
     which.add_argument("--control", action="store_true")
+    worker.add_argument("--role", choices=ROLES, help="with --control: run this role alone")
     worker.add_argument("--name")
     sub.add_parser("beat")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    role = getattr(args, "role", None)
+    if role and not args.control:
+        parser.error("--role goes with --control")
+    where = f" [{role}]" if role else ""  # a role's lines in the shared log
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s{where} %(name)s: %(message)s")
     try:
         settings = Settings.from_env()
         if args.command == "beat":
             run_beat(settings)
+        elif args.control and role:
+            run_control_role(settings, role, args.name)
         elif args.control:
-            run_control_worker(settings, args.name)
+            return supervise(args.name)
         else:
             run_engine_worker(settings, args.model, args.name)
     except (SettingsError, BootstrapError) as exc:

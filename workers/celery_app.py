@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from celery import Celery
 
-from storage.broker import CONTROL_QUEUE, celery_config
+from storage.broker import TASK_QUEUES, celery_config
 from storage.settings import Settings
 
 
@@ -22,17 +22,26 @@ def make_celery(settings: Settings) -> Celery:
             "freight-tick": {
                 "task": "freight.tick",
                 "schedule": settings.tick_seconds,
-                "options": {"queue": CONTROL_QUEUE, "expires": max(settings.tick_seconds * 5, 10)},
+                "options": {
+                    "queue": TASK_QUEUES["freight.tick"],
+                    "expires": max(settings.tick_seconds * 5, 10),
+                },
             },
             "freight-cleanup": {
                 "task": "freight.cleanup",
                 "schedule": settings.cleanup_seconds,
-                "options": {"queue": CONTROL_QUEUE, "expires": max(settings.cleanup_seconds * 5, 10)},
+                "options": {
+                    "queue": TASK_QUEUES["freight.cleanup"],
+                    "expires": max(settings.cleanup_seconds * 5, 10),
+                },
             },
             "freight-scan-dropfolders": {
                 "task": "freight.scan_dropfolders",
                 "schedule": settings.dropfolder_poll_seconds,
-                "options": {"queue": CONTROL_QUEUE, "expires": max(settings.dropfolder_poll_seconds * 5, 10)},
+                "options": {
+                    "queue": TASK_QUEUES["freight.scan_dropfolders"],
+                    "expires": max(settings.dropfolder_poll_seconds * 5, 10),
+                },
             },
         },
     )

@@ -159,3 +159,17 @@ def api_worker_pids(stack: Stack) -> list[int]:
     master = int((stack.run_dir / "api.pid").read_text())
     children = Path(f"/proc/{master}/task/{master}/children").read_text().split()
     return [int(pid) for pid in children]
+
+
+def control_worker_pids(stack: Stack) -> list[int]:
+    """The control worker's processes: the supervisor whose pid the stack recorded, one process per
+    role (``workers.control``) and each role's prefork pool."""
+
+    def below(pid: int) -> list[int]:
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except FileNotFoundError:
+            return []
+        return [pid, *(p for child in children for p in below(int(child)))]
+
+    return below(int((stack.run_dir / "control.pid").read_text()))

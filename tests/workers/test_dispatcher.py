@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import select
 
 from api.services.tenants import create_tenant
+from storage.broker import VALIDATE_QUEUE
 from storage.models import UnitStatus, WorkUnit
 from storage.runtime import Runtime
 from tests.conftest import now
@@ -91,7 +92,7 @@ def test_validation_is_sent_again_when_the_broker_lost_its_data(settings):
             client.flushdb()  # the validation message is gone with the broker's data
             report = dispatcher.tick(rt, float(now()))
             assert report.revalidated == [waiting.id]
-            sent = [json.loads(m)["headers"] for m in client.lrange("freight.control", 0, -1)]
+            sent = [json.loads(m)["headers"] for m in client.lrange(VALIDATE_QUEUE, 0, -1)]
         assert [(h["task"], h["argsrepr"]) for h in sent if h["task"] == "freight.validate_batch"] == [
             ("freight.validate_batch", repr([waiting.id]))
         ]

@@ -1,0 +1,149 @@
+"""The control worker: a small supervisor of one Celery worker process per role.
+
+The control plane's work is split by role, each with its own queue (``storage.broker.CONTROL_ROLES``)
+and its own process pool, so that one tenant's fifty large uploads fill the validation pool only:
+the dispatcher tick and finalization keep running beside them.
+
+- ``tick``: the periodic tasks (the dispatcher tick, cleanup, drop-folder polls), 2 processes;
+- ``finalize``: finalization and the drop folders' scans and deliveries,
+  FREIGHT_FINALIZE_CONCURRENCY processes;
+- ``validate``: validation (with the queue of releases before the roles, ``freight.control``),
+  FREIGHT_VALIDATION_CONCURRENCY processes; only this role loads vLLM's request models and the
+  served models' tokenizers.
+
+Every role runs Celery's prefork pool, the pool that enforces the tasks' time limits.
+
+``freight worker --control`` runs this supervisor: it starts ``python -m workers.bootstrap worker
+--control --role ROLE`` for each role, logs ``<name> ready.`` once every role is ready (what
+``infra.processes`` waits for), turns SIGTERM and SIGINT into a warm shutdown of every role, and
+exits with status 1 as soon as one role exits on its own, stopping the others, so the process
+manager restarts the whole. ``freight worker --control --role ROLE`` runs one role alone, for
+deployments that scale the roles apart.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from types import FrameType
+
+log = logging.getLogger(__name__)
+
+ROLES = ("tick", "finalize", "validate")
+# the descriptor a supervised role writes a line to once it is ready (and its ready line is left out)
+READY_FD_ENV = "FREIGHT_CONTROL_READY_FD"
+TICK_CONCURRENCY = 2  # the tick beside a long cleanup pass or drop-folder poll
+
+
+def role_name(name: str | None, role: str) -> str:
+    """The Celery node name of a role: ``control-validate@%h``, or the given name with the role."""
+    if not name:
+        return f"control-{role}@%h"
+    node, at, host = name.partition("@")
+    return f"{node}-{role}@{host}" if at else f"{name}-{role}"
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Have the kernel send ``sig`` to this process when its parent dies (Linux; elsewhere
+    nothing). A role and its pool processes must not outlive the supervisor: ``make stop`` gives it
+    a warm shutdown, then SIGKILLs it, and only its own process group, which the roles are not in."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def supervise(name: str | None = None, roles: tuple[str, ...] = ROLES) -> int:
+    """Run every role, each in its own process; returns the exit status (1: a role died)."""
+    children: dict[str, subprocess.Popen] = {}
+    pending: dict[int, str] = {}  # read end of a role's ready pipe -> role
+    stopping = False
+
+    def stop_all(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+        for child in children.values():
+            if child.poll() is None:
+                # SIGTERM even for SIGINT: a second SIGINT would make Celery's shutdown a cold one
+                child.send_signal(signal.SIGTERM)
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("control worker: %s, warm shutdown of every role", signal.Signals(signum).name)
+        stop_all()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    for role in roles:
+        read_end, write_end = os.pipe()
+        argv = [sys.executable, "-m", "workers.bootstrap", "worker", "--control", "--role", role]
+        children[role] = subprocess.Popen(
+            [*argv, *(["--name", name] if name else [])],
+            env={**os.environ, READY_FD_ENV: str(write_end)},
+            pass_fds=(write_end,),
+            # its own process group: a signal to the supervisor's group (make stop) must not reach
+            # the prefork pool processes directly (they die on SIGTERM, cutting their tasks short);
+            # the supervisor forwards it to the role's main process, which shuts down warm
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
+        os.close(write_end)
+        pending[read_end] = role
+    ready: set[str] = set()
+    status = 0
+    while True:
+        if pending:
+            readable = select.select(list(pending), [], [], 0.5)[0]  # a signal: retried (PEP 475)
+            for fd in readable:
+                said = os.read(fd, 64)
+                os.close(fd)
+                role = pending.pop(fd)
+                if said and not stopping:
+                    ready.add(role)
+                    log.info("control worker: role %s ready", role)
+                    if ready == set(roles):
+                        log.info("%s ready.", name or f"control@{os.uname().nodename}")
+        else:
+            time.sleep(0.5)
+        exited = {role: child.returncode for role, child in children.items() if child.poll() is not None}
+        if stopping and len(exited) == len(children):
+            break
+        if exited and not stopping:
+            log.error(
+                "control worker: role(s) %s exited on their own (status %s); stopping the others",
+                ", ".join(exited),
+                ", ".join(str(code) for code in exited.values()),
+            )
+            status = 1
+            stop_all()
+    for fd in pending:
+        os.close(fd)
+    return status
+
+
+def supervised_ready(on_ready_fd: int) -> None:
+    """In a role the supervisor started: tell it when Celery is ready, and leave Celery's own
+    ``ready.`` line out of the shared log (the supervisor's says that every role is ready)."""
+    from celery import signals
+
+    class _NoReadyLine(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            if record.msg == "%s ready.":
+                record.msg = "%s up (a role of the control worker)"
+            return True
+
+    logging.getLogger("celery.apps.worker").addFilter(_NoReadyLine())
+
+    @signals.worker_ready.connect(weak=False)
+    def tell(**_: object) -> None:
+        try:
+            os.write(on_ready_fd, b"ready\n")
+            os.close(on_ready_fd)
+        except OSError:  # the supervisor is gone
+            pass
