@@ -87,3 +87,17 @@ def renewal_due(token: float, now: float, lease_seconds: float) -> bool:
     """Renew a held lease once a quarter of it has gone: often enough that a slow step never lets
     it run out, rarely enough to cost next to nothing."""
     return now - token > lease_seconds / 4
+
+
+# a validation waiting for its tenant's turn asks again after this long (a message with a countdown)
+TENANT_TURN_WAIT_SECONDS = 2.0
+
+
+def validation_wait(running: int, cap: int, wait: float = TENANT_TURN_WAIT_SECONDS) -> float | None:
+    """Whether a tenant's validation may start while ``running`` others of the same tenant hold a
+    live validation lease, with at most ``cap`` at once (FREIGHT_TENANT_VALIDATIONS): None if it
+    may, else the seconds to wait before asking again. The wait leaves the validation pool to other
+    tenants' batches in the meantime; it is neither a retry nor a failure."""
+    if running < max(cap, 1):
+        return None
+    return wait

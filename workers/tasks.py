@@ -8,15 +8,60 @@ backoff, a fault ends its batch ``failed`` (as far as the batch's states allow) 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from celery import Celery, Task
+from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 
 from storage.runtime import Runtime
 
 log = logging.getLogger(__name__)
+
+
+class TaskTimeLimit(RuntimeError):
+    """A task ran past its time limit (a fault to the exception policy: it would again)."""
+
+
+SOFT_LIMIT_REPEAT_SECONDS = 0.2
+
+
+@contextlib.contextmanager
+def _persistent_soft_limit() -> Iterator[None]:
+    """Celery raises SoftTimeLimitExceeded once, wherever the task happens to be; code that turns
+    any exception of one line into that line's error (a request body vLLM's validators trip over)
+    would swallow it. So once the soft limit is past it is raised again every 0.2 s until the task
+    has stopped. Only in a pool process's main thread, where prefork runs tasks (and signals go)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGUSR1"):
+        yield
+        return
+
+    running = [True]  # a signal landing as the task ends raises nothing
+
+    def again(signum: int, frame: object) -> None:
+        if running[0]:
+            raise SoftTimeLimitExceeded()
+
+    def first(signum: int, frame: object) -> None:
+        if running[0]:
+            signal.setitimer(signal.ITIMER_REAL, SOFT_LIMIT_REPEAT_SECONDS, SOFT_LIMIT_REPEAT_SECONDS)
+            raise SoftTimeLimitExceeded()
+
+    before_usr1 = signal.signal(signal.SIGUSR1, first)
+    before_alrm = signal.signal(signal.SIGALRM, again)
+    try:
+        yield
+    finally:
+        running[0] = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before_alrm)
+        signal.signal(signal.SIGUSR1, before_usr1)
 
 
 def runtime_of(app: Celery) -> Runtime:
@@ -30,6 +75,7 @@ def register(app: Celery) -> None:
     from workers import cleanup, dispatcher, dropfolder_delivery, dropfolders, execution, finalize, validation
     from workers.task_policy import (
         MAX_RETRIES,
+        describe,
         fail_finalization,
         fail_pack,
         fail_validation,
@@ -38,12 +84,86 @@ def register(app: Celery) -> None:
         validation_retry_due,
     )
 
+    settings = app.conf.freight_settings
+    limits = {  # task -> (soft limit in seconds, the setting that gives it)
+        "freight.validate_batch": (settings.validation_time_limit_seconds, "VALIDATION"),
+        "freight.finalize_batch": (settings.finalize_time_limit_seconds, "FINALIZE"),
+        "freight.scan_dropfolder": (settings.finalize_time_limit_seconds, "FINALIZE"),
+        "freight.deliver_dropfolder_object": (settings.finalize_time_limit_seconds, "FINALIZE"),
+        "freight.tick": (settings.tick_time_limit_seconds, "TICK"),
+        "freight.scan_dropfolders": (settings.tick_time_limit_seconds, "TICK"),
+        # a pass of deletions may be long; what it leaves, the next pass does
+        "freight.cleanup": (settings.tick_time_limit_seconds * 10, "TICK"),
+    }
+
+    def time_limits(name: str) -> dict[str, float]:
+        """Past the soft limit the task meets ``TaskTimeLimit`` (the exception policy then ends it:
+        a fault, or for a periodic task the next period); the hard limit, a grace later, kills the
+        pool process if it did not stop. Enforced by the control roles' prefork pools only."""
+        if name not in limits:
+            return {}
+        soft = limits[name][0]
+        return {"soft_time_limit": soft, "time_limit": soft + max(10.0, soft / 10)}
+
+    def limited(name: str) -> Any:
+        """Turns Celery's SoftTimeLimitExceeded into an error that names the limit and its setting,
+        and makes the soft limit stick (``_persistent_soft_limit``)."""
+
+        def wrap(fn: Any) -> Any:
+            @functools.wraps(fn)
+            def run(*args: Any) -> Any:
+                try:
+                    with _persistent_soft_limit():
+                        return fn(*args)
+                except SoftTimeLimitExceeded:
+                    seconds, which = limits[name]
+                    raise TaskTimeLimit(
+                        f"ran past its time limit of {seconds:g}s (FREIGHT_{which}_TIME_LIMIT_SECONDS)"
+                    ) from None
+
+            return run
+
+        return wrap
+
+    def killed(on_fault: Any) -> Any:
+        """A task's ``on_failure``: Celery calls it, in the role's main process, for a task the hard
+        limit killed (it did not stop at the soft one; its pool process was stuck). The fault is
+        handled as the policy would have, from a runtime of its own (the main process holds none:
+        the pool processes it forks must not share its connections)."""
+
+        def on_failure(
+            task: Task, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
+        ) -> None:
+            if not isinstance(exc, TimeLimitExceeded):
+                return
+            seconds, which = limits[task.name]
+            step = task.name.rpartition(".")[2]
+            error = describe(step, TaskTimeLimit(
+                f"ran past its time limit of {seconds:g}s (FREIGHT_{which}_TIME_LIMIT_SECONDS) and was killed"))  # fmt: skip
+            rt = Runtime(settings)
+            try:
+                on_fault(rt, error, *args)
+            except Exception:
+                log.exception("task %s%r: recording that it was killed failed", step, tuple(args))
+            finally:
+                rt.db.dispose()
+
+        return on_failure
+
     # registered in this app only: a shared task would also be added to every app made later
-    def task(name: str) -> Any:
-        return app.task(name=name, shared=False, bind=True, acks_late=True, max_retries=MAX_RETRIES)
+    def task(name: str, **extra: Any) -> Any:
+        return app.task(
+            name=name,
+            shared=False,
+            bind=True,
+            acks_late=True,
+            max_retries=MAX_RETRIES,
+            **time_limits(name),
+            **extra,
+        )
 
     def periodic_task(name: str) -> Any:
-        return app.task(name=name, shared=False, acks_late=False, ignore_result=True)
+        return app.task(name=name, shared=False, acks_late=False, ignore_result=True, **time_limits(name))
 
     def poke(rt: Runtime) -> None:
         """Refill the queues now rather than at the next tick (which does the same: a failure
@@ -53,13 +173,17 @@ def register(app: Celery) -> None:
         except Exception:
             log.warning("refilling the queues failed; the next tick does it", exc_info=True)
 
-    @task("freight.validate_batch")
+    @task("freight.validate_batch", on_failure=killed(fail_validation))
     @guarded(
         lambda error, batch_id: fail_validation(runtime_of(app), error, batch_id),
         lambda due, batch_id: validation_retry_due(runtime_of(app), due, batch_id),
     )
+    @limited("freight.validate_batch")
     def validate_batch(self: Task, batch_id: str) -> None:
-        validation.validate_batch(runtime_of(app), batch_id)
+        wait = validation.validate_batch(runtime_of(app), batch_id)
+        if wait is not None:  # its tenant's turns are taken: asked again later, this one acknowledged
+            runtime_of(app).queue.validate(batch_id, countdown=wait)
+            return
         poke(runtime_of(app))
 
     def pack_failed(
@@ -85,23 +209,27 @@ def register(app: Celery) -> None:
         runner.run_pack(pack_id, unit_ids, more_coming=more_coming, urgent=urgent or ())
         poke(runtime_of(app))
 
-    @task("freight.finalize_batch")
+    @task("freight.finalize_batch", on_failure=killed(fail_finalization))
     @guarded(lambda error, batch_id: fail_finalization(runtime_of(app), error, batch_id))
+    @limited("freight.finalize_batch")
     def finalize_batch(self: Task, batch_id: str) -> None:
         finalize.finalize_batch(runtime_of(app), batch_id)
 
     @periodic_task("freight.tick")
     @periodic
+    @limited("freight.tick")
     def tick() -> None:
         dispatcher.tick(runtime_of(app), time.time())
 
     @periodic_task("freight.cleanup")
     @periodic
+    @limited("freight.cleanup")
     def cleanup_pass() -> None:  # periodic: a pass that fails leaves the rest to the next
         cleanup.run(runtime_of(app), time.time())
 
     @periodic_task("freight.scan_dropfolders")
     @periodic
+    @limited("freight.scan_dropfolders")
     def scan_dropfolders() -> None:  # periodic: a lost one is replaced by the next
         dropfolders.poll(runtime_of(app), time.time())
 
@@ -109,10 +237,12 @@ def register(app: Celery) -> None:
     # left over has no batch to end (the next poll sends them again)
     @task("freight.scan_dropfolder")
     @guarded()
+    @limited("freight.scan_dropfolder")
     def scan_dropfolder(self: Task, folder_id: str) -> None:
         dropfolders.scan_folder(runtime_of(app), folder_id, time.time())
 
     @task("freight.deliver_dropfolder_object")
     @guarded()
+    @limited("freight.deliver_dropfolder_object")
     def deliver_dropfolder_object(self: Task, object_id: int) -> None:
         dropfolder_delivery.deliver(runtime_of(app), object_id, time.time())

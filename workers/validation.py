@@ -25,12 +25,16 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
 from scheduler import json_text
+from scheduler.leases import validation_wait
 from scheduler.ordering import SortStats, common_prefix_tokens, sort_records
 from storage.checkpoint_cache import CheckpointError
-from storage.leases import release_lease, renew_lease, take_lease
+from storage.leases import lease_free, release_lease, renew_lease, take_lease
 from storage.lifecycle import finish_batch
-from storage.models import Batch, StoredFile, WorkUnit
+from storage.models import Batch, StoredFile, Tenant, WorkUnit
 from storage.quotas import queued_refusal
 from storage.registry import served_names
 from storage.request_tables import RowError, column_of, decode_limits, metadata_defaults
@@ -435,18 +439,48 @@ class _LeaseKeeper:
             self.token = renewed
 
 
-def validate_batch(rt: Runtime, batch_id: str) -> None:
+def _tenant_wait(s: Session, settings: Settings, batch_id: str, now: float) -> float | None:
+    """None if the batch's tenant may start another validation (FREIGHT_TENANT_VALIDATIONS), else
+    the seconds to wait; the batch then notes the wait as its next delivery due, so the tick sends
+    no copy of its own meanwhile. Locks the batch, then its tenant (the order the commit of a
+    validation takes them in): two validations of one tenant never both take the last turn."""
+    batch = s.get(Batch, batch_id, with_for_update=True)
+    if batch is None or batch.status != BatchStatus.VALIDATING:
+        return None  # nothing to validate: take_lease says so
+    s.get(Tenant, batch.tenant_id, with_for_update=True)
+    running = s.scalar(
+        select(func.count())
+        .select_from(Batch)
+        .where(
+            Batch.tenant_id == batch.tenant_id,
+            Batch.status == BatchStatus.VALIDATING,
+            Batch.id != batch_id,
+            ~lease_free(Batch, VALIDATION_LEASE, now, settings.lease_seconds),
+        )
+    )
+    wait = validation_wait(running or 0, settings.tenant_validations)
+    if wait is not None:
+        s.execute(update(Batch).where(Batch.id == batch_id).values(validation_due_at=now + wait))
+    return wait
+
+
+def validate_batch(rt: Runtime, batch_id: str) -> float | None:
     """Validate a ``validating`` batch; the dispatcher queues its units after this commits.
 
     Runs under the batch's validation lease (compare-and-set): a delivery that finds a fresh lease
-    leaves the work to its holder; the dispatcher's tick sends validation again once it runs out."""
+    leaves the work to its holder; the dispatcher's tick sends validation again once it runs out.
+    Returns the seconds to wait, having done nothing, when the batch's tenant already runs
+    FREIGHT_TENANT_VALIDATIONS validations (the task sends itself again after that long)."""
     settings: Settings = rt.settings
     now = time.time()
     with rt.db.write() as s:
+        wait = _tenant_wait(s, settings, batch_id, now)
+        if wait is not None:
+            return wait
         taken = take_lease(s, Batch, batch_id, VALIDATION_LEASE, now, Batch.status == BatchStatus.VALIDATING,
                            now=now, lease_seconds=settings.lease_seconds)  # fmt: skip
         if not taken:
-            return  # validated already (task re-delivered), cancelled, or another validation runs
+            return None  # validated already (task re-delivered), cancelled, or another validation runs
         batch = s.get(Batch, batch_id)
         assert batch is not None  # its lease was just taken
         input_key = s.get(StoredFile, batch.input_file_id).object_key  # type: ignore[union-attr]
@@ -454,6 +488,7 @@ def validate_batch(rt: Runtime, batch_id: str) -> None:
         defaults = metadata_defaults(batch.metadata_)
     with _LeaseKeeper(rt, batch_id, now):
         _validate(rt, batch_id, input_key, endpoint, defaults)
+    return None
 
 
 def _validate(rt: Runtime, batch_id: str, input_key: str, endpoint: str, defaults: dict) -> None:

@@ -1,4 +1,4 @@
-from scheduler.leases import RunningUnit, plan_redelivery
+from scheduler.leases import TENANT_TURN_WAIT_SECONDS, RunningUnit, plan_redelivery, validation_wait
 
 
 def test_redelivery_after_lease_and_give_up_after_attempts():
@@ -42,3 +42,13 @@ def test_a_broker_that_lost_its_messages_requeues_every_unit_queued_before_now()
     options = {"lease_seconds": 60, "depth": 2, "pack_requests": 1024}
     assert plan_requeue(queued, 1000.0, {}, **options) == []
     assert [u.unit_id for u in plan_requeue(queued, 1000.0, {}, broker_lost=True, **options)] == [1]
+
+
+def test_a_tenant_starts_validations_up_to_its_cap_then_waits():
+    assert validation_wait(0, 2) is None
+    assert validation_wait(1, 2) is None
+    assert validation_wait(2, 2) == TENANT_TURN_WAIT_SECONDS  # both turns taken: ask again later
+    assert validation_wait(5, 2) == TENANT_TURN_WAIT_SECONDS
+    assert validation_wait(0, 1) is None and validation_wait(1, 1) is not None
+    assert validation_wait(0, 0) is None  # a cap below one still lets one run: never a deadlock
+    assert validation_wait(1, 2, wait=0.5) is None and validation_wait(2, 2, wait=0.5) == 0.5

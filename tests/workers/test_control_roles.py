@@ -1,0 +1,240 @@
+"""The control plane's roles, against a real database (SQLite and PostgreSQL) and a real broker.
+
+A tenant holds at most FREIGHT_TENANT_VALIDATIONS validations at once: another of its batches is
+sent again with a countdown (acknowledged, not a retry, the batch untouched) while other tenants'
+batches validate. The control worker itself (``workers.control``), one process per role, is run as
+``freight worker --control`` runs it: a validation past its time limit is stopped and its batch
+failed naming the limit; a message left in the queue of releases before the roles still runs;
+SIGTERM stops every role warm; a role that dies takes the supervisor down with status 1."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from sqlalchemy import update
+
+from api.services.tenants import create_tenant
+from scheduler.leases import TENANT_TURN_WAIT_SECONDS
+from storage.broker import LEGACY_CONTROL_QUEUE, VALIDATE_QUEUE
+from storage.models import Batch
+from storage.runtime import Runtime
+from storage.settings import Settings
+from storage.status import BatchStatus
+from tests.conftest import REPO, now
+from tests.factories import chat_line, upload_and_create
+from workers import validation
+from workers.celery_app import make_celery
+
+LINES = [chat_line("a"), chat_line("b")]
+
+
+def batch_row(rt: Runtime, batch_id: str) -> Batch:
+    with rt.db.read() as s:
+        row = s.get(Batch, batch_id)
+        assert row is not None
+        return row
+
+
+def validation_messages(rt: Runtime) -> list[dict]:
+    with rt.queue.celery.connection_for_write() as conn:
+        raw = conn.default_channel.client.lrange(VALIDATE_QUEUE, 0, -1)
+    return [json.loads(m)["headers"] for m in raw]
+
+
+def test_a_tenant_at_its_validation_cap_waits_while_others_validate(settings, redis_service):
+    # a broker database of its own: the messages counted below are this test's
+    settings = replace(settings, broker_url=redis_service.url.rsplit("/", 1)[0] + "/7", tenant_validations=2)
+    rt = Runtime(settings)
+    try:
+        with rt.queue.celery.connection_for_write() as conn:
+            conn.default_channel.client.flushdb()
+        busy = create_tenant(rt.db, "busy", now())[0].id
+        other = create_tenant(rt.db, "other", now())[0].id
+        running = [upload_and_create(rt, busy, LINES, name=f"r{i}.jsonl").id for i in range(2)]
+        waiting = upload_and_create(rt, busy, LINES, name="w.jsonl").id
+        theirs = upload_and_create(rt, other, LINES, name="o.jsonl").id
+        t = time.time()
+        with rt.db.write() as s:  # two validations of the tenant hold live leases
+            s.execute(update(Batch).where(Batch.id.in_(running)).values(validation_heartbeat_at=t))
+
+        app = make_celery(settings)
+        app.freight_runtime = rt
+        result = app.tasks["freight.validate_batch"].apply(args=[waiting])
+        assert result.successful()
+        row = batch_row(rt, waiting)
+        assert row.status == BatchStatus.VALIDATING and row.errors is None  # untouched, not failed
+        assert row.validation_heartbeat_at is None  # no lease taken
+        assert row.validation_due_at is not None and row.validation_due_at >= t + TENANT_TURN_WAIT_SECONDS - 1
+        # sent again, with a countdown, as a new message (beside those the batches' creation sent)
+        [sent] = [m for m in validation_messages(rt) if m["eta"] is not None]
+        assert sent["task"] == "freight.validate_batch" and sent["argsrepr"] == repr([waiting])
+        assert sent["eta"] is not None and sent["retries"] == 0  # not a retry
+
+        # another tenant's batch validates meanwhile
+        app.tasks["freight.validate_batch"].apply(args=[theirs])
+        assert batch_row(rt, theirs).status == BatchStatus.IN_PROGRESS
+
+        # an expired lease is no running validation: the tenant's turn comes
+        with rt.db.write() as s:
+            stale = t - settings.lease_seconds - 1
+            s.execute(update(Batch).where(Batch.id == running[0]).values(validation_heartbeat_at=stale))
+        assert validation.validate_batch(rt, waiting) is None
+        assert batch_row(rt, waiting).status == BatchStatus.IN_PROGRESS
+    finally:
+        rt.db.dispose()
+
+
+# -- the control worker, as `freight worker --control` runs it -----------------------------------
+
+
+def worker_env(settings: Settings, **extra: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "FREIGHT_DATA_DIR": str(settings.data_dir),
+        "FREIGHT_DATABASE_URL": settings.database_url,
+        "FREIGHT_BROKER_URL": settings.broker_url,
+        "FREIGHT_MODELS": ",".join(f"{k}={v}" for k, v in settings.models.items()),
+        "FREIGHT_COMPLETION_WINDOWS": ",".join(settings.completion_windows),
+        **extra,
+    }
+
+
+def wait_until(check, what: str, timeout: float, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    raise AssertionError(f"{what} within {timeout}s\n{log.read_text(errors='replace')[-4000:]}")
+
+
+def wait_final(rt: Runtime, batch_id: str, timeout: float = 60) -> None:
+    """Until the batch has left ``validating``."""
+    deadline = time.monotonic() + timeout
+    while batch_row(rt, batch_id).status == BatchStatus.VALIDATING and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def role_of(pid: int) -> str:
+    """The role a process of the control worker runs (Celery retitles it; the argv stays in it)."""
+    match = re.search(
+        r"--role (\w+)", Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    )
+    assert match, pid
+    return match.group(1)
+
+
+def children_of(pid: int) -> list[int]:
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_the_control_worker_runs_each_role_in_its_own_pool(settings, redis_service, tmp_path):
+    settings = replace(
+        settings, broker_url=redis_service.url.rsplit("/", 1)[0] + "/8", max_file_bytes=16 << 20
+    )
+    rt = Runtime(settings)
+    log = tmp_path / "control.log"
+    with rt.queue.celery.connection_for_write() as conn:
+        conn.default_channel.client.flushdb()
+    tenant = create_tenant(rt.db, "a", now())[0].id
+    # a message left in the queue of releases before the roles (an upgrade): it still runs
+    small = upload_and_create(rt, tenant, LINES, name="small.jsonl").id
+    with rt.queue.celery.connection_for_write() as conn:
+        conn.default_channel.client.delete(VALIDATE_QUEUE)  # the message its creation sent
+    rt.queue.celery.send_task("freight.validate_batch", args=[small], queue=LEGACY_CONTROL_QUEUE)
+    env = worker_env(
+        settings, FREIGHT_VALIDATION_TIME_LIMIT_SECONDS="0.5", FREIGHT_VALIDATION_CONCURRENCY="1"
+    )
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "workers.bootstrap", "worker", "--control"],
+            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        wait_until(lambda: " ready." in log.read_text(errors="replace"), "ready", 120, proc, log)
+        text = log.read_text(errors="replace")
+        assert text.count(" ready.") == 1  # the supervisor's, once every role is: the roles' are left out
+        roles = children_of(proc.pid)
+        assert len(roles) == 3
+        assert sorted(role_of(p) for p in roles) == ["finalize", "tick", "validate"]
+        assert all(children_of(p) for p in roles)  # each role's own prefork pool
+
+        # a validation past FREIGHT_VALIDATION_TIME_LIMIT_SECONDS (0.5 s; this file takes seconds)
+        lines = [chat_line(f"r{i}", f"question {i}") for i in range(45_000)]
+        big = upload_and_create(rt, tenant, lines, name="big.jsonl").id
+        wait_final(rt, big)
+        row = batch_row(rt, big)
+        assert row.status == BatchStatus.FAILED, row.status  # stopped, not left validating
+        [error] = row.errors["data"]
+        assert error["message"] == (
+            "validation failed: internal error in step validate_batch: TaskTimeLimit: ran past its time limit"
+            " of 0.5s (FREIGHT_VALIDATION_TIME_LIMIT_SECONDS)"
+        )
+
+        # one stuck past the soft limit (its process stopped) is killed at the hard limit (10 s
+        # later) and its batch failed all the same
+        stuck = upload_and_create(rt, tenant, lines, name="stuck.jsonl").id
+        [pool] = children_of(next(p for p in roles if role_of(p) == "validate"))
+        deadline = time.monotonic() + 10
+        while batch_row(rt, stuck).validation_heartbeat_at is None:  # it started
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        os.kill(pool, signal.SIGSTOP)
+        wait_final(rt, stuck, 40)
+        [error] = batch_row(rt, stuck).errors["data"]
+        assert error["message"].endswith("(FREIGHT_VALIDATION_TIME_LIMIT_SECONDS) and was killed"), error
+        assert "Hard time limit (10.5s) exceeded" in log.read_text(errors="replace")
+
+        assert batch_row(rt, small).status == BatchStatus.IN_PROGRESS  # from the old queue
+        # and the pool lives on past the stopped and the killed task
+        after = upload_and_create(rt, tenant, LINES, name="after.jsonl").id
+        wait_final(rt, after, 30)
+        assert batch_row(rt, after).status == BatchStatus.IN_PROGRESS
+
+        # a role that dies takes the supervisor down (status 1) and it stops the other roles
+        tick_role = next(p for p in roles if role_of(p) == "tick")
+        os.kill(tick_role, signal.SIGKILL)
+        assert proc.wait(timeout=60) == 1
+        for pid in roles:
+            assert (
+                not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+            )
+        assert "exited on their own" in log.read_text(errors="replace")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        rt.db.dispose()
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_sigterm_stops_every_role_warm(settings, tmp_path):
+    log = tmp_path / "control.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "workers.bootstrap", "worker", "--control"],
+            cwd=REPO, env=worker_env(settings), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        wait_until(lambda: " ready." in log.read_text(errors="replace"), "ready", 120, proc, log)
+        roles = children_of(proc.pid)
+        os.killpg(proc.pid, signal.SIGTERM)  # as make stop signals it: the whole group
+        assert proc.wait(timeout=60) == 0
+        time.sleep(0.5)
+        assert not [p for p in roles if Path(f"/proc/{p}").exists()]
+        assert log.read_text(errors="replace").count("warm shutdown") >= 1
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
