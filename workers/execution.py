@@ -223,7 +223,9 @@ class PackRunner:
         self.worker = worker
         self._lock = threading.Condition()
         # not-yet-started requests of every claimed unit, in elevator order; guarded by _lock
-        self._feed: ElevatorFeed[tuple[ActiveUnit, ShardRow]] = ElevatorFeed(prompt_fields=FEED_PROMPT_FIELDS)
+        self._feed: ElevatorFeed[tuple[ActiveUnit, ShardRow]] = ElevatorFeed(
+            prompt_fields=FEED_PROMPT_FIELDS, domain_fields=1, quantum=rt.settings.pack_requests
+        )
         # the next pack is wanted once no more requests wait than this look-ahead (at least the
         # engine's batch): a later job then reaches the feed while its prefix-mates still run
         self._high_water = max(

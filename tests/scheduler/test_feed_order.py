@@ -1,8 +1,8 @@
 """The worker's elevator feed (scheduler/feed_order.py), as properties over any sequence of pushes
 and pops: nothing is lost or duplicated, a sweep runs in key order, a request that arrives at or
 past the prompt started last runs in the current sweep and one behind it in the next (so nothing
-waits more than one sweep), urgent requests overtake everything waiting, and cache domains never
-interleave within a sweep."""
+waits more than one sweep), each cache domain sweeping on its own; urgent requests overtake
+everything waiting, and domains take turns of at most a quantum while another waits."""
 
 from __future__ import annotations
 
@@ -21,29 +21,30 @@ operations = st.lists(
 )
 
 
-def run(ops):
+def run(ops, quantum: int | None = 3):
     """Apply ``ops``, then drain. Keys are (domain, prompt, item number); the first two name the
-    prompt. Returns each item's key and urgency, for every item the sweep it should run in by the
-    rule (computed here from the prompt this test saw start last), and the pops as (item, sweep
-    it ran in)."""
-    feed: ElevatorFeed[int] = ElevatorFeed(prompt_fields=2)
+    prompt, the first the domain. Returns each item's key and urgency, for every item the sweep of
+    its domain it should run in by the rule (computed here from the prompt of its domain this test
+    saw start last), and the pops as (item, its domain's sweep it ran in)."""
+    feed: ElevatorFeed[int] = ElevatorFeed(prompt_fields=2, domain_fields=1, quantum=quantum)
     keys: dict[int, tuple[str, int, int]] = {}
     urgent: dict[int, bool] = {}
     expected: dict[int, int] = {}
     popped: list[tuple[int, int]] = []
-    cursor: tuple[str, int] | None = None
+    cursor: dict[str, tuple[str, int]] = {}  # per domain: its prompt started last
     for op in [*ops, *[("pop",)] * 200]:
         if op[0] == "push":
             item = len(keys)
             keys[item], urgent[item] = (op[1], op[2], item), op[3]
-            joins = cursor is not None and keys[item][:2] >= cursor
-            expected[item] = feed.sweeps + (0 if joins else 1)
+            domain = op[1]
+            joins = domain in cursor and keys[item][:2] >= cursor[domain]
+            expected[item] = feed.lane_sweeps((domain,)) + (0 if joins else 1)
             feed.push(keys[item], item, urgent=op[3])
         elif op[0] == "pop" and len(feed):
             item = feed.pop()
-            popped.append((item, feed.sweeps))
+            popped.append((item, feed.lane_sweeps((keys[item][0],))))
             if not urgent[item]:
-                cursor = keys[item][:2]
+                cursor[keys[item][0]] = keys[item][:2]
     return keys, urgent, expected, popped
 
 
@@ -73,14 +74,15 @@ def test_at_or_past_the_prompt_started_last_runs_this_sweep_behind_it_the_next(o
 
 @given(operations)
 def test_a_sweep_runs_in_key_order(ops) -> None:
-    """Within a sweep, every item runs after the lower ones."""
+    """Within a sweep of a domain, every item runs after the lower ones."""
     keys, urgent, _, popped = run(ops)
-    last: dict[int, tuple[str, int]] = {}
+    last: dict[tuple[str, int], tuple[str, int]] = {}
     for item, sweep in popped:
         if urgent[item]:
             continue
-        assert sweep not in last or keys[item][:2] >= last[sweep], (item, popped)
-        last[sweep] = keys[item][:2]
+        lane = (keys[item][0], sweep)
+        assert lane not in last or keys[item][:2] >= last[lane], (item, popped)
+        last[lane] = keys[item][:2]
 
 
 @given(operations)
@@ -96,16 +98,49 @@ def test_an_urgent_item_overtakes_everything_waiting(ops) -> None:
             assert waiting.pop(item) or not any(waiting.values())
 
 
-@given(operations)
-def test_domains_do_not_interleave_within_a_sweep(ops) -> None:
-    keys, urgent, _, popped = run(ops)
-    sweeps: dict[int, list[str]] = {}
-    for item, sweep in popped:
-        if not urgent[item]:
-            sweeps.setdefault(sweep, []).append(keys[item][0])
-    for domains in sweeps.values():
-        runs = [d for i, d in enumerate(domains) if i == 0 or d != domains[i - 1]]
-        assert len(runs) == len(set(runs)), domains
+@given(operations, st.integers(1, 5))
+def test_domains_take_turns_of_at_most_a_quantum_while_another_waits(ops, quantum) -> None:
+    """While a domain has requests waiting, the others start at most ``quantum`` requests each
+    before it gets its turn (urgent ones aside); a domain alone keeps the turn."""
+    feed: ElevatorFeed[int] = ElevatorFeed(prompt_fields=2, domain_fields=1, quantum=quantum)
+    domain_of: dict[int, str] = {}
+    waiting: dict[str, int] = {}
+    overtaken: dict[str, int] = {}  # per waiting domain: requests of others started since its last
+    for op in [*ops, *[("pop",)] * 200]:
+        if op[0] == "push":
+            item = len(domain_of)
+            domain_of[item] = "" if op[3] else op[1]  # urgent items aside
+            feed.push((op[1], op[2], item), item, urgent=op[3])
+            if not op[3]:
+                waiting[op[1]] = waiting.get(op[1], 0) + 1
+                overtaken.setdefault(op[1], 0)
+        elif op[0] == "pop" and len(feed):
+            urgent_first = feed.urgent_waiting
+            item = feed.pop()
+            if urgent_first:
+                continue
+            domain = domain_of[item]
+            waiting[domain] -= 1
+            overtaken[domain] = 0
+            for other, n in waiting.items():
+                if other != domain and n:
+                    overtaken[other] += 1
+                    others = sum(1 for d, m in waiting.items() if m and d != other)
+                    assert overtaken[other] <= quantum * max(others, 1), (other, overtaken)
+
+
+def test_a_stream_of_one_domain_cannot_hold_another_back() -> None:
+    """The case the turns exist for: tenant A's requests keep arriving ahead of its cursor; B's
+    one request runs after at most a quantum of A's."""
+    feed: ElevatorFeed[str] = ElevatorFeed(prompt_fields=2, domain_fields=1, quantum=4)
+    for prompt in range(4):
+        feed.push(("a", prompt, 0), f"a{prompt}")
+    order = [feed.pop()]
+    feed.push(("b", 0, 0), "b0")
+    for prompt in range(4, 40):  # A's next packs, every prompt past its cursor
+        feed.push(("a", prompt, 0), f"a{prompt}")
+        order.append(feed.pop())
+    assert "b0" in order[:6], order[:6]
 
 
 def test_a_late_job_joins_its_prefix_mates_in_the_running_sweep() -> None:
