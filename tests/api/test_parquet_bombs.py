@@ -23,27 +23,34 @@ from tests.storage.test_parquet_list_bombs import list_bomb
 LIMIT = 200 * 1024 * 1024  # FREIGHT_MAX_FILE_BYTES's default
 
 
+def refused_as_jsonl(runtime: Runtime, data: bytes, name: str, code: str, max_bytes: int) -> tuple[str, dict]:
+    """Upload ``data`` as tenant alpha, ask for its JSONL view: a 400 with ``code``, less than
+    100 MB of growth, nothing derived kept. Returns the tenant id and the error."""
+    tenant, key = create_tenant(runtime.db, "alpha", now())
+    headers = {"Authorization": f"Bearer {key}"}
+    client = create_app(runtime=runtime).test_client()
+    made = http_upload(client, headers, data, name)
+    assert made.status_code == 200 and made.json["bytes"] == len(data) < max_bytes
+    file_id = made.json["id"]
+
+    before = peak_rss_mb(reset=True)
+    refused = client.get(f"/v1/files/{file_id}/content?format=jsonl", headers=headers)
+    grown = peak_rss_mb() - before
+    assert refused.status_code == 400, refused.get_data(as_text=True)[:300]
+    error = refused.get_json()["error"]
+    assert error["code"] == code, error
+    assert grown < 100, f"the API grew by {grown:.0f} MB refusing the bomb"
+    assert not runtime.store.exists(f"derived/{file_id}.jsonl")  # nothing half-converted is kept
+    # the file itself is intact and downloadable as it was sent
+    assert client.get(f"/v1/files/{file_id}/content?format=parquet", headers=headers).data == data
+    return tenant.id, error
+
+
 def test_the_jsonl_view_of_a_bomb_is_a_400_within_bounded_memory(settings) -> None:
     rt = Runtime(replace(settings, max_file_bytes=LIMIT))
     try:
-        _, key = create_tenant(rt.db, "alpha", now())
-        headers = {"Authorization": f"Bearer {key}"}
-        client = create_app(runtime=rt).test_client()
-        data = bomb()
-        made = http_upload(client, headers, data, "bomb.parquet")
-        assert made.status_code == 200 and made.json["bytes"] == len(data) < 64 * 1024
-        file_id = made.json["id"]
-
-        before = peak_rss_mb(reset=True)
-        refused = client.get(f"/v1/files/{file_id}/content?format=jsonl", headers=headers)
-        grown = peak_rss_mb() - before
-        assert refused.status_code == 400, refused.get_data(as_text=True)[:300]
-        error = refused.get_json()["error"]
-        assert error["code"] == "file_too_large" and f"the {LIMIT} byte limit" in error["message"], error
-        assert grown < 100, f"the API grew by {grown:.0f} MB refusing the bomb"
-        assert not rt.store.exists(f"derived/{file_id}.jsonl")  # nothing half-converted is kept
-        # the file itself is intact and downloadable as it was sent
-        assert client.get(f"/v1/files/{file_id}/content?format=parquet", headers=headers).data == data
+        _, error = refused_as_jsonl(rt, bomb(), "bomb.parquet", "file_too_large", 64 * 1024)
+        assert f"the {LIMIT} byte limit" in error["message"], error
     finally:
         rt.db.dispose()
 
@@ -72,25 +79,11 @@ def test_a_page_bomb_is_refused_from_its_header_on_download_and_at_validation(ru
     """A single value far over the limits in one page: the reader would decompress it whole before
     a row could be sized. Refused from the page header: a 400 naming the limit, nothing derived
     kept; as a batch input, a row error."""
-    tenant, key = create_tenant(runtime.db, "alpha", now())
-    headers = {"Authorization": f"Bearer {key}"}
-    client = create_app(runtime=runtime).test_client()
     data = page_bomb()
-    made = http_upload(client, headers, data, "page-bomb.parquet")
-    assert made.status_code == 200 and made.json["bytes"] == len(data) < 64 * 1024
-    file_id = made.json["id"]
-
-    before = peak_rss_mb(reset=True)
-    refused = client.get(f"/v1/files/{file_id}/content?format=jsonl", headers=headers)
-    grown = peak_rss_mb() - before
-    assert refused.status_code == 400, refused.get_data(as_text=True)[:300]
-    error = refused.get_json()["error"]
-    assert error["code"] == "file_too_large", error
+    tenant_id, error = refused_as_jsonl(runtime, data, "page-bomb.parquet", "file_too_large", 64 * 1024)
     assert "a page decompresses to" in error["message"] and "65536 byte limit on a file" in error["message"]
-    assert grown < 100, f"the API grew by {grown:.0f} MB refusing the bomb"
-    assert not runtime.store.exists(f"derived/{file_id}.jsonl")
 
-    batch_id = validated_batch(runtime, tenant.id, data, name="page-bomb.parquet")
+    batch_id = validated_batch(runtime, tenant_id, data, name="page-bomb.parquet")
     with runtime.db.read() as s:
         batch = s.get(Batch, batch_id)
     assert batch.status == "failed"
@@ -111,28 +104,15 @@ def test_a_list_bomb_is_refused_from_its_levels_on_download_and_at_validation(se
 
 
 def _list_bomb_is_refused(runtime: Runtime) -> None:
-    tenant, key = create_tenant(runtime.db, "alpha", now())
-    headers = {"Authorization": f"Bearer {key}"}
-    client = create_app(runtime=runtime).test_client()
     data, decoded = list_bomb("messages", 20_000_000, before=5)
-    made = http_upload(client, headers, data, "list-bomb.parquet")
-    assert made.status_code == 200 and made.json["bytes"] == len(data) < 4096 and decoded > 1_000_000_000
-    file_id = made.json["id"]
-
-    before = peak_rss_mb(reset=True)
-    refused = client.get(f"/v1/files/{file_id}/content?format=jsonl", headers=headers)
-    grown = peak_rss_mb() - before
-    assert refused.status_code == 400, refused.get_data(as_text=True)[:300]
-    error = refused.get_json()["error"]
-    assert error["code"] == "line_too_large", error
+    assert decoded > 1_000_000_000
+    tenant_id, error = refused_as_jsonl(runtime, data, "list-bomb.parquet", "line_too_large", 4096)
     assert (
         error["message"].startswith("row 6, column 'messages.list.element.")
         and "the limit is" in error["message"]
     )
-    assert grown < 100, f"the API grew by {grown:.0f} MB refusing the bomb"
-    assert not runtime.store.exists(f"derived/{file_id}.jsonl")
 
-    batch_id = validated_batch(runtime, tenant.id, data, name="list-bomb.parquet")
+    batch_id = validated_batch(runtime, tenant_id, data, name="list-bomb.parquet")
     with runtime.db.read() as s:
         batch = s.get(Batch, batch_id)
     assert batch.status == "failed"
