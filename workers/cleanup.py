@@ -1,7 +1,7 @@
 """The periodic cleanup (beat task ``freight.cleanup``, every ``FREIGHT_CLEANUP_SECONDS``): what
 tenants stored and the platform recorded does not grow without end.
 
-Four steps, each bounded per pass (``PASS_ROWS``) so one pass is short and a backlog drains over
+Five steps, each bounded per pass (the sessions by one lifetime of sign-ins) (``PASS_ROWS``) so one pass is short and a backlog drains over
 several:
 
 - expired files (``files.expires_at`` passed) are deleted, bytes first; a file that is the input
@@ -12,7 +12,8 @@ several:
   ``engine_sample_totals`` and deleted in one transaction, so the counters of ``/metrics`` (the
   totals plus the rows kept) never move backwards;
 - final batches not yet in the rollup /metrics reads (made final while a unit still ran, or
-  written by an older release) are added once their units have finished (``storage/rollup.py``).
+  written by an older release) are added once their units have finished (``storage/rollup.py``);
+- console sessions past their lifetime are deleted (they were already refused).
 
 Any step may run twice at once (two beats, a manual ``freight cleanup``): deletes are idempotent,
 and a sample row is added to the totals by the transaction that deleted it, so by one only.
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import delete, exists, or_, select, update
 from sqlalchemy.orm import aliased
 
-from storage.models import Batch, EngineSample, EngineSampleTotal, StoredFile
+from storage.models import Batch, ConsoleSession, EngineSample, EngineSampleTotal, StoredFile
 from storage.quotas import OPEN_STATUSES
 from storage.retention import FINAL_AT, FINAL_STATUSES, delete_file_objects, purge_batch_data
 from storage.rollup import roll_up_stragglers
@@ -46,6 +47,7 @@ class CleanupReport:
     objects_deleted: int = 0
     samples_pruned: int = 0
     batches_rolled_up: int = 0
+    sessions_ended: int = 0
 
 
 def run(rt: Runtime, now: float) -> CleanupReport:
@@ -55,6 +57,7 @@ def run(rt: Runtime, now: float) -> CleanupReport:
     prune_samples(rt, now, report)
     with rt.db.write() as s:
         report.batches_rolled_up = roll_up_stragglers(s, int(now), PASS_ROWS)
+    end_sessions(rt, int(now), report)
     if report.files_expired or report.batches_purged or report.samples_pruned:
         log.info(
             "cleanup: %d files expired, %d batches' data purged (%d objects), %d engine samples pruned",
@@ -64,6 +67,14 @@ def run(rt: Runtime, now: float) -> CleanupReport:
             report.samples_pruned,
         )
     return report
+
+
+def end_sessions(rt: Runtime, now: int, report: CleanupReport) -> None:
+    """Console sessions past their lifetime: already refused at sign-in checks, their rows go
+    here, so the table holds about one FREIGHT_SESSION_SECONDS of sign-ins."""
+    with rt.db.write() as s:
+        ended = s.execute(delete(ConsoleSession).where(ConsoleSession.expires_at <= now))
+        report.sessions_ended = int(ended.rowcount or 0)  # type: ignore[attr-defined]
 
 
 def expire_files(rt: Runtime, now: int, report: CleanupReport) -> None:

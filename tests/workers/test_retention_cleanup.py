@@ -8,7 +8,7 @@ import uuid
 from dataclasses import replace
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 
 from api.app import create_app
 from api.services.tenants import create_tenant
@@ -154,3 +154,21 @@ def test_an_expired_input_waits_for_its_running_batch(runtime):
         s.execute(update(Batch).where(Batch.id == batch_id).values(status=BatchStatus.CANCELLED.value))
     assert cleanup.run(runtime, now()).files_expired == [source_id]
     assert not runtime.store.exists(source_key)
+
+
+def test_expired_console_sessions_are_deleted_and_live_ones_kept(runtime) -> None:
+    from api.services import sessions
+    from storage.models import ApiKey, ConsoleSession
+
+    tenant, _ = create_tenant(runtime.db, "alpha", now())
+    with runtime.db.read() as s:
+        key_id = s.scalar(select(ApiKey.id).where(ApiKey.tenant_id == tenant.id))
+    # a sign-in deletes its tenant's expired rows; one whose tenant never signs in again is left
+    fresh = sessions.start(runtime.db, tenant.id, key_id, now(), HOUR)
+    old = sessions.start(runtime.db, tenant.id, key_id, now() - 2 * HOUR, HOUR)
+    report = cleanup.run(runtime, now())
+    assert report.sessions_ended == 1
+    with runtime.db.read() as s:
+        assert s.scalar(select(func.count()).select_from(ConsoleSession)) == 1
+    assert sessions.resume(runtime.db, fresh, now()) is not None
+    assert sessions.resume(runtime.db, old, now()) is None
