@@ -13,7 +13,7 @@ import time
 
 import click
 
-from api.cli_settings import command_settings, database_errors, echo_json, require_schema
+from api.cli_settings import command_runtime, command_settings, database_errors, echo_json, require_schema
 from api.client_cli import CLIENT_COMMANDS
 from api.models_cli import models
 from storage.settings import Settings, metrics_port
@@ -131,13 +131,9 @@ def tenant() -> None:
 def tenant_create(name: str, as_json: bool) -> None:
     """Create a tenant; its new API key is printed alone on the last line."""
     from api.services.tenants import create_tenant
-    from storage.db import Database
-    from storage.errors import ServiceError
 
-    try:
-        created, key = create_tenant(Database(_settings().database_url), name, int(time.time()))
-    except ServiceError as exc:
-        raise click.ClickException(exc.message) from exc
+    with command_runtime(_settings()) as rt:
+        created, key = create_tenant(rt.db, name, int(time.time()))
     if as_json:
         echo_json({"id": created.id, "name": created.name, "created_at": created.created_at, "api_key": key})
         return
@@ -150,16 +146,9 @@ def tenant_create(name: str, as_json: bool) -> None:
 def tenant_new_key(name: str) -> None:
     """Add another API key to a tenant; printed alone on the last line."""
     from api.services.tenants import create_key
-    from storage.db import Database
-    from storage.errors import ServiceError
 
-    db = Database(_settings().database_url)
-    try:
-        key = create_key(db, name, int(time.time()))
-    except ServiceError as exc:
-        raise click.ClickException(exc.message) from exc
-    finally:
-        db.dispose()
+    with command_runtime(_settings()) as rt:
+        key = create_key(rt.db, name, int(time.time()))
     click.echo(key)
 
 
@@ -178,16 +167,9 @@ def _when(epoch: int | None) -> str:
 def tenant_keys(name: str, as_json: bool) -> None:
     """A tenant's keys: id (for revoke-key), first characters, created, revoked (never the key)."""
     from api.services.tenants import list_keys
-    from storage.db import Database
-    from storage.errors import ServiceError
 
-    db = Database(_settings().database_url)
-    try:
-        keys = list_keys(db, name)
-    except ServiceError as exc:
-        raise click.ClickException(exc.message) from exc
-    finally:
-        db.dispose()
+    with command_runtime(_settings()) as rt:
+        keys = list_keys(rt.db, name)
     if as_json:
         fields = ("id", "prefix", "created_at", "revoked_at")
         echo_json({"object": "list", "data": [{f: getattr(k, f) for f in fields} for k in keys]})
@@ -205,16 +187,9 @@ def tenant_revoke_key(key_id: int) -> None:
     """Revoke key KEY_ID (see `tenant keys`): refused from the next request on, its console
     sessions ended."""
     from api.services.tenants import revoke_key
-    from storage.db import Database
-    from storage.errors import ServiceError
 
-    db = Database(_settings().database_url)
-    try:
-        name, key = revoke_key(db, key_id, int(time.time()))
-    except ServiceError as exc:
-        raise click.ClickException(exc.message) from exc
-    finally:
-        db.dispose()
+    with command_runtime(_settings()) as rt:
+        name, key = revoke_key(rt.db, key_id, int(time.time()))
     click.echo(f"revoked key {key.id} ({key.prefix}...) of tenant {name} at {_when(key.revoked_at)}")
 
 
@@ -223,16 +198,9 @@ def tenant_revoke_key(key_id: int) -> None:
 def tenant_disable(name: str) -> None:
     """Disable a tenant: all its keys refused, its console sessions ended; its data is kept."""
     from api.services.tenants import disable_tenant
-    from storage.db import Database
-    from storage.errors import ServiceError
 
-    db = Database(_settings().database_url)
-    try:
-        disabled = disable_tenant(db, name, int(time.time()))
-    except ServiceError as exc:
-        raise click.ClickException(exc.message) from exc
-    finally:
-        db.dispose()
+    with command_runtime(_settings()) as rt:
+        disabled = disable_tenant(rt.db, name, int(time.time()))
     click.echo(f"disabled tenant {disabled.name} ({disabled.id}) at {_when(disabled.disabled_at)}")
 
 
@@ -246,20 +214,15 @@ def tenant_quota(
 ) -> None:
     """Set (or, with no option, show) a tenant's quotas; 'default' follows FREIGHT_QUOTA_*."""
     from api.services.tenants import set_quota
-    from storage.db import Database
-    from storage.errors import ServiceError
     from storage.quotas import quota_of
 
     settings = _settings()
-    db = Database(settings.database_url)
     given = {"quota_stored_bytes": stored_bytes, "quota_open_batches": open_batches,
              "quota_queued_requests": queued_requests}  # fmt: skip
-    try:
-        tenant = set_quota(db, name, {k: v for k, v in given.items() if v is not None})
-    except ServiceError as exc:
-        raise click.ClickException(exc.message) from exc
-    with db.read() as s:
-        quota = quota_of(s, settings, tenant.id, lock=False)
+    with command_runtime(settings) as rt:
+        tenant = set_quota(rt.db, name, {k: v for k, v in given.items() if v is not None})
+        with rt.db.read() as s:
+            quota = quota_of(s, settings, tenant.id, lock=False)
     for label, value in (("stored bytes", quota.stored_bytes), ("open batches", quota.open_batches),
                          ("queued requests", quota.queued_requests)):  # fmt: skip
         click.echo(f"{label}: {value if value else 'unlimited'}")
@@ -446,13 +409,10 @@ def dropfolder_add(
 ) -> None:
     """Watch URL (s3://bucket/prefix): PREFIX/inbox/ in; outbox/, archive/ and failed/ out."""
     from api.services import dropfolders
-    from storage.errors import ServiceError
-    from storage.runtime import Runtime
 
     if access_key_id and not secret_access_key:
         secret_access_key = click.prompt("Secret access key", hide_input=True)
-    rt = Runtime(_settings())
-    try:
+    with command_runtime(_settings()) as rt:
         view = dropfolders.add(
             rt,
             url,
@@ -467,10 +427,6 @@ def dropfolder_add(
             secret_access_key=secret_access_key,
             output_format=output_format,
         )
-    except ServiceError as exc:
-        raise click.ClickException(exc.message) from exc
-    finally:
-        rt.db.dispose()
     click.echo(
         f"added drop folder {view.id}: {view.url} (tenant {view.tenant}, credentials {view.credentials})"
     )
@@ -481,13 +437,9 @@ def dropfolder_add(
 def dropfolder_list(as_json: bool) -> None:
     """The drop folders; credentials show as *** (secrets are never printed)."""
     from api.services import dropfolders
-    from storage.runtime import Runtime
 
-    rt = Runtime(_settings())
-    try:
+    with command_runtime(_settings()) as rt:
         views = dropfolders.list_folders(rt)
-    finally:
-        rt.db.dispose()
     if as_json:
         echo_json({"object": "list", "data": [dataclasses.asdict(v) for v in views]})
         return
@@ -511,16 +463,9 @@ def dropfolder_list(as_json: bool) -> None:
 def dropfolder_remove(folder: str) -> None:
     """Stop watching FOLDER (its id or s3:// URL); files already taken in are still delivered."""
     from api.services import dropfolders
-    from storage.errors import ServiceError
-    from storage.runtime import Runtime
 
-    rt = Runtime(_settings())
-    try:
+    with command_runtime(_settings()) as rt:
         removed = dropfolders.remove(rt, folder, int(time.time()))
-    except ServiceError as exc:
-        raise click.ClickException(exc.message) from exc
-    finally:
-        rt.db.dispose()
     click.echo(f"removed drop folder {removed}")
 
 

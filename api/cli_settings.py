@@ -6,12 +6,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import click
 
 from storage.private_files import private_process
 from storage.settings import Settings, SettingsError
-from storage.settings_source import SettingsSource, load
+from storage.settings_source import SettingsSource, load, masked_url
+
+if TYPE_CHECKING:  # the runtime imports Celery and boto3: only the commands that use it pay for them
+    from storage.runtime import Runtime
 
 # exit codes a script can tell apart (also in `freight --help`)
 EXIT_UNREACHABLE = 3  # the server, the database or the broker could not be reached or used
@@ -45,12 +49,6 @@ def echo_json(value: object) -> None:
     import json
 
     click.echo(json.dumps(value, indent=2, default=str))
-
-
-def masked_url(url: str) -> str:
-    import re
-
-    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1****@", url)
 
 
 def require_schema(settings: Settings) -> None:
@@ -88,3 +86,28 @@ def database_errors(settings: Settings) -> Iterator[None]:
     except (OperationalError, ProgrammingError) as exc:
         require_schema(settings)  # raises when the schema is what is wrong
         raise unreachable(settings, exc) from None
+
+
+@contextmanager
+def service_errors() -> Iterator[None]:
+    """A service's refusal (``storage.errors.ServiceError``) as the command's one ``Error:`` line."""
+    from storage.errors import ServiceError
+
+    try:
+        yield
+    except ServiceError as exc:
+        raise click.ClickException(exc.message) from exc
+
+
+@contextmanager
+def command_runtime(settings: Settings) -> Iterator[Runtime]:
+    """The deployment's services for one command, its database pool closed at the end; a
+    service's refusal inside is the command's ``Error:`` line."""
+    from storage.runtime import Runtime
+
+    rt = Runtime(settings)
+    try:
+        with service_errors():
+            yield rt
+    finally:
+        rt.db.dispose()

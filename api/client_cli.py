@@ -54,12 +54,8 @@ def local_target() -> tuple[str, str | None]:
     return f"http://{host}:{settings.api_port}/v1", source.demo_key()
 
 
-def default_url() -> str:
-    return local_target()[0]
-
-
-def api_base(url: str | None) -> str:
-    base = (url or default_url()).rstrip("/")
+def api_base(url: str) -> str:
+    base = url.rstrip("/")
     return base if base.endswith("/v1") else base + "/v1"
 
 

@@ -11,15 +11,9 @@ from pathlib import Path
 
 import click
 
-from api.cli_settings import command_settings
+from api.cli_settings import command_runtime, command_settings
 from storage.registry import REQUESTED, ModelEntry
 from workers.quantize import METHODS, SCHEMES
-
-
-def _runtime():
-    from storage.runtime import Runtime
-
-    return Runtime(command_settings()[0])  # the settings file of the stack, umask 077, as in api.cli
 
 
 class _Bar:
@@ -70,27 +64,25 @@ def models_add(
 ) -> None:
     """Register NAME, served from --path (quantized as --quantization says)."""
     from api.services.models import AddRequest, add
-    from storage.errors import ServiceError
 
     bar = _Bar("quantizing")
     try:
-        entry = add(
-            _runtime(),
-            AddRequest(
-                name=name,
-                source=source,
-                quantization=quantization,
-                max_model_len=max_model_len,
-                instance_price_per_hour=prices["instance_price_per_hour"],
-                list_price_input=prices["list_price_in"],
-                list_price_cached=prices["list_price_cached"],
-                list_price_output=prices["list_price_out"],
-            ),
-            echo=_echo,
-            progress=bar,
-        )
-    except ServiceError as exc:
-        raise click.ClickException(exc.message) from exc
+        with command_runtime(command_settings()[0]) as rt:
+            entry = add(
+                rt,
+                AddRequest(
+                    name=name,
+                    source=source,
+                    quantization=quantization,
+                    max_model_len=max_model_len,
+                    instance_price_per_hour=prices["instance_price_per_hour"],
+                    list_price_input=prices["list_price_in"],
+                    list_price_cached=prices["list_price_cached"],
+                    list_price_output=prices["list_price_out"],
+                ),
+                echo=_echo,
+                progress=bar,
+            )
     finally:
         bar.close()
     click.echo(f"registered {entry.name}: {entry.quantization} from {entry.checkpoint}")
@@ -102,7 +94,8 @@ def models_list(as_json: bool) -> None:
     """The served models: registry rows and FREIGHT_MODELS declarations."""
     from api.services.models import list_models
 
-    rows = list_models(_runtime())
+    with command_runtime(command_settings()[0]) as rt:
+        rows = list_models(rt)
     if as_json:
         for e in rows:
             click.echo(json.dumps(_as_dict(e)))
@@ -150,12 +143,9 @@ def _as_dict(e: ModelEntry) -> dict:
 def models_remove(name: str) -> None:
     """Unregister NAME (refused while it has open batches). Its files are left alone."""
     from api.services.models import remove
-    from storage.errors import ServiceError
 
-    try:
-        entry = remove(_runtime(), name)
-    except ServiceError as exc:
-        raise click.ClickException(exc.message) from exc
+    with command_runtime(command_settings()[0]) as rt:
+        entry = remove(rt, name)
     click.echo(f"removed {entry.name} (checkpoint {entry.checkpoint} left in place)")
 
 
@@ -180,29 +170,26 @@ def models_quantize(
 ) -> None:
     """Write an INT4 (W4A16, compressed-tensors) checkpoint of SOURCE to DESTINATION."""
     from api.services.models import AddRequest, add, quantize_checkpoint
-    from storage.errors import ServiceError
 
-    rt = _runtime()
     bar = _Bar("quantizing")
     try:
-        out = quantize_checkpoint(
-            rt,
-            source,
-            destination,
-            group_size=group_size,
-            method=method,
-            calibration=calibration,
-            progress=bar,
-            echo=_echo,
-        )
-        bar.close()
-        click.echo(f"wrote {scheme} checkpoint {out}")
-        if register:
-            entry = add(
-                rt, AddRequest(name=register, source=str(out.absolute()), quantization="none"), echo=_echo
+        with command_runtime(command_settings()[0]) as rt:
+            out = quantize_checkpoint(
+                rt,
+                source,
+                destination,
+                group_size=group_size,
+                method=method,
+                calibration=calibration,
+                progress=bar,
+                echo=_echo,
             )
-            click.echo(f"registered {entry.name}: {entry.quantization} from {entry.checkpoint}")
-    except ServiceError as exc:
-        raise click.ClickException(exc.message) from exc
+            bar.close()
+            click.echo(f"wrote {scheme} checkpoint {out}")
+            if register:
+                entry = add(
+                    rt, AddRequest(name=register, source=str(out.absolute()), quantization="none"), echo=_echo
+                )
+                click.echo(f"registered {entry.name}: {entry.quantization} from {entry.checkpoint}")
     finally:
         bar.close()

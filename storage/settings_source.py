@@ -30,6 +30,7 @@ LOCAL_ENV_FILE = Path("var") / "freight.env"
 DEMO_KEY_FILE = "demo-api-key"  # beside the env file: the key `make run` made for its demo tenant
 CLIENT_VARS = frozenset({"FREIGHT_API_KEY", "FREIGHT_API_URL"})
 MAX_ENV_FILE_BYTES = 1024 * 1024
+_URL_PASSWORD = re.compile(r"(://[^:/@]*:)[^@/]*@")
 _LINE = re.compile(r"(?:export\s+)?(FREIGHT_[A-Z0-9_]+)=(.*)")
 # settings whose values are secrets (or hold one: a URL's password), masked by `freight config`
 SECRET_FIELDS = frozenset({"secret_key", "metrics_token"})
@@ -114,15 +115,17 @@ def load(
     return Settings.from_env(env), source
 
 
+def masked_url(text: str) -> str:
+    """``text`` with the password of any URL in it replaced by ``****`` (``scheme://user:****@``)."""
+    return _URL_PASSWORD.sub(r"\1****@", text)
+
+
 def shown(settings: Settings) -> list[tuple[str, str]]:
     """Every setting as ``FREIGHT_NAME`` and its value, secrets masked (a URL's password too)."""
     rows = []
     for f in fields(settings):
         value = getattr(settings, f.name)
         text = ",".join(map(str, value)) if isinstance(value, tuple | list) else str(value)
-        if f.name in SECRET_FIELDS and text:
-            text = "****"
-        else:
-            text = re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1****@", text)
+        text = "****" if f.name in SECRET_FIELDS and text else masked_url(text)
         rows.append((f"FREIGHT_{f.name.upper()}", text))
     return rows
