@@ -49,3 +49,29 @@ def spent(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, 
     exits between them (a restarted worker process) takes its CPU with it, so a role can read low,
     never high; one API reading of 0.0 in scheduler-paired-avx2.json is unexplained."""
     return {role: round(max(0.0, after[role] - before.get(role, 0.0)), 2) for role in after}
+
+
+def machine_seconds() -> float:
+    """Busy CPU seconds of the whole machine since boot (/proc/stat: all but idle and iowait)."""
+    import os
+    from pathlib import Path
+
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields)
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+class OtherLoad:
+    """CPU seconds spent during a run by processes outside the measured system and this benchmark
+    process: another job on the machine. On two cores any such second comes out of the run, so
+    a run with a large figure here measured the machine's neighbours, not the system."""
+
+    def __init__(self) -> None:
+        self._machine = machine_seconds()
+        self._me = _seconds(psutil.Process())
+
+    def seconds(self, measured: Mapping[str, float]) -> float:
+        """``measured``: the run's CPU seconds by role (``spent``), each counted once."""
+        machine = machine_seconds() - self._machine
+        me = _seconds(psutil.Process()) - self._me
+        return round(max(0.0, machine - me - sum(measured.values())), 2)

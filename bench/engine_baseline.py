@@ -222,15 +222,17 @@ class EngineServer:
 
     def run(self, path: Path) -> dict[str, Any]:
         """One file's result line, with the CPU seconds of the front end and vLLM's processes."""
-        from bench.cpu import snapshot, spent
+        from bench.cpu import OtherLoad, snapshot, spent
 
         assert self.proc.stdin is not None
         roles = {"engine": self.proc.pid}
         before = snapshot(roles, split=("engine",))
+        other = OtherLoad()
         self.proc.stdin.write(f"{path}\n")
         self.proc.stdin.flush()
         answer = self._answer()
-        return {**answer, "cpu_s": spent(before, snapshot(roles, split=("engine",)))}
+        cpu = spent(before, snapshot(roles, split=("engine",)))
+        return {**answer, "cpu_s": cpu, "other_cpu_s": other.seconds(cpu)}
 
     def pause(self) -> None:
         from bench.freeze import pause

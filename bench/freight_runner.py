@@ -234,7 +234,10 @@ class FreightStack:
             payloads.append((tenant, name, data))
         clients = {tenant: self.client(tenant) for tenant in {t for t, _ in jobs}}
 
+        from bench.cpu import OtherLoad
+
         cpu_before = self.cpu_snapshot()
+        other = OtherLoad()
         wall_start = time.time()
         started = time.monotonic()
 
@@ -284,6 +287,7 @@ class FreightStack:
         from bench.cpu import spent
 
         cpu = spent(cpu_before, self.cpu_snapshot())
+        other_cpu = other.seconds(cpu)
 
         seen: dict[str, int] = {}
         error_lines = 0
@@ -329,6 +333,7 @@ class FreightStack:
             "sum(running_mean*overlap) / sum(max_num_seqs*overlap)",
             "window": [wall_start, wall_end],
             "cpu_s": cpu,
+            "other_cpu_s": other_cpu,
         }
 
     def fill(self, start: float, end: float) -> dict[str, Any]:

@@ -241,7 +241,8 @@ def combine_repeats(cells: list[dict[str, Any]]) -> dict[str, Any]:
     ranked = sorted(good, key=lambda c: c["output_tok_s"])
     median = dict(ranked[(len(ranked) - 1) // 2])
     median["repeats"] = [
-        {k: c.get(k) for k in ("wall_s", "output_tok_s", "batch_fill", "errors", "cpu_s")} for c in cells
+        {k: c.get(k) for k in ("wall_s", "output_tok_s", "batch_fill", "errors", "cpu_s", "other_cpu_s")}
+        for c in cells
     ]
     median["repeat_method"] = f"median of {len(cells)} runs by output tok/s (fresh prompts per run)"
     return median
@@ -429,7 +430,8 @@ def run_multi_job_shared_prefix(
     freight_kv = None if kv == "default" else kv_bytes
     runs: dict[str, list[dict[str, Any]]] = {}
     settings: dict[str, Any] = {}
-    for pair in MJSP_PAIRS:
+    wanted = set(args.cache_sharing.split(","))
+    for pair in [p for p in MJSP_PAIRS if MJSP_MODES[p[0]][0] in wanted]:
         stacks: dict[str, Any] = {}
         try:
             for role in pair:
@@ -680,6 +682,11 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=None,
         help="runs of unique/multi_job on fresh prompts (default 3; 1 --quick)",
+    )
+    parser.add_argument(
+        "--cache-sharing",
+        default="global,tenant",
+        help="multi_job_shared_prefix's pairs to run: global (one job / six), tenant (one per tenant / six)",
     )
     parser.add_argument(
         "--doc-tokens", type=int, default=wl.DOC_TOKENS, help="shared_prefix document length in tokens"
