@@ -1,0 +1,311 @@
+"""Request-rate benchmark (issue #21 s2): many tiny requests, where Freight's own per-request
+costs rather than the engine decide throughput.
+
+    python -m bench.request_rate [--requests 20000] [--repeats 3] [--profile] [--out FILE]
+
+On a GPU the engine finishes hundreds to thousands of requests a second; on this CPU it only does
+so for requests this small (a few prompt tokens, 1-4 output tokens), so this workload is where
+validation, packing, feeding, recording and finalization show. Two systems, at the same limits
+(the demo model, ``--max-num-seqs`` sequences, the same KV cache bytes, compiled unless
+``--eager``), run each repeat's file one after the other while the other is paused (SIGSTOP), in
+an order alternating per repeat (bench/interleaved.py's pairing):
+
+  engine   vLLM in process, ``LLM.chat`` on the whole file (bench/engine_baseline.py's server)
+  freight  Freight end to end: the file as one batch through the Batch API on a warm stack
+
+Reported: requests/s of each (wall clock, start-up excluded), the ratio per repeat and its median
+(target ``freight_over_engine`` >= 0.9), and Freight's CPU seconds per 1,000 requests by process
+(API, control, beat, the engine worker's Python side, vLLM's processes). ``--profile`` adds one
+unmeasured Freight run under py-spy (sampling the API, the control worker's processes and the engine
+worker's Python side, not vLLM's processes) and records each process's top functions by own samples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from bench import workloads as wl
+from bench.scheduler import RESULTS_DIR, WORK_DIR, log, machine_facts, serving_dtype
+
+MODEL_DIR = Path("models/demo")
+REQUESTS = 20_000
+PROMPT_WORDS = 10  # ~10 distinct words: every prompt unique, nothing for the prefix cache
+OUTPUT_TOKENS = (1, 4)  # uniform, inclusive: ignore_eos, so exactly this many per request
+MAX_NUM_SEQS = 256
+MAX_NUM_BATCHED_TOKENS = 2048  # vLLM's LLMEngine default on CPU: what Freight's engine gets
+MAX_MODEL_LEN = 2048
+KV_BYTES = 256 * 1024**2
+TARGET = 0.9  # freight_over_engine (requests/s), issue #21
+PROFILE_RATE = 200  # py-spy samples per second
+TOP_FUNCTIONS = 25
+
+
+def lines(n: int, seed: int) -> list[dict[str, Any]]:
+    """n chat requests, each a unique few-word prompt and 1-4 output tokens (seeded)."""
+    rng = random.Random(f"request-rate-{seed}")
+    words = [f"w{rng.randrange(100_000)}" for _ in range(4096)]
+    out = []
+    for i in range(n):
+        text = " ".join(rng.choice(words) for _ in range(PROMPT_WORDS))
+        line = wl._line(
+            f"rr-{seed}-{i:06d}", [{"role": "user", "content": text}], rng.randint(*OUTPUT_TOKENS)
+        )
+        out.append(line)
+    return out
+
+
+def engine_argv(model: Path, eager: bool, max_num_seqs: int) -> list[str]:
+    return [
+        "--model", str(model), "--max-num-seqs", str(max_num_seqs),
+        "--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS), "--max-model-len", str(MAX_MODEL_LEN),
+        "--kv-cache-bytes", str(KV_BYTES), "--dtype", serving_dtype(model),
+        *(["--enforce-eager"] if eager else []),
+    ]  # fmt: skip
+
+
+def per_thousand(cpu: dict[str, float], requests: int) -> dict[str, float]:
+    """CPU seconds per 1,000 requests by process role."""
+    return {role: round(1000 * seconds / requests, 3) for role, seconds in cpu.items()} if requests else {}
+
+
+def rate_cell(run: dict[str, Any], requests: int) -> dict[str, Any]:
+    wall = run.get("wall_s")
+    cell = {
+        "wall_s": wall,
+        "requests": requests,
+        "requests_per_s": requests / wall if wall else None,
+        "errors": run.get("errors"),
+        "output_tokens": run.get("output_tokens"),
+        "cpu_s": run.get("cpu_s", {}),
+        "other_cpu_s": run.get("other_cpu_s"),
+        "cpu_s_per_1000_requests": per_thousand(run.get("cpu_s", {}), requests),
+    }
+    if "batch_fill" in run:
+        cell["batch_fill"] = run["batch_fill"]
+    return cell
+
+
+def median(values: list[float]) -> float | None:
+    ordered = sorted(values)
+    return ordered[(len(ordered) - 1) // 2] if ordered else None
+
+
+# ------------------------------------------------------------------------------------ profiling
+
+
+def start_profilers(pids: dict[str, int], out_dir: Path) -> list[tuple[str, Path, subprocess.Popen[bytes]]]:
+    """One ``py-spy record`` per process (raw collapsed stacks), stopped by ``stop_profilers``."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    started = []
+    for role, pid in pids.items():
+        path = out_dir / f"{role}.txt"
+        argv = [spy, "record", "--pid", str(pid), "--rate", str(PROFILE_RATE), "--format", "raw",
+                "--output", str(path), "--nonblocking"]  # fmt: skip
+        if role == "control":  # a supervisor: its per-queue worker processes do the work
+            argv.append("--subprocesses")
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        started.append((role, path, proc))
+    return started
+
+
+def stop_profilers(started: list[tuple[str, Path, subprocess.Popen[bytes]]]) -> dict[str, Any]:
+    """SIGINT makes py-spy write its file; each process's top functions by own samples."""
+    out: dict[str, Any] = {}
+    for role, path, proc in started:
+        proc.send_signal(2)
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        if not path.exists():
+            out[role] = {"error": (err or b"").decode(errors="replace")[-500:] or "py-spy wrote nothing"}
+            continue
+        out[role] = top_functions(path.read_text(errors="replace"))
+        out[role]["file"] = str(path)
+    return out
+
+
+def top_functions(raw: str, top: int = TOP_FUNCTIONS) -> dict[str, Any]:
+    """From py-spy's raw format (``frame;frame;...;leaf count`` per line, frames
+    ``function (file:line)``): samples by leaf function (own time) and by any frame on the stack
+    (total time), the idle threads' waits left in (they show where nothing happens)."""
+    own: Counter[str] = Counter()
+    total: Counter[str] = Counter()
+    samples = 0
+    for line in raw.splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = [_frame(f) for f in stack.split(";")]
+        samples += count
+        own[frames[-1]] += count
+        for frame in set(frames):
+            total[frame] += count
+    return {
+        "samples": samples,
+        "own": [(name, round(n / samples, 4)) for name, n in own.most_common(top)] if samples else [],
+        "total": [(name, round(n / samples, 4)) for name, n in total.most_common(top)] if samples else [],
+    }
+
+
+def _frame(frame: str) -> str:
+    """``function (path/to/module.py:123)`` -> ``module.py:function`` (lines merged)."""
+    name, _, where = frame.partition(" (")
+    file = where.rsplit(":", 1)[0].rsplit("/", 1)[-1] if where else ""
+    return f"{file}:{name}" if file else name
+
+
+# ------------------------------------------------------------------------------------------ main
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=REQUESTS)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-num-seqs", type=int, default=MAX_NUM_SEQS)
+    parser.add_argument("--model", type=Path, default=MODEL_DIR)
+    parser.add_argument("--eager", action="store_true", help="enforce_eager in both systems")
+    parser.add_argument("--profile", action="store_true", help="one more Freight run under py-spy")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "request_rate.json")
+    args = parser.parse_args(argv)
+
+    from bench.engine_baseline import EngineServer
+    from bench.freight_runner import FreightStack
+
+    started = time.monotonic()
+    work = WORK_DIR / "request-rate"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    files = []
+    for r in range(args.repeats + 1):  # the last one is the warm-up (and profiling) file
+        path = work / f"rate-{r}.jsonl"
+        wl.write_jsonl(path, lines(args.requests if r < args.repeats else max(1, args.requests // 4), r))
+        files.append(path)
+    warm = files.pop()
+    log(f"request rate: {args.repeats} x {args.requests} requests, warm-up {warm.name}")
+
+    engine = stack = None
+    runs: dict[str, list[dict[str, Any]]] = {"engine": [], "freight": []}
+    profile: dict[str, Any] | None = None
+    freight_settings: dict[str, Any] = {}
+    try:
+        log("request rate: starting the in-process engine")
+        engine = EngineServer(
+            [*engine_argv(args.model, args.eager, args.max_num_seqs), "--warmup-file", str(warm)],
+            work / "engine-serve.log",
+        )
+        engine.pause()
+        log("request rate: starting a Freight stack")
+        stack = FreightStack(
+            work / "freight", args.model, max_num_seqs=args.max_num_seqs, kv_cache_bytes=KV_BYTES,
+            max_model_len=MAX_MODEL_LEN, enforce_eager=args.eager, warmup_file=warm,
+        ).start()  # fmt: skip
+        freight_settings = stack.settings()
+        stack.pause()
+        systems: dict[str, Any] = {"engine": engine, "freight": stack}
+        for r, path in enumerate(files):
+            order = ["engine", "freight"] if r % 2 == 0 else ["freight", "engine"]
+            for role in order:
+                log(f"request rate: repeat {r + 1}/{len(files)}: {role}")
+                handle = systems[role]
+                handle.resume()
+                try:
+                    if role == "engine":
+                        run = handle.run(path)
+                    else:
+                        run = handle.run_jobs([(stack.tenants[0], path)])
+                    runs[role].append(rate_cell(run, args.requests))
+                finally:
+                    handle.pause()
+        if args.profile:
+            stack.resume()
+            roles = stack.cpu_roles()
+            pids = {
+                role: pid
+                for role, pid in roles.items()
+                if role in ("control", "api") or role.startswith("engine-")
+            }
+            (work / "profile").mkdir()
+            spies = start_profilers(pids, work / "profile")
+            time.sleep(1)  # py-spy attaches before the run starts
+            log("request rate: one more Freight run under py-spy")
+            try:
+                profiled = stack.run_jobs([(stack.tenants[0], files[0])])
+            finally:
+                profile = stop_profilers(spies)
+            profile["run"] = rate_cell(profiled, args.requests)
+            profile["note"] = (
+                f"py-spy record --rate {PROFILE_RATE} --nonblocking on each process (threads of the "
+                "Python side only; vLLM's own processes are not sampled); the run is slower than the "
+                "measured ones by the sampling"
+            )
+    finally:
+        for handle in (engine, stack):
+            if handle is not None:
+                handle.stop()
+
+    ratios = [
+        f["requests_per_s"] / e["requests_per_s"]
+        for e, f in zip(runs["engine"], runs["freight"], strict=False)
+        if e.get("requests_per_s") and f.get("requests_per_s") and not f.get("errors")
+    ]
+    value = median(ratios)
+    report = {
+        "benchmark": "request rate: tiny requests, in-process engine vs Freight end to end (issue #21 s2)",
+        "generated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "duration_s": round(time.monotonic() - started, 1),
+        "machine": machine_facts(),
+        "workload": {
+            "requests": args.requests,
+            "prompt": f"{PROMPT_WORDS} random words, unique per request",
+            "output_tokens": f"uniform {OUTPUT_TOKENS[0]}-{OUTPUT_TOKENS[1]}, ignore_eos",
+            "repeats": args.repeats,
+        },
+        "settings": {
+            "model": str(args.model),
+            "dtype": serving_dtype(args.model),
+            "max_num_seqs": args.max_num_seqs,
+            "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
+            "max_model_len": MAX_MODEL_LEN,
+            "kv_cache_bytes": KV_BYTES,
+            "enforce_eager": args.eager,
+            "freight": freight_settings,
+        },
+        "runs": runs,
+        "paired_ratios": {"freight_over_engine": ratios},
+        "ratios": {"freight_over_engine": value},
+        "targets": {
+            "freight_over_engine": {
+                "value": value,
+                "bound": f">= {TARGET}",
+                "pass": value is not None and value >= TARGET,
+            }
+        },
+        "profile": profile,
+        "notes": (
+            "requests_per_s = requests / wall_s; the engine's wall is one LLM.chat call (start-up and "
+            "warm-up excluded), Freight's from the first upload to the poll that saw the batch "
+            "completed with its output file. Ratios are per repeat on the same file, median "
+            "reported. cpu_s_per_1000_requests by process: api, control, beat, engine-* (the "
+            "worker's Python side), engine-*/children (vLLM's processes), redis."
+        ),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    log(f"written {args.out}: freight_over_engine {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
