@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from scheduler.engine_window import engine_window
 from workers.engine_lifetime import PARENT_ENV
 from workers.rendering import RenderedRequest, build_response_body, render_request
 from workers.request_bodies import ParsedRequest, RequestError, parse_body
@@ -40,12 +41,7 @@ log = logging.getLogger(__name__)
 
 ABORTED_STATUS = 499
 ABORT_POLL_SECONDS = 0.5
-WINDOW_PER_SEQ = 2  # sequences held in the engine (running + waiting) per max_num_seqs
-# while the KV cache, not max_num_seqs, bounds the running batch: sequences waiting in vLLM beyond
-# the running ones, per max_num_seqs (at least 2). vLLM serves its waiting queue first come, first
-# served, so everything past what it can start soon is better left on Freight's feed, where a later
-# job's requests can still be ordered next to their prefix-mates (scheduler/feed_order.py)
-KV_BOUND_WAITING_PER_SEQ = 1 / 8
+PROMPT_MEAN_WEIGHT = 0.05  # the newest request's weight in the running mean of prompt lengths
 
 
 @dataclass(frozen=True)
@@ -223,6 +219,9 @@ class Engine:
         self._counters: _Counters = _Counters()
         self._still_running = 0  # requests still running after the last step
         self._kv_bound = False  # the last step left requests waiting with sequence slots free
+        self._mean_prompt = 0.0  # prompt tokens of the requests handed over lately (running mean)
+        scheduler = getattr(getattr(llm, "vllm_config", None), "scheduler_config", None)
+        self._token_budget = int(getattr(scheduler, "max_num_batched_tokens", None) or 2048)
         self._default_sampling = dict(llm.model_config.get_diff_sampling_param())
         self._next_id = 0
         self._live: dict[str, _InFlight] = {}  # vLLM request id -> what it is
@@ -321,16 +320,15 @@ class Engine:
 
     @property
     def window(self) -> int:
-        """Sequences to keep in the engine (running + waiting) so no step finds a free slot idle.
-
-        While sequence slots bound the batch, twice max_num_seqs, so a step that frees every slot
-        finds as many waiting. While the KV cache bounds it (the last step left requests waiting
-        with slots free), only a few beyond those running: vLLM could not start more anyway, and
-        the order of the rest is still the feed's to decide."""
-        seqs = self.config.max_num_seqs
-        if self._kv_bound and self._live:  # an empty engine (all aborted, say) starts afresh
-            return max(1, self._still_running + max(2, round(KV_BOUND_WAITING_PER_SEQ * seqs)))
-        return max(1, WINDOW_PER_SEQ * seqs)
+        """Sequences to keep in the engine (running + waiting) so no step finds a free slot idle,
+        and no more: the order of the rest stays the feed's to decide (scheduler/engine_window.py)."""
+        return engine_window(
+            self.config.max_num_seqs,
+            self._still_running,
+            self._kv_bound and bool(self._live),  # an empty engine (all aborted, say) starts afresh
+            self._token_budget,
+            self._mean_prompt,
+        )
 
     @property
     def load(self) -> int:
@@ -351,6 +349,8 @@ class Engine:
             self._count(submitted)
             return submitted
         request_id, entry = submitted
+        prompt = len(entry.rendered.prompt_token_ids)
+        self._mean_prompt += (prompt - self._mean_prompt) * (PROMPT_MEAN_WEIGHT if self._mean_prompt else 1.0)
         self._live[request_id] = entry
         self._by_key[entry.key] = request_id
         self._load += entry.seqs
