@@ -141,6 +141,76 @@ class UnitTally:
     completion_tokens: int = 0
 
 
+def record_unit(
+    rt: Runtime,
+    claim: Claim,
+    now: float,
+    tally: UnitTally,
+    metering: dict[str, float | int],
+    **values: object,
+) -> bool | None:
+    """A finished unit's database record, in one transaction: the unit moves to ``done`` under its
+    claim (compare-and-set, so a unit is recorded once), its figures (``tally``, the engine time
+    and cost in ``metering``, the unit columns in ``values``) join its batch's live totals, and the
+    batch moves to ``finalizing`` if this was its last unit. None: the claim was lost and nothing
+    was recorded; else whether the batch is ready to finalize. Apart from ``PackRunner`` so that
+    bench/dispatcher_fleet.py's simulated workers record through the same statements."""
+    with rt.db.write() as s:
+        done = move_units(
+            s,
+            held(claim),
+            from_=UnitStatus.RUNNING,
+            to=UnitStatus.DONE,
+            finished_at=now,
+            heartbeat_at=now,
+            completed=tally.completed,
+            failed=tally.failed,
+            prompt_tokens=tally.prompt_tokens,
+            cached_tokens=tally.cached_tokens,
+            completion_tokens=tally.completion_tokens,
+            **metering,
+            **values,
+        )
+        if not done:
+            return None
+        # live progress; finalization recomputes the totals from the units
+        s.execute(
+            update(Batch)
+            .where(Batch.id == claim.batch_id)
+            .values(
+                request_completed=Batch.request_completed + tally.completed,
+                request_failed=Batch.request_failed + tally.failed,
+                prompt_tokens=Batch.prompt_tokens + tally.prompt_tokens,
+                cached_tokens=Batch.cached_tokens + tally.cached_tokens,
+                completion_tokens=Batch.completion_tokens + tally.completion_tokens,
+                **{k: getattr(Batch, k) + v for k, v in metering.items()},
+            )
+        )
+        batch = s.get(Batch, claim.batch_id, with_for_update=True)
+        return batch is not None and finish_if_done(s, batch, int(now))
+
+
+def unit_recorded(rt: Runtime, claim: Claim, ready: bool, model: str) -> None:
+    """After a unit's record committed: its batch to finalization if that was its last unit, and
+    the queue of ``model`` refilled, the room this unit made in it."""
+    if ready:
+        rt.queue.finalize(claim.batch_id)
+    from workers.dispatcher import TickReport, enqueue_units
+
+    enqueue_units(rt, time.time(), TickReport())
+
+
+def heartbeat(rt: Runtime, beats: Iterable[tuple[Claim, int, int]], now: float) -> None:
+    """Renew claims in one transaction, each with its unit's (completed, failed) results so far."""
+    with rt.db.write() as s:
+        for claim, completed, failed in beats:
+            s.execute(
+                update(WorkUnit)
+                .where(held(claim))
+                .values(heartbeat_at=now, completed=completed, failed=failed)
+            )
+
+
 @dataclass(eq=False)
 class ActiveUnit:
     """A claimed unit whose requests are on the feed or in the engine."""
@@ -561,44 +631,21 @@ class PackRunner:
             "cost_cached_micros": meter.parts["cached_input"],
             "cost_output_micros": meter.parts["output"],
         }
-        with self.rt.db.write() as s:
-            done = move_units(
-                s,
-                held(claim),
-                from_=UnitStatus.RUNNING,
-                to=UnitStatus.DONE,
-                finished_at=now,
-                heartbeat_at=now,
-                completed=tally.completed,
-                failed=tally.failed,
-                prompt_tokens=tally.prompt_tokens,
-                cached_tokens=tally.cached_tokens,
-                completion_tokens=tally.completion_tokens,
-                output_key=output_key,
-                error_key=error_key,
-                mean_fill=fill,
-                kv_tokens_read=meter.work.kv_tokens_read,
-                **metering,
-                **self._utilization(meter.work, meter.engine_seconds, round(meter.steps)),
-            )
-            if not done:
-                log.warning("unit %s: claim lost before recording; results discarded", claim.unit_id)
-                return
-            # live progress; finalization recomputes the totals from the units
-            s.execute(
-                update(Batch)
-                .where(Batch.id == claim.batch_id)
-                .values(
-                    request_completed=Batch.request_completed + tally.completed,
-                    request_failed=Batch.request_failed + tally.failed,
-                    prompt_tokens=Batch.prompt_tokens + tally.prompt_tokens,
-                    cached_tokens=Batch.cached_tokens + tally.cached_tokens,
-                    completion_tokens=Batch.completion_tokens + tally.completion_tokens,
-                    **{k: getattr(Batch, k) + v for k, v in metering.items()},
-                )
-            )
-            batch = s.get(Batch, claim.batch_id, with_for_update=True)
-            ready = batch is not None and finish_if_done(s, batch, int(now))
+        ready = record_unit(
+            self.rt,
+            claim,
+            now,
+            tally,
+            metering,
+            output_key=output_key,
+            error_key=error_key,
+            mean_fill=fill,
+            kv_tokens_read=meter.work.kv_tokens_read,
+            **self._utilization(meter.work, meter.engine_seconds, round(meter.steps)),
+        )
+        if ready is None:
+            log.warning("unit %s: claim lost before recording; results discarded", claim.unit_id)
+            return
         log.info(
             "unit %s (%s #%d): %d ok, %d failed, %d prompt (%d cached) + %d output tokens, fill %s, "
             "%.2f engine s, %d micro-$",
@@ -614,11 +661,7 @@ class PackRunner:
             meter.engine_seconds,
             meter.cost_micros,
         )
-        if ready:
-            self.rt.queue.finalize(claim.batch_id)
-        from workers.dispatcher import TickReport, enqueue_units
-
-        enqueue_units(self.rt, time.time(), TickReport())  # refill the queue this unit made room in
+        unit_recorded(self.rt, claim, ready, self.model)
 
     def _release(self, unit: ActiveUnit) -> None:
         with self.rt.db.write() as s:
@@ -687,13 +730,7 @@ class PackRunner:
     def _heartbeat(self, units: list[ActiveUnit], now: float) -> None:
         """Renew the claims, with each unit's results so far: the API adds running units' counts
         to the batch's request_counts, so progress moves within a unit, not only at its end."""
-        with self.rt.db.write() as s:
-            for unit in units:
-                s.execute(
-                    update(WorkUnit)
-                    .where(held(unit.claim))
-                    .values(heartbeat_at=now, completed=unit.tally.completed, failed=unit.tally.failed)
-                )
+        heartbeat(self.rt, [(u.claim, u.tally.completed, u.tally.failed) for u in units], now)
 
     def _flush_sample(self) -> None:
         with self._sample_lock:

@@ -1,0 +1,320 @@
+"""The dispatcher at fleet scale (issue #21 s3): Freight's real tick, packing, claims and records on
+a real PostgreSQL and Redis, with engine workers simulated (bench/dispatcher_fleet.py).
+
+    python -m bench.dispatcher_sim [--scale 1.0] [--duration 360] [--warmup 60] [--drain]
+
+At scale 1: 10,000,000 requests queued in 1,000 batches of 100 tenants, 1,000 simulated workers
+over 10 models; ``--scale`` multiplies every size (bench/dispatcher_load.py). The workers cannot be
+1,000 processes on a small machine: ``--fleet-procs`` processes each run a share of them as
+threads over the process's bounded connection pool. ``--drain`` runs until every unit is recorded
+(the smoke test's mode) instead of for ``--duration`` seconds. Writes the ``dispatcher`` section
+and its targets into bench/results/control_plane.json (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select, text
+
+from bench import dispatcher_report as rep
+from bench.dispatcher_fleet import run_dispatcher, run_fleet
+from bench.dispatcher_load import Sizes, load
+from bench.scheduler import machine_facts
+from infra import daemons
+from storage.migrate import upgrade
+from storage.models import Batch, WorkUnit
+from storage.runtime import Runtime
+from storage.settings import Settings
+from storage.status import UnitStatus
+
+RESULTS = Path(__file__).resolve().parent / "results" / "control_plane.json"
+BOUNDS = {"dispatcher_tick_s": 1.0, "runnable_to_claim_p99_s": 2.0, "jain_index": 0.9, "starved_batches": 0}
+
+
+def log(message: str) -> None:
+    print(f"[dispatcher-sim {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "--scale", type=float, default=1.0, help="fraction of 10M requests/1,000 batches/1,000 workers"
+    )
+    p.add_argument("--duration", type=float, default=360.0, help="seconds the fleet runs (without --drain)")
+    p.add_argument("--warmup", type=float, default=60.0, help="seconds left out of the figures (ramp-up)")
+    p.add_argument("--drain", action="store_true", help="run until every unit is recorded")
+    p.add_argument("--max-seconds", type=float, default=1200.0, help="--drain gives up after this long")
+    p.add_argument(
+        "--worker-rps", type=float, default=10.0, help="modelled requests/s of one worker's engine"
+    )
+    p.add_argument("--fleet-procs", type=int, default=4, help="processes the simulated workers share")
+    p.add_argument("--tick-seconds", type=float, default=2.0, help="dispatcher period (FREIGHT_TICK_SECONDS)")
+    p.add_argument(
+        "--starve-seconds", type=float, default=120.0, help="longest fair wait for a batch's next claim"
+    )
+    p.add_argument("--fairness-seconds", type=float, default=60.0, help="window of Jain's index (a minute)")
+    p.add_argument("--label", default="", help="what this run is (before/after a change), kept in the report")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--keep", type=Path, help="also write the raw logs of every process into this folder")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse(argv)
+    sizes = Sizes.at(args.scale)
+    run_dir = Path(tempfile.mkdtemp(prefix="freight-dispatch-sim-"))
+    pg = redis = None
+    try:
+        pg = daemons.start_postgres(run_dir / "pg", daemons.free_port())
+        redis = daemons.start_redis(run_dir / "redis", daemons.free_port())
+        upgrade(pg.url)
+        settings = {
+            "data_dir": str(run_dir / "data"),
+            "database_url": pg.url,
+            "broker_url": redis.url,
+            "secret_key": "dispatcher-sim",
+        }
+        return run(args, sizes, settings, run_dir)
+    finally:
+        for service in (redis, pg):
+            if service is not None:
+                service.stop()
+        daemons.stop_all(run_dir)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, sizes: Sizes, settings: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    rt = Runtime(Settings.from_env({}, **settings))
+    t0 = time.time()
+    loaded = load(rt.db, sizes, int(t0), rt.settings.unit_size)
+    with rt.db.engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("ANALYZE"))
+    log(
+        f"loaded {loaded.requests:,} requests in {loaded.batches:,} batches, {loaded.units:,} units "
+        f"in {time.time() - t0:.1f}s; {sizes.workers:,} workers over {sizes.models} models"
+    )
+    procs = max(1, min(args.fleet_procs, sizes.workers))
+    share, extra = divmod(sizes.workers, procs)
+    slices, first = [], 0
+    for k in range(procs):
+        count = share + (1 if k < extra else 0)
+        slices.append((first, count))
+        first += count
+    config = {
+        "settings": settings,
+        "models": sizes.model_names(),
+        "worker_rps": args.worker_rps,
+        "fleet_slices": slices,
+        "tick_seconds": args.tick_seconds,
+    }
+    ctx = mp.get_context("spawn")
+    stop = ctx.Event()
+    logs = run_dir / "logs"
+    logs.mkdir()
+    children = [ctx.Process(target=run_dispatcher, args=(config, stop, str(logs / "dispatcher.json")))]
+    children += [
+        ctx.Process(target=run_fleet, args=(config, k, stop, str(logs / f"fleet{k}.json")))
+        for k in range(procs)
+    ]
+    started = time.time()
+    for child in children:
+        child.start()
+    deadline = started + (args.max_seconds if args.drain else args.duration)
+    while time.time() < deadline and all(c.is_alive() for c in children):
+        time.sleep(1.0)
+        if args.drain and unfinished(rt) == 0:
+            break
+    ended = time.time()
+    stop.set()
+    for child in children:
+        child.join(timeout=120)
+    log(f"fleet ran {ended - started:.0f}s")
+    raw = {p.stem: json.loads(p.read_text()) for p in sorted(logs.glob("*.json"))}
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
+        for name, data in raw.items():
+            (args.keep / f"{name}.json").write_text(json.dumps(data))
+    window = (started if args.drain else started + args.warmup, ended)
+    report = build(args, sizes, loaded.units, rt, raw, window, started, ended)
+    rt.db.dispose()
+    targets = report.pop("targets")
+    rep.merge_results(args.out, report, targets)
+    log(json.dumps({"targets": targets}, indent=1))
+    return {**report, "targets": targets}
+
+
+def unfinished(rt: Runtime) -> int:
+    with rt.db.read() as s:
+        return int(s.scalar(select(func.count()).where(WorkUnit.status.not_in(UnitStatus.FINISHED))) or 0)
+
+
+def console_and_metrics_seconds(rt: Runtime) -> dict[str, float]:
+    """One ``/metrics`` snapshot and one console "Models & workers" read on the final database."""
+    from api.services.monitoring import metrics_snapshot
+
+    out = {}
+    t0 = time.perf_counter()
+    metrics_snapshot(rt, time.time())
+    out["metrics_snapshot_s"] = round(time.perf_counter() - t0, 4)
+    return out
+
+
+def build(
+    args: argparse.Namespace,
+    sizes: Sizes,
+    n_units: int,
+    rt: Runtime,
+    raw: dict[str, Any],
+    window: tuple[float, float],
+    started: float,
+    ended: float,
+) -> dict[str, Any]:
+    w0, w1 = window
+    fleets = [v for k, v in raw.items() if k.startswith("fleet")]
+    ticks = raw.get("dispatcher", {}).get("ticks", [])
+    with rt.db.read() as s:
+        units = s.execute(
+            select(
+                WorkUnit.id,
+                WorkUnit.batch_id,
+                WorkUnit.status,
+                WorkUnit.enqueued_at,
+                WorkUnit.started_at,
+                WorkUnit.attempts,
+                WorkUnit.n_requests,
+            )
+        ).all()
+        tenant_of = dict(s.execute(select(Batch.id, Batch.tenant_id)).all())
+    unit_batch = {u.id: u.batch_id for u in units}
+    claims = [c for f in fleets for c in f["claims"]]
+    records = [r for f in fleets for r in f["records"] if r[4] >= 0]
+    claim_count = Counter(c[0] for c in claims)
+    in_window = [t for t in ticks if w0 <= t["at"] <= w1]
+    # runnable (queued in a pack message) -> claimed, per unit claimed in the window
+    to_claim = [
+        u.started_at - u.enqueued_at
+        for u in units
+        if u.started_at is not None and u.enqueued_at is not None and w0 <= u.started_at <= w1
+    ]
+    served = [(r[1], tenant_of[unit_batch[r[0]]], r[4]) for r in records]
+    per_minute = rep.jain_per_window(served, tenant_of.values(), w0, w1, args.fairness_seconds)
+    claim_times: dict[str, list[float]] = defaultdict(list)
+    last_claim: dict[str, float] = {}
+    for unit_id, at, _ in claims:
+        claim_times[unit_batch[unit_id]].append(at)
+    for batch, times in claim_times.items():
+        last_claim[batch] = max(times)
+    waiting_batches = {u.batch_id for u in units if u.started_at is None}
+    due = {b: (float("inf") if b in waiting_batches else last_claim.get(b, w0)) for b in tenant_of}
+    gaps = rep.longest_gaps(claim_times, due, w0, w1)
+    starved = sorted(b for b, gap in gaps.items() if gap > args.starve_seconds)
+    idle = [seconds for f in fleets for at, seconds in f["idle"] if w0 <= at <= w1]
+    busy = sum(sum(f["busy_seconds"].values()) for f in fleets)
+    tick_seconds = [t["seconds"] for t in in_window]
+    phase_max: dict[str, float] = defaultdict(float)
+    for t in in_window:
+        for name, sec in t["phases"].items():
+            phase_max[name] = max(phase_max[name], sec)
+    requests_served = sum(r[4] for r in records)
+    report: dict[str, Any] = {
+        "label": args.label,
+        "machine": machine_facts(),
+        "scale": args.scale,
+        "sizes": {
+            "requests": sizes.requests,
+            "batches": sizes.batches,
+            "tenants": sizes.tenants,
+            "models": sizes.models,
+            "workers": sizes.workers,
+            "units": n_units,
+        },
+        "settings": {
+            k: getattr(rt.settings, k)
+            for k in (
+                "unit_size",
+                "pack_requests",
+                "queue_depth",
+                "heartbeat_seconds",
+                "sample_seconds",
+                "lease_seconds",
+                "urgent_slack_seconds",
+            )
+        },
+        "run": {
+            "mode": "drain" if args.drain else "duration",
+            "seconds": round(ended - started, 1),
+            "warmup_seconds": 0 if args.drain else args.warmup,
+            "measured_seconds": round(w1 - w0, 1),
+            "worker_rps": args.worker_rps,
+            "fleet_processes": len(fleets),
+            "tick_period_s": args.tick_seconds,
+        },
+        "tick": {
+            **rep.summary(tick_seconds),
+            "waiting_requests_at_first": in_window[0]["waiting_requests"] if in_window else None,
+            "phase_max_s": {k: round(v, 4) for k, v in phase_max.items()},
+        },
+        "runnable_to_claim_s": rep.summary(to_claim),
+        "claim_db_s": rep.summary([c[2] for c in claims]),
+        "record_db_s": rep.summary([r[2] for r in records]),
+        "refill_after_record_s": rep.summary([r[3] for r in records]),
+        "refill_after_pack_s": rep.summary([p for f in fleets for p in f["pokes"]]),
+        "worker_idle_wait_s": rep.summary(idle),
+        "fleet_utilization": round(busy / (sizes.workers * (ended - started)), 4),
+        "requests_served": requests_served,
+        "requests_per_s": round(requests_served / max(1e-9, ended - started), 1),
+        "jain_window_s": args.fairness_seconds,
+        "jain_per_window": per_minute,
+        "jain_min": min(per_minute) if per_minute else None,
+        "jain_mean": round(sum(per_minute) / len(per_minute), 4) if per_minute else None,
+        "longest_claim_gap_s": rep.summary(list(gaps.values()), 1),
+        "starved_batches": len(starved),
+        "starved_examples": starved[:10],
+        "claims": {
+            "units": n_units,
+            "claimed": len(claim_count),
+            "claimed_more_than_once": sum(1 for n in claim_count.values() if n > 1),
+            "lost_claims": sum(f["lost_claims"] for f in fleets),
+            "units_not_done": sum(1 for u in units if u.status != UnitStatus.DONE),
+            "max_attempts": max((u.attempts for u in units), default=0),
+        },
+        "errors": [e for f in fleets for e in f["errors"]][:20],
+        "queries": console_and_metrics_seconds(rt),
+        "notes": [
+            f"{sizes.workers} simulated workers as threads in {len(fleets)} processes (plus one "
+            "dispatcher process), each process over its own SQLAlchemy pool (5 + 10 overflow connections); "
+            "engine time is modelled (a unit's requests at worker_rps), everything else is Freight's code "
+            "on real PostgreSQL and Redis",
+            "heartbeats and engine_samples rows are written per process in one transaction every "
+            "FREIGHT_HEARTBEAT_SECONDS / FREIGHT_SAMPLE_SECONDS (a real fleet: one per worker); the "
+            "engine worker's 1 s cancellation check is not simulated",
+            "runnable-to-claim: pack message sent (enqueued_at) to claim_unit (started_at); worker_idle_wait: "
+            "a worker with nothing claimed, until its next pack arrived",
+            "jain_index: worst full minute of the measured window, requests recorded per tenant "
+            "(all tenants alike); starved: a batch with unclaimed units and no claim for starve_seconds",
+            rep.__doc__.split("Definitions")[0].strip(),
+        ],
+    }
+    report["targets"] = {
+        "dispatcher_tick_s": rep.target(report["tick"]["max"], BOUNDS["dispatcher_tick_s"], "<="),
+        "runnable_to_claim_p99_s": rep.target(
+            report["runnable_to_claim_s"]["p99"], BOUNDS["runnable_to_claim_p99_s"], "<="
+        ),
+        "jain_index": rep.target(report["jain_min"], BOUNDS["jain_index"], ">="),
+        "starved_batches": rep.target(len(starved), BOUNDS["starved_batches"], "<="),
+    }
+    return report
+
+
+if __name__ == "__main__":
+    main()
