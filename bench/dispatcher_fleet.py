@@ -82,7 +82,11 @@ def run_dispatcher(config: dict[str, Any], stop: Any, out: str) -> None:
         phases.clear()
         started = time.time()
         t0 = time.perf_counter()
-        report = dispatcher.tick(rt, started)
+        error = None
+        try:
+            report = dispatcher.tick(rt, started)
+        except Exception as exc:  # beat sends the next tick all the same: counted, not fatal
+            error, report = repr(exc), dispatcher.TickReport()
         seconds = time.perf_counter() - t0
         with rt.db.read() as s:  # outside the timed tick: what was waiting when it ran
             waiting = s.scalar(
@@ -102,6 +106,7 @@ def run_dispatcher(config: dict[str, Any], stop: Any, out: str) -> None:
                 "finalizing": len(report.finalizing),
                 "expired": len(report.expired),
                 "phases": {k: round(v, 4) for k, v in phases.items()},
+                "error": error,
             }
         )
         stop.wait(max(0.0, period - (time.time() - started)))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import shutil
 import sys
 import tempfile
@@ -228,7 +229,7 @@ def build(
     requests_served = sum(r[4] for r in records)
     report: dict[str, Any] = {
         "label": args.label,
-        "machine": machine_facts(),
+        "machine": {**machine_facts(), "load_average_at_end": [round(x, 2) for x in os.getloadavg()]},
         "scale": args.scale,
         "sizes": {
             "requests": sizes.requests,
@@ -288,7 +289,9 @@ def build(
             "units_not_done": sum(1 for u in units if u.status != UnitStatus.DONE),
             "max_attempts": max((u.attempts for u in units), default=0),
         },
-        "errors": [e for f in fleets for e in f["errors"]][:20],
+        "errors": ([e for f in fleets for e in f["errors"]] + [t["error"] for t in ticks if t.get("error")])[
+            :20
+        ],
         "queries": console_and_metrics_seconds(rt),
         "notes": [
             f"{sizes.workers} simulated workers as threads in {len(fleets)} processes (plus one "
