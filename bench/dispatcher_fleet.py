@@ -88,6 +88,7 @@ def run_dispatcher(config: dict[str, Any], stop: Any, out: str) -> None:
         except Exception as exc:  # beat sends the next tick all the same: counted, not fatal
             error, report = repr(exc), dispatcher.TickReport()
         seconds = time.perf_counter() - t0
+        t1 = time.perf_counter()
         with rt.db.read() as s:  # outside the timed tick: what was waiting when it ran
             waiting = s.scalar(
                 select(func.coalesce(func.sum(WorkUnit.n_requests), 0)).where(
@@ -99,6 +100,7 @@ def run_dispatcher(config: dict[str, Any], stop: Any, out: str) -> None:
                 "at": started,
                 "seconds": seconds,
                 "waiting_requests": int(waiting or 0),
+                "waiting_query_s": round(time.perf_counter() - t1, 4),
                 "packs": len(report.packs),
                 "enqueued": len(report.enqueued),
                 "requeued": len(report.requeued),
@@ -238,7 +240,7 @@ class Fleet:
                 w.work.append(claim)
                 self.claims.append((unit_id, at, spent))
         t0 = time.perf_counter()
-        dispatcher.enqueue_units(self.rt, time.time(), dispatcher.TickReport())
+        dispatcher.enqueue_units(self.rt, time.time(), dispatcher.TickReport(), model=w.model)  # tasks.poke
         with self.lock:
             self.pokes.append(time.perf_counter() - t0)
 

@@ -9,12 +9,13 @@ is locked" at once, without waiting); on PostgreSQL writers lock the rows they c
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, func, select
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -60,6 +61,22 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def transaction_lock(s: Session, name: str, wait: bool = True) -> bool:
+    """Hold the lock ``name`` until ``s``'s transaction ends; ``wait=False``: only if no other
+    transaction holds it (False then, and nothing is held). On PostgreSQL an advisory lock keyed
+    by the name's hash; on SQLite always True, a write transaction being exclusive already.
+
+    For work that must not run twice at once, as a whole: two transactions that lock overlapping
+    rows in different orders deadlock, and PostgreSQL then fails one of them."""
+    if s.get_bind().dialect.name != "postgresql":
+        return True
+    key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+    if wait:
+        s.execute(select(func.pg_advisory_xact_lock(key)))
+        return True
+    return bool(s.scalar(select(func.pg_try_advisory_xact_lock(key))))
 
 
 def _make_engine(url: str) -> Engine:

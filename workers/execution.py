@@ -197,7 +197,7 @@ def unit_recorded(rt: Runtime, claim: Claim, ready: bool, model: str) -> None:
         rt.queue.finalize(claim.batch_id)
     from workers.dispatcher import TickReport, enqueue_units
 
-    enqueue_units(rt, time.time(), TickReport())
+    enqueue_units(rt, time.time(), TickReport(), model=model)
 
 
 def heartbeat(rt: Runtime, beats: Iterable[tuple[Claim, int, int]], now: float) -> None:

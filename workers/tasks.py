@@ -165,11 +165,11 @@ def register(app: Celery) -> None:
     def periodic_task(name: str) -> Any:
         return app.task(name=name, shared=False, acks_late=False, ignore_result=True, **time_limits(name))
 
-    def poke(rt: Runtime) -> None:
+    def poke(rt: Runtime, model: str | None = None) -> None:
         """Refill the queues now rather than at the next tick (which does the same: a failure
-        here is only logged)."""
+        here is only logged); ``model``: only that model's, the queue a taken pack left room in."""
         try:
-            dispatcher.enqueue_units(rt, time.time(), dispatcher.TickReport())
+            dispatcher.enqueue_units(rt, time.time(), dispatcher.TickReport(), model=model)
         except Exception:
             log.warning("refilling the queues failed; the next tick does it", exc_info=True)
 
@@ -207,7 +207,7 @@ def register(app: Celery) -> None:
     ) -> None:
         runner: execution.PackRunner = app.freight_runner  # started with the engine worker
         runner.run_pack(pack_id, unit_ids, more_coming=more_coming, urgent=urgent or ())
-        poke(runtime_of(app))
+        poke(runtime_of(app), runner.model)
 
     @task("freight.finalize_batch", on_failure=killed(fail_finalization))
     @guarded(lambda error, batch_id: fail_finalization(runtime_of(app), error, batch_id))

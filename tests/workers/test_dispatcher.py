@@ -290,3 +290,34 @@ def test_a_refill_between_ticks_keeps_urgency_and_its_cap(settings):
         assert len(unit_ids) == 2 and b_unit in unit_ids and set(urgent) == set(unit_ids)
     finally:
         rt.db.dispose()
+
+
+def test_a_refill_packs_its_own_model_and_leaves_a_packing_pass_under_way_alone(settings):
+    """Issue #21 s3: a fleet refills after every unit and pack. A refill packs only the model whose
+    queue a unit or pack made room in, does nothing while that queue is full, and on PostgreSQL
+    steps aside while another packing pass holds the lock (concurrent passes deadlocked)."""
+    from bench.dispatcher_load import Sizes, load
+    from storage.db import transaction_lock
+
+    rt = Runtime(replace(settings, unit_size=4, pack_requests=4, queue_depth=1))
+    try:
+        load(rt.db, Sizes(requests=64, batches=4, tenants=2, models=2, workers=2), now(), unit_size=4)
+
+        def queued() -> dict[str, int]:
+            return {m: sum(1 for u in units(rt) if u.model == m and u.status == UnitStatus.QUEUED)
+                    for m in ("m0", "m1")}  # fmt: skip
+
+        dispatcher.enqueue_units(rt, float(now()), dispatcher.TickReport(), model="m0")
+        assert queued() == {"m0": 1, "m1": 0}
+        assert not dispatcher.queue_has_room(rt, "m0") and dispatcher.queue_has_room(rt, "m1")
+        dispatcher.enqueue_units(rt, float(now()), dispatcher.TickReport(), model="m0")  # full: nothing
+        assert queued() == {"m0": 1, "m1": 0}
+        if not rt.db.is_sqlite:  # SQLite's write transaction is the lock
+            with rt.db.write() as s:
+                assert transaction_lock(s, dispatcher.PACKING_LOCK)
+                dispatcher.enqueue_units(rt, float(now()), dispatcher.TickReport(), model="m1")
+            assert queued() == {"m0": 1, "m1": 0}
+        dispatcher.enqueue_units(rt, float(now()), dispatcher.TickReport(), model="m1")
+        assert queued() == {"m0": 1, "m1": 1}
+    finally:
+        rt.db.dispose()
