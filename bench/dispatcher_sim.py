@@ -25,7 +25,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select, text, update
 
 from bench import dispatcher_report as rep
 from bench.dispatcher_fleet import run_dispatcher, run_fleet
@@ -37,6 +37,7 @@ from storage.models import Batch, WorkUnit
 from storage.runtime import Runtime
 from storage.settings import Settings
 from storage.status import UnitStatus
+from workers import dispatcher
 
 RESULTS = Path(__file__).resolve().parent / "results" / "control_plane.json"
 BOUNDS = {"dispatcher_tick_s": 1.0, "runnable_to_claim_p99_s": 2.0, "jain_index": 0.9, "starved_batches": 0}
@@ -104,6 +105,8 @@ def run(args: argparse.Namespace, sizes: Sizes, settings: dict[str, Any], run_di
         f"loaded {loaded.requests:,} requests in {loaded.batches:,} batches, {loaded.units:,} units "
         f"in {time.time() - t0:.1f}s; {sizes.workers:,} workers over {sizes.models} models"
     )
+    quiet = quiet_ticks(rt, 5)
+    log(f"the tick alone on the loaded database: {quiet}")
     procs = max(1, min(args.fleet_procs, sizes.workers))
     share, extra = divmod(sizes.workers, procs)
     slices, first = [], 0
@@ -147,11 +150,32 @@ def run(args: argparse.Namespace, sizes: Sizes, settings: dict[str, Any], run_di
             (args.keep / f"{name}.json").write_text(json.dumps(data))
     window = (started if args.drain else started + args.warmup, ended)
     report = build(args, sizes, loaded.units, rt, raw, window, started, ended)
+    report["tick"]["alone_s"] = quiet
     rt.db.dispose()
     targets = report.pop("targets")
     rep.merge_results(args.out, report, targets)
     log(json.dumps({"targets": targets}, indent=1))
     return {**report, "targets": targets}
+
+
+def quiet_ticks(rt: Runtime, n: int) -> list[float]:
+    """The tick's own cost, before any worker runs: ``n`` ticks on the loaded database, each
+    packing a full set of queues (every model's ``queue_depth`` packs); between them the packs are
+    undone (units back to pending, queues emptied), so each tick does the same work."""
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        dispatcher.tick(rt, time.time())
+        out.append(round(time.perf_counter() - t0, 4))
+        with rt.db.write() as s:
+            s.execute(
+                update(WorkUnit)
+                .where(WorkUnit.status == UnitStatus.QUEUED)
+                .values(status=UnitStatus.PENDING, pack_id=None, enqueued_at=None)
+            )
+        with rt.queue.celery.connection_for_write() as conn:
+            conn.default_channel.client.flushdb()
+    return out
 
 
 def unfinished(rt: Runtime) -> int:
@@ -280,6 +304,9 @@ def build(
         "jain_mean": round(sum(per_minute) / len(per_minute), 4) if per_minute else None,
         "longest_claim_gap_s": rep.summary(list(gaps.values()), 1),
         "starved_batches": len(starved),
+        "batches_never_claimed_in_window": sum(
+            1 for b in waiting_batches if not any(w0 <= t <= w1 for t in claim_times.get(b, ()))
+        ),
         "starved_examples": starved[:10],
         "claims": {
             "units": n_units,
@@ -301,6 +328,8 @@ def build(
             "heartbeats and engine_samples rows are written per process in one transaction every "
             "FREIGHT_HEARTBEAT_SECONDS / FREIGHT_SAMPLE_SECONDS (a real fleet: one per worker); the "
             "engine worker's 1 s cancellation check is not simulated",
+            "tick.alone_s: the tick on the loaded database before any worker runs (each packing every "
+            "model's queues, the packs undone between ticks): its own cost, apart from the fleet's load",
             "runnable-to-claim: pack message sent (enqueued_at) to claim_unit (started_at); worker_idle_wait: "
             "a worker with nothing claimed, until its next pack arrived",
             "jain_index: worst full minute of the measured window, requests recorded per tenant "

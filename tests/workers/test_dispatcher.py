@@ -321,3 +321,32 @@ def test_a_refill_packs_its_own_model_and_leaves_a_packing_pass_under_way_alone(
         assert queued() == {"m0": 1, "m1": 1}
     finally:
         rt.db.dispose()
+
+
+def test_the_tick_sets_etas_and_flags_at_risk_without_locking_the_batches(settings):
+    """assess_deadlines reads the running batches without row locks and writes the changed ETAs
+    and flags in one statement: at 1 request/s every batch here is late, so each is flagged once,
+    and a later tick leaves the flag's time alone."""
+    from bench.dispatcher_load import Sizes, load
+    from storage.models import Batch, EngineSample
+
+    rt = Runtime(replace(settings, unit_size=4, pack_requests=4, queue_depth=1))
+    try:
+        t0 = now()
+        load(rt.db, Sizes(requests=40, batches=2, tenants=2, models=1, workers=1), t0, unit_size=4)
+        with rt.db.write() as s:
+            s.add(EngineSample(worker="w", model="m0", started_at=t0 - 10, seconds=1e5, steps=1, running_mean=1,
+                               waiting_mean=0, max_num_seqs=1, prompt_tokens=0, cached_tokens=0, output_tokens=0,
+                               requests=1))  # fmt: skip
+        report = dispatcher.tick(rt, float(t0))
+        with rt.db.read() as s:
+            batches = s.scalars(select(Batch)).all()
+        assert sorted(report.at_risk) == sorted(b.id for b in batches)
+        assert all(
+            b.at_risk_since == t0 and b.eta_at is not None and b.eta_at > b.expires_at for b in batches
+        )
+        assert dispatcher.tick(rt, float(t0 + 1)).at_risk == []
+        with rt.db.read() as s:
+            assert all(b.at_risk_since == t0 for b in s.scalars(select(Batch)).all())
+    finally:
+        rt.db.dispose()
