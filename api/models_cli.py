@@ -1,4 +1,5 @@
-"""``freight models``: the model registry from the command line (add, list, remove, quantize).
+"""``freight models``: the model registry from the command line (add, list, set-engine, remove,
+quantize).
 
 Imported by ``api/cli.py``, which vLLM's engine processes re-import: nothing here may import Flask
 at module level (vLLM walks the loaded modules at start-up and trips over Flask's context globals).
@@ -13,6 +14,7 @@ import click
 
 from api.cli_settings import command_runtime, command_settings
 from storage.registry import REQUESTED, ModelEntry
+from workers.engine_args import describe
 from workers.quantize import METHODS, SCHEMES
 
 
@@ -59,8 +61,15 @@ def models() -> None:
 @click.option("--list-price-in", type=float, default=None, help="list $ per 1M input tokens")
 @click.option("--list-price-cached", type=float, default=None, help="list $ per 1M cached input tokens")
 @click.option("--list-price-out", type=float, default=None, help="list $ per 1M output tokens")
+@click.option("--engine-arg", "engine_args", multiple=True, metavar="KEY=VALUE",
+              help="a vLLM engine argument of this model (as `vllm serve --KEY VALUE`); repeat for more")  # fmt: skip
 def models_add(
-    name: str, source: str, quantization: str, max_model_len: int | None, **prices: float | None
+    name: str,
+    source: str,
+    quantization: str,
+    max_model_len: int | None,
+    engine_args: tuple[str, ...],
+    **prices: float | None,
 ) -> None:
     """Register NAME, served from --path (quantized as --quantization says)."""
     from api.services.models import AddRequest, add
@@ -79,6 +88,7 @@ def models_add(
                     list_price_input=prices["list_price_in"],
                     list_price_cached=prices["list_price_cached"],
                     list_price_output=prices["list_price_out"],
+                    engine_args=engine_args,
                 ),
                 echo=_echo,
                 progress=bar,
@@ -86,6 +96,34 @@ def models_add(
     finally:
         bar.close()
     click.echo(f"registered {entry.name}: {entry.quantization} from {entry.checkpoint}")
+    if entry.engine_args or entry.max_model_len:
+        click.echo(f"engine args: {describe(_engine_args(entry))}")
+
+
+@models.command("set-engine")
+@click.argument("name")
+@click.option("--engine-arg", "assign", multiple=True, metavar="KEY=VALUE",
+              help="set a vLLM engine argument (as `vllm serve --KEY VALUE`); repeat for more")  # fmt: skip
+@click.option("--unset", multiple=True, metavar="KEY", help="drop one of the model's engine arguments")
+def models_set_engine(name: str, assign: tuple[str, ...], unset: tuple[str, ...]) -> None:
+    """Set or unset NAME's vLLM engine arguments; its workers apply them at their next start."""
+    from api.services.models import set_engine
+
+    with command_runtime(command_settings()[0]) as rt:
+        entry = set_engine(rt, name, assign, unset)
+    args = _engine_args(entry)
+    click.echo(
+        f"{entry.name} engine args: {describe(args) if args else 'none (the FREIGHT_ENGINE_* defaults)'}"
+    )
+    click.echo("restart the model's workers to apply them")
+
+
+def _engine_args(e: ModelEntry) -> dict:
+    """The model's engine arguments, its max_model_len (a column of its own) among them."""
+    args = dict(e.engine_args)
+    if e.max_model_len is not None:
+        args["max_model_len"] = e.max_model_len
+    return args
 
 
 @models.command("list")
@@ -103,7 +141,9 @@ def models_list(as_json: bool) -> None:
     if not rows:
         click.echo("no models (add one with `freight models add NAME --path DIR`)")
         return
-    header = ("NAME", "QUANT", "REQUESTED", "SOURCE", "WEIGHTS", "$/H", "LIST IN/OUT", "PROBE INT4/BF16")
+    header = (
+        "NAME", "QUANT", "REQUESTED", "SOURCE", "WEIGHTS", "$/H", "LIST IN/OUT", "PROBE INT4/BF16", "ENGINE ARGS"
+    )  # fmt: skip
     table = [header] + [_row(e) for e in rows]
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     for r in table:
@@ -118,7 +158,8 @@ def _row(e: ModelEntry) -> tuple[str, ...]:
     if e.probe:
         probe = " ".join(f"b{b}:{r:g}" for b, r in e.probe.get("int4_over_bf16", {}).items())
     source = e.source + (" (FREIGHT_MODELS)" if e.declared else "")
-    return (e.name, e.quantization, e.requested_quantization, source, weights, price, listed, probe)
+    engine = describe(_engine_args(e)) or "-"
+    return (e.name, e.quantization, e.requested_quantization, source, weights, price, listed, probe, engine)
 
 
 def _as_dict(e: ModelEntry) -> dict:
@@ -135,6 +176,7 @@ def _as_dict(e: ModelEntry) -> dict:
         "weight_bytes": e.weight_bytes,
         "probe": e.probe,
         "declared": e.declared,
+        "engine_args": _engine_args(e),
     }
 
 

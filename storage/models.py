@@ -395,4 +395,7 @@ class Model(Base):
     parameters: Mapped[int | None] = mapped_column(BigInteger)
     weight_bytes: Mapped[int | None] = mapped_column(BigInteger)
     probe: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # the measured BF16/INT4 probe of `auto`
+    # vLLM engine arguments of this model ({field: value}, parsed as vLLM's CLI parses them:
+    # workers/engine_args.py); they override the FREIGHT_ENGINE_* defaults. NULL: none
+    engine_args: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[int] = mapped_column(BigInteger)

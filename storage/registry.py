@@ -9,7 +9,7 @@ model name into files, prices or a listing asks this module, so there is one ans
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,9 @@ class ModelEntry:
     probe: dict[str, Any] | None = None
     created_at: int = 0
     declared: bool = False  # from FREIGHT_MODELS, not a row
+    # vLLM engine arguments over the FREIGHT_ENGINE_* defaults, already parsed and checked against
+    # vLLM's EngineArgs at registration (workers/engine_args.py); max_model_len is the field above
+    engine_args: dict[str, Any] = field(default_factory=dict)
 
     def price_per_hour(self, settings: Settings) -> float:
         if self.instance_price_per_hour is not None:
@@ -105,6 +108,7 @@ def _entry(row: Model) -> ModelEntry:
         weight_bytes=row.weight_bytes,
         probe=row.probe,
         created_at=row.created_at,
+        engine_args=dict(row.engine_args or {}),
     )
 
 

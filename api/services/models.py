@@ -4,6 +4,10 @@
 quantized is served as it is; ``w4a16`` quantizes a full-precision one (round-to-nearest) into
 Freight's quantized folder; ``auto`` does the same and then keeps INT4 only if a measured probe on
 this machine says it is faster than BF16 (the probe's figures stay in the row).
+
+``add`` and ``set_engine`` also take the model's own vLLM engine arguments, checked and parsed
+(workers/engine_args.py) before anything is written or quantized, so a bad one is refused here and
+not at a worker's start.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import json
 import re
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -27,6 +31,7 @@ from storage.registry import REQUESTED, ModelEntry, RegistryError, entries, loca
 from storage.runtime import Runtime
 from storage.status import BatchStatus
 from workers.checkpoint import weights
+from workers.engine_args import MAX_MODEL_LEN, QUANTIZATION, QUANTIZATION_REASON, EngineArgError
 from workers.probe import ProbeError, choose, run_probe
 from workers.quantize import QuantizeError, QuantizeRequest, quantize
 from workers.quantize_env import ensure
@@ -47,6 +52,7 @@ class AddRequest:
     list_price_input: float | None = None
     list_price_cached: float | None = None
     list_price_output: float | None = None
+    engine_args: tuple[str, ...] = ()  # KEY=VALUE texts, as `--engine-arg` gives them
 
 
 def _check(req: AddRequest) -> None:
@@ -67,10 +73,56 @@ def _check(req: AddRequest) -> None:
         raise ServiceError("invalid_request", "give both --list-price-in and --list-price-out, or neither")
 
 
+def engine_args(texts: Sequence[str], *, quantization: str, model_path: str | None = None) -> dict[str, Any]:
+    """``KEY=VALUE`` texts as the {field: value} the registry stores, or the refusal naming the field.
+
+    ``quantization`` is the model's served one (``none``: an unquantized checkpoint, which vLLM may
+    quantize at load); ``max_model_len`` stays in the result for the caller to move to its column."""
+    from workers.engine_args import check, parse_assignments
+
+    if not texts:
+        return {}
+    try:
+        values = parse_assignments(texts)
+        if QUANTIZATION in values and quantization != "none":
+            raise EngineArgError(QUANTIZATION_REASON)
+        if MAX_MODEL_LEN in values and not (
+            isinstance(values[MAX_MODEL_LEN], int) and values[MAX_MODEL_LEN] > 0
+        ):
+            raise EngineArgError(
+                f"engine arg max_model_len must be a positive number of tokens, not {values[MAX_MODEL_LEN]!r}"
+            )
+        check(values, model_path)
+    except EngineArgError as exc:
+        raise ServiceError("invalid_request", str(exc), param="engine_args") from exc
+    return values
+
+
+def engine_args_check(values: dict[str, Any], model_path: str | None) -> None:
+    from workers.engine_args import check
+
+    try:
+        check(values, model_path)
+    except EngineArgError as exc:
+        raise ServiceError("invalid_request", str(exc), param="engine_args") from exc
+
+
 def add(rt: Runtime, req: AddRequest, *, echo: Echo = print, progress: Progress | None = None) -> ModelEntry:
     _check(req)
     if not req.source.startswith("s3://"):  # workers may start elsewhere in the tree
         req = replace(req, source=str(Path(req.source).absolute()))
+    args: dict[str, Any] = {}
+    if req.engine_args:  # refused before anything is downloaded or quantized
+        model_path = None if req.source.startswith("s3://") else req.source
+        args = engine_args(req.engine_args, quantization=req.quantization, model_path=model_path)
+        if MAX_MODEL_LEN in args:
+            given = args.pop(MAX_MODEL_LEN)
+            if req.max_model_len is not None and req.max_model_len != given:
+                raise ServiceError(
+                    "invalid_request",
+                    f"--max-model-len {req.max_model_len} and engine arg max_model_len={given} disagree",
+                )
+            req = replace(req, max_model_len=given)
     with rt.db.read() as s:
         if s.get(Model, req.name) is not None:
             raise ServiceError("conflict", f"model {req.name!r} is already registered: remove it first")
@@ -123,6 +175,7 @@ def add(rt: Runtime, req: AddRequest, *, echo: Echo = print, progress: Progress 
         weight_bytes=size or None,
         probe=probe,
         created_at=int(time.time()),
+        engine_args=args or None,
     )
     with rt.db.write() as s:
         s.add(row)
@@ -145,6 +198,50 @@ def get(rt: Runtime, name: str) -> ModelEntry:
         raise ServiceError(
             "not_found", f"The model '{name}' does not exist", param="model", code="model_not_found"
         )
+    return entry
+
+
+def set_engine(rt: Runtime, name: str, assign: Sequence[str] = (), unset: Sequence[str] = ()) -> ModelEntry:
+    """Set (``KEY=VALUE``) and unset (``KEY``) a registered model's engine arguments. Its workers
+    apply them at their next start; batches of the model are untouched."""
+    if not assign and not unset:
+        raise ServiceError("invalid_request", "give --engine-arg KEY=VALUE or --unset KEY")
+    from workers.engine_args import field_name
+
+    with rt.db.write() as s:
+        row = s.get(Model, name)
+        if row is None:
+            if name in rt.settings.models:
+                raise ServiceError(
+                    "conflict",
+                    f"model {name!r} is declared by FREIGHT_MODELS, which has no engine args: register it "
+                    f"with `freight models add {name} --path ... --engine-arg KEY=VALUE`",
+                )
+            raise ServiceError("not_found", f"model {name!r} is not registered", code="model_not_found")
+        current = dict(row.engine_args or {})
+        if row.max_model_len is not None:
+            current[MAX_MODEL_LEN] = row.max_model_len
+        for key in unset:
+            try:
+                field = field_name(key)
+            except EngineArgError as exc:
+                raise ServiceError("invalid_request", str(exc), param="engine_args") from exc
+            if field not in current:
+                listed = ", ".join(sorted(current)) or "none"
+                raise ServiceError(
+                    "invalid_request", f"engine arg {field!r} is not set for {name} (set: {listed})"
+                )
+            del current[field]
+        model_path = None if row.source.startswith("s3://") else row.source
+        given = engine_args(assign, quantization=row.quantization, model_path=model_path)
+        merged = {**current, **given}
+        if given and current:  # the whole set must still be one vLLM accepts together
+            engine_args_check(merged, model_path)
+        max_model_len = merged.pop(MAX_MODEL_LEN, None)
+        row.max_model_len = max_model_len
+        row.engine_args = merged or None
+    entry = lookup(rt.db, rt.settings, name)
+    assert entry is not None
     return entry
 
 
@@ -242,4 +339,14 @@ def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", name)
 
 
-__all__ = ["AddRequest", "RegistryError", "add", "get", "list_models", "quantize_checkpoint", "remove"]
+__all__ = [
+    "AddRequest",
+    "RegistryError",
+    "add",
+    "engine_args",
+    "get",
+    "list_models",
+    "quantize_checkpoint",
+    "remove",
+    "set_engine",
+]

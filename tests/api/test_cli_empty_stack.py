@@ -37,6 +37,7 @@ ARGV = {
     "models add": ["models", "add", "m", "--path", "ckpt"],
     "models list": ["models", "list"],
     "models remove": ["models", "remove", "m"],
+    "models set-engine": ["models", "set-engine", "m", "--engine-arg", "max_num_seqs=2"],
     "models quantize": ["models", "quantize", "ckpt", "out"],
 }
 SUCCEED = {"config", "db upgrade"}  # these work on an empty folder

@@ -16,7 +16,7 @@ from api.services import models
 from api.services.models import AddRequest
 from api.services.tenants import create_tenant
 from storage.errors import ServiceError
-from storage.models import Batch, StoredFile
+from storage.models import Batch, Model, StoredFile
 from storage.registry import lookup
 from storage.status import BatchStatus
 from tests.conftest import DEMO_MODEL, now
@@ -136,3 +136,113 @@ def test_the_cli_adds_lists_and_removes(runtime, monkeypatch: pytest.MonkeyPatch
         main, ["models", "quantize", str(DEMO_MODEL), str(s.data_dir / "q"), "--scheme", "fp8"], env=env
     )
     assert bad.exit_code == 2 and "'fp8' is not 'w4a16'" in bad.output
+
+
+def test_engine_args_are_checked_stored_set_and_unset(runtime) -> None:
+    entry = models.add(
+        runtime,
+        AddRequest("tp", str(DEMO_MODEL), "none", engine_args=(
+            "tensor_parallel_size=2", "kv_cache_dtype=fp8", "max_num_batched_tokens=4k", "max_model_len=1024",
+            'speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2}',
+        )),
+        echo=_quiet,
+    )  # fmt: skip
+    assert entry.max_model_len == 1024  # the registry's own column, also what /v1/models shows
+    assert entry.engine_args == {
+        "tensor_parallel_size": 2, "kv_cache_dtype": "fp8", "max_num_batched_tokens": 4000,
+        "speculative_config": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2},
+    }  # fmt: skip
+    again = lookup(runtime.db, runtime.settings, "tp")
+    assert again is not None and again.engine_args == entry.engine_args
+
+    changed = models.set_engine(runtime, "tp", ["pipeline-parallel-size=2", "kv_cache_dtype=auto"],
+                                ["tensor_parallel_size", "max_model_len", "speculative_config"])  # fmt: skip
+    assert changed.engine_args == {"pipeline_parallel_size": 2, "kv_cache_dtype": "auto",
+                                   "max_num_batched_tokens": 4000}  # fmt: skip
+    assert changed.max_model_len is None
+    cleared = models.set_engine(runtime, "tp", [], ["pipeline_parallel_size", "kv_cache_dtype",
+                                                    "max_num_batched_tokens"])  # fmt: skip
+    assert cleared.engine_args == {}
+    with runtime.db.read() as s:
+        assert s.get(Model, "tp").engine_args is None
+
+
+@pytest.mark.parametrize(
+    ("name", "assign", "unset", "message"),
+    [
+        ("plain", ["tensor_parallel_size=two"], [], "bad value for engine arg 'tensor_parallel_size'"),
+        ("plain", ["no_such_field=1"], [], "unknown engine arg 'no_such_field'"),
+        ("plain", ["seed=3"], [], "engine arg 'seed' is Freight's: "),
+        ("plain", [], ["tensor_parallel_size"], r"'tensor_parallel_size' is not set for plain \(set: none\)"),
+        ("plain", [], [], "give --engine-arg KEY=VALUE or --unset KEY"),
+        ("plain", ["max_model_len=-5"], [], "max_model_len must be a positive number"),
+        ("ghost", ["max_num_seqs=2"], [], "'ghost' is not registered"),
+        ("demo", ["max_num_seqs=2"], [], "declared by FREIGHT_MODELS, which has no engine args"),
+    ],
+)
+def test_set_engine_refusals_name_the_field(runtime, name, assign, unset, message) -> None:
+    models.add(runtime, AddRequest("plain", str(DEMO_MODEL), "none"), echo=_quiet)
+    with pytest.raises(ServiceError, match=message):
+        models.set_engine(runtime, name, assign, unset)
+    entry = lookup(runtime.db, runtime.settings, "plain")
+    assert entry is not None and entry.engine_args == {}
+
+
+def test_engine_arg_quantization_only_on_an_unquantized_registration(runtime) -> None:
+    with pytest.raises(ServiceError, match="register the model with --quantization none"):
+        models.add(runtime, AddRequest("q", str(DEMO_MODEL), "auto", engine_args=("quantization=fp8",)),
+                   echo=_quiet)  # fmt: skip
+    assert lookup(runtime.db, runtime.settings, "q") is None  # refused before any quantizing
+    entry = models.add(runtime, AddRequest("q", str(DEMO_MODEL), "none", engine_args=("quantization=fp8",)),
+                       echo=_quiet)  # fmt: skip
+    assert entry.engine_args == {"quantization": "fp8"}
+    with pytest.raises(ServiceError, match="disagree"):
+        models.add(runtime, AddRequest("q2", str(DEMO_MODEL), "none", max_model_len=512,
+                                       engine_args=("max_model_len=1024",)), echo=_quiet)  # fmt: skip
+
+
+def test_the_cli_sets_lists_and_refuses_engine_args(runtime) -> None:
+    from api.cli import main
+
+    s = runtime.settings
+    env = {"FREIGHT_DATA_DIR": str(s.data_dir), "FREIGHT_DATABASE_URL": s.database_url,
+           "FREIGHT_MODELS": f"demo={DEMO_MODEL}"}  # fmt: skip
+    runner = CliRunner()
+    added = runner.invoke(main, ["models", "add", "big", "--path", str(DEMO_MODEL), "--quantization", "none",
+                                 "--engine-arg", "tensor_parallel_size=2", "--engine-arg", "enforce_eager"],
+                          env=env)  # fmt: skip
+    assert added.exit_code == 0, added.output
+    assert "engine args: enforce_eager=true tensor_parallel_size=2" in added.output
+    table = runner.invoke(main, ["models", "list"], env=env).output.splitlines()
+    assert table[0].split()[-2:] == ["ENGINE", "ARGS"]
+    assert any(
+        line.startswith("big") and line.endswith("enforce_eager=true tensor_parallel_size=2")
+        for line in table
+    )
+    rows = {
+        r["name"]: r
+        for r in map(
+            json.loads, runner.invoke(main, ["models", "list", "--json"], env=env).output.splitlines()
+        )
+    }
+    assert rows["big"]["engine_args"] == {"tensor_parallel_size": 2, "enforce_eager": True}
+    assert rows["demo"]["engine_args"] == {}
+
+    changed = runner.invoke(main, ["models", "set-engine", "big", "--engine-arg", "max_num_seqs=4",
+                                   "--unset", "tensor_parallel_size"], env=env)  # fmt: skip
+    assert changed.exit_code == 0, changed.output
+    assert "big engine args: enforce_eager=true max_num_seqs=4" in changed.output
+    assert "restart the model's workers" in changed.output
+
+    for argv, message in [
+        (["models", "add", "x", "--path", str(DEMO_MODEL), "--engine-arg", "tensor_parallel_size=lots"],
+         "Error: bad value for engine arg 'tensor_parallel_size': "),
+        (["models", "set-engine", "big", "--engine-arg", "served_model_name=other"],
+         "Error: engine arg 'served_model_name' is Freight's: the served name is the registered NAME"),
+        (["models", "set-engine", "big", "--engine-arg", "kv_cache_dtype=int3"],
+         "Error: bad value for engine arg 'kv_cache_dtype': 'int3' is not one of"),
+    ]:  # fmt: skip
+        refused = runner.invoke(main, argv, env=env)
+        assert refused.exit_code == 1 and message in refused.output, refused.output
+        assert "Traceback" not in refused.output and len(refused.output.strip().splitlines()) == 1
+    assert lookup(runtime.db, runtime.settings, "x") is None
