@@ -17,7 +17,9 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from storage.settings import Settings, SettingsError
 from workers.control import ROLES, supervise
@@ -86,7 +88,7 @@ def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
     from storage.registry import RegistryError, require
     from storage.runtime import Runtime
     from workers.celery_app import make_celery
-    from workers.engine import Engine, EngineUnsupported
+    from workers.engine import Engine, EngineStartFailed, EngineUnsupported
     from workers.execution import PackRunner
     from workers.tasks import runtime_of
 
@@ -102,8 +104,10 @@ def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
         raise BootstrapError(str(exc)) from exc
     # load once, before consuming: every task this process runs finds the engine warm
     try:
-        engine = Engine.start(engine_config(settings, model, str(local), entry.max_model_len))
-    except EngineUnsupported as exc:  # a supervisor restarting it would meet the same refusal
+        engine = Engine.start(
+            engine_config(settings, model, str(local), entry.max_model_len, entry.engine_args)
+        )
+    except (EngineUnsupported, EngineStartFailed) as exc:  # the queue keeps the model's work
         raise BootstrapError(str(exc)) from exc
     runner = PackRunner(runtime_of(app), engine, model, price_per_hour=entry.price_per_hour(settings)).start()
     app.freight_runner = runner
@@ -117,19 +121,40 @@ def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
     app.worker_main([*argv, "--loglevel", "INFO", "--without-gossip", "--without-mingle"])
 
 
-def engine_config(settings: Settings, model: str, path: str, max_model_len: int | None = None):
+def engine_config(
+    settings: Settings,
+    model: str,
+    path: str,
+    max_model_len: int | None = None,
+    engine_args: Mapping[str, Any] | None = None,
+):
+    """The engine of ``model``: the FREIGHT_ENGINE_* defaults, the model's own engine arguments
+    over them (its registry row: max_model_len, then ``engine_args``). Those Freight reads itself
+    (max_num_seqs sizes the feed, say) replace the matching default; the rest go to vLLM as given.
+    A model's gpu_memory_utilization without a kv_cache_memory_bytes of its own drops the
+    FREIGHT_ENGINE_KV_CACHE_GIB size, which vLLM would otherwise prefer to it."""
     from workers.engine import EngineConfig
+    from workers.engine_args import CONFIG_FIELDS
 
+    extra = dict(engine_args or {})
+    own = {CONFIG_FIELDS[k]: extra.pop(k) for k in list(extra) if k in CONFIG_FIELDS}
+    kv_cache_bytes: int | None = int(settings.engine_kv_cache_gib * 1024**3)
+    if "gpu_memory_utilization" in extra and "kv_cache_bytes" not in own:
+        kv_cache_bytes = None
+    defaults: dict[str, Any] = {
+        "max_num_seqs": settings.engine_max_num_seqs,
+        "kv_cache_bytes": kv_cache_bytes,
+        "block_size": settings.engine_block_size or None,
+        "enforce_eager": settings.engine_enforce_eager,
+        "dtype": settings.engine_dtype,
+    }
     return EngineConfig(
         model_path=path,
         served_name=model,
-        max_num_seqs=settings.engine_max_num_seqs,
         max_model_len=max_model_len or settings.engine_max_model_len or None,
-        kv_cache_bytes=int(settings.engine_kv_cache_gib * 1024**3),
-        block_size=settings.engine_block_size or None,
-        enforce_eager=settings.engine_enforce_eager,
         default_max_tokens=settings.engine_default_max_tokens or None,
-        dtype=settings.engine_dtype,
+        engine_args=extra,
+        **{**defaults, **own},
     )
 
 

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from scheduler.engine_window import engine_window
-from workers.engine_lifetime import PARENT_ENV
+from workers.engine_lifetime import PARENT_ENV, START_ERROR_ENV
 from workers.rendering import RenderedRequest, build_response_body, render_request
 from workers.request_bodies import ParsedRequest, RequestError, parse_body
 
@@ -51,6 +52,8 @@ class EngineConfig:
     `kv_cache_bytes` sets vLLM's `kv_cache_memory_bytes` (0 or None: vLLM's default; on CPU
     an operator's `VLLM_CPU_KVCACHE_SPACE` overrides it). `default_max_tokens` is the output
     budget for requests that do not give one (None: the context left after the prompt).
+    `engine_args` are the model's other vLLM engine arguments (workers/engine_args.py), passed to
+    EngineArgs over Freight's own.
     """
 
     model_path: str
@@ -66,6 +69,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     dtype: str = "auto"
     quantization: str | None = None
+    engine_args: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -168,8 +172,62 @@ def int4_kernel_missing() -> str | None:
     )
 
 
+def gpus_missing(config: EngineConfig) -> str | None:
+    """Why this worker cannot run the model's tensor x pipeline parallel engine, or None.
+
+    On GPUs a worker owns tensor_parallel_size x pipeline_parallel_size devices, those its
+    CUDA_VISIBLE_DEVICES shows it; with fewer, vLLM would fail inside its worker processes with a
+    device error far from the cause. Other platforms are left to vLLM."""
+    world = int(config.engine_args.get("tensor_parallel_size") or 1) * int(
+        config.engine_args.get("pipeline_parallel_size") or 1
+    )
+    if world <= 1:
+        return None
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cuda_alike():
+        return None
+    import torch
+
+    seen = torch.cuda.device_count()
+    if seen >= world:
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)")
+    return (
+        f"tensor_parallel_size x pipeline_parallel_size needs {world} GPUs but this worker sees {seen} "
+        f"(CUDA_VISIBLE_DEVICES={visible}): start it with {world} devices in CUDA_VISIBLE_DEVICES"
+    )
+
+
 class EngineUnsupported(RuntimeError):
     """This machine cannot run the checkpoint (raised before vLLM's processes start)."""
+
+
+class EngineStartFailed(RuntimeError):
+    """vLLM refused or failed to start the engine (a model's engine arguments this machine cannot
+    honour, say); the message names the model, its engine arguments and vLLM's reason in one line."""
+
+
+def _start_failure(config: EngineConfig, exc: BaseException, core_error: str) -> EngineStartFailed:
+    """One line for the operator: vLLM's own reason. A failure inside vLLM's engine process reaches
+    this process only as "Engine core initialization failed"; the engine process's own first error
+    (``core_error``, workers/engine_lifetime.py) is the reason then. The traceback is in the log."""
+    from workers.engine_args import describe
+
+    causes: list[str] = []
+    seen: BaseException | None = None if core_error else exc
+    while seen is not None and len(causes) < 4:
+        text = (str(seen).strip().splitlines() or [type(seen).__name__])[0]
+        if text not in causes:
+            causes.append(text)
+        seen = seen.__cause__ or seen.__context__
+    if core_error:  # the front end's own line says only "see root cause above"
+        causes = [f"{core_error.rstrip('.')} (in vLLM's engine process)"]
+    args = describe(config.engine_args)
+    where = f" with engine args {args}" if args else ""
+    return EngineStartFailed(
+        f"model {config.served_name!r}: vLLM could not start its engine{where}: {'; '.join(causes)[:600]}"
+    )
 
 
 def _error(key: str, status: int, code: str, message: str, param: str | None = None) -> EngineResult:
@@ -243,7 +301,11 @@ class Engine:
         quantized = quantized or config.quantization is not None
         if quantized and (reason := int4_kernel_missing()) is not None:
             raise EngineUnsupported(f"{config.served_name} ({config.model_path}): {reason}")
+        if (reason := gpus_missing(config)) is not None:
+            raise EngineUnsupported(f"model {config.served_name!r}: {reason}")
         kwargs: dict[str, Any] = {}
+        if config.quantization is not None:
+            kwargs["quantization"] = config.quantization
         if config.kv_cache_bytes:
             kwargs["kv_cache_memory_bytes"] = int(config.kv_cache_bytes)
         if config.max_num_batched_tokens:
@@ -252,29 +314,44 @@ class Engine:
             kwargs["max_model_len"] = config.max_model_len
         if config.block_size:
             kwargs["block_size"] = config.block_size
-        args = EngineArgs(
-            model=config.model_path,
-            served_model_name=config.served_name,
-            max_num_seqs=config.max_num_seqs,
-            enforce_eager=config.enforce_eager,
-            seed=config.seed,
-            enable_prefix_caching=config.enable_prefix_caching,
-            disable_log_stats=True,  # see _count_step_outputs
-            dtype=serving_dtype(config.dtype, stored, quantized, native_half=native_half_precision()),
-            quantization=config.quantization,
-            **kwargs,
-        )
+        base: dict[str, Any] = {
+            "model": config.model_path,
+            "served_model_name": config.served_name,
+            "max_num_seqs": config.max_num_seqs,
+            "enforce_eager": config.enforce_eager,
+            "seed": config.seed,
+            "enable_prefix_caching": config.enable_prefix_caching,
+            "disable_log_stats": True,  # see _count_step_outputs
+            "dtype": serving_dtype(config.dtype, stored, quantized, native_half=native_half_precision()),
+        }
+        # the model's own engine arguments over Freight's (workers/bootstrap.py: engine_config)
+        arguments = {**base, **kwargs, **config.engine_args}
         started = time.monotonic()
-        llm = LLMEngine.from_engine_args(args)
+        fd, error_file = tempfile.mkstemp(prefix="freight-engine-start-")
+        os.close(fd)
+        os.environ[START_ERROR_ENV] = error_file  # the engine process writes its first error there
+        try:
+            args = EngineArgs(**arguments)
+            llm = LLMEngine.from_engine_args(args)
+        except Exception as exc:
+            log.exception("the engine for %s did not start", config.served_name)
+            raise _start_failure(config, exc, _read_and_remove(error_file)) from exc
+        finally:
+            os.environ.pop(START_ERROR_ENV, None)
+            _read_and_remove(error_file)
         engine = cls(config, llm)
         _count_step_outputs(llm, engine._counters)
+        scheduler = llm.vllm_config.scheduler_config
         log.info(
-            "engine for %s ready in %.1fs (max_model_len=%d, max_num_seqs=%d, dtype=%s)",
+            "engine for %s ready in %.1fs (max_model_len=%d, max_num_seqs=%d, max_num_batched_tokens=%d, "
+            "dtype=%s, kv_cache_dtype=%s)",
             config.served_name,
             time.monotonic() - started,
             engine.max_model_len,
-            config.max_num_seqs,
+            scheduler.max_num_seqs,
+            scheduler.max_num_batched_tokens,
             engine.dtype,
+            llm.vllm_config.cache_config.cache_dtype,
         )
         return engine
 
@@ -284,6 +361,12 @@ class Engine:
     def tokenizer(self) -> Any:
         """The engine's tokenizer (a Hugging Face tokenizer as wrapped by vLLM)."""
         return self._llm.get_tokenizer()
+
+    @property
+    def vllm_config(self) -> Any:
+        """The running engine's own configuration (vLLM's VllmConfig): what it was started with,
+        the model's engine arguments applied."""
+        return self._llm.vllm_config
 
     @property
     def max_model_len(self) -> int:
@@ -538,6 +621,16 @@ class Engine:
                 llm.renderer.shutdown()
             except Exception:
                 log.debug("renderer shutdown failed", exc_info=True)
+
+
+def _read_and_remove(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read().strip()
+        os.unlink(path)
+    except OSError:
+        return ""
+    return text
 
 
 def _set_env_defaults(config: EngineConfig) -> None:
