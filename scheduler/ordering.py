@@ -84,17 +84,28 @@ def _record_size(key: bytes, payload: bytes) -> int:
 def _write_run(records: Iterable[Record], spill_dir: str | None) -> IO[bytes]:
     run = tempfile.TemporaryFile(dir=spill_dir, buffering=_READ_BUFFER)  # noqa: SIM115 - closed by caller
     try:
-        pack, write = _HEADER.pack, run.write
-        for key, line, payload in records:
-            write(pack(len(key), line, len(payload)))
-            write(key)
-            write(payload)
+        dump_records(records, run)
         run.flush()
         run.seek(0)
     except BaseException:
         run.close()
         raise
     return run
+
+
+def dump_records(records: Iterable[Record], out: IO[bytes]) -> None:
+    """Sorted records written as one run (the spill format), for a run kept past the sort: a
+    chunk of a file validated apart hands its run to the merge this way."""
+    pack, write = _HEADER.pack, out.write
+    for key, line, payload in records:
+        write(pack(len(key), line, len(payload)))
+        write(key)
+        write(payload)
+
+
+def load_records(run: IO[bytes]) -> Iterator[Record]:
+    """The records of a run ``dump_records`` wrote, streamed."""
+    return _read_run(run)
 
 
 def _read_run(run: IO[bytes]) -> Iterator[Record]:

@@ -43,6 +43,7 @@ TASK_QUEUES = {
     "freight.scan_dropfolder": FINALIZE_QUEUE,
     "freight.deliver_dropfolder_object": FINALIZE_QUEUE,
     "freight.validate_batch": VALIDATE_QUEUE,
+    "freight.validate_chunk": VALIDATE_QUEUE,
 }
 # what sending a task raises when the broker cannot be reached (after kombu's own retries)
 BROKER_ERRORS = (KombuOperationalError, ConnectionError)
@@ -99,6 +100,10 @@ class TaskQueue:
         self.celery.send_task(
             "freight.validate_batch", args=[batch_id], queue=VALIDATE_QUEUE, countdown=countdown
         )
+
+    def validate_chunk(self, batch_id: str, chunk_id: int) -> None:
+        """One chunk of a large input: any validation process of any control worker may take it."""
+        self.celery.send_task("freight.validate_chunk", args=[batch_id, chunk_id], queue=VALIDATE_QUEUE)
 
     def finalize(self, batch_id: str) -> None:
         self.celery.send_task("freight.finalize_batch", args=[batch_id], queue=FINALIZE_QUEUE)

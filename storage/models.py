@@ -25,7 +25,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from storage.status import BatchStatus, UnitStatus  # UnitStatus: re-exported for callers
+from storage.status import BatchStatus, ChunkStatus, UnitStatus  # UnitStatus: re-exported for callers
 
 
 class Base(DeclarativeBase):
@@ -208,6 +208,31 @@ class BatchRollup(Base):
     units_done: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     units_skipped: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     units_failed: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+
+
+class ValidationChunk(Base):
+    """One chunk of a large batch input, validated by a task of its own on any control process
+    (workers/validation_chunks.py): a byte range of a JSONL file (the lines that start in it) or a
+    run of a Parquet file's row groups. ``pending`` until its outputs (a sorted run of its valid
+    rows, one event per line) are in the object store and its summary is here, then ``done``; a
+    validation holds its time lease (``lease_at``) meanwhile, and the batch's validation sends a
+    chunk again once its lease ran out a lease after it was sent (``sent_at``)."""
+
+    __tablename__ = "validation_chunks"
+    __table_args__ = (UniqueConstraint("batch_id", "seq"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    batch_id: Mapped[str] = mapped_column(ForeignKey("batches.id", ondelete="CASCADE"), index=True)
+    seq: Mapped[int] = mapped_column(Integer)  # file order
+    start: Mapped[int] = mapped_column(BigInteger)  # JSONL: first byte; Parquet: first row group
+    stop: Mapped[int] = mapped_column(BigInteger)  # one past the last
+    status: Mapped[str] = mapped_column(String(16), default=ChunkStatus.PENDING)
+    sent_at: Mapped[float | None] = mapped_column(Float)
+    lease_at: Mapped[float | None] = mapped_column(Float)
+    # once done: its lines (the next chunk's first line is this one's first plus these) and what
+    # the merge needs of it besides its objects (errors listed, models, Parquet decoded bytes)
+    lines: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class WorkUnit(Base):

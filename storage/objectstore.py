@@ -58,6 +58,10 @@ class ObjectStore(Protocol):
     def open(self, key: str) -> IO[bytes]:
         """A readable binary stream of the object (close it when done)."""
 
+    def open_from(self, key: str, start: int) -> IO[bytes]:
+        """``open`` from byte ``start`` on (less than the size): a chunk of a large input is read
+        without reading what comes before it."""
+
     def size(self, key: str) -> int: ...
 
     def exists(self, key: str) -> bool: ...
@@ -141,6 +145,11 @@ class LocalObjectStore:
             return open(self._path(key), "rb")
         except FileNotFoundError as exc:
             raise ObjectNotFound(key) from exc
+
+    def open_from(self, key: str, start: int) -> IO[bytes]:
+        stream = self.open(key)
+        stream.seek(start)
+        return stream
 
     def size(self, key: str) -> int:
         try:
@@ -284,12 +293,19 @@ class S3ObjectStore:
         return self.put_stream(key, io.BufferedReader(ChunkReader(chunks), CHUNK))
 
     def open(self, key: str) -> IO[bytes]:
+        return self._get(key)
+
+    def open_from(self, key: str, start: int) -> IO[bytes]:
+        return self._get(key, f"bytes={start}-") if start else self._get(key)
+
+    def _get(self, key: str, byte_range: str = "") -> IO[bytes]:
         from botocore.exceptions import BotoCoreError, ClientError
 
+        ranged = {"Range": byte_range} if byte_range else {}
         try:
             target = self._key(key)
             response = self._call(
-                f"get {key}", lambda: self._client.get_object(Bucket=self.bucket, Key=target)
+                f"get {key}", lambda: self._client.get_object(Bucket=self.bucket, Key=target, **ranged)
             )
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):

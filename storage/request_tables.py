@@ -113,41 +113,95 @@ def column_of(param: str | None, columns: Iterable[str]) -> str | None:
     return "body" if param.startswith("body") and "body" in names else None
 
 
+@dataclass
+class ParquetChunk:
+    """Row groups ``[start, stop)`` of a file, validated apart from the rest (a chunk of a large
+    input, workers/validation_chunks.py): its rows are numbered from ``first_row + 1`` (the rows of
+    the groups before it), and ``decoded`` is set to the bytes its rows decoded to, which the
+    merge sums against the file's decoded limit."""
+
+    start: int
+    stop: int
+    first_row: int
+    decoded: int = 0
+
+
+@dataclass
+class _Opened:
+    pf: pq.ParquetFile
+    shape: str
+    endpoint: str
+    defaults: dict[str, Any]
+
+
+def _open(
+    source: IO[bytes] | str,
+    endpoint: str | None,
+    defaults: Mapping[str, Any] | None,
+    limits: DecodeLimits | None,
+) -> _Opened | RowError:
+    """The file opened, or the refusal of the whole file (about its row 1 or the row a page
+    header names): unreadable, wrong columns, list or page bombs."""
+    try:
+        columns = dictionary_columns(pq.ParquetFile(source).schema)
+        pf = pq.ParquetFile(source, read_dictionary=columns or None)
+        merged = {**file_defaults(pf), **(defaults or {})}
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        return RowError(1, "invalid_parquet", f"the file is not readable Parquet: {exc}"[:500])
+    names = pf.schema_arrow.names
+    shape = _shape(names)
+    if "custom_id" not in names or shape is None:
+        return RowError(
+            1,
+            "invalid_parquet_columns",
+            "a Parquet batch file needs a custom_id column and either body (OpenAI batch columns) "
+            f"or prompt / messages (simple shape); it has {', '.join(names)[:300]}",
+        )
+    if shape == "openai" and set(names) - OPENAI_COLUMNS:
+        extra = ", ".join(sorted(set(names) - OPENAI_COLUMNS))[:200]
+        return RowError(1, "invalid_parquet_columns", f"unknown column(s) beside body: {extra}", extra)
+    if endpoint is None:
+        endpoint = "/v1/chat/completions" if "messages" in names else "/v1/completions"
+    opened = _Opened(pf, shape, endpoint, merged)
+    if limits is None:
+        return opened
+    values = list_values(pf)
+    if values * LIST_VALUE_BYTES > limits.max_total_bytes:
+        return RowError(
+            1,
+            "file_too_large",
+            f"the file's list columns hold {values} values: decoded, more than the "
+            f"{limits.max_total_bytes} byte limit",
+        )
+    if isinstance(source, str):
+        with open(source, "rb") as raw:
+            refusal = page_refusal(raw, pf, limits)
+    else:
+        refusal = page_refusal(source, pf, limits)
+    if refusal is not None:
+        return RowError(refusal.row, refusal.code, refusal.message)
+    return opened
+
+
 def request_lines(
     source: IO[bytes] | str,
     endpoint: str | None,
     defaults: Mapping[str, Any] | None = None,
     limits: DecodeLimits | None = None,
+    chunk: ParquetChunk | None = None,
 ) -> Iterator[bytes | RowError]:
     """One OpenAI batch line (JSON bytes, no newline) or RowError per row of a Parquet file.
 
     ``endpoint``: the batch's; None (a file not yet in a batch) infers it from the columns.
     ``limits``: what the file may decode to (storage/parquet_limits.py), checked on the page
     headers before anything is decompressed, then per record batch before its rows become Python
-    objects; the first row past a file limit ends the lines."""
-    try:
-        columns = dictionary_columns(pq.ParquetFile(source).schema)
-        pf = pq.ParquetFile(source, read_dictionary=columns or None)
-        merged = {**file_defaults(pf), **(defaults or {})}
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        yield RowError(1, "invalid_parquet", f"the file is not readable Parquet: {exc}"[:500])
+    objects; the first row past a file limit ends the lines. ``chunk`` (with ``limits``): only
+    those row groups' rows, numbered as in the whole file."""
+    opened = _open(source, endpoint, defaults, limits)
+    if isinstance(opened, RowError):
+        yield opened
         return
-    names = pf.schema_arrow.names
-    shape = _shape(names)
-    if "custom_id" not in names or shape is None:
-        yield RowError(
-            1,
-            "invalid_parquet_columns",
-            "a Parquet batch file needs a custom_id column and either body (OpenAI batch columns) "
-            f"or prompt / messages (simple shape); it has {', '.join(names)[:300]}",
-        )
-        return
-    if shape == "openai" and set(names) - OPENAI_COLUMNS:
-        extra = ", ".join(sorted(set(names) - OPENAI_COLUMNS))[:200]
-        yield RowError(1, "invalid_parquet_columns", f"unknown column(s) beside body: {extra}", extra)
-        return
-    if endpoint is None:
-        endpoint = "/v1/chat/completions" if "messages" in names else "/v1/completions"
+    pf, shape, endpoint, merged = opened.pf, opened.shape, opened.endpoint, opened.defaults
     if limits is None:
         row = 0
         for batch in pf.iter_batches(batch_size=READ_ROWS):
@@ -155,60 +209,92 @@ def request_lines(
                 row += 1
                 yield _line(record, row, shape, endpoint, merged)
         return
-    values = list_values(pf)
-    if values * LIST_VALUE_BYTES > limits.max_total_bytes:
-        yield RowError(
-            1,
-            "file_too_large",
-            f"the file's list columns hold {values} values: decoded, more than the "
-            f"{limits.max_total_bytes} byte limit",
-        )
-        return
-    if isinstance(source, str):
-        with open(source, "rb") as raw:
-            refusal = page_refusal(raw, pf, limits)
-    else:
-        refusal = page_refusal(source, pf, limits)
-    if refusal is not None:
-        yield RowError(refusal.row, refusal.code, refusal.message)
-        return
-    yield from _limited_lines(pf, shape, endpoint, merged, limits)
+    yield from _limited_lines(pf, shape, endpoint, merged, limits, chunk)
+
+
+def row_group_runs(
+    path: str, endpoint: str, limits: DecodeLimits, target_bytes: int
+) -> list[tuple[int, int]] | None:
+    """The file's row groups cut into runs ``[start, stop)`` of about ``target_bytes`` stored
+    bytes each, to validate apart; None when it is refused as a whole or has more rows than the
+    limit (the one-task validation reports that) or is a single run."""
+    opened = _open(path, endpoint, None, limits)
+    if isinstance(opened, RowError):
+        return None
+    meta = opened.pf.metadata
+    if meta.num_rows > limits.max_rows:  # refused at the row limit, where a record batch ends:
+        return None  # batches run across row groups, so only the whole file's say where
+    runs: list[tuple[int, int]] = []
+    start = size = 0
+    for i in range(meta.num_row_groups):
+        group = meta.row_group(i)
+        size += sum(group.column(c).total_compressed_size for c in range(group.num_columns))
+        if size >= target_bytes:
+            runs.append((start, i + 1))
+            start, size = i + 1, 0
+    if start < meta.num_row_groups:
+        runs.append((start, meta.num_row_groups))
+    return runs if len(runs) > 1 else None
+
+
+def first_rows(path: str, runs: Iterable[tuple[int, int]]) -> list[int]:
+    """The rows before each run (a chunk's rows are numbered from there)."""
+    meta = pq.ParquetFile(path).metadata
+    before = [0]
+    for i in range(meta.num_row_groups):
+        before.append(before[-1] + meta.row_group(i).num_rows)
+    return [before[start] for start, _ in runs]
 
 
 def _limited_lines(
-    pf: pq.ParquetFile, shape: str, endpoint: str, defaults: Mapping[str, Any], limits: DecodeLimits
+    pf: pq.ParquetFile,
+    shape: str,
+    endpoint: str,
+    defaults: Mapping[str, Any],
+    limits: DecodeLimits,
+    chunk: ParquetChunk | None = None,
 ) -> Iterator[bytes | RowError]:
-    row = total = 0  # rows read; their decoded bytes
-    for batch in pf.iter_batches(batch_size=batch_rows(pf, READ_ROWS)):
-        sizes = sum((row_sizes(column) for column in batch.columns), np.zeros(batch.num_rows, np.int64))
-        for start, end in slices(sizes, alone=limits.max_line_bytes):
-            if row + (end - start) > limits.max_rows:
-                yield RowError(
-                    limits.max_rows + 1,
-                    "too_many_requests",
-                    f"the file has more than {limits.max_rows} requests",
-                )
-                return
-            total += int(sizes[start:end].sum())  # rows too large count too, as a JSONL file's lines
-            if end - start == 1 and sizes[start] > limits.max_line_bytes and total <= limits.max_total_bytes:
-                row += 1  # never made an object
-                yield RowError(
-                    row,
-                    "line_too_large",
-                    f"row {row} is {sizes[start]} bytes decoded; the limit is {limits.max_line_bytes}",
-                )
-                continue
-            if total > limits.max_total_bytes:
-                yield RowError(
-                    row + 1,
-                    "file_too_large",
-                    f"decoded, the file is larger than the {limits.max_total_bytes} byte limit "
-                    f"(by row {row + (end - start)})",
-                )
-                return
-            for record in batch.slice(start, end - start).to_pylist():
-                row += 1
-                yield _line(record, row, shape, endpoint, defaults)
+    row = chunk.first_row if chunk else 0  # rows read (before the chunk's own: its first row's)
+    total = 0  # their decoded bytes (a chunk's own; the merge sums them)
+    groups = None if chunk is None else list(range(chunk.start, chunk.stop))
+    try:
+        for batch in pf.iter_batches(batch_size=batch_rows(pf, READ_ROWS), row_groups=groups):
+            sizes = sum((row_sizes(column) for column in batch.columns), np.zeros(batch.num_rows, np.int64))
+            for start, end in slices(sizes, alone=limits.max_line_bytes):
+                if row + (end - start) > limits.max_rows:
+                    yield RowError(
+                        limits.max_rows + 1,
+                        "too_many_requests",
+                        f"the file has more than {limits.max_rows} requests",
+                    )
+                    return
+                total += int(sizes[start:end].sum())  # rows too large count too, as a JSONL file's lines
+                if (
+                    end - start == 1
+                    and sizes[start] > limits.max_line_bytes
+                    and total <= limits.max_total_bytes
+                ):
+                    row += 1  # never made an object
+                    yield RowError(
+                        row,
+                        "line_too_large",
+                        f"row {row} is {sizes[start]} bytes decoded; the limit is {limits.max_line_bytes}",
+                    )
+                    continue
+                if total > limits.max_total_bytes:
+                    yield RowError(
+                        row + 1,
+                        "file_too_large",
+                        f"decoded, the file is larger than the {limits.max_total_bytes} byte limit "
+                        f"(by row {row + (end - start)})",
+                    )
+                    return
+                for record in batch.slice(start, end - start).to_pylist():
+                    row += 1
+                    yield _line(record, row, shape, endpoint, defaults)
+    finally:
+        if chunk is not None:
+            chunk.decoded = total
 
 
 def _line(

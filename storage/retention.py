@@ -35,9 +35,10 @@ def expiry(settings: Settings, created_at: int, expires_after: int | None) -> in
 
 
 def batch_data_prefixes(batch_id: str) -> tuple[str, ...]:
-    """Where validation writes a batch's shards and engine workers its unit results; the output
+    """Where validation writes a batch's shards (and a chunked validation its chunks' runs, which
+    its merge deletes unless it was interrupted) and engine workers its unit results; the output
     and error files under ``batches/<id>/`` are files of their own, with their own expiry."""
-    return (f"batches/{batch_id}/shards/", f"batches/{batch_id}/units/")
+    return (f"batches/{batch_id}/shards/", f"batches/{batch_id}/units/", f"batches/{batch_id}/validation/")
 
 
 def delete_file_objects(rt: Runtime, record: StoredFile) -> None:

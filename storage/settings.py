@@ -135,6 +135,10 @@ class Settings:
     prefix_cache_sharing: str = "tenant"
     sort_key_tokens: int = 1024  # prompt tokens that decide the prefix order of requests
     sort_memory_mb: int = 256  # validation sorts in memory up to this, then spills sorted runs to disk
+    # a batch input larger than this is validated in chunks of about this size (JSONL: byte ranges
+    # cut at line ends; Parquet: runs of row groups), each a task any control process may take,
+    # then merged once (workers/validation_chunks.py); smaller files in one task. 0: never split
+    validation_chunk_bytes: int = 16 * 1024 * 1024
     urgent_slack_seconds: float = 900.0  # slack below this makes a batch urgent: strict EDF, no sharing
     # the most of the requests in flight a tenant may hold and still have its urgent units go first
     # while other tenants wait (0-1; 1: urgency always goes first)
@@ -331,6 +335,8 @@ class Settings:
                 raise SettingsError(
                     f"FREIGHT_TRUSTED_PROXIES entries are addresses or CIDRs, got {proxy!r}"
                 ) from None
+        if self.validation_chunk_bytes < 0:
+            raise SettingsError("FREIGHT_VALIDATION_CHUNK_BYTES cannot be negative (0: never split)")
         if min(self.validation_concurrency, self.finalize_concurrency, self.tenant_validations) < 1:
             raise SettingsError(
                 "FREIGHT_VALIDATION_CONCURRENCY, FREIGHT_FINALIZE_CONCURRENCY and FREIGHT_TENANT_VALIDATIONS"

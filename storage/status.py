@@ -127,3 +127,27 @@ def unit_sources(from_: str | Iterable[str], to: str) -> tuple[str, ...]:
         if to not in UNIT_TRANSITIONS.get(current, ()):
             raise IllegalUnitMove(current, to)
     return sources
+
+
+# -- validation chunks ---------------------------------------------------------------------------
+
+
+class ChunkStatus:
+    """A chunk of a large input (``storage.models.ValidationChunk``): ``pending`` until a
+    validation of it recorded its outputs. While one runs it holds the chunk's time lease; a chunk
+    is never made pending again (its outputs are the same however often it is validated)."""
+
+    PENDING = "pending"
+    DONE = "done"
+
+
+CHUNK_TRANSITIONS: dict[str, frozenset[str]] = {
+    ChunkStatus.PENDING: frozenset({ChunkStatus.DONE}),
+    ChunkStatus.DONE: frozenset(),
+}
+
+
+def chunk_source(to: str) -> str:
+    """The one state a chunk may move to ``to`` from (its compare-and-set's WHERE)."""
+    [source] = [s for s, targets in CHUNK_TRANSITIONS.items() if to in targets]
+    return source

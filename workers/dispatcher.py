@@ -11,7 +11,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 
-from sqlalchemy import Row, bindparam, distinct, func, or_, select, update
+from sqlalchemy import Row, bindparam, distinct, exists, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from scheduler.deadlines import BatchLoad, Sample, assess, etas, measured_rates
@@ -21,9 +21,9 @@ from scheduler.sla import AdmissionDecision, admit, eta
 from storage.db import transaction_lock
 from storage.leases import lease_free
 from storage.lifecycle import finish_if_done, move_units, stop_batch
-from storage.models import Batch, EngineSample, UnitStatus, WorkUnit, new_id
+from storage.models import Batch, EngineSample, UnitStatus, ValidationChunk, WorkUnit, new_id
 from storage.runtime import Runtime
-from storage.status import BatchStatus
+from storage.status import BatchStatus, ChunkStatus
 
 log = logging.getLogger(__name__)
 
@@ -130,13 +130,24 @@ def resend_lost_validations(rt: Runtime, now: float, report: TickReport) -> None
     At most one copy a lease: the send is claimed by moving ``validation_due_at`` to ``now`` with a
     compare-and-set, so neither a message waiting behind a long queue nor a long outage multiplies
     into one copy a tick, and two ticks never both send. A copy that meets a live validation finds
-    its lease fresh and does nothing."""
+    its lease fresh and does nothing.
+
+    A batch validated in chunks (``workers.validation_chunks``) holds its own lease only while it
+    sends them and while it merges; meanwhile it counts as lost once none of its pending chunks
+    has been sent or held a live lease for a lease: the validation sent then sends those chunks
+    again, or merges if they are all done and the last one's message was lost."""
     lease = rt.settings.lease_seconds
     due = func.coalesce(Batch.validation_due_at, Batch.created_at)
+    chunk_alive = exists().where(
+        ValidationChunk.batch_id == Batch.id,
+        ValidationChunk.status == ChunkStatus.PENDING,
+        or_(~lease_free(ValidationChunk, "lease_at", now, lease), ValidationChunk.sent_at >= now - lease),
+    )
     lost = (
         Batch.status == BatchStatus.VALIDATING,
         lease_free(Batch, "validation_heartbeat_at", now, lease),
         due < now - lease,
+        ~chunk_alive,
     )
     with rt.db.read() as s:
         candidates = list(s.scalars(select(Batch.id).where(*lost)).all())

@@ -72,7 +72,16 @@ def runtime_of(app: Celery) -> Runtime:
 
 
 def register(app: Celery) -> None:
-    from workers import cleanup, dispatcher, dropfolder_delivery, dropfolders, execution, finalize, validation
+    from workers import (
+        cleanup,
+        dispatcher,
+        dropfolder_delivery,
+        dropfolders,
+        execution,
+        finalize,
+        validation,
+        validation_chunks,
+    )
     from workers.task_policy import (
         MAX_RETRIES,
         describe,
@@ -87,6 +96,7 @@ def register(app: Celery) -> None:
     settings = app.conf.freight_settings
     limits = {  # task -> (soft limit in seconds, the setting that gives it)
         "freight.validate_batch": (settings.validation_time_limit_seconds, "VALIDATION"),
+        "freight.validate_chunk": (settings.validation_time_limit_seconds, "VALIDATION"),
         "freight.finalize_batch": (settings.finalize_time_limit_seconds, "FINALIZE"),
         "freight.scan_dropfolder": (settings.finalize_time_limit_seconds, "FINALIZE"),
         "freight.deliver_dropfolder_object": (settings.finalize_time_limit_seconds, "FINALIZE"),
@@ -180,11 +190,22 @@ def register(app: Celery) -> None:
     )
     @limited("freight.validate_batch")
     def validate_batch(self: Task, batch_id: str) -> None:
-        wait = validation.validate_batch(runtime_of(app), batch_id)
+        wait = validation.validate_batch(runtime_of(app), batch_id, validation_chunks.validate_in_chunks)
         if wait is not None:  # its tenant's turns are taken: asked again later, this one acknowledged
             runtime_of(app).queue.validate(batch_id, countdown=wait)
             return
         poke(runtime_of(app))
+
+    def chunk_failed(rt: Runtime, error: str, batch_id: str, chunk_id: int) -> None:
+        fail_validation(rt, error, batch_id)  # a chunk's fault fails its batch, as one task's would
+
+    # one chunk of a large input (workers/validation_chunks.py); the last one done sends the batch's
+    # validation again, which merges. An outage retries it; the tick sends a lost one again
+    @task("freight.validate_chunk", on_failure=killed(chunk_failed))
+    @guarded(lambda error, batch_id, chunk_id: chunk_failed(runtime_of(app), error, batch_id, chunk_id))
+    @limited("freight.validate_chunk")
+    def validate_chunk(self: Task, batch_id: str, chunk_id: int) -> None:
+        validation_chunks.validate_chunk(runtime_of(app), batch_id, chunk_id)
 
     def pack_failed(
         error: str,

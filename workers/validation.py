@@ -10,7 +10,9 @@ the prefix once. Planning then cuts the shards into work units from their column
 (``workers/planning.py``). Memory is bounded by the sort buffer (``FREIGHT_SORT_MEMORY_MB``), one
 row group, and a 16-byte digest per custom_id, whatever the file size. A file with any bad line
 fails the batch with every bad line listed (up to a cap, which is said); Parquet errors name the
-row and the column.
+row and the column. An input past FREIGHT_VALIDATION_CHUNK_BYTES is validated in chunks across
+control processes with these same line rules, then merged into the same shards
+(``workers/validation_chunks.py``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import exists, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from scheduler import json_text
@@ -34,7 +36,7 @@ from scheduler.ordering import SortStats, common_prefix_tokens, sort_records
 from storage.checkpoint_cache import CheckpointError
 from storage.leases import lease_free, release_lease, renew_lease, take_lease
 from storage.lifecycle import finish_batch
-from storage.models import Batch, StoredFile, Tenant, WorkUnit
+from storage.models import Batch, StoredFile, Tenant, ValidationChunk, WorkUnit
 from storage.quotas import queued_refusal
 from storage.registry import served_names
 from storage.request_tables import RowError, column_of, decode_limits, metadata_defaults
@@ -354,7 +356,6 @@ def write_store(
     shard_keys: list[str] = []
     sort_stats = SortStats()
     spill = spill_dir(settings)
-    per_shard = SHARD_UNITS * settings.unit_size
     limits = decode_limits(rt.settings)
     with open_requests(rt.store, input_key, rules.endpoint, defaults, spill, limits) as source:
         lines = (_line_error(x) if isinstance(x, RowError) else x for x in source.lines)
@@ -370,28 +371,12 @@ def write_store(
         ordered = sort_records(
             records(), memory_bytes=settings.sort_memory_mb * 1024 * 1024, spill_dir=spill, stats=sort_stats
         )
-        writer: ShardWriter | None = None
         try:
             first = next(ordered, None)  # the sort reads the whole file before its first row
             if first is not None and not summary.error_count:
-                previous: bytes | None = None  # the key of the row before, across shards
-                for record in itertools.chain([first], ordered):
-                    if writer is None or writer.rows >= per_shard:
-                        if writer is not None:
-                            writer.close()
-                        shard_keys.append(f"batches/{batch_id}/shards/{len(shard_keys):06d}.parquet")
-                        writer = ShardWriter(rt.store, shard_keys[-1], settings.unit_size, spill)
-                    # what the row's prompt shares with the one run before it: its predicted cache hit
-                    shared = 0 if previous is None else common_prefix_tokens(previous, record[0])
-                    previous = record[0]
-                    writer.add(_row(*record, shared))
-                if writer is not None:
-                    writer.close()
-                    writer = None
+                shard_keys = write_shards(rt, batch_id, itertools.chain([first], ordered))
         finally:
             ordered.close()
-            if writer is not None:
-                writer.abort()
         if source.parquet:
             summary.errors = _name_columns(summary.errors, source.columns)
     if sort_stats.runs_spilled:
@@ -399,15 +384,51 @@ def write_store(
     return summary, shard_keys
 
 
+def write_shards(rt: Runtime, batch_id: str, ordered: Iterable[tuple[bytes, int, bytes]]) -> list[str]:
+    """Sorted records ``(key, line, payload)`` as the batch's shards, in order; their keys. The
+    one-task validation and the merge of a chunked one both write through here, so the same rows
+    make the same shard objects byte for byte."""
+    settings: Settings = rt.settings
+    spill = spill_dir(settings)
+    per_shard = SHARD_UNITS * settings.unit_size
+    shard_keys: list[str] = []
+    writer: ShardWriter | None = None
+    try:
+        previous: bytes | None = None  # the key of the row before, across shards
+        for record in ordered:
+            if writer is None or writer.rows >= per_shard:
+                if writer is not None:
+                    writer.close()
+                shard_keys.append(f"batches/{batch_id}/shards/{len(shard_keys):06d}.parquet")
+                writer = ShardWriter(rt.store, shard_keys[-1], settings.unit_size, spill)
+            # what the row's prompt shares with the one run before it: its predicted cache hit
+            shared = 0 if previous is None else common_prefix_tokens(previous, record[0])
+            previous = record[0]
+            writer.add(_row(*record, shared))
+        if writer is not None:
+            writer.close()
+            writer = None
+    finally:
+        if writer is not None:
+            writer.abort()
+    return shard_keys
+
+
 class _LeaseKeeper:
     """Renews a validation's lease from a small thread every quarter lease while the file is read,
     sorted and planned (minutes for a million lines), and gives it back at the end, whatever the
     outcome: a validation that failed on an outage is free to run again at once."""
 
-    def __init__(self, rt: Runtime, batch_id: str, token: float) -> None:
+    def __init__(
+        self, rt: Runtime, batch_id: str, token: float, model: type[Any] = Batch, row_id: object = None
+    ) -> None:
         self.rt = rt
         self.batch_id = batch_id
         self.token = token
+        # whose lease: the batch's validation, or (``model=ValidationChunk``) one of its chunks
+        self.model = model
+        self.row_id = batch_id if row_id is None else row_id
+        self.column = VALIDATION_LEASE if model is Batch else "lease_at"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._renew, name=f"lease-{batch_id}", daemon=True)
 
@@ -420,7 +441,7 @@ class _LeaseKeeper:
         self._thread.join(timeout=30)
         try:
             with self.rt.db.write() as s:
-                release_lease(s, Batch, self.batch_id, VALIDATION_LEASE, self.token)
+                release_lease(s, self.model, self.row_id, self.column, self.token)
         except Exception as exc:  # the database is down: the lease runs out instead
             log.warning("batch %s: could not give back the validation lease: %s", self.batch_id, exc)
 
@@ -429,7 +450,7 @@ class _LeaseKeeper:
             renewed = time.time()
             try:
                 with self.rt.db.write() as s:
-                    held = renew_lease(s, Batch, self.batch_id, VALIDATION_LEASE, self.token, renewed)
+                    held = renew_lease(s, self.model, self.row_id, self.column, self.token, renewed)
             except Exception as exc:  # a blip: the next beat tries again, well within the lease
                 log.warning("batch %s: renewing the validation lease failed: %s", self.batch_id, exc)
                 continue
@@ -455,7 +476,14 @@ def _tenant_wait(s: Session, settings: Settings, batch_id: str, now: float) -> f
             Batch.tenant_id == batch.tenant_id,
             Batch.status == BatchStatus.VALIDATING,
             Batch.id != batch_id,
-            ~lease_free(Batch, VALIDATION_LEASE, now, settings.lease_seconds),
+            or_(
+                ~lease_free(Batch, VALIDATION_LEASE, now, settings.lease_seconds),
+                # a batch validated in chunks holds its lease only while it sends them and merges
+                exists().where(
+                    ValidationChunk.batch_id == Batch.id,
+                    ~lease_free(ValidationChunk, "lease_at", now, settings.lease_seconds),
+                ),
+            ),
         )
     )
     wait = validation_wait(running or 0, settings.tenant_validations)
@@ -464,13 +492,21 @@ def _tenant_wait(s: Session, settings: Settings, batch_id: str, now: float) -> f
     return wait
 
 
-def validate_batch(rt: Runtime, batch_id: str) -> float | None:
+InChunks = Callable[[Runtime, str, str, str, dict], bool]
+"""(rt, batch_id, input key, endpoint, defaults) -> False if the input is validated in one task."""
+
+
+def validate_batch(rt: Runtime, batch_id: str, in_chunks: InChunks | None = None) -> float | None:
     """Validate a ``validating`` batch; the dispatcher queues its units after this commits.
 
     Runs under the batch's validation lease (compare-and-set): a delivery that finds a fresh lease
     leaves the work to its holder; the dispatcher's tick sends validation again once it runs out.
     Returns the seconds to wait, having done nothing, when the batch's tenant already runs
-    FREIGHT_TENANT_VALIDATIONS validations (the task sends itself again after that long)."""
+    FREIGHT_TENANT_VALIDATIONS validations (the task sends itself again after that long).
+
+    ``in_chunks``: how a large input is validated across control processes; the task passes
+    ``validation_chunks.validate_in_chunks`` (which builds on this module), so every batch a
+    broker carries is chunked past FREIGHT_VALIDATION_CHUNK_BYTES. None: one task, in-process."""
     settings: Settings = rt.settings
     now = time.time()
     with rt.db.write() as s:
@@ -487,27 +523,44 @@ def validate_batch(rt: Runtime, batch_id: str) -> float | None:
         endpoint = batch.endpoint
         defaults = metadata_defaults(batch.metadata_)
     with _LeaseKeeper(rt, batch_id, now):
-        _validate(rt, batch_id, input_key, endpoint, defaults)
+        if in_chunks is None or not in_chunks(rt, batch_id, input_key, endpoint, defaults):
+            _validate(rt, batch_id, input_key, endpoint, defaults)
     return None
 
 
-def _validate(rt: Runtime, batch_id: str, input_key: str, endpoint: str, defaults: dict) -> None:
+def file_rules(rt: Runtime, endpoint: str) -> FileRules:
     settings: Settings = rt.settings
-    rules = FileRules(
+    return FileRules(
         endpoint=endpoint,
         served_models=served_names(rt.db, settings),
         max_requests=settings.max_requests_per_file,
         max_line_bytes=settings.max_line_bytes,
         render=prompt_renders(rt),
     )
+
+
+def tokenizer_failure(batch_id: str, message: str) -> ScanResult:
+    """A model whose tokenizer cannot be loaded fails the file as a whole (line 0: no line)."""
+    log.error("batch %s: %s", batch_id, message)
+    summary = ScanResult()
+    summary.error_count = 1
+    summary.errors.append(LineError(0, "tokenizer_unavailable", message[:1000], "body.model"))
+    return summary
+
+
+def _validate(rt: Runtime, batch_id: str, input_key: str, endpoint: str, defaults: dict) -> None:
     started = time.monotonic()
     try:
-        summary, shard_keys = write_store(rt, batch_id, input_key, rules, defaults)
+        summary, shard_keys = write_store(rt, batch_id, input_key, file_rules(rt, endpoint), defaults)
     except TokenizerUnavailable as exc:
-        log.error("batch %s: %s", batch_id, exc)
-        summary, shard_keys = ScanResult(), []
-        summary.error_count = 1
-        summary.errors.append(LineError(0, "tokenizer_unavailable", str(exc)[:1000], "body.model"))
+        summary, shard_keys = tokenizer_failure(batch_id, str(exc)), []
+    conclude(rt, batch_id, summary, shard_keys, started)
+
+
+def conclude(rt: Runtime, batch_id: str, summary: ScanResult, shard_keys: list[str], started: float) -> None:
+    """Plan the shards into units and commit the outcome from ``validating``: ``in_progress`` with
+    its units, or ``failed`` with its errors (or refused by quota or admission)."""
+    settings: Settings = rt.settings
     units = plan_batch(rt.store, shard_keys, settings) if not summary.error_count else []
     log.info(
         "validated %s: %d requests, %d errors, %d units in %.2fs",

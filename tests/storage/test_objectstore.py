@@ -79,3 +79,10 @@ def test_keys_cannot_escape(key):
 def test_iter_lines_handles_chunk_boundaries():
     data = b"a" * (CHUNK - 1) + b"\n" + b"b" * (CHUNK * 2 + 5) + b"\nc\n\nlast"
     assert [len(x) for x in iter_lines(io.BytesIO(data))] == [CHUNK - 1, CHUNK * 2 + 5, 1, 0, 4]
+
+
+def test_open_from_reads_the_rest_of_an_object(store):
+    store.put_stream("files/t1/r", io.BytesIO(b"0123456789"))
+    for start, rest in ((0, b"0123456789"), (3, b"3456789"), (9, b"9")):
+        with store.open_from("files/t1/r", start) as stream:
+            assert stream.read() == rest

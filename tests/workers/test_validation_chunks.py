@@ -1,0 +1,323 @@
+"""A large input validated in chunks gives what one task gives: the same shards byte for byte, the
+same units, the same errors with the same line numbers, in order; a chunk validated twice or lost
+changes nothing (real database, SQLite and PostgreSQL, object store and the demo model's tokenizer;
+the chunk tasks run in-process here, across control processes in test_validation_chunks_live.py)."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import time
+import uuid
+from dataclasses import replace
+
+import pyarrow as pa
+import pytest
+from sqlalchemy import select, update
+
+from api.services.tenants import create_tenant
+from storage.models import Batch, ValidationChunk, WorkUnit
+from storage.objectstore import iter_lines
+from storage.runtime import Runtime
+from storage.shards import read_rows
+from storage.status import ChunkStatus
+from tests.conftest import now
+from tests.factories import chat_line, jsonl, upload_and_create
+from workers import validation, validation_chunks
+from workers.batch_input import range_lines
+from workers.dispatcher import TickReport, resend_lost_validations
+
+CHUNK = 4096  # bytes a chunk: the files below make 5-20 chunks
+
+
+def doc_lines(n: int = 120, seed: int = 3) -> list[dict]:
+    """Questions about a few shared documents, shuffled: the sort moves rows across chunks."""
+    rng = random.Random(seed)
+    words = ["alpha", "ledger", "river", "copper", "index", "marble"]
+    docs = [" ".join(rng.choice(words) for _ in range(30)) for _ in range(4)]
+    lines = [chat_line(f"q{i}", f"{docs[i % 4]}\n\nQuestion {i}?", max_tokens=1 + i % 5) for i in range(n)]
+    rng.shuffle(lines)
+    return lines
+
+
+def validate_batch(rt: Runtime, batch_id: str) -> float | None:
+    """The validation task's way: chunked past FREIGHT_VALIDATION_CHUNK_BYTES."""
+    return validation.validate_batch(rt, batch_id, validation_chunks.validate_in_chunks)
+
+
+def chunked(settings, chunk_bytes: int = CHUNK, **changes):
+    return Runtime(replace(settings, validation_chunk_bytes=chunk_bytes, unit_size=4, **changes))
+
+
+def run_chunks(rt: Runtime, batch_id: str) -> int:
+    """Every pending chunk validated, as the control processes would; how many there were."""
+    with rt.db.read() as s:
+        ids = s.scalars(select(ValidationChunk.id).where(ValidationChunk.batch_id == batch_id)).all()
+    for chunk_id in ids:
+        validation_chunks.validate_chunk(rt, batch_id, chunk_id)
+    return len(ids)
+
+
+def validate_chunked(rt: Runtime, batch_id: str) -> int:
+    """Chunks sent, validated, merged: the task sequence of a chunked validation; the chunks."""
+    assert validate_batch(rt, batch_id) is None  # makes and sends the chunks
+    n = run_chunks(rt, batch_id)
+    assert validate_batch(rt, batch_id) is None  # the merge the last chunk sent
+    return n
+
+
+def outcome(rt: Runtime, batch_id: str) -> tuple[Batch, list[tuple], list[bytes]]:
+    """The batch, its units (all but ids) and its shard objects' bytes, in order."""
+    with rt.db.read() as s:
+        batch = s.get(Batch, batch_id)
+        units = s.scalars(select(WorkUnit).where(WorkUnit.batch_id == batch_id).order_by(WorkUnit.seq)).all()
+    plan = [
+        (u.seq, u.model, u.shard_key.rsplit("/", 1)[1], u.row_start, u.first_line, u.n_requests,
+         u.prefix_key, u.planned_prompt_tokens, u.planned_cached_tokens)
+        for u in units
+    ]  # fmt: skip
+    shards = []
+    for key in dict.fromkeys(u.shard_key for u in units):
+        with rt.store.open(key) as stream:
+            shards.append(stream.read())
+    return batch, plan, shards
+
+
+def both_ways(
+    settings, data: bytes, name: str = "in.jsonl", chunk_bytes: int = CHUNK, **changes
+) -> tuple[tuple, tuple, int]:
+    """The same file validated in one task and in chunks: both outcomes and the chunk count."""
+    one = Runtime(replace(settings, validation_chunk_bytes=0, unit_size=4, **changes))
+    many = chunked(settings, chunk_bytes, **changes)
+    try:
+        tenant, _ = create_tenant(one.db, f"t-{uuid.uuid4().hex[:8]}", now())
+        a = upload_and_create(one, tenant.id, data, name=name).id
+        b = upload_and_create(many, tenant.id, data, name=name).id
+        assert validate_batch(one, a) is None
+        n = validate_chunked(many, b)
+        return outcome(one, a), outcome(many, b), n
+    finally:
+        one.db.dispose()
+        many.db.dispose()
+
+
+# -- cutting JSONL into byte ranges --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"a\nbb\n\nccc\r\n\n\ndddd",
+        b"a\nbb\n\nccc\n\n",
+        b"\n\nx\n" + b"y" * 50 + b"\nz\n",
+        b"one line, no newline",
+        b"\n",
+    ],
+)
+def test_byte_ranges_hold_every_line_once(data):
+    whole = list(iter_lines(io.BytesIO(data)))
+    for size in range(1, len(data) + 2):
+        parts = []
+        for start in range(0, len(data), size):
+            stream = io.BytesIO(data)
+            stream.seek(max(start - 1, 0))
+            parts.extend(range_lines(stream, start, min(start + size, len(data))))
+        assert parts == whole, size
+
+
+# -- same outcome as one task --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sort_memory_mb", [256, 0])  # 0: every chunk's sort spills
+def test_chunks_make_the_same_shards_and_units_as_one_task(settings, sort_memory_mb):
+    data = jsonl(doc_lines())
+    one, many, n = both_ways(settings, data, max_file_bytes=1 << 20, sort_memory_mb=sort_memory_mb)
+    assert n == -(-len(data) // CHUNK) >= 5
+    assert one[0].status == many[0].status == "in_progress", (one[0].errors, many[0].errors)
+    assert one[0].request_total == many[0].request_total == 120
+    assert many[1] == one[1] and len(one[1]) == 30  # the unit plan
+    assert many[2] == one[2]  # the shard objects, byte for byte
+    assert (many[0].planned_prompt_tokens, many[0].planned_cached_tokens) == (
+        one[0].planned_prompt_tokens,
+        one[0].planned_cached_tokens,
+    )
+
+
+def bad_file() -> tuple[bytes, dict[str, int]]:
+    """Good lines with bad ones spread over the chunks: the lines' numbers, by what they are."""
+    lines = [json.dumps(line).encode() for line in doc_lines(150)]
+    where = {}
+    lines[0] = b"\xef\xbb\xbf" + lines[0]  # a BOM is fine on line 1
+    lines[5] = lines[5] + b"\r"  # CRLF is fine
+    lines[20] = b"{not json"
+    where["not_json"] = 21
+    lines[60] = json.dumps(chat_line("q-dup", "first")).encode()
+    lines[130] = json.dumps(chat_line("q-dup", "again")).encode()  # chunks apart
+    where["duplicate"] = 131
+    lines[90] = json.dumps(chat_line("x", model="other")).encode()
+    where["model"] = 91
+    # a blank run across a chunk boundary: one error, at its first line
+    text = b"\n".join(lines) + b"\n"
+    cut = text.rindex(b"\n", 0, 4 * CHUNK - 1) + 1
+    blanks = 4 * CHUNK - cut + 2  # the last two blank lines start in the next chunk
+    before = text[:cut].count(b"\n")
+    assert 22 < before < 60
+    text = text[:cut] + b"\n" * blanks + text[cut:]
+    where = {what: line + blanks if line > before else line for what, line in where.items()}
+    where["blank"] = before + 1
+    return text + b"\n\n", where  # trailing blank lines are fine
+
+
+@pytest.mark.parametrize("max_listed", [100, 2])
+def test_errors_across_chunks_have_the_file_line_numbers_in_order(settings, max_listed):
+    data, where = bad_file()
+    one, many, n = both_ways(settings, data, max_file_bytes=1 << 20, max_listed_errors=max_listed)
+    assert n > 4
+    assert one[0].status == many[0].status == "failed"
+    assert many[0].errors == one[0].errors  # same codes, messages, lines, cap
+    listed = [(e["code"], e["line"]) for e in many[0].errors["data"]]
+    expected = [
+        ("invalid_json_line", where["not_json"]),
+        ("model_not_found", where["model"]),
+        ("empty_line", where["blank"]),
+        ("duplicate_custom_id", where["duplicate"]),
+    ]
+    expected.sort(key=lambda e: e[1])
+    if max_listed == 2:
+        assert listed == [*expected[:2], ("too_many_errors", None)]
+        assert many[0].errors["data"][-1]["message"].startswith("4 lines failed validation")
+    else:
+        assert listed == expected
+    assert not many[1] and not many[2]  # no units, no shards
+
+
+def test_file_level_rules_across_chunks(settings):
+    """A model differing from the first chunk's, and the request limit, are file-wide."""
+    lines = doc_lines(100)
+    lines[80] = chat_line("late", "x", model="demo2")
+    data = jsonl(lines)
+    models = {**settings.models, "demo2": settings.models["demo"]}
+    one, many, _ = both_ways(settings, data, max_file_bytes=1 << 20, models=models)
+    assert many[0].errors == one[0].errors
+    assert [(e["code"], e["line"]) for e in many[0].errors["data"]] == [("mixed_models", 81)]
+    one, many, _ = both_ways(
+        settings, jsonl(doc_lines(100)), max_file_bytes=1 << 20, max_requests_per_file=70
+    )
+    assert many[0].errors == one[0].errors
+    assert [(e["code"], e["line"]) for e in many[0].errors["data"]] == [("too_many_requests", 71)]
+
+
+# -- re-delivery and loss ------------------------------------------------------------------------
+
+
+def test_a_chunk_validated_twice_or_lost_adds_no_row(settings):
+    rt = chunked(settings, max_file_bytes=1 << 20)
+    try:
+        tenant, _ = create_tenant(rt.db, "t", now())
+        lines = doc_lines()
+        batch_id = upload_and_create(rt, tenant.id, jsonl(lines)).id
+        assert validate_batch(rt, batch_id) is None
+        assert not tick_resends(rt, batch_id)  # its chunks were just sent
+        with rt.db.read() as s:
+            chunks = s.scalars(
+                select(ValidationChunk)
+                .where(ValidationChunk.batch_id == batch_id)
+                .order_by(ValidationChunk.seq)
+            ).all()
+            first, second, *rest = [(c.id, c.seq, c.start, c.stop) for c in chunks]
+        # the first chunk twice (an acks_late redelivery): the second delivery finds it done
+        assert not validation_chunks.validate_chunk(rt, batch_id, first[0])
+        assert not validation_chunks.validate_chunk(rt, batch_id, first[0])
+        # a copy that ran late writes the same objects again
+        batch = outcome(rt, batch_id)[0]
+        validation_chunks.scan_chunk(
+            rt, batch_id, first[1], _input_key(rt, batch), batch.endpoint, {}, *first[2:]
+        )
+        # the second chunk's process died mid-way: its lease runs out, nothing was recorded
+        stale = now() - 10 * settings.lease_seconds
+        with rt.db.write() as s:
+            s.execute(
+                update(ValidationChunk)
+                .where(ValidationChunk.id == second[0])
+                .values(lease_at=stale, sent_at=stale)
+            )
+        for chunk_id, *_ in rest:
+            validation_chunks.validate_chunk(rt, batch_id, chunk_id)
+        # the tick sends the batch's validation again only once no pending chunk was sent or held a
+        # live lease for a lease; that validation sends the lost chunk again
+        assert tick_resends(rt, batch_id)
+        assert validate_batch(rt, batch_id) is None
+        with rt.db.read() as s:
+            row = s.get(ValidationChunk, second[0])
+            assert row.status == ChunkStatus.PENDING and row.sent_at > stale
+        assert validation_chunks.validate_chunk(rt, batch_id, second[0])  # the last: sends the merge
+        assert validate_batch(rt, batch_id) is None
+        batch, plan, _ = outcome(rt, batch_id)
+        assert batch.status == "in_progress" and batch.request_total == len(lines)
+        with rt.db.read() as s:
+            units = s.scalars(select(WorkUnit).where(WorkUnit.batch_id == batch_id)).all()
+        ids = [
+            r.custom_id for u in units for r in read_rows(rt.store, u.shard_key, u.row_start, u.n_requests)
+        ]
+        assert sorted(ids) == sorted(line["custom_id"] for line in lines)  # each once
+        # the merge runs once: another delivery finds the batch validated
+        assert validate_batch(rt, batch_id) is None
+        assert outcome(rt, batch_id)[1] == plan
+        assert not list(rt.store.list(f"batches/{batch_id}/validation/"))  # the runs are deleted
+    finally:
+        rt.db.dispose()
+
+
+def tick_resends(rt: Runtime, batch_id: str) -> bool:
+    """Whether the tick sends the batch's validation again, its last delivery due long ago."""
+    with rt.db.write() as s:
+        s.execute(update(Batch).where(Batch.id == batch_id).values(validation_due_at=now() - 1000))
+    report = TickReport()
+    resend_lost_validations(rt, time.time(), report)
+    return batch_id in report.revalidated
+
+
+def _input_key(rt: Runtime, batch: Batch) -> str:
+    from storage.models import StoredFile
+
+    with rt.db.read() as s:
+        return s.get(StoredFile, batch.input_file_id).object_key
+
+
+# -- Parquet: chunks of row groups ---------------------------------------------------------------
+
+
+def parquet_of(lines: list[dict], row_group_rows: int = 10) -> bytes:
+    import pyarrow.parquet as pq
+
+    table = pa.table(
+        {
+            "custom_id": [line["custom_id"] for line in lines],
+            "body": [json.dumps(line["body"]) for line in lines],
+        }
+    )
+    sink = io.BytesIO()
+    pq.write_table(table, sink, row_group_size=row_group_rows)
+    return sink.getvalue()
+
+
+def test_parquet_row_groups_make_the_same_shards_and_errors(settings):
+    lines = doc_lines(200)
+    data = parquet_of(lines)
+    for size in (1024, 3000):  # chunks of about this many stored bytes of row groups
+        one, many, n = both_ways(settings, data, "in.parquet", size, max_file_bytes=1 << 20)
+        assert n > 2, n
+        assert one[0].status == many[0].status == "in_progress", many[0].errors
+        assert many[1] == one[1] and many[2] == one[2]
+    bad = list(lines)
+    bad[15] = {**bad[15], "body": {**bad[15]["body"], "temperature": "hot"}}
+    bad[170] = {**bad[170], "custom_id": bad[40]["custom_id"]}
+    one, many, n = both_ways(settings, parquet_of(bad), "in.parquet", 1024, max_file_bytes=1 << 20)
+    assert n > 2 and one[0].status == many[0].status == "failed"
+    assert many[0].errors == one[0].errors
+    assert [(e["code"], e["line"]) for e in many[0].errors["data"]] == [
+        ("invalid_request", 16),
+        ("duplicate_custom_id", 171),
+    ]
+    assert many[0].errors["data"][0]["message"].startswith("row 16, column 'body'")

@@ -1,0 +1,440 @@
+"""Validation of one large batch input in chunks, in parallel across control processes.
+
+Why: validation costs about 0.5-1 ms of CPU a line, so a million-line batch spent ten minutes in
+one process. An input larger than FREIGHT_VALIDATION_CHUNK_BYTES is cut into chunks (JSONL: byte
+ranges, a line belonging to the chunk it starts in, so no pre-pass reads the file; Parquet: runs of
+row groups), each validated by a task of its own on the freight.validate queue, which any process
+of any control worker takes. A chunk checks its lines with the one-task validation's own
+``check_line`` and writes two objects: the sorted run of its valid rows (the one-task sort's
+records) and one event per line (blank, bad, or valid with its model and custom_id); its row keeps
+its line count and its first errors. Lines are numbered within the chunk; the merge adds the
+lines of the chunks before, so no chunk needs to know where it starts.
+
+The chunk that finds itself the last one done (the batch row locked, its move pending -> done a
+compare-and-set, the others counted) sends the batch's validation again; under the batch's
+validation lease that validation merges, once: it replays the events in file order through the
+file-level rules exactly as ``scan_lines`` applies them (unique custom_ids across all chunks, one
+model, the request limit, blank lines inside the file, the error cap), and when no line failed
+merges the runs by (prompt key, line) into the shards the one-task validation would write, byte
+for byte (``validation.write_shards``), then plans and commits as it does (``validation.conclude``).
+
+Crash safety: a chunk's objects depend only on the file and the chunk's bounds and are written
+under fixed keys, so a chunk validated twice (an acks_late redelivery, a lease taken over) writes
+the same bytes again and only one run moves it to ``done``; the merge reads done chunks only. A
+chunk whose process died leaves its lease to run out; the tick sends the batch's validation again a
+lease after it was last due (``dispatcher.resend_lost_validations``: while chunks run the batch's
+own lease is free), and that validation sends every chunk whose lease ran out a lease after it was
+sent. The merge commits only from ``validating``, like the one-task validation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import heapq
+import logging
+import struct
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import IO, Any, cast
+
+from sqlalchemy import CursorResult, func, select, update
+
+from scheduler.ordering import Record, dump_records, load_records, sort_records
+from storage.leases import lease_free, take_lease
+from storage.models import Batch, StoredFile, ValidationChunk
+from storage.request_tables import RowError, decode_limits, is_parquet, metadata_defaults, row_group_runs
+from storage.runtime import Runtime
+from storage.settings import Settings
+from storage.status import BatchStatus, ChunkStatus, chunk_source
+from workers.batch_input import head_bytes, local_copy, open_chunk
+from workers.prompt_tokens import TokenizerUnavailable
+from workers.validation import (
+    BOM,
+    LineError,
+    ScanResult,
+    _LeaseKeeper,
+    _line_error,
+    _name_columns,
+    _payload,
+    check_line,
+    conclude,
+    file_rules,
+    spill_dir,
+    tokenizer_failure,
+    write_shards,
+    write_store,
+)
+
+log = logging.getLogger(__name__)
+
+CHUNK_LEASE = "lease_at"  # ValidationChunk's column: the lease's token is its time
+# one event per line: kind, model index, custom_id length; then the custom_id's UTF-8 bytes
+EVENT = struct.Struct(">BHH")
+BLANK, BAD_ROW, BAD_LINE, VALID = range(4)  # BAD_ROW: a Parquet row that made no line
+# a Parquet row error after which the file's rows end (request_tables._limited_lines)
+ENDS_ROWS = frozenset({"too_many_requests", "file_too_large"})
+
+
+def _objects(batch_id: str, seq: int) -> tuple[str, str]:
+    """A chunk's sorted run and its events, under fixed keys: a re-run writes the same again."""
+    prefix = f"batches/{batch_id}/validation/{seq:05d}"
+    return f"{prefix}.run", f"{prefix}.events"
+
+
+# -- sending the chunks (under the batch's validation lease) -------------------------------------
+
+
+def plan_chunks(rt: Runtime, input_key: str, endpoint: str) -> list[tuple[int, int]]:
+    """The chunks of an input larger than FREIGHT_VALIDATION_CHUNK_BYTES, in file order (JSONL:
+    byte ranges; Parquet: row-group ranges); none for a smaller one (validated in one task)."""
+    settings: Settings = rt.settings
+    target = settings.validation_chunk_bytes
+    if not target:
+        return []
+    size = rt.store.size(input_key)
+    if size <= target:
+        return []
+    if is_parquet(head_bytes(rt.store, input_key)):
+        with local_copy(rt.store, input_key, spill_dir(settings)) as path:
+            return row_group_runs(path, endpoint, decode_limits(settings), target) or []
+    return [(start, min(start + target, size)) for start in range(0, size, target)]
+
+
+def validate_in_chunks(rt: Runtime, batch_id: str, input_key: str, endpoint: str, defaults: dict) -> bool:
+    """The batch's validation, holding its lease, for a chunked input: the first time, make and
+    send the chunks; while some are not done, send again those that were lost; once all are done,
+    merge. False (nothing done) for an input validated in one task."""
+    now = time.time()
+    with rt.db.read() as s:
+        chunks = s.execute(
+            select(ValidationChunk.seq, ValidationChunk.status)
+            .where(ValidationChunk.batch_id == batch_id)
+            .order_by(ValidationChunk.seq)
+        ).all()
+    if not chunks:
+        bounds = plan_chunks(rt, input_key, endpoint)
+        if not bounds:
+            return False
+        with rt.db.write() as s:  # only the lease's holder gets here: the rows are made once
+            made = [
+                ValidationChunk(batch_id=batch_id, seq=seq, start=start, stop=stop,
+                                status=ChunkStatus.PENDING, sent_at=now)
+                for seq, (start, stop) in enumerate(bounds)
+            ]  # fmt: skip
+            s.add_all(made)
+            # the tick sends this validation again a lease from now: it checks on the chunks then
+            s.execute(update(Batch).where(Batch.id == batch_id).values(validation_due_at=now))
+            s.flush()
+            ids = [chunk.id for chunk in made]
+        for chunk_id in ids:  # sent after the commit that made them
+            rt.queue.validate_chunk(batch_id, chunk_id)
+        log.info("batch %s: validating in %d chunks", batch_id, len(ids))
+        return True
+    if any(status != ChunkStatus.DONE for _, status in chunks):
+        resend_lost_chunks(rt, batch_id, now)
+        return True
+    merge(rt, batch_id, input_key, endpoint, defaults)
+    return True
+
+
+def resend_lost_chunks(rt: Runtime, batch_id: str, now: float) -> list[int]:
+    """Send again each pending chunk that no validation holds a live lease of and that was sent
+    more than a lease ago (its message lost, or its process killed); a copy that meets a running
+    or done chunk does nothing. The ids sent."""
+    lease = rt.settings.lease_seconds
+    with rt.db.write() as s:
+        lost = list(
+            s.scalars(
+                select(ValidationChunk.id).where(
+                    ValidationChunk.batch_id == batch_id,
+                    ValidationChunk.status == ChunkStatus.PENDING,
+                    lease_free(ValidationChunk, CHUNK_LEASE, now, lease),
+                    func.coalesce(ValidationChunk.sent_at, 0) < now - lease,
+                )
+            )
+        )
+        if lost:
+            s.execute(update(ValidationChunk).where(ValidationChunk.id.in_(lost)).values(sent_at=now))
+        s.execute(update(Batch).where(Batch.id == batch_id).values(validation_due_at=now))
+    for chunk_id in lost:
+        log.warning("batch %s: chunk %d of its validation was lost; sending it again", batch_id, chunk_id)
+        rt.queue.validate_chunk(batch_id, chunk_id)
+    return lost
+
+
+# -- one chunk (the freight.validate_chunk task) -------------------------------------------------
+
+
+def validate_chunk(rt: Runtime, batch_id: str, chunk_id: int) -> bool:
+    """Validate one chunk under its lease and record it done; True if it was the last of its
+    batch's chunks to be done (then the batch's validation is sent, to merge). A chunk done
+    already, or under another live lease, or of a batch no longer validating, is left alone."""
+    settings: Settings = rt.settings
+    now = time.time()
+    with rt.db.write() as s:
+        batch = s.get(Batch, batch_id)
+        if batch is None or batch.status != BatchStatus.VALIDATING:
+            return False
+        pending = ValidationChunk.status == ChunkStatus.PENDING
+        taken = take_lease(s, ValidationChunk, chunk_id, CHUNK_LEASE, now, pending,
+                           now=now, lease_seconds=settings.lease_seconds)  # fmt: skip
+        if not taken:
+            return False
+        chunk = s.get(ValidationChunk, chunk_id)
+        assert chunk is not None
+        seq, start, stop = chunk.seq, chunk.start, chunk.stop
+        input_key = s.get(StoredFile, batch.input_file_id).object_key  # type: ignore[union-attr]
+        endpoint, defaults = batch.endpoint, metadata_defaults(batch.metadata_)
+    with _LeaseKeeper(rt, batch_id, now, ValidationChunk, chunk_id):
+        lines, summary = scan_chunk(rt, batch_id, seq, input_key, endpoint, defaults, start, stop)
+        with rt.db.write() as s:
+            s.get(Batch, batch_id, with_for_update=True)  # chunks finishing together count in turn
+            moved = cast(CursorResult[Any], s.execute(
+                update(ValidationChunk)
+                .where(ValidationChunk.id == chunk_id, ValidationChunk.status == chunk_source(ChunkStatus.DONE))
+                .values(status=ChunkStatus.DONE, lines=lines, summary=summary)
+            )).rowcount  # fmt: skip
+            left = s.scalar(
+                select(func.count())
+                .select_from(ValidationChunk)
+                .where(ValidationChunk.batch_id == batch_id, ValidationChunk.status != ChunkStatus.DONE)
+            )
+    last = bool(moved) and not left
+    if last:
+        rt.queue.validate(batch_id)  # after the commit: the merge finds every chunk done
+    return last
+
+
+def scan_chunk(
+    rt: Runtime, batch_id: str, seq: int, input_key: str, endpoint: str, defaults: dict, start: int, stop: int
+) -> tuple[int, dict[str, Any]]:
+    """Check the chunk's lines and write its run and events; its line count and summary (the
+    models its valid lines name, its first errors and its count of bad lines, Parquet columns
+    and decoded bytes, or the fatal error that fails the whole file)."""
+    settings: Settings = rt.settings
+    spill = spill_dir(settings)
+    rules = file_rules(rt, endpoint)
+    max_listed = settings.max_listed_errors
+    models: dict[str, int] = {}
+    errors: list[dict[str, Any]] = []
+    summary: dict[str, Any] = {"models": [], "errors": errors, "bad": 0}
+    run_key, events_key = _objects(batch_id, seq)
+    lines = 0
+    with contextlib.ExitStack() as stack:
+        source, parquet = stack.enter_context(
+            open_chunk(rt.store, input_key, endpoint, defaults, spill, decode_limits(settings), start, stop)
+        )
+        first_row = parquet.first_row if parquet else 0
+        events = stack.enter_context(tempfile.TemporaryFile(dir=spill, buffering=1 << 16))
+        run = stack.enter_context(tempfile.TemporaryFile(dir=spill, buffering=1 << 16))
+
+        def bad(kind: int, error: LineError) -> None:
+            events.write(EVENT.pack(kind, 0, 0))
+            summary["bad"] += 1
+            if len(errors) < max_listed:
+                errors.append({"line": error.line, "code": error.code, "message": error.message,
+                               "param": error.param})  # fmt: skip
+
+        def records() -> Iterator[Record]:
+            nonlocal lines
+            for pos, raw in enumerate(source.lines, start=1):
+                lines = pos
+                summary["stopped"] = isinstance(raw, RowError) and raw.code in ENDS_ROWS
+                if isinstance(raw, RowError):  # numbered in the whole file: made the chunk's
+                    error = _line_error(raw)
+                    bad(BAD_ROW, LineError(error.line - first_row, error.code, error.message, error.param))
+                    continue
+                if start == 0 and pos == 1 and raw.startswith(BOM):
+                    raw = raw[len(BOM) :]
+                raw = raw.rstrip(b"\r")
+                if not raw.strip():
+                    events.write(EVENT.pack(BLANK, 0, 0))
+                    continue
+                checked = check_line(raw, pos, rules)
+                if isinstance(checked, LineError):
+                    bad(BAD_LINE, checked)
+                    continue
+                custom_id = checked.row.custom_id.encode()
+                model = models.setdefault(checked.model, len(models))
+                events.write(EVENT.pack(VALID, model, len(custom_id)))
+                events.write(custom_id)
+                yield checked.row.key, checked.row.line, _payload(checked.row)
+
+        try:
+            ordered = sort_records(
+                records(), memory_bytes=settings.sort_memory_mb * 1024 * 1024, spill_dir=spill
+            )
+            try:
+                dump_records(ordered, run)
+            finally:
+                ordered.close()
+        except TokenizerUnavailable as exc:  # fails the file as a whole, as in one task
+            return 0, {"fatal": str(exc)}
+        summary["models"] = list(models)
+        summary["parquet"] = source.parquet
+        summary["columns"] = list(source.columns)
+        if parquet is not None:
+            summary["decoded"] = parquet.decoded
+        for stream, key in ((run, run_key), (events, events_key)):
+            stream.flush()
+            stream.seek(0)
+            rt.store.put_stream(key, stream)
+    return lines, summary
+
+
+# -- the merge (the batch's validation, under its lease, once every chunk is done) ---------------
+
+
+@dataclass(frozen=True)
+class _Done:
+    seq: int
+    lines: int
+    summary: dict[str, Any]
+
+
+def merge(rt: Runtime, batch_id: str, input_key: str, endpoint: str, defaults: dict) -> None:
+    settings: Settings = rt.settings
+    started = time.monotonic()
+    with rt.db.read() as s:
+        chunks = [
+            _Done(seq, lines, summary or {})
+            for seq, lines, summary in s.execute(
+                select(ValidationChunk.seq, ValidationChunk.lines, ValidationChunk.summary)
+                .where(ValidationChunk.batch_id == batch_id)
+                .order_by(ValidationChunk.seq)
+            )
+        ]
+    fatal = next((c.summary["fatal"] for c in chunks if "fatal" in c.summary), None)
+    shard_keys: list[str] = []
+    if fatal is not None:
+        summary = tokenizer_failure(batch_id, fatal)
+    elif sum(c.summary.get("decoded", 0) for c in chunks) > decode_limits(settings).max_total_bytes:
+        # past the decoded limit of a Parquet file, where the file stops being read depends on
+        # the bytes of every chunk before: the one-task validation says it exactly
+        log.info("batch %s: past the decoded limit; validated again in one task", batch_id)
+        summary, shard_keys = write_store(rt, batch_id, input_key, file_rules(rt, endpoint), defaults)
+    else:
+        summary = replay(rt, batch_id, chunks)
+        if chunks and chunks[0].summary.get("parquet"):  # errors name the row and the column
+            summary.errors = _name_columns(summary.errors, tuple(chunks[0].summary["columns"]))
+        if not summary.error_count:
+            shard_keys = merge_runs(rt, batch_id, chunks)
+    conclude(rt, batch_id, summary, shard_keys, started)
+    for chunk in chunks:  # what a merge interrupted here leaves, the batch's retention deletes
+        for key in _objects(batch_id, chunk.seq):
+            try:
+                rt.store.delete(key)
+            except Exception as exc:
+                log.warning("batch %s: could not delete %s: %s", batch_id, key, exc)
+
+
+def _events(stream: IO[bytes]) -> Iterator[tuple[int, int, bytes]]:
+    read, size, unpack = stream.read, EVENT.size, EVENT.unpack
+    while head := read(size):
+        kind, model, n = unpack(head)
+        yield kind, model, read(n) if n else b""
+
+
+def replay(rt: Runtime, batch_id: str, chunks: list[_Done]) -> ScanResult:
+    """The file-level rules over every chunk's events in file order: ``scan_lines`` step for step
+    (its line numbers, errors, messages and cap), the per-line checks' outcome read, not redone."""
+    settings: Settings = rt.settings
+    max_listed, max_requests = settings.max_listed_errors, settings.max_requests_per_file
+    result = ScanResult()
+    seen: set[bytes] = set()
+    blank_run_start = 0
+    line_no = offset = 0
+
+    def fail(error: LineError | None) -> None:
+        result.error_count += 1
+        if len(result.errors) < max_listed:
+            # a chunk keeps its first max_listed errors: any later one has as many before it
+            assert error is not None, "a listed error a chunk did not keep"
+            result.errors.append(error)
+
+    for chunk in chunks:
+        listed = [LineError(e["line"] + offset, e["code"], e["message"], e["param"])
+                  for e in chunk.summary.get("errors", [])]  # fmt: skip
+        models = chunk.summary.get("models", [])
+        bad = 0
+        with _local(rt, _objects(batch_id, chunk.seq)[1], spill_dir(settings)) as stream:
+            for pos, (kind, model_index, custom_id) in enumerate(_events(stream), start=1):
+                line_no = offset + pos
+                error: LineError | None = None
+                if kind in (BAD_ROW, BAD_LINE):
+                    error = listed[bad] if bad < len(listed) else None
+                    bad += 1
+                if kind == BAD_ROW:
+                    fail(error)
+                    continue
+                if kind == BLANK:
+                    blank_run_start = blank_run_start or line_no
+                    continue
+                if blank_run_start:
+                    fail(LineError(blank_run_start, "empty_line", "empty line inside the file"))
+                    blank_run_start = 0
+                if kind == BAD_LINE:
+                    fail(error)
+                    continue
+                digest = hashlib.blake2b(custom_id, digest_size=16).digest()
+                if digest in seen:
+                    text = custom_id.decode()
+                    fail(LineError(line_no, "duplicate_custom_id",
+                                   f"custom_id {text[:200]!r} appears more than once", "custom_id"))  # fmt: skip
+                    continue
+                seen.add(digest)
+                model = models[model_index]
+                if result.model is None:
+                    result.model = model
+                elif model != result.model:
+                    fail(LineError(line_no, "mixed_models",
+                                   f"model {model!r} differs from {result.model!r}: one model per file",
+                                   "body.model"))  # fmt: skip
+                    continue
+                result.rows += 1
+                if result.rows > max_requests:
+                    fail(
+                        LineError(
+                            line_no, "too_many_requests", f"the file has more than {max_requests} requests"
+                        )
+                    )
+                    return result
+        if chunk.summary.get("stopped"):
+            return result  # a Parquet file past its row limit: its lines end there
+        offset += chunk.lines
+    if result.rows == 0 and result.error_count == 0:
+        result.error_count += 1
+        result.errors.append(LineError(max(line_no, 1), "empty_file", "the file contains no requests"))
+    return result
+
+
+@contextlib.contextmanager
+def _local(rt: Runtime, key: str, spill: str) -> Iterator[IO[bytes]]:
+    """An object copied to a local temporary file, read back buffered (many small reads)."""
+    with tempfile.TemporaryFile(dir=spill) as local:
+        with rt.store.open(key) as stream:
+            while piece := stream.read(1 << 20):
+                local.write(piece)
+        local.seek(0)
+        yield local
+
+
+def merge_runs(rt: Runtime, batch_id: str, chunks: list[_Done]) -> list[str]:
+    """Every chunk's sorted run, lines made the file's, merged by (key, line) into the shards."""
+    spill = spill_dir(rt.settings)
+    with contextlib.ExitStack() as stack:
+        streams: list[Iterator[Record]] = []
+        offset = 0
+        for chunk in chunks:
+            run = stack.enter_context(_local(rt, _objects(batch_id, chunk.seq)[0], spill))
+            streams.append(_shifted(load_records(run), offset))
+            offset += chunk.lines
+        return write_shards(rt, batch_id, heapq.merge(*streams))
+
+
+def _shifted(records: Iterator[Record], offset: int) -> Iterator[Record]:
+    for key, line, payload in records:
+        yield key, line + offset, payload
