@@ -92,9 +92,7 @@ def plan_chunks(rt: Runtime, input_key: str, endpoint: str) -> list[tuple[int, i
     byte ranges; Parquet: row-group ranges); none for a smaller one (validated in one task)."""
     settings: Settings = rt.settings
     target = settings.validation_chunk_bytes
-    if not target:
-        return []
-    size = rt.store.size(input_key)
+    size = rt.store.size(input_key) if target else 0
     if size <= target:
         return []
     if is_parquet(head_bytes(rt.store, input_key)):
@@ -106,7 +104,11 @@ def plan_chunks(rt: Runtime, input_key: str, endpoint: str) -> list[tuple[int, i
 def validate_in_chunks(rt: Runtime, batch_id: str, input_key: str, endpoint: str, defaults: dict) -> bool:
     """The batch's validation, holding its lease, for a chunked input: the first time, make and
     send the chunks; while some are not done, send again those that were lost; once all are done,
-    merge. False (nothing done) for an input validated in one task."""
+    merge. False (nothing done) for an input validated in one task: one no larger than a chunk
+    is told by its size alone (no query: most batches are small)."""
+    target = rt.settings.validation_chunk_bytes
+    if not target or rt.store.size(input_key) <= target:
+        return False  # (a chunk size raised since the chunks were made: one task, as exact)
     now = time.time()
     with rt.db.read() as s:
         chunks = s.execute(
