@@ -98,11 +98,13 @@ def target(value: float | None, bound: float, op: str) -> dict[str, Any]:
     return {"value": value, "bound": bound, "op": op, "pass": ok}
 
 
-def merge_results(path: Path, section: dict[str, Any], targets: dict[str, Any]) -> None:
-    """Write the ``dispatcher`` section and its targets into ``path``, keeping every other section
-    and target another benchmark wrote there."""
+def merge_results(
+    path: Path, section: dict[str, Any], targets: dict[str, Any], name: str = "dispatcher"
+) -> None:
+    """Write section ``name`` and its targets into ``path`` (bench/results/control_plane.json),
+    keeping every other section and target another benchmark wrote there."""
     data = json.loads(path.read_text()) if path.exists() else {}
-    data["dispatcher"] = section
+    data[name] = section
     data.setdefault("targets", {}).update(targets)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import workloads as wl
-from bench.scheduler import RESULTS_DIR, WORK_DIR, log, machine_facts, serving_dtype
+from bench.scheduler import REPO, RESULTS_DIR, WORK_DIR, log, machine_facts, serving_dtype
 
 MODEL_DIR = Path("models/demo")
 REQUESTS = 20_000
@@ -166,6 +166,30 @@ def _frame(frame: str) -> str:
     return f"{file}:{name}" if file else name
 
 
+def merge_into_control_plane(report: dict[str, Any], out: Path, control_plane: Path) -> None:
+    """The ratio, its target and the CPU figures as the ``request_rate`` section of
+    bench/results/control_plane.json, where issue #21's targets are read together."""
+    from bench.dispatcher_report import merge_results, target
+
+    section = {k: report[k] for k in ("generated_at", "machine", "workload", "ratios", "paired_ratios")}
+    section["freight_cpu_s_per_1000_requests"] = [
+        r["cpu_s_per_1000_requests"] for r in report["runs"]["freight"]
+    ]
+    section["other_cpu_s"] = {
+        role: [r.get("other_cpu_s") for r in runs] for role, runs in report["runs"].items()
+    }
+    section["details"] = (
+        str(out.resolve().relative_to(REPO)) if out.resolve().is_relative_to(REPO) else str(out)
+    )
+    value = report["ratios"]["freight_over_engine"]
+    merge_results(
+        control_plane,
+        json.loads(json.dumps(section, default=str)),
+        {"request_rate_freight_over_engine": target(value, TARGET, ">=")},
+        name="request_rate",
+    )
+
+
 # ------------------------------------------------------------------------------------------ main
 
 
@@ -178,6 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eager", action="store_true", help="enforce_eager in both systems")
     parser.add_argument("--profile", action="store_true", help="one more Freight run under py-spy")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "request_rate.json")
+    parser.add_argument(
+        "--control-plane",
+        default=str(RESULTS_DIR / "control_plane.json"),
+        help="the file the ratio and its target are merged into ('' for none)",
+    )
     args = parser.parse_args(argv)
 
     from bench.engine_baseline import EngineServer
@@ -303,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    if args.control_plane:  # the issue's targets live together (bench/README.md)
+        merge_into_control_plane(report, args.out, Path(args.control_plane))
     log(f"written {args.out}: freight_over_engine {value}")
     return 0
 
