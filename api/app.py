@@ -13,6 +13,8 @@ from api.metrics import register_metrics
 from api.openapi import openapi_document
 from api.proxies import TrustedProxies
 from api.ratelimit import register_rate_limits
+from api.serializers import readiness_object
+from api.services.readiness import ReadinessProbe
 from storage.errors import ServiceError
 from storage.runtime import Runtime
 from storage.settings import Settings
@@ -28,6 +30,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     app.config["SECRET_KEY"] = settings.secret_key or None
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.extensions["freight"] = runtime or Runtime(settings)
+    readiness = ReadinessProbe(app.extensions["freight"])  # connects nothing until the first probe
     if settings.trusted_proxies:
         app.wsgi_app = TrustedProxies(app.wsgi_app, settings.trusted_proxies)  # type: ignore[method-assign]
     register_error_handlers(app)
@@ -67,7 +70,18 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
 
     @app.get("/healthz")
     def healthz() -> Response:
+        """Liveness: the process answers. Touches nothing else, so an outage elsewhere never gets
+        a healthy API process restarted."""
         return jsonify({"status": "ok"})
+
+    @app.get("/readyz")
+    def readyz() -> tuple[Response, int]:
+        """Readiness: 200 when the database, the broker and the object store answer, else 503
+        naming the ones that did not (api/services/readiness.py). No key, like /healthz."""
+        result = readiness.check()
+        response = jsonify(readiness_object(result))
+        response.headers["Cache-Control"] = "no-store"
+        return response, 200 if result.ready else 503
 
     @app.get("/openapi.json")
     def openapi() -> Response:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from api.services.paging import Page
+from api.services.readiness import Readiness
 from scheduler.cost import cost_summary
 from storage.models import Batch, StoredFile
 from storage.registry import ModelEntry
@@ -112,5 +113,22 @@ def model_object(e: ModelEntry) -> dict[str, Any]:
             "list_price_per_1m": None
             if price is None
             else {"input": price.input, "cached_input": price.cached_input, "output": price.output},
+        },
+    }
+
+
+def readiness_object(r: Readiness) -> dict[str, Any]:
+    """``/readyz``'s body: ready or not, the failed dependencies, and each check."""
+    return {
+        "status": "ready" if r.ready else "unready",
+        "failed": r.failed,
+        "checks": {
+            c.name: {
+                "ok": c.ok,
+                "seconds": c.seconds,
+                "target": c.target,
+                **({"error": c.error} if c.error else {}),
+            }
+            for c in r.checks
         },
     }

@@ -443,6 +443,7 @@ def s3_client(
     secret_access_key: str | None = None,
     max_attempts: int = 8,
     connect_timeout: float = 60,
+    read_timeout: float = 60,
 ):
     """A boto3 S3 client: endpoint, region and credentials from boto3's chain unless given.
 
@@ -463,6 +464,7 @@ def s3_client(
             retries={"max_attempts": max_attempts, "mode": "standard"},
             s3={"addressing_style": "path"},
             connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
         ),
     )
 

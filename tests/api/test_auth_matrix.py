@@ -31,6 +31,7 @@ CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 # routes anyone may call, and why; everything else in the url_map needs a key or a session
 PUBLIC = {
     "/healthz": "liveness probe, says only ok",
+    "/readyz": "readiness probe: which backing service fails and why (no tenant data, passwords masked)",
     "/openapi.json": "the API's own description, no tenant data",
     "/static/<path:filename>": "the console's stylesheet",
     "/console/sign-in": "the sign-in form (GET) and its submission (POST)",

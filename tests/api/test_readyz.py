@@ -1,0 +1,128 @@
+"""``/readyz`` against the real services the API tests use (Redis, SeaweedFS, SQLite and
+PostgreSQL): 200 when all answer; 503 naming the one that does not, quickly, without its
+password; a dependency that accepts a connection and never answers cannot hang the probe;
+``/healthz`` stays 200 through all of it (liveness, not readiness)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+
+from api.app import create_app
+from infra import daemons
+from storage.runtime import Runtime
+from storage.settings import Settings
+
+PASSWORD = "hunter2-s3cret"
+
+
+def probe(settings: Settings) -> tuple[int, dict, float]:
+    """GET /readyz on a fresh app (status, body, seconds taken); /healthz must answer 200 regardless."""
+    rt = Runtime(settings)
+    app = create_app(runtime=rt)
+    client = app.test_client()
+    started = time.monotonic()
+    response = client.get("/readyz")
+    elapsed = time.monotonic() - started
+    assert client.get("/healthz").status_code == 200
+    rt.db.dispose()
+    return response.status_code, response.get_json(), elapsed
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound and released: connecting is refused)."""
+    return daemons.free_port()
+
+
+@pytest.fixture
+def silent_server() -> Iterator[int]:
+    """A port that accepts TCP connections (the kernel's backlog) and never answers a byte."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        yield sock.getsockname()[1]
+
+
+def test_ready_when_everything_answers(settings: Settings) -> None:
+    status, body, _ = probe(settings)
+    assert status == 200, body
+    assert body["status"] == "ready" and body["failed"] == []
+    assert set(body["checks"]) == {"database", "broker", "object_store"}
+    assert all(c["ok"] and "error" not in c for c in body["checks"].values())
+
+
+def test_ready_on_s3(settings: Settings, s3_service, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_service.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_service.secret_key)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", s3_service.region)
+    bucket = s3_service.create_bucket("readyz")
+    on_s3 = replace(
+        settings, object_store_url=f"s3://{bucket}/freight", s3_endpoint_url=s3_service.endpoint_url
+    )
+    status, body, _ = probe(on_s3)
+    assert status == 200, body
+    # a bucket that does not exist is not ready, and says so
+    missing = replace(on_s3, object_store_url="s3://no-such-bucket-readyz/freight")
+    status, body, _ = probe(missing)
+    assert status == 503 and body["failed"] == ["object_store"], body
+    assert "NoSuchBucket" in body["checks"]["object_store"]["error"]
+
+
+def test_broker_down_is_503_naming_the_broker_quickly(settings: Settings) -> None:
+    down = replace(settings, broker_url=f"redis://:{PASSWORD}@127.0.0.1:{closed_port()}/0")
+    status, body, elapsed = probe(down)
+    assert status == 503, body
+    assert body["status"] == "unready" and body["failed"] == ["broker"]
+    broker = body["checks"]["broker"]
+    assert not broker["ok"] and "refused" in broker["error"].lower(), broker
+    assert broker["target"].startswith("redis://:****@127.0.0.1:")
+    assert body["checks"]["database"]["ok"] and body["checks"]["object_store"]["ok"]
+    assert PASSWORD not in str(body)
+    assert elapsed < 1.5, elapsed  # refused at once: no retries, no backoff
+
+
+def test_database_down_is_503_naming_the_database(settings: Settings) -> None:
+    url = f"postgresql+psycopg://freight:{PASSWORD}@127.0.0.1:{closed_port()}/freight"
+    status, body, elapsed = probe(replace(settings, database_url=url))
+    assert status == 503 and body["failed"] == ["database"], body
+    assert body["checks"]["database"]["target"] == f"postgresql+psycopg://freight:****@{url.split('@')[1]}"
+    assert body["checks"]["database"]["error"].startswith("OperationalError: ")
+    assert PASSWORD not in str(body)
+    assert elapsed < 3, elapsed
+
+
+def test_object_store_down_is_503_naming_it(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "freight")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "freight")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    down = replace(
+        settings, object_store_url="s3://bucket/p", s3_endpoint_url=f"http://127.0.0.1:{closed_port()}"
+    )
+    status, body, elapsed = probe(down)
+    assert status == 503 and body["failed"] == ["object_store"], body
+    assert "connect" in body["checks"]["object_store"]["error"].lower()
+    assert elapsed < 3, elapsed
+
+
+def test_a_hung_broker_cannot_hang_the_probe(settings: Settings, silent_server: int) -> None:
+    """The server takes the connection and never answers PING: the check fails at the probe's
+    timeout, and a second probe meanwhile waits on the same check instead of starting another."""
+    from api.services.readiness import ReadinessProbe
+
+    rt = Runtime(replace(settings, broker_url=f"redis://127.0.0.1:{silent_server}/0"))
+    readiness = ReadinessProbe(rt, timeout=0.5, reuse_seconds=0)
+    try:
+        started = time.monotonic()
+        first = readiness.check()
+        assert time.monotonic() - started < 1.5
+        assert first.failed == ["broker"]
+        assert "no answer within 0.5 s" in next(c.error for c in first.checks if c.name == "broker")
+        second = readiness.check()  # the first PING may still be waiting on its socket timeout
+        assert second.failed == ["broker"]
+        assert time.monotonic() - started < 3
+    finally:
+        rt.db.dispose()
