@@ -1,0 +1,202 @@
+"""infra/k8s: each overlay rendered with ``kubectl kustomize`` and every object validated offline
+against the Kubernetes OpenAPI schemas (``kubernetes-validate``, which ships them), strictly
+(an unknown field is an error). Then what a schema cannot know: beat is one replica with
+``Recreate``; every container runs a real ``freight`` command line (parsed by the click command
+tree of ``api.cli:main``, so an invented subcommand or flag fails); every ``FREIGHT_*`` name is a
+field of ``Settings`` and the values parse; the API's probes are /readyz and /healthz on its port;
+a GPU engine worker requests as many GPUs as its model's tensor-parallel size.
+
+A missing ``kubectl`` or ``kubernetes-validate`` fails these tests with that reason: skipping them
+would pass manifests nobody checked.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import fields
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from storage.settings import Settings
+from tests.infra.cli_tree import resolve
+
+REPO = Path(__file__).resolve().parents[2]
+K8S = REPO / "infra" / "k8s"
+OVERLAYS = ("cpu-demo", "gpu")
+# the Kubernetes release the schemas are taken from; the manifests use nothing newer than 1.25's APIs
+KUBERNETES_VERSION = "1.30.0"
+SETTINGS_NAMES = {f"FREIGHT_{f.name.upper()}" for f in fields(Settings)}
+TP_ANNOTATION = "freight/tensor-parallel-size"
+
+
+@cache
+def render(overlay: str) -> tuple[dict[str, Any], ...]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.fail("kubectl is not installed: the manifests cannot be rendered (apt-get install kubectl)")
+    done = subprocess.run(
+        [kubectl, "kustomize", str(K8S / "overlays" / overlay)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return tuple(doc for doc in yaml.safe_load_all(done.stdout) if doc)
+
+
+def by_kind(objects: tuple[dict[str, Any], ...], kind: str) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
+
+
+def pod_specs(objects: tuple[dict[str, Any], ...]) -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (f"{o['kind']}/{o['metadata']['name']}", o["spec"]["template"]["spec"])
+        for o in objects
+        if o["kind"] in ("Deployment", "Job")
+    ]
+
+
+def environment(objects: tuple[dict[str, Any], ...]) -> dict[str, str]:
+    """What envFrom gives every container: the ConfigMap's data and the Secret's values."""
+    (config,) = by_kind(objects, "ConfigMap").values()
+    (secret,) = by_kind(objects, "Secret").values()
+    return {**config.get("data", {}), **secret.get("stringData", {})}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_object_is_valid_against_the_kubernetes_schemas(overlay: str) -> None:
+    try:
+        import kubernetes_validate
+    except ImportError:
+        pytest.fail(
+            "kubernetes-validate is not installed (the `test` extra has it: "
+            "pip install -c infra/constraints.txt -e '.[test]'); the manifests were not validated"
+        )
+    objects = render(overlay)
+    assert len(objects) >= 9
+    for obj in objects:
+        name = f"{obj['kind']}/{obj['metadata']['name']}"
+        try:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{overlay}: {name}: {exc.message} at {'.'.join(map(str, exc.path))}")
+        assert obj["kind"] == "Namespace" or obj["metadata"]["namespace"] == "freight", name
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_processes_of_a_deployment_are_all_there(overlay: str) -> None:
+    objects = render(overlay)
+    deployments = by_kind(objects, "Deployment")
+    commands = {
+        name: spec["containers"][0]["command"]
+        for name, spec in ((n, d["spec"]["template"]["spec"]) for n, d in deployments.items())
+    }
+    assert commands["freight-api"][:2] == ["freight", "api"]
+    assert commands["freight-control"] == ["freight", "worker", "--control"]
+    assert commands["freight-beat"] == ["freight", "beat"]
+    assert by_kind(objects, "Job")["freight-db-upgrade"]["spec"]["template"]["spec"]["containers"][0][
+        "command"
+    ] == ["freight", "db", "upgrade"]
+    workers = {n: c for n, c in commands.items() if c[:3] == ["freight", "worker", "--model"]}
+    assert workers, "no engine worker"
+    for name, argv in workers.items():
+        model = argv[3]
+        labels = deployments[name]["spec"]["template"]["metadata"]["labels"]
+        assert labels["freight/model"] == model and labels["app.kubernetes.io/component"] == "engine-worker"
+        assert name == f"freight-worker-{model}"
+    # each Service selects pods of its own component, and these exist
+    for service in by_kind(objects, "Service").values():
+        selector = service["spec"]["selector"]
+        matched = [
+            d
+            for d in deployments.values()
+            if selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()
+        ]
+        assert len(matched) == 1, (service["metadata"]["name"], selector)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_beat_is_one_replica_recreated(overlay: str) -> None:
+    objects = render(overlay)
+    beats = [
+        d for d in by_kind(objects, "Deployment").values()
+        if d["spec"]["template"]["spec"]["containers"][0]["command"] == ["freight", "beat"]
+    ]  # fmt: skip
+    assert len(beats) == 1
+    assert beats[0]["spec"]["replicas"] == 1
+    assert beats[0]["spec"]["strategy"] == {"type": "Recreate"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_command_is_a_real_freight_command_line(overlay: str) -> None:
+    seen = set()
+    for name, spec in pod_specs(render(overlay)):
+        for container in spec.get("initContainers", []) + spec["containers"]:
+            assert "args" not in container, f"{name}: the whole command line goes in `command`"
+            seen.add(resolve(container["command"]).name)
+    assert seen == {"api", "worker", "beat", "upgrade"}, seen
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_freight_setting_exists_and_parses(overlay: str) -> None:
+    objects = render(overlay)
+    env = environment(objects)
+    used = {name for name in env if name.startswith("FREIGHT_")}
+    for name, spec in pod_specs(objects):
+        for container in spec["containers"]:
+            used |= {e["name"] for e in container.get("env", []) if e["name"].startswith("FREIGHT_")}
+            for source in container.get("envFrom", []):
+                ref = source.get("configMapRef") or source.get("secretRef")
+                kind = "ConfigMap" if "configMapRef" in source else "Secret"
+                assert ref["name"] in by_kind(objects, kind), f"{name}: no {kind} {ref['name']}"
+    assert used <= SETTINGS_NAMES, f"not settings of storage/settings.py: {sorted(used - SETTINGS_NAMES)}"
+    settings = Settings.from_env(env)  # every value is one Freight accepts
+    assert settings.api_host == "0.0.0.0"  # reachable from the Service
+    assert settings.database_url.startswith("postgresql") and settings.object_store_url.startswith("s3://")
+    # the URLs and keys are in the Secret, not the ConfigMap
+    (config,) = by_kind(objects, "ConfigMap").values()
+    secret_names = {
+        "FREIGHT_DATABASE_URL",
+        "FREIGHT_BROKER_URL",
+        "FREIGHT_OBJECT_STORE_URL",
+        "FREIGHT_SECRET_KEY",
+    }
+    assert not secret_names & set(config["data"])
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_api_is_probed_on_readyz_and_healthz(overlay: str) -> None:
+    objects = render(overlay)
+    api = by_kind(objects, "Deployment")["freight-api"]["spec"]["template"]["spec"]["containers"][0]
+    port = int(environment(objects)["FREIGHT_API_PORT"])
+    assert [p["containerPort"] for p in api["ports"] if p["name"] == "http"] == [port]
+    assert api["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert api["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    # /readyz gives up on a dependency after 2 s (api/services/readiness.py): the kubelet waits longer
+    assert api["readinessProbe"]["timeoutSeconds"] > 2
+    service = by_kind(objects, "Service")["freight-api"]
+    assert service["spec"]["ports"][0]["targetPort"] == "http"
+
+
+def test_gpu_workers_request_their_tensor_parallel_size_in_gpus() -> None:
+    workers = [
+        d for d in by_kind(render("gpu"), "Deployment").values()
+        if d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component") == "engine-worker"
+    ]  # fmt: skip
+    assert workers
+    for worker in workers:
+        tp = int(worker["metadata"]["annotations"][TP_ANNOTATION])
+        resources = worker["spec"]["template"]["spec"]["containers"][0]["resources"]
+        assert int(resources["limits"]["nvidia.com/gpu"]) == tp, worker["metadata"]["name"]
+        assert int(resources["requests"]["nvidia.com/gpu"]) == tp, worker["metadata"]["name"]
+    # and the CPU demo asks for none
+    for _, spec in pod_specs(render("cpu-demo")):
+        for container in spec["containers"]:
+            assert "nvidia.com/gpu" not in str(container.get("resources", {}))
+
+
+def test_the_demo_model_is_declared() -> None:
+    models = Settings.from_env(environment(render("cpu-demo"))).models
+    assert set(models) == {"demo"}
