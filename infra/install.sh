@@ -6,7 +6,8 @@
 #   FREIGHT_FORCE_INSTALL=1 infra/install.sh   # redo the pip steps even if the stamp is fresh
 #
 # Environment: PYTHON (interpreter for a new venv, default python3), FREIGHT_VENV (default REPO/.venv),
-# FREIGHT_EXTRAS (default "cpu,test"; "gpu,test" on CUDA hosts).
+# FREIGHT_EXTRAS (default "cpu,test"; "gpu,test" on CUDA hosts), FREIGHT_NO_SYSTEM_PACKAGES=1 (skip
+# the apt step: the test services and browser are not wanted in infra/Dockerfile's images).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -50,7 +51,9 @@ if [ ! -x "$VENV/bin/python" ] && command -v "$PYTHON" >/dev/null 2>&1 \
 fi
 command -v "$PYTHON" >/dev/null 2>&1 || missing+=(python3 python3-venv)
 
-if [ "${#missing[@]}" -gt 0 ]; then
+if [ -n "${FREIGHT_NO_SYSTEM_PACKAGES:-}" ]; then
+    say "system packages skipped (FREIGHT_NO_SYSTEM_PACKAGES)"
+elif [ "${#missing[@]}" -gt 0 ]; then
     say "apt-get install ${missing[*]} (log: $APT_LOG)"
     export DEBIAN_FRONTEND=noninteractive
     { as_root apt-get update -q && as_root env DEBIAN_FRONTEND=noninteractive \
