@@ -12,6 +12,8 @@ would pass manifests nobody checked.
 
 from __future__ import annotations
 
+import re
+import shlex
 import shutil
 import subprocess
 from dataclasses import fields
@@ -191,10 +193,29 @@ def test_gpu_workers_request_their_tensor_parallel_size_in_gpus() -> None:
         resources = worker["spec"]["template"]["spec"]["containers"][0]["resources"]
         assert int(resources["limits"]["nvidia.com/gpu"]) == tp, worker["metadata"]["name"]
         assert int(resources["requests"]["nvidia.com/gpu"]) == tp, worker["metadata"]["name"]
+    # the annotation is what the registration command in the overlay's notes gives the model
+    registered = registrations(K8S / "overlays" / "gpu" / "kustomization.yaml")
+    assert registered
+    for model, tp in registered.items():
+        worker = by_kind(render("gpu"), "Deployment")[f"freight-worker-{model}"]
+        assert worker["metadata"]["annotations"][TP_ANNOTATION] == str(tp)
     # and the CPU demo asks for none
     for _, spec in pod_specs(render("cpu-demo")):
         for container in spec["containers"]:
             assert "nvidia.com/gpu" not in str(container.get("resources", {}))
+
+
+def registrations(path: Path) -> dict[str, int]:
+    """The ``freight models add`` commands in a file's comments (a trailing backslash continues
+    one): each parsed by freight's own click tree; {model: its tensor_parallel_size}."""
+    text = "\n".join(line.lstrip("# ") for line in path.read_text().splitlines() if line.startswith("#"))
+    found = {}
+    for command in re.findall(r"freight models add (?:[^\n]*\\\n)*[^\n]*", text):
+        argv = shlex.split(command.replace("\\\n", " "))
+        resolve(argv)
+        engine_args = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--engine-arg")
+        found[argv[3]] = int(engine_args.get("tensor_parallel_size", "1"))
+    return found
 
 
 def test_the_demo_model_is_declared() -> None:
