@@ -141,7 +141,7 @@ class ReadinessProbe:
             s.execute(text("SELECT 1"))
 
     def _check_broker(self) -> None:
-        """PING on the broker's Redis, one attempt (redis-py would retry 3 times with backoff)."""
+        """PING on the broker's Redis, one attempt: no retry, whatever redis-py's defaults become."""
         url = self.runtime.settings.broker_url
         if urlparse(url).scheme not in ("redis", "rediss", "unix"):
             raise ValueError("the broker is not a Redis URL (Freight's broker is Redis)")
