@@ -168,6 +168,13 @@ def test_every_freight_setting_exists_and_parses(overlay: str) -> None:
     assert not secret_names & set(config["data"])
 
 
+def test_every_freight_name_in_the_files_is_a_setting() -> None:
+    """Comments included: a note naming a setting that does not exist misleads as much as a value."""
+    for path in sorted(K8S.rglob("*.yaml")):
+        named = set(re.findall(r"\bFREIGHT_[A-Z0-9_]+", path.read_text()))
+        assert named <= SETTINGS_NAMES, (path.relative_to(REPO), sorted(named - SETTINGS_NAMES))
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_the_api_is_probed_on_readyz_and_healthz(overlay: str) -> None:
     objects = render(overlay)
