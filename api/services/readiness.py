@@ -14,11 +14,14 @@ The endpoint is unauthenticated (like ``/healthz``: the kubelet carries no key) 
 limited (a probe refused with 429 would take a healthy pod out of service), so results are reused
 for ``reuse_seconds``: a flood of probes costs the dependencies one round of checks a second.
 A failed check says which dependency and why, with the target's URL; passwords are masked (a
-URL's with ``masked_url``, and the configured ones wherever a driver's message repeats them).
+URL's with ``masked_url``, and the configured ones wherever a driver's message repeats them). Only
+the names of the failed dependencies go into the unauthenticated response: the URLs and drivers'
+messages describe the deployment's inside (hosts, ports, bucket names), so they go to the API's log.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -35,6 +38,8 @@ from sqlalchemy.exc import DBAPIError
 from storage.objectstore import s3_client
 from storage.runtime import Runtime
 from storage.settings_source import masked_url
+
+log = logging.getLogger(__name__)
 
 # the longest a probe waits; infra/k8s gives the kubelet's probe 3 s (its default, 1 s, is shorter)
 CHECK_TIMEOUT_SECONDS = 2.0
@@ -106,6 +111,11 @@ class ReadinessProbe:
                 seconds, error = time.monotonic() - now, f"no answer within {self.timeout:g} s"
             results.append(Check(name, not error, round(seconds, 3), self._target(name), error))
         readiness = Readiness(tuple(results))
+        for c in results:
+            if not c.ok:
+                log.warning(
+                    "readiness: %s (%s) failed after %.3f s: %s", c.name, c.target, c.seconds, c.error
+                )
         self._last = (time.monotonic(), readiness)
         return readiness
 
