@@ -189,16 +189,9 @@ def assess_deadlines(
     settings = rt.settings
     with rt.db.write() as s:
         rows = s.execute(
-            select(
-                Batch.id,
-                Batch.model,
-                Batch.expires_at,
-                Batch.request_total,
-                Batch.request_completed,
-                Batch.request_failed,
-                Batch.eta_at,
-                Batch.at_risk_since,
-            ).where(Batch.status == BatchStatus.IN_PROGRESS)
+            select(*LOAD_COLUMNS, Batch.eta_at, Batch.at_risk_since).where(
+                Batch.status == BatchStatus.IN_PROGRESS
+            )
         ).all()
         loads = [batch_load(row) for row in rows]
         verdicts = assess(loads, rates, now, settings.urgent_slack_seconds)
@@ -227,6 +220,17 @@ def assess_deadlines(
     return verdicts
 
 
+# what batch_load reads of a batch row
+LOAD_COLUMNS = (
+    Batch.id,
+    Batch.model,
+    Batch.expires_at,
+    Batch.request_total,
+    Batch.request_completed,
+    Batch.request_failed,
+)
+
+
 def batch_load(b: Batch | Row) -> BatchLoad:
     """What is left of an in-progress batch (a row or a row's columns of the same names)."""
     return BatchLoad(
@@ -244,16 +248,7 @@ def current_urgency(rt: Runtime, now: float, model: str | None = None) -> dict[s
     if model is not None:
         where.append(Batch.model == model)
     with rt.db.read() as s:
-        rows = s.execute(
-            select(
-                Batch.id,
-                Batch.model,
-                Batch.expires_at,
-                Batch.request_total,
-                Batch.request_completed,
-                Batch.request_failed,
-            ).where(*where)
-        ).all()
+        rows = s.execute(select(*LOAD_COLUMNS).where(*where)).all()
         loads = [batch_load(row) for row in rows]
     return assess(loads, rates, now, rt.settings.urgent_slack_seconds)
 
