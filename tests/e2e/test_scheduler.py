@@ -8,11 +8,14 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import time
 
 import pytest
 from sqlalchemy import select
 
+from infra.processes import engine_names
+from storage.broker import make_producer, model_queue
 from storage.db import Database
 from storage.models import EngineSample, UnitStatus, WorkUnit
 from tests.e2e.conftest import (
@@ -79,13 +82,20 @@ def test_small_jobs_share_packs_workers_and_prefixes(sched):
     """A long job keeps both workers busy; small jobs of two other tenants, all with the same long
     system prompt, arrive meanwhile and are packed together and with it, across tenants."""
     alpha = sched.client("alpha")
-    # four packs of 256: two running, one queued and one pending, so the queue is full when the
-    # small jobs are validated and they wait to be packed together (not one pack each)
     blocker = [chat_line(f"long-{i}", f"Item {i}", max_tokens=32, min_tokens=32) for i in range(1024)]
     big = alpha.batches.create(input_file_id=upload(alpha, blocker), endpoint=CHAT, completion_window="24h")
-    # the small jobs arrive while the long one holds both workers (its packs dispatched on a tick)
     wait_final(alpha, big.id, timeout=120, until=("in_progress", "failed"))
-    time.sleep(3 * 1.0)  # three dispatcher ticks (FREIGHT_TICK_SECONDS=1 in the live stack)
+    # The small jobs arrive while no engine worker takes packs (both workers' consumers of the
+    # model's queue cancelled), so they wait together as pending units behind the full queue. A
+    # worker takes its next pack as soon as its feed is down to the look-ahead, so on a fast engine
+    # the long job's four packs were all taken within seconds and every small job then went out as
+    # a pack of its own the moment it was valid (they still met in the feed, not in a pack).
+    control = make_producer(sched.stack.settings).control
+    workers = [f"{name}@{socket.gethostname()}" for name in engine_names("demo", 2)]
+    queue = model_queue("demo")
+    # a solo worker answers between tasks: one feeding its engine answers once its feed is low
+    paused = control.cancel_consumer(queue, destination=workers, reply=True, timeout=120, limit=2)
+    assert len(paused) == 2, paused
     small: dict[str, tuple[object, list[str]]] = {}
     tenant_of: dict[str, str] = {}
     for tenant in ("beta", "gamma", "beta", "gamma", "beta", "gamma"):
@@ -102,6 +112,10 @@ def test_small_jobs_share_packs_workers_and_prefixes(sched):
         )
         small[batch.id] = (client, [x["custom_id"] for x in lines])
         tenant_of[batch.id] = tenant
+    for bid, (client, _) in small.items():  # validated: their units pending (or one pack queued)
+        assert wait_final(client, bid, timeout=120, until=("in_progress", "failed")).status == "in_progress"
+    resumed = control.add_consumer(queue, destination=workers, reply=True, timeout=60, limit=2)
+    assert len(resumed) == 2, resumed
     finals = {bid: wait_final(client, bid, timeout=300) for bid, (client, _) in small.items()}
     big_final = wait_final(alpha, big.id, timeout=300)
     assert big_final.status == "completed" and big_final.request_counts.completed == len(blocker)
