@@ -56,7 +56,7 @@ def run_control_role(settings: Settings, role: str, name: str | None) -> None:
     }[role]
     queues = ",".join(CONTROL_ROLES[role])
     argv = ["worker", "-P", "prefork", "-c", str(concurrency), "-Q", queues, "-n", role_name(name, role)]
-    app.worker_main([*argv, "--loglevel", "INFO", "--without-gossip", "--without-mingle"])
+    run_then_exit(app, [*argv, "--loglevel", "INFO", "--without-gossip", "--without-mingle"])
 
 
 def warm_validation(settings: Settings) -> None:
@@ -118,7 +118,28 @@ def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
         engine.shutdown()
 
     argv = ["worker", "-P", "solo", "-Q", model_queue(model), "-n", name or f"{model}-{os.getpid()}@%h"]
-    app.worker_main([*argv, "--loglevel", "INFO", "--without-gossip", "--without-mingle"])
+    run_then_exit(app, [*argv, "--loglevel", "INFO", "--without-gossip", "--without-mingle"])
+
+
+def run_then_exit(app: Any, argv: list[str]) -> None:
+    """Run the Celery worker; once it has shut down, end the process at once with its status.
+
+    By then the warm shutdown has waited for the running tasks and the pool (and an engine
+    worker's drain has recorded or handed back its units and stopped vLLM), so nothing is left to
+    do. What remains is the interpreter's own teardown of torch, vLLM and the tokenizers, which
+    held a stopped validation role for 3 s on an idle machine and past the 10 s SIGKILL deadline of
+    ``make stop`` on a busy one (measured with the control worker of a live test stack). A worker
+    that fails with an exception other than Celery's exit still unwinds normally, traceback and all.
+    """
+    try:
+        app.worker_main(argv)
+        code = 0
+    except SystemExit as exc:  # how Celery's worker command ends
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    logging.shutdown()  # flush every handler: the log is the shutdown's only record
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def engine_config(

@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 ABORTED_STATUS = 499
 ABORT_POLL_SECONDS = 0.5
+ENGINE_STOP_SECONDS = 1.0  # how long vLLM may take to stop its processes before they are killed
 PROMPT_MEAN_WEIGHT = 0.05  # the newest request's weight in the running mean of prompt lengths
 
 
@@ -615,7 +616,10 @@ class Engine:
         if llm is None:
             return
         try:
-            llm.engine_core.shutdown()
+            # vLLM waits 5 s for its engine process to exit on SIGTERM and it always took them all
+            # (the engine core waits on its model-runner process); by now every unit was recorded
+            # or handed back (PackRunner.close), so nothing in there is worth a wait
+            llm.engine_core.shutdown(timeout=ENGINE_STOP_SECONDS)
         finally:
             try:
                 llm.renderer.shutdown()
