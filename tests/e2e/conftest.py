@@ -1,5 +1,7 @@
 """The live stack for end-to-end tests: Redis, gunicorn API, control worker, an engine worker
-holding a real vLLM engine on the demo model, and beat; started once per test session."""
+holding a real vLLM engine on the demo model, and beat; started once for the tests in this folder
+and stopped after the last of them (package scope), so its idle processes (a dispatcher tick every
+second, beat, the engines' loops) take no CPU from the tests that run after the end-to-end ones."""
 
 from __future__ import annotations
 
@@ -75,7 +77,7 @@ def keep_logs(stack: Stack, prefix: str) -> None:
         (REPO / "test-artifacts" / f"{prefix}-{log.stem}.log").write_text(log.read_text(errors="replace"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def live(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator[LiveStack]:
     overrides = {
         "FREIGHT_COMPLETION_WINDOWS": WINDOWS,
@@ -89,7 +91,7 @@ def live(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator
         keep_logs(stack, "e2e")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def sched(  # two engine workers, lines of a million-request file allowed
     tmp_path_factory: pytest.TempPathFactory, demo_model: Path
 ) -> Iterator[LiveStack]:
