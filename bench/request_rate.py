@@ -56,7 +56,7 @@ def lines(n: int, seed: int) -> list[dict[str, Any]]:
     out = []
     for i in range(n):
         text = " ".join(rng.choice(words) for _ in range(PROMPT_WORDS))
-        line = wl._line(
+        line = wl.request_line(
             f"rr-{seed}-{i:06d}", [{"role": "user", "content": text}], rng.randint(*OUTPUT_TOKENS)
         )
         out.append(line)

@@ -159,7 +159,10 @@ def text_of_tokens(rng: random.Random, tokenizer: Any, target: int) -> str:
     return " ".join(words[:lo])
 
 
-def _line(custom_id: str, messages: list[dict[str, str]], output_tokens: int) -> dict[str, Any]:
+def request_line(custom_id: str, messages: list[dict[str, str]], output_tokens: int) -> dict[str, Any]:
+    """One batch line that generates exactly ``output_tokens`` (min_tokens, ignore_eos, greedy): the
+    shape of every workload's requests, public so the other benchmarks (request_rate) build theirs
+    the same way."""
     return {
         "custom_id": custom_id,
         "method": "POST",
@@ -182,7 +185,7 @@ def _scaled(n: int, scale: float) -> int:
 def unique_lines(tokenizer: Any, scale: float = 1.0, seed: int | str = SEED) -> list[dict[str, Any]]:
     rng = random.Random(f"{seed}-unique")
     return [
-        _line(
+        request_line(
             f"unique-{i:05d}",
             [{"role": "user", "content": text_of_tokens(rng, tokenizer, UNIQUE_PROMPT_TOKENS)}],
             UNIQUE_OUTPUT_TOKENS,
@@ -202,7 +205,7 @@ def shared_prefix_lines(
             question = text_of_tokens(rng, tokenizer, QUESTION_TOKENS)
             content = f"Read the document, then answer the question.\n\n{doc}\n\nQuestion: {question}?"
             lines.append(
-                _line(
+                request_line(
                     f"doc{d:03d}-q{q:02d}",
                     [{"role": "user", "content": content}],
                     SHARED_PREFIX_OUTPUT_TOKENS,
@@ -222,7 +225,7 @@ def system_prompt_lines(tokenizer: Any, scale: float = 1.0, seed: int = SEED) ->
             {"role": "system", "content": prompts[s]},
             {"role": "user", "content": text_of_tokens(rng, tokenizer, USER_MESSAGE_TOKENS)},
         ]
-        lines.append(_line(f"sys{s:02d}-r{i:05d}", messages, SYSTEM_PROMPTS_OUTPUT_TOKENS))
+        lines.append(request_line(f"sys{s:02d}-r{i:05d}", messages, SYSTEM_PROMPTS_OUTPUT_TOKENS))
     random.Random(f"{seed}-system-prompts-order").shuffle(lines)
     return lines
 
@@ -261,7 +264,7 @@ def multi_job_shared_prefix_lines(
                 {"role": "system", "content": system},
                 {"role": "user", "content": f"Text: {item}\nLabel:"},
             ]
-            lines.append(_line(f"fs{p:02d}-i{i:02d}", messages, FEW_SHOT_OUTPUT_TOKENS))
+            lines.append(request_line(f"fs{p:02d}-i{i:02d}", messages, FEW_SHOT_OUTPUT_TOKENS))
     random.Random(f"{seed}-multi-job-shared-prefix-order").shuffle(lines)
     return lines
 

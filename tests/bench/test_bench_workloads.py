@@ -11,7 +11,7 @@ from bench import workloads as wl
 
 def _lines(prompts: int, items: int) -> list[dict]:
     lines = [
-        wl._line(
+        wl.request_line(
             f"fs{p:02d}-i{i:02d}",
             [{"role": "system", "content": f"few-shot prompt {p}"}, {"role": "user", "content": f"item {i}"}],
             wl.FEW_SHOT_OUTPUT_TOKENS,
