@@ -321,3 +321,120 @@ def test_parquet_row_groups_make_the_same_shards_and_errors(settings):
         ("duplicate_custom_id", 171),
     ]
     assert many[0].errors["data"][0]["message"].startswith("row 16, column 'body'")
+
+
+# -- the file-wide rules, one pass and chunks alike ----------------------------------------------
+
+FILL = " ".join(["ledger", "river", "copper", "marble"] * 20)  # a line of ~700 bytes: ~6 a chunk
+
+
+class Lines:
+    """A JSONL file built line by line, with the (code, line) of each error it should give."""
+
+    def __init__(self, max_requests: int = 1000, max_listed: int = 100) -> None:
+        self.lines: list[bytes] = []
+        self.expected: list[tuple[str, int]] = []
+        self.max_requests = max_requests  # FREIGHT_MAX_REQUESTS_PER_FILE
+        self.max_listed = max_listed  # FREIGHT_MAX_LISTED_ERRORS
+
+    def add(self, *lines: bytes, error: str | None = None) -> None:
+        """``lines`` appended; ``error``: the code it gives, at the first of them."""
+        if error is not None:
+            self.expected.append((error, len(self.lines) + 1))
+        self.lines.extend(lines)
+
+    def requests(self, *custom_ids: str, model: str = "demo", error: str | None = None) -> None:
+        for custom_id in custom_ids:
+            line = chat_line(custom_id, f"{custom_id}: {FILL}", model=model)
+            self.add(json.dumps(line).encode(), error=error)
+
+    def data(self) -> bytes:
+        return b"\n".join(self.lines) + b"\n"
+
+
+def blank_runs() -> Lines:
+    f = Lines()
+    f.add(b"", b"  ", error="empty_line")  # a run opening the file
+    f.requests(*(f"a{i}" for i in range(10)))
+    f.add(b"\r", error="empty_line")  # one blank line (CRLF)
+    f.requests(*(f"b{i}" for i in range(10)))
+    f.add(b"", error="empty_line")  # before a bad line: both errors, the run's first
+    f.add(b"{not json", error="invalid_json_line")
+    f.add(*[b""] * 10_000, error="empty_line")  # a run over two chunks: a chunk of blank lines only
+    f.requests(*(f"c{i}" for i in range(10)))
+    f.add(b"", b" ")  # trailing blank lines are fine
+    return f
+
+
+def duplicates() -> Lines:
+    f = Lines()
+    f.requests(*(f"a{i}" for i in range(12)))
+    f.requests("a3", error="duplicate_custom_id")  # in the same chunk or the next
+    f.requests(*(f"b{i}" for i in range(30)))
+    f.requests("a3", "b0", error="duplicate_custom_id")  # chunks apart, the first one twice
+    f.requests("late")
+    return f
+
+
+def two_models() -> Lines:
+    f = Lines()
+    f.requests(*(f"a{i}" for i in range(15)))  # the first line's model is the file's
+    f.requests("x1", model="demo2", error="mixed_models")
+    f.requests(*(f"b{i}" for i in range(15)))
+    f.requests("x2", "x3", model="demo2", error="mixed_models")
+    return f
+
+
+def over_the_limit() -> Lines:
+    f = Lines(max_requests=20)
+    f.requests(*(f"a{i}" for i in range(5)))
+    f.add(b"{not json", error="invalid_json_line")  # not a request: not counted
+    f.requests("a1", error="duplicate_custom_id")  # neither
+    f.requests(*(f"b{i}" for i in range(15)))  # the 20th request
+    f.requests("c0", error="too_many_requests")  # the 21st, a few chunks in: the file's lines end here
+    f.add(b"{not json", b"", b"")
+    f.requests("a0", "c1")  # past the end: neither a duplicate nor a request
+    return f
+
+
+def over_the_error_cap() -> Lines:
+    f = Lines(max_listed=4)  # the first four listed, all counted
+    for i in range(12):
+        f.requests(f"a{i}")
+        for _ in range(6):  # dozens in each chunk, which keeps its first four
+            f.add(b"[1, 2]", error="invalid_json_line")
+    f.add(b"", error="empty_line")
+    f.requests("a0", error="duplicate_custom_id")
+    f.requests("x", model="demo2", error="mixed_models")
+    return f
+
+
+def empty() -> Lines:
+    f = Lines()
+    f.add(*[b""] * 10_000, b" \r")  # blank lines only, over several chunks
+    f.expected.append(("empty_file", len(f.lines)))  # the last line
+    return f
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize(
+    "build", [blank_runs, duplicates, two_models, over_the_limit, over_the_error_cap, empty]
+)
+def test_file_wide_rules_give_the_same_errors_in_one_pass_and_in_chunks(settings, build):
+    f = build()
+    models = {**settings.models, "demo2": settings.models["demo"]}
+    one, many, n = both_ways(
+        settings, f.data(), max_file_bytes=1 << 20, max_listed_errors=f.max_listed,
+        max_requests_per_file=f.max_requests, models=models,
+    )  # fmt: skip
+    assert n >= 3, n
+    assert one[0].status == many[0].status == "failed"
+    assert many[0].errors == one[0].errors  # codes, messages, lines, params, the cap's count
+    expected = sorted(f.expected, key=lambda e: e[1])
+    listed = [(e["code"], e["line"]) for e in many[0].errors["data"]]
+    if len(expected) > f.max_listed:
+        assert listed == [*expected[: f.max_listed], ("too_many_errors", None)]
+        assert many[0].errors["data"][-1]["message"].startswith(f"{len(expected)} lines failed validation")
+    else:
+        assert listed == expected
+    assert not many[1] and not many[2]  # no units, no shards
