@@ -185,78 +185,118 @@ class ScanResult:
     error_count: int = 0
 
 
+class FileChecks:
+    """The file-wide rules of a batch input, each written once: runs of blank lines inside the
+    file, unique custom_ids, one model per file, the request limit (FREIGHT_MAX_REQUESTS_PER_FILE),
+    the error cap (FREIGHT_MAX_LISTED_ERRORS) and the empty file. ``scan_lines`` drives it with the
+    lines it checks in place, the chunked validation's merge (``validation_chunks.replay``) with the
+    chunks' events of the same lines: both say the same errors, messages and line numbers because
+    there is one copy of the rules. On the hot path (a call for each line of up to a million):
+    ``__slots__``, and a valid line costs what the inline code it replaced did."""
+
+    __slots__ = ("_blank_from", "_max_listed", "_max_requests", "_seen", "full", "result")
+
+    def __init__(self, max_requests: int, max_listed: int) -> None:
+        self.result = ScanResult()
+        self.full = False  # past the request limit: the file's lines end at the one that said so
+        self._seen: set[bytes] = set()  # 16-byte blake2b digests of the accepted custom_ids
+        self._blank_from = 0  # the first line of the run of blank lines just read; 0: none
+        self._max_requests = max_requests
+        self._max_listed = max_listed
+
+    def failed(self, error: LineError | None) -> None:
+        """Count one error, listed while fewer than the cap are. None: an error the caller did not
+        keep, which is fine only past the cap (a chunk keeps its first max_listed errors, so any
+        later one has as many before it in the file)."""
+        result = self.result
+        result.error_count += 1
+        if len(result.errors) < self._max_listed:
+            assert error is not None, "a listed error a chunk did not keep"
+            result.errors.append(error)
+
+    def blank(self, line_no: int) -> None:
+        """A blank line: an error only if a line with text follows it (trailing ones are fine)."""
+        self._blank_from = self._blank_from or line_no
+
+    def _blank_run_ends(self) -> None:
+        """A line with text after a run of blank lines: the run was inside the file (one error, at
+        its first line)."""
+        self.failed(LineError(self._blank_from, "empty_line", "empty line inside the file"))
+        self._blank_from = 0
+
+    def bad(self, error: LineError | None) -> None:
+        """A line with text that failed its own checks (``check_line``)."""
+        if self._blank_from:
+            self._blank_run_ends()
+        self.failed(error)
+
+    def accept(self, line_no: int, custom_id: bytes, model: str) -> bool:
+        """A line that passed its own checks (its custom_id's UTF-8 bytes, its model): True if it is
+        a row of the file; False if a file rule failed it, ``full`` then True if the file is past
+        its request limit and no later line counts."""
+        if self._blank_from:
+            self._blank_run_ends()
+        digest = hashlib.blake2b(custom_id, digest_size=16).digest()
+        if digest in self._seen:
+            message = f"custom_id {custom_id.decode()[:200]!r} appears more than once"
+            self.failed(LineError(line_no, "duplicate_custom_id", message, "custom_id"))
+            return False
+        self._seen.add(digest)
+        result = self.result
+        if result.model is None:
+            result.model = model
+        elif model != result.model:
+            message = f"model {model!r} differs from {result.model!r}: one model per file"
+            self.failed(LineError(line_no, "mixed_models", message, "body.model"))
+            return False
+        result.rows += 1
+        if result.rows > self._max_requests:
+            message = f"the file has more than {self._max_requests} requests"
+            self.failed(LineError(line_no, "too_many_requests", message))
+            self.full = True
+            return False
+        return True
+
+    def finish(self, last_line: int) -> ScanResult:
+        """The file's summary, its lines all given (``last_line``: the number of the last one)."""
+        result = self.result
+        if result.rows == 0 and result.error_count == 0:
+            self.failed(LineError(max(last_line, 1), "empty_file", "the file contains no requests"))
+        return result
+
+
 def scan_lines(
     lines: Iterable[bytes | LineError], rules: FileRules, max_listed: int
 ) -> Iterator[ShardRow | ScanResult]:
     """Yield valid rows in file order, then one ScanResult summarising the whole file.
 
-    File-level rules live here: BOM, CRLF, blank lines (only trailing ones are allowed), unique
-    custom_ids, one model per file, the request-count limit.
+    The file's encoding is read here (a BOM on line 1, CRLF, blank lines), each line checked by
+    ``check_line`` and the file-wide rules applied by ``FileChecks``.
     """
-    result = ScanResult()
-    seen: set[bytes] = set()
-    blank_run_start = 0
-
-    def fail(error: LineError) -> None:
-        result.error_count += 1
-        if len(result.errors) < max_listed:
-            result.errors.append(error)
-
+    checks = FileChecks(rules.max_requests, max_listed)
+    accept = checks.accept  # bound once: called for every valid line
     line_no = 0
     for line_no, raw in enumerate(lines, start=1):
         if isinstance(raw, LineError):  # a row the input format could not make a line of
-            fail(raw)
+            checks.failed(raw)
             continue
         if line_no == 1 and raw.startswith(BOM):
             raw = raw[len(BOM) :]
         raw = raw.rstrip(b"\r")
         if not raw.strip():
-            blank_run_start = blank_run_start or line_no
+            checks.blank(line_no)
             continue
-        if blank_run_start:
-            fail(LineError(blank_run_start, "empty_line", "empty line inside the file"))
-            blank_run_start = 0
         checked = check_line(raw, line_no, rules)
         if isinstance(checked, LineError):
-            fail(checked)
+            checks.bad(checked)
             continue
-        row, model = checked.row, checked.model
-        digest = hashlib.blake2b(row.custom_id.encode(), digest_size=16).digest()
-        if digest in seen:
-            fail(
-                LineError(
-                    line_no,
-                    "duplicate_custom_id",
-                    f"custom_id {row.custom_id[:200]!r} appears more than once",
-                    "custom_id",
-                )
-            )
+        row = checked.row
+        if not accept(line_no, row.custom_id.encode(), checked.model):
+            if checks.full:
+                break
             continue
-        seen.add(digest)
-        if result.model is None:
-            result.model = model
-        elif model != result.model:
-            fail(
-                LineError(
-                    line_no,
-                    "mixed_models",
-                    f"model {model!r} differs from {result.model!r}: one model per file",
-                    "body.model",
-                )
-            )
-            continue
-        result.rows += 1
-        if result.rows > rules.max_requests:
-            fail(
-                LineError(
-                    line_no, "too_many_requests", f"the file has more than {rules.max_requests} requests"
-                )
-            )
-            break
         yield row
-    if result.rows == 0 and result.error_count == 0:
-        fail(LineError(max(line_no, 1), "empty_file", "the file contains no requests"))
-    yield result
+    yield checks.finish(line_no)
 
 
 # sort payload: custom_id length, prompt length, output budget (-1: none), ids present; then the

@@ -13,10 +13,11 @@ lines of the chunks before, so no chunk needs to know where it starts.
 The chunk that finds itself the last one done (the batch row locked, its move pending -> done a
 compare-and-set, the others counted) sends the batch's validation again; under the batch's
 validation lease that validation merges, once: it replays the events in file order through the
-file-level rules exactly as ``scan_lines`` applies them (unique custom_ids across all chunks, one
-model, the request limit, blank lines inside the file, the error cap), and when no line failed
-merges the runs by (prompt key, line) into the shards the one-task validation would write, byte
-for byte (``validation.write_shards``), then plans and commits as it does (``validation.conclude``).
+file-level rules ``scan_lines`` applies, the same ``validation.FileChecks`` (unique custom_ids
+across all chunks, one model, the request limit, blank lines inside the file, the error cap), and
+when no line failed merges the runs by (prompt key, line) into the shards the one-task validation
+would write, byte for byte (``validation.write_shards``), then plans and commits as it does
+(``validation.conclude``).
 
 Crash safety: a chunk's objects depend only on the file and the chunk's bounds and are written
 under fixed keys, so a chunk validated twice (an acks_late redelivery, a lease taken over) writes
@@ -30,7 +31,6 @@ sent. The merge commits only from ``validating``, like the one-task validation.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import heapq
 import logging
 import struct
@@ -53,6 +53,7 @@ from workers.batch_input import head_bytes, local_copy, open_chunk
 from workers.prompt_tokens import TokenizerUnavailable
 from workers.validation import (
     BOM,
+    FileChecks,
     LineError,
     ScanResult,
     _LeaseKeeper,
@@ -341,76 +342,36 @@ def _events(stream: IO[bytes]) -> Iterator[tuple[int, int, bytes]]:
 
 
 def replay(rt: Runtime, batch_id: str, chunks: list[_Done]) -> ScanResult:
-    """The file-level rules over every chunk's events in file order: ``scan_lines`` step for step
-    (its line numbers, errors, messages and cap), the per-line checks' outcome read, not redone."""
+    """The file-level rules over every chunk's events in file order: the ``FileChecks`` that
+    ``scan_lines`` drives, given the same lines with the same numbers, the per-line checks' outcome
+    read, not redone."""
     settings: Settings = rt.settings
-    max_listed, max_requests = settings.max_listed_errors, settings.max_requests_per_file
-    result = ScanResult()
-    seen: set[bytes] = set()
-    blank_run_start = 0
+    checks = FileChecks(settings.max_requests_per_file, settings.max_listed_errors)
     line_no = offset = 0
-
-    def fail(error: LineError | None) -> None:
-        result.error_count += 1
-        if len(result.errors) < max_listed:
-            # a chunk keeps its first max_listed errors: any later one has as many before it
-            assert error is not None, "a listed error a chunk did not keep"
-            result.errors.append(error)
-
     for chunk in chunks:
         listed = [LineError(e["line"] + offset, e["code"], e["message"], e["param"])
                   for e in chunk.summary.get("errors", [])]  # fmt: skip
         models = chunk.summary.get("models", [])
-        bad = 0
+        bad = 0  # the chunk's bad lines so far: its listed errors are its first ones, in order
         with _local(rt, _objects(batch_id, chunk.seq)[1], spill_dir(settings)) as stream:
             for pos, (kind, model_index, custom_id) in enumerate(_events(stream), start=1):
                 line_no = offset + pos
-                error: LineError | None = None
-                if kind in (BAD_ROW, BAD_LINE):
+                if kind == VALID:
+                    if not checks.accept(line_no, custom_id, models[model_index]) and checks.full:
+                        return checks.finish(line_no)
+                elif kind == BLANK:
+                    checks.blank(line_no)
+                else:  # BAD_ROW or BAD_LINE
                     error = listed[bad] if bad < len(listed) else None
                     bad += 1
-                if kind == BAD_ROW:
-                    fail(error)
-                    continue
-                if kind == BLANK:
-                    blank_run_start = blank_run_start or line_no
-                    continue
-                if blank_run_start:
-                    fail(LineError(blank_run_start, "empty_line", "empty line inside the file"))
-                    blank_run_start = 0
-                if kind == BAD_LINE:
-                    fail(error)
-                    continue
-                digest = hashlib.blake2b(custom_id, digest_size=16).digest()
-                if digest in seen:
-                    text = custom_id.decode()
-                    fail(LineError(line_no, "duplicate_custom_id",
-                                   f"custom_id {text[:200]!r} appears more than once", "custom_id"))  # fmt: skip
-                    continue
-                seen.add(digest)
-                model = models[model_index]
-                if result.model is None:
-                    result.model = model
-                elif model != result.model:
-                    fail(LineError(line_no, "mixed_models",
-                                   f"model {model!r} differs from {result.model!r}: one model per file",
-                                   "body.model"))  # fmt: skip
-                    continue
-                result.rows += 1
-                if result.rows > max_requests:
-                    fail(
-                        LineError(
-                            line_no, "too_many_requests", f"the file has more than {max_requests} requests"
-                        )
-                    )
-                    return result
+                    if kind == BAD_ROW:
+                        checks.failed(error)
+                    else:
+                        checks.bad(error)
         if chunk.summary.get("stopped"):
-            return result  # a Parquet file past its row limit: its lines end there
+            break  # a Parquet file past its row limit: its lines end there
         offset += chunk.lines
-    if result.rows == 0 and result.error_count == 0:
-        result.error_count += 1
-        result.errors.append(LineError(max(line_no, 1), "empty_file", "the file contains no requests"))
-    return result
+    return checks.finish(line_no)
 
 
 @contextlib.contextmanager
