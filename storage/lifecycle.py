@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from storage.models import Batch, UnitStatus, WorkUnit
 from storage.rollup import roll_up
 from storage.status import BatchStatus, transition, unit_sources
+from storage.webhooks import record_events
 
 # states in which a batch's units may still run
 ACTIVE = (BatchStatus.VALIDATING.value, BatchStatus.IN_PROGRESS.value)
@@ -39,11 +40,14 @@ def stop_batch(s: Session, batch: Batch, target: BatchStatus, now: int) -> None:
 
 def finish_batch(s: Session, batch: Batch, target: BatchStatus, now: int) -> None:
     """Move ``batch`` to a final state and, in the same transaction, add it to the rollup /metrics
-    reads (``storage.rollup``; at most once, and only once its units have all finished)."""
+    reads (``storage.rollup``; at most once, and only once its units have all finished) and record
+    its event's webhook deliveries (``storage.webhooks``; the caller sends them after the commit,
+    ``workers.webhooks.send_due``, and the tick sends any it did not)."""
     if not target.is_terminal:
         raise ValueError(f"{target} is not a final state")
     transition(batch, target, now)
     roll_up(s, Batch.id == batch.id, now=now)
+    record_events(s, batch, now)
 
 
 def move_units(

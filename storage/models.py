@@ -25,7 +25,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from storage.status import BatchStatus, ChunkStatus, UnitStatus  # UnitStatus: re-exported for callers
+from storage.status import (  # UnitStatus: re-exported for callers
+    BatchStatus,
+    ChunkStatus,
+    DeliveryStatus,
+    EndpointStatus,
+    UnitStatus,
+)
 
 
 class Base(DeclarativeBase):
@@ -424,3 +430,59 @@ class Model(Base):
     # workers/engine_args.py); they override the FREIGHT_ENGINE_* defaults. NULL: none
     engine_args: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class WebhookEndpoint(Base):
+    """A tenant's webhook receiver: where its batch events go and which ones. The secret signs
+    every delivery (``scheduler.webhooks.signature``); it is shown once, when the endpoint is
+    added, and never served again. Disabled by its tenant, or by Freight when a delivery to it
+    failed for good (``disabled_reason`` says which and why)."""
+
+    __tablename__ = "webhook_endpoints"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("whep_"))
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    url: Mapped[str] = mapped_column(String(2048))
+    events: Mapped[list[str]] = mapped_column(JSON)  # OpenAI's batch event types
+    secret: Mapped[str] = mapped_column(String(100))  # whsec_<base64>
+    status: Mapped[str] = mapped_column(String(16), default=EndpointStatus.ACTIVE)
+    status_at: Mapped[int] = mapped_column(BigInteger)  # when it entered its status (epoch seconds)
+    disabled_reason: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    removed_at: Mapped[int | None] = mapped_column(BigInteger)
+    # the lease of the one attempt in flight to this endpoint (epoch seconds): a slow receiver
+    # holds one delivery process at a time, never the whole pool
+    busy_at: Mapped[float | None] = mapped_column(Float)
+
+
+class WebhookDelivery(Base):
+    """One event of one batch for one endpoint, recorded in the transaction that made the batch
+    final (so no event is lost with a process), then attempted until a 2xx or the retry schedule
+    is spent (``scheduler.webhooks``). The batch's delivery log."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        UniqueConstraint("endpoint_id", "event_id"),
+        Index("ix_webhook_deliveries_due", "status", "next_attempt_at"),
+        Index("ix_webhook_deliveries_batch", "batch_id"),
+        Index("ix_webhook_deliveries_endpoint", "endpoint_id", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    endpoint_id: Mapped[str] = mapped_column(ForeignKey("webhook_endpoints.id", ondelete="CASCADE"))
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    batch_id: Mapped[str] = mapped_column(String(40))
+    event_id: Mapped[str] = mapped_column(String(40))  # evt_...: the webhook-id, the same every attempt
+    event_type: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[int] = mapped_column(BigInteger)  # the event's created_at
+    status: Mapped[str] = mapped_column(String(16), default=DeliveryStatus.PENDING)
+    status_at: Mapped[int] = mapped_column(BigInteger)
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # when the next attempt is due, when a task for it was last sent (the tick sends again only a
+    # lease after that), and the lease of the attempt running (epoch seconds)
+    next_attempt_at: Mapped[float] = mapped_column(Float)
+    sent_at: Mapped[float | None] = mapped_column(Float)
+    lease_at: Mapped[float | None] = mapped_column(Float)
+    last_attempt_at: Mapped[float | None] = mapped_column(Float)
+    last_status_code: Mapped[int | None] = mapped_column(Integer)  # the receiver's HTTP status
+    last_error: Mapped[str | None] = mapped_column(Text)  # why the last attempt failed

@@ -218,6 +218,14 @@ class Settings:
     validation_time_limit_seconds: float = 3600.0
     finalize_time_limit_seconds: float = 1800.0
     tick_time_limit_seconds: float = 60.0
+    # webhooks (workers/webhooks.py): the webhook role's threads (attempts in flight at once, at
+    # most one per endpoint), one attempt's whole time (connect, send, response; the receiver is
+    # cut off past it), endpoints a tenant may have, and whether deliveries may connect to private,
+    # loopback and link-local addresses (off: only globally routable ones; tests turn it on)
+    webhook_concurrency: int = 8
+    webhook_timeout_seconds: float = 10.0
+    webhook_max_endpoints: int = 10
+    webhook_allow_private_targets: bool = False
 
     def cache_domain(self, tenant_id: str) -> str:
         """The prefix-cache domain of a tenant's requests: "" (one shared by all) or the tenant.
@@ -351,6 +359,12 @@ class Settings:
             <= 0
         ):
             raise SettingsError("FREIGHT_*_TIME_LIMIT_SECONDS must be positive")
+        if self.webhook_concurrency < 1 or self.webhook_max_endpoints < 1:
+            raise SettingsError(
+                "FREIGHT_WEBHOOK_CONCURRENCY and FREIGHT_WEBHOOK_MAX_ENDPOINTS must be at least 1"
+            )
+        if not 0 < self.webhook_timeout_seconds <= 60:
+            raise SettingsError("FREIGHT_WEBHOOK_TIMEOUT_SECONDS must be above 0 and at most 60")
         if not 60 <= self.session_seconds <= 90 * 86400:
             raise SettingsError("FREIGHT_SESSION_SECONDS must be from 60 to 7776000 (90 days)")
         return replace(self, **changes)

@@ -151,3 +151,46 @@ def chunk_source(to: str) -> str:
     """The one state a chunk may move to ``to`` from (its compare-and-set's WHERE)."""
     [source] = [s for s, targets in CHUNK_TRANSITIONS.items() if to in targets]
     return source
+
+
+# -- webhooks ------------------------------------------------------------------------------------
+
+
+class DeliveryStatus:
+    """A webhook delivery (``storage.models.WebhookDelivery``): ``pending`` from the transaction
+    that made its batch final until an attempt got a 2xx (``delivered``) or every attempt of the
+    retry schedule failed (``failed``)."""
+
+    PENDING = "pending"
+    DELIVERED = "delivered"
+    FAILED = "failed"
+
+
+DELIVERY_TRANSITIONS: dict[str, frozenset[str]] = {
+    DeliveryStatus.PENDING: frozenset({DeliveryStatus.DELIVERED, DeliveryStatus.FAILED}),
+    DeliveryStatus.DELIVERED: frozenset(),
+    DeliveryStatus.FAILED: frozenset(),
+}
+
+
+class EndpointStatus:
+    """A webhook endpoint: ``active``, or ``disabled`` by its tenant or because its deliveries kept
+    failing (the reason is recorded); enabling it again resumes its pending deliveries."""
+
+    ACTIVE = "active"
+    DISABLED = "disabled"
+
+
+ENDPOINT_TRANSITIONS: dict[str, frozenset[str]] = {
+    EndpointStatus.ACTIVE: frozenset({EndpointStatus.DISABLED}),
+    EndpointStatus.DISABLED: frozenset({EndpointStatus.ACTIVE}),
+}
+
+
+def webhook_source(table: dict[str, frozenset[str]], to: str) -> tuple[str, ...]:
+    """The states a delivery or an endpoint may move to ``to`` from (its compare-and-set's WHERE);
+    raises ValueError for a state nothing moves to."""
+    sources = tuple(s for s, targets in table.items() if to in targets)
+    if not sources:
+        raise ValueError(f"nothing moves to {to!r}")
+    return sources

@@ -1,0 +1,158 @@
+"""Webhooks, the decisions: which events a batch's end makes, what a delivery's body and
+signature are (Standard Webhooks), when a failed attempt is tried again, and which addresses a
+delivery may connect to.
+
+Pure functions; ``storage/webhooks.py`` records deliveries with the batch's final transition and
+``workers/webhooks.py`` sends them.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import ipaddress
+import json
+from collections.abc import Iterable
+from urllib.parse import urlsplit
+
+# OpenAI's batch event types, by the batch state that makes them
+EVENT_OF_STATUS = {
+    "completed": "batch.completed",
+    "failed": "batch.failed",
+    "cancelled": "batch.cancelled",
+    "expired": "batch.expired",
+}
+EVENT_TYPES = tuple(EVENT_OF_STATUS.values())
+SECRET_PREFIX = "whsec_"
+MAX_URL_LENGTH = 2048
+# seconds after the previous attempt (the first is at once): Standard Webhooks' schedule, about
+# 27 hours from the first attempt to the last; a delivery whose attempts are all spent has failed
+RETRY_SCHEDULE = (5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 36000.0)
+ATTEMPTS = 1 + len(RETRY_SCHEDULE)
+
+
+class WebhookConfigError(ValueError):
+    """A URL or event list an endpoint cannot have; the message says why (a 400 to the tenant)."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def event_type(status: str) -> str | None:
+    """The event a batch's final state makes (None for any other state)."""
+    return EVENT_OF_STATUS.get(status)
+
+
+def parse_events(events: object) -> tuple[str, ...]:
+    """The event types an endpoint subscribes to: a non-empty list (or comma-separated string) of
+    OpenAI's batch event types, each once, in the canonical order."""
+    if isinstance(events, str):
+        events = [part.strip() for part in events.split(",") if part.strip()]
+    if not isinstance(events, list | tuple) or not events:
+        raise WebhookConfigError(
+            f"events must be a non-empty list of event types: {', '.join(EVENT_TYPES)}", "events"
+        )
+    unknown = [e for e in events if not isinstance(e, str) or e not in EVENT_TYPES]
+    if unknown:
+        shown = ", ".join(repr(e)[:60] for e in unknown[:3])
+        raise WebhookConfigError(f"unknown event type(s) {shown}; known: {', '.join(EVENT_TYPES)}", "events")
+    return tuple(e for e in EVENT_TYPES if e in events)
+
+
+def check_url(url: object) -> str:
+    """An endpoint's URL: http or https, a host, no credentials or fragment, at most 2,048
+    characters. Where the host points is checked at each delivery (``address_allowed``), since
+    DNS can change between now and then."""
+    if not isinstance(url, str) or not url:
+        raise WebhookConfigError("url must be a non-empty string", "url")
+    if len(url) > MAX_URL_LENGTH or any(ord(c) < 33 or ord(c) == 127 for c in url):
+        raise WebhookConfigError(
+            f"url must be at most {MAX_URL_LENGTH} characters, without spaces or control characters", "url"
+        )
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise WebhookConfigError(f"url is not a valid URL: {exc}", "url") from None
+    if parts.scheme not in ("http", "https"):
+        raise WebhookConfigError("url must start with https:// or http://", "url")
+    if not parts.hostname:
+        raise WebhookConfigError("url must name a host", "url")
+    if parts.username is not None or parts.password is not None:
+        raise WebhookConfigError("url must not hold credentials (user:password@)", "url")
+    if parts.fragment:
+        raise WebhookConfigError("url must not have a #fragment", "url")
+    if port == 0:
+        raise WebhookConfigError("url's port must be from 1 to 65535", "url")
+    return url
+
+
+def address_allowed(address: str, allow_private: bool) -> bool:
+    """May a delivery connect to this IP address? Only globally routable ones, unless the operator
+    allows private targets (FREIGHT_WEBHOOK_ALLOW_PRIVATE_TARGETS): never loopback, private,
+    link-local (cloud metadata at 169.254.169.254), shared, reserved, multicast or unspecified
+    ones, also when written as IPv4-mapped or 6to4 IPv6."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    if allow_private:
+        return not ip.is_multicast and not ip.is_unspecified
+    if isinstance(ip, ipaddress.IPv6Address):
+        embedded = ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
+        if embedded is not None and not embedded.is_global:
+            return False
+    return ip.is_global and not ip.is_multicast
+
+
+def retry_delay(attempts: int) -> float | None:
+    """Seconds from an attempt that failed to the next, after ``attempts`` attempts (1 or more);
+    None when they are spent."""
+    if attempts < 1 or attempts > len(RETRY_SCHEDULE):
+        return None
+    return RETRY_SCHEDULE[attempts - 1]
+
+
+def event_body(event_id: str, type_: str, created_at: int, batch_id: str) -> bytes:
+    """OpenAI's event shape, as the exact bytes that are signed and sent."""
+    event = {
+        "id": event_id,
+        "object": "event",
+        "type": type_,
+        "created_at": created_at,
+        "data": {"id": batch_id},
+    }
+    return json.dumps(event, separators=(",", ":")).encode()
+
+
+def secret_key(secret: str) -> bytes:
+    """The HMAC key of a ``whsec_<base64>`` secret."""
+    return base64.b64decode(secret.removeprefix(SECRET_PREFIX))
+
+
+def signature(secret: str, message_id: str, timestamp: int, body: bytes) -> str:
+    """Standard Webhooks' ``webhook-signature``: ``v1,`` and the base64 HMAC-SHA256, under the
+    secret's key, of ``id.timestamp.body``."""
+    signed = f"{message_id}.{timestamp}.".encode() + body
+    return "v1," + base64.b64encode(hmac.new(secret_key(secret), signed, hashlib.sha256).digest()).decode()
+
+
+def headers(secret: str, message_id: str, timestamp: int, body: bytes) -> dict[str, str]:
+    return {
+        "content-type": "application/json",
+        "webhook-id": message_id,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": signature(secret, message_id, timestamp, body),
+    }
+
+
+def verify(secret: str, sent: dict[str, str], body: bytes) -> bool:
+    """What a receiver does (the tests do it): any ``v1,`` signature of the header matches."""
+    expected = signature(secret, sent["webhook-id"], int(sent["webhook-timestamp"]), body)
+    return any(hmac.compare_digest(expected, candidate) for candidate in sent["webhook-signature"].split())
+
+
+def describe_events(events: Iterable[str]) -> str:
+    return ",".join(events)
