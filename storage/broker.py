@@ -7,7 +7,8 @@ Queues: the control plane has one queue per role (``CONTROL_ROLES``), each serve
 process pool of the control worker (``workers.control``), so a full one never holds up another:
 ``freight.tick`` carries the periodic tasks (the dispatcher tick, cleanup, drop-folder polls),
 ``freight.finalize`` finalization and the S3 drop folders' scans and deliveries (short, each
-ending a batch's or an object's wait), ``freight.validate`` validation. ``freight.control``, the
+ending a batch's or an object's wait), ``freight.validate`` validation, ``freight.webhook`` webhook deliveries (network calls to tenants'
+receivers, which may be slow: nothing else waits behind them). ``freight.control``, the
 one queue of them all before, is still consumed by the validation role so that messages left in it
 by an upgrade run. Each served model has its own queue ``freight.model.<name>`` consumed by engine
 workers (``-P solo``, one warm vLLM engine per process), which take packs of work units from it.
@@ -25,6 +26,7 @@ from storage.settings import Settings
 TICK_QUEUE = "freight.tick"
 FINALIZE_QUEUE = "freight.finalize"
 VALIDATE_QUEUE = "freight.validate"
+WEBHOOK_QUEUE = "freight.webhook"
 # the single control queue of releases before the roles: nothing is sent to it any more, but a
 # deployment upgraded with messages still in it must not lose them (the validation role drains it)
 LEGACY_CONTROL_QUEUE = "freight.control"
@@ -33,6 +35,7 @@ CONTROL_ROLES: dict[str, tuple[str, ...]] = {
     "tick": (TICK_QUEUE,),
     "finalize": (FINALIZE_QUEUE,),
     "validate": (VALIDATE_QUEUE, LEGACY_CONTROL_QUEUE),
+    "webhook": (WEBHOOK_QUEUE,),
 }
 # task name -> queue, for every send (also one that names no queue, and beat's)
 TASK_QUEUES = {
@@ -44,6 +47,7 @@ TASK_QUEUES = {
     "freight.deliver_dropfolder_object": FINALIZE_QUEUE,
     "freight.validate_batch": VALIDATE_QUEUE,
     "freight.validate_chunk": VALIDATE_QUEUE,
+    "freight.deliver_webhook": WEBHOOK_QUEUE,
 }
 # what sending a task raises when the broker cannot be reached (after kombu's own retries)
 BROKER_ERRORS = (KombuOperationalError, ConnectionError)
@@ -131,4 +135,11 @@ class TaskQueue:
     def deliver_dropfolder_object(self, object_id: int, expires: float) -> None:
         self.celery.send_task(
             "freight.deliver_dropfolder_object", args=[object_id], queue=FINALIZE_QUEUE, expires=expires
+        )
+
+    def deliver_webhook(self, delivery_id: int, expires: float) -> None:
+        """One attempt of a webhook delivery. ``expires`` (epoch seconds): a message that waited
+        past it is dropped, the tick having sent a fresh one meanwhile."""
+        self.celery.send_task(
+            "freight.deliver_webhook", args=[delivery_id], queue=WEBHOOK_QUEUE, expires=expires
         )

@@ -6,7 +6,7 @@ loaded module at start-up, tripping over Flask's context globals: nothing here m
 (``tests/workers/test_bootstrap.py`` holds that).
 
     python -m workers.bootstrap worker --control [--name N]          # every role (workers.control)
-    python -m workers.bootstrap worker --control --role ROLE [--name N]  # one: tick, finalize, validate
+    python -m workers.bootstrap worker --control --role ROLE [--name N]  # one: tick, finalize, validate, webhook
     python -m workers.bootstrap worker --model NAME [--name N]
     python -m workers.bootstrap beat
 """
@@ -53,9 +53,12 @@ def run_control_role(settings: Settings, role: str, name: str | None) -> None:
         "tick": TICK_CONCURRENCY,
         "finalize": settings.finalize_concurrency,
         "validate": settings.validation_concurrency,
+        "webhook": settings.webhook_concurrency,
     }[role]
     queues = ",".join(CONTROL_ROLES[role])
-    argv = ["worker", "-P", "prefork", "-c", str(concurrency), "-Q", queues, "-n", role_name(name, role)]
+    # webhook attempts wait on the network, each within its own deadline: threads wait cheaper
+    pool = "threads" if role == "webhook" else "prefork"
+    argv = ["worker", "-P", pool, "-c", str(concurrency), "-Q", queues, "-n", role_name(name, role)]
     run_then_exit(app, [*argv, "--loglevel", "INFO", "--without-gossip", "--without-mingle"])
 
 

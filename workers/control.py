@@ -9,9 +9,12 @@ the dispatcher tick and finalization keep running beside them.
   FREIGHT_FINALIZE_CONCURRENCY processes;
 - ``validate``: validation (with the queue of releases before the roles, ``freight.control``),
   FREIGHT_VALIDATION_CONCURRENCY processes; only this role loads vLLM's request models and the
-  served models' tokenizers.
+  served models' tokenizers;
+- ``webhook``: webhook deliveries, FREIGHT_WEBHOOK_CONCURRENCY threads (each attempt is a network
+  call bounded by FREIGHT_WEBHOOK_TIMEOUT_SECONDS, so threads, not processes, wait on receivers).
 
-Every role runs Celery's prefork pool, the pool that enforces the tasks' time limits.
+Every role but ``webhook`` runs Celery's prefork pool, the pool that enforces the tasks' time
+limits; an attempt bounds its own time (``workers.webhooks``).
 
 ``freight worker --control`` runs this supervisor: it starts ``python -m workers.bootstrap worker
 --control --role ROLE`` for each role, logs ``<name> ready.`` once every role is ready (what
@@ -34,7 +37,7 @@ from types import FrameType
 
 log = logging.getLogger(__name__)
 
-ROLES = ("tick", "finalize", "validate")
+ROLES = ("tick", "finalize", "validate", "webhook")
 # the descriptor a supervised role writes a line to once it is ready (and its ready line is left out)
 READY_FD_ENV = "FREIGHT_CONTROL_READY_FD"
 TICK_CONCURRENCY = 2  # the tick beside a long cleanup pass or drop-folder poll

@@ -24,6 +24,7 @@ from storage.lifecycle import finish_if_done, move_units, stop_batch
 from storage.models import Batch, EngineSample, UnitStatus, ValidationChunk, WorkUnit, new_id
 from storage.runtime import Runtime
 from storage.status import BatchStatus, ChunkStatus
+from workers import webhooks
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ class TickReport:
     packs: list[str] = field(default_factory=list)
     at_risk: list[str] = field(default_factory=list)
     finalizing: list[str] = field(default_factory=list)
+    webhooks: list[int] = field(default_factory=list)  # webhook deliveries sent (first or retry)
 
 
 def tick(rt: Runtime, now: float) -> TickReport:
@@ -53,6 +55,7 @@ def tick(rt: Runtime, now: float) -> TickReport:
     urgency = assess_deadlines(rt, now, report, rates)
     enqueue_units(rt, now, report, urgency)
     start_finalization(rt, int(now), report)
+    report.webhooks = webhooks.send_due(rt, now)
     return report
 
 

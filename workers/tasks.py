@@ -81,6 +81,7 @@ def register(app: Celery) -> None:
         finalize,
         validation,
         validation_chunks,
+        webhooks,
     )
     from workers.task_policy import (
         MAX_RETRIES,
@@ -183,9 +184,21 @@ def register(app: Celery) -> None:
         except Exception:
             log.warning("refilling the queues failed; the next tick does it", exc_info=True)
 
-    @task("freight.validate_batch", on_failure=killed(fail_validation))
+    def failed_and_told(on_fault: Any) -> Any:
+        """A fault handler that may end a batch, then sends its webhook deliveries."""
+
+        def handle(rt: Runtime, error: str, batch_id: str, *rest: Any) -> None:
+            on_fault(rt, error, batch_id, *rest)
+            webhooks.send_due_quietly(rt, batch_id)
+
+        return handle
+
+    end_validation = failed_and_told(fail_validation)
+    end_finalization = failed_and_told(fail_finalization)
+
+    @task("freight.validate_batch", on_failure=killed(end_validation))
     @guarded(
-        lambda error, batch_id: fail_validation(runtime_of(app), error, batch_id),
+        lambda error, batch_id: end_validation(runtime_of(app), error, batch_id),
         lambda due, batch_id: validation_retry_due(runtime_of(app), due, batch_id),
     )
     @limited("freight.validate_batch")
@@ -194,10 +207,11 @@ def register(app: Celery) -> None:
         if wait is not None:  # its tenant's turns are taken: asked again later, this one acknowledged
             runtime_of(app).queue.validate(batch_id, countdown=wait)
             return
+        webhooks.send_due_quietly(runtime_of(app), batch_id)  # a file that failed validation
         poke(runtime_of(app))
 
     def chunk_failed(rt: Runtime, error: str, batch_id: str, chunk_id: int) -> None:
-        fail_validation(rt, error, batch_id)  # a chunk's fault fails its batch, as one task's would
+        end_validation(rt, error, batch_id)  # a chunk's fault fails its batch, as one task's would
 
     # one chunk of a large input (workers/validation_chunks.py); the last one done sends the batch's
     # validation again, which merges. An outage retries it; the tick sends a lost one again
@@ -230,11 +244,19 @@ def register(app: Celery) -> None:
         runner.run_pack(pack_id, unit_ids, more_coming=more_coming, urgent=urgent or ())
         poke(runtime_of(app), runner.model)
 
-    @task("freight.finalize_batch", on_failure=killed(fail_finalization))
-    @guarded(lambda error, batch_id: fail_finalization(runtime_of(app), error, batch_id))
+    @task("freight.finalize_batch", on_failure=killed(end_finalization))
+    @guarded(lambda error, batch_id: end_finalization(runtime_of(app), error, batch_id))
     @limited("freight.finalize_batch")
     def finalize_batch(self: Task, batch_id: str) -> None:
         finalize.finalize_batch(runtime_of(app), batch_id)
+        webhooks.send_due_quietly(runtime_of(app), batch_id)
+
+    # one attempt of a webhook delivery; it records its own failure and retry time, and the tick
+    # sends it again when due (an outage here retries the task, then leaves it to the tick)
+    @task("freight.deliver_webhook")
+    @guarded()
+    def deliver_webhook(self: Task, delivery_id: int) -> None:
+        webhooks.deliver(runtime_of(app), delivery_id, time.time())
 
     @periodic_task("freight.tick")
     @periodic

@@ -1,0 +1,84 @@
+"""A real HTTP server on 127.0.0.1 that receives webhook deliveries (the tests' receivers).
+
+Each path behaves as the test sets it: answer 200, answer 500 the first N times, or wait before
+answering. Every request is recorded (path, headers, body, when it arrived and was answered).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    arrived: float
+    answered: float = 0.0
+    status: int = 0
+
+
+@dataclass
+class Behaviour:
+    fail_first: int = 0  # answer 500 to this many requests, then 200
+    wait: float = 0.0  # seconds before answering
+
+
+@dataclass
+class Receiver:
+    server: ThreadingHTTPServer
+    behaviours: dict[str, Behaviour] = field(default_factory=dict)
+    received: list[Received] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def url(self, path: str) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host}:{port}{path}"
+
+    def at(self, path: str) -> list[Received]:
+        with self.lock:
+            return [r for r in self.received if r.path == path]
+
+    def wait_for(self, condition, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert time.monotonic() < deadline, "condition not met in time"
+            time.sleep(0.02)
+
+
+def start() -> Receiver:
+    receiver: Receiver
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            arrived = time.time()
+            body = self.rfile.read(int(self.headers.get("content-length", "0")))
+            entry = Received(self.path, {k.lower(): v for k, v in self.headers.items()}, body, arrived)
+            behaviour = receiver.behaviours.get(self.path, Behaviour())
+            with receiver.lock:
+                receiver.received.append(entry)
+                seen = sum(1 for r in receiver.received if r.path == self.path)
+            if behaviour.wait:
+                time.sleep(behaviour.wait)
+            status = 500 if seen <= behaviour.fail_first else 200
+            try:
+                self.send_response(status)
+                self.send_header("content-length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+            except OSError:  # the sender gave up on us
+                pass
+            entry.answered, entry.status = time.time(), status
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    receiver = Receiver(server)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return receiver

@@ -1,0 +1,224 @@
+"""Webhooks end to end, without an engine: batches made final through the lifecycle functions the
+workers use, deliveries sent to a real HTTP server on 127.0.0.1 (tests/webhook_receiver.py), on
+SQLite and PostgreSQL. Every final batch is delivered once per subscribing endpoint, signed as
+Standard Webhooks says; a receiver that answers 500 three times still gets it; one that always
+fails ends with its delivery failed and the endpoint disabled with a visible reason; a slow
+receiver holds one thread of a real webhook worker, and the other tenants' deliveries go on."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+from celery.contrib.testing.worker import start_worker
+from sqlalchemy import select
+
+from api.services import webhooks as service
+from api.services.tenants import create_tenant
+from scheduler.webhooks import ATTEMPTS, RETRY_SCHEDULE, verify
+from storage.broker import WEBHOOK_QUEUE
+from storage.lifecycle import finish_if_done, stop_batch
+from storage.models import Batch, WebhookDelivery
+from storage.runtime import Runtime
+from storage.status import BatchStatus, DeliveryStatus, EndpointStatus, transition
+from tests import factories, webhook_receiver
+from tests.conftest import now
+from tests.factories import chat_line
+from tests.webhook_receiver import Behaviour, Receiver
+from workers.celery_app import make_celery
+from workers.finalize import finalize_batch
+from workers.task_policy import fail_validation
+from workers.webhooks import deliver, post, send_due
+
+ALL = "batch.completed,batch.failed,batch.cancelled,batch.expired"
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = webhook_receiver.start()
+    yield r
+    r.server.shutdown()
+    r.server.server_close()
+
+
+@pytest.fixture
+def rt(settings) -> Iterator[Runtime]:
+    runtime = Runtime(replace(settings, webhook_allow_private_targets=True, webhook_timeout_seconds=2.0))
+    yield runtime
+    runtime.db.dispose()
+
+
+def final_batch(rt: Runtime, tenant_id: str, status: str) -> str:
+    """A one-line batch of the tenant, taken to ``status`` the way the workers take it there."""
+    batch_id = factories.upload_and_create(rt, tenant_id, [chat_line("r0", "hi", max_tokens=2)]).id
+    if status == "failed":
+        assert fail_validation(rt, "internal error in step validate_batch: boom", batch_id)
+        return batch_id
+    with rt.db.write() as s:
+        batch = s.get(Batch, batch_id)
+        if status == "cancelled":
+            stop_batch(s, batch, BatchStatus.CANCELLING, now())
+        elif status == "expired":
+            stop_batch(s, batch, BatchStatus.EXPIRED, now())
+        else:  # validated into no units: every unit (none) is done
+            transition(batch, BatchStatus.IN_PROGRESS, now())
+            assert finish_if_done(s, batch, now())
+    assert finalize_batch(rt, batch_id) == status
+    return batch_id
+
+
+def pending(rt: Runtime, at: float) -> list[int]:
+    with rt.db.read() as s:
+        return list(
+            s.scalars(
+                select(WebhookDelivery.id).where(
+                    WebhookDelivery.status == DeliveryStatus.PENDING, WebhookDelivery.next_attempt_at <= at
+                )
+            )
+        )
+
+
+def deliver_due(rt: Runtime, at: float) -> list[str | None]:
+    """One attempt of every delivery due at ``at``, in turn (what the webhook role's threads do)."""
+    return [deliver(rt, delivery_id, at) for delivery_id in pending(rt, at)]
+
+
+def test_every_final_batch_is_delivered_once_signed_in_openais_shape(rt, receiver):
+    alpha, _ = create_tenant(rt.db, "alpha", now())
+    beta, _ = create_tenant(rt.db, "beta", now())
+    hook = service.add(rt, alpha.id, receiver.url("/alpha"), ALL, now())
+    assert hook.secret.startswith("whsec_")
+    # beta wants completions only, at its own receiver: none of alpha's events, none of its failures
+    service.add(rt, beta.id, receiver.url("/beta"), "batch.completed", now())
+    batches = {
+        status: final_batch(rt, alpha.id, status)
+        for status in ("completed", "failed", "cancelled", "expired")
+    }
+    beta_failed = final_batch(rt, beta.id, "failed")
+
+    # the tick's step finds each endpoint's earliest due delivery and sends a task for it
+    assert len(send_due(rt, time.time())) == 1  # one endpoint subscribed to these, one at a time
+    while pending(rt, time.time()):
+        assert set(deliver_due(rt, time.time())) <= {"delivered", None}
+
+    got = receiver.at("/alpha")
+    assert len(got) == 4 and receiver.at("/beta") == []
+    by_batch = {}
+    for request in got:
+        event = json.loads(request.body)
+        assert set(event) == {"id", "object", "type", "created_at", "data"} and event["object"] == "event"
+        assert event["data"] == {"id": event["data"]["id"]} and event["id"].startswith("evt_")
+        assert request.headers["webhook-id"] == event["id"]
+        assert abs(int(request.headers["webhook-timestamp"]) - time.time()) < 60
+        assert verify(hook.secret, request.headers, request.body)
+        assert not verify(hook.secret, request.headers, request.body.replace(b"batch_", b"batch-"))
+        assert request.headers["content-type"] == "application/json"
+        by_batch[event["data"]["id"]] = event["type"]
+    assert by_batch == {batch_id: f"batch.{status}" for status, batch_id in batches.items()}
+
+    # the delivery log of a batch: one delivery, delivered at the first attempt with a 200
+    [entry] = service.deliveries(rt, alpha.id, batch_id=batches["completed"])
+    assert (entry.status, entry.attempts, entry.last_status_code, entry.last_error) == (
+        "delivered",
+        1,
+        200,
+        None,
+    )
+    assert service.deliveries(rt, beta.id, batch_id=beta_failed) == []
+    # nothing left to send, and an attempt of a delivered one does nothing
+    assert send_due(rt, time.time()) == [] and deliver(rt, entry.id, time.time()) is None
+    assert len(receiver.at("/alpha")) == 4
+
+
+def test_a_receiver_that_answers_500_three_times_still_gets_it(rt, receiver):
+    tenant, _ = create_tenant(rt.db, "t", now())
+    receiver.behaviours["/flaky"] = Behaviour(fail_first=3)
+    hook = service.add(rt, tenant.id, receiver.url("/flaky"), ALL, now())
+    batch_id = final_batch(rt, tenant.id, "completed")
+    t = time.time()
+    outcomes = []
+    for delay in (0.0, *RETRY_SCHEDULE[:3]):  # the clock moved on to each retry's time
+        t += delay
+        assert deliver_due(rt, t - 1) in ([], [None])  # not due a second early
+        outcomes += deliver_due(rt, t)
+    assert outcomes == ["retry", "retry", "retry", "delivered"]
+    got = receiver.at("/flaky")
+    assert [r.status for r in got] == [500, 500, 500, 200]
+    assert len({r.headers["webhook-id"] for r in got}) == 1  # the same message each time
+    assert all(verify(hook.secret, r.headers, r.body) for r in got)
+    [entry] = service.deliveries(rt, tenant.id, batch_id=batch_id)
+    assert (entry.status, entry.attempts, entry.last_status_code) == ("delivered", 4, 200)
+    assert service.get(rt, tenant.id, hook.id).status == EndpointStatus.ACTIVE
+
+
+def test_an_endpoint_that_keeps_failing_is_disabled_with_its_reason(rt, receiver):
+    tenant, _ = create_tenant(rt.db, "t", now())
+    receiver.behaviours["/down"] = Behaviour(fail_first=10**6)
+    hook = service.add(rt, tenant.id, receiver.url("/down"), ALL, now())
+    batch_id = final_batch(rt, tenant.id, "failed")
+    t = time.time()
+    outcomes = []
+    for delay in (0.0, *RETRY_SCHEDULE):
+        t += delay
+        outcomes += deliver_due(rt, t)
+    assert outcomes == ["retry"] * (ATTEMPTS - 1) + ["failed"]
+    assert sum(RETRY_SCHEDULE) > 24 * 3600  # retried over a day
+    [entry] = service.deliveries(rt, tenant.id, batch_id=batch_id)
+    assert (entry.status, entry.attempts, entry.last_error) == ("failed", ATTEMPTS, "HTTP 500")
+    endpoint = service.get(rt, tenant.id, hook.id)
+    assert endpoint.status == EndpointStatus.DISABLED
+    assert f"{ATTEMPTS} attempts" in endpoint.disabled_reason and "HTTP 500" in endpoint.disabled_reason
+    # disabled: the next batch's event is not recorded for it, nothing more is sent
+    final_batch(rt, tenant.id, "completed")
+    assert pending(rt, t + 10**6) == [] and len(receiver.at("/down")) == ATTEMPTS
+    # enabled again by its tenant: the next batch's event goes out
+    receiver.behaviours["/down"] = Behaviour()
+    service.set_enabled(rt, tenant.id, hook.id, True, now())
+    final_batch(rt, tenant.id, "cancelled")
+    assert deliver_due(rt, time.time()) == ["delivered"]
+
+
+def test_a_private_target_is_refused_unless_the_operator_allows_it(rt, receiver):
+    body = b"{}"
+    status, error = post(receiver.url("/x").replace("127.0.0.1", "localhost"), {}, body, 2.0, False)
+    assert status is None and "refused" in error and "not a public address" in error
+    assert receiver.at("/x") == []  # not even a connection
+    assert post(receiver.url("/x"), {}, body, 2.0, True) == (200, None)
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_slow_receiver_does_not_hold_up_other_tenants(rt, receiver):
+    """A real webhook worker (the role's threads pool, 3 threads) takes the tasks from Redis."""
+    slow, _ = create_tenant(rt.db, "slow", now())
+    fast, _ = create_tenant(rt.db, "fast", now())
+    receiver.behaviours["/slow"] = Behaviour(wait=6.0)  # past the 2 s limit: cut off, retried later
+    service.add(rt, slow.id, receiver.url("/slow"), ALL, now())
+    service.add(rt, fast.id, receiver.url("/fast"), ALL, now())
+    for _ in range(3):
+        final_batch(rt, slow.id, "failed")
+    app = make_celery(replace(rt.settings, webhook_concurrency=3))
+    with start_worker(app, pool="threads", concurrency=3, perform_ping_check=False, queues=[WEBHOOK_QUEUE],
+                      shutdown_timeout=20):  # fmt: skip
+        send_due(rt, time.time())
+        receiver.wait_for(lambda: len(receiver.at("/slow")) == 1)  # the slow receiver holds one attempt
+        started = time.time()
+        fast_batches = [final_batch(rt, fast.id, "completed") for _ in range(3)]
+        for batch_id in fast_batches:  # what the finalize task does after its commit
+            send_due(rt, time.time(), batch_id)
+        receiver.wait_for(lambda: len(receiver.at("/fast")) == 3, timeout=10)
+        fast_done = max(r.answered for r in receiver.at("/fast"))
+        # all three delivered while the slow receiver's first attempt still hangs (cut at 2 s)
+        assert fast_done - started < 2.0, (
+            fast_done - started,
+            [(r.path, r.arrived - started, r.answered - started) for r in receiver.received],
+        )
+        assert len(receiver.at("/slow")) == 1  # and the slow endpoint never had two at once
+        receiver.wait_for(lambda: len(service.deliveries(rt, slow.id)) == 3 and any(
+            d.attempts == 1 for d in service.deliveries(rt, slow.id)), timeout=10)  # fmt: skip
+    log = service.deliveries(rt, slow.id)
+    cut = [d for d in log if d.attempts == 1]  # the first, and the next if its attempt ended too
+    assert cut and all(d.status == "pending" and "no answer within 2 s" in d.last_error for d in cut)
+    assert all(d.status == "delivered" for d in service.deliveries(rt, fast.id))

@@ -1,0 +1,294 @@
+"""Webhook deliveries: attempt one (task ``freight.deliver_webhook``), and send the due ones.
+
+A delivery is recorded pending with its batch's final transition (``storage.webhooks``); the task
+that made the batch final sends it after the commit (``send_due``), and the dispatcher's tick sends
+whatever is due and not in flight (a first attempt whose message was lost, a retry whose time has
+come), so a lost message or a dead process only delays it: at least once.
+
+An attempt holds two leases: the delivery's (one attempt of it at a time) and its endpoint's (one
+attempt per endpoint at a time, so a slow or failing receiver holds one thread of the webhook role,
+never the pool: the others' deliveries go on). When it ends it sends that endpoint's next due one.
+
+The receiver is a tenant's input: the host is resolved, every address checked
+(``scheduler.webhooks.address_allowed``), and the connection made to the checked address (so a DNS
+answer that changes between the check and the connect cannot redirect it); redirects are not
+followed, the whole attempt is cut off at FREIGHT_WEBHOOK_TIMEOUT_SECONDS, and at most 64 KiB of
+the response is read.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import http.client
+import logging
+import socket
+import ssl
+import threading
+import time
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from sqlalchemy import func, or_, select, update
+
+from scheduler.webhooks import event_body, headers, retry_delay
+from storage.models import WebhookDelivery, WebhookEndpoint
+from storage.runtime import Runtime
+from storage.status import DeliveryStatus, EndpointStatus
+from storage.webhooks import move_delivery, move_endpoint
+
+log = logging.getLogger(__name__)
+
+MAX_RESPONSE_BYTES = 64 * 1024  # of a receiver's answer, read and dropped
+USER_AGENT = "Freight-Webhooks/1"
+_RESOLVER = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="webhook-dns")
+
+
+def lease_seconds(rt: Runtime) -> float:
+    """How long an attempt may hold its leases: its time limit twice, and a margin (seconds)."""
+    return rt.settings.webhook_timeout_seconds * 2 + 5
+
+
+# -- sending ----------------------------------------------------------------------------------
+
+
+def send_due(rt: Runtime, now: float, batch_id: str | None = None) -> list[int]:
+    """Send a task for each endpoint's earliest due delivery (of ``batch_id`` only, if given) that
+    no attempt holds and no task was sent for within a lease; returns their ids."""
+    free = now - lease_seconds(rt)
+    first = (
+        select(func.min(WebhookDelivery.id))
+        .join(WebhookEndpoint, WebhookEndpoint.id == WebhookDelivery.endpoint_id)
+        .where(
+            WebhookDelivery.status == DeliveryStatus.PENDING,
+            WebhookDelivery.next_attempt_at <= now,
+            WebhookEndpoint.status == EndpointStatus.ACTIVE,
+            WebhookEndpoint.removed_at.is_(None),
+            or_(WebhookEndpoint.busy_at.is_(None), WebhookEndpoint.busy_at < free),
+        )
+        .group_by(WebhookDelivery.endpoint_id)
+    )
+    if batch_id is not None:
+        first = first.where(WebhookDelivery.batch_id == batch_id)
+    with rt.db.write() as s:
+        candidates = [i for i in s.scalars(first.limit(1000)) if i is not None]
+        sent = []
+        for delivery_id in candidates:  # compare-and-set: of two senders, one sends
+            changed = s.execute(
+                update(WebhookDelivery)
+                .where(
+                    WebhookDelivery.id == delivery_id,
+                    or_(WebhookDelivery.sent_at.is_(None), WebhookDelivery.sent_at < free),
+                    or_(WebhookDelivery.lease_at.is_(None), WebhookDelivery.lease_at < free),
+                )
+                .values(sent_at=now)
+            ).rowcount  # type: ignore[attr-defined]
+            if changed:
+                sent.append(delivery_id)
+    for delivery_id in sent:
+        rt.queue.deliver_webhook(delivery_id, expires=now + lease_seconds(rt))
+    return sent
+
+
+def send_due_quietly(rt: Runtime, batch_id: str | None = None) -> None:
+    """``send_due`` after a commit that may have made deliveries: a failure is only logged, the
+    tick sends them instead."""
+    try:
+        send_due(rt, time.time(), batch_id)
+    except Exception:
+        log.warning("sending webhook deliveries failed; the next tick does it", exc_info=True)
+
+
+# -- one attempt ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    endpoint_id: str
+    url: str
+    secret: str
+    event_id: str
+    body: bytes
+    attempts: int  # before this one
+    first_at: int  # the event's time: the retry schedule runs from it
+
+
+def deliver(rt: Runtime, delivery_id: int, now: float) -> str | None:
+    """One attempt of a due delivery; returns its outcome (``delivered``, ``retry``, ``failed``)
+    or None when it was not attempted (not due, in flight, its endpoint busy or disabled)."""
+    attempt = _claim(rt, delivery_id, now)
+    if attempt is None:
+        return None
+    status, error = post(
+        attempt.url,
+        headers(attempt.secret, attempt.event_id, int(time.time()), attempt.body),
+        attempt.body,
+        rt.settings.webhook_timeout_seconds,
+        rt.settings.webhook_allow_private_targets,
+    )
+    outcome = _record(rt, delivery_id, attempt, now, status, error)
+    log.info("webhook delivery %d (%s) to endpoint %s: %s%s", delivery_id, attempt.event_id,
+             attempt.endpoint_id, outcome, f" ({error})" if error else "")  # fmt: skip
+    send_due_quietly(rt)  # this endpoint's next one, now that it is free
+    return outcome
+
+
+def _claim(rt: Runtime, delivery_id: int, now: float) -> _Attempt | None:
+    free = now - lease_seconds(rt)
+    with rt.db.write() as s:
+        delivery = s.get(WebhookDelivery, delivery_id, with_for_update=True)
+        if (
+            delivery is None
+            or delivery.status != DeliveryStatus.PENDING
+            or delivery.next_attempt_at > now
+            or (delivery.lease_at is not None and delivery.lease_at >= free)
+        ):
+            return None
+        endpoint = s.get(WebhookEndpoint, delivery.endpoint_id, with_for_update=True)
+        if (
+            endpoint is None
+            or endpoint.status != EndpointStatus.ACTIVE
+            or endpoint.removed_at is not None
+            or (endpoint.busy_at is not None and endpoint.busy_at >= free)
+        ):
+            # pending until the endpoint is enabled again, or the attempt in flight to it sends the
+            # next when it ends: this task's send no longer counts, so that one sends it at once
+            delivery.sent_at = None
+            return None
+        delivery.lease_at = now
+        endpoint.busy_at = now
+        return _Attempt(
+            endpoint.id,
+            endpoint.url,
+            endpoint.secret,
+            delivery.event_id,
+            event_body(delivery.event_id, delivery.event_type, delivery.created_at, delivery.batch_id),
+            delivery.attempts,
+            delivery.created_at,
+        )
+
+
+def _record(
+    rt: Runtime, delivery_id: int, attempt: _Attempt, now: float, status: int | None, error: str | None
+) -> str:
+    attempts = attempt.attempts + 1
+    seen = {
+        "attempts": attempts,
+        "last_attempt_at": time.time(),
+        "last_status_code": status,
+        "last_error": error,
+        "lease_at": None,
+        "sent_at": None,
+    }
+    with rt.db.write() as s:
+        s.execute(
+            update(WebhookEndpoint).where(WebhookEndpoint.id == attempt.endpoint_id).values(busy_at=None)
+        )
+        if error is None:
+            move_delivery(s, delivery_id, DeliveryStatus.DELIVERED, int(now), **seen)
+            return DeliveryStatus.DELIVERED
+        delay = retry_delay(attempts)
+        if delay is not None:
+            s.execute(
+                update(WebhookDelivery)
+                .where(WebhookDelivery.id == delivery_id, WebhookDelivery.status == DeliveryStatus.PENDING)
+                .values(next_attempt_at=now + delay, **seen)
+            )
+            return "retry"
+        move_delivery(s, delivery_id, DeliveryStatus.FAILED, int(now), **seen)
+        hours = (now - attempt.first_at) / 3600
+        reason = (f"event {attempt.event_id} could not be delivered: {attempts} attempts over {hours:.1f} h "
+                  f"failed, the last with: {error}")  # fmt: skip
+        if move_endpoint(s, attempt.endpoint_id, EndpointStatus.DISABLED, int(now), reason):
+            log.warning("webhook endpoint %s disabled: %s", attempt.endpoint_id, reason)
+        return DeliveryStatus.FAILED
+
+
+# -- the HTTP call ----------------------------------------------------------------------------
+
+
+class _PinnedHTTPConnection(http.client.HTTPConnection):
+    """Connects to the address that was checked, whatever the name resolves to by then."""
+
+    def __init__(self, host: str, port: int, address: str, timeout: float) -> None:
+        super().__init__(host, port, timeout=timeout)
+        self.address = address
+
+    def connect(self) -> None:
+        self.sock = socket.create_connection((self.address, self.port), self.timeout)
+
+
+class _PinnedHTTPSConnection(http.client.HTTPSConnection):
+    """The same over TLS; the certificate is checked against the host name (SNI too)."""
+
+    def __init__(self, host: str, port: int, address: str, timeout: float) -> None:
+        super().__init__(host, port, timeout=timeout, context=ssl.create_default_context())
+        self.address = address
+
+    def connect(self) -> None:
+        sock = socket.create_connection((self.address, self.port), self.timeout)
+        self.sock = self._context.wrap_socket(sock, server_hostname=self.host)  # type: ignore[attr-defined]
+
+
+def resolve(host: str, port: int, timeout: float, allow_private: bool) -> str:
+    """The address to connect to: the first the host resolves to, when every one is allowed.
+    Raises OSError saying why not."""
+    from scheduler.webhooks import address_allowed
+
+    future = _RESOLVER.submit(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
+    try:
+        infos = future.result(timeout=timeout)
+    except concurrent.futures.TimeoutError:
+        raise OSError(f"resolving {host} timed out") from None
+    addresses = [str(info[4][0]) for info in infos]
+    refused = [a for a in addresses if not address_allowed(a, allow_private)]
+    if refused or not addresses:
+        raise OSError(
+            f"refused: {host} resolves to {refused[0] if refused else 'nothing'}, not a public address"
+            " (FREIGHT_WEBHOOK_ALLOW_PRIVATE_TARGETS is off)"
+        )
+    return addresses[0]
+
+
+def post(
+    url: str, sent: dict[str, str], body: bytes, timeout: float, allow_private: bool
+) -> tuple[int | None, str | None]:
+    """POST ``body`` to ``url``: (HTTP status or None, None on a 2xx else why it failed). The whole
+    call, resolving included, ends within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    conn: http.client.HTTPConnection | None = None
+    cut_off = threading.Event()
+
+    def cut() -> None:  # the deadline: a receiver that trickles bytes is cut off too
+        cut_off.set()
+        if conn is not None and conn.sock is not None:
+            with contextlib.suppress(OSError):
+                conn.sock.shutdown(socket.SHUT_RDWR)
+
+    watchdog = threading.Timer(timeout, cut)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        address = resolve(host, port, timeout, allow_private)
+        left = max(0.1, deadline - time.monotonic())
+        kind = _PinnedHTTPSConnection if parts.scheme == "https" else _PinnedHTTPConnection
+        conn = kind(host, port, address, left)
+        conn.request("POST", path, body=body, headers={**sent, "user-agent": USER_AGENT})
+        response = conn.getresponse()
+        response.read(MAX_RESPONSE_BYTES)
+        status = response.status
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        if cut_off.is_set() or isinstance(exc, TimeoutError):
+            return None, f"no answer within {timeout:g} s (FREIGHT_WEBHOOK_TIMEOUT_SECONDS)"
+        return None, f"{type(exc).__name__}: {exc}"[:500]
+    finally:
+        watchdog.cancel()
+        if conn is not None:
+            conn.close()
+    if 200 <= status < 300:
+        return status, None
+    return status, f"HTTP {status}"
