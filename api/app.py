@@ -63,8 +63,10 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
 
     from api.views.console import bp as console
     from api.views.v1 import bp as v1
+    from api.views.webhooks import bp as webhooks
 
     app.register_blueprint(v1)
+    app.register_blueprint(webhooks)
     app.register_blueprint(console)
     register_metrics(app)
 

@@ -16,6 +16,7 @@ import click
 from api.cli_settings import command_runtime, command_settings, database_errors, echo_json, require_schema
 from api.client_cli import CLIENT_COMMANDS
 from api.models_cli import models
+from api.webhooks_cli import webhooks
 from storage.settings import Settings, metrics_port
 from storage.settings_source import shown
 
@@ -475,6 +476,9 @@ for _command in CLIENT_COMMANDS:
 
 # the model registry: freight models add | list | remove | quantize
 main.add_command(models)
+
+# tenants' webhook endpoints: freight webhooks add | list | disable | enable | remove | deliveries
+main.add_command(webhooks)
 
 
 if __name__ == "__main__":

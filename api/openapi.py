@@ -167,6 +167,42 @@ MODEL = obj(
 )
 
 
+WEBHOOK_EVENTS = ["batch.completed", "batch.failed", "batch.cancelled", "batch.expired"]
+WEBHOOK_ENDPOINT = obj(
+    {
+        "id": STR,
+        "object": {"const": "webhook_endpoint"},
+        "url": STR,
+        "events": {"type": "array", "items": {"enum": WEBHOOK_EVENTS}},
+        "status": {"enum": ["active", "disabled"]},
+        "status_at": TIME,
+        "disabled_reason": nullable(STR),
+        "created_at": TIME,
+        "secret": {"type": "string", "description": "whsec_<base64>: only in the answer that created it"},
+    },
+    optional=("secret",),
+)
+WEBHOOK_DELIVERY = obj(
+    {
+        "id": STR,
+        "object": {"const": "webhook_delivery"},
+        "endpoint_id": STR,
+        "event": obj({"id": STR, "type": {"enum": WEBHOOK_EVENTS}, "created_at": TIME, "batch_id": STR}),
+        "status": {"enum": ["pending", "delivered", "failed"]},
+        "status_at": TIME,
+        "attempts": INT,
+        "next_attempt_at": nullable(TIME),
+        "last_attempt_at": nullable(TIME),
+        "last_status_code": nullable(INT),
+        "last_error": nullable(STR),
+    }
+)
+
+
+def list_of(item: str) -> Schema:
+    return obj({"object": {"const": "list"}, "data": {"type": "array", "items": ref(item)}, "has_more": BOOL})
+
+
 def page_of(item: str) -> Schema:
     return obj(
         {
@@ -237,6 +273,7 @@ def query(name: str, description: str, schema: Schema) -> Schema:
 AFTER = query("after", "An object id: list the objects after it (cursor pagination).", STR)
 FILE_ID = path_param("file_id", "A file id (`file-…`).")
 BATCH_ID = path_param("batch_id", "A batch id (`batch_…`).")
+ENDPOINT_ID = path_param("endpoint_id", "A webhook endpoint id (`whep_…`).")
 MODEL_ID = path_param("model", "A served model's name; it may contain `/`.", "^[A-Za-z0-9._:/-]+$")
 
 
@@ -370,6 +407,7 @@ def paths(settings: Settings) -> Schema:
         "/v1/models/{model}": {
             "get": operation("retrieveModel", "One served model.", ok(ref("Model")), 404, params=(MODEL_ID,)),
         },
+        **webhook_paths(),
         "/healthz": {
             "get": {
                 "operationId": "health",
@@ -377,6 +415,83 @@ def paths(settings: Settings) -> Schema:
                 "security": [],
                 "responses": {"200": ok(obj({"status": {"const": "ok"}}))},
             }
+        },
+    }
+
+
+def webhook_paths() -> Schema:
+    """Freight's own: a tenant's webhook endpoints and delivery logs (OpenAI has no API for them)."""
+    create_body = obj(
+        {
+            "url": {"type": "string", "minLength": 1, "maxLength": 2048, "description": "http(s) URL"},
+            "events": {"type": "array", "minItems": 1, "items": {"enum": WEBHOOK_EVENTS}},
+        }
+    )
+    deliveries = ok(list_of("WebhookDelivery"))
+    return {
+        "/v1/webhooks": {
+            "post": operation(
+                "createWebhook",
+                "Add a webhook endpoint; the answer holds its signing secret, shown this once.",
+                ok(ref("WebhookEndpoint")),
+                400,
+                requestBody={"required": True, "content": {JSON: {"schema": create_body}}},
+            ),
+            "get": operation(
+                "listWebhooks", "The tenant's webhook endpoints.", ok(list_of("WebhookEndpoint"))
+            ),
+        },
+        "/v1/webhooks/{endpoint_id}": {
+            "get": operation(
+                "retrieveWebhook",
+                "One webhook endpoint.",
+                ok(ref("WebhookEndpoint")),
+                404,
+                params=(ENDPOINT_ID,),
+            ),
+            "delete": operation(
+                "deleteWebhook",
+                "Remove an endpoint; its pending deliveries end failed.",
+                ok(obj({"id": STR, "object": {"const": "webhook_endpoint"}, "deleted": {"const": True}})),
+                404,
+                params=(ENDPOINT_ID,),
+            ),
+        },
+        "/v1/webhooks/{endpoint_id}/disable": {
+            "post": operation(
+                "disableWebhook",
+                "Disable an endpoint; its deliveries wait.",
+                ok(ref("WebhookEndpoint")),
+                404,
+                params=(ENDPOINT_ID,),
+            ),
+        },
+        "/v1/webhooks/{endpoint_id}/enable": {
+            "post": operation(
+                "enableWebhook",
+                "Enable an endpoint again; its pending deliveries resume.",
+                ok(ref("WebhookEndpoint")),
+                404,
+                params=(ENDPOINT_ID,),
+            ),
+        },
+        "/v1/webhooks/{endpoint_id}/deliveries": {
+            "get": operation(
+                "listWebhookDeliveries",
+                "An endpoint's latest deliveries, newest first.",
+                deliveries,
+                404,
+                params=(ENDPOINT_ID,),
+            ),
+        },
+        "/v1/batches/{batch_id}/webhook_deliveries": {
+            "get": operation(
+                "listBatchWebhookDeliveries",
+                "A batch's webhook delivery log.",
+                deliveries,
+                404,
+                params=(BATCH_ID,),
+            ),
         },
     }
 
@@ -404,6 +519,8 @@ def openapi_document(settings: Settings) -> Schema:
                 "Batch": BATCH,
                 "Cost": COST,
                 "Model": MODEL,
+                "WebhookEndpoint": WEBHOOK_ENDPOINT,
+                "WebhookDelivery": WEBHOOK_DELIVERY,
             },
         },
     }

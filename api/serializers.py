@@ -7,7 +7,7 @@ from typing import Any
 from api.services.paging import Page
 from api.services.readiness import Readiness
 from scheduler.cost import cost_summary
-from storage.models import Batch, StoredFile
+from storage.models import Batch, StoredFile, WebhookDelivery, WebhookEndpoint
 from storage.registry import ModelEntry
 from storage.status import BatchStatus
 
@@ -126,3 +126,41 @@ def readiness_object(r: Readiness) -> dict[str, Any]:
         "failed": r.failed,
         "checks": {c.name: {"ok": c.ok, "seconds": c.seconds} for c in r.checks},
     }
+
+
+def webhook_endpoint_object(e: WebhookEndpoint, show_secret: bool = False) -> dict[str, Any]:
+    """A webhook endpoint; its signing secret only in the answer that created it."""
+    shown: dict[str, Any] = {
+        "id": e.id,
+        "object": "webhook_endpoint",
+        "url": e.url,
+        "events": list(e.events or ()),
+        "status": e.status,
+        "status_at": e.status_at,
+        "disabled_reason": e.disabled_reason,
+        "created_at": e.created_at,
+    }
+    if show_secret:
+        shown["secret"] = e.secret
+    return shown
+
+
+def webhook_delivery_object(d: WebhookDelivery) -> dict[str, Any]:
+    """One entry of a delivery log: the event, where it went, and how its attempts went."""
+    return {
+        "id": f"whdel_{d.id}",
+        "object": "webhook_delivery",
+        "endpoint_id": d.endpoint_id,
+        "event": {"id": d.event_id, "type": d.event_type, "created_at": d.created_at, "batch_id": d.batch_id},
+        "status": d.status,
+        "status_at": d.status_at,
+        "attempts": d.attempts,
+        "next_attempt_at": int(d.next_attempt_at) if d.status == "pending" else None,
+        "last_attempt_at": int(d.last_attempt_at) if d.last_attempt_at is not None else None,
+        "last_status_code": d.last_status_code,
+        "last_error": d.last_error,
+    }
+
+
+def webhook_list(data: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"object": "list", "data": data, "has_more": False}

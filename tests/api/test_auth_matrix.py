@@ -52,6 +52,7 @@ class World:
     tenant_a: str
     file_a: str
     batch_a: str
+    endpoint_a: str
 
     def secrets(self) -> list[str]:
         """What must never show in a response to anyone but alpha."""
@@ -79,7 +80,10 @@ def world(settings) -> Iterator[World]:
         json={"input_file_id": uploaded["id"], "endpoint": "/v1/chat/completions", "metadata": {"p": SECRET_META}},
     ).get_json()  # fmt: skip
     assert batch["status"] == "validating"
-    yield World(app, rt, key_a, key_b, revoked, tenant_a.id, uploaded["id"], batch["id"])
+    hook = client.post(
+        "/v1/webhooks", headers=bearer(key_a), json={"url": "https://hooks.example.com/a", "events": ["batch.failed"]}
+    ).get_json()  # fmt: skip
+    yield World(app, rt, key_a, key_b, revoked, tenant_a.id, uploaded["id"], batch["id"], hook["id"])
     rt.db.dispose()
 
 
@@ -150,8 +154,13 @@ class Tally:
 @pytest.mark.reliability
 def test_every_route_refuses_strangers_and_hides_other_tenants(world: World, reliability) -> None:
     app, tally = world.app, Tally(world)
-    own = {"file_id": world.file_a, "batch_id": world.batch_a, "kind": "input", "model": "demo", "unknown": "nowhere", "filename": "x"}  # fmt: skip
-    fake = {**own, "file_id": "file-" + "0" * 24, "batch_id": "batch_" + "0" * 24}
+    own = {"file_id": world.file_a, "batch_id": world.batch_a, "kind": "input", "model": "demo", "unknown": "nowhere", "filename": "x", "endpoint_id": world.endpoint_a}  # fmt: skip
+    fake = {
+        **own,
+        "file_id": "file-" + "0" * 24,
+        "batch_id": "batch_" + "0" * 24,
+        "endpoint_id": "whep_" + "0" * 24,
+    }
     table = routes(app)
     assert {r for _, r, _ in table} >= {
         "/v1/files",
@@ -206,7 +215,7 @@ def test_every_route_refuses_strangers_and_hides_other_tenants(world: World, rel
     # other tenants' ids: beta gets exactly what an id that does not exist gets
     beta_console = sign_in(app, world.key_b)
     for method, rule, werkzeug_rule in table:
-        if not {"file_id", "batch_id"} & set(werkzeug_rule.arguments):
+        if not {"file_id", "batch_id", "endpoint_id"} & set(werkzeug_rule.arguments):
             continue
         answers = []
         for values in (own, fake):
@@ -217,9 +226,9 @@ def test_every_route_refuses_strangers_and_hides_other_tenants(world: World, rel
                 response = send(beta_console, method, path, {}, csrf=page_csrf(beta_console))
             tally.check(f"{method} {path} [beta]", response, (404,))
             body = response.get_data(as_text=True)
-            answers.append(
-                body.replace(values.get("file_id", ""), "ID").replace(values.get("batch_id", ""), "ID")
-            )
+            for name in ("file_id", "batch_id", "endpoint_id"):
+                body = body.replace(values[name], "ID")
+            answers.append(body)
         assert answers[0] == answers[1], (method, rule)  # no oracle for "exists, but not yours"
     # nothing of alpha's changed: not deleted, not cancelled, no new object
     a = app.test_client()
@@ -232,6 +241,8 @@ def test_every_route_refuses_strangers_and_hides_other_tenants(world: World, rel
     )
     assert len(a.get("/v1/files", headers=bearer(world.key_a)).get_json()["data"]) == 1
     assert len(a.get("/v1/batches", headers=bearer(world.key_a)).get_json()["data"]) == 1
+    hooks = a.get("/v1/webhooks", headers=bearer(world.key_a)).get_json()["data"]
+    assert [(h["id"], h["status"]) for h in hooks] == [(world.endpoint_a, "active")]
     assert a.get("/v1/batches", headers={"Authorization": f"bearer  {world.key_a}"}).status_code == 200
     reliability.record(
         "auth_matrix", lost=0, duplicated=0, server_errors=tally.server_errors,
