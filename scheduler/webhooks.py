@@ -67,9 +67,11 @@ def check_url(url: object) -> str:
     DNS can change between now and then."""
     if not isinstance(url, str) or not url:
         raise WebhookConfigError("url must be a non-empty string", "url")
-    if len(url) > MAX_URL_LENGTH or any(ord(c) < 33 or ord(c) == 127 for c in url):
+    if len(url) > MAX_URL_LENGTH or not url.isascii() or any(ord(c) < 33 or ord(c) == 127 for c in url):
         raise WebhookConfigError(
-            f"url must be at most {MAX_URL_LENGTH} characters, without spaces or control characters", "url"
+            f"url must be at most {MAX_URL_LENGTH} ASCII characters (punycode host names, %-escaped paths),"
+            " without spaces or control characters",
+            "url",
         )
     try:
         parts = urlsplit(url)

@@ -25,6 +25,7 @@ from schemathesis.specs.openapi.checks import (
 
 from api.app import create_app
 from api.services import batches
+from api.services import webhooks as webhook_service
 from api.services.tenants import create_tenant
 from tests.conftest import now
 from tests.factories import chat_line, create, upload
@@ -80,7 +81,13 @@ def test_schemathesis_finds_no_server_error_and_no_schema_mismatch(runtime, data
     seeded = upload(runtime, tenant.id, [chat_line("a")])
     spare = upload(runtime, tenant.id, [chat_line("b")], "spare.jsonl")
     batch = create(runtime, tenant.id, seeded.id)
-    real_ids = {"file_id": [seeded.id, spare.id], "batch_id": [batch.id], "model": ["demo"]}
+    hook = webhook_service.add(runtime, tenant.id, "https://hooks.example.com/f", ["batch.failed"], now())
+    real_ids = {
+        "file_id": [seeded.id, spare.id],
+        "batch_id": [batch.id],
+        "model": ["demo"],
+        "endpoint_id": [hook.id],
+    }
     headers = {"Authorization": f"Bearer {key}"}
 
     schema = schemathesis.openapi.from_wsgi("/openapi.json", app)
@@ -112,7 +119,7 @@ def test_schemathesis_finds_no_server_error_and_no_schema_mismatch(runtime, data
     )
     assert not failures, "\n\n".join(failures[:10])
     assert entry["server_errors"] == 0 and entry["schema_failures"] == 0
-    assert len(operations) == 12 and counts["cases"] >= len(operations) * EXAMPLES
+    assert len(operations) == 20 and counts["cases"] >= len(operations) * EXAMPLES
     # the fuzzing reached the interesting answers, not only 400s
     assert statuses[200] and statuses[404] and statuses[400], statuses
 
