@@ -42,7 +42,7 @@ from api.auth import console_session
 from api.console_format import chart, register_filters
 from api.errors import DB_RETRY_AFTER_SECONDS, status_of
 from api.serializers import batch_object
-from api.services import batches, console, files, sessions
+from api.services import batches, console, files, sessions, webhooks
 from api.services.tenants import authenticate_key
 from storage.broker import BROKER_ERRORS
 from storage.errors import ServiceError
@@ -292,6 +292,7 @@ def job_page(batch_id: str) -> str:
         job=view,
         timeline=timeline,
         chart=chart(detail.throughput),
+        deliveries=webhooks.deliveries(rt(), g.tenant_id, batch_id=batch_id) if view["final"] else [],
         refresh=None if view["final"] else REFRESH_SECONDS,
     )
 

@@ -154,7 +154,7 @@ class Tally:
 @pytest.mark.reliability
 def test_every_route_refuses_strangers_and_hides_other_tenants(world: World, reliability) -> None:
     app, tally = world.app, Tally(world)
-    own = {"file_id": world.file_a, "batch_id": world.batch_a, "kind": "input", "model": "demo", "unknown": "nowhere", "filename": "x", "endpoint_id": world.endpoint_a}  # fmt: skip
+    own = {"file_id": world.file_a, "batch_id": world.batch_a, "kind": "input", "model": "demo", "unknown": "nowhere", "filename": "x", "endpoint_id": world.endpoint_a, "action": "disable"}  # fmt: skip
     fake = {
         **own,
         "file_id": "file-" + "0" * 24,
