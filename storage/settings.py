@@ -219,10 +219,12 @@ class Settings:
     finalize_time_limit_seconds: float = 1800.0
     tick_time_limit_seconds: float = 60.0
     # webhooks (workers/webhooks.py): the webhook role's threads (attempts in flight at once, at
-    # most one per endpoint), one attempt's whole time (connect, send, response; the receiver is
-    # cut off past it), endpoints a tenant may have, and whether deliveries may connect to private,
-    # loopback and link-local addresses (off: only globally routable ones; tests turn it on)
+    # most one per endpoint and webhook_tenant_concurrency per tenant, so one tenant's slow
+    # receivers never hold them all), one attempt's whole time (connect, send, response; the
+    # receiver is cut off past it), endpoints a tenant may have, and whether deliveries may connect
+    # to private, loopback and link-local addresses (off: only globally routable ones; tests turn it on)
     webhook_concurrency: int = 8
+    webhook_tenant_concurrency: int = 2
     webhook_timeout_seconds: float = 10.0
     webhook_max_endpoints: int = 10
     webhook_allow_private_targets: bool = False

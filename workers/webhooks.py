@@ -6,8 +6,9 @@ whatever is due and not in flight (a first attempt whose message was lost, a ret
 come), so a lost message or a dead process only delays it: at least once.
 
 An attempt holds two leases: the delivery's (one attempt of it at a time) and its endpoint's (one
-attempt per endpoint at a time, so a slow or failing receiver holds one thread of the webhook role,
-never the pool: the others' deliveries go on). When it ends it sends that endpoint's next due one.
+attempt per endpoint at a time, and FREIGHT_WEBHOOK_TENANT_CONCURRENCY per tenant, so a tenant's
+slow or failing receivers hold that many threads of the webhook role, never the pool: the other
+tenants' deliveries go on). When it ends it sends the next due ones.
 
 The receiver is a tenant's input: the host is resolved, every address checked
 (``scheduler.webhooks.address_allowed``), and the connection made to the checked address (so a DNS
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from sqlalchemy import func, or_, select, update
+from sqlalchemy.orm import Session
 
 from scheduler.webhooks import event_body, headers, retry_delay
 from storage.models import WebhookDelivery, WebhookEndpoint
@@ -150,9 +152,11 @@ def _claim(rt: Runtime, delivery_id: int, now: float) -> _Attempt | None:
             or endpoint.status != EndpointStatus.ACTIVE
             or endpoint.removed_at is not None
             or (endpoint.busy_at is not None and endpoint.busy_at >= free)
+            or _tenant_in_flight(s, endpoint.tenant_id, free) >= rt.settings.webhook_tenant_concurrency
         ):
-            # pending until the endpoint is enabled again, or the attempt in flight to it sends the
-            # next when it ends: this task's send no longer counts, so that one sends it at once
+            # pending until the endpoint is enabled again, or an attempt in flight to it (or to
+            # another of its tenant's) sends the next when it ends: this task's send no longer
+            # counts, so that one sends it at once
             delivery.sent_at = None
             return None
         delivery.lease_at = now
@@ -166,6 +170,19 @@ def _claim(rt: Runtime, delivery_id: int, now: float) -> _Attempt | None:
             delivery.attempts,
             delivery.created_at,
         )
+
+
+def _tenant_in_flight(s: Session, tenant_id: str, free: float) -> int:
+    """Attempts in flight to the tenant's endpoints. Two claims racing on PostgreSQL may both see
+    one less than there will be: the cap holds give or take one."""
+    return (
+        s.scalar(
+            select(func.count())
+            .select_from(WebhookEndpoint)
+            .where(WebhookEndpoint.tenant_id == tenant_id, WebhookEndpoint.busy_at >= free)
+        )
+        or 0
+    )
 
 
 def _record(
