@@ -13,7 +13,9 @@ several:
   totals plus the rows kept) never move backwards;
 - final batches not yet in the rollup /metrics reads (made final while a unit still ran, or
   written by an older release) are added once their units have finished (``storage/rollup.py``);
-- console sessions past their lifetime are deleted (they were already refused).
+- console sessions past their lifetime are deleted (they were already refused);
+- webhook deliveries that ended (delivered or failed) ``FREIGHT_FILE_RETENTION_SECONDS`` ago are
+  deleted (0: kept), so the delivery log lives as long as a batch's result files.
 
 Any step may run twice at once (two beats, a manual ``freight cleanup``): deletes are idempotent,
 and a sample row is added to the totals by the transaction that deleted it, so by one only.
@@ -28,11 +30,12 @@ from dataclasses import dataclass, field
 from sqlalchemy import delete, exists, or_, select, update
 from sqlalchemy.orm import aliased
 
-from storage.models import Batch, ConsoleSession, EngineSample, EngineSampleTotal, StoredFile
+from storage.models import Batch, ConsoleSession, EngineSample, EngineSampleTotal, StoredFile, WebhookDelivery
 from storage.quotas import OPEN_STATUSES
 from storage.retention import FINAL_AT, FINAL_STATUSES, delete_file_objects, purge_batch_data
 from storage.rollup import roll_up_stragglers
 from storage.runtime import Runtime
+from storage.status import DeliveryStatus
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +51,7 @@ class CleanupReport:
     samples_pruned: int = 0
     batches_rolled_up: int = 0
     sessions_ended: int = 0
+    deliveries_pruned: int = 0
 
 
 def run(rt: Runtime, now: float) -> CleanupReport:
@@ -58,6 +62,7 @@ def run(rt: Runtime, now: float) -> CleanupReport:
     with rt.db.write() as s:
         report.batches_rolled_up = roll_up_stragglers(s, int(now), PASS_ROWS)
     end_sessions(rt, int(now), report)
+    prune_deliveries(rt, int(now), report)
     if report.files_expired or report.batches_purged or report.samples_pruned:
         log.info(
             "cleanup: %d files expired, %d batches' data purged (%d objects), %d engine samples pruned",
@@ -75,6 +80,22 @@ def end_sessions(rt: Runtime, now: int, report: CleanupReport) -> None:
     with rt.db.write() as s:
         ended = s.execute(delete(ConsoleSession).where(ConsoleSession.expires_at <= now))
         report.sessions_ended = int(ended.rowcount or 0)  # type: ignore[attr-defined]
+
+
+def prune_deliveries(rt: Runtime, now: int, report: CleanupReport) -> None:
+    """Webhook deliveries that ended a retention ago (PASS_ROWS a pass); pending ones stay."""
+    keep = rt.settings.file_retention_seconds
+    if keep <= 0:
+        return
+    with rt.db.write() as s:
+        old = s.scalars(
+            select(WebhookDelivery.id)
+            .where(WebhookDelivery.status != DeliveryStatus.PENDING, WebhookDelivery.status_at < now - keep)
+            .limit(PASS_ROWS)
+        ).all()
+        if old:
+            s.execute(delete(WebhookDelivery).where(WebhookDelivery.id.in_(old)))
+    report.deliveries_pruned = len(old)
 
 
 def expire_files(rt: Runtime, now: int, report: CleanupReport) -> None:

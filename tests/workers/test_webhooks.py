@@ -28,6 +28,7 @@ from tests import factories, webhook_receiver
 from tests.conftest import now
 from tests.factories import chat_line
 from tests.webhook_receiver import Behaviour, Receiver
+from workers import cleanup
 from workers.celery_app import make_celery
 from workers.finalize import finalize_batch
 from workers.task_policy import fail_validation
@@ -131,6 +132,11 @@ def test_every_final_batch_is_delivered_once_signed_in_openais_shape(rt, receive
     # nothing left to send, and an attempt of a delivered one does nothing
     assert send_due(rt, time.time()) == [] and deliver(rt, entry.id, time.time()) is None
     assert len(receiver.at("/alpha")) == 4
+    # the log is kept as long as result files (FREIGHT_FILE_RETENTION_SECONDS), then pruned
+    assert cleanup.run(rt, time.time()).deliveries_pruned == 0
+    later = time.time() + rt.settings.file_retention_seconds + 1
+    assert cleanup.prune_deliveries(rt, int(later), cleanup.CleanupReport()) is None
+    assert service.deliveries(rt, alpha.id) == []
 
 
 def test_a_receiver_that_answers_500_three_times_still_gets_it(rt, receiver):
