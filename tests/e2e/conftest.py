@@ -83,6 +83,7 @@ def live(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator
         "FREIGHT_COMPLETION_WINDOWS": WINDOWS,
         "FREIGHT_UNIT_SIZE": "8",
         "FREIGHT_MAX_FILE_BYTES": str(1024 * 1024),
+        "FREIGHT_WEBHOOK_ALLOW_PRIVATE_TARGETS": "true",  # the tests' receivers are on 127.0.0.1
     }
     live_stack, stack = start_live(tmp_path_factory.mktemp("stack"), demo_model, overrides, ("alpha", "beta"))
     try:
