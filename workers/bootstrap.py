@@ -58,6 +58,10 @@ def run_control_role(settings: Settings, role: str, name: str | None) -> None:
     queues = ",".join(CONTROL_ROLES[role])
     # webhook attempts wait on the network, each within its own deadline: threads wait cheaper
     pool = "threads" if role == "webhook" else "prefork"
+    if pool == "threads":  # the threads share one runtime and connection pool, made before they run
+        from workers.tasks import runtime_of
+
+        runtime_of(app).db  # noqa: B018 (built now: a cached property is not safe to race on)
     argv = ["worker", "-P", pool, "-c", str(concurrency), "-Q", queues, "-n", role_name(name, role)]
     run_then_exit(app, [*argv, "--loglevel", "INFO", "--without-gossip", "--without-mingle"])
 

@@ -72,8 +72,11 @@ def send_due(rt: Runtime, now: float, batch_id: str | None = None) -> list[int]:
     )
     if batch_id is not None:
         first = first.where(WebhookDelivery.batch_id == batch_id)
-    with rt.db.write() as s:
+    with rt.db.read() as s:  # every tick asks: a write transaction only when there is something
         candidates = [i for i in s.scalars(first.limit(1000)) if i is not None]
+    if not candidates:
+        return []
+    with rt.db.write() as s:
         sent = []
         for delivery_id in candidates:  # compare-and-set: of two senders, one sends
             changed = s.execute(
