@@ -173,6 +173,19 @@ def test_console_in_a_browser(live, page: Page, tmp_path: Path) -> None:
     expect(page.locator("tr.worker").first).to_contain_text("demo")
     page.screenshot(path=str(SHOTS / "models.png"), full_page=True)
 
+    # webhooks: add an endpoint (its secret shown once, on that page), then disable it
+    page.click("nav >> text=Webhooks")
+    page.fill("#url", "https://hooks.example.com/freight")
+    page.click("#add-webhook")
+    expect(page.locator("#secret")).to_contain_text("whsec_")
+    row = page.locator("#endpoints tbody tr").first
+    expect(row).to_contain_text("https://hooks.example.com/freight")
+    expect(row).to_contain_text("batch.completed, batch.failed, batch.cancelled, batch.expired")
+    row.locator("button", has_text="Disable").click()
+    expect(page.locator("#endpoints tbody tr").first).to_contain_text("disabled by its tenant")
+    expect(page.locator("#secret")).to_have_count(0)
+    page.screenshot(path=str(SHOTS / "webhooks.png"), full_page=True)
+
     page.click("text=Sign out")
     expect(page).to_have_url(re.compile(r"/console/sign-in$"))
     page.goto(f"/console/jobs/{batch_id}")
