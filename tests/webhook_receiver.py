@@ -26,6 +26,8 @@ class Received:
 class Behaviour:
     fail_first: int = 0  # answer 500 to this many requests, then 200
     wait: float = 0.0  # seconds before answering
+    status: int = 200  # the answer once the failures are used up (302: a redirect)
+    body_bytes: int = 2  # how much the answer's body holds
 
 
 @dataclass
@@ -64,12 +66,15 @@ def start() -> Receiver:
                 seen = sum(1 for r in receiver.received if r.path == self.path)
             if behaviour.wait:
                 time.sleep(behaviour.wait)
-            status = 500 if seen <= behaviour.fail_first else 200
+            status = 500 if seen <= behaviour.fail_first else behaviour.status
             try:
                 self.send_response(status)
-                self.send_header("content-length", "2")
+                self.send_header("content-length", str(behaviour.body_bytes))
+                if status == 302:
+                    self.send_header("location", "http://169.254.169.254/latest/meta-data/")
                 self.end_headers()
-                self.wfile.write(b"ok")
+                for _ in range(0, behaviour.body_bytes, 65536):
+                    self.wfile.write(b"x" * min(65536, behaviour.body_bytes))
             except OSError:  # the sender gave up on us
                 pass
             entry.answered, entry.status = time.time(), status

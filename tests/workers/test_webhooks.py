@@ -32,7 +32,7 @@ from workers import cleanup
 from workers.celery_app import make_celery
 from workers.finalize import finalize_batch
 from workers.task_policy import fail_validation
-from workers.webhooks import deliver, post, send_due
+from workers.webhooks import deliver, lease_seconds, post, send_due
 
 ALL = "batch.completed,batch.failed,batch.cancelled,batch.expired"
 
@@ -185,6 +185,26 @@ def test_an_endpoint_that_keeps_failing_is_disabled_with_its_reason(rt, receiver
     service.set_enabled(rt, tenant.id, hook.id, True, now())
     final_batch(rt, tenant.id, "cancelled")
     assert deliver_due(rt, time.time()) == ["delivered"]
+
+
+def test_a_lost_task_is_only_a_delay_the_tick_sends_it_again(rt, receiver):
+    tenant, _ = create_tenant(rt.db, "t", now())
+    service.add(rt, tenant.id, receiver.url("/t"), ALL, now())
+    final_batch(rt, tenant.id, "expired")
+    t = time.time()
+    [sent] = send_due(rt, t)  # its message is lost: no worker takes it
+    assert send_due(rt, t + 1) == []  # in flight as far as anyone knows: not sent twice
+    assert send_due(rt, t + lease_seconds(rt) + 1) == [sent]  # a lease later, the tick sends it again
+    assert deliver(rt, sent, time.time()) == "delivered" and len(receiver.at("/t")) == 1
+
+
+def test_redirects_are_not_followed_and_answers_are_read_bounded(rt, receiver):
+    receiver.behaviours["/moved"] = Behaviour(status=302)
+    receiver.behaviours["/big"] = Behaviour(body_bytes=20 * 1024 * 1024)
+    assert post(receiver.url("/moved"), {}, b"{}", 2.0, True) == (302, "HTTP 302")
+    started = time.monotonic()
+    assert post(receiver.url("/big"), {}, b"{}", 2.0, True) == (200, None)  # 64 KiB read, then closed
+    assert time.monotonic() - started < 1.0
 
 
 def test_a_private_target_is_refused_unless_the_operator_allows_it(rt, receiver):
