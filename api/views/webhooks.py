@@ -32,7 +32,10 @@ def create_webhook() -> Response:
     unknown = sorted(str(k)[:40] for k in body if k not in FIELDS)
     if unknown:
         raise ServiceError("invalid_request", f"unknown field(s): {', '.join(unknown)}", param=unknown[0])
-    endpoint = webhooks.add(rt(), g.tenant_id, body.get("url"), body.get("events"), int(time.time()))
+    events = body.get("events")
+    if not isinstance(events, list):  # the CLI's comma-separated form is the CLI's alone
+        raise ServiceError("invalid_request", "events must be a list of event types", param="events")
+    endpoint = webhooks.add(rt(), g.tenant_id, body.get("url"), events, int(time.time()))
     return jsonify(webhook_endpoint_object(endpoint, show_secret=True))
 
 

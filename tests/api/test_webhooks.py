@@ -50,7 +50,8 @@ BAD = [
     ({"url": "https://hooks.example.com/", "events": []}, "events", "non-empty"),
     ({"url": "https://hooks.example.com/", "events": ["batch.done"]}, "events", "unknown event"),
     ({"url": "https://hooks.example.com/", "events": [{"a": 1}]}, "events", "unknown event"),
-    ({"url": "https://hooks.example.com/", "events": 3}, "events", "non-empty"),
+    ({"url": "https://hooks.example.com/", "events": 3}, "events", "list"),
+    ({"url": "https://hooks.example.com/", "events": "batch.failed"}, "events", "list"),
     (
         {"url": "https://hooks.example.com/", "events": ["batch.completed"], "secret": "x"},
         "secret",
