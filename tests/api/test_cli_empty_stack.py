@@ -39,6 +39,12 @@ ARGV = {
     "models remove": ["models", "remove", "m"],
     "models set-engine": ["models", "set-engine", "m", "--engine-arg", "max_num_seqs=2"],
     "models quantize": ["models", "quantize", "ckpt", "out"],
+    "webhooks add": ["webhooks", "add", "https://hooks.example.com/", "--tenant", "alice"],
+    "webhooks list": ["webhooks", "list", "--tenant", "alice"],
+    "webhooks disable": ["webhooks", "disable", "whep_1", "--tenant", "alice"],
+    "webhooks enable": ["webhooks", "enable", "whep_1", "--tenant", "alice"],
+    "webhooks remove": ["webhooks", "remove", "whep_1", "--tenant", "alice"],
+    "webhooks deliveries": ["webhooks", "deliveries", "--tenant", "alice"],
 }
 SUCCEED = {"config", "db upgrade"}  # these work on an empty folder
 
