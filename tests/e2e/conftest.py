@@ -70,8 +70,8 @@ def start_live(
     return LiveStack(stack, keys, demo_model), stack
 
 
-def keep_logs(stack: Stack, prefix: str) -> None:
-    stack.stop()
+def keep_logs(stack: Stack, prefix: str, stop_timeout: float | None = None) -> None:
+    stack.stop(stop_timeout)
     (REPO / "test-artifacts").mkdir(exist_ok=True)
     for log in stack.run_dir.glob("*.log"):
         (REPO / "test-artifacts" / f"{prefix}-{log.stem}.log").write_text(log.read_text(errors="replace"))
@@ -84,6 +84,8 @@ def live(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator
         "FREIGHT_UNIT_SIZE": "8",
         "FREIGHT_MAX_FILE_BYTES": str(1024 * 1024),
         "FREIGHT_WEBHOOK_ALLOW_PRIVATE_TARGETS": "true",  # the tests' receivers are on 127.0.0.1
+        # test_dropfolder_live: a drop folder's latency is held to the default poll (5 s)
+        "FREIGHT_DROPFOLDER_MAX_BACKOFF_SECONDS": "4",
     }
     live_stack, stack = start_live(tmp_path_factory.mktemp("stack"), demo_model, overrides, ("alpha", "beta"))
     try:

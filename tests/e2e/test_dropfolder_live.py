@@ -28,7 +28,7 @@ from infra import daemons as services
 from infra.processes import FREIGHT, REPO
 from storage.db import Database
 from storage.models import DropObject
-from tests.e2e.conftest import LiveStack, keep_logs, start_live, wait_final
+from tests.e2e.conftest import LiveStack, wait_final
 from tests.factories import OMIT, chat_line, jsonl, parquet_bytes
 
 pytestmark = pytest.mark.stack
@@ -75,23 +75,25 @@ def weed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Weed]:
 
 
 @pytest.fixture(scope="module")
-def drops(
-    tmp_path_factory: pytest.TempPathFactory, demo_model: Path, weed: Weed
-) -> Iterator[tuple[LiveStack, str]]:
-    overrides = {
-        "FREIGHT_COMPLETION_WINDOWS": "24h,1h",
-        "FREIGHT_UNIT_SIZE": "8",
-        "FREIGHT_DROPFOLDER_MAX_BACKOFF_SECONDS": "4",  # the default poll (5 s) is what latency is held to
-    }
-    live, stack = start_live(tmp_path_factory.mktemp("drops"), demo_model, overrides, ("alpha",))
+def drops(live: LiveStack, weed: Weed) -> Iterator[tuple[LiveStack, str]]:
+    """A drop folder of tenant alpha on the shared live stack (whose FREIGHT_DROPFOLDER_MAX_BACKOFF_
+    SECONDS is these tests' 4 s); every folder the tests added is removed after them, so the
+    stack's later tests do not poll an S3 server that is gone."""
+    bucket = weed.handle.create_bucket(f"drop-{uuid.uuid4().hex[:8]}")
+    add_folder(live, weed, f"s3://{bucket}/{PREFIX}")
     try:
-        bucket = weed.handle.create_bucket(f"drop-{uuid.uuid4().hex[:8]}")
-        add_folder(live, weed, f"s3://{bucket}/{PREFIX}")
         yield live, bucket
     finally:
-        keep_logs(stack, "dropfolders")
-        logs = "".join(p.read_text(errors="replace") for p in stack.run_dir.glob("*.log"))
+        listed = _freight(live, "dropfolder", "list", "--json")
+        for folder in json.loads(listed.stdout)["data"]:
+            _freight(live, "dropfolder", "remove", str(folder["id"]))
+        logs = "".join(p.read_text(errors="replace") for p in live.stack.run_dir.glob("*.log"))
         assert weed.handle.secret_key not in logs  # secrets never logged
+
+
+def _freight(live: LiveStack, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*FREIGHT, *argv], cwd=REPO, env=live.stack.env, capture_output=True, text=True,
+                          check=True)  # fmt: skip
 
 
 def add_folder(live: LiveStack, weed: Weed, url: str, *options: str) -> None:
