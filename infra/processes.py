@@ -46,8 +46,9 @@ class Stack:
     def log(self, name: str) -> Path:
         return self.run_dir / f"{name}.log"
 
-    def stop(self) -> None:
-        services.stop_all(self.run_dir)
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop every process of the stack; ``timeout``: how long they may take before SIGKILL."""
+        services.stop_all(self.run_dir, timeout=timeout)
 
     def spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
         log = self.log(name)

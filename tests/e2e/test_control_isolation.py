@@ -5,7 +5,7 @@ Tenant alpha submits six large batches at once (40,000 lines each), enough to fi
 pool for about twenty seconds; tenant beta's small batch, submitted behind them, still starts (is validated) and
 finishes within the bounds below, because alpha holds at most FREIGHT_TENANT_VALIDATIONS (2) of the
 three validation processes; and the dispatcher tick, on its own queue and pool, keeps its period
-throughout (its runs are counted in the control worker's log).
+while the flood holds the pool (its runs are counted in the control worker's log).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ START_BOUND_S = 15.0  # beta's batch validated (in_progress or later) this soon 
 DONE_BOUND_S = 60.0  # and completed this soon
 TICK_SECONDS = 1.0  # start_live's FREIGHT_TICK_SECONDS
 MAX_TICK_GAP_S = 5.0
-FLOOD_BOUND_S = 60.0  # the tick is watched until the flood is validated, at most this long more
+TICK_WINDOW_S = 15.0  # the tick's period is checked over at least this long with the pool full
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,8 @@ def iso(tmp_path_factory: pytest.TempPathFactory, demo_model: Path, postgres_ser
     try:
         yield live_stack
     finally:
-        keep_logs(stack, "isolation")
+        # the flood's validations still run: a warm shutdown would wait the whole stop deadline
+        keep_logs(stack, "isolation", stop_timeout=2.0)
 
 
 def tick_times(log: Path, offset: int) -> list[float]:
@@ -118,15 +119,14 @@ def test_a_flood_of_uploads_holds_up_neither_another_tenant_nor_the_tick(iso: Li
                 done = time.monotonic() - created
                 break
             time.sleep(0.3)
-        flood_states = [alpha.batches.retrieve(batch_id).status for batch_id in flood]
-        # the tick is watched until the flood is validated: the whole time the pool was full
-        deadline = time.monotonic() + FLOOD_BOUND_S
-        while time.monotonic() < deadline:
+        # the tick is watched from the flood's creation to beta's batch done, and on to at least
+        # TICK_WINDOW_S: alpha's validations held the pool that whole time (asserted below: at
+        # least two of them still validating at its end)
+        while time.time() < window_start + TICK_WINDOW_S:
             most_running = max(most_running, running_validations(db, "alpha"))
-            if all(alpha.batches.retrieve(batch_id).status != "validating" for batch_id in flood):
-                break
             time.sleep(0.5)
         window_end = time.time()
+        flood_states = [alpha.batches.retrieve(batch_id).status for batch_id in flood]
     finally:
         db.dispose()
     final = beta.batches.retrieve(small.id)
