@@ -4,8 +4,6 @@ engine's own configuration (one real engine of the demo model, eager)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from storage.settings import Settings
@@ -111,26 +109,3 @@ def test_a_models_args_reach_the_running_engine(demo_model_dir, monkeypatch: pyt
         assert engine.window == 12  # Freight's feed follows the model's max_num_seqs, not the default
     finally:
         engine.shutdown()
-
-
-def numa_nodes() -> int:
-    return len(list(Path("/sys/devices/system/node").glob("node[0-9]*"))) or 1
-
-
-@pytest.mark.skipif(numa_nodes() > 1, reason="vLLM-CPU runs tensor_parallel_size=2 on two NUMA nodes")
-def test_an_unhonoured_engine_arg_fails_the_start_with_vllms_reason(demo_model_dir) -> None:
-    """vLLM-CPU binds each tensor-parallel rank to a NUMA node: on a one-node machine a model
-    registered with tensor_parallel_size=2 cannot start. The reason is only logged by vLLM's engine
-    process; the worker's one line carries it (workers/engine_lifetime.py)."""
-    from workers.engine import Engine, EngineStartFailed
-
-    s = Settings.from_env({"FREIGHT_ENGINE_ENFORCE_EAGER": "true", "FREIGHT_ENGINE_KV_CACHE_GIB": "0.03125"})
-    config = engine_config(s, "big", str(demo_model_dir), None, {"tensor_parallel_size": 2})
-    with pytest.raises(EngineStartFailed) as caught:
-        Engine.start(config)
-    message = str(caught.value)
-    assert message.startswith(
-        "model 'big': vLLM could not start its engine with engine args tensor_parallel_size=2: "
-    )
-    assert "Not enough allowed NUMA nodes to bind threads of 2 local CPUWorkers" in message
-    assert message.endswith("(in vLLM's engine process)") and "\n" not in message
