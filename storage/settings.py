@@ -20,6 +20,7 @@ from typing import Any
 from scheduler.cost import ListPrice
 from scheduler.sla import ADMISSION_POLICIES, SlaTier, parse_tiers
 from scheduler.utilization import Accelerator
+from storage.logs import LOG_FORMATS, LOG_LEVELS
 
 _DURATION = re.compile(r"^(\d+)(s|m|h|d)$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -228,6 +229,11 @@ class Settings:
     webhook_timeout_seconds: float = 10.0
     webhook_max_endpoints: int = 10
     webhook_allow_private_targets: bool = False
+    # logging of every process (API, workers, beat, the CLI, vLLM's engine): the root level, one of
+    # DEBUG, INFO, WARNING, ERROR, CRITICAL; and "text" lines or "json", one JSON object a line
+    # (storage/logs.py)
+    log_level: str = "INFO"
+    log_format: str = "text"
 
     def cache_domain(self, tenant_id: str) -> str:
         """The prefix-cache domain of a tenant's requests: "" (one shared by all) or the tenant.
@@ -367,6 +373,11 @@ class Settings:
             )
         if not 0 < self.webhook_timeout_seconds <= 60:
             raise SettingsError("FREIGHT_WEBHOOK_TIMEOUT_SECONDS must be above 0 and at most 60")
+        changes["log_level"] = self.log_level.strip().upper()
+        if changes["log_level"] not in LOG_LEVELS:
+            raise SettingsError(f"FREIGHT_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}")
+        if self.log_format not in LOG_FORMATS:
+            raise SettingsError(f"FREIGHT_LOG_FORMAT must be one of {', '.join(LOG_FORMATS)}")
         if not 60 <= self.session_seconds <= 90 * 86400:
             raise SettingsError("FREIGHT_SESSION_SECONDS must be from 60 to 7776000 (90 days)")
         return replace(self, **changes)

@@ -6,7 +6,9 @@ folder, stopped when the session ends.
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import os
 import time
 import uuid
@@ -123,3 +125,26 @@ class ReliabilityLog:
 def reliability(tmp_path_factory: pytest.TempPathFactory) -> ReliabilityLog:
     folder = os.environ.get("FREIGHT_RELIABILITY_DIR")
     return ReliabilityLog(Path(folder) if folder else tmp_path_factory.mktemp("reliability"))
+
+
+@pytest.fixture
+def json_logs() -> Iterator[io.StringIO]:
+    """This process logs as ``FREIGHT_LOG_FORMAT=json`` does, into the returned buffer, at INFO;
+    the root logger is as it was afterwards (pytest's own capture handlers stay throughout)."""
+    from storage.logs import configure
+
+    root = logging.getLogger()
+    level = root.level
+    stream = io.StringIO()
+    handler = configure("INFO", "json", stream=stream)
+    yield stream
+    root.removeHandler(handler)
+    root.setLevel(level)
+    logging.captureWarnings(False)
+
+
+def json_lines(text: str) -> list[dict]:
+    """Every line of a log, each of which must be one JSON object."""
+    lines = [json.loads(line) for line in text.splitlines() if line.strip()]
+    assert all(isinstance(line, dict) for line in lines)
+    return lines
