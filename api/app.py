@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-
 from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import NotFound, RequestEntityTooLarge
 
@@ -13,6 +11,7 @@ from api.metrics import register_metrics
 from api.openapi import openapi_document
 from api.proxies import TrustedProxies
 from api.ratelimit import register_rate_limits
+from api.request_ids import RequestIds
 from api.serializers import readiness_object
 from api.services.readiness import ReadinessProbe
 from storage.errors import ServiceError
@@ -33,6 +32,8 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     readiness = ReadinessProbe(app.extensions["freight"])  # connects nothing until the first probe
     if settings.trusted_proxies:
         app.wsgi_app = TrustedProxies(app.wsgi_app, settings.trusted_proxies)  # type: ignore[method-assign]
+    # outermost: every response has its x-request-id, whatever answered it
+    app.wsgi_app = RequestIds(app.wsgi_app)  # type: ignore[method-assign]
     register_error_handlers(app)
 
     @app.before_request
@@ -90,5 +91,4 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     def openapi() -> Response:
         return jsonify(openapi_document(settings))
 
-    logging.getLogger("freight").setLevel(logging.INFO)
     return app

@@ -273,6 +273,9 @@ def api(host: str | None, port: int | None, workers: int) -> None:
         "30",
         "--access-logfile",
         "-",
+        # gunicorn's lines and the app's in one format, from FREIGHT_LOG_LEVEL and FREIGHT_LOG_FORMAT
+        "--logger-class",
+        "api.gunicorn_logging.FreightLogger",
         "api.app:create_app()",
     ]
     os.execv(sys.executable, argv)
