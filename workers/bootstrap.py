@@ -14,13 +14,17 @@ loaded module at start-up, tripping over Flask's context globals: nothing here m
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from storage.logs import configure_settings, vllm_logging_config
 from storage.settings import Settings, SettingsError
 from workers.control import ROLES, supervise
 
@@ -39,6 +43,7 @@ def run_control_role(settings: Settings, role: str, name: str | None) -> None:
     from workers.control import READY_FD_ENV, TICK_CONCURRENCY, die_with_parent, role_name, supervised_ready
 
     app = make_celery(settings)
+    celery_logs_through_freight(app)
     if role == "validate":  # only validation needs them: the other roles stay small
         warm_validation(settings)
     ready_fd = os.environ.pop(READY_FD_ENV, None)
@@ -63,7 +68,52 @@ def run_control_role(settings: Settings, role: str, name: str | None) -> None:
 
         runtime_of(app).db  # noqa: B018 (built now: a cached property is not safe to race on)
     argv = ["worker", "-P", pool, "-c", str(concurrency), "-Q", queues, "-n", role_name(name, role)]
-    run_then_exit(app, [*argv, "--loglevel", "INFO", "--without-gossip", "--without-mingle"])
+    run_then_exit(
+        app,
+        [*banner(settings), *argv, "--loglevel", settings.log_level, "--without-gossip", "--without-mingle"],
+    )
+
+
+def celery_logs_through_freight(app: Any) -> None:
+    """Celery sets up no logging of its own (a receiver of ``setup_logging`` tells it so): its
+    records, the tasks' and their pool processes' (forked, so they inherit it) go through the
+    handler ``main`` installed, at FREIGHT_LOG_LEVEL (not through a second handler of Celery's
+    on ``celery.task`` in Celery's own format). What Celery would otherwise do besides, sending
+    the process's stdout and stderr to a logger (``celery.redirected``), it still does, so a
+    stray ``print`` is a log line in the process's format too."""
+    from celery import signals
+
+    @signals.setup_logging.connect(weak=False)
+    def freight_logging(**_: object) -> None:
+        if app.conf.worker_redirect_stdouts:
+            app.log.redirect_stdouts(app.conf.worker_redirect_stdouts_level)
+
+
+def banner(settings: Settings) -> list[str]:
+    """Celery's options for its start-up banner: printed (no options) with text logs; left out
+    (``-q``) with JSON ones, where every line of the process's output is a JSON object."""
+    return ["-q"] if settings.log_format == "json" else []
+
+
+@contextmanager
+def vllm_logs_through_freight(settings: Settings) -> Iterator[None]:
+    """While the engine starts, ``VLLM_LOGGING_CONFIG_PATH`` names a file of
+    ``storage.logs.vllm_logging_config``: vLLM applies it in this process and in the engine
+    processes it spawns (which read it as they start), so their Python log lines come in
+    Freight's format instead of vLLM's own. An operator's own VLLM_LOGGING_CONFIG_PATH, or
+    VLLM_CONFIGURE_LOGGING=0, is left alone."""
+    if os.environ.get("VLLM_LOGGING_CONFIG_PATH") or os.environ.get("VLLM_CONFIGURE_LOGGING") == "0":
+        yield
+        return
+    fd, path = tempfile.mkstemp(prefix="freight-vllm-logging-", suffix=".json")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(vllm_logging_config(settings.log_level, settings.log_format), f)
+    os.environ["VLLM_LOGGING_CONFIG_PATH"] = path
+    try:
+        yield
+    finally:
+        os.environ.pop("VLLM_LOGGING_CONFIG_PATH", None)
+        os.unlink(path)
 
 
 def warm_validation(settings: Settings) -> None:
@@ -100,6 +150,7 @@ def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
     from workers.tasks import runtime_of
 
     app = make_celery(settings)
+    celery_logs_through_freight(app)
     try:  # the registry entry says what to load, from where, at what price
         entry = require(Runtime(settings).db, settings, model)
         local = local_checkpoint(
@@ -111,9 +162,10 @@ def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
         raise BootstrapError(str(exc)) from exc
     # load once, before consuming: every task this process runs finds the engine warm
     try:
-        engine = Engine.start(
-            engine_config(settings, model, str(local), entry.max_model_len, entry.engine_args)
-        )
+        with vllm_logs_through_freight(settings):
+            engine = Engine.start(
+                engine_config(settings, model, str(local), entry.max_model_len, entry.engine_args)
+            )
     except (EngineUnsupported, EngineStartFailed) as exc:  # the queue keeps the model's work
         raise BootstrapError(str(exc)) from exc
     runner = PackRunner(runtime_of(app), engine, model, price_per_hour=entry.price_per_hour(settings)).start()
@@ -125,7 +177,10 @@ def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
         engine.shutdown()
 
     argv = ["worker", "-P", "solo", "-Q", model_queue(model), "-n", name or f"{model}-{os.getpid()}@%h"]
-    run_then_exit(app, [*argv, "--loglevel", "INFO", "--without-gossip", "--without-mingle"])
+    run_then_exit(
+        app,
+        [*banner(settings), *argv, "--loglevel", settings.log_level, "--without-gossip", "--without-mingle"],
+    )
 
 
 def run_then_exit(app: Any, argv: list[str]) -> None:
@@ -192,7 +247,12 @@ def run_beat(settings: Settings) -> None:
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     app = make_celery(settings)
-    app.Beat(schedule=str(settings.data_dir / "celerybeat-schedule"), loglevel="INFO").run()
+    celery_logs_through_freight(app)
+    app.Beat(
+        schedule=str(settings.data_dir / "celerybeat-schedule"),
+        loglevel=settings.log_level,
+        quiet=bool(banner(settings)),
+    ).run()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,10 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     role = getattr(args, "role", None)
     if role and not args.control:
         parser.error("--role goes with --control")
-    where = f" [{role}]" if role else ""  # a role's lines in the shared log
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s{where} %(name)s: %(message)s")
     try:
         settings = Settings.from_env()
+        # a role's lines (and beat's) in a log shared with others say whose they are
+        configure_settings(settings, role or ("beat" if args.command == "beat" else None))
         if args.command == "beat":
             run_beat(settings)
         elif args.control and role:

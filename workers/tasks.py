@@ -20,6 +20,7 @@ from typing import Any
 from celery import Celery, Task
 from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 
+from storage.logs import bound
 from storage.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,18 @@ def _persistent_soft_limit() -> Iterator[None]:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, before_alrm)
         signal.signal(signal.SIGUSR1, before_usr1)
+
+
+def about_batch(fn: Any) -> Any:
+    """A task whose first argument is a batch id: every line logged while it runs (its exception
+    policy's included, so this goes outside ``guarded``) carries that batch id."""
+
+    @functools.wraps(fn)
+    def run(self: Task, batch_id: str, *args: Any) -> Any:
+        with bound(batch_id=batch_id):
+            return fn(self, batch_id, *args)
+
+    return run
 
 
 def runtime_of(app: Celery) -> Runtime:
@@ -153,7 +166,8 @@ def register(app: Celery) -> None:
                 f"ran past its time limit of {seconds:g}s (FREIGHT_{which}_TIME_LIMIT_SECONDS) and was killed"))  # fmt: skip
             rt = Runtime(settings)
             try:
-                on_fault(rt, error, *args)
+                with bound(batch_id=args[0]):  # the tasks killed() serves all take a batch id first
+                    on_fault(rt, error, *args)
             except Exception:
                 log.exception("task %s%r: recording that it was killed failed", step, tuple(args))
             finally:
@@ -197,6 +211,7 @@ def register(app: Celery) -> None:
     end_finalization = failed_and_told(fail_finalization)
 
     @task("freight.validate_batch", on_failure=killed(end_validation))
+    @about_batch
     @guarded(
         lambda error, batch_id: end_validation(runtime_of(app), error, batch_id),
         lambda due, batch_id: validation_retry_due(runtime_of(app), due, batch_id),
@@ -216,6 +231,7 @@ def register(app: Celery) -> None:
     # one chunk of a large input (workers/validation_chunks.py); the last one done sends the batch's
     # validation again, which merges. An outage retries it; the tick sends a lost one again
     @task("freight.validate_chunk", on_failure=killed(chunk_failed))
+    @about_batch
     @guarded(lambda error, batch_id, chunk_id: chunk_failed(runtime_of(app), error, batch_id, chunk_id))
     @limited("freight.validate_chunk")
     def validate_chunk(self: Task, batch_id: str, chunk_id: int) -> None:
@@ -245,6 +261,7 @@ def register(app: Celery) -> None:
         poke(runtime_of(app), runner.model)
 
     @task("freight.finalize_batch", on_failure=killed(end_finalization))
+    @about_batch
     @guarded(lambda error, batch_id: end_finalization(runtime_of(app), error, batch_id))
     @limited("freight.finalize_batch")
     def finalize_batch(self: Task, batch_id: str) -> None:

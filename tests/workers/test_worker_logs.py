@@ -1,0 +1,68 @@
+"""A control role run as ``freight worker --control --role finalize`` runs it, with
+FREIGHT_LOG_FORMAT=json: every line it writes (Celery's, the task's in its pool process) is a
+JSON object, and the task's lines about a batch carry the batch id."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from sqlalchemy import update
+
+from api.services.tenants import create_tenant
+from storage.models import Batch
+from storage.runtime import Runtime
+from storage.settings import Settings
+from storage.status import BatchStatus
+from tests.conftest import REPO, json_lines, now
+from tests.factories import chat_line, upload_and_create
+from tests.workers.test_control_roles import batch_row, wait_until, worker_env
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_task_logs_json_lines_with_its_batch_id(settings: Settings, redis_service, tmp_path: Path) -> None:
+    settings = replace(settings, broker_url=redis_service.url.rsplit("/", 1)[0] + "/9")
+    rt = Runtime(settings)
+    with rt.queue.celery.connection_for_write() as conn:
+        conn.default_channel.client.flushdb()
+    tenant = create_tenant(rt.db, "a", now())[0].id
+    batch_id = upload_and_create(rt, tenant, [chat_line("a")]).id
+    with rt.db.write() as s:  # its requests all done: only the files are left to write
+        s.execute(update(Batch).where(Batch.id == batch_id).values(status=BatchStatus.FINALIZING))
+    log = tmp_path / "finalize.log"
+    env = worker_env(settings, FREIGHT_LOG_FORMAT="json", FREIGHT_FINALIZE_CONCURRENCY="1")
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "workers.bootstrap", "worker", "--control", "--role", "finalize"],
+            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        rt.queue.finalize(batch_id)
+        wait_until(
+            lambda: " succeeded in " in log.read_text(errors="replace"), "the task done", 60, proc, log
+        )
+        lines = json_lines(log.read_text())  # all of them: Celery's banner is left out too
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            rt.db.dispose()
+    assert batch_row(rt, batch_id).status == BatchStatus.COMPLETED
+    [done] = [line for line in lines if line["logger"] == "workers.finalize"]
+    assert done["batch_id"] == batch_id and done["message"].startswith(f"batch {batch_id} completed")
+    assert done["pid"] != proc.pid  # the pool process ran it
+    assert all(line["role"] == "finalize" for line in lines)
+    assert any(
+        line["message"].endswith(" ready.") and line["logger"] == "celery.apps.worker" for line in lines
+    )
+    # Celery's line after the task returned is about the task, and no longer carries the id
+    [succeeded] = [line for line in lines if " succeeded in " in line["message"]]
+    assert succeeded["pid"] == done["pid"] and "batch_id" not in succeeded
