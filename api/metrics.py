@@ -24,13 +24,19 @@ from storage.runtime import Runtime
 # the classic text format every Prometheus reads (newer clients name it CONTENT_TYPE_PLAIN_0_0_4)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-_WORKER_GAUGES = (
-    ("output_tokens_per_second", "Output tokens per second of the worker's latest engine sample."),
-    ("prompt_tokens_per_second", "Prompt tokens per second of the worker's latest engine sample."),
-    ("batch_fill", "Mean running sequences / max_num_seqs of the worker's latest engine sample."),
-    ("cache_hit_rate", "Cached / prompt tokens of the worker's latest engine sample."),
-    ("mfu", "Model FLOPs utilisation of the worker's latest engine sample."),
-    ("mbu", "Memory bandwidth utilisation of the worker's latest engine sample."),
+# Names follow Prometheus' conventions: counters end in _total, units are base units named last
+# (_seconds, _dollars), 0-1 gauges end in _ratio, and no gauge is a rate a counter already gives
+# (rate(freight_tokens_total[5m]) is a worker's tokens per second). docs/changelog.md lists the
+# names these replaced.
+_WORKER_RATIOS = (  # (WorkerGauges field, metric, what it is)
+    (
+        "batch_fill",
+        "batch_fill_ratio",
+        "Mean running sequences / max_num_seqs of the worker's latest engine sample.",
+    ),
+    ("cache_hit", "cache_hit_ratio", "Cached / prompt tokens of the worker's latest engine sample."),
+    ("mfu", "mfu_ratio", "Model FLOPs utilisation of the worker's latest engine sample."),
+    ("mbu", "mbu_ratio", "Memory bandwidth utilisation of the worker's latest engine sample."),
 )
 
 
@@ -68,32 +74,40 @@ def families(snap: MetricsSnapshot) -> Iterator[Metric]:
         "in_progress batches that measured throughput says will miss their deadline.", ["model"],
         snap.batches_at_risk,
     )  # fmt: skip
-    for name, doc in _WORKER_GAUGES:
-        values = {(w.worker, w.model): getattr(w, name) for w in snap.workers}
+    for field, name, doc in _WORKER_RATIOS:
+        values = {(w.worker, w.model): getattr(w, field) for w in snap.workers}
         yield _family(
             G, f"freight_worker_{name}",
             f"{doc} Workers without a sample in the last {WORKER_STALE_SECONDS:g} s are left out.",
             ["worker", "model"], {k: v for k, v in values.items() if v is not None},
         )  # fmt: skip
+    # counters: prometheus_client writes a counter's samples as NAME_total whether or not the
+    # family's name has it; written out here, so the exposed name is the one in the source
     yield _family(
-        C, "freight_engine_busy_seconds", "Engine busy seconds, all samples.", ["worker", "model"],
+        C, "freight_engine_busy_seconds_total", "Engine busy seconds, all samples.", ["worker", "model"],
         snap.engine_busy_seconds,
     )  # fmt: skip
     yield _family(
-        C, "freight_engine_cost_dollars", "Engine cost in dollars, all samples.", ["worker", "model"],
+        C, "freight_engine_cost_dollars_total", "Engine cost in dollars, all samples.", ["worker", "model"],
         snap.engine_cost_dollars,
     )  # fmt: skip
     yield _family(
-        C, "freight_tokens", "Tokens of finished requests: prompt, cached (part of prompt), output.",
-        ["model", "kind"], snap.tokens,
+        C, "freight_tokens_total",
+        "Tokens of finished requests, prompt or output; a sum over kind counts each token once.",
+        ["worker", "model", "kind"], snap.tokens,
     )  # fmt: skip
     yield _family(
-        C, "freight_batch_cost_dollars",
+        C, "freight_cached_prompt_tokens_total",
+        "Prompt tokens served from the prefix cache (part of freight_tokens_total{kind=\"prompt\"}).",
+        ["worker", "model"], snap.cached_prompt_tokens,
+    )  # fmt: skip
+    yield _family(
+        C, "freight_batch_cost_dollars_total",
         "What finished batches were charged: engine cost x tier multiplier, in dollars.",
         ["tenant", "model"], snap.batch_cost_dollars,
     )  # fmt: skip
     yield _family(
-        C, "freight_sla_batches", "Final batches with an SLA verdict, by whether they met it.",
+        C, "freight_sla_batches_total", "Final batches with an SLA verdict, by whether they met it.",
         ["tenant", "model", "met"], snap.sla_batches,
     )  # fmt: skip
     yield _family(

@@ -40,10 +40,8 @@ class WorkerGauges:
 
     worker: str
     model: str
-    output_tokens_per_second: float | None
-    prompt_tokens_per_second: float | None
-    batch_fill: float | None
-    cache_hit_rate: float | None
+    batch_fill: float | None  # the fractions are 0-1
+    cache_hit: float | None
     mfu: float | None
     mbu: float | None
 
@@ -57,7 +55,10 @@ class MetricsSnapshot:
     workers: tuple[WorkerGauges, ...]  # workers with a sample in the last WORKER_STALE_SECONDS
     engine_busy_seconds: Mapping[tuple[str, str], float]  # (worker, model), all samples
     engine_cost_dollars: Mapping[tuple[str, str], float]  # (worker, model), all samples
-    tokens: Mapping[tuple[str, str], int]  # (model, kind: prompt | cached | output), all samples
+    # (worker, model, kind: prompt | output), all samples; cached prompt tokens are part of the
+    # prompt ones, so they are counted apart (cached_prompt_tokens) and a sum over kind is the total
+    tokens: Mapping[tuple[str, str, str], int]
+    cached_prompt_tokens: Mapping[tuple[str, str], int]  # (worker, model), all samples
     batch_cost_dollars: Mapping[tuple[str, str], float]  # (tenant, model), charged, final batches
     sla_batches: Mapping[tuple[str, str, str], int]  # (tenant, model, met: "true" | "false")
     sla_attainment: Mapping[tuple[str, str], float]  # (tenant, model), last SLA_WINDOW_SECONDS
@@ -128,7 +129,8 @@ def metrics_snapshot(rt: Runtime, now: float) -> MetricsSnapshot:
         latest = {(r.worker, r.model): r for r in recent}  # ordered, so the last one wins
         busy: dict[tuple[str, str], float] = {}
         engine_cost: dict[tuple[str, str], float] = {}
-        tokens: dict[tuple[str, str], int] = {}
+        tokens: dict[tuple[str, str, str], int] = {}
+        cached_tokens: dict[tuple[str, str], int] = {}
         cost_micros: dict[tuple[str, str], int] = {}
         # the counters: the sums of the samples the cleanup pruned, plus the samples it keeps
         # (FREIGHT_SAMPLE_RETENTION_SECONDS of them), so pruning changes no total
@@ -155,8 +157,9 @@ def metrics_snapshot(rt: Runtime, now: float) -> MetricsSnapshot:
                 key, (secs, cost, prompt, cached, output) = (row[0], row[1]), row[2:]
                 busy[key] = busy.get(key, 0.0) + float(secs or 0.0)
                 cost_micros[key] = cost_micros.get(key, 0) + as_int(cost)
-                for kind, n in (("prompt", prompt), ("cached", cached), ("output", output)):
-                    tokens[(key[1], kind)] = tokens.get((key[1], kind), 0) + as_int(n)
+                for kind, n in (("prompt", prompt), ("output", output)):
+                    tokens[(*key, kind)] = tokens.get((*key, kind), 0) + as_int(n)
+                cached_tokens[key] = cached_tokens.get(key, 0) + as_int(cached)
         for key, micros in cost_micros.items():
             engine_cost[key] = micros / MICROS_PER_DOLLAR
         # the charge is rounded per batch; batches that cost nothing charge nothing
@@ -204,6 +207,7 @@ def metrics_snapshot(rt: Runtime, now: float) -> MetricsSnapshot:
         engine_busy_seconds=busy,
         engine_cost_dollars=engine_cost,
         tokens=tokens,
+        cached_prompt_tokens=cached_tokens,
         batch_cost_dollars={key: micros / MICROS_PER_DOLLAR for key, micros in sorted(charged.items())},
         sla_batches=dict(sla_batches),
         sla_attainment={
@@ -218,10 +222,8 @@ def _worker_gauges(sample: EngineSample) -> WorkerGauges:
     return WorkerGauges(
         worker=sample.worker,
         model=sample.model,
-        output_tokens_per_second=ratio(sample.output_tokens, sample.seconds),
-        prompt_tokens_per_second=ratio(sample.prompt_tokens, sample.seconds),
         batch_fill=ratio(sample.running_mean, sample.max_num_seqs),
-        cache_hit_rate=ratio(sample.cached_tokens, sample.prompt_tokens),
+        cache_hit=ratio(sample.cached_tokens, sample.prompt_tokens),
         mfu=sample.mfu,
         mbu=sample.mbu,
     )

@@ -3,8 +3,10 @@ PostgreSQL, read back with prometheus_client's own parser."""
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import prometheus_client
 import pytest
@@ -16,6 +18,7 @@ from storage.models import Batch, EngineSample, StoredFile, WorkUnit
 from storage.runtime import Runtime
 
 TOKEN = "scrape-token"
+CHANGELOG = Path(__file__).resolve().parents[2] / "docs" / "changelog.md"
 
 
 def add_batch(s, tenant_id: str, model: str | None, status: str, **columns):
@@ -179,23 +182,22 @@ def test_metrics(runtime, client):
     assert value(m, "freight_work_units", model="demo", status="done") == 1
     assert value(m, "freight_work_units", model="demo", status="failed") == 0
 
-    # worker gauges: w1's latest sample only; w2's is stale; NULL mfu/mbu are left out
-    assert value(m, "freight_worker_batch_fill", worker="w1", model="demo") == 24 / 64
-    assert value(m, "freight_worker_output_tokens_per_second", worker="w1", model="demo") == 100.0
-    assert value(m, "freight_worker_prompt_tokens_per_second", worker="w1", model="demo") == 200.0
-    assert value(m, "freight_worker_cache_hit_rate", worker="w1", model="demo") == 0.25
-    assert value(m, "freight_worker_mfu", worker="w1", model="demo") == 0.3
-    assert value(m, "freight_worker_output_tokens_per_second", worker="w3", model="other") == 20.0
-    assert value(m, "freight_worker_mbu", worker="w3", model="other") == 0.7
+    # worker gauges (0-1, so _ratio): w1's latest sample only; w2's is stale; NULL mfu/mbu are left out
+    assert value(m, "freight_worker_batch_fill_ratio", worker="w1", model="demo") == 24 / 64
+    assert value(m, "freight_worker_cache_hit_ratio", worker="w1", model="demo") == 0.25
+    assert value(m, "freight_worker_mfu_ratio", worker="w1", model="demo") == 0.3
+    assert value(m, "freight_worker_mbu_ratio", worker="w3", model="other") == 0.7
     workers = {
         dict(labels)["worker"]
         for (name, labels) in m
         if name.startswith("freight_worker_")
     }  # fmt: skip
     assert workers == {"w1", "w3"}
-    assert set(named(m, "freight_worker_mfu")) == {frozenset({"worker": "w1", "model": "demo"}.items())}
-    assert set(named(m, "freight_worker_mbu")) == {frozenset({"worker": "w3", "model": "other"}.items())}
-    assert set(named(m, "freight_worker_cache_hit_rate")) == {
+    assert set(named(m, "freight_worker_mfu_ratio")) == {frozenset({"worker": "w1", "model": "demo"}.items())}
+    assert set(named(m, "freight_worker_mbu_ratio")) == {
+        frozenset({"worker": "w3", "model": "other"}.items())
+    }
+    assert set(named(m, "freight_worker_cache_hit_ratio")) == {
         frozenset({"worker": "w1", "model": "demo"}.items())
     }
 
@@ -204,10 +206,17 @@ def test_metrics(runtime, client):
     assert value(m, "freight_engine_busy_seconds_total", worker="w2", model="demo") == 5.0
     assert value(m, "freight_engine_cost_dollars_total", worker="w1", model="demo") == 4000 / 1e6
     assert value(m, "freight_engine_cost_dollars_total", worker="w2", model="demo") == 1 / 1e6
-    assert value(m, "freight_tokens_total", model="demo", kind="prompt") == 1017
-    assert value(m, "freight_tokens_total", model="demo", kind="cached") == 257
-    assert value(m, "freight_tokens_total", model="demo", kind="output") == 513
-    assert value(m, "freight_tokens_total", model="other", kind="output") == 40
+    assert value(m, "freight_tokens_total", worker="w1", model="demo", kind="prompt") == 1010
+    assert value(m, "freight_tokens_total", worker="w2", model="demo", kind="prompt") == 7
+    assert value(m, "freight_tokens_total", worker="w1", model="demo", kind="output") == 510
+    assert value(m, "freight_tokens_total", worker="w3", model="other", kind="output") == 40
+    assert value(m, "freight_cached_prompt_tokens_total", worker="w1", model="demo") == 250
+    assert value(m, "freight_cached_prompt_tokens_total", worker="w2", model="demo") == 7
+    # cached tokens are part of the prompt ones: they have a counter of their own, and a sum over
+    # kind is every token once (1017 prompt + 513 output of demo, not + 257 cached again)
+    assert {dict(labels)["kind"] for labels in named(m, "freight_tokens_total")} == {"prompt", "output"}
+    demo = [v for labels, v in named(m, "freight_tokens_total").items() if dict(labels)["model"] == "demo"]
+    assert sum(demo) == 1017 + 513
 
     # charged per final batch: 3001 x 1.5 -> 4502, 1003 x 1.5 -> 1505; running batches are not charged
     assert value(m, "freight_batch_cost_dollars_total", tenant="alpha", model="demo") == 6007 / 1e6
@@ -229,8 +238,42 @@ def test_metrics_of_an_empty_database_and_per_app_registries(runtime, client):
     # the configured model is listed at 0 before any batch arrives; nothing else has series yet
     assert value(m, "freight_queue_requests", model="demo") == 0
     assert value(m, "freight_batches", status="in_progress", model="demo") == 0
-    assert named(m, "freight_worker_batch_fill") == {} and named(m, "freight_tokens_total") == {}
+    assert named(m, "freight_worker_batch_fill_ratio") == {} and named(m, "freight_tokens_total") == {}
     # a second app registers its own collector; the process-wide default registry has none
     other = metrics_app(runtime).test_client()
     assert scrape(other) == m
     assert prometheus_client.REGISTRY.get_sample_value("freight_queue_requests", {"model": "demo"}) is None
+
+
+def test_metric_names_follow_prometheus_conventions_and_the_old_ones_are_gone(runtime, client):
+    """Every family has series (the seed covers them all); the changelog's table of old -> new
+    names is what operators go by, so it is read here: no old name (or old label value) is served,
+    every new one is."""
+    seed(runtime, int(time.time()))
+    response = client.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+    families = list(text_string_to_metric_families(response.get_data(as_text=True)))
+    served = {s.name for f in families for s in f.samples}
+    for f in families:
+        names = {s.name for s in f.samples}
+        assert "per_second" not in f.name and "_rate" not in f.name, f.name
+        if f.type == "counter":
+            assert names == {f"{f.name}_total"}, names
+        if f.name.endswith("_ratio"):
+            assert f.type == "gauge" and all(0 <= s.value <= 1 for s in f.samples), f.name
+
+    rows = re.findall(
+        r"^\| `(freight_\w+)(\{[^`]*\})?` \| (?:`(freight_\w+)`|\(removed\)) \|", CHANGELOG.read_text(), re.M
+    )
+    assert len(rows) == 7, rows
+    for old, selector, new in rows:
+        if selector:  # a label value that became its own metric
+            label, _, wanted = selector.strip("{}").partition("=")
+            assert not [
+                s
+                for f in families
+                for s in f.samples
+                if s.name == old and s.labels.get(label) == wanted.strip('"')
+            ]
+        else:
+            assert old not in served
+        assert not new or new in served, new

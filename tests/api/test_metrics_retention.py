@@ -28,7 +28,7 @@ def test_counters_survive_pruning(runtime):
                      output_tokens=50, requests=2))  # fmt: skip
     client = metrics_app(runtime).test_client()
     before = scrape(client)
-    assert value(before, "freight_tokens_total", model="demo", kind="prompt") == 1200 * 10 + 100
+    assert value(before, "freight_tokens_total", worker="w1", model="demo", kind="prompt") == 800 * 10 + 100
 
     report = cleanup.run(runtime, t)
     assert report.samples_pruned == 1200
@@ -44,12 +44,18 @@ def test_counters_survive_pruning(runtime):
             assert value(after, name, worker=worker, model="demo") == pytest.approx(
                 value(before, name, worker=worker, model="demo")
             )
-    for kind in ("prompt", "cached", "output"):
-        assert value(after, "freight_tokens_total", model="demo", kind=kind) == value(
-            before, "freight_tokens_total", model="demo", kind=kind
-        )
+    for worker in ("w1", "w2"):
+        for name, labels in (
+            ("freight_tokens_total", {"kind": "prompt"}),
+            ("freight_tokens_total", {"kind": "output"}),
+            ("freight_cached_prompt_tokens_total", {}),
+        ):
+            assert value(after, name, worker=worker, model="demo", **labels) == value(
+                before, name, worker=worker, model="demo", **labels
+            )
+    assert value(after, "freight_cached_prompt_tokens_total", worker="w2", model="demo") == 400 * 4
     # the latest sample still drives the gauges
-    assert value(after, "freight_worker_output_tokens_per_second", worker="w1", model="demo") == 10.0
+    assert value(after, "freight_worker_cache_hit_ratio", worker="w1", model="demo") == 0.25
 
     assert cleanup.run(runtime, t).samples_pruned == 0  # a second pass adds nothing twice
     assert scrape(client) == after
