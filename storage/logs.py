@@ -120,16 +120,21 @@ class JsonFormatter(logging.Formatter):
         for name in CONTEXT_FIELDS:
             if value := getattr(record, name, None):
                 entry[name] = value
-        for key, value in vars(record).items():
-            if key not in _RECORD_ATTRIBUTES and key not in entry and not key.startswith("_"):
-                entry[key] = value
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         elif record.exc_text:
             entry["exception"] = record.exc_text
         if record.stack_info:
             entry["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(entry, ensure_ascii=True, default=str)
+        extra = {
+            key: value
+            for key, value in vars(record).items()
+            if key not in _RECORD_ATTRIBUTES and key not in entry and not key.startswith("_")
+        }
+        try:
+            return json.dumps({**entry, **extra}, ensure_ascii=True, default=str)
+        except ValueError:  # an extra= value that refers to itself: the line without the extras
+            return json.dumps(entry, ensure_ascii=True, default=str)
 
 
 def make_handler(

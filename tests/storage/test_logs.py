@@ -69,8 +69,12 @@ def test_json_lines_carry_the_ids_and_stay_one_object_a_line(restore_root):
         except ValueError:
             log.exception("failed")
     log.info("after")
-    first, failed, after = json_lines(stream.getvalue())
-    assert stream.getvalue().count("\n") == 3 and stream.getvalue().isascii()
+    cyclic: dict = {}
+    cyclic["self"] = cyclic
+    log.info("cyclic", extra={"data": cyclic})  # an extra JSON cannot hold: the line without it
+    first, failed, after, last = json_lines(stream.getvalue())
+    assert stream.getvalue().count("\n") == 4 and stream.getvalue().isascii()
+    assert last["message"] == "cyclic" and "data" not in last
     assert first["message"] == f"file {hostile}" and first["lines"] == 3
     assert (first["request_id"], first["batch_id"], first["role"], first["level"]) == (
         "req_1", "batch_2", "validate", "INFO"
