@@ -164,7 +164,9 @@ def resend_lost_validations(rt: Runtime, now: float, report: TickReport) -> None
         if claimed:
             rt.queue.validate(batch_id)
             report.revalidated.append(batch_id)
-            log.warning("batch %s: its validation was lost; sending it again", batch_id)
+            log.warning(
+                "batch %s: its validation was lost; sending it again", batch_id, extra={"batch_id": batch_id}
+            )
 
 
 def revalidate(rt: Runtime, now: float, report: TickReport) -> None:
@@ -219,7 +221,11 @@ def assess_deadlines(
                 changes,
             )
     for batch_id in report.at_risk:
-        log.warning("batch %s is at risk of missing its deadline at the measured throughput", batch_id)
+        log.warning(
+            "batch %s is at risk of missing its deadline at the measured throughput",
+            batch_id,
+            extra={"batch_id": batch_id},
+        )
     return verdicts
 
 
@@ -290,7 +296,7 @@ def expire_overdue(rt: Runtime, now: int, report: TickReport) -> None:
             stop_batch(s, batch, BatchStatus.EXPIRED, now)
             report.expired.append(batch.id)
     for batch_id in report.expired:
-        log.warning("batch %s expired", batch_id)
+        log.warning("batch %s expired", batch_id, extra={"batch_id": batch_id})
 
 
 def redeliver_stale(rt: Runtime, now: float, report: TickReport) -> None:

@@ -370,7 +370,11 @@ def resend_validation(rt: Runtime, folder_id: str, now: float) -> list[str]:
             ).all()
         )
     for batch_id in stuck:
-        log.warning("batch %s from a drop folder was never sent to validation; sending it now", batch_id)
+        log.warning(
+            "batch %s from a drop folder was never sent to validation; sending it now",
+            batch_id,
+            extra={"batch_id": batch_id},
+        )
         rt.queue.validate(batch_id)
         set_columns(rt, DropObject.batch_id == batch_id, validation_sent_at=time.time())
     return stuck

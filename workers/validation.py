@@ -17,6 +17,7 @@ control processes with these same line rules, then merged into the same shards
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import itertools
 import logging
@@ -470,7 +471,10 @@ class _LeaseKeeper:
         self.row_id = batch_id if row_id is None else row_id
         self.column = VALIDATION_LEASE if model is Batch else "lease_at"
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._renew, name=f"lease-{batch_id}", daemon=True)
+        # in a copy of this context: its lines carry the batch id the task bound (storage/logs.py)
+        self._thread = threading.Thread(
+            target=contextvars.copy_context().run, args=(self._renew,), name=f"lease-{batch_id}", daemon=True
+        )
 
     def __enter__(self) -> _LeaseKeeper:
         self._thread.start()

@@ -163,7 +163,12 @@ def resend_lost_chunks(rt: Runtime, batch_id: str, now: float) -> list[int]:
             s.execute(update(ValidationChunk).where(ValidationChunk.id.in_(lost)).values(sent_at=now))
         s.execute(update(Batch).where(Batch.id == batch_id).values(validation_due_at=now))
     for chunk_id in lost:
-        log.warning("batch %s: chunk %d of its validation was lost; sending it again", batch_id, chunk_id)
+        log.warning(
+            "batch %s: chunk %d of its validation was lost; sending it again",
+            batch_id,
+            chunk_id,
+            extra={"batch_id": batch_id},
+        )
         rt.queue.validate_chunk(batch_id, chunk_id)
     return lost
 

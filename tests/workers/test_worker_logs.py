@@ -1,6 +1,7 @@
 """A control role run as ``freight worker --control --role finalize`` runs it, with
 FREIGHT_LOG_FORMAT=json: every line it writes (Celery's, the task's in its pool process) is a
-JSON object, and the task's lines about a batch carry the batch id."""
+JSON object, and the task's lines about a batch carry the batch id; so do lines about a batch
+written outside its task (a thread of the validation, the tick)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import pytest
 from sqlalchemy import update
 
 from api.services.tenants import create_tenant
+from storage.logs import bound
 from storage.models import Batch
 from storage.runtime import Runtime
 from storage.settings import Settings
@@ -22,6 +25,8 @@ from storage.status import BatchStatus
 from tests.conftest import REPO, json_lines, now
 from tests.factories import chat_line, upload_and_create
 from tests.workers.test_control_roles import batch_row, wait_until, worker_env
+from workers import validation
+from workers.dispatcher import TickReport, expire_overdue
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
@@ -66,3 +71,27 @@ def test_a_task_logs_json_lines_with_its_batch_id(settings: Settings, redis_serv
     # Celery's line after the task returned is about the task, and no longer carries the id
     [succeeded] = [line for line in lines if " succeeded in " in line["message"]]
     assert succeeded["pid"] == done["pid"] and "batch_id" not in succeeded
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_lines_about_a_batch_outside_its_task_carry_its_id(settings: Settings, json_logs) -> None:
+    """The validation's lease keeper logs from a thread of its own; the tick about many batches."""
+    rt = Runtime(replace(settings, lease_seconds=0.2))
+    try:
+        tenant = create_tenant(rt.db, "a", now())[0].id
+        batch_id = upload_and_create(rt, tenant, [chat_line("a")]).id
+        with bound(batch_id=batch_id):  # as the validation task has it
+            keeper = validation._LeaseKeeper(rt, batch_id, token=1.0)  # a lease it does not hold
+        with keeper:
+            deadline = time.monotonic() + 10
+            while "took over" not in json_logs.getvalue():
+                assert time.monotonic() < deadline, json_logs.getvalue()
+                time.sleep(0.02)
+        with rt.db.write() as s:
+            s.execute(update(Batch).where(Batch.id == batch_id).values(expires_at=now() - 1))
+        expire_overdue(rt, now(), TickReport())
+    finally:
+        rt.db.dispose()
+    lines = {line["message"]: line for line in json_lines(json_logs.getvalue())}
+    assert lines[f"batch {batch_id}: another validation took over the lease"]["batch_id"] == batch_id
+    assert lines[f"batch {batch_id} expired"]["batch_id"] == batch_id
