@@ -212,14 +212,17 @@ def engine_config(
     engine_args: Mapping[str, Any] | None = None,
 ):
     """The engine of ``model``: the FREIGHT_ENGINE_* defaults, the model's own engine arguments
-    over them (its registry row: max_model_len, then ``engine_args``). Those Freight reads itself
-    (max_num_seqs sizes the feed, say) replace the matching default; the rest go to vLLM as given.
-    A model's gpu_memory_utilization without a kv_cache_memory_bytes of its own drops the
-    FREIGHT_ENGINE_KV_CACHE_GIB size, which vLLM would otherwise prefer to it."""
+    over them (its registry row: max_model_len, then ``engine_args``); with JSON logs, no progress
+    bar while the weights load, unless the model's own arguments ask for one. Those Freight reads
+    itself (max_num_seqs sizes the feed, say) replace the matching default; the rest go to vLLM
+    as given. A model's gpu_memory_utilization without a kv_cache_memory_bytes of its own drops
+    the FREIGHT_ENGINE_KV_CACHE_GIB size, which vLLM would otherwise prefer to it."""
     from workers.engine import EngineConfig
     from workers.engine_args import CONFIG_FIELDS
 
     extra = dict(engine_args or {})
+    if settings.log_format == "json":  # a progress bar is no log line: none while weights load
+        extra.setdefault("use_tqdm_on_load", False)
     own = {CONFIG_FIELDS[k]: extra.pop(k) for k in list(extra) if k in CONFIG_FIELDS}
     kv_cache_bytes: int | None = int(settings.engine_kv_cache_gib * 1024**3)
     if "gpu_memory_utilization" in extra and "kv_cache_bytes" not in own:

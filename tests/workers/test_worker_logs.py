@@ -26,6 +26,7 @@ from tests.conftest import REPO, json_lines, now
 from tests.factories import chat_line, upload_and_create
 from tests.workers.test_control_roles import batch_row, wait_until, worker_env
 from workers import validation
+from workers.bootstrap import engine_config
 from workers.dispatcher import TickReport, expire_overdue
 
 
@@ -95,3 +96,13 @@ def test_lines_about_a_batch_outside_its_task_carry_its_id(settings: Settings, j
     lines = {line["message"]: line for line in json_lines(json_logs.getvalue())}
     assert lines[f"batch {batch_id}: another validation took over the lease"]["batch_id"] == batch_id
     assert lines[f"batch {batch_id} expired"]["batch_id"] == batch_id
+
+
+def test_json_logs_turn_the_weight_loading_progress_bar_off() -> None:
+    """vLLM draws it with tqdm on the engine's stderr: lines no JSON parser reads."""
+    json_settings = Settings.from_env({"FREIGHT_LOG_FORMAT": "json"})
+    assert engine_config(json_settings, "demo", "/m").engine_args == {"use_tqdm_on_load": False}
+    assert engine_config(json_settings, "demo", "/m", engine_args={"use_tqdm_on_load": True}).engine_args == {
+        "use_tqdm_on_load": True
+    }  # the model's own word wins
+    assert "use_tqdm_on_load" not in engine_config(Settings(), "demo", "/m").engine_args
