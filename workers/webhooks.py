@@ -116,6 +116,7 @@ class _Attempt:
     body: bytes
     attempts: int  # before this one
     first_at: int  # the event's time: the retry schedule runs from it
+    batch_id: str  # whose event: the attempt's log line carries it (storage/logs.py)
 
 
 def deliver(rt: Runtime, delivery_id: int, now: float) -> str | None:
@@ -133,7 +134,8 @@ def deliver(rt: Runtime, delivery_id: int, now: float) -> str | None:
     )
     outcome = _record(rt, delivery_id, attempt, now, status, error)
     log.info("webhook delivery %d (%s) to endpoint %s: %s%s", delivery_id, attempt.event_id,
-             attempt.endpoint_id, outcome, f" ({error})" if error else "")  # fmt: skip
+             attempt.endpoint_id, outcome, f" ({error})" if error else "",
+             extra={"batch_id": attempt.batch_id})  # fmt: skip
     send_due_quietly(rt)  # this endpoint's next one, now that it is free
     return outcome
 
@@ -172,6 +174,7 @@ def _claim(rt: Runtime, delivery_id: int, now: float) -> _Attempt | None:
             event_body(delivery.event_id, delivery.event_type, delivery.created_at, delivery.batch_id),
             delivery.attempts,
             delivery.created_at,
+            delivery.batch_id,
         )
 
 

@@ -1,7 +1,7 @@
 """A control role run as ``freight worker --control --role finalize`` runs it, with
 FREIGHT_LOG_FORMAT=json: every line it writes (Celery's, the task's in its pool process) is a
 JSON object, and the task's lines about a batch carry the batch id; so do lines about a batch
-written outside its task (a thread of the validation, the tick)."""
+written outside its task (a thread of the validation, the tick) and a webhook attempt's."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import update
 
+from api.services import webhooks as webhook_service
 from api.services.tenants import create_tenant
 from storage.logs import bound
 from storage.models import Batch
@@ -24,7 +25,9 @@ from storage.settings import Settings
 from storage.status import BatchStatus
 from tests.conftest import REPO, json_lines, now
 from tests.factories import chat_line, upload_and_create
+from tests.webhook_receiver import start as start_receiver
 from tests.workers.test_control_roles import batch_row, wait_until, worker_env
+from tests.workers.test_webhook_delivery import deliver_due, final_batch
 from workers import validation
 from workers.bootstrap import engine_config
 from workers.dispatcher import TickReport, expire_overdue
@@ -106,3 +109,20 @@ def test_json_logs_turn_the_weight_loading_progress_bar_off() -> None:
         "use_tqdm_on_load": True
     }  # the model's own word wins
     assert "use_tqdm_on_load" not in engine_config(Settings(), "demo", "/m").engine_args
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_webhook_attempts_line_carries_its_batch_id(settings: Settings, json_logs) -> None:
+    rt = Runtime(replace(settings, webhook_allow_private_targets=True))
+    receiver = start_receiver()
+    try:
+        tenant, _ = create_tenant(rt.db, "alpha", now())
+        webhook_service.add(rt, tenant.id, receiver.url("/alpha"), "batch.completed", now())
+        batch_id = final_batch(rt, tenant.id, "completed")
+        assert deliver_due(rt, time.time()) == ["delivered"]
+    finally:
+        receiver.server.shutdown()
+        receiver.server.server_close()
+        rt.db.dispose()
+    [line] = [line for line in json_lines(json_logs.getvalue()) if line["logger"] == "workers.webhooks"]
+    assert line["message"].startswith("webhook delivery ") and line["batch_id"] == batch_id
