@@ -18,6 +18,7 @@ import pytest
 from api.app import create_app
 from api.request_ids import MAX_LENGTH, accepted
 from infra import daemons
+from storage.logs import current
 from storage.migrate import upgrade
 from storage.runtime import Runtime
 from storage.settings import Settings
@@ -67,8 +68,12 @@ def test_plain_ids_are_echoed_and_others_replaced(lone_settings: Settings) -> No
 def test_the_lines_logged_about_a_request_carry_its_id(lone_settings: Settings, json_logs) -> None:
     rt = Runtime(lone_settings)
     client = create_app(runtime=rt).test_client()
+    before = current("request_id")  # None, unless an earlier test left a response unclosed
     sent = client.get("/readyz", headers={"X-Request-Id": "probe-7"})
     assert sent.status_code == 503 and sent.headers["X-Request-Id"] == "probe-7"
+    assert current("request_id") == "probe-7"  # until the server has sent the body and closed it
+    sent.close()
+    assert current("request_id") == before  # the thread's next lines are no longer the request's
     generated = (
         create_app(runtime=rt).test_client().get("/readyz", environ_overrides={"HTTP_X_REQUEST_ID": 'x"}\n'})
     )
