@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from api.request_ids import PATTERN as REQUEST_ID_PATTERN
 from storage.settings import Settings
 from workers.request_bodies import ENDPOINTS
 
@@ -496,6 +497,26 @@ def webhook_paths() -> Schema:
     }
 
 
+REQUEST_ID_HEADER: Schema = {
+    "description": "This request's id, on every response and on the log lines about the request: the "
+    "client's own X-Request-Id if it sent one of 1-128 letters, digits and `. _ : -`, else a new one.",
+    "required": True,
+    "schema": {"type": "string", "pattern": f"^{REQUEST_ID_PATTERN}$"},
+}
+
+
+def with_request_ids(paths: Schema) -> Schema:
+    """Every response of every operation documents the x-request-id header (api/request_ids.py)."""
+    for item in paths.values():
+        for operation in item.values():
+            if isinstance(operation, dict):
+                for response in operation.get("responses", {}).values():
+                    response.setdefault("headers", {})["x-request-id"] = {
+                        "$ref": "#/components/headers/RequestId"
+                    }
+    return paths
+
+
 def openapi_document(settings: Settings) -> Schema:
     return {
         "openapi": "3.1.0",
@@ -507,8 +528,9 @@ def openapi_document(settings: Settings) -> Schema:
         },
         "servers": [{"url": "/"}],
         "security": [{"bearer": []}],
-        "paths": paths(settings),
+        "paths": with_request_ids(paths(settings)),
         "components": {
+            "headers": {"RequestId": REQUEST_ID_HEADER},
             "securitySchemes": {
                 "bearer": {"type": "http", "scheme": "bearer", "description": "A tenant's API key."}
             },

@@ -19,7 +19,10 @@ from storage.logs import set_current
 HEADER = "X-Request-Id"
 ENVIRON_KEY = "freight.request_id"  # the request's id in the WSGI environ (gunicorn's access line reads it)
 MAX_LENGTH = 128
-_ACCEPTED = re.compile(rf"[A-Za-z0-9._:-]{{1,{MAX_LENGTH}}}")
+PATTERN = (
+    rf"[A-Za-z0-9._:-]{{1,{MAX_LENGTH}}}"  # what a client's id must be, whole (the OpenAPI document's too)
+)
+_ACCEPTED = re.compile(PATTERN)
 
 
 def accepted(sent: str | None) -> str | None:

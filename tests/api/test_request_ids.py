@@ -148,3 +148,16 @@ def _answers(url: str) -> bool:
         return get(url)[0] == 200
     except OSError:
         return False
+
+
+def test_the_openapi_document_names_the_header_on_every_response(lone_settings: Settings) -> None:
+    """Schemathesis (tests/api/test_schemathesis.py) then checks every response it gets has it."""
+    document = create_app(lone_settings).test_client().get("/openapi.json").get_json()
+    responses = [
+        response
+        for item in document["paths"].values()
+        for operation in item.values()
+        for response in operation["responses"].values()
+    ]
+    assert len(responses) > 50
+    assert all(r["headers"]["x-request-id"] == {"$ref": "#/components/headers/RequestId"} for r in responses)
