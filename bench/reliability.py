@@ -4,7 +4,7 @@ The scenarios are the tests marked ``reliability`` (fault injection on the live 
 under a hundred polling clients, big uploads, fuzzing, Schemathesis, auth and rate limits). This
 runs them with ``FREIGHT_RELIABILITY_DIR`` set, so each records its figures (at least ``lost``,
 ``duplicated`` and ``server_errors``), and with the load phase longer than in ``make test``; then it
-merges the figures into ``bench/results/reliability.json`` and prints the README's table. The
+merges the figures into ``bench/results/reliability.json`` and prints the table of docs/reliability.md. The
 ``hostile`` scenario (issue 19: one tenant's attacks while two others' batches run) is also written
 as the file's top-level ``hostile`` section.
 

@@ -1,7 +1,7 @@
 """One frozen settings object, read from ``FREIGHT_*`` environment variables.
 
 Every process (API, Celery workers, CLI) builds its settings once with ``Settings.from_env()`` and
-passes the object down; nothing reads the environment anywhere else. The README lists every key.
+passes the object down; nothing reads the environment anywhere else. docs/configuration.md lists every key.
 """
 
 from __future__ import annotations
