@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import fnmatch
+import json
 import re
 from dataclasses import fields
 from pathlib import Path
@@ -236,3 +237,55 @@ def test_every_relative_link_resolves() -> None:
                 if anchor not in {_anchor(h) for h in headings}:
                     wrong.append(f"{_rel(page)}: {target} (no such heading)")
     assert not wrong, "\n".join(wrong)
+
+
+# --- benchmark table -----------------------------------------------------------------------------
+
+RESULTS = REPO / "bench" / "results"
+HISTORY_ONLY = {"dispatcher-before.json"}  # the dispatcher's report before its fixes (bench/README.md)
+
+
+def _benchmark_rows() -> list[list[str]]:
+    text = README.read_text()
+    start = text.index("## Benchmarks")
+    section = text[start : text.index("\n## ", start + 1)]
+    return [row for row in _table_rows(section) if row[0] != "target"]
+
+
+def _targets() -> dict[str, dict[str, tuple[str, float]]]:
+    """targets key -> {result file: (its date or "", value)} over every result file that measured it."""
+    found: dict[str, dict[str, tuple[str, float]]] = {}
+    for path in sorted(RESULTS.glob("*.json")):
+        if path.name in HISTORY_ONLY:
+            continue
+        data = json.loads(path.read_text())
+        if data.get("quick"):
+            continue  # `--quick` is a smoke test of the plumbing, not a measurement
+        for key, target in (data.get("targets") or {}).items():
+            if target.get("value") is not None:
+                found.setdefault(key, {})[path.name] = (data.get("generated_at", ""), target["value"])
+    return found
+
+
+def test_the_benchmark_table_shows_each_targets_latest_figure() -> None:
+    targets = _targets()
+    shown = set()
+    for row in _benchmark_rows():
+        spans = SPAN.findall(row[5])
+        key = spans[-1]
+        shown.add(key)
+        if row[2] == "not measured yet":
+            assert key not in targets, f"{key} has been measured: {targets.get(key)}"
+            continue
+        file = spans[0]
+        assert file in targets.get(key, {}), f"{file} has no figure for {key}"
+        date, value = targets[key][file]
+        latest = max(d for d, _ in targets[key].values())
+        assert date == latest, f"{key}: a later result than {file} ({date}) exists: {targets[key]}"
+        shown_value = float(row[2].replace(",", ""))
+        assert abs(shown_value - value) <= 0.005 + 1e-9, f"{key}: README {row[2]}, {file} {value}"
+        if date:
+            assert date[:10] in row[4], f"{key}: measured {date[:10]}, README says {row[4]}"
+    # every target of the result files has its row (request_rate.json's is control_plane.json's)
+    missing = sorted(set(targets) - shown - {"freight_over_engine"})
+    assert not missing, f"targets without a row in the README's benchmark table: {missing}"
