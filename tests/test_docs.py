@@ -12,7 +12,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from pathlib import Path
 
 import click
@@ -61,6 +61,32 @@ def test_every_setting_has_a_row_with_default_and_meaning() -> None:
     for name in sorted(SETTINGS):
         row = documented[name]
         assert len(row) >= 3 and row[1] and row[2], f"{name}: its row needs a default and a meaning: {row}"
+
+
+def _shown(default: object) -> str:
+    """A default as the configuration table writes it."""
+    if isinstance(default, bool):
+        return str(default).lower()
+    if isinstance(default, tuple):
+        return ",".join(default)
+    return f"{default:g}" if isinstance(default, float) else str(default)
+
+
+def test_the_documented_defaults_are_the_codes() -> None:
+    """Each literal default in the table is the dataclass's; empty ones (derived at start-up, or
+    off) are described in words and not compared."""
+    rows = {name: row for row in _table_rows(CONFIGURATION.read_text()) for name in NAME.findall(row[0])}
+    wrong = []
+    for f in fields(Settings):
+        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        if default in ("", (), {}):
+            continue
+        row = rows[f"FREIGHT_{f.name.upper()}"]
+        position = NAME.findall(row[0]).index(f"FREIGHT_{f.name.upper()}")
+        shown = SPAN.findall(row[1])
+        if position >= len(shown) or shown[position] not in {_shown(default), str(default)}:
+            wrong.append(f"FREIGHT_{f.name.upper()}: code {default!r}, docs {row[1]!r}")
+    assert not wrong, "\n".join(wrong)
 
 
 def test_every_documented_name_exists() -> None:
