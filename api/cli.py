@@ -17,6 +17,7 @@ from api.cli_settings import command_runtime, command_settings, database_errors,
 from api.client_cli import CLIENT_COMMANDS
 from api.models_cli import models
 from api.webhooks_cli import webhooks
+from storage.broker import CONTROL_ROLES
 from storage.logs import configure_settings
 from storage.settings import Settings, SettingsError, metrics_port
 from storage.settings_source import load, shown
@@ -293,14 +294,14 @@ def _exec_bootstrap(*args: str) -> None:
 @click.option("--control", is_flag=True, help="run validation, finalization and dispatch tasks")
 @click.option(
     "--role",
-    type=click.Choice(["tick", "finalize", "validate"]),
+    type=click.Choice(list(CONTROL_ROLES)),
     default=None,
     help="with --control: run this role of the control worker alone (default: every role)",
 )
 @click.option("--name", default=None, help="Celery node name")
 def worker(model: str | None, control: bool, role: str | None, name: str | None) -> None:
     """Run a Celery worker: an engine worker for one model, or the control worker (each of its
-    roles, tick, finalize and validate, in a process pool of its own)."""
+    roles, tick, finalize, validate and webhook, in a process pool of its own)."""
     if bool(model) == control:
         raise click.UsageError("give exactly one of --model NAME or --control")
     if role and not control:
