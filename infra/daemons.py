@@ -1,6 +1,9 @@
 """Start and stop Freight's real backing services as local daemons on loopback.
 
 Used by the pytest fixtures and by ``make run`` / ``make stop``. Nothing here does I/O at import.
+Each ``start_*`` also takes ``host=`` (the address to listen on, 127.0.0.1 by default) and
+``prefix=`` (an argv prefix the daemon runs under, e.g. ``infra.netns.Host.prefix`` to run it
+inside a network namespace that stands for another machine).
 
 Services (each returns a frozen handle with a connection URL, the pid and ``stop()``):
 
@@ -49,7 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 __all__ = [
@@ -509,25 +512,35 @@ def _redis_ping(host: str, port: int, timeout: float = 1.0) -> bool:
     return data.startswith(b"+PONG")
 
 
-def start_redis(run_dir: Path | str, port: int | None = None, *, timeout: float = 30.0) -> RedisService:
-    """``redis-server`` on 127.0.0.1:PORT, no persistence, in its own session; pid file ``redis.pid``."""
+def start_redis(
+    run_dir: Path | str,
+    port: int | None = None,
+    *,
+    timeout: float = 30.0,
+    host: str = HOST,
+    prefix: Sequence[str] = (),
+) -> RedisService:
+    """``redis-server`` on HOST:PORT (127.0.0.1 by default), no persistence, in its own session;
+    pid file ``redis.pid``. ``prefix``: argv it runs under (another machine's namespace)."""
     run_dir = Path(run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     pid_file = run_dir / "redis.pid"
     log_path = run_dir / "redis.log"
     _check_not_running(pid_file, "redis")
-    _ensure_port_free(port, "redis")
+    if not prefix:  # a port of this machine's loopback; another namespace has ports of its own
+        _ensure_port_free(port, "redis")
     binary = _find_binary("redis-server", ["/usr/bin", "/usr/sbin", "/usr/local/bin"])
     # Not --daemonize yes: redis then forks and writes its pid file only after binding, so a
     # failed start could not be told from a slow one. A child in its own session outlives this
     # process just the same (make run), and its pid is known at once.
     cmd = [
+        *prefix,
         binary,
         "--port",
         str(port),
         "--bind",
-        HOST,
+        host,
         "--save",
         "",
         "--appendonly",
@@ -540,14 +553,16 @@ def start_redis(run_dir: Path | str, port: int | None = None, *, timeout: float 
         str(run_dir),
         "--logfile",
         str(log_path),
+        # protected mode answers every client not on loopback with DENIED when there is no
+        # password: on another address (a test network's host) the clients are the other hosts
         "--protected-mode",
-        "yes",
+        "yes" if host == HOST else "no",
     ]
     proc = _spawn(cmd, log_path=log_path, cwd=run_dir, pid_file=pid_file)
     try:
         wait_ready(
-            lambda: _redis_ping(HOST, port),
-            name=f"redis on port {port}",
+            lambda: _redis_ping(host, port),
+            name=f"redis on {host}:{port}",
             timeout=timeout,
             log_path=log_path,
             alive=lambda: proc.poll() is None,
@@ -556,8 +571,8 @@ def start_redis(run_dir: Path | str, port: int | None = None, *, timeout: float 
         stop_pidfile(pid_file, timeout=2)
         raise
     return RedisService(
-        url=f"redis://{HOST}:{port}/0",
-        host=HOST,
+        url=f"redis://{host}:{port}/0",
+        host=host,
         port=port,
         pid=proc.pid,
         pid_file=pid_file,
@@ -679,6 +694,7 @@ class PostgresService:
     user: str = "postgres"
     database: str = "freight"
     start_time: float | None = dataclasses.field(default=None, repr=False)
+    prefix: tuple[str, ...] = ()  # the argv prefix the postmaster was started under (restarts reuse it)
 
     def url_for(self, database: str, driver: str = "psycopg") -> str:
         """SQLAlchemy URL of another database on this server (``driver=""``: plain libpq URL)."""
@@ -726,6 +742,14 @@ def _pg_create_database(host: str, port: int, user: str, name: str, *, exist_ok:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
 
+def _pg_trust_samenet(hba: Path) -> None:
+    """Let clients on the server's own subnets in, as ``initdb --auth=trust`` lets loopback in."""
+    line = "host all all samenet trust\n"
+    text = hba.read_text()
+    if line not in text:
+        hba.write_text(text + line)  # rewritten in place: the file keeps its owner
+
+
 def _pg_select1(host: str, port: int, user: str) -> bool:
     import psycopg
 
@@ -733,13 +757,13 @@ def _pg_select1(host: str, port: int, user: str) -> bool:
         return conn.execute("SELECT 1").fetchone() == (1,)
 
 
-def _pg_options(port: int, data_dir: Path) -> str:
+def _pg_options(port: int, data_dir: Path, host: str = HOST) -> str:
     """The postmaster's ``pg_ctl -o`` options (the same on every start of a cluster)."""
     # The unix socket lives in the data dir when its path fits (max 107 bytes), else none (TCP only).
     sock = data_dir / f".s.PGSQL.{port}"
     sock_dir = str(data_dir) if len(str(sock)) < 100 and not set(str(data_dir)) & set(" '\"\\$`") else ""
     return (
-        f"-p {port} -k '{sock_dir}' -c listen_addresses={HOST} -c fsync=off -c full_page_writes=off "
+        f"-p {port} -k '{sock_dir}' -c listen_addresses={host} -c fsync=off -c full_page_writes=off "
         "-c synchronous_commit=off -c max_connections=200"
     )
 
@@ -752,10 +776,10 @@ def restart_postgres(handle: PostgresService, pause: float = 0.0, timeout: float
     stop_cmd = [pg_ctl, "-D", str(handle.data_dir), "-m", "fast", "-w", "-t", str(int(timeout)), "stop"]
     _run(_as_postgres_cmd(stop_cmd), what="postgres stop", cwd=base, timeout=timeout + 10)
     time.sleep(pause)  # the outage itself
-    opts = _pg_options(handle.port, handle.data_dir)
+    opts = _pg_options(handle.port, handle.data_dir, handle.host)
     start_cmd = [pg_ctl, "-D", str(handle.data_dir), "-l", str(handle.log_path), "-o", opts, "-w"]
     _run(
-        _as_postgres_cmd([*start_cmd, "-t", str(int(timeout)), "start"]),
+        [*handle.prefix, *_as_postgres_cmd([*start_cmd, "-t", str(int(timeout)), "start"])],
         what=f"postgres on port {handle.port}",
         cwd=base,
         timeout=timeout + 10,
@@ -769,20 +793,30 @@ def restart_postgres(handle: PostgresService, pause: float = 0.0, timeout: float
 
 
 def start_postgres(
-    run_dir: Path | str, port: int | None = None, *, database: str = "freight", timeout: float = 60.0
+    run_dir: Path | str,
+    port: int | None = None,
+    *,
+    database: str = "freight",
+    timeout: float = 60.0,
+    host: str = HOST,
+    prefix: Sequence[str] = (),
 ) -> PostgresService:
-    """A PostgreSQL cluster on 127.0.0.1:PORT with trust auth, user ``postgres``, db ``database``.
+    """A PostgreSQL cluster on HOST:PORT (127.0.0.1 by default) with trust auth, user
+    ``postgres``, db ``database``.
 
     ``initdb`` runs only if the data dir has no cluster yet (a restart on the same run_dir keeps
     the data). As root, everything runs as the ``postgres`` OS user. Pid file ``postgres.pid``
-    (second line ``SIGINT``: fast shutdown).
+    (second line ``SIGINT``: fast shutdown). On an address other than loopback the cluster also
+    trusts the subnets that address is on (``samenet``): a test network's other hosts.
+    ``prefix``: argv the postmaster starts under (another machine's namespace).
     """
     run_dir = Path(run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     pid_file = run_dir / "postgres.pid"
     _check_not_running(pid_file, "postgres")
-    _ensure_port_free(port, "postgres")
+    if not prefix:  # a port of this machine's loopback; another namespace has ports of its own
+        _ensure_port_free(port, "postgres")
     initdb, pg_ctl = _pg_binary("initdb"), _pg_binary("pg_ctl")
 
     base, _fallback = _pg_base_dir(run_dir)
@@ -811,8 +845,10 @@ def start_postgres(
     log_path.touch()
     if ids:
         os.chown(log_path, *ids)
+    if host != HOST:
+        _pg_trust_samenet(data_dir / "pg_hba.conf")
 
-    opts = _pg_options(port, data_dir)
+    opts = _pg_options(port, data_dir, host)
     postmaster_pid_file = data_dir / "postmaster.pid"
     entry = read_pidfile(postmaster_pid_file)
     if entry is not None and not pid_alive(entry[0]):
@@ -820,8 +856,8 @@ def start_postgres(
     # -w: pg_ctl waits until the server accepts connections and notices at once if it dies.
     start_cmd = [pg_ctl, "-D", str(data_dir), "-l", str(log_path), "-o", opts, "-w", "-t", str(int(timeout))]
     _run(
-        _as_postgres_cmd([*start_cmd, "start"]),
-        what=f"postgres on port {port}",
+        [*prefix, *_as_postgres_cmd([*start_cmd, "start"])],
+        what=f"postgres on {host}:{port}",
         cwd=base,
         timeout=timeout + 10,
         log_path=log_path,
@@ -832,8 +868,8 @@ def start_postgres(
     pid = entry[0]
     write_pidfile(pid_file, pid, "SIGINT")
     handle = PostgresService(
-        url=f"postgresql+psycopg://postgres@{HOST}:{port}/{database}",
-        host=HOST,
+        url=f"postgresql+psycopg://postgres@{host}:{port}/{database}",
+        host=host,
         port=port,
         pid=pid,
         pid_file=pid_file,
@@ -842,16 +878,17 @@ def start_postgres(
         run_dir=run_dir,
         database=database,
         start_time=_proc_start_time(pid),
+        prefix=tuple(prefix),
     )
     try:
         wait_ready(
-            lambda: _pg_select1(HOST, port, "postgres"),
-            name=f"postgres on port {port}",
+            lambda: _pg_select1(host, port, "postgres"),
+            name=f"postgres on {host}:{port}",
             timeout=10,
             log_path=log_path,
             alive=lambda: pid_alive(pid),
         )
-        _pg_create_database(HOST, port, "postgres", database, exist_ok=True)
+        _pg_create_database(host, port, "postgres", database, exist_ok=True)
     except BaseException:
         handle.stop()
         raise
@@ -948,8 +985,11 @@ def start_seaweedfs(
     secret_key: str = "freight-secret",
     auth: bool = False,
     timeout: float = 60.0,
+    host: str = HOST,
+    prefix: Sequence[str] = (),
 ) -> S3Service:
-    """``weed server`` (master + volume + filer + S3 gateway) on loopback; pid file ``seaweedfs.pid``.
+    """``weed server`` (master + volume + filer + S3 gateway) on HOST (loopback by default); pid
+    file ``seaweedfs.pid``. ``prefix``: argv it runs under (another machine's namespace).
 
     ``auth=False`` (default): no identities, so any access key / secret is accepted, but then
     SeaweedFS 4.x answers ListBuckets with an empty list (use head_bucket to test for a bucket).
@@ -964,7 +1004,8 @@ def start_seaweedfs(
     log_path = run_dir / "seaweedfs.log"
     data_dir = run_dir / "seaweedfs"
     _check_not_running(pid_file, "seaweedfs")
-    _ensure_port_free(s3_port, "seaweedfs")
+    if not prefix:  # a port of this machine's loopback; another namespace has ports of its own
+        _ensure_port_free(s3_port, "seaweedfs")
     binary = _weed_binary()
     data_dir.mkdir(exist_ok=True)
 
@@ -972,12 +1013,13 @@ def start_seaweedfs(
     for key in ("master", "volume", "filer", "master.grpc", "volume.grpc", "filer.grpc", "s3.grpc"):
         ports[key] = free_port(exclude=ports.values())
     cmd = [
+        *prefix,
         binary,
         "-logtostderr",
         "server",
         f"-dir={data_dir}",
-        f"-ip={HOST}",
-        f"-ip.bind={HOST}",
+        f"-ip={host}",
+        f"-ip.bind={host}",
         f"-master.port={ports['master']}",
         f"-master.port.grpc={ports['master.grpc']}",
         f"-volume.port={ports['volume']}",
@@ -1016,7 +1058,7 @@ def start_seaweedfs(
     # master.toml's [master.volume_growth] copy_1, read through viper's WEED_ environment prefix.
     env = {**os.environ, "WEED_MASTER_VOLUME_GROWTH_COPY_1": "1"}
     proc = _spawn(cmd, log_path=log_path, cwd=data_dir, pid_file=pid_file, env=env)
-    endpoint = f"http://{HOST}:{s3_port}"
+    endpoint = f"http://{host}:{s3_port}"
     handle = S3Service(
         endpoint_url=endpoint,
         access_key=access_key,
@@ -1033,8 +1075,8 @@ def start_seaweedfs(
     client = _s3_client(endpoint, access_key, secret_key, handle.region, probe=True)
     try:
         wait_ready(
-            lambda: client.list_buckets() is not None and _weed_has_volume_server(ports["master"]),
-            name=f"seaweedfs S3 on port {s3_port}",
+            lambda: client.list_buckets() is not None and _weed_has_volume_server(host, ports["master"]),
+            name=f"seaweedfs S3 on {host}:{s3_port}",
             timeout=timeout,
             log_path=log_path,
             # after a fatal error (glog "F" line) weed takes 15 s+ to exit: count it as dead
@@ -1057,12 +1099,12 @@ def _weed_fatal(log_path: Path, offset: int) -> bool:
         return False
 
 
-def _weed_has_volume_server(master_port: int) -> bool:
+def _weed_has_volume_server(host: str, master_port: int) -> bool:
     """True once a volume server has registered with the master (writes would fail before)."""
     import json
     import urllib.request
 
-    with urllib.request.urlopen(f"http://{HOST}:{master_port}/dir/status", timeout=2) as resp:
+    with urllib.request.urlopen(f"http://{host}:{master_port}/dir/status", timeout=2) as resp:
         topo = json.load(resp).get("Topology", {})
     for dc in topo.get("DataCenters") or []:
         for rack in dc.get("Racks") or []:
