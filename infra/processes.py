@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -38,6 +39,8 @@ class Stack:
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     commands: dict[str, list[str]] = field(default_factory=dict)  # argv of each process, for restart
     log_offsets: dict[str, int] = field(default_factory=dict)  # log size when each last started
+    # argv every process runs under: () on this machine, ``infra.netns.Host.prefix`` on another
+    prefix: tuple[str, ...] = ()
 
     @property
     def api_url(self) -> str:
@@ -54,7 +57,7 @@ class Stack:
         log = self.log(name)
         self.log_offsets[name] = log.stat().st_size if log.exists() else 0  # logs append across restarts
         self.commands[name] = argv
-        self.processes[name] = spawn(self.run_dir, name, argv, self.env)
+        self.processes[name] = spawn(self.run_dir, name, [*self.prefix, *argv], self.env)
         return self.processes[name]
 
     def started(self, name: str) -> bool:
@@ -143,23 +146,31 @@ def up(
     *,
     engine_timeout: float = 600,
     workers_per_model: int = 1,
+    control_plane: bool = True,
+    prefix: Sequence[str] = (),
 ) -> Stack:
+    """Start the stack in ``run_dir`` and return once every process is ready.
+
+    ``control_plane=False``: the engine workers alone, as on a machine of their own whose API,
+    control worker, beat, database and broker run elsewhere (``workers_per_model=0``: the other
+    way round). ``prefix``: argv every process runs under (``infra.netns.Host.prefix``)."""
     run_dir = Path(run_dir).absolute()
     run_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ if env is None else env)
     env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     env.setdefault("PYTHONUNBUFFERED", "1")
     settings = Settings.from_env(env)
-    stack = Stack(run_dir, settings, env)
+    stack = Stack(run_dir, settings, env, prefix=tuple(prefix))
 
     try:
         broker = urlparse(settings.broker_url)
-        if broker.hostname in ("127.0.0.1", "localhost"):
+        if control_plane and broker.hostname in ("127.0.0.1", "localhost"):
             services.start_redis(run_dir, broker.port or 6379)
 
         from storage.migrate import upgrade
 
-        upgrade(settings.database_url)
+        if control_plane:
+            upgrade(settings.database_url)
         from storage.db import Database
         from storage.registry import served_names
 
@@ -169,23 +180,28 @@ def up(
         finally:
             db.dispose()
 
-        stack.spawn("api", [*FREIGHT, "api"])
-        stack.spawn("control", [*FREIGHT, "worker", "--control"])
+        if control_plane:
+            stack.spawn("api", [*FREIGHT, "api"])
+            stack.spawn("control", [*FREIGHT, "worker", "--control"])
         for model in served:
             for name in engine_names(model, workers_per_model):
                 stack.spawn(name, [*FREIGHT, "worker", "--model", model, "--name", f"{name}@%h"])
-        stack.spawn("beat", [*FREIGHT, "beat"])
-
-        wait_for(
-            lambda: _http_ok(stack.api_url + "/healthz"), "API", 60, stack.processes["api"], stack.log("api")
-        )
-        wait_for(
-            lambda: stack.started("control"),
-            "control worker",
-            120,
-            stack.processes["control"],
-            stack.log("control"),
-        )
+        if control_plane:
+            stack.spawn("beat", [*FREIGHT, "beat"])
+            wait_for(
+                lambda: _http_ok(stack.api_url + "/healthz"),
+                "API",
+                60,
+                stack.processes["api"],
+                stack.log("api"),
+            )
+            wait_for(
+                lambda: stack.started("control"),
+                "control worker",
+                120,
+                stack.processes["control"],
+                stack.log("control"),
+            )
         for model in served:
             for name in engine_names(model, workers_per_model):
                 wait_for(

@@ -20,6 +20,13 @@ from tests.factories import OMIT, chat_line, jsonl
 
 HUGE = 1_000_000  # lines of the largest batch the tests submit
 WINDOWS = "24h,1h,8s"  # 8s: a window short enough to expire during a test
+# the demo model's engine in every live stack: eager (starts in seconds), a small KV cache and batch
+DEMO_ENGINE = {
+    "FREIGHT_ENGINE_ENFORCE_EAGER": "true",
+    "FREIGHT_ENGINE_KV_CACHE_GIB": "0.5",
+    "FREIGHT_ENGINE_MAX_NUM_SEQS": "32",
+    "FREIGHT_ENGINE_DEFAULT_MAX_TOKENS": "16",
+}
 
 
 @dataclass
@@ -50,10 +57,7 @@ def start_live(
         "FREIGHT_BROKER_URL": f"redis://127.0.0.1:{services.free_port()}/0",
         "FREIGHT_API_PORT": str(services.free_port()),
         "FREIGHT_TICK_SECONDS": "1",
-        "FREIGHT_ENGINE_ENFORCE_EAGER": "true",
-        "FREIGHT_ENGINE_KV_CACHE_GIB": "0.5",
-        "FREIGHT_ENGINE_MAX_NUM_SEQS": "32",
-        "FREIGHT_ENGINE_DEFAULT_MAX_TOKENS": "16",
+        **DEMO_ENGINE,
         # metering: $3.60/h is $0.001 per engine second; rough figures for a 2-core AVX-512 VM
         "FREIGHT_INSTANCE_PRICE_PER_HOUR": "3.6",
         "FREIGHT_ACCELERATOR_PEAK_TFLOPS": "0.5",
