@@ -22,6 +22,18 @@ from sqlalchemy.orm import Session, sessionmaker
 from storage.private_files import create_private_file, make_private_dir
 
 _IMMEDIATE = "freight_sqlite_immediate"
+# A client host that vanishes mid-transaction (power, network) keeps its row locks on the server
+# until the server finds its connection dead: by default after TCP keepalive's two idle hours, and
+# meanwhile the dispatcher's redelivery of that host's units waits on the locks. Each PostgreSQL
+# session asks the server to probe an idle client after 5 s, every 2 s, and drop it after 3
+# unanswered probes, and to drop one whose sent data stays unacknowledged for 10 s (ms): a dead
+# host's locks go about 11 s after it fell silent (tests/storage/test_db_dead_client.py).
+DEAD_CLIENT_SETTINGS = {
+    "tcp_keepalives_idle": "5",
+    "tcp_keepalives_interval": "2",
+    "tcp_keepalives_count": "3",
+    "tcp_user_timeout": "10000",
+}
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -81,7 +93,19 @@ def transaction_lock(s: Session, name: str, wait: bool = True) -> bool:
 
 def _make_engine(url: str) -> Engine:
     if not url.startswith("sqlite"):
-        return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
+        engine = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
+        if engine.dialect.name == "postgresql":
+
+            @event.listens_for(engine, "connect")
+            def _server_watches_client(dbapi_connection, _record):
+                # SET, not a startup option: connection poolers refuse unknown startup options
+                cursor = dbapi_connection.cursor()
+                for name, value in DEAD_CLIENT_SETTINGS.items():
+                    cursor.execute(f"SET {name} = {value}")
+                cursor.close()
+                dbapi_connection.commit()
+
+        return engine
 
     path = url.split("///", 1)[-1]
     if path and path != ":memory:":
