@@ -301,6 +301,7 @@ def test_a_batch_spans_hosts_survives_losing_one_and_takes_it_back(hosts: Hosts,
     net.restore(VICTIM)
     back = time.monotonic()
     wait_for(lambda: connect(net.hosts[VICTIM], svc.address, PORTS["postgres"])[0], "engine-a's way back", 30)
+    way_back_s = time.monotonic() - back
     victim.start_process(WORKER, timeout=300)
     rejoin_s = time.monotonic() - back
     lines2 = long_lines("two", REQUESTS, TOKENS)
@@ -329,6 +330,7 @@ def test_a_batch_spans_hosts_survives_losing_one_and_takes_it_back(hosts: Hosts,
         "taken_over_s": round(taken_over_s, 1),
         "recovery_s": round(recovery_s, 1),
         "recovery_bound_s": RECOVERY_BOUND_S,
+        "way_back_s": round(way_back_s, 1),  # link up to the services host answering engine-a
         "rejoin_s": round(rejoin_s, 1),
         "batch2_requests_by_host": second_by_host,
         "batch2_s": round(second_s, 1),
