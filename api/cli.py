@@ -32,8 +32,10 @@ def _settings() -> Settings:
 def _logging_settings() -> Settings:
     """The settings the command's logging follows; the defaults if they cannot be read (the
     command then says why, if it needs them: a tenant command does not)."""
-    try:
-        return load()[0]
+    try:  # on a copy: load() adds a settings file's values to the environment it reads, and
+        # the command's own load() must still find the environment as the shell left it (and so
+        # say in `freight config` that the settings came from the file)
+        return load(dict(os.environ))[0]
     except SettingsError:
         return Settings()
 

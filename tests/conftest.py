@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from infra import daemons as services
+from storage.logs import bound
 from storage.migrate import upgrade
 from storage.runtime import Runtime
 from storage.settings import Settings
@@ -25,6 +26,15 @@ from storage.settings import Settings
 REPO = Path(__file__).resolve().parent.parent
 DEMO_MODEL = REPO / "models" / "demo"
 ARTIFACTS = REPO / "test-artifacts"
+
+
+@pytest.fixture(autouse=True)
+def no_log_ids() -> Iterator[None]:
+    """Each test starts with no request or batch id bound to its log lines: a Flask test client's
+    response that is never closed leaves its request's id set in this thread (a WSGI server always
+    closes the response, which sets the id back)."""
+    with bound(request_id=None, batch_id=None):
+        yield
 
 
 @pytest.fixture(scope="session")
