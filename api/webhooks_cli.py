@@ -81,11 +81,7 @@ def list_(tenant: str, as_json: bool) -> None:
 @TENANT
 def disable(endpoint_id: str, tenant: str) -> None:
     """Stop sending to ENDPOINT_ID; its deliveries wait until it is enabled."""
-    from api.services import webhooks as service
-
-    with command_runtime(command_settings()[0]) as rt:
-        service.set_enabled(rt, service.tenant_id_of(rt, tenant), endpoint_id, False, int(time.time()))
-    click.echo(f"disabled webhook endpoint {endpoint_id}")
+    _set_enabled(endpoint_id, tenant, False)
 
 
 @webhooks.command("enable")
@@ -93,11 +89,15 @@ def disable(endpoint_id: str, tenant: str) -> None:
 @TENANT
 def enable(endpoint_id: str, tenant: str) -> None:
     """Send to ENDPOINT_ID again; its pending deliveries resume."""
+    _set_enabled(endpoint_id, tenant, True)
+
+
+def _set_enabled(endpoint_id: str, tenant: str, enabled: bool) -> None:
     from api.services import webhooks as service
 
     with command_runtime(command_settings()[0]) as rt:
-        service.set_enabled(rt, service.tenant_id_of(rt, tenant), endpoint_id, True, int(time.time()))
-    click.echo(f"enabled webhook endpoint {endpoint_id}")
+        service.set_enabled(rt, service.tenant_id_of(rt, tenant), endpoint_id, enabled, int(time.time()))
+    click.echo(f"{'enabled' if enabled else 'disabled'} webhook endpoint {endpoint_id}")
 
 
 @webhooks.command("remove")
