@@ -13,31 +13,27 @@ import time
 
 import click
 
-from api.cli_settings import command_runtime, command_settings, database_errors, echo_json, require_schema
+from api.cli_settings import (
+    command_runtime,
+    command_settings,
+    database_errors,
+    echo_json,
+    logging_settings,
+    require_schema,
+)
 from api.client_cli import CLIENT_COMMANDS
 from api.models_cli import models
 from api.webhooks_cli import webhooks
 from storage.broker import CONTROL_ROLES
 from storage.logs import configure_settings
-from storage.settings import Settings, SettingsError, metrics_port
-from storage.settings_source import load, shown
+from storage.settings import Settings, metrics_port
+from storage.settings_source import shown
 
 
 def _settings() -> Settings:
     """The command's settings (the environment, or the stack's settings file: see
     storage/settings_source.py); what it makes from here on is private."""
     return command_settings()[0]
-
-
-def _logging_settings() -> Settings:
-    """The settings the command's logging follows; the defaults if they cannot be read (the
-    command then says why, if it needs them: a tenant command does not)."""
-    try:  # on a copy: load() adds a settings file's values to the environment it reads, and
-        # the command's own load() must still find the environment as the shell left it (and so
-        # say in `freight config` that the settings came from the file)
-        return load(dict(os.environ))[0]
-    except SettingsError:
-        return Settings()
 
 
 class FreightGroup(click.Group):
@@ -82,7 +78,7 @@ def main() -> None:
     database could not be reached, or the database is not migrated (`freight db upgrade`); 4 a
     batch waited for (submit --wait) ended other than completed.
     """
-    configure_settings(_logging_settings())
+    configure_settings(logging_settings())
     # Alembic's set-up lines would precede every command's output; `db upgrade` shows its steps
     logging.getLogger("alembic").setLevel(logging.WARNING)
 

@@ -30,11 +30,42 @@ class CommandError(click.ClickException):
         self.exit_code = exit_code
 
 
+# where a command invocation keeps its one load of the settings (the root click context's meta)
+_LOADED = "freight.settings"
+
+
+def invocation_settings() -> tuple[Settings, SettingsSource]:
+    """The invocation's settings and their source, read once (raises SettingsError): load() adds a
+    settings file's values to the environment, so a second load would find them there and
+    mistake the file for the shell's environment (and it costs a second parse). Outside a click
+    invocation, a fresh load."""
+    ctx = click.get_current_context(silent=True)
+    meta = ctx.find_root().meta if ctx is not None else {}
+    if _LOADED not in meta:
+        try:
+            meta[_LOADED] = load()
+        except SettingsError as exc:
+            meta[_LOADED] = exc
+    loaded: tuple[Settings, SettingsSource] | SettingsError = meta[_LOADED]
+    if isinstance(loaded, SettingsError):
+        raise loaded
+    return loaded
+
+
+def logging_settings() -> Settings:
+    """The settings the command's logging follows; the defaults if they cannot be read (the
+    command then says why, if it needs them: a tenant command does not)."""
+    try:
+        return invocation_settings()[0]
+    except SettingsError:
+        return Settings()
+
+
 def command_settings() -> tuple[Settings, SettingsSource]:
     """The command's settings and their source; from here on everything it (or what it execs)
     makes is private (umask 077, the data folder 0700: see storage/private_files.py)."""
     try:
-        settings, source = load()
+        settings, source = invocation_settings()
     except SettingsError as exc:
         raise click.ClickException(str(exc)) from exc
     try:

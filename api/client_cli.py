@@ -26,7 +26,13 @@ from typing import IO, Any
 
 import click
 
-from api.cli_settings import EXIT_NOT_COMPLETED, EXIT_UNREACHABLE, CommandError, echo_json
+from api.cli_settings import (
+    EXIT_NOT_COMPLETED,
+    EXIT_UNREACHABLE,
+    CommandError,
+    echo_json,
+    invocation_settings,
+)
 
 FINAL = ("completed", "failed", "expired", "cancelled")
 STATUSES = ("validating", "in_progress", "finalizing", "cancelling", *FINAL)
@@ -44,10 +50,9 @@ def local_target() -> tuple[str, str | None]:
     """The API URL of the stack this command belongs to (its settings: the environment or the
     stack's settings file) and, when that file is one `make run` wrote, the demo tenant's key."""
     from storage.settings import SettingsError
-    from storage.settings_source import load
 
     try:
-        settings, source = load()
+        settings, source = invocation_settings()
     except SettingsError as exc:
         raise ClientError(str(exc)) from None
     host = "127.0.0.1" if settings.api_host in ("", "0.0.0.0", "::") else settings.api_host

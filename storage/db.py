@@ -99,9 +99,12 @@ def _make_engine(url: str) -> Engine:
             @event.listens_for(engine, "connect")
             def _server_watches_client(dbapi_connection, _record):
                 # SET, not a startup option: connection poolers refuse unknown startup options
+                # one round trip: set_config(name, value, is_local=false) is SET as a function
+                calls = ", ".join(
+                    f"set_config('{name}', '{value}', false)" for name, value in DEAD_CLIENT_SETTINGS.items()
+                )
                 cursor = dbapi_connection.cursor()
-                for name, value in DEAD_CLIENT_SETTINGS.items():
-                    cursor.execute(f"SET {name} = {value}")
+                cursor.execute(f"SELECT {calls}")
                 cursor.close()
                 dbapi_connection.commit()
 

@@ -140,6 +140,27 @@ def children_of(pid: int) -> list[int]:
     return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
+def bytes_written(pid: int) -> int:
+    """What the process has written to any file, pipe or socket (``wchar`` of /proc/PID/io)."""
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("wchar:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no wchar in /proc/{pid}/io")
+
+
+def quiet_bytes_written(pid: int, quiet: float = 0.3, timeout: float = 30) -> int:
+    """``bytes_written`` once it has not changed for ``quiet`` seconds (the process is idle)."""
+    deadline = time.monotonic() + timeout
+    last, since = bytes_written(pid), time.monotonic()
+    while time.monotonic() - since < quiet:
+        assert time.monotonic() < deadline, f"process {pid} kept writing"
+        time.sleep(0.01)
+        now_written = bytes_written(pid)
+        if now_written != last:
+            last, since = now_written, time.monotonic()
+    return last
+
+
 @pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 def test_the_control_worker_runs_each_role_in_its_own_pool(settings, redis_service, tmp_path):
     settings = replace(
@@ -187,12 +208,16 @@ def test_the_control_worker_runs_each_role_in_its_own_pool(settings, redis_servi
 
         # one stuck past the soft limit (its process stopped) is killed at the hard limit (10 s
         # later) and its batch failed all the same
-        stuck = upload_and_create(rt, tenant, lines, name="stuck.jsonl").id
         [pool] = children_of(next(p for p in roles if role_of(p) == "validate"))
-        deadline = time.monotonic() + 10
-        while batch_row(rt, stuck).validation_heartbeat_at is None:  # it started
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        idle = quiet_bytes_written(pool)  # after its last writes for the task before (its result)
+        stuck = upload_and_create(rt, tenant, lines, name="stuck.jsonl").id
+        # stopped the moment it takes the task: its first write is the acceptance it sends the pool
+        # (the limits count from it), so the stop lands well inside the 0.5 s soft limit however
+        # slow the machine (the batch's heartbeat, a database round trip later, did not always)
+        deadline = time.monotonic() + 30
+        while bytes_written(pool) == idle:
+            assert time.monotonic() < deadline, "the validation of stuck.jsonl did not start"
+            time.sleep(0.001)
         os.kill(pool, signal.SIGSTOP)
         wait_final(rt, stuck, 40)
         [error] = batch_row(rt, stuck).errors["data"]
