@@ -47,6 +47,7 @@ TASK_QUEUES = {
     "freight.deliver_dropfolder_object": FINALIZE_QUEUE,
     "freight.validate_batch": VALIDATE_QUEUE,
     "freight.validate_chunk": VALIDATE_QUEUE,
+    "freight.estimate": VALIDATE_QUEUE,
     "freight.deliver_webhook": WEBHOOK_QUEUE,
 }
 # what sending a task raises when the broker cannot be reached (after kombu's own retries)
@@ -108,6 +109,10 @@ class TaskQueue:
     def validate_chunk(self, batch_id: str, chunk_id: int) -> None:
         """One chunk of a large input: any validation process of any control worker may take it."""
         self.celery.send_task("freight.validate_chunk", args=[batch_id, chunk_id], queue=VALIDATE_QUEUE)
+
+    def estimate(self, estimate_id: str) -> None:
+        """A dry run: its file read as validation reads a batch's, on the validation role."""
+        self.celery.send_task("freight.estimate", args=[estimate_id], queue=VALIDATE_QUEUE)
 
     def finalize(self, batch_id: str) -> None:
         self.celery.send_task("freight.finalize_batch", args=[batch_id], queue=FINALIZE_QUEUE)

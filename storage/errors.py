@@ -23,7 +23,15 @@ KINDS = frozenset(
 
 
 class ServiceError(Exception):
-    def __init__(self, kind: str, message: str, *, param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: int | None = None,  # seconds: when asking again may succeed (a rate_limited one)
+    ) -> None:
         if kind not in KINDS:
             raise ValueError(f"unknown ServiceError kind {kind!r}")
         super().__init__(message)
@@ -31,3 +39,4 @@ class ServiceError(Exception):
         self.message = message
         self.param = param
         self.code = code
+        self.retry_after = retry_after

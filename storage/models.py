@@ -30,6 +30,7 @@ from storage.status import (  # UnitStatus: re-exported for callers
     ChunkStatus,
     DeliveryStatus,
     EndpointStatus,
+    EstimateStatus,
     UnitStatus,
 )
 
@@ -192,6 +193,30 @@ Index(
     Batch.status,
     func.coalesce(Batch.completed_at, Batch.failed_at, Batch.expired_at, Batch.cancelled_at),
 )
+
+
+class Estimate(Base):
+    """A dry run of a batch (``POST /v1/batches`` with ``dry_run: true``): the file validated as a
+    batch's would be, and what running it should take and cost (``workers/estimates.py``). Nothing
+    runs and no batch is made; the row holds the request, then the answer."""
+
+    __tablename__ = "estimates"
+    __table_args__ = (Index("ix_estimates_tenant_status", "tenant_id", "status"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("estimate_"))
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    # not a foreign key: the file may be deleted after the estimate; the estimate then fails
+    input_file_id: Mapped[str] = mapped_column(String(40))
+    endpoint: Mapped[str] = mapped_column(String(64))
+    completion_window: Mapped[str] = mapped_column(String(16))
+    price_multiplier: Mapped[float] = mapped_column(Float)  # its tier's, when it was asked for
+    metadata_: Mapped[dict[str, str] | None] = mapped_column("metadata", JSON)  # default_* for the lines
+    status: Mapped[str] = mapped_column(String(16), default=EstimateStatus.VALIDATING)
+    model: Mapped[str | None] = mapped_column(String(200))  # known once the lines are read
+    errors: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # as a batch's: {"object": "list", ...}
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # scheduler.estimate.summary()
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    finished_at: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class BatchRollup(Base):

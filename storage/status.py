@@ -153,6 +153,19 @@ def chunk_source(to: str) -> str:
     return source
 
 
+# -- estimates -----------------------------------------------------------------------------------
+
+
+class EstimateStatus:
+    """A dry run (``storage.models.Estimate``): ``validating`` until its task has read the file,
+    then ``completed`` (the file would validate; the estimate is there) or ``failed`` (it would not,
+    and ``errors`` says why, as a batch's would; or the estimate could not be made)."""
+
+    VALIDATING = "validating"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
 # -- webhooks ------------------------------------------------------------------------------------
 
 
