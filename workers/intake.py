@@ -158,23 +158,27 @@ def check_request(rt: Runtime, payload: Any) -> BatchRequest:
     return BatchRequest(input_file_id, endpoint, window, tier, metadata, priority, output_expires_after)
 
 
-def add(
-    s: Session, tenant_id: str, request: BatchRequest, now: int, settings: Settings | None = None
-) -> Batch:
-    """The new ``validating`` batch, added in the caller's transaction; the caller enqueues its
-    validation after the commit. With ``settings``, the tenant's quotas are checked (every entry
-    point passes them; a test or benchmark building rows directly may not)."""
-    source = s.get(StoredFile, request.input_file_id)
+def input_file(s: Session, tenant_id: str, file_id: str, now: float) -> StoredFile:
+    """The tenant's live batch input ``file_id``; another tenant's file answers as an unknown one."""
+    source = s.get(StoredFile, file_id)
     if source is None or source.tenant_id != tenant_id or not live(source, now):
-        raise ServiceError(
-            "not_found", f"No such File object: {request.input_file_id}", param="input_file_id"
-        )
+        raise ServiceError("not_found", f"No such File object: {file_id}", param="input_file_id")
     if source.purpose != "batch":
         raise ServiceError(
             "invalid_request",
             "input_file_id must be a file uploaded with purpose=batch",
             param="input_file_id",
         )
+    return source
+
+
+def add(
+    s: Session, tenant_id: str, request: BatchRequest, now: int, settings: Settings | None = None
+) -> Batch:
+    """The new ``validating`` batch, added in the caller's transaction; the caller enqueues its
+    validation after the commit. With ``settings``, the tenant's quotas are checked (every entry
+    point passes them; a test or benchmark building rows directly may not)."""
+    input_file(s, tenant_id, request.input_file_id, now)
     if settings is not None:
         check_new_batch(s, settings, tenant_id)
     batch = Batch(

@@ -90,6 +90,7 @@ def register(app: Celery) -> None:
         dispatcher,
         dropfolder_delivery,
         dropfolders,
+        estimates,
         execution,
         finalize,
         validation,
@@ -111,6 +112,7 @@ def register(app: Celery) -> None:
     limits = {  # task -> (soft limit in seconds, the setting that gives it)
         "freight.validate_batch": (settings.validation_time_limit_seconds, "VALIDATION"),
         "freight.validate_chunk": (settings.validation_time_limit_seconds, "VALIDATION"),
+        "freight.estimate": (settings.validation_time_limit_seconds, "VALIDATION"),
         "freight.finalize_batch": (settings.finalize_time_limit_seconds, "FINALIZE"),
         "freight.scan_dropfolder": (settings.finalize_time_limit_seconds, "FINALIZE"),
         "freight.deliver_dropfolder_object": (settings.finalize_time_limit_seconds, "FINALIZE"),
@@ -236,6 +238,16 @@ def register(app: Celery) -> None:
     @limited("freight.validate_chunk")
     def validate_chunk(self: Task, batch_id: str, chunk_id: int) -> None:
         validation_chunks.validate_chunk(runtime_of(app), batch_id, chunk_id)
+
+    def estimate_failed(rt: Runtime, error: str, estimate_id: str) -> None:
+        estimates.fail(rt, estimate_id, f"the estimate failed: {error}")
+
+    # a dry run (workers/estimates.py): the file read as validation reads it, nothing run
+    @task("freight.estimate", on_failure=killed(estimate_failed))
+    @guarded(lambda error, estimate_id: estimate_failed(runtime_of(app), error, estimate_id))
+    @limited("freight.estimate")
+    def estimate(self: Task, estimate_id: str) -> None:
+        estimates.run(runtime_of(app), estimate_id)
 
     def pack_failed(
         error: str,

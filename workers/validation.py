@@ -601,6 +601,24 @@ def _validate(rt: Runtime, batch_id: str, input_key: str, endpoint: str, default
     conclude(rt, batch_id, summary, shard_keys, started)
 
 
+def error_list(summary: ScanResult) -> dict[str, Any]:
+    """A failed file's errors as the batch object shows them: the listed lines, then a count of
+    the rest when the cap (FREIGHT_MAX_LISTED_ERRORS) left some out."""
+    data = [e.as_openai() for e in summary.errors]
+    if summary.errors and summary.errors[0].line == 0:  # not about a line: the whole file
+        data[0]["line"] = None
+    if summary.error_count > len(data):
+        data.append(
+            {
+                "code": "too_many_errors",
+                "message": f"{summary.error_count} lines failed validation; the first {len(data)} are listed",
+                "param": None,
+                "line": None,
+            }
+        )
+    return {"object": "list", "data": data}
+
+
 def conclude(rt: Runtime, batch_id: str, summary: ScanResult, shard_keys: list[str], started: float) -> None:
     """Plan the shards into units and commit the outcome from ``validating``: ``in_progress`` with
     its units, or ``failed`` with its errors (or refused by quota or admission)."""
@@ -649,19 +667,7 @@ def conclude(rt: Runtime, batch_id: str, summary: ScanResult, shard_keys: list[s
             finish_batch(s, batch, BatchStatus.FAILED, now)
             log.warning("batch %s refused: %s", batch_id, admission.warning)
         elif summary.error_count:
-            data = [e.as_openai() for e in summary.errors]
-            if summary.errors and summary.errors[0].line == 0:  # not about a line: the whole file
-                data[0]["line"] = None
-            if summary.error_count > len(data):
-                data.append(
-                    {
-                        "code": "too_many_errors",
-                        "message": f"{summary.error_count} lines failed validation; the first {len(data)} are listed",
-                        "param": None,
-                        "line": None,
-                    }
-                )
-            batch.errors = {"object": "list", "data": data}
+            batch.errors = error_list(summary)
             batch.request_total = 0
             finish_batch(s, batch, BatchStatus.FAILED, now)
         else:

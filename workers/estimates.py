@@ -1,0 +1,276 @@
+"""A price before the run: ``POST /v1/batches`` with ``dry_run: true`` (and ``freight estimate``)
+validates the file exactly as a batch's is validated and answers what running it should take and
+cost, without making a batch or running anything.
+
+Why a job, polled, and not an answer in the HTTP request: validating a line means vLLM's request
+models and the model's own tokenizer and chat template, which live on the control workers (an API
+host needs no engine install and no checkpoint: docs/deployment.md), and a file of two million
+lines takes minutes to read, tokenize and sort: no HTTP request should hang that long, nor hold one
+of the API's few processes. So the create answers at once with an estimate object in
+``validating`` (its id ``estimate_…``), a task on the validation role (``freight.estimate``) reads
+the file once in bounded memory (the same ``scan_lines`` and external sort as validation, the same
+limits: FREIGHT_MAX_REQUESTS_PER_FILE, the upload's byte limit, FREIGHT_SORT_MEMORY_MB), and
+``GET /v1/batches/{estimate_id}`` (``client.batches.retrieve``) returns it, ``completed`` with the
+estimate or ``failed`` with the file's errors as a batch's would list them. A tenant has at most
+FREIGHT_TENANT_VALIDATIONS estimates waiting at once (then 429), so dry runs cannot crowd the
+validation queue other tenants' batches wait in.
+
+Known limit: an estimate whose task message is lost (the broker's data lost) stays ``validating``;
+nothing sends it again, and asking again makes a new one once the wait (FREIGHT_VALIDATION_TIME_LIMIT_SECONDS)
+frees the tenant's turn.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import struct
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from sqlalchemy import delete, func, select
+
+from scheduler.estimate import History, PlanTotals, engine_rate, summary, typical_output
+from scheduler.ordering import sort_records
+from scheduler.unit_plan import kv_block_size
+from storage.broker import BROKER_ERRORS
+from storage.errors import ServiceError
+from storage.models import Batch, EngineSample, Estimate, StoredFile, WorkUnit
+from storage.registry import lookup
+from storage.request_tables import RowError, decode_limits, metadata_defaults
+from storage.retention import live
+from storage.runtime import Runtime
+from storage.settings import Settings
+from storage.status import EstimateStatus, UnitStatus
+from workers import intake
+from workers.batch_input import open_requests
+from workers.prompt_tokens import TokenizerUnavailable
+from workers.validation import (
+    ScanResult,
+    _line_error,
+    _name_columns,
+    error_list,
+    file_rules,
+    scan_lines,
+    spill_dir,
+    tokenizer_failure,
+)
+
+log = logging.getLogger(__name__)
+
+ID_PREFIX = "estimate_"
+ESTIMATE_RETRY_AFTER_SECONDS = 5  # a small file's estimate takes about this long
+# sort payload of one request: prompt length, output budget (tokens), whether the length is exact
+_ROW = struct.Struct(">IIB")
+
+
+def dry_run_requested(payload: Any) -> bool:
+    """The create body's ``dry_run``: absent or false makes a batch; anything but a boolean is a 400."""
+    value = payload.get("dry_run", False) if isinstance(payload, dict) else False
+    if not isinstance(value, bool):
+        raise ServiceError("invalid_request", "dry_run must be a boolean (true or false)", param="dry_run")
+    return value
+
+
+def create(rt: Runtime, tenant_id: str, payload: Any) -> Estimate:
+    """A dry run of a batch create: the same checks of the request and of the file (the tenant's
+    own, live, purpose ``batch``), then the estimate row, committed, and its task sent."""
+    request = intake.check_request(rt, payload)
+    settings: Settings = rt.settings
+    now = int(time.time())
+    with rt.db.write() as s:
+        intake.input_file(s, tenant_id, request.input_file_id, now)
+        waiting = s.scalar(
+            select(func.count())
+            .select_from(Estimate)
+            .where(
+                Estimate.tenant_id == tenant_id,
+                Estimate.status == EstimateStatus.VALIDATING,
+                Estimate.created_at > now - settings.validation_time_limit_seconds,
+            )
+        )
+        if (waiting or 0) >= settings.tenant_validations:
+            raise ServiceError(
+                "rate_limited",
+                f"{waiting} estimates of yours are still being made (at most {settings.tenant_validations}"
+                " at once): retrieve them, then ask again",
+                code="too_many_estimates",
+                retry_after=ESTIMATE_RETRY_AFTER_SECONDS,
+            )
+        row = Estimate(
+            tenant_id=tenant_id,
+            input_file_id=request.input_file_id,
+            endpoint=request.endpoint,
+            completion_window=request.window,
+            price_multiplier=request.tier.price_multiplier,
+            metadata_=request.metadata,
+            status=EstimateStatus.VALIDATING,
+            created_at=now,
+        )
+        s.add(row)
+        s.flush()
+    try:
+        rt.queue.estimate(row.id)  # after the commit that made the row
+    except BROKER_ERRORS:
+        with rt.db.write() as s:
+            s.execute(delete(Estimate).where(Estimate.id == row.id))
+        raise
+    return row
+
+
+def get(rt: Runtime, tenant_id: str, estimate_id: str) -> Estimate:
+    with rt.db.read() as s:
+        row = s.get(Estimate, estimate_id)
+    if row is None or row.tenant_id != tenant_id:
+        raise ServiceError("not_found", f"No such estimate: {estimate_id[:100]}", param="batch_id")
+    return row
+
+
+def run(rt: Runtime, estimate_id: str) -> None:
+    """The ``freight.estimate`` task: read the file, record the answer. Safe to run twice (only a
+    ``validating`` estimate is worked on, and only one answer is recorded)."""
+    now = time.time()
+    with rt.db.read() as s:
+        row = s.get(Estimate, estimate_id)
+        if row is None or row.status != EstimateStatus.VALIDATING:
+            return
+        source = s.get(StoredFile, row.input_file_id)
+        input_key = source.object_key if source is not None and live(source, now) else None
+    if input_key is None:
+        fail(rt, estimate_id, f"the input file {row.input_file_id} was deleted before it was read")
+        return
+    try:
+        scanned, result = estimate_file(
+            rt,
+            row.tenant_id,
+            input_key,
+            row.endpoint,
+            metadata_defaults(row.metadata_),
+            row.price_multiplier,
+            now,
+        )
+    except TokenizerUnavailable as exc:
+        scanned, result = tokenizer_failure(estimate_id, str(exc)), None
+    with rt.db.write() as s:
+        row = s.get(Estimate, estimate_id, with_for_update=True)
+        if row is None or row.status != EstimateStatus.VALIDATING:
+            return
+        row.model = scanned.model
+        row.finished_at = int(time.time())
+        row.result = result
+        if scanned.error_count:  # the batch would fail validation: the same errors, nothing estimated
+            row.errors = error_list(scanned)
+            row.status = EstimateStatus.FAILED
+        else:
+            row.status = EstimateStatus.COMPLETED
+
+
+def fail(rt: Runtime, estimate_id: str, error: str) -> None:
+    """An estimate that could not be made (its file gone, a fault of its task): ``failed``, saying why."""
+    with rt.db.write() as s:
+        row = s.get(Estimate, estimate_id, with_for_update=True)
+        if row is None or row.status != EstimateStatus.VALIDATING:
+            return
+        row.status = EstimateStatus.FAILED
+        row.finished_at = int(time.time())
+        error_row = {"code": "estimate_failed", "message": error[:1000], "param": None, "line": None}
+        row.errors = {"object": "list", "data": [error_row]}
+    log.warning("estimate %s failed: %s", estimate_id, error)
+
+
+def estimate_file(
+    rt: Runtime,
+    tenant_id: str,
+    input_key: str,
+    endpoint: str,
+    defaults: dict,
+    price_multiplier: float,
+    now: float,
+) -> tuple[ScanResult, dict[str, Any] | None]:
+    """Validate the stored input as a batch's and, if every line is valid, estimate its run: the
+    file's summary (``scan_lines``'s) and the estimate (None when a line is bad).
+
+    Memory: the sort buffer (FREIGHT_SORT_MEMORY_MB, spilled beyond), a digest per custom_id, one
+    record at a time after the sort; each request keeps only its prompt key, length and budget.
+    """
+    settings: Settings = rt.settings
+    rules = file_rules(rt, endpoint)
+    scanned = ScanResult()
+    spill = spill_dir(settings)
+    default_budget = settings.engine_default_max_tokens
+    with open_requests(rt.store, input_key, endpoint, defaults, spill, decode_limits(settings)) as source:
+        lines = (_line_error(x) if isinstance(x, RowError) else x for x in source.lines)
+
+        def records() -> Iterator[tuple[bytes, int, bytes]]:
+            nonlocal scanned
+            for item in scan_lines(lines, rules, settings.max_listed_errors):
+                if isinstance(item, ScanResult):
+                    scanned = item
+                    return
+                budget = default_budget if item.max_tokens is None else item.max_tokens
+                exact = item.prompt_token_ids is not None
+                yield item.key, item.line, _ROW.pack(item.prompt_len, budget, exact)
+
+        ordered = sort_records(records(), memory_bytes=settings.sort_memory_mb * 1024 * 1024, spill_dir=spill)
+        try:
+            first = next(ordered, None)  # the sort reads the whole file before its first row
+            if source.parquet:
+                scanned.errors = _name_columns(scanned.errors, source.columns)
+            if scanned.error_count or first is None:
+                return scanned, None
+            history = model_history(rt, tenant_id, scanned.model or "", now)
+            totals = PlanTotals(kv_block_size(settings.engine_block_size), history.typical_output)
+            for key, _line, payload in itertools.chain([first], ordered):
+                prompt_len, budget, exact = _ROW.unpack(payload)
+                totals.add(key, prompt_len, budget, bool(exact))
+        finally:
+            ordered.close()
+    entry = lookup(rt.db, settings, scanned.model or "")
+    price_per_hour = entry.price_per_hour(settings) if entry else settings.instance_price_per_hour
+    list_price = entry.list_price_or_default(settings) if entry else settings.list_price(scanned.model or "")
+    return scanned, summary(totals, history, price_multiplier, price_per_hour, list_price)
+
+
+def model_history(rt: Runtime, tenant_id: str, model: str, now: float) -> History:
+    """The model's recent work (the engine samples' retention, FREIGHT_SAMPLE_RETENTION_SECONDS):
+    output tokens per completed request of the tenant's own finished units of it (what other
+    tenants' requests write is theirs to know); computed tokens per busy second of its engines and
+    how many ran it within the throughput window (fleet figures, which batches' ETAs show anyway)."""
+    settings: Settings = rt.settings
+    window = float(settings.sample_retention_seconds)
+    with rt.db.read() as s:
+        completed, completion_tokens = s.execute(
+            select(func.sum(WorkUnit.completed), func.sum(WorkUnit.completion_tokens))
+            .join(Batch, Batch.id == WorkUnit.batch_id)
+            .where(
+                Batch.tenant_id == tenant_id,
+                WorkUnit.model == model,
+                WorkUnit.status == UnitStatus.DONE,
+                WorkUnit.finished_at >= now - window,
+            )
+        ).one()
+        seconds, prompt, cached, output = s.execute(
+            select(
+                func.sum(EngineSample.seconds),
+                func.sum(EngineSample.prompt_tokens),
+                func.sum(EngineSample.cached_tokens),
+                func.sum(EngineSample.output_tokens),
+            ).where(
+                EngineSample.model == model, EngineSample.started_at >= now - window, EngineSample.seconds > 0
+            )
+        ).one()
+        engines = s.scalar(
+            select(func.count(func.distinct(EngineSample.worker))).where(
+                EngineSample.model == model,
+                EngineSample.started_at >= now - settings.throughput_window_seconds,
+                EngineSample.seconds > 0,
+            )
+        )
+    computed = max(int(prompt or 0) - int(cached or 0), 0) + int(output or 0)
+    return History(
+        window_seconds=window,
+        typical_output=typical_output(int(completion_tokens or 0), int(completed or 0)),
+        tokens_per_second=engine_rate(computed, float(seconds or 0.0)),
+        engines=int(engines or 0),
+    )
