@@ -22,12 +22,15 @@ from api.cli_settings import (
     require_schema,
 )
 from api.client_cli import CLIENT_COMMANDS
+from api.estimate_cli import estimate
 from api.models_cli import models
 from api.webhooks_cli import webhooks
 from storage.broker import CONTROL_ROLES
 from storage.logs import configure_settings
 from storage.settings import Settings, metrics_port
 from storage.settings_source import shown
+
+TENANT_COMMANDS = (*CLIENT_COMMANDS, estimate)  # over the API, as a tenant
 
 
 def _settings() -> Settings:
@@ -53,7 +56,7 @@ class FreightGroup(click.Group):
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """Tenant commands (over the API, with a key) apart from the operator's (on the database
         and the services of this deployment)."""
-        tenant_side = {c.name for c in CLIENT_COMMANDS}
+        tenant_side = {c.name for c in TENANT_COMMANDS}
         listed = [(name, self.get_command(ctx, name)) for name in self.list_commands(ctx)]
         width = formatter.width - 6 - max(len(name) for name, _ in listed)
         for title, wanted in (("Tenant commands (the API, as a tenant)", True), ("Operator commands", False)):
@@ -482,8 +485,8 @@ def dropfolder_remove(folder: str) -> None:
     click.echo(f"removed drop folder {removed}")
 
 
-# batches over the API, as a tenant: freight submit | status | list | cancel | download
-for _command in CLIENT_COMMANDS:
+# batches over the API, as a tenant: freight submit | status | list | cancel | download | estimate
+for _command in TENANT_COMMANDS:
     main.add_command(_command)
 
 # the model registry: freight models add | list | remove | quantize

@@ -49,7 +49,10 @@ def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(ServiceError)
     def _service(exc: ServiceError) -> tuple[Response, int]:
         status = status_of(exc)
-        return jsonify(error_body(status, exc.message, exc.param, exc.code)), status
+        response = jsonify(error_body(status, exc.message, exc.param, exc.code))
+        if exc.retry_after is not None:  # a 429's Retry-After: clients (openai's) wait, then retry
+            response.headers["Retry-After"] = str(exc.retry_after)
+        return response, status
 
     @app.errorhandler(HTTPException)
     def _http(exc: HTTPException) -> tuple[Response, int]:

@@ -148,6 +148,54 @@ BATCH = obj(
     }
 )
 
+RANGE = obj({"low": NUM, "high": NUM})
+UNKNOWN = {"const": "unknown", "description": "no recent history of the model to measure it from"}
+ESTIMATE_RESULT = obj(
+    {
+        "requests": INT,
+        "input_tokens": {**INT, "description": "prompt tokens, as validation counts them"},
+        "input_tokens_lower_bound_requests": {
+            **INT,
+            "description": "requests whose prompt length is a lower bound (the engine renders them itself)",
+        },
+        "cached_input_tokens": {**INT, "description": "prompt tokens the prefix-sorted plan predicts cached"},
+        "cache_hit_rate": nullable(NUM),
+        "kv_block_size": INT,
+        "output_tokens": obj({"max": INT, "typical": nullable(INT), "typical_per_request": nullable(NUM)}),
+        "history": obj({"window_seconds": NUM, "tokens_per_second": nullable(NUM), "engines": INT}),
+        "engine_seconds": {"anyOf": [RANGE, UNKNOWN]},
+        "eta_seconds": {"anyOf": [obj({"low": NUM, "high": NUM, "engines": INT}), UNKNOWN]},
+        "cost": obj(
+            {
+                "currency": {"const": "usd"},
+                "price_multiplier": NUM,
+                "instance_price_per_hour": NUM,
+                "total": {"anyOf": [RANGE, UNKNOWN]},
+                "list_price": nullable(RANGE),
+            }
+        ),
+    }
+)
+ESTIMATE = obj(
+    {
+        "id": {**STR, "description": "estimate_…: retrieve it at /v1/batches/{id}"},
+        "object": {"const": "batch.estimate"},
+        "endpoint": STR,
+        "model": nullable(STR),
+        "errors": nullable(
+            obj({"object": {"const": "list"}, "data": {"type": "array", "items": LINE_ERROR}})
+        ),
+        "input_file_id": STR,
+        "completion_window": STR,
+        "status": {"enum": ["validating", "completed", "failed"]},
+        "created_at": TIME,
+        "completed_at": nullable(TIME),
+        "failed_at": nullable(TIME),
+        "metadata": nullable({"type": "object", "additionalProperties": STR}),
+        "estimate": nullable(ESTIMATE_RESULT),
+    }
+)
+
 MODEL = obj(
     {
         "id": STR,
@@ -297,8 +345,14 @@ def create_batch_body(settings: Settings) -> Schema:
             ),
             "priority": {"type": "integer", "minimum": -100, "maximum": 100, "default": 0},
             "output_expires_after": obj({"anchor": {"enum": ["created_at"]}, "seconds": EXPIRES_SECONDS}),
+            "dry_run": {
+                "type": "boolean",
+                "default": False,
+                "description": "true: validate the file and answer a batch.estimate (polled at "
+                "/v1/batches/{id}) instead of making a batch; nothing runs",
+            },
         },
-        optional=("completion_window", "metadata", "priority", "output_expires_after"),
+        optional=("completion_window", "metadata", "priority", "output_expires_after", "dry_run"),
     )
 
 
@@ -368,8 +422,9 @@ def paths(settings: Settings) -> Schema:
         "/v1/batches": {
             "post": operation(
                 "createBatch",
-                "Create a batch from an uploaded file; it is validated asynchronously.",
-                ok(ref("Batch")),
+                "Create a batch from an uploaded file; it is validated asynchronously. With "
+                "`dry_run: true`, a batch.estimate instead: no batch is made and nothing runs.",
+                ok({"anyOf": [ref("Batch"), ref("Estimate")]}),
                 400,
                 404,
                 requestBody={"required": True, "content": {JSON: {"schema": create_batch_body(settings)}}},
@@ -386,7 +441,13 @@ def paths(settings: Settings) -> Schema:
             ),
         },
         "/v1/batches/{batch_id}": {
-            "get": operation("retrieveBatch", "One batch.", ok(ref("Batch")), 404, params=(BATCH_ID,)),
+            "get": operation(
+                "retrieveBatch",
+                "One batch, or one estimate (an id `estimate_…` a dry run answered).",
+                ok({"anyOf": [ref("Batch"), ref("Estimate")]}),
+                404,
+                params=(BATCH_ID,),
+            ),
         },
         "/v1/batches/{batch_id}/cancel": {
             "post": operation(
@@ -539,6 +600,7 @@ def openapi_document(settings: Settings) -> Schema:
                 "File": FILE,
                 "DeletedFile": DELETED_FILE,
                 "Batch": BATCH,
+                "Estimate": ESTIMATE,
                 "Cost": COST,
                 "Model": MODEL,
                 "WebhookEndpoint": WEBHOOK_ENDPOINT,

@@ -7,9 +7,9 @@ from typing import Any
 from api.services.paging import Page
 from api.services.readiness import Readiness
 from scheduler.cost import cost_summary
-from storage.models import Batch, StoredFile, WebhookDelivery, WebhookEndpoint
+from storage.models import Batch, Estimate, StoredFile, WebhookDelivery, WebhookEndpoint
 from storage.registry import ModelEntry
-from storage.status import BatchStatus
+from storage.status import BatchStatus, EstimateStatus
 
 
 def file_object(f: StoredFile) -> dict[str, Any]:
@@ -23,6 +23,26 @@ def file_object(f: StoredFile) -> dict[str, Any]:
         "purpose": f.purpose,
         "status": "processed",
         "status_details": None,
+    }
+
+
+def estimate_object(e: Estimate) -> dict[str, Any]:
+    """A dry run, shaped like a batch where the fields mean the same (the openai client's
+    ``batches.create``/``retrieve`` read it), with the answer in ``estimate`` once ``completed``."""
+    return {
+        "id": e.id,
+        "object": "batch.estimate",
+        "endpoint": e.endpoint,
+        "model": e.model,
+        "errors": e.errors,
+        "input_file_id": e.input_file_id,
+        "completion_window": e.completion_window,
+        "status": e.status,
+        "created_at": e.created_at,
+        "completed_at": e.finished_at if e.status == EstimateStatus.COMPLETED else None,
+        "failed_at": e.finished_at if e.status == EstimateStatus.FAILED else None,
+        "metadata": e.metadata_,
+        "estimate": e.result,
     }
 
 

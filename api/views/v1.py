@@ -6,12 +6,12 @@ from flask import Blueprint, Response, current_app, g, jsonify, request
 
 from api.auth import require_tenant
 from api.multipart import open_upload
-from api.serializers import batch_object, file_object, list_object, model_object
+from api.serializers import batch_object, estimate_object, file_object, list_object, model_object
 from api.services import batches, files, models
 from api.services.paging import parse_limit
 from storage.errors import ServiceError
 from storage.runtime import Runtime
-from workers import intake
+from workers import estimates, intake
 
 bp = Blueprint("v1", __name__, url_prefix="/v1")
 
@@ -92,7 +92,10 @@ def delete_file(file_id: str) -> Response:
 @bp.post("/batches")
 @require_tenant
 def create_batch() -> Response:
-    return jsonify(batch_object(intake.create(rt(), g.tenant_id, json_body())))
+    payload = json_body()
+    if estimates.dry_run_requested(payload):  # a price before the run: nothing is made or run
+        return jsonify(estimate_object(estimates.create(rt(), g.tenant_id, payload)))
+    return jsonify(batch_object(intake.create(rt(), g.tenant_id, payload)))
 
 
 @bp.get("/batches")
@@ -106,6 +109,8 @@ def list_batches() -> Response:
 @bp.get("/batches/<batch_id>")
 @require_tenant
 def get_batch(batch_id: str) -> Response:
+    if batch_id.startswith(estimates.ID_PREFIX):  # a dry run is polled where a batch would be
+        return jsonify(estimate_object(estimates.get(rt(), g.tenant_id, batch_id)))
     batch, running = batches.get_with_progress(rt(), g.tenant_id, batch_id)
     return jsonify(batch_object(batch, running))
 

@@ -11,8 +11,10 @@ from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate
 
 from api.app import create_app
-from api.serializers import batch_object, file_object, model_object
-from storage.models import Batch, StoredFile
+from api.serializers import batch_object, estimate_object, file_object, model_object
+from scheduler.cost import ListPrice
+from scheduler.estimate import History, PlanTotals, summary
+from storage.models import Batch, Estimate, StoredFile
 from storage.registry import ModelEntry
 from storage.settings import Settings
 
@@ -134,3 +136,34 @@ def test_serialized_objects_match_their_schemas(document):
     # the schemas are closed: a field the serializers would add without the document fails here
     assert not schema_validator(document, "Batch").is_valid({**batch_object(batch()), "surprise": 1})
     assert not schema_validator(document, "File").is_valid({**file_object(file), "bytes": "5"})
+
+
+def test_estimate_objects_match_their_schema(document):
+    """A dry run's answer in each of its states (issue #22 s5), with and without history."""
+    totals = PlanTotals(128, typical_output=7.5)
+    for n in range(3):
+        totals.add(bytes(4 * 200) + bytes([n]), 201, 16, exact=n != 2)
+    known = summary(totals, History(86400, 7.5, 250.0, 2), 2.0, 3.6, ListPrice(1.0, 0.5, 2.0))
+    unknown = summary(PlanTotals(128), History(86400, None, None, 0), 1.0, 0.0, None)
+    base = dict(id="estimate_1", tenant_id="t", input_file_id="file-1", endpoint="/v1/chat/completions",
+                completion_window="24h", price_multiplier=1.0, metadata_=None, model=None, errors=None,
+                result=None, created_at=100, finished_at=None)  # fmt: skip
+    errors = {
+        "object": "list",
+        "data": [{"code": "invalid_json_line", "message": "x", "param": None, "line": 2}],
+    }
+    check = schema_validator(document, "Estimate")
+    for fields in (
+        {"status": "validating"},
+        {
+            "status": "completed",
+            "model": "demo",
+            "finished_at": 120,
+            "result": known,
+            "metadata_": {"k": "v"},
+        },
+        {"status": "completed", "model": "demo", "finished_at": 120, "result": unknown},
+        {"status": "failed", "finished_at": 120, "errors": errors},
+    ):
+        check.validate(estimate_object(Estimate(**{**base, **fields})))
+    assert not check.is_valid({**estimate_object(Estimate(**base, status="validating")), "surprise": 1})

@@ -1,0 +1,112 @@
+"""``freight estimate FILE --model M``: what a batch of FILE would take and cost, before it runs.
+
+A client command like ``freight submit``: it uploads the file (prepared the same way), asks the
+server for a dry run (``POST /v1/batches`` with ``dry_run: true``, the same service behind the API
+and this command: ``workers/estimates.py``), polls the estimate until the control worker has read
+the file, and prints it: a table on stdout, or the API's estimate object with ``--json``. A file
+that would fail validation prints its errors (line numbers, codes) and exits 1.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from api.cli_settings import echo_json
+from api.client_cli import ClientError, connection, duration, money, prepared, show_errors
+
+
+@click.command()
+@click.argument("file", type=click.Path(path_type=Path))
+@click.option("--model", required=True, help="model for lines without body.model (a line's own wins)")
+@click.option("--endpoint", default="/v1/chat/completions", show_default=True)
+@click.option(
+    "--window", default=None, help="completion window, whose tier sets the price (default: the server's)"
+)
+@click.option("--metadata", "-m", multiple=True, metavar="KEY=VALUE", help="as for submit (default_* fields)")
+@click.option("--poll", type=click.FloatRange(min=0.2), default=1.0, show_default=True, help="seconds")
+@click.option("--json", "as_json", is_flag=True, help="print the API's estimate object as JSON")
+@connection
+def estimate(client: Any, file: Path, model: str, endpoint: str, window: str | None, metadata: tuple[str, ...],
+             poll: float, as_json: bool) -> None:  # fmt: skip
+    """Validate FILE as a batch and estimate its tokens, cache hits, time and cost; nothing runs."""
+    import openai
+
+    pairs = {}
+    for item in metadata:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ClientError(f"--metadata takes KEY=VALUE, got {item!r}")
+        pairs[key] = value
+    name = file.name[:-3] if file.name.lower().endswith(".gz") else file.name
+    with prepared(file, model) as body:
+        uploaded = client.files.create(file=(name, body), purpose="batch")
+    click.echo(f"uploaded {file} as {uploaded.id} ({uploaded.bytes:,} bytes)", err=True)
+    made = client.batches.create(
+        input_file_id=uploaded.id,
+        endpoint=endpoint,
+        completion_window=window or openai.omit,
+        metadata=pairs or openai.omit,
+        extra_body={"dry_run": True},
+    ).to_dict()
+    click.echo(f"{made['id']}: reading the file", err=True)
+    answer = made
+    while answer["status"] == "validating":
+        time.sleep(poll)
+        answer = client.batches.retrieve(made["id"]).to_dict()
+    if as_json:
+        echo_json(answer)
+    if answer["status"] != "completed":
+        show_errors(answer)
+        raise ClientError(f"{file} would not make a batch: {answer['id']} {answer['status']}")
+    if not as_json:
+        click.echo(table(answer))
+
+
+def _span(r: Any, show: Any) -> str:
+    if not isinstance(r, dict):
+        return str(r)  # "unknown"
+    return show(r["low"]) if r["low"] == r["high"] else f"{show(r['low'])} to {show(r['high'])}"
+
+
+def table(answer: dict) -> str:
+    """The estimate as the lines a person reads."""
+    e = answer["estimate"]
+    out, hist, cost = e["output_tokens"], e["history"], e["cost"]
+    rate = hist["tokens_per_second"]
+    window = duration(hist["window_seconds"])
+    rendered = e["input_tokens_lower_bound_requests"]
+    inputs = f"{e['input_tokens']:,}"
+    if rendered:
+        inputs += f" (at least: the engine renders {rendered:,} of the prompts itself)"
+    typical = "typical: unknown (no recent history)"
+    if out["typical"] is not None:
+        typical = (
+            f"typically {out['typical']:,} ({out['typical_per_request']} a request over the last {window})"
+        )
+    speed = (
+        f"{rate:,.1f} tokens/s an engine (last {window})"
+        if rate is not None
+        else "unknown (no recent history)"
+    )
+    eta = e["eta_seconds"]
+    engines = ""
+    if isinstance(eta, dict):
+        engines = f" on {eta['engines']} engine{'s' if eta['engines'] != 1 else ''}"
+    tier = f"x{cost['price_multiplier']:g} for {answer['completion_window']}, ${cost['instance_price_per_hour']:g}/h"
+    lines = [
+        f"requests       {e['requests']:,} for {answer['model']} ({answer['endpoint']})",
+        f"input tokens   {inputs}",
+        f"cache hits     {e['cached_input_tokens']:,} tokens predicted cached"
+        f" ({100 * (e['cache_hit_rate'] or 0):.1f}% of input; prefix-sorted, {e['kv_block_size']}-token blocks)",
+        f"output tokens  at most {out['max']:,} (max_tokens); {typical}",
+        f"throughput     {speed}",
+        f"ETA            {_span(eta, duration)}{engines} (work queued ahead not counted)",
+        f"cost           {_span(cost['total'], money)} ({tier})",
+    ]
+    if cost["list_price"] is not None:
+        lines.append(f"list price     {_span(cost['list_price'], money)}")
+    return "\n".join(lines)
