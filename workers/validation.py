@@ -64,6 +64,14 @@ SURROGATE = (
 )
 
 
+def line_content(raw: bytes, first_of_file: bool) -> bytes:
+    """A JSONL line as the file's encoding allows it to be written: a UTF-8 BOM before the first
+    line and a CR before each newline (files saved on Windows) are not part of the line."""
+    if first_of_file and raw.startswith(BOM):
+        raw = raw[len(BOM) :]
+    return raw.rstrip(b"\r")
+
+
 def _is_utf8(text: str) -> bool:
     """JSON may escape half a surrogate pair (``"\\ud800"``); such a string has no UTF-8 form, so
     it can be neither hashed, stored nor tokenized."""
@@ -281,9 +289,7 @@ def scan_lines(
         if isinstance(raw, LineError):  # a row the input format could not make a line of
             checks.failed(raw)
             continue
-        if line_no == 1 and raw.startswith(BOM):
-            raw = raw[len(BOM) :]
-        raw = raw.rstrip(b"\r")
+        raw = line_content(raw, line_no == 1)
         if not raw.strip():
             checks.blank(line_no)
             continue

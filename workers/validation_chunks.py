@@ -52,7 +52,6 @@ from storage.status import BatchStatus, ChunkStatus, chunk_source
 from workers.batch_input import head_bytes, local_copy, open_chunk
 from workers.prompt_tokens import TokenizerUnavailable
 from workers.validation import (
-    BOM,
     FileChecks,
     LineError,
     ScanResult,
@@ -63,6 +62,7 @@ from workers.validation import (
     check_line,
     conclude,
     file_rules,
+    line_content,
     spill_dir,
     tokenizer_failure,
     write_shards,
@@ -255,9 +255,7 @@ def scan_chunk(
                     error = _line_error(raw)
                     bad(BAD_ROW, LineError(error.line - first_row, error.code, error.message, error.param))
                     continue
-                if start == 0 and pos == 1 and raw.startswith(BOM):
-                    raw = raw[len(BOM) :]
-                raw = raw.rstrip(b"\r")
+                raw = line_content(raw, start == 0 and pos == 1)
                 if not raw.strip():
                     events.write(EVENT.pack(BLANK, 0, 0))
                     continue
