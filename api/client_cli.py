@@ -193,6 +193,27 @@ def prepared(file: Path, model: str) -> IO[bytes]:
     return spool
 
 
+def metadata_pairs(metadata: tuple[str, ...]) -> dict[str, str]:
+    """``--metadata KEY=VALUE`` options as the batch's metadata."""
+    pairs = {}
+    for item in metadata:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ClientError(f"--metadata takes KEY=VALUE, got {item!r}")
+        pairs[key] = value
+    return pairs
+
+
+def upload(client: Any, file: Path, model: str) -> Any:
+    """FILE uploaded for a batch (``prepared``: lines without body.model get ``model``; a .gz is
+    sent decompressed under its name without .gz); what it became is said on stderr."""
+    name = file.name[:-3] if file.name.lower().endswith(".gz") else file.name
+    with prepared(file, model) as body:
+        uploaded = client.files.create(file=(name, body), purpose="batch")
+    click.echo(f"uploaded {file} as {uploaded.id} ({uploaded.bytes:,} bytes)", err=True)
+    return uploaded
+
+
 @click.command()
 @click.argument("file", type=click.Path(path_type=Path))
 @click.option("--model", required=True, help="model for lines without body.model (a line's own wins)")
@@ -213,16 +234,8 @@ def submit(client: Any, file: Path, model: str, endpoint: str, window: str | Non
     """Upload FILE (JSONL, or .jsonl.gz) and create a batch; its id goes to stdout."""
     import openai
 
-    pairs = {}
-    for item in metadata:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ClientError(f"--metadata takes KEY=VALUE, got {item!r}")
-        pairs[key] = value
-    name = file.name[:-3] if file.name.lower().endswith(".gz") else file.name
-    with prepared(file, model) as body:
-        uploaded = client.files.create(file=(name, body), purpose="batch")
-    click.echo(f"uploaded {file} as {uploaded.id} ({uploaded.bytes:,} bytes)", err=True)
+    pairs = metadata_pairs(metadata)
+    uploaded = upload(client, file, model)
     batch = client.batches.create(
         input_file_id=uploaded.id,
         endpoint=endpoint,

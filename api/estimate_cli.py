@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from api.cli_settings import echo_json
-from api.client_cli import ClientError, connection, duration, money, prepared, show_errors
+from api.client_cli import ClientError, connection, duration, metadata_pairs, money, show_errors, upload
 
 
 @click.command()
@@ -35,16 +35,8 @@ def estimate(client: Any, file: Path, model: str, endpoint: str, window: str | N
     """Validate FILE as a batch and estimate its tokens, cache hits, time and cost; nothing runs."""
     import openai
 
-    pairs = {}
-    for item in metadata:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ClientError(f"--metadata takes KEY=VALUE, got {item!r}")
-        pairs[key] = value
-    name = file.name[:-3] if file.name.lower().endswith(".gz") else file.name
-    with prepared(file, model) as body:
-        uploaded = client.files.create(file=(name, body), purpose="batch")
-    click.echo(f"uploaded {file} as {uploaded.id} ({uploaded.bytes:,} bytes)", err=True)
+    pairs = metadata_pairs(metadata)
+    uploaded = upload(client, file, model)
     made = client.batches.create(
         input_file_id=uploaded.id,
         endpoint=endpoint,
