@@ -299,7 +299,12 @@ def _exec_bootstrap(*args: str) -> None:
     default=None,
     help="with --control: run this role of the control worker alone (default: every role)",
 )
-@click.option("--name", default=None, help="Celery node name")
+@click.option(
+    "--name",
+    default=None,
+    help="Celery node name (%h: the host); an engine worker's stable name, the `worker` label of its "
+    "metrics and logs (default MODEL@<host>): give each worker on a host its own",
+)
 def worker(model: str | None, control: bool, role: str | None, name: str | None) -> None:
     """Run a Celery worker: an engine worker for one model, or the control worker (each of its
     roles, tick, finalize, validate and webhook, in a process pool of its own)."""

@@ -83,11 +83,12 @@ class ContextFilter(logging.Filter):
 
 
 class TextFormatter(logging.Formatter):
-    """``2026-01-02 03:04:05,678 INFO [role] logger [batch_id=... request_id=...]: message``; the
-    role and ids only where there are some."""
+    """``2026-01-02 03:04:05,678 INFO [role worker] logger [batch_id=... request_id=...]: message``;
+    the role, the engine worker's name (workers/identity.py) and the ids only where there are some."""
 
-    def __init__(self, role: str | None = None) -> None:
-        where = f" [{role}]" if role else ""
+    def __init__(self, role: str | None = None, worker: str | None = None) -> None:
+        who = " ".join(part for part in (role, worker) if part)
+        where = f" [{who}]" if who else ""
         super().__init__(f"%(asctime)s %(levelname)s{where} %(name)s%(ids)s: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
@@ -98,13 +99,15 @@ class TextFormatter(logging.Formatter):
 
 class JsonFormatter(logging.Formatter):
     """One JSON object a line: ``ts`` (UTC, ISO 8601, milliseconds), ``level``, ``logger``,
-    ``message``, ``pid``, then ``role``, ``request_id``, ``batch_id``, ``extra=`` fields and
+    ``message``, ``pid``, then ``role``, ``worker`` (an engine worker's stable name, the label of
+    its metrics: workers/identity.py), ``request_id``, ``batch_id``, ``extra=`` fields and
     ``exception`` (the traceback) where present. ASCII only: whatever a message holds (a tenant's
     file name, say), no control character or line separator reaches the stream unescaped."""
 
-    def __init__(self, role: str | None = None) -> None:
+    def __init__(self, role: str | None = None, worker: str | None = None) -> None:
         super().__init__()
         self.role = role
+        self.worker = worker
 
     def format(self, record: logging.LogRecord) -> str:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
@@ -117,6 +120,8 @@ class JsonFormatter(logging.Formatter):
         }
         if self.role:
             entry["role"] = self.role
+        if self.worker:
+            entry["worker"] = self.worker
         for name in CONTEXT_FIELDS:
             if value := getattr(record, name, None):
                 entry[name] = value
@@ -138,7 +143,11 @@ class JsonFormatter(logging.Formatter):
 
 
 def make_handler(
-    level: str, log_format: str, role: str | None = None, stream: IO[str] | None = None
+    level: str,
+    log_format: str,
+    role: str | None = None,
+    stream: IO[str] | None = None,
+    worker: str | None = None,
 ) -> logging.Handler:
     """A stderr handler with Freight's formatter and the id filter (not attached to anything)."""
     if log_format not in LOG_FORMATS:
@@ -147,14 +156,18 @@ def make_handler(
     # on the handler too: a logger whose own level is lower (alembic's, set to INFO to show the
     # steps of `freight db upgrade`) reaches the handler without passing the root's
     handler.setLevel(level)
-    handler.setFormatter(JsonFormatter(role) if log_format == "json" else TextFormatter(role))
+    handler.setFormatter(JsonFormatter(role, worker) if log_format == "json" else TextFormatter(role, worker))
     handler.addFilter(ContextFilter())
     handler._freight = True  # type: ignore[attr-defined]
     return handler
 
 
 def configure(
-    level: str, log_format: str, role: str | None = None, stream: IO[str] | None = None
+    level: str,
+    log_format: str,
+    role: str | None = None,
+    stream: IO[str] | None = None,
+    worker: str | None = None,
 ) -> logging.Handler:
     """Make this process log through Freight's handler on the root logger at ``level``; run again,
     it replaces its own handler (the CLI sets up before it knows its settings, then again) and
@@ -163,7 +176,7 @@ def configure(
     root = logging.getLogger()
     for old in [h for h in root.handlers if getattr(h, "_freight", False)]:
         root.removeHandler(old)
-    handler = make_handler(level, log_format, role, stream)
+    handler = make_handler(level, log_format, role, stream, worker)
     root.addHandler(handler)
     root.setLevel(level)
     logging.captureWarnings(True)
@@ -171,10 +184,10 @@ def configure(
 
 
 def configure_settings(
-    settings: Settings, role: str | None = None, stream: IO[str] | None = None
+    settings: Settings, role: str | None = None, stream: IO[str] | None = None, worker: str | None = None
 ) -> logging.Handler:
     """``configure`` from a Settings' FREIGHT_LOG_LEVEL and FREIGHT_LOG_FORMAT."""
-    return configure(settings.log_level, settings.log_format, role, stream)
+    return configure(settings.log_level, settings.log_format, role, stream, worker)
 
 
 def installed_handler() -> logging.Handler | None:
@@ -182,22 +195,22 @@ def installed_handler() -> logging.Handler | None:
     return next((h for h in logging.getLogger().handlers if getattr(h, "_freight", False)), None)
 
 
-def vllm_logging_config(level: str, log_format: str) -> dict[str, Any]:
+def vllm_logging_config(level: str, log_format: str, worker: str | None = None) -> dict[str, Any]:
     """The ``dictConfig`` vLLM applies in the engine worker and in each engine process it spawns
     (``VLLM_LOGGING_CONFIG_PATH``): vLLM's loggers write through ``process_handler``, that is
-    through Freight's handler, instead of vLLM's own stdout handler and format."""
+    through Freight's handler, instead of vLLM's own stdout handler and format; the engine
+    processes' lines name the worker they serve."""
+    handler = {"()": f"{__name__}.process_handler", "level_name": level, "log_format": log_format}
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "handlers": {
-            "freight": {"()": f"{__name__}.process_handler", "level_name": level, "log_format": log_format}
-        },
+        "handlers": {"freight": {**handler, **({"worker": worker} if worker else {})}},
         "loggers": {"vllm": {"handlers": ["freight"], "level": level, "propagate": False}},
     }
 
 
-def process_handler(level_name: str, log_format: str) -> logging.Handler:
+def process_handler(level_name: str, log_format: str, worker: str | None = None) -> logging.Handler:
     """vLLM's handler (see ``vllm_logging_config``): this process's Freight handler. A process
     Freight did not set up (vLLM's engine core, spawned by the engine worker) is set up here from
     the same values, so its other loggers (torch, transformers, warnings) write the same way."""
-    return installed_handler() or configure(level_name, log_format, role="engine")
+    return installed_handler() or configure(level_name, log_format, role="engine", worker=worker)

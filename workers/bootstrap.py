@@ -96,18 +96,18 @@ def banner(settings: Settings) -> list[str]:
 
 
 @contextmanager
-def vllm_logs_through_freight(settings: Settings) -> Iterator[None]:
+def vllm_logs_through_freight(settings: Settings, worker: str | None = None) -> Iterator[None]:
     """While the engine starts, ``VLLM_LOGGING_CONFIG_PATH`` names a file of
     ``storage.logs.vllm_logging_config``: vLLM applies it in this process and in the engine
     processes it spawns (which read it as they start), so their Python log lines come in
-    Freight's format instead of vLLM's own. An operator's own VLLM_LOGGING_CONFIG_PATH, or
+    Freight's format instead of vLLM's own, naming ``worker``. An operator's own VLLM_LOGGING_CONFIG_PATH, or
     VLLM_CONFIGURE_LOGGING=0, is left alone."""
     if os.environ.get("VLLM_LOGGING_CONFIG_PATH") or os.environ.get("VLLM_CONFIGURE_LOGGING") == "0":
         yield
         return
     fd, path = tempfile.mkstemp(prefix="freight-vllm-logging-", suffix=".json")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(vllm_logging_config(settings.log_level, settings.log_format), f)
+        json.dump(vllm_logging_config(settings.log_level, settings.log_format, worker), f)
     os.environ["VLLM_LOGGING_CONFIG_PATH"] = path
     try:
         yield
@@ -136,7 +136,9 @@ def warm_validation(settings: Settings) -> None:
 
 def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
     """One warm vLLM engine serving ``model``'s queue (solo pool: vLLM's engine spawns processes,
-    which prefork's daemonic children cannot)."""
+    which prefork's daemonic children cannot). Its Celery node name (``--name``, else
+    ``MODEL@<hostname>``) is its stable name: the label of its samples and log lines, the same
+    after a restart (workers/identity.py)."""
     from celery import signals
 
     from storage.broker import model_queue
@@ -147,8 +149,11 @@ def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
     from workers.celery_app import make_celery
     from workers.engine import Engine, EngineStartFailed, EngineUnsupported
     from workers.execution import PackRunner
+    from workers.identity import node_name
     from workers.tasks import runtime_of
 
+    worker = node_name(name, model)
+    configure_settings(settings, worker=worker)  # every line of this process names the worker
     app = make_celery(settings)
     celery_logs_through_freight(app)
     try:  # the registry entry says what to load, from where, at what price
@@ -162,13 +167,15 @@ def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
         raise BootstrapError(str(exc)) from exc
     # load once, before consuming: every task this process runs finds the engine warm
     try:
-        with vllm_logs_through_freight(settings):
+        with vllm_logs_through_freight(settings, worker):
             engine = Engine.start(
                 engine_config(settings, model, str(local), entry.max_model_len, entry.engine_args)
             )
     except (EngineUnsupported, EngineStartFailed) as exc:  # the queue keeps the model's work
         raise BootstrapError(str(exc)) from exc
-    runner = PackRunner(runtime_of(app), engine, model, price_per_hour=entry.price_per_hour(settings)).start()
+    runner = PackRunner(
+        runtime_of(app), engine, model, worker, price_per_hour=entry.price_per_hour(settings)
+    ).start()
     app.freight_runner = runner
 
     @signals.worker_shutdown.connect(weak=False)
@@ -176,7 +183,7 @@ def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
         runner.close(settings.drain_seconds)
         engine.shutdown()
 
-    argv = ["worker", "-P", "solo", "-Q", model_queue(model), "-n", name or f"{model}-{os.getpid()}@%h"]
+    argv = ["worker", "-P", "solo", "-Q", model_queue(model), "-n", worker]
     run_then_exit(
         app,
         [*banner(settings), *argv, "--loglevel", settings.log_level, "--without-gossip", "--without-mingle"],

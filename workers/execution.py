@@ -23,8 +23,6 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import secrets
-import socket
 import tempfile
 import threading
 import time
@@ -47,11 +45,11 @@ from storage.status import BatchStatus, unit_sources
 from workers.checkpoint import model_shape
 from workers.cost_meter import CostMeter, UnitMeter
 from workers.engine import ABORTED_STATUS, Engine, EngineRequest, EngineResult
+from workers.identity import claim_token, holder_id, new_incarnation
 from workers.results import encode, request_error_line, stopped_line, success_line
 
 log = logging.getLogger(__name__)
 
-WORKER_NAME = f"{socket.gethostname()}:{os.getpid()}"
 CHECK_SECONDS = 1.0  # how often the watcher reads unit/batch state (cancellation latency)
 IDLE_WAIT_SECONDS = 0.2
 # the feed's keys: (cache domain, prompt key, line, unit id); the first two name the prompt
@@ -84,12 +82,11 @@ def held(claim: Claim) -> ColumnElement[bool]:
     )
 
 
-def claim_unit(
-    rt: Runtime, unit_id: int, now: float, worker: str = WORKER_NAME, urgent: bool = False
-) -> Claim | None:
-    """Take a queued or pending unit for this worker; None if it is running, finished or stopped.
+def claim_unit(rt: Runtime, unit_id: int, now: float, holder: str, urgent: bool = False) -> Claim | None:
+    """Take a queued or pending unit for the worker process ``holder`` (its stable name and its
+    incarnation: workers/identity.holder_id); None if it is running, finished or stopped.
     ``urgent``: the dispatcher's word (after its per-tenant share cap) that it runs first."""
-    token = f"{worker}:{secrets.token_hex(4)}"
+    token = claim_token(holder)
     with rt.db.write() as s:
         # compare-and-set: a pending or queued unit has no worker (every move back to pending clears
         # it); a running one is a live worker's (if it dies, the dispatcher's lease redelivers), a
@@ -281,7 +278,7 @@ class PackRunner:
         rt: Runtime,
         engine: Engine,
         model: str,
-        worker: str = WORKER_NAME,
+        worker: str,
         price_per_hour: float | None = None,  # this pool's machine ($/hour); None: the setting
     ) -> None:
         self.rt = rt
@@ -290,7 +287,9 @@ class PackRunner:
         )
         self.engine = engine
         self.model = model
-        self.worker = worker
+        self.worker = worker  # the stable name: the label of its samples (workers/identity.py)
+        # this process (the name and an incarnation of its own): every claim token starts with it
+        self.holder = holder_id(worker, new_incarnation())
         self._lock = threading.Condition()
         # not-yet-started requests of every claimed unit, in elevator order; guarded by _lock
         self._feed: ElevatorFeed[tuple[ActiveUnit, ShardRow]] = ElevatorFeed(
@@ -342,7 +341,7 @@ class PackRunner:
         if self._closing.is_set():
             return 0
         hurry = set(urgent)
-        claims = [c for u in unit_ids if (c := claim_unit(self.rt, u, time.time(), self.worker, u in hurry))]
+        claims = [c for u in unit_ids if (c := claim_unit(self.rt, u, time.time(), self.holder, u in hurry))]
         if not claims:
             return 0
         units = [ActiveUnit(c, _spool(), _spool(), c.n_requests) for c in claims]

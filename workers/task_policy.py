@@ -30,6 +30,7 @@ from storage.objectstore import ObjectChanged, ObjectNotFound, ObjectStoreError
 from storage.objectstore_retry import transient as store_call_transient
 from storage.runtime import Runtime
 from storage.status import BatchStatus
+from workers.identity import SEP
 
 log = logging.getLogger(__name__)
 
@@ -193,12 +194,15 @@ def fail_finalization(rt: Runtime, error: str, batch_id: str) -> bool:
 
 
 def fail_pack(
-    rt: Runtime, worker: str, engine_failed: bool, error: str, pack_id: str, unit_ids: list[int]
+    rt: Runtime, holder: str, engine_failed: bool, error: str, pack_id: str, unit_ids: list[int]
 ) -> int:
-    """The units of the pack this worker claimed -> ``failed`` (their requests become error lines);
-    their batches then finish through ``finalizing``, the only way out of ``in_progress``. Units
-    another worker runs, or not yet claimed, are left alone. Nothing when the engine died: that is
-    the worker's fault, not the pack's, and its units were given back. Returns the units failed."""
+    """The units of the pack this worker process (``holder``: workers/identity.holder_id) claimed
+    -> ``failed`` (their requests become error lines); their batches then finish through
+    ``finalizing``, the only way out of ``in_progress``. Units another worker runs, or not yet
+    claimed, are left alone, and so are those a dead predecessor of the same name still holds
+    (a redelivered pack): the incarnation in the holder tells them apart. Nothing when the engine
+    died: that is the worker's fault, not the pack's, and its units were given back. Returns the
+    units failed."""
     if engine_failed:
         return 0
     with rt.db.write() as s:
@@ -206,7 +210,7 @@ def fail_pack(
             s,
             WorkUnit.id.in_(unit_ids),
             WorkUnit.pack_id == pack_id,
-            WorkUnit.worker.like(f"{worker}:%"),
+            WorkUnit.worker.startswith(holder + SEP, autoescape=True),  # a name may hold % or _
             from_=UnitStatus.RUNNING,
             to=UnitStatus.FAILED,
             finished_at=time.time(),

@@ -257,7 +257,7 @@ def register(app: Celery) -> None:
         urgent: list[int] | None = None,
     ) -> None:
         runner: execution.PackRunner = app.freight_runner
-        fail_pack(runtime_of(app), runner.worker, runner.failure is not None, error, pack_id, unit_ids)
+        fail_pack(runtime_of(app), runner.holder, runner.failure is not None, error, pack_id, unit_ids)
 
     @task("freight.run_pack")
     @guarded(pack_failed)

@@ -27,6 +27,7 @@ from storage.settings import Settings
 from storage.status import BatchStatus
 from workers import intake
 from workers.dropfolder_input import InvalidInput, request_stream
+from workers.identity import holder_of
 
 ACTIVE = "active"  # the status filter for every batch that is not final yet
 ACTIVE_STATUSES = tuple(s.value for s in BatchStatus if not s.is_terminal)
@@ -330,8 +331,9 @@ def live_workers(rt: Runtime, now: float) -> list[WorkerView]:
             )
         ).all()
     running: dict[str, int] = {}
-    for token in tokens:  # a claim token is "<worker>:<random>"
-        name = (token or "").rsplit(":", 1)[0]
+    for token in tokens:  # a claim token names the worker (its stable name) and the process
+        holder = holder_of(token)
+        name = holder.worker if holder else ""
         running[name] = running.get(name, 0) + 1
     latest: dict[tuple[str, str], EngineSample] = {}
     first: dict[tuple[str, str], float] = {}

@@ -373,9 +373,11 @@ def test_models_queues_and_workers(app, runtime, keys, alpha):
         for seq, status in enumerate([UnitStatus.DONE, UnitStatus.RUNNING, UnitStatus.PENDING]):
             s.add(WorkUnit(
                 batch_id=row.id, seq=seq, model="demo", shard_key=f"k{seq}", first_line=seq * 8, n_requests=8,
-                status=status, worker="host:42:ab12" if status == UnitStatus.RUNNING else None, heartbeat_at=t,
+                status=status, worker="engine-a@host:42-0a1b2c3d:ab12" if status == UnitStatus.RUNNING else None,
+                heartbeat_at=t,
             ))  # fmt: skip
-        for worker, started in (("host:42", t - 10), ("host:42", t - 5), ("stale:1", t - 900)):
+        # a claim token is <name>:<incarnation>:<nonce>; samples carry the name alone
+        for worker, started in (("engine-a@host", t - 10), ("engine-a@host", t - 5), ("stale@host", t - 900)):
             s.add(EngineSample(
                 worker=worker, model="demo", started_at=started, seconds=5.0, steps=10, running_mean=16.0,
                 waiting_mean=0.0, max_num_seqs=32, prompt_tokens=500, cached_tokens=100, output_tokens=250,
@@ -387,7 +389,7 @@ def test_models_queues_and_workers(app, runtime, keys, alpha):
     queue = re.search(r'<tr id="queue-demo">(.*?)</tr>', page, re.S).group(1)
     assert [int(x) for x in re.findall(r'class="num">(\d+)<', queue)] == [1, 16, 1, 0, 1]
     workers = re.findall(r'<tr class="worker">(.*?)</tr>', page, re.S)
-    assert len(workers) == 1 and "host:42" in workers[0] and "stale:1" not in page
+    assert len(workers) == 1 and "engine-a@host" in workers[0] and "stale@host" not in page
     assert ">50.0<" in workers[0] and ">20.0%<" in workers[0]  # 250 tok / 5 s; 100 of 500 cached
     assert 'http-equiv="refresh"' in page
     [view] = console.live_workers(runtime, t)

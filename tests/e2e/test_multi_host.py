@@ -5,8 +5,8 @@ machine).
 * ``services``: PostgreSQL, Redis and SeaweedFS (S3), the API, the control worker and beat, each
   listening on the host's address on the subnet.
 * ``engine-a`` and ``engine-b``: one engine worker each, with its own FREIGHT_DATA_DIR, a route to
-  the services host and to nothing else, and its own hostname (so a unit's claim, ``host:pid:nonce``,
-  says which host ran it).
+  the services host and to nothing else, and its own hostname (so a unit's claim,
+  ``engine-demo@<host>:<incarnation>:<nonce>``, says which host ran it).
 
 Each host's folder is covered by an empty read-only tmpfs on the other hosts, and so is the demo
 model's folder on all three: the checkpoint reaches every host from S3, the object store is S3,
@@ -42,6 +42,7 @@ from tests.conftest import ARTIFACTS
 from tests.e2e.conftest import DEMO_ENGINE, wait_final
 from tests.e2e.test_batches import CHAT, read_jsonl, upload
 from tests.e2e.test_worker_faults import long_lines, tally
+from workers.identity import holder_of
 
 pytestmark = [pytest.mark.stack, pytest.mark.reliability]
 
@@ -175,7 +176,10 @@ def hosts(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterato
 
 
 def host_of(unit: WorkUnit) -> str:
-    return (unit.worker or "").split(":")[0]  # claim tokens are hostname:pid:nonce
+    """The host of the worker holding the unit: its claim token is name:incarnation:nonce, and
+    the name is engine-demo@<hostname> (infra.processes starts each worker as NAME@%h)."""
+    holder = holder_of(unit.worker)
+    return holder.worker.rpartition("@")[2] if holder else ""
 
 
 def units_of(hosts: Hosts, batch_id: str) -> list[WorkUnit]:

@@ -28,6 +28,7 @@ from tests.e2e.conftest import (
     wait_final,
 )
 from tests.e2e.test_batches import CHAT, chat_line, read_jsonl, upload
+from workers.identity import holder_of
 
 pytestmark = pytest.mark.stack
 
@@ -45,8 +46,10 @@ def units_of(live: LiveStack, *batch_ids: str) -> list[WorkUnit]:
         database.dispose()
 
 
-def worker_pid(unit: WorkUnit) -> str:
-    return (unit.worker or "").rsplit(":", 1)[0]  # claim tokens are host:pid:nonce
+def worker_pid(unit: WorkUnit) -> int | None:
+    """The process holding (or that last held) the unit: claim tokens are name:incarnation:nonce."""
+    holder = holder_of(unit.worker)
+    return holder.pid if holder else None
 
 
 def ids_once(client, batch, expected: list[str]) -> tuple[list[dict], list[dict]]:
@@ -170,7 +173,7 @@ def test_killed_worker_loses_no_work(sched):
     deadline = time.monotonic() + 240
     while True:  # wait until the victim holds running units of this batch
         running = [u for u in units_of(sched, batch.id) if u.status == UnitStatus.RUNNING]
-        if any(worker_pid(u).endswith(f":{victim_pid}") for u in running):
+        if any(worker_pid(u) == victim_pid for u in running):
             break
         assert time.monotonic() < deadline, "the second worker never took a unit"
         time.sleep(0.2)
@@ -182,7 +185,7 @@ def test_killed_worker_loses_no_work(sched):
     units = units_of(sched, batch.id)
     assert any(u.attempts >= 2 for u in units)  # redelivered after the lease ran out
     assert all(u.status == UnitStatus.DONE for u in units)
-    assert all(not worker_pid(u).endswith(f":{victim_pid}") for u in units if u.attempts >= 2)
+    assert all(worker_pid(u) != victim_pid for u in units if u.attempts >= 2)
 
 
 def test_request_counts_move_within_a_unit(sched):

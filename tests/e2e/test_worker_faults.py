@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,14 +21,17 @@ from pathlib import Path
 
 import psutil
 import pytest
-from sqlalchemy import select
+from sqlalchemy import func, select
 
+from api.services.monitoring import metrics_snapshot
 from infra import daemons as services
 from infra.processes import engine_names
 from storage.db import Database
-from storage.models import Batch, UnitStatus, WorkUnit
+from storage.models import Batch, EngineSample, UnitStatus, WorkUnit
+from storage.runtime import Runtime
 from tests.e2e.conftest import LiveStack, keep_logs, start_live, wait_final
 from tests.e2e.test_batches import CHAT, chat_line, read_jsonl, upload
+from workers.identity import Holder, holder_of
 
 pytestmark = [pytest.mark.stack, pytest.mark.reliability]
 
@@ -130,16 +134,18 @@ def batch_row(f: Faults, batch_id: str) -> Batch:
 
 
 def holder_pid(unit: WorkUnit) -> int | None:
-    parts = (unit.worker or "").split(":")  # claim tokens are host:pid:nonce
-    return int(parts[1]) if len(parts) == 3 else None
+    holder = holder_of(unit.worker)  # claim tokens are name:incarnation:nonce, the pid in the incarnation
+    return holder.pid if holder else None
 
 
-def wait_held_by(f: Faults, batch_id: str, pid: int, timeout: float = 300) -> None:
+def wait_held_by(f: Faults, batch_id: str, pid: int, timeout: float = 300) -> Holder:
+    """Wait until process ``pid`` holds a running unit of the batch; whose claim it is."""
     deadline = time.monotonic() + timeout
     while True:
         units = units_of(f, batch_id)
-        if any(u.status == UnitStatus.RUNNING and holder_pid(u) == pid for u in units):
-            return
+        held = [u for u in units if u.status == UnitStatus.RUNNING and holder_pid(u) == pid]
+        if held and (holder := holder_of(held[0].worker)):
+            return holder
         assert time.monotonic() < deadline, f"worker {pid} never took a unit of {batch_id}"
         time.sleep(0.2)
 
@@ -292,6 +298,71 @@ def test_sigkilled_worker_unit_is_redelivered_once(faults: Faults, reliability) 
     assert counts == {"lost": 0, "duplicated": 0} and not errors
     assert redelivered and all(holder_pid(u) != pid for u in redelivered)
     check_usage_and_cost(faults, final, output)
+
+
+def test_a_restarted_worker_keeps_its_name(faults: Faults) -> None:
+    """A worker started again under the same ``--name`` (``engine-demo-2@%h``, as infra.processes
+    starts it) reports under the same ``worker`` label: its claims and its engine samples name it,
+    and /metrics' worker series stay one per worker instead of one per process. Only the
+    incarnation in its claim tokens is new, so it is never taken for its predecessor. After the
+    SIGKILL scenario the predecessor is that scenario's killed process (its claims are still in the
+    database), and the restart is the one the next scenario would make anyway."""
+    victim = WORKERS[1]
+    label = f"{victim}@{socket.gethostname()}"
+    labels = {f"{name}@{socket.gethostname()}" for name in WORKERS}
+    client = faults.live.client()
+
+    def run_on_victim(tag: str) -> Holder:
+        batch = client.batches.create(
+            input_file_id=upload(client, long_lines(tag, 128, tokens=16)),
+            endpoint=CHAT,
+            completion_window="24h",
+        )
+        holder = wait_held_by(faults, batch.id, faults.pid(victim))
+        assert wait_final(client, batch.id, timeout=300).status == "completed"
+        return holder
+
+    dead_pid = faults.pid(victim)  # the pid file names the last process started, dead or alive
+    database = faults.db()
+    try:
+        with database.read() as s:
+            claims = s.scalars(select(WorkUnit.worker).where(WorkUnit.worker.is_not(None))).all()
+            sampled = s.scalar(select(func.count()).where(EngineSample.worker == label))
+        before = next((h for t in claims if (h := holder_of(t)) and h.pid == dead_pid), None)
+        if faults.stack.processes[victim].poll() is None or before is None or not sampled:
+            # run alone (or nothing of the dead one's to compare with): make a predecessor
+            faults.ensure_workers()
+            before = run_on_victim("name-before")
+            os.kill(faults.pid(victim), signal.SIGTERM)  # a graceful stop, as a supervisor's restart
+            faults.stack.processes[victim].wait(DRAIN_SECONDS + SHUTDOWN_GRACE_SECONDS)
+        restarted = time.time()
+        faults.ensure_workers()
+        after = run_on_victim("name-after")
+        assert before.worker == after.worker == label
+        assert before.incarnation != after.incarnation and before.pid != after.pid
+        with open(faults.stack.log(victim), "rb") as f:
+            f.seek(faults.stack.log_offsets[victim])  # the restarted process's lines name it too
+            assert f" [{label}] ".encode() in f.read()
+        # the restarted process's engine samples join its predecessor's series (written each
+        # FREIGHT_SAMPLE_SECONDS of engine work: the last one shortly after the batch)
+        deadline = time.monotonic() + 30
+        while True:
+            with database.read() as s:
+                samples = s.execute(select(EngineSample.worker, EngineSample.started_at)).all()
+            mine = [at for worker, at in samples if worker == label]
+            if any(at >= restarted for at in mine) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert any(at < restarted for at in mine) and any(at >= restarted for at in mine), mine
+        assert {worker for worker, _ in samples} <= labels
+        rt = Runtime(faults.stack.settings)  # what /metrics reads: one series per worker name
+        try:
+            busy = metrics_snapshot(rt, time.time()).engine_busy_seconds
+        finally:
+            rt.db.dispose()
+        assert (label, "demo") in busy and {worker for worker, _ in busy} <= labels, busy
+    finally:
+        database.dispose()
 
 
 def test_a_killed_workers_engine_processes_exit_with_it(faults: Faults) -> None:

@@ -131,6 +131,28 @@ def test_vllm_loggers_write_through_freights_handler_in_any_process(restore_root
     assert fresh.level == logging.WARNING and fresh.formatter.role == "engine"  # type: ignore[union-attr]
 
 
+def test_an_engine_workers_lines_name_it(restore_root):
+    """The engine worker's stable name (workers/identity.py) is on every line of its process, and
+    on the lines of the engine processes it spawns (their set-up comes from vLLM's dictConfig)."""
+    stream = io.StringIO()
+    handler = configure("INFO", "json", stream=stream, worker="engine-a@gpu7")
+    logging.getLogger("test_logs").info("json line")
+    configure("INFO", "text", stream=stream, worker="engine-a@gpu7")
+    logging.getLogger("test_logs").info("text line")
+    json_line, text_line = stream.getvalue().splitlines()
+    [entry] = json_lines(json_line)
+    assert entry["worker"] == "engine-a@gpu7" and "role" not in entry
+    assert text_line.endswith(" INFO [engine-a@gpu7] test_logs: text line")
+
+    logging.getLogger().removeHandler(installed_handler() or handler)  # vLLM's engine core process
+    logging.config.dictConfig(vllm_logging_config("INFO", "json", "engine-a@gpu7"))
+    fresh = installed_handler()
+    assert fresh is not None and (fresh.formatter.role, fresh.formatter.worker) == (  # type: ignore[union-attr]
+        "engine",
+        "engine-a@gpu7",
+    )
+
+
 def test_the_freight_command_follows_both_settings(tmp_path: Path) -> None:
     """`freight db upgrade` logs Alembic's steps at INFO: as JSON lines at INFO, none at WARNING."""
 

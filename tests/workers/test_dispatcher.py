@@ -139,7 +139,7 @@ def test_a_lost_units_live_counts_are_cleared(settings):
         t0 = float(now())
         first, second = units(rt)
         for attempt, unit in ((1, first), (1, second), (2, second)):
-            assert claim_unit(rt, unit.id, t0) is not None
+            assert claim_unit(rt, unit.id, t0, "w:1-0a1b2c3d") is not None
             with rt.db.write() as s:  # what a heartbeat writes mid-unit
                 s.execute(update(WorkUnit).where(WorkUnit.id == unit.id).values(completed=3, failed=1))
             report = dispatcher.TickReport()

@@ -8,16 +8,17 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from api.services.tenants import create_tenant
-from storage.models import Batch, StoredFile
+from storage.models import Batch, StoredFile, UnitStatus, WorkUnit
 from storage.runtime import Runtime
 from storage.status import BatchStatus
 from tests.conftest import now
-from tests.factories import chat_line, upload_and_create
-from workers import dispatcher, finalize, task_policy, validation
+from tests.factories import chat_line, upload_and_create, validated_batch
+from workers import dispatcher, execution, finalize, task_policy, validation
 from workers.celery_app import make_celery
+from workers.identity import holder_id
 
 LINES = [chat_line("a"), chat_line("b")]
 
@@ -192,3 +193,42 @@ def test_which_errors_are_outages():
     assert not task_policy.is_transient(ObjectNotFound("files/x"))
     assert not task_policy.is_transient(ValueError("a bug"))
     assert [task_policy.retry_countdown(n) for n in range(8)] == [5, 10, 20, 40, 80, 160, 300, 300]
+
+
+def test_a_failed_pack_fails_only_the_units_this_process_holds(settings, tenant):
+    """A worker restarted under its old name meets its dead predecessor's units, still held by the
+    predecessor's claims until their lease runs out, in the pack Redis redelivered to it. When the
+    pack fails in the new process, fail_pack must fail its own claims alone: the incarnation in
+    the claim token tells the two processes apart (workers/identity.py), and a name's LIKE
+    wildcards (``_``, ``%``) match only themselves."""
+    rt = Runtime(replace(settings, unit_size=2))
+    try:
+        lines = [chat_line(f"r{i}") for i in range(8)]  # four units of two
+        unit_ids = [u.id for u in units_of(rt, validated_batch(rt, tenant, lines))]
+        name = "engine_%@gpu7"
+        dead, alive = holder_id(name, "7-0a1b2c3d"), holder_id(name, "7-9f8e7d6c")  # one pid, two starts
+        lookalike = holder_id("engineX%@gpu7", "7-9f8e7d6c")  # `_` as a wildcard would match it
+        holders = [dead, alive, alive, lookalike]
+        t = float(now())
+        claims = [execution.claim_unit(rt, u, t, h) for u, h in zip(unit_ids, holders, strict=True)]
+        assert all(claims)
+        with rt.db.write() as s:
+            s.execute(update(WorkUnit).where(WorkUnit.id.in_(unit_ids)).values(pack_id="pack-1"))
+        assert task_policy.fail_pack(rt, alive, False, "boom", "pack-1", unit_ids) == 2
+        after = {u.id: u for u in units_of(rt)}
+        assert [after[u].status for u in unit_ids] == [
+            UnitStatus.RUNNING, UnitStatus.FAILED, UnitStatus.FAILED, UnitStatus.RUNNING
+        ]  # fmt: skip
+        assert after[unit_ids[0]].worker == claims[0].token  # type: ignore[union-attr]  # still the dead one's
+        # the predecessor's unit is left to the lease, which queues it again for anyone
+        assert task_policy.fail_pack(rt, alive, True, "engine died", "pack-1", unit_ids) == 0
+    finally:
+        rt.db.dispose()
+
+
+def units_of(rt: Runtime, batch_id: str | None = None) -> list[WorkUnit]:
+    with rt.db.read() as s:
+        query = select(WorkUnit).order_by(WorkUnit.id)
+        if batch_id is not None:
+            query = query.where(WorkUnit.batch_id == batch_id)
+        return list(s.scalars(query).all())
