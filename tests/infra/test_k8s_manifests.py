@@ -4,7 +4,9 @@ against the Kubernetes OpenAPI schemas (``kubernetes-validate``, which ships the
 ``Recreate``; every container runs a real ``freight`` command line (parsed by the click command
 tree of ``api.cli:main``, so an invented subcommand or flag fails); every ``FREIGHT_*`` name is a
 field of ``Settings`` and the values parse; the API's probes are /readyz and /healthz on its port;
-a GPU engine worker requests as many GPUs as its model's tensor-parallel size.
+a GPU engine worker requests as many GPUs as its model's tensor-parallel size; each GPU engine
+worker Deployment is scaled by an HPA on Freight's queue-depth gauge, and the KEDA example (a CRD no
+core schema knows, kept out of the overlay) is parsed and checked for the same target and gauge.
 
 A missing ``kubectl`` or ``kubernetes-validate`` fails these tests with that reason: skipping them
 would pass manifests nobody checked.
@@ -34,6 +36,7 @@ OVERLAYS = ("cpu-demo", "gpu")
 KUBERNETES_VERSION = "1.30.0"
 SETTINGS_NAMES = {f"FREIGHT_{f.name.upper()}" for f in fields(Settings)}
 TP_ANNOTATION = "freight/tensor-parallel-size"
+QUEUE_GAUGE = "freight_queue_requests"  # the autoscaling signal (api/metrics.py)
 
 
 @cache
@@ -228,3 +231,80 @@ def registrations(path: Path) -> dict[str, int]:
 def test_the_demo_model_is_declared() -> None:
     models = Settings.from_env(environment(render("cpu-demo"))).models
     assert set(models) == {"demo"}
+
+
+def engine_workers(objects: tuple[dict[str, Any], ...]) -> dict[str, dict[str, Any]]:
+    return {
+        name: d for name, d in by_kind(objects, "Deployment").items()
+        if d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component") == "engine-worker"
+    }  # fmt: skip
+
+
+def model_of(deployment: dict[str, Any]) -> str:
+    return deployment["spec"]["template"]["metadata"]["labels"]["freight/model"]
+
+
+def test_the_queue_gauge_is_one_freight_exposes_per_model() -> None:
+    from api.metrics import families
+    from api.services.monitoring import MetricsSnapshot
+
+    empty: dict = {}
+    snap = MetricsSnapshot(
+        batches=empty, queue_requests={"qwen32b": 12}, work_units=empty, batches_at_risk=empty, workers=(),
+        engine_busy_seconds=empty, engine_cost_dollars=empty, tokens=empty, cached_prompt_tokens=empty,
+        batch_cost_dollars=empty, sla_batches=empty, sla_attainment=empty,
+    )  # fmt: skip
+    [gauge] = [f for f in families(snap) if f.name == QUEUE_GAUGE]
+    assert gauge.type == "gauge"
+    assert [(x.labels, x.value) for x in gauge.samples] == [({"model": "qwen32b"}, 12)]
+
+
+def test_gpu_workers_scale_on_the_queue_depth() -> None:
+    objects = render("gpu")
+    workers = engine_workers(objects)
+    hpas = by_kind(objects, "HorizontalPodAutoscaler")
+    assert {h["spec"]["scaleTargetRef"]["name"] for h in hpas.values()} == set(workers)  # each has one
+    for name, hpa in hpas.items():
+        spec = hpa["spec"]
+        target = spec["scaleTargetRef"]
+        assert (target["apiVersion"], target["kind"]) == ("apps/v1", "Deployment"), name
+        [metric] = spec["metrics"]
+        assert metric["type"] == "External", name
+        selector = {"matchLabels": {"model": model_of(workers[target["name"]])}}
+        assert metric["external"]["metric"] == {"name": QUEUE_GAUGE, "selector": selector}, name
+        assert (
+            metric["external"]["target"]["type"] == "AverageValue"
+            and int(metric["external"]["target"]["averageValue"]) > 0
+        )
+        assert 1 <= spec["minReplicas"] <= spec["maxReplicas"], name
+        # the HPA owns the replicas: one in the Deployment would be reset by every `kubectl apply`
+        assert "replicas" not in workers[target["name"]]["spec"], name
+    # the CPU demo has no autoscaler: its one worker is the demo
+    assert not by_kind(render("cpu-demo"), "HorizontalPodAutoscaler")
+
+
+def test_the_keda_example_targets_a_worker_and_reads_the_queue_gauge() -> None:
+    """KEDA's ScaledObject is a custom resource: no Kubernetes schema validates it, so it stays out
+    of the overlay (applying it needs KEDA's CRDs) and is checked here for what it refers to."""
+    overlay = K8S / "overlays" / "gpu"
+    examples = sorted(overlay.glob("keda-*.yaml"))
+    assert examples, "no KEDA example in the gpu overlay"
+    kustomization = yaml.safe_load((overlay / "kustomization.yaml").read_text())
+    workers = engine_workers(render("gpu"))
+    for path in examples:
+        assert path.name not in kustomization["resources"], f"{path.name}: KEDA's CRD is not in every cluster"
+        [obj] = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+        assert (obj["apiVersion"], obj["kind"]) == ("keda.sh/v1alpha1", "ScaledObject"), path.name
+        assert obj["metadata"]["namespace"] == "freight"
+        spec = obj["spec"]
+        target = spec["scaleTargetRef"]["name"]
+        assert target in workers, (path.name, target)
+        assert spec.get("scaleTargetRef", {}).get("kind", "Deployment") == "Deployment"
+        [trigger] = spec["triggers"]
+        assert trigger["type"] == "prometheus"
+        query = trigger["metadata"]["query"]
+        # every API pod reports the same queue (read from the database): max, not a sum over pods
+        assert query == f'max({QUEUE_GAUGE}{{model="{model_of(workers[target])}"}})', query
+        assert float(trigger["metadata"]["threshold"]) > 0
+        assert trigger["metadata"]["serverAddress"].startswith("http")
+        assert 0 <= spec["minReplicaCount"] <= spec["maxReplicaCount"]
