@@ -18,7 +18,9 @@ from storage.errors import ServiceError
 from storage.runtime import Runtime
 from storage.settings import Settings
 
-METRICS_LISTENER_ENDPOINTS = frozenset({"metrics", "healthz"})
+# the metrics listener (FREIGHT_METRICS_BIND, a private interface) serves what monitoring reads:
+# the metrics and both probes, nothing of tenants'
+METRICS_LISTENER_ENDPOINTS = frozenset({"metrics", "healthz", "readyz"})
 
 
 def create_app(settings: Settings | None = None, runtime: Runtime | None = None) -> Flask:

@@ -184,7 +184,7 @@ class Settings:
     max_json_body_bytes: int = 1024 * 1024
     # GET /metrics names tenants and their spend: it needs 'Authorization: Bearer <token>', unless
     # it arrives on the listener of metrics_bind (HOST:PORT, a second gunicorn bind serving
-    # /metrics and /healthz only); with neither set, /metrics answers nobody
+    # /metrics, /healthz and /readyz only); with neither set, /metrics answers nobody
     metrics_token: str = ""
     metrics_bind: str = ""
     # reverse proxies (addresses or CIDRs) whose X-Forwarded-For / X-Forwarded-Proto are believed;

@@ -61,6 +61,9 @@ def test_the_metrics_listener_serves_metrics_and_nothing_else(settings, apps) ->
     scraped = listener.get("/metrics", environ_overrides=at_listener)
     assert scraped.status_code == 200 and b"freight_batches" in scraped.data
     assert listener.get("/healthz", environ_overrides=at_listener).status_code == 200
+    # readiness too (database, Redis and SeaweedFS of the test services answer), with its body
+    ready = listener.get("/readyz", environ_overrides=at_listener)
+    assert ready.status_code == 200 and ready.get_json()["status"] == "ready", ready.get_json()
     bearer = {"Authorization": f"Bearer {key}"}
     assert listener.get("/v1/models", headers=bearer, environ_overrides=at_listener).status_code == 404
     assert listener.get("/console/sign-in", environ_overrides=at_listener).status_code == 404
