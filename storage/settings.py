@@ -161,6 +161,11 @@ class Settings:
     # weights and activations: auto is the checkpoint's dtype, except float32 on a CPU without
     # native 16-bit float math (x86 without AVX512-BF16 or AMX), where BF16 runs several times slower
     engine_dtype: str = "auto"
+    # HOST:PORT where an engine worker serves vLLM's own Prometheus metrics (TTFT, KV-cache usage,
+    # preemptions, prefix-cache hits: workers/engine_metrics.py); empty: off, and vLLM's stat
+    # logging, which costs throughput, stays off. One port per worker: several on a host each need
+    # their own (a per-worker environment, as systemd's worker-%i.env)
+    engine_metrics_bind: str = ""
     # liveness of work units
     heartbeat_seconds: float = 5.0
     lease_seconds: float = 60.0  # a running unit with no heartbeat for this long is redelivered
@@ -340,6 +345,8 @@ class Settings:
             )
         if self.engine_dtype not in ENGINE_DTYPES:
             raise SettingsError(f"FREIGHT_ENGINE_DTYPE must be one of {', '.join(ENGINE_DTYPES)}")
+        if self.engine_metrics_bind and metrics_port(self.engine_metrics_bind) is None:
+            raise SettingsError("FREIGHT_ENGINE_METRICS_BIND must be HOST:PORT")
         if self.metrics_bind and metrics_port(self.metrics_bind) in (None, self.api_port):
             raise SettingsError(
                 "FREIGHT_METRICS_BIND must be HOST:PORT with a port other than FREIGHT_API_PORT's"

@@ -147,7 +147,8 @@ def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
     from storage.registry import RegistryError, require
     from storage.runtime import Runtime
     from workers.celery_app import make_celery
-    from workers.engine import Engine, EngineStartFailed, EngineUnsupported
+    from workers.engine import Engine, EngineStartFailed, EngineUnsupported, stats_registry
+    from workers.engine_metrics import EngineMetricsUnavailable, serve_engine_metrics
     from workers.execution import PackRunner
     from workers.identity import node_name
     from workers.tasks import runtime_of
@@ -165,6 +166,11 @@ def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
         )
     except (RegistryError, CheckpointError) as exc:
         raise BootstrapError(str(exc)) from exc
+    if settings.engine_metrics_bind:  # bound before the engine loads: a taken port stops it now
+        try:
+            serve_engine_metrics(settings.engine_metrics_bind, stats_registry(), worker)
+        except EngineMetricsUnavailable as exc:
+            raise BootstrapError(str(exc)) from exc
     # load once, before consuming: every task this process runs finds the engine warm
     try:
         with vllm_logs_through_freight(settings, worker):
@@ -240,6 +246,7 @@ def engine_config(
         "block_size": settings.engine_block_size or None,
         "enforce_eager": settings.engine_enforce_eager,
         "dtype": settings.engine_dtype,
+        "stats": bool(settings.engine_metrics_bind),  # vLLM's stat logging only where it is served
     }
     return EngineConfig(
         model_path=path,

@@ -36,6 +36,7 @@ from workers.rendering import RenderedRequest, build_response_body, render_reque
 from workers.request_bodies import ParsedRequest, RequestError, parse_body
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
     from vllm.v1.engine.llm_engine import LLMEngine
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,8 @@ class EngineConfig:
     an operator's `VLLM_CPU_KVCACHE_SPACE` overrides it). `default_max_tokens` is the output
     budget for requests that do not give one (None: the context left after the prompt).
     `engine_args` are the model's other vLLM engine arguments (workers/engine_args.py), passed to
-    EngineArgs over Freight's own.
+    EngineArgs over Freight's own. `stats` turns vLLM's stat logging on, whose Prometheus metrics
+    (`stats_registry`) a worker serves with FREIGHT_ENGINE_METRICS_BIND; off, it costs nothing.
     """
 
     model_path: str
@@ -71,6 +73,7 @@ class EngineConfig:
     dtype: str = "auto"
     quantization: str | None = None
     engine_args: dict[str, Any] = field(default_factory=dict)
+    stats: bool = False
 
 
 @dataclass(frozen=True)
@@ -268,6 +271,15 @@ def _count_step_outputs(llm: LLMEngine, counters: _Counters) -> None:
     core.get_output = counted  # type: ignore[method-assign]
 
 
+def stats_registry() -> CollectorRegistry:
+    """The Prometheus registry vLLM's stat loggers write this process's engine metrics to (the
+    global one, unless PROMETHEUS_MULTIPROC_DIR makes vLLM aggregate across processes); filled once
+    an engine with `EngineConfig.stats` runs."""
+    from vllm.v1.metrics.prometheus import get_prometheus_registry
+
+    return get_prometheus_registry()
+
+
 class Engine:
     """A warm vLLM engine for one model; create it with `Engine.start(config)`."""
 
@@ -322,7 +334,7 @@ class Engine:
             "enforce_eager": config.enforce_eager,
             "seed": config.seed,
             "enable_prefix_caching": config.enable_prefix_caching,
-            "disable_log_stats": True,  # see _count_step_outputs
+            "disable_log_stats": not config.stats,  # off unless its metrics are served: see _count_step_outputs
             "dtype": serving_dtype(config.dtype, stored, quantized, native_half=native_half_precision()),
         }
         # the model's own engine arguments over Freight's (workers/bootstrap.py: engine_config)

@@ -33,8 +33,8 @@ OWNED: dict[str, str] = {
     "cache entries (FREIGHT_PREFIX_CACHE_SHARING); both need vLLM's prefix cache on",
     "seed": "the engine seed stays 0 so a redelivered unit samples as its first attempt did; a "
     "request's own `seed` field sets its sampling",
-    "disable_log_stats": "Freight counts engine steps itself: vLLM's stat loggers cost about a tenth "
-    "of a small model's throughput on CPU",
+    "disable_log_stats": "Freight counts engine steps itself: vLLM's stat loggers cost throughput, so they "
+    "run exactly where FREIGHT_ENGINE_METRICS_BIND serves their metrics",
     "data_parallel_size": "an engine worker runs one engine replica: start more workers of the model "
     "(`freight worker --model NAME`, one per GPU set) for data parallelism",
 }

@@ -90,6 +90,8 @@ def live(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator
         "FREIGHT_WEBHOOK_ALLOW_PRIVATE_TARGETS": "true",  # the tests' receivers are on 127.0.0.1
         # test_dropfolder_live: a drop folder's latency is held to the default poll (5 s)
         "FREIGHT_DROPFOLDER_MAX_BACKOFF_SECONDS": "4",
+        # test_engine_metrics_live: the one engine worker serves vLLM's metrics (stat logging on)
+        "FREIGHT_ENGINE_METRICS_BIND": f"127.0.0.1:{services.free_port()}",
     }
     live_stack, stack = start_live(tmp_path_factory.mktemp("stack"), demo_model, overrides, ("alpha", "beta"))
     try:
