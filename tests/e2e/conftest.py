@@ -42,6 +42,12 @@ class LiveStack:
     def client(self, tenant: str = "alpha") -> OpenAI:
         return OpenAI(base_url=self.base_url, api_key=self.keys[tenant], max_retries=0, timeout=60)
 
+    @property
+    def worker_env(self) -> dict[str, str]:
+        """The stack's environment for a further engine worker a test starts: without the stack's
+        worker's vLLM-metrics port, which a second worker on this host cannot also bind."""
+        return {k: v for k, v in self.stack.env.items() if k != "FREIGHT_ENGINE_METRICS_BIND"}
+
 
 def start_live(
     run_dir: Path,

@@ -79,7 +79,7 @@ def _run(live: LiveStack) -> None:
     name = "engine-args-worker"
     log = live.stack.log(name)
     proc = spawn(live.stack.run_dir, name, [*FREIGHT, "worker", "--model", MODEL, "--name", f"{name}@%h"],
-                 live.stack.env)  # fmt: skip
+                 live.worker_env)  # fmt: skip
     try:
         code = proc.wait(timeout=300)
     finally:
@@ -111,7 +111,7 @@ def _run(live: LiveStack) -> None:
 
     offset = log.stat().st_size
     proc = spawn(live.stack.run_dir, name, [*FREIGHT, "worker", "--model", MODEL, "--name", f"{name}@%h"],
-                 live.stack.env)  # fmt: skip
+                 live.worker_env)  # fmt: skip
     try:
         wait_for(lambda: _log_has(log, " ready.", offset), "engine-args worker", 300, proc, log)
         with open(log, "rb") as f:

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.stack
 
 
 def test_an_int4_model_registered_by_the_cli_serves_a_batch(live: LiveStack, tmp_path) -> None:
-    env = live.stack.env
+    env = live.worker_env  # it starts a second engine worker
     int4 = tmp_path / "demo-w4a16"
     done = subprocess.run(
         [*FREIGHT, "models", "quantize", str(live.model_dir), str(int4), "--register", "demo-int4"],
