@@ -74,6 +74,8 @@ EXPIRES_SECONDS = {"type": "integer", "minimum": 3600, "maximum": 2592000}
 DELETED_FILE = obj({"id": STR, "object": {"const": "file"}, "deleted": {"const": True}})
 
 LINE_ERROR = obj({"code": nullable(STR), "message": STR, "param": nullable(STR), "line": nullable(INT)})
+# a batch's or an estimate's errors: the file's bad lines (or one error about the whole file)
+ERROR_LIST = obj({"object": {"const": "list"}, "data": {"type": "array", "items": LINE_ERROR}})
 
 COST = obj(
     {
@@ -98,9 +100,7 @@ BATCH = obj(
         "object": {"const": "batch"},
         "endpoint": STR,
         "model": nullable(STR),
-        "errors": nullable(
-            obj({"object": {"const": "list"}, "data": {"type": "array", "items": LINE_ERROR}})
-        ),
+        "errors": nullable(ERROR_LIST),
         "input_file_id": STR,
         "completion_window": STR,
         "status": {"enum": BATCH_STATUS},
@@ -182,9 +182,7 @@ ESTIMATE = obj(
         "object": {"const": "batch.estimate"},
         "endpoint": STR,
         "model": nullable(STR),
-        "errors": nullable(
-            obj({"object": {"const": "list"}, "data": {"type": "array", "items": LINE_ERROR}})
-        ),
+        "errors": nullable(ERROR_LIST),
         "input_file_id": STR,
         "completion_window": STR,
         "status": {"enum": ["validating", "completed", "failed"]},

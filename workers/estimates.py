@@ -22,38 +22,32 @@ frees the tenant's turn.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import struct
 import time
-from collections.abc import Iterator
 from typing import Any
 
 from sqlalchemy import delete, func, select
 
 from scheduler.estimate import History, PlanTotals, engine_rate, summary, typical_output
-from scheduler.ordering import sort_records
 from scheduler.unit_plan import kv_block_size
 from storage.broker import BROKER_ERRORS
 from storage.errors import ServiceError
 from storage.models import Batch, EngineSample, Estimate, StoredFile, WorkUnit
 from storage.registry import lookup
-from storage.request_tables import RowError, decode_limits, metadata_defaults
+from storage.request_tables import metadata_defaults
 from storage.retention import live
 from storage.runtime import Runtime
 from storage.settings import Settings
 from storage.status import EstimateStatus, UnitStatus
 from workers import intake
-from workers.batch_input import open_requests
 from workers.prompt_tokens import TokenizerUnavailable
+from workers.task_policy import one_error
 from workers.validation import (
     ScanResult,
-    _line_error,
-    _name_columns,
     error_list,
     file_rules,
-    scan_lines,
-    spill_dir,
+    sorted_input,
     tokenizer_failure,
 )
 
@@ -174,8 +168,7 @@ def fail(rt: Runtime, estimate_id: str, error: str) -> None:
             return
         row.status = EstimateStatus.FAILED
         row.finished_at = int(time.time())
-        error_row = {"code": "estimate_failed", "message": error[:1000], "param": None, "line": None}
-        row.errors = {"object": "list", "data": [error_row]}
+        row.errors = one_error(error[:1000], code="estimate_failed")
     log.warning("estimate %s failed: %s", estimate_id, error)
 
 
@@ -195,37 +188,23 @@ def estimate_file(
     record at a time after the sort; each request keeps only its prompt key, length and budget.
     """
     settings: Settings = rt.settings
-    rules = file_rules(rt, endpoint)
-    scanned = ScanResult()
-    spill = spill_dir(settings)
     default_budget = settings.engine_default_max_tokens
-    with open_requests(rt.store, input_key, endpoint, defaults, spill, decode_limits(settings)) as source:
-        lines = (_line_error(x) if isinstance(x, RowError) else x for x in source.lines)
 
-        def records() -> Iterator[tuple[bytes, int, bytes]]:
-            nonlocal scanned
-            for item in scan_lines(lines, rules, settings.max_listed_errors):
-                if isinstance(item, ScanResult):
-                    scanned = item
-                    return
-                budget = default_budget if item.max_tokens is None else item.max_tokens
-                exact = item.prompt_token_ids is not None
-                yield item.key, item.line, _ROW.pack(item.prompt_len, budget, exact)
+    def payload(item: Any) -> bytes:
+        budget = default_budget if item.max_tokens is None else item.max_tokens
+        return _ROW.pack(item.prompt_len, budget, item.prompt_token_ids is not None)
 
-        ordered = sort_records(records(), memory_bytes=settings.sort_memory_mb * 1024 * 1024, spill_dir=spill)
-        try:
-            first = next(ordered, None)  # the sort reads the whole file before its first row
-            if source.parquet:
-                scanned.errors = _name_columns(scanned.errors, source.columns)
-            if scanned.error_count or first is None:
-                return scanned, None
-            history = model_history(rt, tenant_id, scanned.model or "", now)
-            totals = PlanTotals(kv_block_size(settings.engine_block_size), history.typical_output)
-            for key, _line, payload in itertools.chain([first], ordered):
-                prompt_len, budget, exact = _ROW.unpack(payload)
-                totals.add(key, prompt_len, budget, bool(exact))
-        finally:
-            ordered.close()
+    with sorted_input(
+        settings, rt.store, input_key, file_rules(rt, endpoint), defaults, payload
+    ) as sorted_file:
+        scanned = sorted_file.summary
+        if scanned.error_count or sorted_file.empty:
+            return scanned, None
+        history = model_history(rt, tenant_id, scanned.model or "", now)
+        totals = PlanTotals(kv_block_size(settings.engine_block_size), history.typical_output)
+        for key, _line, row in sorted_file.rows:
+            prompt_len, budget, exact = _ROW.unpack(row)
+            totals.add(key, prompt_len, budget, bool(exact))
     entry = lookup(rt.db, settings, scanned.model or "")
     price_per_hour = entry.price_per_hour(settings) if entry else settings.instance_price_per_hour
     list_price = entry.list_price_or_default(settings) if entry else settings.list_price(scanned.model or "")

@@ -141,11 +141,12 @@ def _end(task: Task, step: str, args: tuple, exc: Exception, on_fault: OnFault) 
 # -- what a fault ends, per task -----------------------------------------------------------------
 
 
-def _error_list(message: str) -> dict[str, Any]:
-    """Batch errors in the shape a failed validation records them (about the file, not a line)."""
+def one_error(message: str, code: str = "internal_error") -> dict[str, Any]:
+    """An error list of one error about the whole file (not a line), in the shape a failed
+    validation records a batch's errors; estimates record theirs in it too."""
     return {
         "object": "list",
-        "data": [{"code": "internal_error", "message": message, "param": None, "line": None}],
+        "data": [{"code": code, "message": message, "param": None, "line": None}],
     }
 
 
@@ -155,7 +156,7 @@ def fail_validation(rt: Runtime, error: str, batch_id: str) -> bool:
         batch = s.get(Batch, batch_id, with_for_update=True)
         if batch is None or batch.status != BatchStatus.VALIDATING:
             return False
-        batch.errors = _error_list(f"validation failed: {error}")
+        batch.errors = one_error(f"validation failed: {error}")
         batch.request_total = 0
         batch.validation_heartbeat_at = None
         finish_batch(s, batch, BatchStatus.FAILED, int(time.time()))
@@ -183,7 +184,7 @@ def fail_finalization(rt: Runtime, error: str, batch_id: str) -> bool:
         batch = s.get(Batch, batch_id, with_for_update=True)
         if batch is None or batch.status not in (BatchStatus.FINALIZING, BatchStatus.CANCELLING):
             return False
-        batch.errors = _error_list(message)
+        batch.errors = one_error(message)
         batch.finalizer_heartbeat_at = None
         if batch.status == BatchStatus.CANCELLING:
             log.error("batch %s (cancelling): %s", batch_id, message)

@@ -17,6 +17,7 @@ control processes with these same line rules, then merged into the same shards
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import hashlib
 import itertools
@@ -370,11 +371,12 @@ def prompt_keys(rt: Runtime) -> Callable[[str, str, dict], bytes]:
     return key
 
 
-def _line_error(error: RowError) -> LineError:
+def line_error(error: RowError) -> LineError:
+    """A row the Parquet decoder could not turn into a line, as the error a bad line gets."""
     return LineError(error.row, error.code, error.message, error.column)
 
 
-def _name_columns(errors: list[LineError], columns: tuple[str, ...]) -> list[LineError]:
+def name_columns(errors: list[LineError], columns: tuple[str, ...]) -> list[LineError]:
     """Parquet input: errors say the row and the column they are about."""
     named = []
     for e in errors:
@@ -393,42 +395,72 @@ def spill_dir(settings: Settings) -> str:
     return str(path)
 
 
+@dataclass
+class SortedInput:
+    """A scanned input's summary and its valid lines as sort records ``(key, line, payload)`` in
+    prompt-key order. The summary is final as soon as ``rows`` exists: the sort reads the whole
+    file before it gives its first record."""
+
+    summary: ScanResult
+    rows: Iterator[tuple[bytes, int, bytes]]
+    empty: bool = True  # no valid line
+
+
+@contextlib.contextmanager
+def sorted_input(
+    settings: Settings,
+    store: Any,
+    input_key: str,
+    rules: FileRules,
+    defaults: dict,
+    payload: Callable[[Any], bytes],
+    stats: SortStats | None = None,
+) -> Iterator[SortedInput]:
+    """Read the stored input once with ``scan_lines``'s rules and sort its valid lines by prompt
+    key in bounded memory (FREIGHT_SORT_MEMORY_MB, spilled beyond). Validation (the record's
+    payload: the request store row) and the dry-run estimate (a few numbers) share it, so an
+    estimate reads a file exactly as its batch would be read. ``payload`` makes a valid line's
+    sort payload; the spill files are removed on exit."""
+    spill = spill_dir(settings)
+    result = SortedInput(ScanResult(), iter(()))
+    with open_requests(store, input_key, rules.endpoint, defaults, spill, decode_limits(settings)) as source:
+        lines = (line_error(x) if isinstance(x, RowError) else x for x in source.lines)
+
+        def records() -> Iterator[tuple[bytes, int, bytes]]:
+            for item in scan_lines(lines, rules, settings.max_listed_errors):
+                if isinstance(item, ScanResult):
+                    result.summary = item
+                    return
+                yield item.key, item.line, payload(item)
+
+        ordered = sort_records(
+            records(), memory_bytes=settings.sort_memory_mb * 1024 * 1024, spill_dir=spill, stats=stats
+        )
+        try:
+            first = next(ordered, None)  # the sort reads the whole file before its first row
+            if source.parquet:
+                result.summary.errors = name_columns(result.summary.errors, source.columns)
+            if first is not None:
+                result.rows = itertools.chain([first], ordered)
+                result.empty = False
+            yield result
+        finally:
+            ordered.close()
+
+
 def write_store(
     rt: Runtime, batch_id: str, input_key: str, rules: FileRules, defaults: dict
 ) -> tuple[ScanResult, list[str]]:
     """Scan the input, sort the valid rows by prompt key and write them as shards (only when every
     line is valid); the scan's summary and the shards' keys, in order."""
-    settings: Settings = rt.settings
-    summary = ScanResult()
     shard_keys: list[str] = []
     sort_stats = SortStats()
-    spill = spill_dir(settings)
-    limits = decode_limits(rt.settings)
-    with open_requests(rt.store, input_key, rules.endpoint, defaults, spill, limits) as source:
-        lines = (_line_error(x) if isinstance(x, RowError) else x for x in source.lines)
-
-        def records() -> Iterator[tuple[bytes, int, bytes]]:
-            nonlocal summary
-            for item in scan_lines(lines, rules, settings.max_listed_errors):
-                if isinstance(item, ScanResult):
-                    summary = item
-                    return
-                yield item.key, item.line, _payload(item)
-
-        ordered = sort_records(
-            records(), memory_bytes=settings.sort_memory_mb * 1024 * 1024, spill_dir=spill, stats=sort_stats
-        )
-        try:
-            first = next(ordered, None)  # the sort reads the whole file before its first row
-            if first is not None and not summary.error_count:
-                shard_keys = write_shards(rt, batch_id, itertools.chain([first], ordered))
-        finally:
-            ordered.close()
-        if source.parquet:
-            summary.errors = _name_columns(summary.errors, source.columns)
+    with sorted_input(rt.settings, rt.store, input_key, rules, defaults, _payload, sort_stats) as scanned:
+        if not scanned.summary.error_count:
+            shard_keys = write_shards(rt, batch_id, scanned.rows)
     if sort_stats.runs_spilled:
         log.info("batch %s: %d sorted runs spilled", batch_id, sort_stats.runs_spilled)
-    return summary, shard_keys
+    return scanned.summary, shard_keys
 
 
 def write_shards(rt: Runtime, batch_id: str, ordered: Iterable[tuple[bytes, int, bytes]]) -> list[str]:

@@ -56,13 +56,13 @@ from workers.validation import (
     LineError,
     ScanResult,
     _LeaseKeeper,
-    _line_error,
-    _name_columns,
     _payload,
     check_line,
     conclude,
     file_rules,
     line_content,
+    line_error,
+    name_columns,
     spill_dir,
     tokenizer_failure,
     write_shards,
@@ -252,7 +252,7 @@ def scan_chunk(
                 lines = pos
                 summary["stopped"] = isinstance(raw, RowError) and raw.code in ENDS_ROWS
                 if isinstance(raw, RowError):  # numbered in the whole file: made the chunk's
-                    error = _line_error(raw)
+                    error = line_error(raw)
                     bad(BAD_ROW, LineError(error.line - first_row, error.code, error.message, error.param))
                     continue
                 raw = line_content(raw, start == 0 and pos == 1)
@@ -325,7 +325,7 @@ def merge(rt: Runtime, batch_id: str, input_key: str, endpoint: str, defaults: d
     else:
         summary = replay(rt, batch_id, chunks)
         if chunks and chunks[0].summary.get("parquet"):  # errors name the row and the column
-            summary.errors = _name_columns(summary.errors, tuple(chunks[0].summary["columns"]))
+            summary.errors = name_columns(summary.errors, tuple(chunks[0].summary["columns"]))
         if not summary.error_count:
             shard_keys = merge_runs(rt, batch_id, chunks)
     conclude(rt, batch_id, summary, shard_keys, started)
