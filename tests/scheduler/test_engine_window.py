@@ -5,7 +5,12 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler.engine_window import KV_BOUND_WAITING_PER_SEQ, WINDOW_PER_SEQ, engine_window
+from scheduler.engine_window import (
+    KV_BOUND_WAITING_PER_SEQ,
+    PREFILL_STEPS_AHEAD,
+    WINDOW_PER_SEQ,
+    engine_window,
+)
 
 
 def test_slots_bound_keeps_twice_the_batch() -> None:
@@ -13,13 +18,15 @@ def test_slots_bound_keeps_twice_the_batch() -> None:
 
 
 def test_long_prompts_under_kv_pressure_keep_few_waiting() -> None:
-    # the shared-prefix workloads: ~875-token prompts, 64 sequences; 2048 / 875 -> 3 < 64 / 8
+    # the shared-prefix workloads: ~875-token prompts, 64 sequences; 2 * 2048 / 875 -> 5 < 64 / 8
     assert engine_window(64, 40, True, 2048, 875.0) == 40 + round(KV_BOUND_WAITING_PER_SEQ * 64)
 
 
-def test_tiny_prompts_keep_one_steps_token_budget_waiting() -> None:
-    # 20-token prompts: a step can start 2048 / 20 = 103 of them, not 256 / 8 = 32
-    assert engine_window(256, 40, True, 2048, 20.0) == 40 + 103
+def test_tiny_prompts_keep_two_steps_token_budgets_waiting() -> None:
+    # 20-token prompts: a step can start 2048 / 20 = 103 of them, not 256 / 8 = 32; the next step
+    # runs before the worker tops the engine up, so two steps' worth wait
+    assert PREFILL_STEPS_AHEAD == 2
+    assert engine_window(256, 40, True, 2048, 20.0) == 40 + 205
 
 
 def test_no_prompt_seen_yet_is_capped_by_the_full_window() -> None:
