@@ -15,7 +15,13 @@ several:
   written by an older release) are added once their units have finished (``storage/rollup.py``);
 - console sessions past their lifetime are deleted (they were already refused);
 - webhook deliveries that ended (delivered or failed) ``FREIGHT_FILE_RETENTION_SECONDS`` ago are
-  deleted (0: kept), so the delivery log lives as long as a batch's result files.
+  deleted (0: kept), so the delivery log lives as long as a batch's result files;
+- dry-run estimates (``workers/estimates.py``): one still ``validating`` a
+  ``FREIGHT_VALIDATION_TIME_LIMIT_SECONDS`` after it was asked for lost its task (a message lost
+  with the broker's data, a worker killed past the limit) and is failed, saying so, so no estimate
+  stays ``validating`` for ever (the tenant's count of waiting estimates stops counting it at the
+  same age); finished ones are deleted ``FREIGHT_FILE_RETENTION_SECONDS`` after they finished
+  (0: kept).
 
 Any step may run twice at once (two beats, a manual ``freight cleanup``): deletes are idempotent,
 and a sample row is added to the totals by the transaction that deleted it, so by one only.
@@ -30,12 +36,21 @@ from dataclasses import dataclass, field
 from sqlalchemy import delete, exists, or_, select, update
 from sqlalchemy.orm import aliased
 
-from storage.models import Batch, ConsoleSession, EngineSample, EngineSampleTotal, StoredFile, WebhookDelivery
+from storage.models import (
+    Batch,
+    ConsoleSession,
+    EngineSample,
+    EngineSampleTotal,
+    Estimate,
+    StoredFile,
+    WebhookDelivery,
+)
 from storage.quotas import OPEN_STATUSES
 from storage.retention import FINAL_AT, FINAL_STATUSES, delete_file_objects, purge_batch_data
 from storage.rollup import roll_up_stragglers
 from storage.runtime import Runtime
-from storage.status import DeliveryStatus
+from storage.status import DeliveryStatus, EstimateStatus
+from workers.task_policy import one_error
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +67,8 @@ class CleanupReport:
     batches_rolled_up: int = 0
     sessions_ended: int = 0
     deliveries_pruned: int = 0
+    estimates_lost: int = 0
+    estimates_pruned: int = 0
 
 
 def run(rt: Runtime, now: float) -> CleanupReport:
@@ -63,6 +80,7 @@ def run(rt: Runtime, now: float) -> CleanupReport:
         report.batches_rolled_up = roll_up_stragglers(s, int(now), PASS_ROWS)
     end_sessions(rt, int(now), report)
     prune_deliveries(rt, int(now), report)
+    end_estimates(rt, int(now), report)
     if report.files_expired or report.batches_purged or report.samples_pruned:
         log.info(
             "cleanup: %d files expired, %d batches' data purged (%d objects), %d engine samples pruned",
@@ -96,6 +114,43 @@ def prune_deliveries(rt: Runtime, now: int, report: CleanupReport) -> None:
         if old:
             s.execute(delete(WebhookDelivery).where(WebhookDelivery.id.in_(old)))
     report.deliveries_pruned = len(old)
+
+
+def end_estimates(rt: Runtime, now: int, report: CleanupReport) -> None:
+    """Estimates whose task was lost fail; finished ones a retention old go (PASS_ROWS each a pass)."""
+    lost_before = now - rt.settings.validation_time_limit_seconds
+    lost_error = one_error(
+        "the estimate was not made within FREIGHT_VALIDATION_TIME_LIMIT_SECONDS "
+        f"({rt.settings.validation_time_limit_seconds} s): its task was lost or stopped; ask again",
+        code="estimate_lost",
+    )
+    with rt.db.write() as s:
+        lost = s.scalars(
+            select(Estimate.id)
+            .where(Estimate.status == EstimateStatus.VALIDATING, Estimate.created_at < lost_before)
+            .limit(PASS_ROWS)
+        ).all()
+        if lost:  # the status in the WHERE again: a task that finished meanwhile keeps its answer
+            s.execute(
+                update(Estimate)
+                .where(Estimate.id.in_(lost), Estimate.status == EstimateStatus.VALIDATING)
+                .values(status=EstimateStatus.FAILED, finished_at=now, errors=lost_error)
+            )
+    report.estimates_lost = len(lost)
+    if lost:
+        log.warning("cleanup: %d estimates lost their task and were failed", len(lost))
+    keep = rt.settings.file_retention_seconds
+    if keep <= 0:
+        return
+    with rt.db.write() as s:
+        old = s.scalars(
+            select(Estimate.id)
+            .where(Estimate.status != EstimateStatus.VALIDATING, Estimate.finished_at < now - keep)
+            .limit(PASS_ROWS)
+        ).all()
+        if old:
+            s.execute(delete(Estimate).where(Estimate.id.in_(old)))
+    report.estimates_pruned = len(old)
 
 
 def expire_files(rt: Runtime, now: int, report: CleanupReport) -> None:

@@ -15,9 +15,11 @@ estimate or ``failed`` with the file's errors as a batch's would list them. A te
 FREIGHT_TENANT_VALIDATIONS estimates waiting at once (then 429), so dry runs cannot crowd the
 validation queue other tenants' batches wait in.
 
-Known limit: an estimate whose task message is lost (the broker's data lost) stays ``validating``;
-nothing sends it again, and asking again makes a new one once the wait (FREIGHT_VALIDATION_TIME_LIMIT_SECONDS)
-frees the tenant's turn.
+An estimate whose task message is lost (the broker's data lost) or whose worker was killed is not
+sent again: the periodic cleanup (``workers/cleanup.py``) fails it once it is a
+FREIGHT_VALIDATION_TIME_LIMIT_SECONDS old, saying so, the same age at which it stops counting
+against the tenant's waiting estimates; asking again is cheap. Finished estimates are deleted a
+FREIGHT_FILE_RETENTION_SECONDS after they finished.
 """
 
 from __future__ import annotations

@@ -172,3 +172,42 @@ def test_expired_console_sessions_are_deleted_and_live_ones_kept(runtime) -> Non
         assert s.scalar(select(func.count()).select_from(ConsoleSession)) == 1
     assert sessions.resume(runtime.db, fresh, now()) is not None
     assert sessions.resume(runtime.db, old, now()) is None
+
+
+def test_a_lost_estimate_fails_and_finished_ones_go_after_retention(runtime) -> None:
+    """An estimate whose task never ran is failed once a validation time limit old (it would
+    otherwise stay ``validating`` for ever), a young one is left to its task, and finished ones
+    are deleted a file retention after they finished."""
+    from storage.models import Estimate
+    from storage.status import EstimateStatus
+
+    tenant, _ = create_tenant(runtime.db, "alpha", now())
+    limit = runtime.settings.validation_time_limit_seconds
+    keep = runtime.settings.file_retention_seconds
+    t = now()
+    rows = {
+        "lost": (EstimateStatus.VALIDATING, t - limit - 5, None),
+        "young": (EstimateStatus.VALIDATING, t - 5, None),
+        "old": (EstimateStatus.COMPLETED, t - keep - 10, t - keep - 5),
+        "recent": (EstimateStatus.FAILED, t - 10, t - 5),
+    }
+    ids = {}
+    with runtime.db.write() as s:
+        for name, (status, created, finished) in rows.items():
+            row = Estimate(tenant_id=tenant.id, input_file_id="file-x", endpoint="/v1/chat/completions",
+                           completion_window="24h", price_multiplier=1.0, status=status,
+                           created_at=created, finished_at=finished)  # fmt: skip
+            s.add(row)
+            s.flush()
+            ids[name] = row.id
+    report = cleanup.run(runtime, t)
+    assert (report.estimates_lost, report.estimates_pruned) == (1, 1)
+    with runtime.db.read() as s:
+        left = {row.id: row for row in s.scalars(select(Estimate))}
+    assert set(left) == {ids["lost"], ids["young"], ids["recent"]}
+    lost = left[ids["lost"]]
+    assert lost.status == EstimateStatus.FAILED and lost.finished_at == t
+    assert lost.errors["data"][0]["code"] == "estimate_lost"
+    assert "ask again" in lost.errors["data"][0]["message"]
+    assert left[ids["young"]].status == EstimateStatus.VALIDATING
+    assert cleanup.run(runtime, t).estimates_lost == 0  # nothing twice
