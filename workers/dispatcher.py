@@ -320,6 +320,7 @@ def redeliver_stale(rt: Runtime, now: float, report: TickReport) -> None:
                 pack_id=None,
                 completed=0,
                 failed=0,
+                completion_tokens=0,
             )
             if changed:
                 report.redelivered.append(unit.unit_id)
@@ -332,6 +333,7 @@ def redeliver_stale(rt: Runtime, now: float, report: TickReport) -> None:
                 finished_at=now,
                 completed=0,
                 failed=0,
+                completion_tokens=0,
                 note=f"worker lost {unit.attempts} times",
             )
             report.given_up.append(unit.unit_id)

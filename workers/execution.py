@@ -107,6 +107,7 @@ def claim_unit(rt: Runtime, unit_id: int, now: float, holder: str, urgent: bool 
             heartbeat_at=now,
             completed=0,  # live progress of this attempt (see _heartbeat)
             failed=0,
+            completion_tokens=0,
         )
         if not taken:
             return None
@@ -197,14 +198,17 @@ def unit_recorded(rt: Runtime, claim: Claim, ready: bool, model: str) -> None:
     enqueue_units(rt, time.time(), TickReport(), model=model)
 
 
-def heartbeat(rt: Runtime, beats: Iterable[tuple[Claim, int, int]], now: float) -> None:
-    """Renew claims in one transaction, each with its unit's (completed, failed) results so far."""
+def heartbeat(rt: Runtime, beats: Iterable[tuple[Claim, int, int, int]], now: float) -> None:
+    """Renew claims in one transaction, each with its unit's (completed, failed, output tokens)
+    so far: live figures of the running attempt, which every move out of ``running`` other than
+    ``record_unit`` (released, redelivered, given up, failed) sets back to 0, so finalization's sums
+    over the units never count an attempt whose results were discarded."""
     with rt.db.write() as s:
-        for claim, completed, failed in beats:
+        for claim, completed, failed, tokens in beats:
             s.execute(
                 update(WorkUnit)
                 .where(held(claim))
-                .values(heartbeat_at=now, completed=completed, failed=failed)
+                .values(heartbeat_at=now, completed=completed, failed=failed, completion_tokens=tokens)
             )
 
 
@@ -674,6 +678,7 @@ class PackRunner:
                 attempts=WorkUnit.attempts - 1,
                 completed=0,  # its live counts: these results are given back unrecorded
                 failed=0,
+                completion_tokens=0,
             )
         log.info("unit %s released unfinished at shutdown", unit.claim.unit_id)
 
@@ -728,8 +733,10 @@ class PackRunner:
 
     def _heartbeat(self, units: list[ActiveUnit], now: float) -> None:
         """Renew the claims, with each unit's results so far: the API adds running units' counts
-        to the batch's request_counts, so progress moves within a unit, not only at its end."""
-        heartbeat(self.rt, [(u.claim, u.tally.completed, u.tally.failed) for u in units], now)
+        to the batch's request_counts, and the console's throughput chart their output tokens, so
+        both move within a unit, not only at its end."""
+        beats = [(u.claim, u.tally.completed, u.tally.failed, u.tally.completion_tokens) for u in units]
+        heartbeat(self.rt, beats, now)
 
     def _flush_sample(self) -> None:
         with self._sample_lock:

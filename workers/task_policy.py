@@ -217,6 +217,7 @@ def fail_pack(
             finished_at=time.time(),
             completed=0,
             failed=0,
+            completion_tokens=0,
             note=f"pack failed: {error}",
         )
     log.error("pack %s: %d unit(s) failed: %s", pack_id, failed, error)

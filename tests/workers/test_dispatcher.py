@@ -128,9 +128,10 @@ def test_a_batch_is_not_left_behind_when_the_broker_is_down(settings):
 
 
 def test_a_lost_units_live_counts_are_cleared(settings):
-    """Heartbeats write a running unit's results so far; when its worker is lost those results
-    are gone, so redelivery (and giving up) must not leave its counts in request_counts' sums."""
-    from sqlalchemy import update
+    """Heartbeats write a running unit's results so far (requests and output tokens); when its
+    worker is lost those results are gone, so redelivery (and giving up) must not leave them in
+    request_counts' or finalization's sums."""
+    from workers.execution import heartbeat
 
     rt = Runtime(replace(settings, unit_size=4, lease_seconds=30, max_unit_attempts=2))
     try:
@@ -139,17 +140,21 @@ def test_a_lost_units_live_counts_are_cleared(settings):
         t0 = float(now())
         first, second = units(rt)
         for attempt, unit in ((1, first), (1, second), (2, second)):
-            assert claim_unit(rt, unit.id, t0, "w:1-0a1b2c3d") is not None
-            with rt.db.write() as s:  # what a heartbeat writes mid-unit
-                s.execute(update(WorkUnit).where(WorkUnit.id == unit.id).values(completed=3, failed=1))
+            claim = claim_unit(rt, unit.id, t0, "w:1-0a1b2c3d")
+            assert claim is not None
+            heartbeat(rt, [(claim, 3, 1, 120)], t0 + 1)  # mid-unit: 3 done, 1 failed, 120 tokens out
+            with rt.db.read() as s:
+                beat = s.get(WorkUnit, unit.id)
+                assert beat is not None
+                assert (beat.completed, beat.failed, beat.completion_tokens, beat.heartbeat_at) == (3, 1, 120, t0 + 1)  # fmt: skip
             report = dispatcher.TickReport()
-            dispatcher.redeliver_stale(rt, t0 + 31, report)
+            dispatcher.redeliver_stale(rt, t0 + 32, report)
             if attempt == 1:
                 assert report.redelivered == [unit.id]
         by_id = {u.id: u for u in units(rt)}
         assert by_id[first.id].status == UnitStatus.PENDING
         assert by_id[second.id].status == UnitStatus.FAILED  # lost twice: given up
-        assert all((u.completed, u.failed) == (0, 0) for u in by_id.values())
+        assert all((u.completed, u.failed, u.completion_tokens) == (0, 0, 0) for u in by_id.values())
     finally:
         rt.db.dispose()
 
