@@ -64,6 +64,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
 
     register_rate_limits(app, settings)
 
+    import api.views.console_usage  # its routes join the console's blueprint
     import api.views.console_webhooks  # noqa: F401 (its routes join the console's blueprint)
     from api.views.console import bp as console
     from api.views.v1 import bp as v1
