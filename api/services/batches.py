@@ -19,17 +19,18 @@ from storage.status import BatchStatus
 
 def get(rt: Runtime, tenant_id: str, batch_id: str) -> Batch:
     with rt.db.read() as s:
-        return _owned(s, tenant_id, batch_id)
+        return owned(s, tenant_id, batch_id)
 
 
 def get_with_progress(rt: Runtime, tenant_id: str, batch_id: str) -> tuple[Batch, tuple[int, int]]:
     """The batch and its running units' (completed, failed) so far (see ``running_counts``)."""
     with rt.db.read() as s:
-        batch = _owned(s, tenant_id, batch_id)
+        batch = owned(s, tenant_id, batch_id)
         return batch, running_counts(s, [batch]).get(batch.id, (0, 0))
 
 
-def _owned(s: Session, tenant_id: str, batch_id: str) -> Batch:
+def owned(s: Session, tenant_id: str, batch_id: str) -> Batch:
+    """The tenant's batch, in ``s``; another tenant's is not found, as one that does not exist."""
     batch = s.get(Batch, batch_id)
     if batch is None or batch.tenant_id != tenant_id:
         raise ServiceError("not_found", f"No such Batch object: {batch_id}", param="batch_id")

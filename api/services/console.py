@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, String, cast, func, or_, select
 
 from api.services import batches
+from api.services.job_events import Timeline, stopped_requests, timeline
 from api.services.models import list_models
 from api.services.reports import WORKER_STALE_SECONDS, as_int, ratio
 from scheduler.cost import ListPrice
@@ -33,6 +34,8 @@ ACTIVE = "active"  # the status filter for every batch that is not final yet
 ACTIVE_STATUSES = tuple(s.value for s in BatchStatus if not s.is_terminal)
 STATUS_FILTERS = (ACTIVE, *(s.value for s in BatchStatus))
 MAX_BUCKETS = 40
+STOPPED = (BatchStatus.CANCELLING.value, BatchStatus.CANCELLED.value, BatchStatus.EXPIRED.value)
+MAX_QUERY = 200  # characters of a jobs search
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +47,8 @@ log = logging.getLogger(__name__)
 class JobRow:
     batch: Batch
     filename: str | None  # the input file's name as uploaded
+    running: tuple[int, int] = (0, 0)  # (completed, failed) so far in its running units
+    stopped: int = 0  # requests a cancel or the window's end kept from running
 
 
 @dataclass(frozen=True)
@@ -55,11 +60,41 @@ class JobsPage:
     per_page: int
 
 
+def search_terms(query: str) -> ColumnElement[bool]:
+    """Batches whose id, input file name or metadata (a key or a value) contain ``query``, as
+    typed: ``%``, ``_`` and the escape character match themselves (LIKE with an escape). Metadata
+    is matched in its stored JSON text, where a quote or a non-ASCII character is escaped, so the
+    query is matched in that form as well as verbatim."""
+    if len(query) > MAX_QUERY:
+        raise ServiceError("invalid_request", f"a search is at most {MAX_QUERY} characters", param="q")
+    in_json = json.dumps(query)[1:-1]  # how the metadata's JSON text spells it
+    filename = select(StoredFile.id).where(
+        StoredFile.id == Batch.input_file_id, StoredFile.filename.contains(query, autoescape=True)
+    )
+    meta = cast(Batch.metadata_, String)
+    return or_(
+        Batch.id.contains(query, autoescape=True),
+        filename.exists(),
+        meta.contains(query, autoescape=True),
+        meta.contains(in_json, autoescape=True),
+    )
+
+
 def jobs(
-    rt: Runtime, tenant_id: str, status: str | None, model: str | None, page: int, per_page: int
+    rt: Runtime,
+    tenant_id: str,
+    status: str | None,
+    model: str | None,
+    page: int,
+    per_page: int,
+    query: str | None = None,
 ) -> JobsPage:
-    """The tenant's batches, newest first, with ``status`` (a status or ``active``) and ``model``."""
+    """The tenant's batches, newest first, with ``status`` (a status or ``active``) and ``model``,
+    and containing ``query`` (``search_terms``). Always within the tenant: the search scans that
+    tenant's rows (``ix_batches_tenant_created``) and nobody else's."""
     where = [Batch.tenant_id == tenant_id]
+    if query:
+        where.append(search_terms(query))
     if status:
         if status not in STATUS_FILTERS:
             raise ServiceError("invalid_request", f"status must be one of {', '.join(STATUS_FILTERS)}")
@@ -83,7 +118,13 @@ def jobs(
         names = dict(
             s.execute(select(StoredFile.id, StoredFile.filename).where(StoredFile.id.in_(ids))).all()
         )
-    return JobsPage([JobRow(b, names.get(b.input_file_id)) for b in rows], total, page, pages, per_page)
+        running = batches.running_counts(s, rows)
+        # one aggregate per stopped batch of the page (at most per_page), over its own units
+        stopped = {b.id: stopped_requests(s, b) for b in rows if b.status in STOPPED}
+    found = [
+        JobRow(b, names.get(b.input_file_id), running.get(b.id, (0, 0)), stopped.get(b.id, 0)) for b in rows
+    ]
+    return JobsPage(found, total, page, pages, per_page)
 
 
 def tenant_models(rt: Runtime, tenant_id: str) -> list[str]:
@@ -161,12 +202,20 @@ class JobDetail:
     batch: Batch
     input_file: StoredFile | None
     throughput: Throughput
+    running: tuple[int, int]  # (completed, failed) so far in its running units, from heartbeats
+    stopped: int  # requests a cancel or the window's end kept from running (job_events.stopped_requests)
+    timeline: Timeline
 
 
 def job(rt: Runtime, tenant_id: str, batch_id: str, now: float) -> JobDetail:
-    """One batch of the tenant (another tenant's is not found), its input file and throughput."""
-    batch = batches.get(rt, tenant_id, batch_id)
+    """One batch of the tenant (another tenant's is not found), its input file, throughput,
+    live counts and event timeline, in one read transaction.
+
+    Throughput counts finished units over their runs and running units over [started, latest
+    heartbeat] with what their heartbeats reported so far (requests, output tokens), so the chart
+    moves every FREIGHT_HEARTBEAT_SECONDS, not only when a unit of a few hundred requests ends."""
     with rt.db.read() as s:
+        batch = batches.owned(s, tenant_id, batch_id)
         source = s.get(StoredFile, batch.input_file_id)
         runs = [
             UnitRun(started, finished, done + failed, tokens)
@@ -185,9 +234,29 @@ def job(rt: Runtime, tenant_id: str, batch_id: str, now: float) -> JobDetail:
                 )
             )
         ]
+        runs += [
+            UnitRun(started, beat, done + failed, tokens)
+            for started, beat, done, failed, tokens in s.execute(
+                select(
+                    WorkUnit.started_at,
+                    WorkUnit.heartbeat_at,
+                    WorkUnit.completed,
+                    WorkUnit.failed,
+                    WorkUnit.completion_tokens,
+                ).where(
+                    WorkUnit.batch_id == batch.id,
+                    WorkUnit.status == UnitStatus.RUNNING,
+                    WorkUnit.started_at.is_not(None),
+                    WorkUnit.heartbeat_at.is_not(None),
+                )
+            )
+        ]
+        running = batches.running_counts(s, [batch]).get(batch.id, (0, 0))
+        stopped = stopped_requests(s, batch)
+        events = timeline(s, batch, now)
     final = batch.completed_at or batch.failed_at or batch.expired_at or batch.cancelled_at
     start = float(batch.in_progress_at or batch.created_at)
-    return JobDetail(batch, source, throughput(runs, start, float(final or now)))
+    return JobDetail(batch, source, throughput(runs, start, float(final or now)), running, stopped, events)
 
 
 def submit(

@@ -48,7 +48,7 @@ from storage.broker import BROKER_ERRORS
 from storage.errors import ServiceError
 from storage.objectstore import ObjectStoreError
 from storage.runtime import Runtime
-from storage.status import STAMP, BatchStatus
+from storage.status import BatchStatus
 from workers.request_bodies import ENDPOINTS
 
 log = logging.getLogger(__name__)
@@ -249,12 +249,20 @@ def _int_arg(name: str, default: int, maximum: int) -> int:
     return value
 
 
-def job_view(b: Any, filename: str | None = None) -> dict[str, Any]:
-    """The batch's wire object (the API's own numbers) plus what the pages show beside it."""
-    view = batch_object(b)
+def job_view(
+    b: Any, filename: str | None = None, running: tuple[int, int] = (0, 0), stopped: int = 0
+) -> dict[str, Any]:
+    """The batch's wire object (the API's own numbers, with its running units' counts so far)
+    plus what the pages show beside it. ``stopped``: of the failed requests, those a cancel or the
+    window's end kept from running, so a stopped job's bar shows what finished before the stop."""
+    view = batch_object(b, running)
     counts = view["request_counts"]
     view["filename"] = filename
     view["done"] = counts["completed"] + counts["failed"]
+    view["stopped"] = min(stopped, counts["failed"])
+    view["stopped_as"] = (
+        "expired" if b.final_status == BatchStatus.EXPIRED and not b.cancelling_at else "cancelled"
+    )
     view["final"] = BatchStatus(b.status).is_terminal
     view["cancellable"] = b.status in (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS)
     return view
@@ -265,15 +273,18 @@ def job_view(b: Any, filename: str | None = None) -> dict[str, Any]:
 def jobs_page() -> str:
     status = request.args.get("status") or None
     model = request.args.get("model") or None
+    query = request.args.get("q", "").strip() or None
     per_page = _int_arg("per_page", 20, 100)
-    result = console.jobs(rt(), g.tenant_id, status, model, _int_arg("page", 1, 1_000_000), per_page)
-    views = [job_view(r.batch, r.filename) for r in result.rows]
+    page = _int_arg("page", 1, 1_000_000)
+    result = console.jobs(rt(), g.tenant_id, status, model, page, per_page, query)
+    views = [job_view(r.batch, r.filename, r.running, r.stopped) for r in result.rows]
     return render_template(
         "console/jobs.html",
         jobs=views,
         result=result,
         status=status or "",
         model=model or "",
+        q=query or "",
         statuses=console.STATUS_FILTERS,
         models=console.tenant_models(rt(), g.tenant_id),
         refresh=REFRESH_SECONDS if any(not v["final"] for v in views) else None,
@@ -283,14 +294,12 @@ def jobs_page() -> str:
 @bp.get("/jobs/<batch_id>")
 def job_page(batch_id: str) -> str:
     detail = console.job(rt(), g.tenant_id, batch_id, time.time())
-    view = job_view(detail.batch, detail.input_file.filename if detail.input_file else None)
-    stamps = [("created", detail.batch.created_at)]
-    stamps += [(str(status), getattr(detail.batch, column)) for status, column in STAMP.items()]
-    timeline = sorted(((label, at) for label, at in stamps if at is not None), key=lambda x: x[1])
+    filename = detail.input_file.filename if detail.input_file else None
+    view = job_view(detail.batch, filename, detail.running, detail.stopped)
     return render_template(
         "console/job.html",
         job=view,
-        timeline=timeline,
+        timeline=detail.timeline,
         chart=chart(detail.throughput),
         deliveries=webhooks.deliveries(rt(), g.tenant_id, batch_id=batch_id) if view["final"] else [],
         refresh=None if view["final"] else REFRESH_SECONDS,

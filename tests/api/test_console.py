@@ -340,7 +340,7 @@ def test_job_page_costs_timeline_and_throughput_chart(app, runtime, keys, alpha)
     assert page.count('<rect class="bar"') > 1 and '<polyline class="line"' in page
     assert 'id="count-completed">16<' in page and 'id="saving">75.0%<' in page
     assert 'id="cost-total">$0.0025<' in page
-    assert re.search(r"created</span>.*in progress</span>.*\+5s</span>.*deadline</span>", page, re.S)
+    assert re.search(r"created</span>.*validated</span>.*\+5s</span>.*deadline</span>", page, re.S)
     # the cache hit rate vLLM reported, and the one the prefix-sorted plan predicted beside it
     assert re.search(r'id="cache-hit">25\.0% <span class="sub planned">\(plan 60\.0%\)</span>', page)
     listing = html(alpha.get("/console/jobs"))
@@ -441,3 +441,37 @@ def test_console_errors_are_html_pages_with_security_headers(alpha):
     assert "http://" not in page.get_data(as_text=True) and "https://" not in page.get_data(as_text=True)
     css = alpha.get("/static/console/console.css")
     assert css.status_code == 200 and b"url(" not in css.data and b"@import" not in css.data
+
+
+def test_search_by_id_file_name_and_metadata_within_the_tenant(app, keys, alpha):
+    """One box searches the batch id, the input file's name and the metadata (keys and values,
+    non-ASCII too); %, _ and / are matched as typed, and another tenant's batches never show."""
+    mine = {
+        "report": api_batch(app, keys["a"], name="report-2026.jsonl"),
+        "percent": api_batch(app, keys["a"], name="100%_done.jsonl"),
+        "meta": api_batch(app, keys["a"], metadata={"project": "évals/q4", "owner": "ops"}),
+        "plain": api_batch(app, keys["a"], name="plain.jsonl"),
+    }
+    theirs = api_batch(app, keys["b"], name="report-beta.jsonl", metadata={"project": "évals/q4"})
+
+    def found(query: str) -> set[str]:
+        page = html(alpha.get("/console/jobs", query_string={"q": query}))
+        return set(re.findall(r'<tr class="job" id="job-(batch_[0-9a-f]+)"', page))
+
+    ids = {name: b["id"] for name, b in mine.items()}
+    assert found("report") == {ids["report"]}  # beta's report-beta.jsonl is not theirs to find
+    assert found(ids["plain"][-10:]) == {ids["plain"]}  # part of a batch id
+    assert found(theirs["id"]) == set()
+    assert found("évals/q4") == {ids["meta"]}  # a metadata value, stored as JSON text
+    assert found("owner") == {ids["meta"]}  # a metadata key
+    assert found("%_") == {ids["percent"]}  # LIKE wildcards are plain characters
+    assert found("%") == {ids["percent"]}
+    assert found("_d") == {ids["percent"]}  # not "any character, then d"
+    assert found("/q") == {ids["meta"]}  # the escape character itself
+    assert found("nothing-like-this") == set()
+    assert "match these filters" in html(alpha.get("/console/jobs?q=nothing-like-this"))
+    # the search box keeps the query, and paging keeps the search
+    page = html(alpha.get("/console/jobs", query_string={"q": "jsonl", "per_page": 1}))
+    assert 'id="search" value="jsonl"' in page and "q=jsonl" in page and "page 1 of 4" in page
+    too_long = alpha.get("/console/jobs", query_string={"q": "x" * 201})
+    assert too_long.status_code == 400 and "at most 200 characters" in html(too_long)
