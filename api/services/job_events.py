@@ -19,7 +19,7 @@ losses at the time they were failed, with the dispatcher's note.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlalchemy import ColumnElement, Float, case, cast, func, select
 from sqlalchemy.orm import Session
@@ -38,6 +38,7 @@ class Event:
     kind: str  # created, validated, dispatched, started, restarted, finished, skipped, gave_up, ...
     label: str
     detail: str = ""
+    until: float | None = None  # a unit bucket's last event, when later than its first
 
 
 @dataclass(frozen=True)
@@ -64,18 +65,19 @@ def _bucketed(
     start: float,
     width: float,
     *where: ColumnElement[bool],
-) -> list[tuple[float, int, int, int]]:
-    """(first time, units, lowest seq, highest seq) per bucket of ``column``, oldest first."""
+) -> list[tuple[float, float, int, int, int]]:
+    """(first time, last time, units, lowest seq, highest seq) per bucket of ``column``, oldest
+    first."""
     col = cast(column, Float)
     bucket = func.floor((col - start) / width)
     rows = s.execute(
-        select(func.min(col), func.count(), func.min(WorkUnit.seq), func.max(WorkUnit.seq))
+        select(func.min(col), func.max(col), func.count(), func.min(WorkUnit.seq), func.max(WorkUnit.seq))
         .where(WorkUnit.batch_id == batch_id, col.is_not(None), *where)
         .group_by(bucket)
         .order_by(func.min(col))
         .limit(MAX_BUCKETS + 1)  # a clock set back could make more; the cap holds regardless
     ).all()
-    return [(float(at), int(n), int(lo), int(hi)) for at, n, lo, hi in rows]
+    return [(float(at), float(last), int(n), int(lo), int(hi)) for at, last, n, lo, hi in rows]
 
 
 def bucket_seconds(start: float, end: float) -> float:
@@ -126,8 +128,8 @@ def timeline(s: Session, b: Batch, now: float) -> Timeline:
         ("gave_up", "failed", WorkUnit.finished_at, (WorkUnit.status == UnitStatus.FAILED,)),
     ]
     for kind, verb, column, where in unit_kinds:
-        for at, n, lo, hi in _bucketed(s, b.id, column, start, width, *where):
-            events.append(Event(at, kind, f"{_units(lo, hi, n)} {verb}"))
+        for at, last, n, lo, hi in _bucketed(s, b.id, column, start, width, *where):
+            events.append(Event(at, kind, f"{_units(lo, hi, n)} {verb}", until=last if last > at else None))
     notes = s.execute(
         select(WorkUnit.note, func.count())
         .where(WorkUnit.batch_id == b.id, WorkUnit.status == UnitStatus.FAILED, WorkUnit.note.is_not(None))
@@ -136,7 +138,7 @@ def timeline(s: Session, b: Batch, now: float) -> Timeline:
     ).all()
     if notes:  # why units were given up: "worker lost 3 times", "pack failed: ..."
         why = "; ".join(f"{note} ({n})" for note, n in notes)
-        events = [Event(e.at, e.kind, e.label, why) if e.kind == "gave_up" else e for e in events]
+        events = [replace(e, detail=why) if e.kind == "gave_up" else e for e in events]
     order = {"created": 0, "validated": 1, "cancel": 2, "expired": 2, "finalizing": 8, "final": 9}
     events.sort(key=lambda e: (e.at, order.get(e.kind, 5)))
     left_out = max(0, len(events) - MAX_EVENTS)

@@ -58,6 +58,10 @@ def test_a_cancelled_jobs_timeline_and_progress(app, runtime, keys, alpha):  # n
     ], events  # fmt: skip
     text = dict(zip(kinds, (t for _, t in events), strict=False))
     assert "units 1-4 dispatched" in text["dispatched"] and "+10s" in text["dispatched"]
+    assert "to +" not in text["dispatched"]  # all four at once
+    finished = [x for k, x in events if k == "finished"]
+    assert "unit 1 finished" in finished[0] and "+100s" in finished[0] and "to +" not in finished[0]
+    assert "unit 2 finished" in finished[1] and "+310s" in finished[1]
     assert "40 requests in 4 work units" in text["validated"]
     assert "unit 2 restarted after a lost worker" in text["restarted"]
     assert "unit 3 failed" in text["gave_up"] and "worker lost 3 times (1)" in text["gave_up"]
