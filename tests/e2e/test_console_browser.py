@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
@@ -94,7 +95,12 @@ def test_console_in_a_browser(live, page: Page, tmp_path: Path) -> None:
     expect(page.locator('meta[http-equiv="refresh"]')).to_have_count(0)
     expect(page.locator("#count-completed")).to_have_text("12")
     expect(page.locator("svg.chart rect.bar").first).to_be_attached()
-    expect(page.locator("#timeline")).to_contain_text("completed")
+    # the event timeline: what happened, in order, unit events counted per bucket
+    timeline = page.locator("#timeline")
+    for kind in ("created", "validated", "dispatched", "finished", "finalizing", "final"):
+        expect(timeline.locator(f'li[data-kind="{kind}"]').first).to_be_visible()
+    expect(timeline.locator('li[data-kind="final"]')).to_contain_text("finalized: completed")
+    expect(timeline.locator('li[data-kind="dispatched"]').first).to_contain_text(re.compile(r"units? [\d-]+"))
     expect(page.locator(".sla-met")).to_be_visible()
     assert page.locator("#cost-total").inner_text().startswith("$")
     page.screenshot(path=str(SHOTS / "job-completed.png"), full_page=True)
@@ -121,7 +127,19 @@ def test_console_in_a_browser(live, page: Page, tmp_path: Path) -> None:
     long_batch = client.batches.create(input_file_id=source.id, endpoint=CHAT, completion_window="24h")
     page.goto(f"/console/jobs/{long_batch.id}")
     expect(page.locator("h1 .status")).to_have_text("in progress", timeout=120_000)  # by meta refresh
-    page.goto(f"/console/jobs/{long_batch.id}")  # a fresh page: no refresh due while clicking
+    # cancel once some requests are done, so the bar has both parts; polled by reloading (a
+    # fresh page each time: no refresh due while clicking), not by the 5 s meta refresh
+    deadline = time.monotonic() + 120
+    while int(page.locator("#count-completed").inner_text().replace(",", "")) == 0:
+        assert time.monotonic() < deadline, "no request of the long job completed"
+        page.wait_for_timeout(300)
+        page.goto(f"/console/jobs/{long_batch.id}")
+    # the chart draws the running job: bars of output tokens, not only empty buckets
+    heights = page.locator("svg.chart rect.bar").evaluate_all(
+        "bars => bars.map(b => +b.getAttribute('height'))"
+    )
+    assert max(heights) > 0, heights
+    page.screenshot(path=str(SHOTS / "job-running.png"), full_page=True)
     page.click("#cancel")
     expect(page.locator(".flash")).to_contain_text(f"{long_batch.id} is cancelling")
     expect(page.locator("#cancel")).to_have_count(0)
@@ -130,7 +148,17 @@ def test_console_in_a_browser(live, page: Page, tmp_path: Path) -> None:
     page.reload()
     expect(page.locator("h1 .status")).to_have_text("cancelled")
     expect(page.locator("#count-total")).to_have_text("400")
-    expect(page.locator("#timeline")).to_contain_text("cancelling")
+    timeline = page.locator("#timeline")
+    expect(timeline.locator('li[data-kind="cancel"]')).to_contain_text("cancel requested")
+    expect(timeline.locator('li[data-kind="final"]')).to_contain_text("finalized: cancelled")
+    # the bar: what finished before the cancel, and what the cancel kept from running
+    split = page.locator(".progress.stopped")
+    completed, stopped = int(split.get_attribute("data-completed")), int(split.get_attribute("data-stopped"))  # type: ignore[arg-type]  # fmt: skip
+    assert completed == final.request_counts.completed  # type: ignore[attr-defined]
+    assert completed > 0 and stopped > 0 and completed + stopped <= 400
+    expect(page.locator("#count-stopped")).to_have_text(f"{stopped:,}")
+    expect(split.locator(".n-completed")).to_have_text(f"{completed:,}")
+    page.screenshot(path=str(SHOTS / "job-cancelled.png"), full_page=True)
 
     # another tenant's job: not found, and not listed
     theirs = live.client("beta")
@@ -165,6 +193,40 @@ def test_console_in_a_browser(live, page: Page, tmp_path: Path) -> None:
     page.click(".filters button")
     expect(page.locator(f"#job-{batch_id}")).to_be_visible()
     expect(page.locator(f"#job-{long_batch.id}")).to_have_count(0)
+    # search: by file name, metadata and id, within the tenant; wildcards are plain characters
+    page.select_option("#filter-status", "")
+    for query, shown in (
+        ("questions", batch_id),
+        ("console-e2e", batch_id),
+        (long_batch.id[-8:], long_batch.id),
+    ):
+        page.fill("#search", query)
+        page.click(".filters button")
+        expect(page.locator("tr.job")).to_have_count(1)
+        expect(page.locator(f"#job-{shown}")).to_be_visible()
+    page.fill("#search", "questions")
+    page.click(".filters button")
+    page.screenshot(path=str(SHOTS / "jobs-search.png"), full_page=True)
+    for query in ("b.jsonl", "%"):  # beta's file name; % matches only a literal %
+        page.fill("#search", query)
+        page.click(".filters button")
+        expect(page.locator("#no-jobs")).to_be_visible()
+
+    # usage: the tenant's report, and its CSV
+    page.click("nav >> text=Usage")
+    total = page.locator("#usage-total")
+    expect(total.locator(".cost")).to_contain_text("$")
+    expect(page.locator("#usage-demo")).to_be_visible()
+    batches_done = int(total.locator("td").nth(1).inner_text())
+    assert batches_done >= 3  # the completed, the cancelled and the failed one, all alpha's
+    page.screenshot(path=str(SHOTS / "usage.png"), full_page=True)
+    with page.expect_download() as usage_csv:
+        page.click("#usage-csv")
+    report = tmp_path / "usage.csv"
+    usage_csv.value.save_as(report)
+    report_lines = report.read_text().splitlines()
+    assert report_lines[0].startswith("tenant,model,batches")
+    assert {line.split(",")[0] for line in report_lines[1:]} == {"alpha", "*"}
 
     # models and workers: the served model and the worker that just ran the jobs
     page.click("nav >> text=Models")
