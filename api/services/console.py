@@ -119,8 +119,7 @@ def jobs(
             s.execute(select(StoredFile.id, StoredFile.filename).where(StoredFile.id.in_(ids))).all()
         )
         running = batches.running_counts(s, rows)
-        # one aggregate per stopped batch of the page (at most per_page), over its own units
-        stopped = {b.id: stopped_requests(s, b) for b in rows if b.status in STOPPED}
+        stopped = stopped_requests(s, (b for b in rows if b.status in STOPPED))
     found = [
         JobRow(b, names.get(b.input_file_id), running.get(b.id, (0, 0)), stopped.get(b.id, 0)) for b in rows
     ]
@@ -252,7 +251,7 @@ def job(rt: Runtime, tenant_id: str, batch_id: str, now: float) -> JobDetail:
             )
         ]
         running = batches.running_counts(s, [batch]).get(batch.id, (0, 0))
-        stopped = stopped_requests(s, batch)
+        stopped = stopped_requests(s, [batch]).get(batch.id, 0)
         events = timeline(s, batch, now)
     final = batch.completed_at or batch.failed_at or batch.expired_at or batch.cancelled_at
     start = float(batch.in_progress_at or batch.created_at)

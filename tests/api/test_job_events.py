@@ -153,3 +153,52 @@ def test_the_chart_moves_with_heartbeats_of_running_units(app, runtime, keys, al
         s.get(WorkUnit, s.query(WorkUnit.id).filter_by(batch_id=batch["id"], seq=0).scalar()).completion_tokens = 900  # type: ignore[union-attr]  # fmt: skip
     later = html(alpha.get(f"/console/jobs/{batch['id']}"))
     assert float(re.search(r"mean ([\d.]+) tok/s", later).group(1)) > float(re.search(r"mean ([\d.]+) tok/s", page).group(1))  # type: ignore[union-attr]  # fmt: skip
+
+
+def test_an_expired_jobs_split_and_the_list_reads_stopped_counts_in_one_query(app, runtime, keys, alpha):  # noqa: F811
+    """The window ran out: the bar says expired (what the end kept from running), the timeline
+    says when the window ended; the jobs list reads every stopped job's split in one statement."""
+    expired = api_batch(app, keys["a"])
+    cancelled = api_batch(app, keys["a"])
+    with runtime.db.write() as s:
+        b = s.get(Batch, expired["id"])
+        b.created_at, b.in_progress_at, b.finalizing_at, b.expired_at = T0, T0 + 5, T0 + 3600, T0 + 3610
+        b.status, b.final_status, b.model, b.request_total = "expired", "expired", "demo", 30
+        b.request_completed, b.request_failed, b.expires_at = 12, 18, T0 + 3600
+        c = s.get(Batch, cancelled["id"])
+        c.status, c.cancelling_at, c.cancelled_at, c.request_total, c.request_failed = (
+            "cancelled",
+            T0,
+            T0 + 1,
+            10,
+            10,
+        )
+        s.execute(insert(WorkUnit), [
+            unit(b.id, 0, started_at=T0 + 10, finished_at=T0 + 900, status=UnitStatus.DONE, completed=10),
+            unit(b.id, 1, started_at=T0 + 3000, finished_at=T0 + 3601, status=UnitStatus.DONE, completed=2, failed=8),
+            unit(b.id, 2, finished_at=T0 + 3600, status=UnitStatus.SKIPPED),
+            unit(c.id, 0, finished_at=T0, status=UnitStatus.SKIPPED),
+        ])  # fmt: skip
+    page = html(alpha.get(f"/console/jobs/{expired['id']}"))
+    assert 'id="count-completed">12<' in page and 'id="count-stopped">18<' in page
+    assert "<dt>Expired</dt>" in page and 'id="count-failed">0<' in page
+    kinds = [k for k, _ in events_of(page)]
+    assert kinds.index("expired") < kinds.index("finalizing") < kinds.index("final")
+    assert "window ended" in dict(events_of(page))["expired"]
+    statements: list[str] = []
+
+    def record(conn, cursor, statement, parameters, context, executemany):
+        statements.append(statement)
+
+    with runtime.db.read() as s:
+        engine = s.get_bind()
+    event.listen(engine, "after_cursor_execute", record)
+    try:
+        listing = html(alpha.get("/console/jobs"))
+    finally:
+        event.remove(engine, "after_cursor_execute", record)
+    assert sum("n_requests" in x for x in statements) == 1  # both stopped jobs' splits, one query
+    row = listing[listing.index(f'id="job-{expired["id"]}"') :].split("</tr>")[0]
+    assert 'data-completed="12" data-stopped="18" data-failed="0"' in row and "18</span> expired" in row
+    row = listing[listing.index(f'id="job-{cancelled["id"]}"') :].split("</tr>")[0]
+    assert 'data-completed="0" data-stopped="10" data-failed="0"' in row and "10</span> cancelled" in row
