@@ -41,7 +41,8 @@ def test_a_cancelled_jobs_timeline_and_progress(app, runtime, keys, alpha):  # n
         b.request_completed, b.request_failed = 13, 27  # finalization: failed = total - completed
         b.expires_at = T0 + 86400
         s.execute(insert(WorkUnit), [
-            unit(b.id, 0, enqueued_at=T0 + 10, started_at=T0 + 11, finished_at=T0 + 100, status=UnitStatus.DONE, completed=10),
+            # enqueued 0.4 s apart: one second on the page, so no "+10s to +10s"
+            unit(b.id, 0, enqueued_at=T0 + 10.4, started_at=T0 + 11, finished_at=T0 + 100, status=UnitStatus.DONE, completed=10),
             # restarted after a lost worker, then cut short by the cancel: 7 of its 10 never ran
             unit(b.id, 1, enqueued_at=T0 + 10, started_at=T0 + 200, finished_at=T0 + 310, status=UnitStatus.DONE,
                  attempts=2, completed=3, failed=7),
