@@ -6,7 +6,7 @@ RUN_DIR := var/run
 MODEL_DIR := models/demo
 BENCH_MODEL_DIR := models/bench
 
-.PHONY: run stop test lint install model bench-model bench bench-parquet bench-int4 bench-reliability bench-dispatcher bench-request-rate int4-model clean quantize-env
+.PHONY: run stop test lint install model bench-model bench bench-parquet bench-int4 bench-reliability bench-dispatcher bench-request-rate bench-validation bench-finalization int4-model clean quantize-env
 
 install:
 	@bash infra/install.sh
@@ -39,7 +39,7 @@ test: model lint quantize-env
 	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m pytest -p no:cacheprovider -q
 
 # the scheduler benchmark (bench/README.md): writes bench/results/scheduler.json; BENCH_ARGS=--quick for a smoke run
-bench: model bench-model bench-parquet bench-int4 bench-reliability bench-dispatcher bench-request-rate
+bench: model bench-model bench-parquet bench-int4 bench-reliability bench-dispatcher bench-request-rate bench-validation bench-finalization
 	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m bench.scheduler $(BENCH_ARGS)
 
 # validation + planning of a 1,000,000-line batch, JSON-only vs columnar: bench/results/parquet.json
@@ -56,6 +56,16 @@ bench-int4: model int4-model
 # 20,000 tiny requests, in-process engine vs Freight (issue #21 s2): bench/results/request_rate.json
 bench-request-rate: model
 	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m bench.request_rate $(REQUEST_RATE_BENCH_ARGS)
+
+# validation + planning of a 1,000,000-line batch on one and two control processes (issue #21):
+# bench/results/parallel_validation.json and control_plane.json's validation_1m_s
+bench-validation: model
+	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m bench.parallel_validation --rows 1000000 --repeats 2 --out bench/results/validation_1m.json $(VALIDATION_BENCH_ARGS)
+
+# finalization of a 1,000,000-request batch on SeaweedFS and the local store (issue #21):
+# bench/results/finalization.json and control_plane.json's finalization_1m_s
+bench-finalization: install
+	$(PY) -m bench.finalization $(FINALIZATION_BENCH_ARGS)
 
 # the dispatcher at fleet scale (10M requests, 1,000 simulated workers) on real PostgreSQL and Redis:
 # the "dispatcher" section of bench/results/control_plane.json; DISPATCHER_BENCH_ARGS="--scale 0.01" for a smoke run
