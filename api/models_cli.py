@@ -63,12 +63,16 @@ def models() -> None:
 @click.option("--list-price-out", type=float, default=None, help="list $ per 1M output tokens")
 @click.option("--engine-arg", "engine_args", multiple=True, metavar="KEY=VALUE",
               help="a vLLM engine argument of this model (as `vllm serve --KEY VALUE`); repeat for more")  # fmt: skip
+@click.option("--tool-call-parser", default=None, metavar="NAME",
+              help='vLLM\'s tool-call parser for this model (as `vllm serve --tool-call-parser`, e.g. hermes): '
+              'serves tool_choice "auto"')  # fmt: skip
 def models_add(
     name: str,
     source: str,
     quantization: str,
     max_model_len: int | None,
     engine_args: tuple[str, ...],
+    tool_call_parser: str | None,
     **prices: float | None,
 ) -> None:
     """Register NAME, served from --path (quantized as --quantization says)."""
@@ -89,6 +93,7 @@ def models_add(
                     list_price_cached=prices["list_price_cached"],
                     list_price_output=prices["list_price_out"],
                     engine_args=engine_args,
+                    tool_call_parser=tool_call_parser,
                 ),
                 echo=_echo,
                 progress=bar,
@@ -98,23 +103,31 @@ def models_add(
     click.echo(f"registered {entry.name}: {entry.quantization} from {entry.checkpoint}")
     if entry.engine_args or entry.max_model_len:
         click.echo(f"engine args: {describe(_engine_args(entry))}")
+    if entry.tool_call_parser:
+        click.echo(f"tool-call parser: {entry.tool_call_parser}")
 
 
 @models.command("set-engine")
 @click.argument("name")
 @click.option("--engine-arg", "assign", multiple=True, metavar="KEY=VALUE",
               help="set a vLLM engine argument (as `vllm serve --KEY VALUE`); repeat for more")  # fmt: skip
+@click.option("--tool-call-parser", default=None, metavar="NAME",
+              help='set vLLM\'s tool-call parser (serves tool_choice "auto"); --unset tool_call_parser drops it')  # fmt: skip
 @click.option("--unset", multiple=True, metavar="KEY", help="drop one of the model's engine arguments")
-def models_set_engine(name: str, assign: tuple[str, ...], unset: tuple[str, ...]) -> None:
-    """Set or unset NAME's vLLM engine arguments; its workers apply them at their next start."""
+def models_set_engine(
+    name: str, assign: tuple[str, ...], tool_call_parser: str | None, unset: tuple[str, ...]
+) -> None:
+    """Set or unset NAME's vLLM engine arguments and tool-call parser; its workers apply them at
+    their next start."""
     from api.services.models import set_engine
 
     with command_runtime(command_settings()[0]) as rt:
-        entry = set_engine(rt, name, assign, unset)
+        entry = set_engine(rt, name, assign, unset, tool_call_parser)
     args = _engine_args(entry)
     click.echo(
         f"{entry.name} engine args: {describe(args) if args else 'none (the FREIGHT_ENGINE_* defaults)'}"
     )
+    click.echo(f"{entry.name} tool-call parser: {entry.tool_call_parser or 'none'}")
     click.echo("restart the model's workers to apply them")
 
 
@@ -159,6 +172,8 @@ def _row(e: ModelEntry) -> tuple[str, ...]:
         probe = " ".join(f"b{b}:{r:g}" for b, r in e.probe.get("int4_over_bf16", {}).items())
     source = e.source + (" (FREIGHT_MODELS)" if e.declared else "")
     engine = describe(_engine_args(e)) or "-"
+    if e.tool_call_parser:
+        engine = f"{engine} tool_call_parser={e.tool_call_parser}".removeprefix("- ")
     return (e.name, e.quantization, e.requested_quantization, source, weights, price, listed, probe, engine)
 
 
@@ -177,6 +192,7 @@ def _as_dict(e: ModelEntry) -> dict:
         "probe": e.probe,
         "declared": e.declared,
         "engine_args": _engine_args(e),
+        "tool_call_parser": e.tool_call_parser,
     }
 
 

@@ -454,6 +454,9 @@ class Model(Base):
     # vLLM engine arguments of this model ({field: value}, parsed as vLLM's CLI parses them:
     # workers/engine_args.py); they override the FREIGHT_ENGINE_* defaults. NULL: none
     engine_args: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # the vLLM tool-call parser (a ToolParserManager name, "hermes"...) that reads this model's own
+    # tool-call format: tool_choice "auto" is served only with one (workers/tool_calls.py). NULL: none
+    tool_call_parser: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[int] = mapped_column(BigInteger)
 
 

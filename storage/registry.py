@@ -48,6 +48,9 @@ class ModelEntry:
     # vLLM engine arguments over the FREIGHT_ENGINE_* defaults, already parsed and checked against
     # vLLM's EngineArgs at registration (workers/engine_args.py); max_model_len is the field above
     engine_args: dict[str, Any] = field(default_factory=dict)
+    # vLLM's tool-call parser for tool_choice "auto" (checked against vLLM's registered parsers at
+    # registration); None: "auto" is that request's error, forced calls work regardless
+    tool_call_parser: str | None = None
 
     def price_per_hour(self, settings: Settings) -> float:
         if self.instance_price_per_hour is not None:
@@ -109,6 +112,7 @@ def _entry(row: Model) -> ModelEntry:
         probe=row.probe,
         created_at=row.created_at,
         engine_args=dict(row.engine_args or {}),
+        tool_call_parser=row.tool_call_parser,
     )
 
 
@@ -152,6 +156,12 @@ def require(db: Database, settings: Settings, name: str) -> ModelEntry:
         served = ", ".join(e.name for e in entries(db, settings)) or "none"
         raise RegistryError(f"model {name!r} is not registered (served: {served})")
     return entry
+
+
+def auto_tool_models(db: Database) -> frozenset[str]:
+    """The served models whose entry names a tool-call parser: those serve tool_choice "auto"."""
+    with db.read() as s:
+        return frozenset(s.scalars(select(Model.name).where(Model.tool_call_parser.is_not(None))))
 
 
 def served_names(db: Database, settings: Settings) -> frozenset[str]:

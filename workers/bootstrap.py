@@ -175,7 +175,14 @@ def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
     try:
         with vllm_logs_through_freight(settings, worker):
             engine = Engine.start(
-                engine_config(settings, model, str(local), entry.max_model_len, entry.engine_args)
+                engine_config(
+                    settings,
+                    model,
+                    str(local),
+                    entry.max_model_len,
+                    entry.engine_args,
+                    entry.tool_call_parser,
+                )
             )
     except (EngineUnsupported, EngineStartFailed) as exc:  # the queue keeps the model's work
         raise BootstrapError(str(exc)) from exc
@@ -223,6 +230,7 @@ def engine_config(
     path: str,
     max_model_len: int | None = None,
     engine_args: Mapping[str, Any] | None = None,
+    tool_call_parser: str | None = None,
 ):
     """The engine of ``model``: the FREIGHT_ENGINE_* defaults, the model's own engine arguments
     over them (its registry row: max_model_len, then ``engine_args``); with JSON logs, no progress
@@ -254,6 +262,7 @@ def engine_config(
         max_model_len=max_model_len or settings.engine_max_model_len or None,
         default_max_tokens=settings.engine_default_max_tokens or None,
         engine_args=extra,
+        tool_call_parser=tool_call_parser,
         **{**defaults, **own},
     )
 

@@ -34,6 +34,7 @@ from scheduler.engine_window import engine_window
 from workers.engine_lifetime import PARENT_ENV, START_ERROR_ENV
 from workers.rendering import RenderedRequest, build_response_body, render_request
 from workers.request_bodies import ParsedRequest, RequestError, parse_body
+from workers.tool_calls import ModelParsers
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -55,7 +56,8 @@ class EngineConfig:
     an operator's `VLLM_CPU_KVCACHE_SPACE` overrides it). `default_max_tokens` is the output
     budget for requests that do not give one (None: the context left after the prompt).
     `engine_args` are the model's other vLLM engine arguments (workers/engine_args.py), passed to
-    EngineArgs over Freight's own. `stats` turns vLLM's stat logging on, whose Prometheus metrics
+    EngineArgs over Freight's own (a `reasoning_parser` among them also reads reasoning out of
+    chat answers when a `tool_call_parser` is set). `stats` turns vLLM's stat logging on, whose Prometheus metrics
     (`stats_registry`) a worker serves with FREIGHT_ENGINE_METRICS_BIND; off, it costs nothing.
     """
 
@@ -74,6 +76,7 @@ class EngineConfig:
     quantization: str | None = None
     engine_args: dict[str, Any] = field(default_factory=dict)
     stats: bool = False
+    tool_call_parser: str | None = None  # the registry's: serves tool_choice "auto" (workers/tool_calls.py)
 
 
 @dataclass(frozen=True)
@@ -300,6 +303,7 @@ class Engine:
         self._load = 0  # sequences in the engine
         self._in_flight = 0
         self._running = False
+        self._parsers: ModelParsers | None = None  # the model's tool-call parser, if it names one
 
     @classmethod
     def start(cls, config: EngineConfig) -> Engine:
@@ -353,6 +357,18 @@ class Engine:
             os.environ.pop(START_ERROR_ENV, None)
             _read_and_remove(error_file)
         engine = cls(config, llm)
+        try:  # checked against the engine's tokenizer, as `vllm serve` checks it at start
+            engine._parsers = ModelParsers.load(
+                config.tool_call_parser,
+                config.engine_args.get("reasoning_parser"),
+                llm.get_tokenizer(),
+                llm.model_config,
+            )
+        except Exception as exc:
+            engine.shutdown()
+            raise EngineStartFailed(
+                f"model {config.served_name!r}: tool-call parser {config.tool_call_parser!r}: {exc}"
+            ) from exc
         _count_step_outputs(llm, engine._counters)
         scheduler = llm.vllm_config.scheduler_config
         log.info(
@@ -401,7 +417,9 @@ class Engine:
 
     def render(self, request: EngineRequest) -> RenderedRequest:
         """Parse (unless already parsed) and render one request; raises RequestError."""
-        parsed = request.parsed or parse_body(request.endpoint, request.body, validated=request.validated)
+        parsed = request.parsed or parse_body(
+            request.endpoint, request.body, validated=request.validated, auto_tools=self._parsers is not None
+        )
         if parsed.endpoint != request.endpoint:
             raise RequestError("invalid_request", "The parsed request is for another endpoint.", "url")
         return render_request(
@@ -410,6 +428,7 @@ class Engine:
             default_max_tokens=self.config.default_max_tokens,
             default_sampling_params=self._default_sampling,
             prompt_token_ids=request.prompt_token_ids,
+            parsers=self._parsers,
         )
 
     # ------------------------------------------------------------------ feeding
@@ -593,7 +612,11 @@ class Engine:
             )
         try:
             body = build_response_body(
-                entry.rendered, output, model=self.config.served_name, tokenizer=self._llm.get_tokenizer()
+                entry.rendered,
+                output,
+                model=self.config.served_name,
+                tokenizer=self._llm.get_tokenizer(),
+                parsers=self._parsers,
             )
         except Exception as exc:
             log.exception("response for %r could not be built", entry.key)

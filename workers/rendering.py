@@ -4,6 +4,8 @@
 `SamplingParams` with the engine's renderer, exactly as `vllm serve` renders them;
 `build_response_body` turns a finished `RequestOutput` into the body `vllm serve` would return
 (`chat.completion` / `text_completion`), always with `usage.prompt_tokens_details.cached_tokens`.
+Tool calls (forced through structured outputs, or read by the model's parser) are
+`workers.tool_calls`'; this module applies them to the request and to each chat choice.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from workers.request_bodies import ParsedRequest, RequestError, clip_message, sampling_params_of
+from workers.tool_calls import ModelParsers, shape_choice
 
 if TYPE_CHECKING:  # vLLM is imported lazily: importing it costs seconds.
     from vllm.outputs import RequestOutput
@@ -42,6 +45,7 @@ def render_request(
     default_max_tokens: int | None = None,
     default_sampling_params: dict | None = None,
     prompt_token_ids: Sequence[int] | None = None,
+    parsers: ModelParsers | None = None,
 ) -> RenderedRequest:
     """Prompt token ids (chat template or completion prompt) and SamplingParams for one request.
 
@@ -52,6 +56,7 @@ def render_request(
     `default_max_tokens`, else the generation config's, capped by the context left.
     `prompt_token_ids`, when validation rendered the prompt already, are used as the prompt
     (through the same length checks) instead of rendering it again; chat `echo` still renders.
+    `parsers`, the model's tool-call parser, adjust chat requests as `vllm serve` adjusts them.
     """
     from vllm.entrypoints.serve.utils.api_utils import get_max_tokens
     from vllm.exceptions import VLLMValidationError
@@ -118,6 +123,8 @@ def render_request(
         )
     except ValueError as exc:
         raise RequestError("context_length_exceeded", clip_message(str(exc)), "max_tokens") from None
+    if parsers is not None and parsed.is_chat:
+        parsers.adjust(request)
     sampling_params = sampling_params_of(request, max_tokens, defaults)
     sampling_params.output_kind = RequestOutputKind.FINAL_ONLY
     return RenderedRequest(parsed, engine_input, prompt_token_ids, sampling_params, echo_text)
@@ -144,6 +151,7 @@ def build_response_body(
     model: str,
     tokenizer: Any = None,
     created: int | None = None,
+    parsers: ModelParsers | None = None,
 ) -> dict[str, Any]:
     """The `chat.completion` / `text_completion` body `vllm serve` returns for this output.
 
@@ -164,14 +172,16 @@ def build_response_body(
     )
     prompt_logprobs = _plain_prompt_logprobs(output.prompt_logprobs)
     if parsed.is_chat:
-        response = _chat_response(rendered, output, model, tokenizer, created, usage, prompt_logprobs)
+        response = _chat_response(
+            rendered, output, model, tokenizer, created, usage, prompt_logprobs, parsers
+        )
     else:
         response = _completion_response(rendered, output, model, tokenizer, created, usage, prompt_logprobs)
     # Dumped like vllm serve dumps it: vLLM's extra fields stay, as null when unused.
     return response.model_dump()
 
 
-def _chat_response(rendered, output, model, tokenizer, created, usage, prompt_logprobs):
+def _chat_response(rendered, output, model, tokenizer, created, usage, prompt_logprobs, parsers=None):
     from vllm.entrypoints.openai.chat_completion.protocol import (
         ChatCompletionResponse,
         ChatCompletionResponseChoice,
@@ -187,13 +197,24 @@ def _chat_response(rendered, output, model, tokenizer, created, usage, prompt_lo
             logprobs = _chat_logprobs(
                 choice.token_ids, choice.logprobs, request.top_logprobs, request, tokenizer
             )
-        content = (rendered.echo_text or "") + choice.text if request.echo else choice.text
+        parser = parsers.new(request) if parsers is not None else None  # stateful: one per choice
+        if parser is not None and output.prompt_token_ids is not None:
+            parser.set_prompt_token_ids(output.prompt_token_ids)
+        shaped = shape_choice(request, choice.text, choice.finish_reason, parser, choice.token_ids)
+        content = choice.text if shaped is None else shaped.content
+        if request.echo and (shaped is None or not shaped.tool_calls):
+            content = (rendered.echo_text or "") + (content or "")
+        message = ChatMessage(role=role, content=content)
+        if shaped is not None:
+            message = ChatMessage(
+                role=role, content=content, tool_calls=shaped.tool_calls, reasoning=shaped.reasoning
+            )
         choices.append(
             ChatCompletionResponseChoice(
                 index=choice.index,
-                message=ChatMessage(role=role, content=content),
+                message=message,
                 logprobs=logprobs,
-                finish_reason=choice.finish_reason or "stop",
+                finish_reason=shaped.finish_reason if shaped is not None else choice.finish_reason or "stop",
                 stop_reason=choice.stop_reason,
                 token_ids=list(choice.token_ids) if request.return_token_ids else None,
             )

@@ -8,8 +8,8 @@ given. The engine stage (rendering with the engine's renderer, building response
 `workers.rendering`.
 
 Deliberate differences from `vllm serve`, because a batch line cannot honour them:
-streaming, beam search, tool calling (no tool-call parser is configured; `tools` with
-`tool_choice: "none"` still reach the chat template), request-supplied chat templates,
+streaming, beam search, `tool_choice: "auto"` on a model whose registry entry names no
+tool-call parser (forced calls work on any model: `workers.tool_calls`), request-supplied chat templates,
 non-text content parts, prompt embeddings, FIM `suffix`, several prompts in one
 completions body (put each on its own line), disaggregated-serving transfer parameters,
 non-zero `priority` (Freight schedules by job) and `cache_salt` (Freight salts each tenant's
@@ -24,6 +24,9 @@ import json
 import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from workers import tool_calls
+from workers.request_errors import RequestError
 
 if TYPE_CHECKING:  # vLLM is imported lazily: importing it costs seconds.
     from vllm.sampling_params import SamplingParams
@@ -50,23 +53,6 @@ _UNSUPPORTED_FIELDS = {
     "chat_template": "request-supplied chat templates are not trusted; the model's template is used.",
     "cache_salt": "Freight keeps each tenant's prefix cache apart itself.",
 }
-
-
-class RequestError(Exception):
-    """A request the platform will not run, with an OpenAI-style error code and param."""
-
-    def __init__(self, code: str, message: str, param: str | None = None, status_code: int = 400):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.param = param
-        self.status_code = status_code
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"code": self.code, "message": self.message, "param": self.param}
-
-    def __repr__(self) -> str:
-        return f"RequestError(code={self.code!r}, param={self.param!r}, message={self.message!r})"
 
 
 @dataclass(frozen=True)
@@ -96,8 +82,13 @@ class ParsedRequest:
 # --------------------------------------------------------------------------- parsing
 
 
-def parse_body(endpoint: str, body: dict, *, validated: bool = False) -> ParsedRequest:
+def parse_body(
+    endpoint: str, body: dict, *, validated: bool = False, auto_tools: bool = False
+) -> ParsedRequest:
     """Validate an OpenAI request body with vLLM's pydantic models; raise RequestError only.
+
+    ``auto_tools``: the model has a tool-call parser, so `tool_choice: "auto"` (and `tools`
+    without a `tool_choice`) can be served; without one such a body is refused as unsupported.
 
     ``validated``: this body passed `parse_body` at validation and was decoded afresh from the
     request store, so the defensive deep copy and the early sampling-parameter check are skipped
@@ -106,7 +97,7 @@ def parse_body(endpoint: str, body: dict, *, validated: bool = False) -> ParsedR
     a line on the benchmark machine).
     """
     try:
-        return _parse_body(endpoint, body, validated)
+        return _parse_body(endpoint, body, validated, auto_tools)
     except RequestError:
         raise
     except Exception as exc:  # vLLM validators can trip over odd input (KeyError, TypeError...)
@@ -114,7 +105,7 @@ def parse_body(endpoint: str, body: dict, *, validated: bool = False) -> ParsedR
         raise RequestError("invalid_request", clip_message(f"Invalid request body ({detail}).")) from None
 
 
-def _parse_body(endpoint: str, body: Any, validated: bool = False) -> ParsedRequest:
+def _parse_body(endpoint: str, body: Any, validated: bool = False, auto_tools: bool = False) -> ParsedRequest:
     if endpoint not in ENDPOINTS:
         raise RequestError(
             "invalid_request",
@@ -146,8 +137,8 @@ def _parse_body(endpoint: str, body: Any, validated: bool = False) -> ParsedRequ
 
     if endpoint == CHAT:
         _check_messages(data.get("messages"))
-        if data.get("tool_choice") not in (None, "none"):
-            raise _tool_choice_error()
+        if tool_calls.check_tools(data) == tool_calls.AUTO and not auto_tools:
+            raise tool_calls.auto_tools_error()
         kwargs = data.get("chat_template_kwargs")
         if isinstance(kwargs, dict) and kwargs.get("chat_template") is not None:
             raise RequestError(
@@ -186,8 +177,8 @@ def _parse_body(endpoint: str, body: Any, validated: bool = False) -> ParsedRequ
             "Per-request `priority` is not supported; jobs are scheduled as a whole.",
             "priority",
         )
-    if endpoint == CHAT and request.tool_choice not in (None, "none"):
-        raise _tool_choice_error()  # tools without tool_choice default to "auto"
+    if endpoint == CHAT:
+        tool_calls.constrain(request)  # "required" / a named function: the call's JSON schema
 
     max_tokens = _requested_max_tokens(endpoint, request, data)
     if validated:
@@ -196,15 +187,6 @@ def _parse_body(endpoint: str, body: Any, validated: bool = False) -> ParsedRequ
     # response_format...) are reported at validation time rather than in the engine.
     sampling_params_of(request, max_tokens if max_tokens is not None else max(1, request.min_tokens or 1), {})
     return ParsedRequest(endpoint=endpoint, model=model, request=request, max_tokens=max_tokens)
-
-
-def _tool_choice_error() -> RequestError:
-    return RequestError(
-        "unsupported_parameter",
-        "Tool calling needs a tool-call parser, which this deployment does not configure; "
-        'omit `tools` or set `tool_choice` to "none".',
-        "tool_choice",
-    )
 
 
 def _check_messages(messages: Any) -> None:

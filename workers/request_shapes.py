@@ -84,15 +84,17 @@ class RequestShapes:
         self.hits = 0
         self.misses = 0
 
-    def max_tokens(self, endpoint: str, body: dict) -> int | None:
-        """The output budget the body asks for; raises RequestError exactly as parse_body does."""
+    def max_tokens(self, endpoint: str, body: dict, auto_tools: bool = False) -> int | None:
+        """The output budget the body asks for; raises RequestError exactly as parse_body does
+        (``auto_tools``: the body's model has a tool-call parser; the key holds the model's name,
+        so one key always meets the same answer)."""
         key = shape_key(endpoint, body)
         if key is not None and key in self._accepted:
             self._accepted.move_to_end(key)
             self.hits += 1
             return self._accepted[key]
         self.misses += 1
-        budget = parse_body(endpoint, body).max_tokens  # raises: nothing is remembered
+        budget = parse_body(endpoint, body, auto_tools=auto_tools).max_tokens  # raises: nothing is remembered
         if key is not None:
             self._accepted[key] = budget
             if len(self._accepted) > self.max_shapes:

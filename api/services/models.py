@@ -36,6 +36,7 @@ from workers.probe import ProbeError, choose, run_probe
 from workers.quantize import QuantizeError, QuantizeRequest, quantize
 from workers.quantize_env import ensure
 
+TOOL_CALL_PARSER = "tool_call_parser"  # `--unset tool_call_parser`: the registry's, not an engine arg
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}$")
 CALIBRATION_LIMIT = 512  # prompts read from a calibration file
 Echo = Callable[[str], None]
@@ -53,6 +54,9 @@ class AddRequest:
     list_price_cached: float | None = None
     list_price_output: float | None = None
     engine_args: tuple[str, ...] = ()  # KEY=VALUE texts, as `--engine-arg` gives them
+    tool_call_parser: str | None = (
+        None  # vLLM's name (`vllm serve --tool-call-parser`): serves tool_choice auto
+    )
 
 
 def _check(req: AddRequest) -> None:
@@ -98,6 +102,18 @@ def engine_args(texts: Sequence[str], *, quantization: str, model_path: str | No
     return values
 
 
+def parsers_check(tool_call_parser: str | None, args: dict[str, Any]) -> None:
+    """The tool-call parser and the reasoning_parser engine arg name parsers vLLM has registered."""
+    from workers.tool_calls import check_parser_names
+
+    reasoning = args.get("reasoning_parser")
+    try:
+        check_parser_names(tool_call_parser, reasoning if isinstance(reasoning, str) and reasoning else None)
+    except ValueError as exc:
+        param = "tool_call_parser" if str(exc).startswith("--tool-call-parser") else "engine_args"
+        raise ServiceError("invalid_request", str(exc), param=param) from exc
+
+
 def engine_args_check(values: dict[str, Any], model_path: str | None) -> None:
     from workers.engine_args import check
 
@@ -123,6 +139,8 @@ def add(rt: Runtime, req: AddRequest, *, echo: Echo = print, progress: Progress 
                     f"--max-model-len {req.max_model_len} and engine arg max_model_len={given} disagree",
                 )
             req = replace(req, max_model_len=given)
+    if req.tool_call_parser is not None or args.get("reasoning_parser"):
+        parsers_check(req.tool_call_parser, args)
     with rt.db.read() as s:
         if s.get(Model, req.name) is not None:
             raise ServiceError("conflict", f"model {req.name!r} is already registered: remove it first")
@@ -176,6 +194,7 @@ def add(rt: Runtime, req: AddRequest, *, echo: Echo = print, progress: Progress 
         probe=probe,
         created_at=int(time.time()),
         engine_args=args or None,
+        tool_call_parser=req.tool_call_parser,
     )
     with rt.db.write() as s:
         s.add(row)
@@ -201,11 +220,20 @@ def get(rt: Runtime, name: str) -> ModelEntry:
     return entry
 
 
-def set_engine(rt: Runtime, name: str, assign: Sequence[str] = (), unset: Sequence[str] = ()) -> ModelEntry:
-    """Set (``KEY=VALUE``) and unset (``KEY``) a registered model's engine arguments. Its workers
-    apply them at their next start; batches of the model are untouched."""
-    if not assign and not unset:
-        raise ServiceError("invalid_request", "give --engine-arg KEY=VALUE or --unset KEY")
+def set_engine(
+    rt: Runtime,
+    name: str,
+    assign: Sequence[str] = (),
+    unset: Sequence[str] = (),
+    tool_call_parser: str | None = None,
+) -> ModelEntry:
+    """Set (``KEY=VALUE``) and unset (``KEY``) a registered model's engine arguments, and set
+    (``tool_call_parser``) or unset (``--unset tool_call_parser``) its tool-call parser. Its
+    workers apply them at their next start; batches of the model are untouched."""
+    if not assign and not unset and tool_call_parser is None:
+        raise ServiceError(
+            "invalid_request", "give --engine-arg KEY=VALUE, --tool-call-parser NAME or --unset KEY"
+        )
     from workers.engine_args import field_name
 
     with rt.db.write() as s:
@@ -221,7 +249,12 @@ def set_engine(rt: Runtime, name: str, assign: Sequence[str] = (), unset: Sequen
         current = dict(row.engine_args or {})
         if row.max_model_len is not None:
             current[MAX_MODEL_LEN] = row.max_model_len
-        for key in unset:
+        parser = row.tool_call_parser if tool_call_parser is None else tool_call_parser
+        if TOOL_CALL_PARSER in unset:
+            if row.tool_call_parser is None:
+                raise ServiceError("invalid_request", f"{name} has no tool-call parser to unset")
+            parser = None
+        for key in (k for k in unset if k != TOOL_CALL_PARSER):
             try:
                 field = field_name(key)
             except EngineArgError as exc:
@@ -237,9 +270,12 @@ def set_engine(rt: Runtime, name: str, assign: Sequence[str] = (), unset: Sequen
         merged = {**current, **given}
         if given and current:  # the whole set must still be one vLLM accepts together
             engine_args_check(merged, model_path)
+        if tool_call_parser is not None or given.get("reasoning_parser"):
+            parsers_check(parser, merged)
         max_model_len = merged.pop(MAX_MODEL_LEN, None)
         row.max_model_len = max_model_len
         row.engine_args = merged or None
+        row.tool_call_parser = parser
     entry = lookup(rt.db, rt.settings, name)
     assert entry is not None
     return entry

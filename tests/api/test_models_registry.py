@@ -15,6 +15,7 @@ from api.app import create_app
 from api.services import models
 from api.services.models import AddRequest
 from api.services.tenants import create_tenant
+from storage import registry
 from storage.errors import ServiceError
 from storage.models import Batch, Model, StoredFile
 from storage.registry import lookup
@@ -174,7 +175,7 @@ def test_engine_args_are_checked_stored_set_and_unset(runtime) -> None:
         ("plain", ["no_such_field=1"], [], "unknown engine arg 'no_such_field'"),
         ("plain", ["seed=3"], [], "engine arg 'seed' is Freight's: "),
         ("plain", [], ["tensor_parallel_size"], r"'tensor_parallel_size' is not set for plain \(set: none\)"),
-        ("plain", [], [], "give --engine-arg KEY=VALUE or --unset KEY"),
+        ("plain", [], [], "give --engine-arg KEY=VALUE, --tool-call-parser NAME or --unset KEY"),
         ("plain", ["max_model_len=-5"], [], "max_model_len must be a positive number"),
         ("ghost", ["max_num_seqs=2"], [], "'ghost' is not registered"),
         ("demo", ["max_num_seqs=2"], [], "declared by FREIGHT_MODELS, which has no engine args"),
@@ -186,6 +187,32 @@ def test_set_engine_refusals_name_the_field(runtime, name, assign, unset, messag
         models.set_engine(runtime, name, assign, unset)
     entry = lookup(runtime.db, runtime.settings, "plain")
     assert entry is not None and entry.engine_args == {}
+
+
+def test_tool_call_parser_is_checked_stored_set_and_unset(runtime) -> None:
+    with pytest.raises(
+        ServiceError, match=r"vLLM has no tool-call parser 'hermez' \(did you mean hermes\?\)"
+    ):
+        models.add(runtime, AddRequest("t", str(DEMO_MODEL), "none", tool_call_parser="hermez"), echo=_quiet)
+    with pytest.raises(ServiceError, match="vLLM has no reasoning parser 'qwen9'") as info:
+        models.add(runtime, AddRequest("t", str(DEMO_MODEL), "none", engine_args=("reasoning_parser=qwen9",),
+                                       tool_call_parser="hermes"), echo=_quiet)  # fmt: skip
+    assert info.value.param == "engine_args"
+    assert lookup(runtime.db, runtime.settings, "t") is None  # nothing was written
+    entry = models.add(
+        runtime, AddRequest("t", str(DEMO_MODEL), "none", tool_call_parser="hermes"), echo=_quiet
+    )
+    assert entry.tool_call_parser == "hermes"
+    assert registry.auto_tool_models(runtime.db) == frozenset({"t"})  # validation serves "auto" for it
+    with pytest.raises(ServiceError, match="no tool-call parser 'pythonik'"):
+        models.set_engine(runtime, "t", tool_call_parser="pythonik")
+    changed = models.set_engine(runtime, "t", ["reasoning_parser=qwen3"], tool_call_parser="pythonic")
+    assert (changed.tool_call_parser, changed.engine_args) == ("pythonic", {"reasoning_parser": "qwen3"})
+    cleared = models.set_engine(runtime, "t", [], ["tool_call_parser"])
+    assert cleared.tool_call_parser is None and cleared.engine_args == {"reasoning_parser": "qwen3"}
+    assert registry.auto_tool_models(runtime.db) == frozenset()
+    with pytest.raises(ServiceError, match="t has no tool-call parser to unset"):
+        models.set_engine(runtime, "t", [], ["tool_call_parser"])
 
 
 def test_engine_arg_quantization_only_on_an_unquantized_registration(runtime) -> None:

@@ -155,12 +155,7 @@ def test_text_content_parts_are_accepted() -> None:
             "unsupported_parameter",
             "tool_choice",
         ),
-        (
-            CHAT,
-            chat(tool_choice={"function": {"name": "f"}}, tools=[{"x": 1}]),
-            "unsupported_parameter",
-            "tool_choice",
-        ),
+        (CHAT, chat(tool_choice={"function": {"name": "f"}}, tools=[{"x": 1}]), "invalid_request", "tools.0"),
         (CHAT, chat(kv_transfer_params={"a": 1}), "unsupported_parameter", "kv_transfer_params"),
         (COMPLETIONS, {"model": "demo"}, "invalid_request", "prompt"),
         (COMPLETIONS, completion(prompt=""), "invalid_request", "prompt"),

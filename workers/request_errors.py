@@ -1,0 +1,26 @@
+"""The error of a request Freight will not run, in OpenAI's shape (code, message, param).
+
+Its own module so that what checks parts of a body (`workers.request_bodies`,
+`workers.tool_calls`) raises one type without importing each other.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class RequestError(Exception):
+    """A request the platform will not run, with an OpenAI-style error code and param."""
+
+    def __init__(self, code: str, message: str, param: str | None = None, status_code: int = 400):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+        self.status_code = status_code
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "param": self.param}
+
+    def __repr__(self) -> str:
+        return f"RequestError(code={self.code!r}, param={self.param!r}, message={self.message!r})"
