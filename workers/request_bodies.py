@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from workers import tool_calls
-from workers.request_errors import RequestError
+from workers.request_errors import RequestError, clip_message
 
 if TYPE_CHECKING:  # vLLM is imported lazily: importing it costs seconds.
     from vllm.sampling_params import SamplingParams
@@ -36,7 +36,6 @@ COMPLETIONS = "/v1/completions"
 ENDPOINTS = (CHAT, COMPLETIONS)
 
 MAX_N = 128  # OpenAI's own limit on choices per request; n fans out into n sequences.
-_MAX_MESSAGE_CHARS = 1000
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 # vLLM's "before" validators call .get() on these; a non-object would surface as a crash.
 _OBJECT_FIELDS = (
@@ -350,7 +349,3 @@ def sampling_params_of(request: Any, max_tokens: int, defaults: dict) -> Samplin
         raise _from_vllm_error(exc, type(request)) from None
     except (ValueError, TypeError) as exc:
         raise _from_vllm_error(exc, type(request)) from None
-
-
-def clip_message(message: str) -> str:
-    return message if len(message) <= _MAX_MESSAGE_CHARS else message[:_MAX_MESSAGE_CHARS] + "..."

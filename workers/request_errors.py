@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+_MAX_MESSAGE_CHARS = 1000
+
 
 class RequestError(Exception):
     """A request the platform will not run, with an OpenAI-style error code and param."""
@@ -24,3 +26,7 @@ class RequestError(Exception):
 
     def __repr__(self) -> str:
         return f"RequestError(code={self.code!r}, param={self.param!r}, message={self.message!r})"
+
+
+def clip_message(message: str) -> str:
+    return message if len(message) <= _MAX_MESSAGE_CHARS else message[:_MAX_MESSAGE_CHARS] + "..."

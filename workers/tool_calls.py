@@ -28,7 +28,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from workers.request_errors import RequestError
+from workers.request_errors import RequestError, clip_message
 
 if TYPE_CHECKING:  # vLLM is imported lazily: importing it costs seconds.
     from vllm.parser.abstract_parser import Parser
@@ -144,10 +144,13 @@ def forced_schema(request: Any) -> dict | None:
     if choice_kind(request.tool_choice, bool(request.tools)) not in FORCED:
         return None
     for i, tool in enumerate(request.tools):
+        where = f"tools.{i}.function.parameters"
         try:
             check_json_nesting(tool.function.parameters)
         except VLLMValidationError as exc:
-            raise RequestError("invalid_request", str(exc), f"tools.{i}.function.parameters") from None
+            raise RequestError("invalid_request", str(exc), where) from None
+        if tool.function.parameters:
+            _check_schema(tool.function.parameters, where)
     # vLLM's construction pops each tool's `$defs` into the wrapper: give it copies, so the tools
     # the chat template renders keep theirs
     tools = [tool.model_copy(deep=True) for tool in request.tools]
@@ -159,6 +162,27 @@ def forced_schema(request: Any) -> dict | None:
     except (ValueError, TypeError) as exc:
         raise RequestError("invalid_request", f"The tools cannot be used: {exc}", "tools") from None
     return schema if isinstance(schema, dict) else None
+
+
+def _check_schema(parameters: dict, where: str) -> None:
+    """A forced call's `parameters` must be a JSON Schema (checked against its meta-schema, the
+    draft its `$schema` names, else 2020-12): what is not can never compile to a grammar, and is
+    better named here than as the engine's "Grammar error" when the unit runs."""
+    import jsonschema
+
+    validator = jsonschema.validators.validator_for(parameters, default=jsonschema.Draft202012Validator)
+    try:
+        validator.check_schema(parameters)
+    except jsonschema.SchemaError as exc:
+        at = ".".join(str(p) for p in exc.absolute_path)
+        detail = f" (at {at})" if at else ""
+        raise RequestError(
+            "invalid_request",
+            clip_message(f"`{where}` is not a valid JSON Schema{detail}: {exc.message}"),
+            where,
+        ) from None
+    except RecursionError:
+        raise RequestError("invalid_request", f"`{where}` is nested too deeply.", where) from None
 
 
 def constrain(request: Any) -> None:

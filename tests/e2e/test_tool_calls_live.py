@@ -58,10 +58,9 @@ def test_forced_tool_calls_come_back_as_openai_tool_calls(live) -> None:
     assert batch.status == "completed", batch
     assert (batch.request_counts.completed, batch.request_counts.failed) == (7, 1)
 
-    (error,) = read_jsonl(client, batch.error_file_id)
-    assert error["custom_id"] == "auto" and error["response"]["status_code"] == 400
-    assert error["response"]["body"]["error"]["param"] == "tool_choice"
-    assert "tool-call parser" in error["response"]["body"]["error"]["message"]
+    errors = {e["custom_id"]: e["response"] for e in read_jsonl(client, batch.error_file_id)}
+    assert errors["auto"]["status_code"] == 400 and errors["auto"]["body"]["error"]["param"] == "tool_choice"
+    assert "tool-call parser" in errors["auto"]["body"]["error"]["message"]
 
     by_id = {line["custom_id"]: line["response"]["body"] for line in read_jsonl(client, batch.output_file_id)}
     for custom_id, body in by_id.items():

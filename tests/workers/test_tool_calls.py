@@ -102,8 +102,12 @@ def _tool(name: str, parameters: object) -> dict:
         ({"tool_choice": "required", "tools": [_tool("f", {"$defs": {"a": {"type": "string"}}}),
                                               _tool("g", {"$defs": {"a": {"type": "integer"}}})]},
          "invalid_request", "tools", "'a' has multiple schemas"),
-        ({"tool_choice": "required", "tools": [_tool("f", {"$defs": 5})]}, "invalid_request", "tools",
-         "`$defs` in the parameters of tool 'f' must be an object"),
+        ({"tool_choice": "required", "tools": [_tool("f", {"$defs": 5})]}, "invalid_request",
+         "tools.0.function.parameters", "not a valid JSON Schema (at $defs)"),
+        ({"tool_choice": "required", "tools": [_tool("f", {"type": "object", "properties": {"a": {"type": 5}}})]},
+         "invalid_request", "tools.0.function.parameters", "not a valid JSON Schema (at properties.a.type)"),
+        ({"tool_choice": {"type": "function", "function": {"name": "f"}}, "tools": [_tool("f", {"required": "a"})]},
+         "invalid_request", "tools.0.function.parameters", "not a valid JSON Schema (at required)"),
         ({"tool_choice": NAMED, "response_format": {"type": "json_object"}}, "invalid_request",
          "response_format", "cannot be combined with a forced tool call"),
         ({"tool_choice": "required", "structured_outputs": {"regex": "a+"}}, "invalid_request",
@@ -120,6 +124,10 @@ def test_bad_tool_requests_name_the_field(fields: dict, code: str, param: str, m
 
 
 def test_auto_passes_where_the_model_has_a_parser_and_none_stays_as_it_was() -> None:
+    # only forced calls compile the schema: under auto and none it is only rendered into the prompt
+    loose = [_tool("f", {"type": 5})]
+    assert parse_body(CHAT, body(tools=loose, tool_choice="none")).request.tools
+    assert parse_body(CHAT, body(tools=loose), auto_tools=True).request.tools
     request = parse_body(CHAT, body(), auto_tools=True).request
     assert request.tool_choice == "auto" and request.structured_outputs is None
     with pytest.raises(RequestError, match="temperature"):  # the rest is still checked
@@ -220,3 +228,23 @@ def test_parser_names_are_checked_against_vllms_registries() -> None:
         check_parser_names("hermez")
     with pytest.raises(ValueError, match="engine arg reasoning_parser: vLLM has no reasoning parser 'nope'"):
         check_parser_names("hermes", "nope")
+
+
+def test_validation_fails_a_bad_tool_line_and_runs_auto_where_the_model_has_a_parser() -> None:
+    from tests.factories import chat_line
+    from workers.validation import FileRules, LineError, check_line
+
+    rules = FileRules(CHAT, frozenset({"demo", "qwen"}), 50, 1 << 16, auto_tool_models=frozenset({"qwen"}))
+
+    def line(model: str, **fields: object) -> bytes:
+        return json.dumps(chat_line("r1", "hi", model=model, tools=TOOLS, **fields)).encode()
+
+    bad = check_line(line("demo", tool_choice={"type": "function", "function": {"name": "nope"}}), 4, rules)
+    assert isinstance(bad, LineError) and (bad.line, bad.code) == (4, "invalid_request")
+    assert bad.param == "body.tool_choice.function.name" and "'nope' is not a function" in bad.message
+    # well formed: "auto" without a parser is that request's 400 at run time, not a failed file
+    assert not isinstance(check_line(line("demo"), 5, rules), LineError)
+    # with a parser it is checked in full here: a bad field in it fails the file
+    wrong = check_line(line("qwen", temperature=-1), 6, rules)
+    assert isinstance(wrong, LineError) and wrong.param == "body.temperature"
+    assert not isinstance(check_line(line("qwen"), 7, rules), LineError)
