@@ -260,6 +260,16 @@ def test_the_cli_sets_lists_and_refuses_engine_args(runtime) -> None:
     assert changed.exit_code == 0, changed.output
     assert "big engine args: enforce_eager=true max_num_seqs=4" in changed.output
     assert "restart the model's workers" in changed.output
+    parsed = runner.invoke(main, ["models", "set-engine", "big", "--tool-call-parser", "hermes"], env=env)
+    assert parsed.exit_code == 0 and "big tool-call parser: hermes" in parsed.output, parsed.output
+    listed = runner.invoke(main, ["models", "list", "--json"], env=env).output.splitlines()
+    assert [json.loads(r)["tool_call_parser"] for r in listed] == ["hermes", None]  # big, demo
+    refused = runner.invoke(main, ["models", "add", "y", "--path", str(DEMO_MODEL), "--tool-call-parser", "x"],
+                            env=env)  # fmt: skip
+    assert (
+        refused.exit_code == 1
+        and "Error: --tool-call-parser: vLLM has no tool-call parser 'x'" in refused.output
+    )
 
     for argv, message in [
         (["models", "add", "x", "--path", str(DEMO_MODEL), "--engine-arg", "tensor_parallel_size=lots"],
