@@ -1,7 +1,10 @@
 """Fixtures for the engine tests: the demo model and one real vLLM engine per session.
 
 The engine is the real thing (vLLM on this machine's CPU), started once because start-up
-costs tens of seconds; eager mode skips torch.compile, and a small KV cache keeps memory low.
+costs tens of seconds; eager mode skips torch.compile, and a small KV cache keeps memory low. It
+serves the demo model as one registered with `--tool-call-parser hermes` would be: the tests of
+plain requests show a tool-call parser leaves them as they were, and test_tool_calls_engine.py
+runs tool_choice "auto" through it.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ def vllm_engine(demo_model_dir: Path) -> Iterator:
             kv_cache_bytes=32 * 1024 * 1024,  # 16k tokens of this model's KV cache
             enforce_eager=True,
             default_max_tokens=16,
+            tool_call_parser="hermes",
         )
     )
     yield engine

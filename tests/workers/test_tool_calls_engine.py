@@ -1,0 +1,73 @@
+"""Tool calls on the session's real vLLM engine (the demo model with vLLM's hermes parser): every
+tool_choice from request body to OpenAI response body, without a stack.
+
+The demo model's weights are random, so "auto" is steered: a regex (structured outputs, which vLLM
+allows beside "auto") makes the model write a hermes-style call, which the parser must then read.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+
+from tests.workers.test_engine import chat_req, run
+from workers.engine import Engine
+
+CITY = {
+    "type": "object",
+    "properties": {"city": {"enum": ["Oslo", "Lima"]}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": CITY}}]
+HERMES_CALL = r'<tool_call>\{"name": "weather", "arguments": \{"city": "(Oslo|Lima)"\}\}</tool_call>'
+
+
+def test_every_tool_choice_on_a_model_with_a_parser(vllm_engine: Engine) -> None:
+    named = {"type": "function", "function": {"name": "weather"}}
+    forced = [  # random weights may spend a budget on the whitespace JSON allows: three tries each
+        chat_req(f"{kind}-{seed}", tools=TOOLS, tool_choice=choice, max_tokens=120, seed=seed)
+        for kind, choice in (("required", "required"), ("named", named))
+        for seed in range(3)
+    ]
+    out = run(
+        vllm_engine,
+        chat_req("auto", tools=TOOLS, structured_outputs={"regex": HERMES_CALL}, max_tokens=60, seed=1),
+        chat_req("auto-text", tools=TOOLS, max_tokens=6, ignore_eos=True, seed=2),
+        *forced,
+        chat_req("none", tools=TOOLS, tool_choice="none", max_tokens=5, ignore_eos=True),
+    )
+    assert all(result.ok for result in out.values()), {k: r.error for k, r in out.items()}
+    choices = {key: result.body["choices"][0] for key, result in out.items()}  # type: ignore[index]
+
+    auto = choices["auto"]
+    assert auto["finish_reason"] == "tool_calls" and not auto["message"]["content"], auto
+    (call,) = auto["message"]["tool_calls"]
+    assert call["id"].startswith("call_") and call["function"]["name"] == "weather"
+    jsonschema.validate(json.loads(call["function"]["arguments"]), CITY)
+
+    text = choices["auto-text"]  # no call in the text: it is the content, as without tools
+    assert (
+        "tool_calls" not in text["message"]
+        and text["message"]["content"]
+        and text["finish_reason"] == "length"
+    )
+
+    for kind, finish in (("required", "tool_calls"), ("named", "stop")):
+        called = 0
+        for seed in range(3):
+            choice = choices[f"{kind}-{seed}"]
+            if choice["finish_reason"] == "length":  # cut short: its text stays content, no call
+                assert "tool_calls" not in choice["message"] and choice["message"]["content"], choice
+                continue
+            assert choice["finish_reason"] == finish and choice["message"]["content"] is None, choice
+            for call in choice["message"]["tool_calls"]:
+                assert call["function"]["name"] == "weather"
+                jsonschema.validate(json.loads(call["function"]["arguments"]), CITY)
+            called += 1
+        assert called, f"no {kind} line finished its call in 120 tokens"
+
+    plain = choices["none"]
+    assert "tool_calls" not in plain["message"] and plain["message"]["content"] is not None
+    assert out["none"].completion_tokens == 5
