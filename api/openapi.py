@@ -225,7 +225,11 @@ WEBHOOK_ENDPOINT = obj(
         "status_at": TIME,
         "disabled_reason": nullable(STR),
         "created_at": TIME,
-        "secret": {"type": "string", "description": "whsec_<base64>: only in the answer that created it"},
+        "previous_secret_expires_at": nullable(TIME),
+        "secret": {
+            "type": "string",
+            "description": "whsec_<base64>: only in the answer that created or rotated it",
+        },
     },
     optional=("secret",),
 )
@@ -530,6 +534,16 @@ def webhook_paths() -> Schema:
             "post": operation(
                 "enableWebhook",
                 "Enable an endpoint again; its pending deliveries resume.",
+                ok(ref("WebhookEndpoint")),
+                404,
+                params=(ENDPOINT_ID,),
+            ),
+        },
+        "/v1/webhooks/{endpoint_id}/rotate_secret": {
+            "post": operation(
+                "rotateWebhookSecret",
+                "A new signing secret, shown this once; the old one also signs for"
+                " FREIGHT_WEBHOOK_SECRET_GRACE_SECONDS.",
                 ok(ref("WebhookEndpoint")),
                 404,
                 params=(ENDPOINT_ID,),

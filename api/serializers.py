@@ -149,7 +149,7 @@ def readiness_object(r: Readiness) -> dict[str, Any]:
 
 
 def webhook_endpoint_object(e: WebhookEndpoint, show_secret: bool = False) -> dict[str, Any]:
-    """A webhook endpoint; its signing secret only in the answer that created it."""
+    """A webhook endpoint; its signing secret only in the answer that created it or rotated it."""
     shown: dict[str, Any] = {
         "id": e.id,
         "object": "webhook_endpoint",
@@ -159,6 +159,8 @@ def webhook_endpoint_object(e: WebhookEndpoint, show_secret: bool = False) -> di
         "status_at": e.status_at,
         "disabled_reason": e.disabled_reason,
         "created_at": e.created_at,
+        # after a rotation: until when deliveries are signed with the replaced secret too
+        "previous_secret_expires_at": e.previous_secret_until,
     }
     if show_secret:
         shown["secret"] = e.secret

@@ -1,5 +1,5 @@
 """``freight webhooks``: a tenant's webhook endpoints from the operator's command line (add, list,
-disable, enable, remove, deliveries), through the same service as /v1/webhooks and the console.
+disable, enable, rotate-secret, remove, deliveries), through the same service as /v1/webhooks and the console.
 
 Imported by ``api/cli.py``: nothing here may import Flask (see ``api/models_cli.py``).
 """
@@ -98,6 +98,22 @@ def _set_enabled(endpoint_id: str, tenant: str, enabled: bool) -> None:
     with command_runtime(command_settings()[0]) as rt:
         service.set_enabled(rt, service.tenant_id_of(rt, tenant), endpoint_id, enabled, int(time.time()))
     click.echo(f"{'enabled' if enabled else 'disabled'} webhook endpoint {endpoint_id}")
+
+
+@webhooks.command("rotate-secret")
+@click.argument("endpoint_id")
+@TENANT
+def rotate_secret(endpoint_id: str, tenant: str) -> None:
+    """A new signing secret for ENDPOINT_ID, printed this once; the old one signs too for
+    FREIGHT_WEBHOOK_SECRET_GRACE_SECONDS."""
+    from api.services import webhooks as service
+
+    with command_runtime(command_settings()[0]) as rt:
+        endpoint = service.rotate_secret(rt, service.tenant_id_of(rt, tenant), endpoint_id, int(time.time()))
+    click.echo(f"rotated the signing secret of webhook endpoint {endpoint_id}")
+    click.echo(f"signing secret (shown once): {endpoint.secret}")
+    if endpoint.previous_secret_until is not None:
+        click.echo(f"the old secret also signs until {_when(endpoint.previous_secret_until)} UTC")
 
 
 @webhooks.command("remove")

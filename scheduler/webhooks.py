@@ -13,7 +13,7 @@ import hashlib
 import hmac
 import ipaddress
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from urllib.parse import urlsplit
 
 # OpenAI's batch event types, by the batch state that makes them
@@ -141,12 +141,26 @@ def signature(secret: str, message_id: str, timestamp: int, body: bytes) -> str:
     return "v1," + base64.b64encode(hmac.new(secret_key(secret), signed, hashlib.sha256).digest()).decode()
 
 
-def headers(secret: str, message_id: str, timestamp: int, body: bytes) -> dict[str, str]:
+def signing_secrets(
+    secret: str, previous: str | None, previous_until: int | None, now: float
+) -> tuple[str, ...]:
+    """The secrets a delivery is signed with: the endpoint's, and the one a rotation replaced
+    while its grace lasts (until ``previous_until``, epoch seconds), so a receiver still checking
+    the old secret keeps verifying until it switches."""
+    if previous and previous_until is not None and now < previous_until:
+        return (secret, previous)
+    return (secret,)
+
+
+def headers(secrets: str | Sequence[str], message_id: str, timestamp: int, body: bytes) -> dict[str, str]:
+    """The delivery's headers; ``webhook-signature`` holds one ``v1,`` signature per secret,
+    space-separated (Standard Webhooks: a receiver accepts the message if any one verifies)."""
+    keys = (secrets,) if isinstance(secrets, str) else tuple(secrets)
     return {
         "content-type": "application/json",
         "webhook-id": message_id,
         "webhook-timestamp": str(timestamp),
-        "webhook-signature": signature(secret, message_id, timestamp, body),
+        "webhook-signature": " ".join(signature(k, message_id, timestamp, body) for k in keys),
     }
 
 

@@ -473,6 +473,10 @@ class WebhookEndpoint(Base):
     url: Mapped[str] = mapped_column(String(2048))
     events: Mapped[list[str]] = mapped_column(JSON)  # OpenAI's batch event types
     secret: Mapped[str] = mapped_column(String(100))  # whsec_<base64>
+    # the secret a rotation replaced: deliveries are signed with it too until previous_secret_until
+    # (epoch seconds), so a receiver can switch to the new one without dropping an event
+    previous_secret: Mapped[str | None] = mapped_column(String(100))
+    previous_secret_until: Mapped[int | None] = mapped_column(BigInteger)
     status: Mapped[str] = mapped_column(String(16), default=EndpointStatus.ACTIVE)
     status_at: Mapped[int] = mapped_column(BigInteger)  # when it entered its status (epoch seconds)
     disabled_reason: Mapped[str | None] = mapped_column(Text)

@@ -228,12 +228,14 @@ class Settings:
     # most one per endpoint and webhook_tenant_concurrency per tenant, so one tenant's slow
     # receivers never hold them all), one attempt's whole time (connect, send, response; the
     # receiver is cut off past it), endpoints a tenant may have, and whether deliveries may connect
-    # to private, loopback and link-local addresses (off: only globally routable ones; tests turn it on)
+    # to private, loopback and link-local addresses (off: only globally routable ones; tests turn it on);
+    # after a secret's rotation, how long deliveries are signed with the old secret too (seconds)
     webhook_concurrency: int = 8
     webhook_tenant_concurrency: int = 2
     webhook_timeout_seconds: float = 10.0
     webhook_max_endpoints: int = 10
     webhook_allow_private_targets: bool = False
+    webhook_secret_grace_seconds: int = 86400
     # logging of every process (API, workers, beat, the CLI, vLLM's engine): the root level, one of
     # DEBUG, INFO, WARNING, ERROR, CRITICAL; and "text" lines or "json", one JSON object a line
     # (storage/logs.py)
@@ -380,6 +382,8 @@ class Settings:
             )
         if not 0 < self.webhook_timeout_seconds <= 60:
             raise SettingsError("FREIGHT_WEBHOOK_TIMEOUT_SECONDS must be above 0 and at most 60")
+        if self.webhook_secret_grace_seconds < 0:
+            raise SettingsError("FREIGHT_WEBHOOK_SECRET_GRACE_SECONDS must be 0 or more")
         changes["log_level"] = self.log_level.strip().upper()
         if changes["log_level"] not in LOG_LEVELS:
             raise SettingsError(f"FREIGHT_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}")

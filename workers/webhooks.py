@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
-from scheduler.webhooks import event_body, headers, retry_delay
+from scheduler.webhooks import event_body, headers, retry_delay, signing_secrets
 from storage.models import WebhookDelivery, WebhookEndpoint
 from storage.runtime import Runtime
 from storage.status import DeliveryStatus, EndpointStatus
@@ -111,7 +111,7 @@ def send_due_quietly(rt: Runtime, batch_id: str | None = None) -> None:
 class _Attempt:
     endpoint_id: str
     url: str
-    secret: str
+    secrets: tuple[str, ...]  # the endpoint's, and during a rotation's grace the replaced one
     event_id: str
     body: bytes
     attempts: int  # before this one
@@ -127,7 +127,7 @@ def deliver(rt: Runtime, delivery_id: int, now: float) -> str | None:
         return None
     status, error = post(
         attempt.url,
-        headers(attempt.secret, attempt.event_id, int(time.time()), attempt.body),
+        headers(attempt.secrets, attempt.event_id, int(time.time()), attempt.body),
         attempt.body,
         rt.settings.webhook_timeout_seconds,
         rt.settings.webhook_allow_private_targets,
@@ -169,7 +169,7 @@ def _claim(rt: Runtime, delivery_id: int, now: float) -> _Attempt | None:
         return _Attempt(
             endpoint.id,
             endpoint.url,
-            endpoint.secret,
+            signing_secrets(endpoint.secret, endpoint.previous_secret, endpoint.previous_secret_until, now),
             delivery.event_id,
             event_body(delivery.event_id, delivery.event_type, delivery.created_at, delivery.batch_id),
             delivery.attempts,

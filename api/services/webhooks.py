@@ -106,6 +106,20 @@ def set_enabled(rt: Runtime, tenant_id: str, endpoint_id: str, enabled: bool, no
         return _own(s, tenant_id, endpoint_id)
 
 
+def rotate_secret(rt: Runtime, tenant_id: str, endpoint_id: str, now: int) -> WebhookEndpoint:
+    """A new signing secret, returned this once. For FREIGHT_WEBHOOK_SECRET_GRACE_SECONDS the
+    deliveries carry a signature under the replaced secret too, so the receiver can switch at its
+    own pace; a second rotation within the grace drops the first secret at once (two at most)."""
+    grace = rt.settings.webhook_secret_grace_seconds
+    with rt.db.write() as s:
+        endpoint = _own(s, tenant_id, endpoint_id)
+        s.refresh(endpoint, with_for_update=True)  # two rotations at once: one after the other
+        endpoint.previous_secret = endpoint.secret if grace > 0 else None
+        endpoint.previous_secret_until = now + grace if grace > 0 else None
+        endpoint.secret = new_secret()
+        return endpoint
+
+
 def remove(rt: Runtime, tenant_id: str, endpoint_id: str, now: int) -> str:
     """Stop sending to an endpoint for good; its pending deliveries end ``failed``. Its log stays."""
     with rt.db.write() as s:

@@ -74,6 +74,13 @@ def enable_webhook(endpoint_id: str) -> Response:
     return jsonify(webhook_endpoint_object(endpoint))
 
 
+@bp.post("/webhooks/<endpoint_id>/rotate_secret")
+@require_tenant
+def rotate_webhook_secret(endpoint_id: str) -> Response:
+    endpoint = webhooks.rotate_secret(rt(), g.tenant_id, endpoint_id, int(time.time()))
+    return jsonify(webhook_endpoint_object(endpoint, show_secret=True))
+
+
 @bp.get("/webhooks/<endpoint_id>/deliveries")
 @require_tenant
 def webhook_deliveries(endpoint_id: str) -> Response:

@@ -81,6 +81,12 @@ def test_add_list_disable_enable_remove_over_http(world):
             client.open(f"/v1/webhooks/{hook['id']}{path}", method=method, headers=bearer(key_b)).status_code
             == 404
         )
+    # rotating: a new secret shown this once, the old one's grace end shown from now on
+    assert client.post(f"/v1/webhooks/{hook['id']}/rotate_secret", headers=bearer(key_b)).status_code == 404
+    rotated = client.post(f"/v1/webhooks/{hook['id']}/rotate_secret", headers=bearer(key_a)).get_json()
+    assert rotated["secret"].startswith("whsec_") and rotated["secret"] != hook["secret"]
+    shown = client.get(f"/v1/webhooks/{hook['id']}", headers=bearer(key_a)).get_json()
+    assert "secret" not in shown and shown["previous_secret_expires_at"] >= hook["created_at"] + 86400
     disabled = client.post(f"/v1/webhooks/{hook['id']}/disable", headers=bearer(key_a)).get_json()
     assert disabled["status"] == "disabled" and disabled["disabled_reason"] == "disabled by its tenant"
     enabled = client.post(f"/v1/webhooks/{hook['id']}/enable", headers=bearer(key_a)).get_json()
@@ -139,6 +145,12 @@ def test_a_batch_delivery_log_over_http_and_the_cli(world, tmp_path):
         "https://cli.example.com/h",
         "https://hooks.example.com/",
     ]
+    rotated = cli_on(rt, "webhooks", "rotate-secret", hook["id"], "--tenant", "alpha")
+    assert rotated.exit_code == 0, rotated.output
+    assert (
+        "signing secret (shown once): whsec_" in rotated.stdout
+        and "old secret also signs until" in rotated.stdout
+    )
     log = cli_on(rt, "webhooks", "deliveries", "--tenant", "alpha", "--batch", batch_id)
     assert "batch.failed" in log.stdout and "pending" in log.stdout
     bad = cli_on(rt, "webhooks", "add", "http://10.1.2.3/", "--tenant", "alpha", "--events", "batch.nope")

@@ -258,3 +258,31 @@ def test_a_slow_receiver_does_not_hold_up_other_tenants(rt, receiver):
     cut = [d for d in service.deliveries(rt, slow.id) if d.attempts]  # the first, and any ended since
     assert cut and all(d.status == "pending" and "no answer within 2 s" in d.last_error for d in cut)
     assert [d.status for d in service.deliveries(rt, fast.id)] == ["delivered"] * 3
+
+
+def test_a_rotated_secret_signs_beside_the_new_one_for_the_grace_only(rt, receiver):
+    tenant, _ = create_tenant(rt.db, "t", now())
+    hook = service.add(rt, tenant.id, receiver.url("/r"), ALL, now())
+    old, old_id, at = hook.secret, hook.id, now()
+    rotated = service.rotate_secret(rt, tenant.id, old_id, at)
+    new, until = rotated.secret, rotated.previous_secret_until
+    assert new != old and new.startswith("whsec_") and until == at + rt.settings.webhook_secret_grace_seconds
+    # during the grace: two v1 signatures, a receiver checking either secret accepts it
+    final_batch(rt, tenant.id, "completed")
+    assert deliver_due(rt, time.time()) == ["delivered"]
+    [during] = receiver.at("/r")
+    assert len(during.headers["webhook-signature"].split()) == 2
+    assert verify(old, during.headers, during.body) and verify(new, during.headers, during.body)
+    # after it: the new secret alone
+    final_batch(rt, tenant.id, "failed")
+    assert deliver_due(rt, until + 1) == ["delivered"]
+    after = receiver.at("/r")[1]
+    assert len(after.headers["webhook-signature"].split()) == 1
+    assert verify(new, after.headers, after.body) and not verify(old, after.headers, after.body)
+    # a second rotation: the first secret is gone at once, the second signs through the grace
+    third = service.rotate_secret(rt, tenant.id, old_id, now()).secret
+    final_batch(rt, tenant.id, "cancelled")
+    assert deliver_due(rt, time.time()) == ["delivered"]
+    last = receiver.at("/r")[2]
+    assert verify(third, last.headers, last.body) and verify(new, last.headers, last.body)
+    assert not verify(old, last.headers, last.body)
