@@ -210,6 +210,13 @@ def _record(
         if error is None:
             move_delivery(s, delivery_id, DeliveryStatus.DELIVERED, int(now), **seen)
             return DeliveryStatus.DELIVERED
+        if status == 410:  # Gone: the receiver says it will never take one; retrying is abuse
+            move_delivery(s, delivery_id, DeliveryStatus.FAILED, int(now), **seen)
+            reason = (f"the receiver answered 410 Gone to event {attempt.event_id}: disabled at once, "
+                      "its other deliveries wait until it is enabled again")  # fmt: skip
+            if move_endpoint(s, attempt.endpoint_id, EndpointStatus.DISABLED, int(now), reason):
+                log.warning("webhook endpoint %s disabled: %s", attempt.endpoint_id, reason)
+            return DeliveryStatus.FAILED
         delay = retry_delay(attempts)
         if delay is not None:
             s.execute(

@@ -75,9 +75,11 @@ def pending(rt: Runtime, at: float) -> list[int]:
     with rt.db.read() as s:
         return list(
             s.scalars(
-                select(WebhookDelivery.id).where(
+                select(WebhookDelivery.id)
+                .where(
                     WebhookDelivery.status == DeliveryStatus.PENDING, WebhookDelivery.next_attempt_at <= at
                 )
+                .order_by(WebhookDelivery.id)
             )
         )
 
@@ -286,3 +288,29 @@ def test_a_rotated_secret_signs_beside_the_new_one_for_the_grace_only(rt, receiv
     last = receiver.at("/r")[2]
     assert verify(third, last.headers, last.body) and verify(new, last.headers, last.body)
     assert not verify(old, last.headers, last.body)
+
+
+def test_a_receiver_answering_410_gone_disables_its_endpoint_at_once(rt, receiver):
+    tenant, _ = create_tenant(rt.db, "t", now())
+    receiver.behaviours["/gone"] = Behaviour(status=410)
+    hook = service.add(rt, tenant.id, receiver.url("/gone"), ALL, now())
+    other = service.add(rt, tenant.id, receiver.url("/ok"), ALL, now())
+    first = final_batch(rt, tenant.id, "completed")
+    second = final_batch(rt, tenant.id, "failed")
+    t = time.time()
+    # one pass over the due ones: the first to /gone fails, the second to it is not attempted
+    assert sorted(map(str, deliver_due(rt, t))) == ["None", "delivered", "delivered", "failed"]
+    # one attempt, no retry: the delivery failed and the endpoint is disabled saying why
+    assert [r.status for r in receiver.at("/gone")] == [410]
+    assert len(receiver.at("/ok")) == 2  # the tenant's other endpoint goes on
+    [gone] = [d for d in service.deliveries(rt, tenant.id, batch_id=first) if d.endpoint_id == hook.id]
+    assert (gone.status, gone.attempts, gone.last_status_code) == ("failed", 1, 410)
+    endpoint = service.get(rt, tenant.id, hook.id)
+    assert endpoint.status == EndpointStatus.DISABLED and "410 Gone" in endpoint.disabled_reason
+    assert service.get(rt, tenant.id, other.id).status == EndpointStatus.ACTIVE
+    # the second batch's delivery to it waits, never sent, even long after every retry time
+    [waiting] = [d for d in service.deliveries(rt, tenant.id, batch_id=second) if d.endpoint_id == hook.id]
+    assert waiting.status == "pending"
+    later = t + sum(RETRY_SCHEDULE) + 1
+    assert send_due(rt, later) == [] and deliver(rt, waiting.id, later) is None
+    assert len(receiver.at("/gone")) == 1
