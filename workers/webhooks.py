@@ -34,7 +34,7 @@ from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from scheduler.webhooks import event_body, headers, retry_delay, signing_secrets
-from storage.models import WebhookDelivery, WebhookEndpoint
+from storage.models import Tenant, WebhookDelivery, WebhookEndpoint
 from storage.runtime import Runtime
 from storage.status import DeliveryStatus, EndpointStatus
 from storage.webhooks import move_delivery, move_endpoint
@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 MAX_RESPONSE_BYTES = 64 * 1024  # of a receiver's answer, read and dropped
 USER_AGENT = "Freight-Webhooks/1"
+TENANT_DISABLED = "not sent: its tenant is disabled"
 _RESOLVER = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="webhook-dns")
 
 
@@ -121,7 +122,8 @@ class _Attempt:
 
 def deliver(rt: Runtime, delivery_id: int, now: float) -> str | None:
     """One attempt of a due delivery; returns its outcome (``delivered``, ``retry``, ``failed``)
-    or None when it was not attempted (not due, in flight, its endpoint busy or disabled)."""
+    or None when it was not attempted (not due, in flight, its endpoint busy or disabled, or its
+    tenant disabled: then the delivery is failed without an attempt)."""
     attempt = _claim(rt, delivery_id, now)
     if attempt is None:
         return None
@@ -150,6 +152,14 @@ def _claim(rt: Runtime, delivery_id: int, now: float) -> _Attempt | None:
             or delivery.next_attempt_at > now
             or (delivery.lease_at is not None and delivery.lease_at >= free)
         ):
+            return None
+        tenant = s.get(Tenant, delivery.tenant_id)
+        if tenant is None or tenant.disabled_at is not None:
+            # a disabled tenant hears nothing more from Freight, and nothing re-enables a tenant:
+            # its deliveries end here, with the reason in their log, rather than wait for ever
+            move_delivery(
+                s, delivery_id, DeliveryStatus.FAILED, int(now), last_error=TENANT_DISABLED, sent_at=None
+            )
             return None
         endpoint = s.get(WebhookEndpoint, delivery.endpoint_id, with_for_update=True)
         if (

@@ -92,7 +92,8 @@ def revoke_key(db: Database, key_id: int, now: int) -> tuple[str, KeyView]:
 
 def disable_tenant(db: Database, name: str, now: int) -> Tenant:
     """From now on every key of the tenant is refused and its console sessions are gone. Its
-    files and batches are kept (batches already running run on)."""
+    files and batches are kept (batches already running run on); its webhook deliveries end
+    unsent (``workers.webhooks``)."""
     with db.write() as s:
         tenant = _tenant(s, name)
         if tenant.disabled_at is None:

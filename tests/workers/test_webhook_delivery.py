@@ -17,7 +17,7 @@ from celery.contrib.testing.worker import start_worker
 from sqlalchemy import select
 
 from api.services import webhooks as service
-from api.services.tenants import create_tenant
+from api.services.tenants import create_tenant, disable_tenant
 from scheduler.webhooks import ATTEMPTS, RETRY_SCHEDULE, verify
 from storage.broker import WEBHOOK_QUEUE
 from storage.lifecycle import finish_if_done, stop_batch
@@ -32,7 +32,7 @@ from workers import cleanup
 from workers.celery_app import make_celery
 from workers.finalize import finalize_batch
 from workers.task_policy import fail_validation
-from workers.webhooks import deliver, lease_seconds, post, send_due
+from workers.webhooks import TENANT_DISABLED, deliver, lease_seconds, post, send_due
 
 ALL = "batch.completed,batch.failed,batch.cancelled,batch.expired"
 
@@ -314,3 +314,22 @@ def test_a_receiver_answering_410_gone_disables_its_endpoint_at_once(rt, receive
     later = t + sum(RETRY_SCHEDULE) + 1
     assert send_due(rt, later) == [] and deliver(rt, waiting.id, later) is None
     assert len(receiver.at("/gone")) == 1
+
+
+def test_a_disabled_tenants_deliveries_end_unsent_with_the_reason(rt, receiver):
+    alpha, _ = create_tenant(rt.db, "alpha", now())
+    beta, _ = create_tenant(rt.db, "beta", now())
+    service.add(rt, alpha.id, receiver.url("/alpha"), ALL, now())
+    service.add(rt, beta.id, receiver.url("/beta"), ALL, now())
+    before = final_batch(rt, alpha.id, "completed")  # pending when its tenant is disabled
+    disable_tenant(rt.db, "alpha", now())
+    during = final_batch(rt, alpha.id, "failed")  # a batch that ends after: recorded, never sent
+    final_batch(rt, beta.id, "completed")
+    t = time.time()
+    assert sorted(map(str, deliver_due(rt, t))) == ["None", "None", "delivered"]
+    assert receiver.at("/alpha") == [] and len(receiver.at("/beta")) == 1
+    for batch_id in (before, during):
+        [entry] = service.deliveries(rt, alpha.id, batch_id=batch_id)
+        assert (entry.status, entry.attempts, entry.last_error) == ("failed", 0, TENANT_DISABLED)
+    assert pending(rt, t + sum(RETRY_SCHEDULE)) == [] and send_due(rt, t + 10**6) == []
+    assert receiver.at("/alpha") == []
