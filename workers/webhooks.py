@@ -8,7 +8,8 @@ come), so a lost message or a dead process only delays it: at least once.
 An attempt holds two leases: the delivery's (one attempt of it at a time) and its endpoint's (one
 attempt per endpoint at a time, and FREIGHT_WEBHOOK_TENANT_CONCURRENCY per tenant, so a tenant's
 slow or failing receivers hold that many threads of the webhook role, never the pool: the other
-tenants' deliveries go on). When it ends it sends the next due ones.
+tenants' deliveries go on). One tenant's claims are serialized on its row, so two workers cannot
+both take its last place. When an attempt ends it sends the next due ones.
 
 The receiver is a tenant's input: the host is resolved, every address checked
 (``scheduler.webhooks.address_allowed``), and the connection made to the checked address (so a DNS
@@ -145,6 +146,15 @@ def deliver(rt: Runtime, delivery_id: int, now: float) -> str | None:
 def _claim(rt: Runtime, delivery_id: int, now: float) -> _Attempt | None:
     free = now - lease_seconds(rt)
     with rt.db.write() as s:
+        tenant_id = s.scalar(select(WebhookDelivery.tenant_id).where(WebhookDelivery.id == delivery_id))
+        if tenant_id is None:
+            return None
+        # the tenant's row first, FOR NO KEY UPDATE: one tenant's claims run one after another, so
+        # each counts the attempts in flight after the previous claim committed and the cap is
+        # exact on PostgreSQL too (SQLite's write transactions are serial already). NO KEY, so a
+        # batch ending meanwhile still inserts deliveries that reference the tenant; first, so the
+        # lock order is validation's (the tenant before any webhook row): no deadlock
+        tenant = s.get(Tenant, tenant_id, with_for_update={"key_share": True})
         delivery = s.get(WebhookDelivery, delivery_id, with_for_update=True)
         if (
             delivery is None
@@ -153,7 +163,6 @@ def _claim(rt: Runtime, delivery_id: int, now: float) -> _Attempt | None:
             or (delivery.lease_at is not None and delivery.lease_at >= free)
         ):
             return None
-        tenant = s.get(Tenant, delivery.tenant_id)
         if tenant is None or tenant.disabled_at is not None:
             # a disabled tenant hears nothing more from Freight, and nothing re-enables a tenant:
             # its deliveries end here, with the reason in their log, rather than wait for ever
@@ -189,8 +198,8 @@ def _claim(rt: Runtime, delivery_id: int, now: float) -> _Attempt | None:
 
 
 def _tenant_in_flight(s: Session, tenant_id: str, free: float) -> int:
-    """Attempts in flight to the tenant's endpoints. Two claims racing on PostgreSQL may both see
-    one less than there will be: the cap holds give or take one."""
+    """Attempts in flight to the tenant's endpoints; exact when the caller holds the tenant's row
+    lock (``_claim``), which a racing claim of the same tenant waits for."""
     return (
         s.scalar(
             select(func.count())

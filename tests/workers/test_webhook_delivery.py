@@ -8,20 +8,21 @@ receiver holds one thread of a real webhook worker, and the other tenants' deliv
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
 from celery.contrib.testing.worker import start_worker
-from sqlalchemy import select
+from sqlalchemy import func, select, text
 
 from api.services import webhooks as service
 from api.services.tenants import create_tenant, disable_tenant
 from scheduler.webhooks import ATTEMPTS, RETRY_SCHEDULE, verify
 from storage.broker import WEBHOOK_QUEUE
 from storage.lifecycle import finish_if_done, stop_batch
-from storage.models import Batch, WebhookDelivery
+from storage.models import Batch, Tenant, WebhookDelivery, WebhookEndpoint
 from storage.runtime import Runtime
 from storage.status import BatchStatus, DeliveryStatus, EndpointStatus, transition
 from tests import factories, webhook_receiver
@@ -32,7 +33,7 @@ from workers import cleanup
 from workers.celery_app import make_celery
 from workers.finalize import finalize_batch
 from workers.task_policy import fail_validation
-from workers.webhooks import TENANT_DISABLED, deliver, lease_seconds, post, send_due
+from workers.webhooks import TENANT_DISABLED, _claim, deliver, lease_seconds, post, send_due
 
 ALL = "batch.completed,batch.failed,batch.cancelled,batch.expired"
 
@@ -333,3 +334,46 @@ def test_a_disabled_tenants_deliveries_end_unsent_with_the_reason(rt, receiver):
         assert (entry.status, entry.attempts, entry.last_error) == ("failed", 0, TENANT_DISABLED)
     assert pending(rt, t + sum(RETRY_SCHEDULE)) == [] and send_due(rt, t + 10**6) == []
     assert receiver.at("/alpha") == []
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_two_claims_racing_on_postgresql_keep_the_tenant_cap(settings):
+    """Two workers claim deliveries to two endpoints of a tenant whose cap is one: both reach the
+    claim while a third transaction holds the tenant's row, so neither has counted yet; once it
+    ends they run one after the other and only the first gets the place."""
+    rt = Runtime(replace(settings, webhook_allow_private_targets=True, webhook_tenant_concurrency=1))
+    try:
+        tenant, _ = create_tenant(rt.db, "t", now())
+        for path in ("/a", "/b"):
+            service.add(rt, tenant.id, f"http://127.0.0.1:9{path}", ALL, now())
+        final_batch(rt, tenant.id, "completed")
+        t = time.time()
+        ids = pending(rt, t)
+        assert len(ids) == 2
+        claims: dict[int, object] = {}
+        racers = [threading.Thread(target=lambda i=i: claims.__setitem__(i, _claim(rt, i, t))) for i in ids]
+        with rt.db.write() as s:
+            s.get(Tenant, tenant.id, with_for_update={"key_share": True})
+            for racer in racers:
+                racer.start()
+            waiting = text(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+            deadline = time.monotonic() + 10
+            while True:  # both claims wait on the tenant's row, neither has read the count
+                with rt.db.read() as r:
+                    if r.scalar(waiting) == 2:
+                        break
+                assert time.monotonic() < deadline, "the claims did not wait for the tenant's row"
+                time.sleep(0.02)
+        for racer in racers:
+            racer.join(timeout=10)
+        assert sorted(c is not None for c in claims.values()) == [False, True]  # the cap, exactly
+        with rt.db.read() as s:
+            busy = s.scalar(
+                select(func.count()).select_from(WebhookEndpoint).where(WebhookEndpoint.busy_at.is_not(None))
+            )
+        assert busy == 1
+    finally:
+        rt.db.dispose()
