@@ -3,8 +3,10 @@
 Two separate decisions:
 
 * **Selection** (``dispatch_order``): urgent units first, earliest deadline first; the rest are
-  shared fairly between tenants (the tenant with the fewest requests in flight goes next), and
-  within one tenant by its own priority, then deadline. Urgency is capped per tenant
+  shared fairly between tenants (the tenant with the fewest requests in flight on the model goes
+  next), and within one tenant by its own priority, then between its batches of equal priority
+  fairly too (the batch with the fewest requests in flight and taken goes next, the earlier
+  deadline on a tie), so no batch waits behind others indefinitely. Urgency is capped per tenant
   (``urgent_share``): a tenant already holding more than that share of the requests in flight
   while another tenant has work pending or in flight gets no precedence from its deadlines, so no
   tenant can take the engines by submitting batches that are always in a hurry.
@@ -51,21 +53,57 @@ def _deadline_order(c: Candidate) -> tuple:
     return (c.deadline, -c.priority, c.created_at, c.batch_id, c.seq)
 
 
-def _tenant_order(c: Candidate) -> tuple:
-    return (-c.priority, c.deadline, c.created_at, c.batch_id, c.seq)
+def _batch_order(c: Candidate, held: int) -> tuple:
+    """A tenant's batches: its own priority first, then the fewest requests held (in flight and
+    taken in this pass), then deadline."""
+    return (-c.priority, held, c.deadline, c.created_at, c.batch_id)
+
+
+class _TenantQueue:
+    """One tenant's units waiting for selection: its batches in ``_batch_order``, each batch's
+    units in file order (``seq``)."""
+
+    def __init__(self, units: list[Candidate], batch_load: Mapping[str, int]) -> None:
+        by_batch: dict[str, list[Candidate]] = defaultdict(list)
+        for c in units:
+            by_batch[c.batch_id].append(c)
+        # each batch's units, its next one last
+        self.units = {b: sorted(us, key=lambda c: c.seq, reverse=True) for b, us in by_batch.items()}
+        self.held = {b: batch_load.get(b, 0) for b in self.units}
+        self.heap = [(_batch_order(us[-1], self.held[b]), b) for b, us in self.units.items()]
+        heapq.heapify(self.heap)
+
+    def __bool__(self) -> bool:
+        return bool(self.heap)
+
+    def pop(self) -> Candidate:
+        _, batch = heapq.heappop(self.heap)
+        unit = self.units[batch].pop()
+        self.held[batch] += unit.n_requests
+        if self.units[batch]:
+            heapq.heappush(self.heap, (_batch_order(self.units[batch][-1], self.held[batch]), batch))
+        return unit
 
 
 def dispatch_order(
-    candidates: Iterable[Candidate], tenant_load: Mapping[str, int], urgent_share: float = 1.0
+    candidates: Iterable[Candidate],
+    tenant_load: Mapping[str, int],
+    urgent_share: float = 1.0,
+    *,
+    share_load: Mapping[str, int] | None = None,
+    batch_load: Mapping[str, int] | None = None,
 ) -> list[Candidate]:
     """Urgent units by deadline, then the rest by fair share: requests already in flight per
-    tenant (``tenant_load``) plus those taken so far decide whose unit comes next.
+    tenant (``share_load``, default ``tenant_load``) plus those taken so far decide whose unit
+    comes next; within a tenant, its priority, then requests in flight per batch (``batch_load``)
+    plus those taken, so its batches of equal priority take turns.
 
     ``urgent_share``: an urgent unit goes ahead only while its tenant holds at most this share of
-    the requests in flight and taken, or no other tenant has work pending or in flight; otherwise
-    it waits its turn in its tenant's fair-share queue and is returned with ``urgent=False``.
-    Another tenant's requests in flight count as waiting: on the worker they wait behind every
-    urgent request (scheduler.feed_order), so a stream of urgent packs would starve them there."""
+    the requests in flight (``tenant_load``) and taken, or no other tenant has work pending or in
+    flight; otherwise it waits its turn in its tenant's fair-share queue and is returned with
+    ``urgent=False``. Another tenant's requests in flight count as waiting: on the worker they
+    wait behind every urgent request (scheduler.feed_order), so a stream of urgent packs would
+    starve them there."""
     pending = list(candidates)
     waiting: dict[str, int] = defaultdict(int)  # units not yet placed, per tenant
     per_tenant: dict[str, list[Candidate]] = defaultdict(list)
@@ -74,17 +112,19 @@ def dispatch_order(
         if not c.urgent:
             per_tenant[c.tenant_id].append(c)
     load: dict[str, int] = defaultdict(int, tenant_load)
+    share: dict[str, int] = defaultdict(int, tenant_load if share_load is None else share_load)
     order: list[Candidate] = []
     for c in sorted((c for c in pending if c.urgent), key=_deadline_order):
         others_wait = any(waiting[t] or load[t] for t in waiting.keys() | load.keys() if t != c.tenant_id)
         if not others_wait or load[c.tenant_id] <= urgent_share * sum(load.values()):
             order.append(c)
             load[c.tenant_id] += c.n_requests
+            share[c.tenant_id] += c.n_requests
             waiting[c.tenant_id] -= 1
         else:
             per_tenant[c.tenant_id].append(replace(c, urgent=False))
-    queues = {tenant: sorted(units, key=_tenant_order, reverse=True) for tenant, units in per_tenant.items()}
-    heap = [(load[tenant], tenant) for tenant in queues]
+    queues = {tenant: _TenantQueue(units, batch_load or {}) for tenant, units in per_tenant.items()}
+    heap = [(share[tenant], tenant) for tenant in queues]
     heapq.heapify(heap)
     while heap:
         held, tenant = heapq.heappop(heap)
@@ -103,8 +143,15 @@ def plan_packs(
     pack_requests: int,
     tenant_load: Mapping[str, int],
     urgent_share: float = 1.0,
+    model_load: Mapping[str, Mapping[str, int]] | None = None,
+    batch_load: Mapping[str, int] | None = None,
 ) -> list[Pack]:
     """Packs to queue now, in the order to send them: at most ``depth`` queued per model.
+
+    ``tenant_load``: requests in flight per tenant on every model (the urgent share's measure);
+    ``model_load``: model -> tenant -> requests in flight on that model, the fair share of each
+    model's packs (absent: ``tenant_load``); ``batch_load``: requests in flight per batch, the
+    turns of a tenant's batches (see ``dispatch_order``).
 
     Every unit is in at most one pack; a pack holds units of one model only, at least one unit,
     and more than ``pack_requests`` requests only when a single unit is that large.
@@ -119,7 +166,14 @@ def plan_packs(
             continue
         budget = room * pack_requests
         chosen: list[tuple[int, Candidate]] = []
-        for rank, c in enumerate(dispatch_order(by_model[model], tenant_load, urgent_share)):
+        order = dispatch_order(
+            by_model[model],
+            tenant_load,
+            urgent_share,
+            share_load=None if model_load is None else model_load.get(model, {}),
+            batch_load=batch_load,
+        )
+        for rank, c in enumerate(order):
             if budget <= 0:
                 break
             chosen.append((rank, c))

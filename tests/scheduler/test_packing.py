@@ -214,3 +214,45 @@ def test_no_tenant_goes_ahead_by_urgency_past_its_share(spec, share, in_flight):
         left[u.tenant_id] -= 1
     demoted = {u.unit_id for u in units if u.urgent} - {u.unit_id for u in urgent}
     assert all(not u.urgent for u in order if u.unit_id in demoted)
+
+
+def test_a_tenants_batches_of_equal_priority_take_turns():
+    """Issue #21 s3: a tenant's later-deadline batch is not left behind its earlier one until
+    that one is all dispatched; the batch holding fewer requests goes next, the deadline breaks ties."""
+    early = [cand(i, batch="early", seq=i, deadline=100) for i in range(3)]
+    late = [cand(10 + i, batch="late", seq=i, deadline=900) for i in range(3)]
+    assert ids(dispatch_order(early + late, {})) == [0, 10, 1, 11, 2, 12]
+    # in flight counts: the batch already holding requests waits for the other to catch up
+    assert ids(dispatch_order(early + late, {}, batch_load={"early": 20})) == [10, 11, 0, 12, 1, 2]
+
+
+def test_priority_still_comes_before_turns_within_a_tenant():
+    units = [cand(1, batch="low", seq=0), cand(2, batch="low", seq=1), cand(3, batch="high", priority=5)]
+    assert ids(dispatch_order(units, {}, batch_load={"high": 10_000})) == [3, 1, 2]
+
+
+def test_each_model_is_shared_by_the_tenants_load_on_it():
+    """A tenant busy on another model still gets its turn on this one: the fair share of a model's
+    packs counts requests in flight on that model (model_load), while the urgent share cap keeps
+    counting every model's."""
+    units = [cand(1, tenant="busy", model="a", n=10), cand(2, tenant="idle", model="a", n=10)]
+    everywhere = {"busy": 900, "idle": 100}  # busy's 900 are on model b
+    [pack] = plan_packs(units, {}, depth=1, pack_requests=10, tenant_load=everywhere)
+    assert pack.unit_ids == (2,)
+    [pack] = plan_packs(units, {}, depth=1, pack_requests=10, tenant_load=everywhere,
+                        model_load={"a": {"busy": 0, "idle": 100}})  # fmt: skip
+    assert pack.unit_ids == (1,)
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.integers(1, 50)), min_size=1, max_size=30),
+    st.dictionaries(st.sampled_from([f"b{i}" for i in range(4)]), st.integers(0, 200)),
+)
+def test_within_a_tenant_the_batch_holding_least_goes_next(spec, in_flight):
+    units = [cand(i, batch=f"b{b}", seq=i, n=n) for i, (b, n) in enumerate(spec)]
+    held = {b: in_flight.get(b, 0) for b in {u.batch_id for u in units}}
+    left = {b: sum(1 for u in units if u.batch_id == b) for b in held}
+    for u in dispatch_order(units, {}, batch_load=in_flight):
+        assert held[u.batch_id] == min(held[b] for b, n in left.items() if n)
+        held[u.batch_id] += u.n_requests
+        left[u.batch_id] -= 1
