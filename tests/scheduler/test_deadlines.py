@@ -1,7 +1,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler.deadlines import BatchLoad, Sample, assess, measured_rates, seconds_needed
+from scheduler.deadlines import BatchLoad, Sample, assess, eta_moved, measured_rates, seconds_needed
 
 
 def test_rates_are_busy_time_rates_summed_over_workers():
@@ -79,3 +79,12 @@ def test_a_batch_that_cannot_make_its_deadline_even_alone_is_not_urgent():
     ]
     verdicts = assess(loads, {"m": 10.0}, now=1000, urgent_slack=900)
     assert verdicts == {"hopeless": (False, True), "past": (False, True), "tight": (True, False)}
+
+
+def test_an_eta_is_rewritten_only_once_it_moves_past_its_jitter():
+    now = 1_000
+    assert eta_moved(None, 2_000, now) and eta_moved(2_000, None, now) and not eta_moved(None, None, now)
+    assert not eta_moved(2_000, 2_004, now)  # within 5 s
+    assert not eta_moved(4_600, 4_660, now)  # an hour out: within 2% of it
+    assert eta_moved(4_600, 4_700, now)
+    assert eta_moved(1_010, 1_016, now)  # close to now, 5 s is what counts

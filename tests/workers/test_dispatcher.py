@@ -300,7 +300,8 @@ def test_a_refill_between_ticks_keeps_urgency_and_its_cap(settings):
 def test_a_refill_packs_its_own_model_and_leaves_a_packing_pass_under_way_alone(settings):
     """Issue #21 s3: a fleet refills after every unit and pack. A refill packs only the model whose
     queue a unit or pack made room in, does nothing while that queue is full, and on PostgreSQL
-    steps aside while another packing pass holds the lock (concurrent passes deadlocked)."""
+    steps aside while another packing pass of its model holds that model's lock (concurrent passes
+    deadlocked), while a pass of another model goes on (one lock for all left queues empty)."""
     from bench.dispatcher_load import Sizes, load
     from storage.db import transaction_lock
 
@@ -312,16 +313,19 @@ def test_a_refill_packs_its_own_model_and_leaves_a_packing_pass_under_way_alone(
             return {m: sum(1 for u in units(rt) if u.model == m and u.status == UnitStatus.QUEUED)
                     for m in ("m0", "m1")}  # fmt: skip
 
-        dispatcher.enqueue_units(rt, float(now()), dispatcher.TickReport(), model="m0")
+        if not rt.db.is_sqlite:  # SQLite's write transaction is the lock
+            with rt.db.write() as s:
+                assert transaction_lock(s, dispatcher.packing_lock("m1"))
+                dispatcher.enqueue_units(rt, float(now()), dispatcher.TickReport(), model="m1")
+                assert queued() == {"m0": 0, "m1": 0}
+                dispatcher.enqueue_units(rt, float(now()), dispatcher.TickReport(), model="m0")
+                assert queued() == {"m0": 1, "m1": 0}
+        else:
+            dispatcher.enqueue_units(rt, float(now()), dispatcher.TickReport(), model="m0")
         assert queued() == {"m0": 1, "m1": 0}
         assert not dispatcher.queue_has_room(rt, "m0") and dispatcher.queue_has_room(rt, "m1")
         dispatcher.enqueue_units(rt, float(now()), dispatcher.TickReport(), model="m0")  # full: nothing
         assert queued() == {"m0": 1, "m1": 0}
-        if not rt.db.is_sqlite:  # SQLite's write transaction is the lock
-            with rt.db.write() as s:
-                assert transaction_lock(s, dispatcher.PACKING_LOCK)
-                dispatcher.enqueue_units(rt, float(now()), dispatcher.TickReport(), model="m1")
-            assert queued() == {"m0": 1, "m1": 0}
         dispatcher.enqueue_units(rt, float(now()), dispatcher.TickReport(), model="m1")
         assert queued() == {"m0": 1, "m1": 1}
     finally:
