@@ -7,10 +7,13 @@ claims their units with ``workers.execution.claim_unit``, "runs" them for a mode
 requests at ``worker_rps``, one unit after another), records each through
 ``workers.execution.record_unit`` and ``unit_recorded`` (which refills the queue, as an engine
 worker does), and asks for the next pack while one pack's worth of requests is still ahead of it
-(the feed's look-ahead). Per process, one thread renews the claims (``heartbeat``) every
-``FREIGHT_HEARTBEAT_SECONDS`` and writes each busy worker's ``engine_samples`` row every
-``FREIGHT_SAMPLE_SECONDS``, in one transaction for all of the process's workers (a real fleet
-makes one per worker: the rows are the same, the transactions fewer).
+(the feed's look-ahead). Per process, one thread renews each worker's claims (``heartbeat``, a
+transaction per worker, as an engine worker renews its own) every ``FREIGHT_HEARTBEAT_SECONDS``
+and writes each busy worker's ``engine_samples`` row every ``FREIGHT_SAMPLE_SECONDS``, in one
+transaction for all of the process's workers (a real fleet makes one per worker: the rows are
+the same, the transactions fewer). Renewing every claim of a process in one transaction held
+~2,000 unit rows locked for seconds under load, and the records of those units waited for it
+(pg_stat_statements: the record's unit UPDATE 293 ms mean, 5.9 s max, at scale 0.25).
 """
 
 from __future__ import annotations
@@ -287,8 +290,10 @@ class Fleet:
             now = time.time()
             try:
                 with self.lock:
-                    held = [(c, 0, 0, 0) for w in self.workers for c in w.work]
-                heartbeat(self.rt, held, now)
+                    held = [[(c, 0, 0, 0) for c in w.work] for w in self.workers]
+                for claims in held:  # one transaction per worker, as engine workers renew theirs
+                    if claims:
+                        heartbeat(self.rt, claims, now)
                 if now - last_sample >= settings.sample_seconds:
                     last_sample = now
                     self.write_samples()

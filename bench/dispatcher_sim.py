@@ -68,6 +68,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--label", default="", help="what this run is (before/after a change), kept in the report")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--keep", type=Path, help="also write the raw logs of every process into this folder")
+    p.add_argument(
+        "--pg-stats",
+        action="store_true",
+        help="with --keep: load pg_stat_statements and auto_explain (plans of statements over "
+        "--explain-ms, with ANALYZE) and write the top statements and the server log into --keep",
+    )
+    p.add_argument("--explain-ms", type=int, default=200, help="auto_explain.log_min_duration (ms)")
     return p.parse_args(argv)
 
 
@@ -78,6 +85,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     pg = redis = None
     try:
         pg = daemons.start_postgres(run_dir / "pg", daemons.free_port())
+        if args.pg_stats:
+            pg = with_statement_stats(pg, args.explain_ms)
         redis = daemons.start_redis(run_dir / "redis", daemons.free_port())
         upgrade(pg.url)
         settings = {
@@ -86,13 +95,58 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "broker_url": redis.url,
             "secret_key": "dispatcher-sim",
         }
-        return run(args, sizes, settings, run_dir)
+        report = run(args, sizes, settings, run_dir)
+        if args.pg_stats and args.keep:
+            keep_statement_stats(pg, args.keep)
+        return report
     finally:
         for service in (redis, pg):
             if service is not None:
                 service.stop()
         daemons.stop_all(run_dir)
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def with_statement_stats(pg: daemons.PostgresService, explain_ms: int) -> daemons.PostgresService:
+    """The cluster restarted with pg_stat_statements and auto_explain loaded: the database's own
+    account of where the tick's, claims' and records' time goes under the fleet's load."""
+    with (pg.data_dir / "postgresql.conf").open("a") as conf:
+        conf.write(
+            "shared_preload_libraries = 'pg_stat_statements,auto_explain'\n"
+            "pg_stat_statements.track = all\n"
+            f"auto_explain.log_min_duration = {explain_ms}\n"
+            "auto_explain.log_analyze = on\n"
+            "auto_explain.log_buffers = on\n"
+            "auto_explain.log_nested_statements = on\n"
+        )
+    pg = daemons.restart_postgres(pg)
+    with pg_connect(pg.url) as conn:
+        conn.execute(text("CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))
+    return pg
+
+
+def pg_connect(url: str) -> Any:
+    from sqlalchemy import create_engine
+
+    return create_engine(url, isolation_level="AUTOCOMMIT").connect()
+
+
+def keep_statement_stats(pg: daemons.PostgresService, keep: Path) -> None:
+    """The 40 statements of most total time (calls, mean, max, rows) and the server log with
+    auto_explain's plans, into ``keep``."""
+    with pg_connect(pg.url) as conn:
+        rows = conn.execute(
+            text(
+                "SELECT calls, round(total_exec_time::numeric, 1) AS total_ms, "
+                "round(mean_exec_time::numeric, 2) AS mean_ms, round(max_exec_time::numeric, 1) AS max_ms, "
+                "rows, shared_blks_hit + shared_blks_read AS blocks, left(query, 600) AS query "
+                "FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 40"
+            )
+        ).mappings()
+        top = [{k: (float(v) if k.endswith("_ms") else v) for k, v in row.items()} for row in rows]
+    keep.mkdir(parents=True, exist_ok=True)
+    (keep / "pg_stat_statements.json").write_text(json.dumps(top, indent=1))
+    shutil.copy(pg.log_path, keep / "postgres.log")
 
 
 def run(args: argparse.Namespace, sizes: Sizes, settings: dict[str, Any], run_dir: Path) -> dict[str, Any]:
@@ -150,12 +204,42 @@ def run(args: argparse.Namespace, sizes: Sizes, settings: dict[str, Any], run_di
             (args.keep / f"{name}.json").write_text(json.dumps(data))
     window = (started if args.drain else started + args.warmup, ended)
     report = build(args, sizes, loaded.units, rt, raw, window, started, ended)
+    if args.keep:
+        keep_units(rt, args.keep / "units.csv")
     report["tick"]["alone_s"] = quiet
     rt.db.dispose()
     targets = report.pop("targets")
     rep.merge_results(args.out, report, targets)
     log(json.dumps({"targets": targets}, indent=1))
     return {**report, "targets": targets}
+
+
+def keep_units(rt: Runtime, path: Path) -> None:
+    """Every unit's row as the run left it (its batch, tenant, timings), for analysis after the run."""
+    import csv
+
+    with rt.db.read() as s, path.open("w", newline="") as out:
+        rows = s.execute(
+            select(
+                WorkUnit.id,
+                WorkUnit.batch_id,
+                Batch.tenant_id,
+                WorkUnit.model,
+                WorkUnit.seq,
+                WorkUnit.n_requests,
+                WorkUnit.status,
+                WorkUnit.attempts,
+                WorkUnit.enqueued_at,
+                WorkUnit.started_at,
+                WorkUnit.finished_at,
+                WorkUnit.pack_id,
+                Batch.expires_at,
+                Batch.priority,
+            ).join(Batch, Batch.id == WorkUnit.batch_id)
+        )
+        writer = csv.writer(out)
+        writer.writerow(rows.keys())
+        writer.writerows(rows)
 
 
 def quiet_ticks(rt: Runtime, n: int) -> list[float]:
@@ -325,8 +409,8 @@ def build(
             "dispatcher process), each process over its own SQLAlchemy pool (5 + 10 overflow connections); "
             "engine time is modelled (a unit's requests at worker_rps), everything else is Freight's code "
             "on real PostgreSQL and Redis",
-            "heartbeats and engine_samples rows are written per process in one transaction every "
-            "FREIGHT_HEARTBEAT_SECONDS / FREIGHT_SAMPLE_SECONDS (a real fleet: one per worker); the "
+            "heartbeats are written per worker every FREIGHT_HEARTBEAT_SECONDS, engine_samples rows per "
+            "process in one transaction every FREIGHT_SAMPLE_SECONDS (a real fleet: one per worker); the "
             "engine worker's 1 s cancellation check is not simulated",
             "tick.alone_s: the tick on the loaded database before any worker runs (each packing every "
             "model's queues, the packs undone between ticks): its own cost, apart from the fleet's load",
