@@ -311,6 +311,10 @@ def redeliver_stale(rt: Runtime, now: float, report: TickReport) -> None:
         retry, give_up = plan_redelivery(
             (RunningUnit(*row) for row in rows), now, rt.settings.lease_seconds, rt.settings.max_unit_attempts
         )
+        # in unit id order, as heartbeats renew them: two writers locking the same units in
+        # different orders deadlock
+        retry.sort(key=lambda u: u.unit_id)
+        give_up.sort(key=lambda u: u.unit_id)
         for unit in retry:  # back to pending: the next packing pass queues them again
             changed = move_units(
                 s,

@@ -1,0 +1,50 @@
+"""The engine worker's database writes apart from the engine: claim renewal."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from sqlalchemy import select
+
+from api.services.tenants import create_tenant
+from storage.models import WorkUnit
+from storage.runtime import Runtime
+from tests.conftest import now
+from tests.factories import chat_line, validated_batch
+from workers.execution import claim_unit, heartbeat
+
+
+def test_a_heartbeat_renews_the_claims_still_held_with_their_counts(settings):
+    """One executemany renews every claim given (in unit order, whatever order they come in); a
+    claim another worker took over in the meantime is left alone."""
+    rt = Runtime(replace(settings, unit_size=2))
+    try:
+        tenant, _ = create_tenant(rt.db, "a", now())
+        lines = [chat_line(f"r-{i}", f"r {i}", max_tokens=2) for i in range(6)]
+        batch_id = validated_batch(rt, tenant.id, lines, name="r.jsonl")
+        with rt.db.read() as s:
+            ids = list(
+                s.scalars(select(WorkUnit.id).where(WorkUnit.batch_id == batch_id).order_by(WorkUnit.id))
+            )
+        t0 = float(now())
+        claims = [claim_unit(rt, unit_id, t0, "w:1:a") for unit_id in ids]
+        assert all(claims)
+        with rt.db.write() as s:  # the last unit's claim was lost to another worker
+            s.get(WorkUnit, ids[-1]).worker = "other:1:b"
+        heartbeat(rt, [(c, 1, 1, 7) for c in reversed(claims) if c is not None], t0 + 30)
+        heartbeat(rt, [], t0 + 31)  # nothing held: nothing written
+        with rt.db.read() as s:
+            rows = {u.id: u for u in s.scalars(select(WorkUnit).where(WorkUnit.id.in_(ids)))}
+        for unit_id in ids[:-1]:
+            assert (rows[unit_id].heartbeat_at, rows[unit_id].completed, rows[unit_id].failed) == (
+                t0 + 30,
+                1,
+                1,
+            )
+        assert (rows[ids[-1]].heartbeat_at, rows[ids[-1]].completed, rows[ids[-1]].completion_tokens) == (
+            t0,
+            0,
+            0,
+        )
+    finally:
+        rt.db.dispose()
