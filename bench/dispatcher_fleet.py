@@ -7,13 +7,14 @@ claims their units with ``workers.execution.claim_unit``, "runs" them for a mode
 requests at ``worker_rps``, one unit after another), records each through
 ``workers.execution.record_unit`` and ``unit_recorded`` (which refills the queue, as an engine
 worker does), and asks for the next pack while one pack's worth of requests is still ahead of it
-(the feed's look-ahead). Per process, one thread renews each worker's claims (``heartbeat``, a
-transaction per worker, as an engine worker renews its own) every ``FREIGHT_HEARTBEAT_SECONDS``
-and writes each busy worker's ``engine_samples`` row every ``FREIGHT_SAMPLE_SECONDS``, in one
-transaction for all of the process's workers (a real fleet makes one per worker: the rows are
-the same, the transactions fewer). Renewing every claim of a process in one transaction held
-~2,000 unit rows locked for seconds under load, and the records of those units waited for it
-(pg_stat_statements: the record's unit UPDATE 293 ms mean, 5.9 s max, at scale 0.25).
+(the feed's look-ahead). Per process, one thread renews the claims (``heartbeat``) every
+``FREIGHT_HEARTBEAT_SECONDS`` and writes each busy worker's ``engine_samples`` row every
+``FREIGHT_SAMPLE_SECONDS``, in one transaction for all of the process's workers (a real fleet
+makes one per worker: the rows are the same, the transactions fewer). A transaction per worker
+from one thread could not keep up with 250 workers on a loaded box (leases ran out, 1,741 units
+were claimed twice); one of ~2,000 statements held their rows locked for seconds, and the
+records of those units waited for it (the record's unit UPDATE: 293 ms mean, 5.9 s max at scale
+0.25), which ``heartbeat``'s single executemany now avoids.
 """
 
 from __future__ import annotations
@@ -162,7 +163,13 @@ class Fleet:
     def __init__(self, config: dict[str, Any], index: int, stop: Any) -> None:
         self.config = config
         self.rt = runtime(config)
-        self.stop = stop
+        # the run's stop is a multiprocessing Event: every is_set() takes its lock, shared by every
+        # process of the run. A thousand worker threads asking it in their loops made a lock
+        # convoy on a loaded box, in which the dispatcher's process waited 10-30 s between
+        # ticks for the same lock. The threads ask a process-local event; one thread waits on
+        # the run's and sets it
+        self.stop = threading.Event()
+        threading.Thread(target=lambda: (stop.wait(), self.stop.set()), daemon=True).start()
         self.lock = threading.Lock()
         self.look_ahead = self.rt.settings.pack_requests
         models = config["models"]
@@ -290,10 +297,8 @@ class Fleet:
             now = time.time()
             try:
                 with self.lock:
-                    held = [[(c, 0, 0, 0) for c in w.work] for w in self.workers]
-                for claims in held:  # one transaction per worker, as engine workers renew theirs
-                    if claims:
-                        heartbeat(self.rt, claims, now)
+                    held = [(c, 0, 0, 0) for w in self.workers for c in w.work]
+                heartbeat(self.rt, held, now)
                 if now - last_sample >= settings.sample_seconds:
                     last_sample = now
                     self.write_samples()

@@ -409,8 +409,8 @@ def build(
             "dispatcher process), each process over its own SQLAlchemy pool (5 + 10 overflow connections); "
             "engine time is modelled (a unit's requests at worker_rps), everything else is Freight's code "
             "on real PostgreSQL and Redis",
-            "heartbeats are written per worker every FREIGHT_HEARTBEAT_SECONDS, engine_samples rows per "
-            "process in one transaction every FREIGHT_SAMPLE_SECONDS (a real fleet: one per worker); the "
+            "heartbeats and engine_samples rows are written per process in one transaction every "
+            "FREIGHT_HEARTBEAT_SECONDS / FREIGHT_SAMPLE_SECONDS (a real fleet: one per worker); the "
             "engine worker's 1 s cancellation check is not simulated",
             "tick.alone_s: the tick on the loaded database before any worker runs (each packing every "
             "model's queues, the packs undone between ticks): its own cost, apart from the fleet's load",
