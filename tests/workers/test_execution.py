@@ -6,11 +6,10 @@ from dataclasses import replace
 
 from sqlalchemy import select
 
-from api.services.tenants import create_tenant
+from bench.dispatcher_load import Sizes, load
 from storage.models import WorkUnit
 from storage.runtime import Runtime
 from tests.conftest import now
-from tests.factories import chat_line, validated_batch
 from workers.execution import claim_unit, heartbeat
 
 
@@ -19,13 +18,9 @@ def test_a_heartbeat_renews_the_claims_still_held_with_their_counts(settings):
     claim another worker took over in the meantime is left alone."""
     rt = Runtime(replace(settings, unit_size=2))
     try:
-        tenant, _ = create_tenant(rt.db, "a", now())
-        lines = [chat_line(f"r-{i}", f"r {i}", max_tokens=2) for i in range(6)]
-        batch_id = validated_batch(rt, tenant.id, lines, name="r.jsonl")
+        load(rt.db, Sizes(requests=6, batches=1, tenants=1, models=1, workers=1), now(), unit_size=2)
         with rt.db.read() as s:
-            ids = list(
-                s.scalars(select(WorkUnit.id).where(WorkUnit.batch_id == batch_id).order_by(WorkUnit.id))
-            )
+            ids = list(s.scalars(select(WorkUnit.id).order_by(WorkUnit.id)))
         t0 = float(now())
         claims = [claim_unit(rt, unit_id, t0, "w:1:a") for unit_id in ids]
         assert all(claims)
