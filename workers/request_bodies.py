@@ -335,7 +335,14 @@ def _requested_max_tokens(endpoint: str, request: Any, data: dict) -> int | None
 
 
 def _field(request: Any, name: str) -> Any:
-    with warnings.catch_warnings():  # chat's max_tokens is a deprecated pydantic field
+    """A pydantic field's value without its deprecation warning (chat's max_tokens is one): read
+    from the model's ``__dict__``, where pydantic keeps declared fields, not through
+    ``warnings.catch_warnings``, which rewrites the process's warning filters on every call
+    (the engine worker does this for each request it runs, from several threads)."""
+    values = getattr(request, "__dict__", {})
+    if name in values:
+        return values[name]
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return getattr(request, name)
 
