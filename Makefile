@@ -4,15 +4,20 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 RUN_DIR := var/run
 MODEL_DIR := models/demo
+EMBED_MODEL_DIR := models/embed
 BENCH_MODEL_DIR := models/bench
 
-.PHONY: run stop test lint install model bench-model bench bench-parquet bench-int4 bench-reliability bench-dispatcher bench-request-rate bench-validation bench-finalization int4-model clean quantize-env
+.PHONY: run stop test lint install model embed-model bench-model bench bench-parquet bench-int4 bench-reliability bench-dispatcher bench-request-rate bench-validation bench-finalization int4-model clean quantize-env
 
 install:
 	@bash infra/install.sh
 
 model: install
 	@$(PY) infra/build_demo_model.py $(MODEL_DIR)
+
+# the demo embedding model (/v1/embeddings): a tiny LlamaModel with the demo model's tokenizer
+embed-model: install
+	@$(PY) infra/build_embed_model.py $(EMBED_MODEL_DIR)
 
 # the benchmark model: the demo model's tokenizer and layout at 4x the per-token compute
 bench-model: install
@@ -35,7 +40,7 @@ lint: install
 quantize-env: install
 	@$(PY) -m workers.quantize_env .venv-quantize
 
-test: model lint quantize-env
+test: model embed-model lint quantize-env
 	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m pytest -p no:cacheprovider -q
 
 # the scheduler benchmark (bench/README.md): writes bench/results/scheduler.json; BENCH_ARGS=--quick for a smoke run

@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from api.cli_settings import command_runtime, command_settings
-from storage.registry import REQUESTED, ModelEntry
+from storage.registry import EMBED, REQUESTED, TASKS, ModelEntry
 from workers.engine_args import describe
 from workers.quantize import METHODS, SCHEMES
 
@@ -66,6 +66,8 @@ def models() -> None:
 @click.option("--tool-call-parser", default=None, metavar="NAME",
               help='vLLM\'s tool-call parser for this model (as `vllm serve --tool-call-parser`, e.g. hermes): '
               'serves tool_choice "auto"')  # fmt: skip
+@click.option("--task", type=click.Choice(("auto", *TASKS)), default="auto", show_default=True,
+              help="generate (chat, completions) or embed (/v1/embeddings); auto: from the checkpoint's architecture")  # fmt: skip
 def models_add(
     name: str,
     source: str,
@@ -73,6 +75,7 @@ def models_add(
     max_model_len: int | None,
     engine_args: tuple[str, ...],
     tool_call_parser: str | None,
+    task: str,
     **prices: float | None,
 ) -> None:
     """Register NAME, served from --path (quantized as --quantization says)."""
@@ -94,13 +97,15 @@ def models_add(
                     list_price_output=prices["list_price_out"],
                     engine_args=engine_args,
                     tool_call_parser=tool_call_parser,
+                    task=task,
                 ),
                 echo=_echo,
                 progress=bar,
             )
     finally:
         bar.close()
-    click.echo(f"registered {entry.name}: {entry.quantization} from {entry.checkpoint}")
+    served = " (an embedding model: it serves /v1/embeddings)" if entry.task == EMBED else ""
+    click.echo(f"registered {entry.name}: {entry.quantization} from {entry.checkpoint}{served}")
     if entry.engine_args or entry.max_model_len:
         click.echo(f"engine args: {describe(_engine_args(entry))}")
     if entry.tool_call_parser:
@@ -155,7 +160,7 @@ def models_list(as_json: bool) -> None:
         click.echo("no models (add one with `freight models add NAME --path DIR`)")
         return
     header = (
-        "NAME", "QUANT", "REQUESTED", "SOURCE", "WEIGHTS", "$/H", "LIST IN/OUT", "PROBE INT4/BF16", "ENGINE ARGS"
+        "NAME", "QUANT", "REQUESTED", "SOURCE", "WEIGHTS", "$/H", "LIST IN/OUT", "PROBE INT4/BF16", "ENGINE ARGS", "TASK"
     )  # fmt: skip
     table = [header] + [_row(e) for e in rows]
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
@@ -174,7 +179,18 @@ def _row(e: ModelEntry) -> tuple[str, ...]:
     engine = describe(_engine_args(e)) or "-"
     if e.tool_call_parser:
         engine = f"{engine} tool_call_parser={e.tool_call_parser}".removeprefix("- ")
-    return (e.name, e.quantization, e.requested_quantization, source, weights, price, listed, probe, engine)
+    return (
+        e.name,
+        e.quantization,
+        e.requested_quantization,
+        source,
+        weights,
+        price,
+        listed,
+        probe,
+        engine,
+        e.task,
+    )
 
 
 def _as_dict(e: ModelEntry) -> dict:
@@ -193,6 +209,7 @@ def _as_dict(e: ModelEntry) -> dict:
         "declared": e.declared,
         "engine_args": _engine_args(e),
         "tool_call_parser": e.tool_call_parser,
+        "task": e.task,
     }
 
 

@@ -125,6 +125,8 @@ def model_object(e: ModelEntry) -> dict[str, Any]:
         "created": e.created_at,
         "owned_by": "freight",
         "x_freight": {
+            # generate: chat and completions; embed: /v1/embeddings
+            "task": e.task,
             "quantization": e.quantization,
             "max_model_len": e.max_model_len,
             "parameters": e.parameters,

@@ -457,6 +457,9 @@ class Model(Base):
     # the vLLM tool-call parser (a ToolParserManager name, "hermes"...) that reads this model's own
     # tool-call format: tool_choice "auto" is served only with one (workers/tool_calls.py). NULL: none
     tool_call_parser: Mapped[str | None] = mapped_column(String(64))
+    # what the model serves: "generate" (chat, completions) or "embed" (embeddings, on vLLM's
+    # pooling runner); NULL: generate, as every model registered before tasks existed
+    task: Mapped[str | None] = mapped_column(String(16))
     created_at: Mapped[int] = mapped_column(BigInteger)
 
 

@@ -24,6 +24,9 @@ from storage.settings import Settings
 # what `freight models add --quantization` accepts, and what a served checkpoint can be
 REQUESTED = ("auto", "none", "w4a16", "awq", "gptq")
 SERVED = ("none", "w4a16", "awq", "gptq", "other")
+# what a model serves: text generation (chat, completions) or embeddings (vLLM's pooling runner)
+GENERATE, EMBED = "generate", "embed"
+TASKS = (GENERATE, EMBED)
 
 
 class RegistryError(Exception):
@@ -51,6 +54,7 @@ class ModelEntry:
     # vLLM's tool-call parser for tool_choice "auto" (checked against vLLM's registered parsers at
     # registration); None: "auto" is that request's error, forced calls work regardless
     tool_call_parser: str | None = None
+    task: str = GENERATE  # one of TASKS
 
     def price_per_hour(self, settings: Settings) -> float:
         if self.instance_price_per_hour is not None:
@@ -93,6 +97,30 @@ def local_quantization(path: str) -> str:
         return "none"
 
 
+def task_of(config: dict[str, Any]) -> str:
+    """What a checkpoint's config.json says it is for: a bare encoder (``LlamaModel``,
+    ``BertModel``, ``XLMRobertaModel``: an architecture without a task head) or one built for
+    embeddings (``...ForEmbedding``) is an embedding model; every other (``...ForCausalLM``...)
+    generates."""
+    architectures = config.get("architectures") or []
+    if architectures and all(
+        isinstance(a, str) and ("For" not in a or a.endswith("ForEmbedding")) for a in architectures
+    ):
+        return EMBED
+    return GENERATE
+
+
+def local_task(path: str) -> str:
+    """The task of a local checkpoint directory; "generate" when it cannot be read (S3)."""
+    config = Path(path) / "config.json"
+    if path.startswith("s3://") or not config.is_file():
+        return GENERATE
+    try:
+        return task_of(json.loads(config.read_text()))
+    except (OSError, ValueError):
+        return GENERATE
+
+
 def _entry(row: Model) -> ModelEntry:
     price = None
     if row.list_price_input is not None and row.list_price_output is not None:
@@ -113,6 +141,7 @@ def _entry(row: Model) -> ModelEntry:
         created_at=row.created_at,
         engine_args=dict(row.engine_args or {}),
         tool_call_parser=row.tool_call_parser,
+        task=row.task or GENERATE,
     )
 
 
@@ -125,6 +154,7 @@ def _declared(settings: Settings, name: str) -> ModelEntry:
         requested_quantization="none",
         quantization=local_quantization(path),
         declared=True,
+        task=local_task(path),
     )
 
 
@@ -162,6 +192,11 @@ def auto_tool_models(db: Database) -> frozenset[str]:
     """The served models whose entry names a tool-call parser: those serve tool_choice "auto"."""
     with db.read() as s:
         return frozenset(s.scalars(select(Model.name).where(Model.tool_call_parser.is_not(None))))
+
+
+def embedding_names(db: Database, settings: Settings) -> frozenset[str]:
+    """The served models whose task is embeddings (they serve /v1/embeddings and nothing else)."""
+    return frozenset(e.name for e in entries(db, settings) if e.task == EMBED)
 
 
 def served_names(db: Database, settings: Settings) -> frozenset[str]:

@@ -26,6 +26,7 @@ from storage.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_MODEL = REPO / "models" / "demo"
+EMBED_MODEL = REPO / "models" / "embed"
 ARTIFACTS = REPO / "test-artifacts"
 
 
@@ -77,6 +78,17 @@ def demo_model() -> Path:
 
         build(DEMO_MODEL)
     return DEMO_MODEL
+
+
+@pytest.fixture(scope="session")
+def embed_model() -> Path:
+    """The small random embedding model (a LlamaModel with the demo tokenizer), built locally
+    once: about 5 s."""
+    if not (EMBED_MODEL / "config.json").exists():
+        from infra.build_embed_model import build
+
+        build(EMBED_MODEL)
+    return EMBED_MODEL
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -27,7 +27,17 @@ from storage.checkpoint_cache import CheckpointError, local_checkpoint, publish
 from storage.errors import ServiceError
 from storage.models import Batch, Model
 from storage.objectstore import s3_client
-from storage.registry import REQUESTED, ModelEntry, RegistryError, entries, local_quantization, lookup
+from storage.registry import (
+    EMBED,
+    REQUESTED,
+    TASKS,
+    ModelEntry,
+    RegistryError,
+    entries,
+    local_quantization,
+    local_task,
+    lookup,
+)
 from storage.runtime import Runtime
 from storage.status import BatchStatus
 from workers.checkpoint import weights
@@ -57,6 +67,7 @@ class AddRequest:
     tool_call_parser: str | None = (
         None  # vLLM's name (`vllm serve --tool-call-parser`): serves tool_choice auto
     )
+    task: str = "auto"  # generate|embed; auto: what the checkpoint's architecture says
 
 
 def _check(req: AddRequest) -> None:
@@ -67,6 +78,10 @@ def _check(req: AddRequest) -> None:
     if req.quantization not in REQUESTED:
         raise ServiceError(
             "invalid_request", f"unsupported quantization {req.quantization!r}: one of {', '.join(REQUESTED)}"
+        )
+    if req.task not in ("auto", *TASKS):
+        raise ServiceError(
+            "invalid_request", f"unsupported task {req.task!r}: one of auto, {', '.join(TASKS)}"
         )
     if req.max_model_len is not None and req.max_model_len < 1:
         raise ServiceError("invalid_request", "--max-model-len must be positive")
@@ -149,6 +164,17 @@ def add(rt: Runtime, req: AddRequest, *, echo: Echo = print, progress: Progress 
     except CheckpointError as exc:
         raise ServiceError("invalid_request", str(exc), param="path") from exc
     detected = local_quantization(str(local))
+    task = local_task(str(local)) if req.task == "auto" else req.task
+    if task == EMBED and detected == "none":
+        # Freight's INT4 copy and its probe measure text generation: an embedding model is served
+        # as it is (or as a checkpoint already quantized elsewhere)
+        if req.quantization == "w4a16":
+            raise ServiceError(
+                "invalid_request",
+                "--quantization w4a16 is for text-generation models; serve an embedding model with "
+                "--quantization none, or register a checkpoint already quantized",
+            )
+        req = replace(req, quantization="none")
     checkpoint, served, served_dir, probe = req.source, detected, local, None
     if req.quantization in ("awq", "gptq") and detected != req.quantization:
         raise ServiceError(
@@ -195,6 +221,7 @@ def add(rt: Runtime, req: AddRequest, *, echo: Echo = print, progress: Progress 
         created_at=int(time.time()),
         engine_args=args or None,
         tool_call_parser=req.tool_call_parser,
+        task=task,
     )
     with rt.db.write() as s:
         s.add(row)

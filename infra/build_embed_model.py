@@ -1,0 +1,142 @@
+"""Build Freight's demo embedding model: a tiny random-weight Llama encoder with the demo tokenizer.
+
+Why: embeddings batches (`/v1/embeddings`) need a real pooling checkpoint that vLLM loads like any
+Hugging Face embedding model, without network access to a model hub. The checkpoint is a
+`LlamaModel` (no LM head), which vLLM's model registry lists among its embedding architectures: it
+runs on the pooling runner, on the CPU backend as on GPUs, with last-token pooling and normalized
+vectors. The config declares Matryoshka dimensions, so requests may ask for shorter vectors
+(`dimensions`) as they may of OpenAI's text-embedding-3 models. The weights are random (fixed
+seed), so the vectors mean nothing; what matters is that tokenization, pooling, batching and usage
+accounting run for real and quickly. The tokenizer is the demo chat model's
+(infra/build_demo_model.py), so token counts agree between the two.
+
+Usage:  python infra/build_embed_model.py [OUT_DIR] [--force]     (default: models/embed)
+
+Idempotent like the demo model's build: skipped when OUT_DIR/config.json exists, built in a
+temporary sibling directory that is renamed into place at the end.
+
+Shape: hidden 256 (the vector's dimension), 2 layers, 4 attention heads, 2 KV heads, MLP 512,
+vocab 4096, 2048 positions, bf16 safetensors. Matryoshka dimensions: 64, 128, 256.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `infra` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from infra.build_demo_model import (
+    BOS,
+    IM_END,
+    MAX_POSITIONS,
+    PAD,
+    SEED,
+    SPECIAL_TOKENS,
+    VOCAB_SIZE,
+    build_tokenizer,
+)
+
+HIDDEN = 256  # the embedding's dimension
+LAYERS = 2
+HEADS = 4
+KV_HEADS = 2
+INTERMEDIATE = 512
+MATRYOSHKA_DIMENSIONS = [64, 128, 256]  # the lengths `dimensions` may ask for
+
+
+def build_weights(out_dir: Path, ids: dict[str, int]) -> None:
+    """Random LlamaModel weights (fixed seed), bf16 safetensors, config marked Matryoshka."""
+    import torch
+    from transformers import LlamaConfig, LlamaModel
+
+    config = LlamaConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        head_dim=HIDDEN // HEADS,
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        hidden_act="silu",
+        initializer_range=0.02,
+        tie_word_embeddings=False,
+        bos_token_id=ids[BOS],
+        eos_token_id=ids[IM_END],
+        pad_token_id=ids[PAD],
+        torch_dtype="bfloat16",
+    )
+    torch.manual_seed(SEED)
+    model = LlamaModel(config).to(torch.bfloat16).eval()
+    model.save_pretrained(out_dir, safe_serialization=True)
+    # vLLM reads `matryoshka_dimensions` from the model's config: it then accepts `dimensions`
+    config_file = out_dir / "config.json"
+    saved = json.loads(config_file.read_text())
+    saved["architectures"] = ["LlamaModel"]
+    saved["is_matryoshka"] = True
+    saved["matryoshka_dimensions"] = MATRYOSHKA_DIMENSIONS
+    config_file.write_text(json.dumps(saved, indent=2) + "\n")
+
+
+def build(out_dir: Path, force: bool = False) -> bool:
+    """Build into out_dir; returns False when an existing build was kept."""
+    out_dir = Path(out_dir)
+    if (out_dir / "config.json").exists() and not force:
+        return False
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.build-", dir=out_dir.parent))
+    try:
+        build_tokenizer(tmp)
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(tmp / "tokenizer.json"))
+        ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
+        build_weights(tmp, ids)
+        (tmp / "README.md").write_text(
+            "Freight demo embedding model: random LlamaModel weights (seed 0), the demo tokenizer.\n"
+            "Built by infra/build_embed_model.py; its vectors are noise by design.\n"
+        )
+        tmp.chmod(0o755)  # mkdtemp makes a 0700 directory; a model directory is meant to be shared
+        for f in tmp.iterdir():
+            f.chmod(0o644)
+        if (out_dir / "config.json").exists() and not force:
+            return False  # another process finished the same build first
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        try:
+            os.replace(tmp, out_dir)
+        except OSError:
+            if not (out_dir / "config.json").exists():
+                raise
+            return False  # lost a race to a concurrent build of the same directory
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out_dir", nargs="?", default="models/embed", help="output directory")
+    parser.add_argument("--force", action="store_true", help="rebuild even if it exists")
+    args = parser.parse_args(argv)
+    start = time.monotonic()
+    if build(Path(args.out_dir), force=args.force):
+        print(f"built demo embedding model in {args.out_dir} ({time.monotonic() - start:.1f} s)")
+    else:
+        print(f"{args.out_dir}/config.json exists; kept it (use --force to rebuild)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

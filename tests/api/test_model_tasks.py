@@ -1,0 +1,88 @@
+"""A model's task in the registry: found from the checkpoint's architecture or given, stored, listed
+by `/v1/models`; an embedding model is never quantized by Freight. On both databases."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from api.services import models
+from api.services.models import AddRequest
+from storage.errors import ServiceError
+from storage.registry import EMBED, GENERATE, embedding_names, lookup, task_of
+from tests.conftest import DEMO_MODEL
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@pytest.mark.parametrize(
+    ("architectures", "task"),
+    [
+        (["LlamaModel"], EMBED),
+        (["BertModel"], EMBED),
+        (["XLMRobertaModel"], EMBED),
+        (["Qwen3ForEmbedding"], EMBED),
+        (["LlamaForCausalLM"], GENERATE),
+        (["BertForSequenceClassification"], GENERATE),
+        ([], GENERATE),
+        (None, GENERATE),
+    ],
+)
+def test_the_task_a_checkpoint_config_declares(architectures, task) -> None:
+    assert task_of({"architectures": architectures}) == task
+
+
+def test_tasks_are_found_given_stored_and_served(runtime, embed_model: Path) -> None:
+    embed = models.add(runtime, AddRequest("emb", str(embed_model)), echo=_quiet)
+    # `auto` quantization on an embedding model: served as it is (the INT4 probe measures generation)
+    assert (embed.task, embed.quantization, embed.requested_quantization) == (EMBED, "none", "none")
+    forced = models.add(
+        runtime, AddRequest("demo-as-embed", str(DEMO_MODEL), "none", task="embed"), echo=_quiet
+    )
+    assert forced.task == EMBED
+    plain = models.add(runtime, AddRequest("chat", str(DEMO_MODEL), "none"), echo=_quiet)
+    assert plain.task == GENERATE
+    assert lookup(runtime.db, runtime.settings, "demo").task == GENERATE  # declared (FREIGHT_MODELS)
+    assert embedding_names(runtime.db, runtime.settings) == {"emb", "demo-as-embed"}
+
+    from api.app import create_app
+    from api.services.tenants import create_tenant
+    from tests.conftest import now
+
+    _, key = create_tenant(runtime.db, "alpha", now())
+    client = create_app(runtime=runtime).test_client()
+    listed = client.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).get_json()
+    assert {m["id"]: m["x_freight"]["task"] for m in listed["data"]} == {
+        "chat": "generate", "demo": "generate", "demo-as-embed": "embed", "emb": "embed"
+    }  # fmt: skip
+
+
+def test_an_embedding_model_is_not_quantized_and_a_task_is_checked(runtime, embed_model: Path) -> None:
+    with pytest.raises(ServiceError, match="--quantization w4a16 is for text-generation models"):
+        models.add(runtime, AddRequest("emb", str(embed_model), "w4a16"), echo=_quiet)
+    with pytest.raises(ServiceError, match="unsupported task 'rerank'"):
+        models.add(runtime, AddRequest("emb", str(embed_model), task="rerank"), echo=_quiet)
+    assert lookup(runtime.db, runtime.settings, "emb") is None
+
+
+def test_the_cli_shows_the_task(runtime, embed_model: Path) -> None:
+    from click.testing import CliRunner
+
+    from api.cli import main
+
+    env = {"FREIGHT_DATABASE_URL": runtime.settings.database_url, "FREIGHT_MODELS": f"demo={DEMO_MODEL}",
+           "FREIGHT_DATA_DIR": str(runtime.settings.data_dir)}  # fmt: skip
+    runner = CliRunner()
+    added = runner.invoke(main, ["models", "add", "emb", "--path", str(embed_model)], env=env)
+    assert added.exit_code == 0, added.output
+    assert "registered emb: none from" in added.output and "it serves /v1/embeddings" in added.output
+    listed = runner.invoke(main, ["models", "list", "--json"], env=env)
+    assert {m["name"]: m["task"] for m in map(json.loads, listed.output.splitlines())} == {
+        "demo": "generate", "emb": "embed"
+    }  # fmt: skip
+    table = runner.invoke(main, ["models", "list"], env=env).output.splitlines()
+    assert table[0].split()[-1] == "TASK" and table[2].split()[-1] == "embed", table
