@@ -46,6 +46,17 @@ def chat_line(
     return {"custom_id": custom_id, "method": "POST", "url": CHAT, "body": merged}
 
 
+def embedding_line(custom_id: str = "e1", text: Any = "hello", *, model: str = "embed", **body: Any) -> dict:
+    """One /v1/embeddings line: ``input`` (a text, or any value given) for ``model``, then any other
+    ``body`` fields (encoding_format, dimensions...)."""
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/embeddings",
+        "body": {"model": model, "input": text, **body},
+    }
+
+
 def jsonl(lines: Iterable[dict]) -> bytes:
     """The JSONL file of ``lines``: one JSON object a line, each ending in a newline."""
     return b"".join(json.dumps(line).encode() + b"\n" for line in lines)

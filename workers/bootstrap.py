@@ -182,6 +182,7 @@ def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
                     entry.max_model_len,
                     entry.engine_args,
                     entry.tool_call_parser,
+                    task=entry.task,
                 )
             )
     except (EngineUnsupported, EngineStartFailed) as exc:  # the queue keeps the model's work
@@ -231,6 +232,7 @@ def engine_config(
     max_model_len: int | None = None,
     engine_args: Mapping[str, Any] | None = None,
     tool_call_parser: str | None = None,
+    task: str = "generate",
 ):
     """The engine of ``model``: the FREIGHT_ENGINE_* defaults, the model's own engine arguments
     over them (its registry row: max_model_len, then ``engine_args``); with JSON logs, no progress
@@ -263,6 +265,7 @@ def engine_config(
         default_max_tokens=settings.engine_default_max_tokens or None,
         engine_args=extra,
         tool_call_parser=tool_call_parser,
+        task=task,
         **{**defaults, **own},
     )
 

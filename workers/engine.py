@@ -31,9 +31,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from scheduler.engine_window import engine_window
+from workers.embeddings import RenderedEmbeddings, embeddings_body, render_embeddings
 from workers.engine_lifetime import PARENT_ENV, START_ERROR_ENV
 from workers.rendering import RenderedRequest, build_response_body, render_request
-from workers.request_bodies import ParsedRequest, RequestError, parse_body
+from workers.request_bodies import EMBEDDINGS, ParsedRequest, RequestError, parse_body
 from workers.tool_calls import ModelParsers
 
 if TYPE_CHECKING:
@@ -77,6 +78,7 @@ class EngineConfig:
     engine_args: dict[str, Any] = field(default_factory=dict)
     stats: bool = False
     tool_call_parser: str | None = None  # the registry's: serves tool_choice "auto" (workers/tool_calls.py)
+    task: str = "generate"  # "embed": vLLM's pooling runner, /v1/embeddings requests only
 
 
 @dataclass(frozen=True)
@@ -244,8 +246,12 @@ def _error(key: str, status: int, code: str, message: str, param: str | None = N
 @dataclass
 class _InFlight:
     key: str
-    rendered: RenderedRequest
+    rendered: RenderedRequest | RenderedEmbeddings
     seqs: int
+    # vLLM's ids of the request: one, or one per input of an embeddings request
+    request_ids: list[str] = field(default_factory=list)
+    # an embeddings request's finished inputs: vLLM request id -> its output
+    parts: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -299,7 +305,7 @@ class Engine:
         self._default_sampling = dict(llm.model_config.get_diff_sampling_param())
         self._next_id = 0
         self._live: dict[str, _InFlight] = {}  # vLLM request id -> what it is
-        self._by_key: dict[str, str] = {}  # caller's key -> vLLM request id
+        self._by_key: dict[str, _InFlight] = {}  # caller's key -> what it is
         self._load = 0  # sequences in the engine
         self._in_flight = 0
         self._running = False
@@ -341,6 +347,8 @@ class Engine:
             "disable_log_stats": not config.stats,  # off unless its metrics are served: see _count_step_outputs
             "dtype": serving_dtype(config.dtype, stored, quantized, native_half=native_half_precision()),
         }
+        if config.task == "embed":  # vLLM's pooling runner; a *ForCausalLM checkpoint is converted
+            base["runner"] = "pooling"
         # the model's own engine arguments over Freight's (workers/bootstrap.py: engine_config)
         arguments = {**base, **kwargs, **config.engine_args}
         started = time.monotonic()
@@ -463,11 +471,16 @@ class Engine:
         if isinstance(submitted, EngineResult):
             self._count(submitted)
             return submitted
-        request_id, entry = submitted
-        prompt = len(entry.rendered.prompt_token_ids)
+        entry = submitted
+        rendered = entry.rendered
+        if isinstance(rendered, RenderedEmbeddings):  # tokens per sequence: one per input
+            prompt = rendered.prompt_tokens // max(1, entry.seqs)
+        else:
+            prompt = len(rendered.prompt_token_ids)
         self._mean_prompt += (prompt - self._mean_prompt) * (PROMPT_MEAN_WEIGHT if self._mean_prompt else 1.0)
-        self._live[request_id] = entry
-        self._by_key[entry.key] = request_id
+        for request_id in entry.request_ids:
+            self._live[request_id] = entry
+        self._by_key[entry.key] = entry
         self._load += entry.seqs
         self._in_flight = len(self._live)
         return None
@@ -483,6 +496,10 @@ class Engine:
             entry = self._live.pop(output.request_id, None)
             if entry is None:
                 continue  # aborted meanwhile
+            if len(entry.request_ids) > 1:  # an embeddings request ends with its last input
+                entry.parts[output.request_id] = output
+                if len(entry.parts) < len(entry.request_ids):
+                    continue
             self._forget(entry)
             result = self._finish(entry, output)
             self._count(result)
@@ -496,14 +513,16 @@ class Engine:
 
     def abort(self, keys: Iterable[str]) -> list[EngineResult]:
         """Stop these requests (keys not in the engine are ignored); their 499 results."""
-        request_ids = [self._by_key[k] for k in keys if k in self._by_key]
-        if not request_ids:
+        entries = [self._by_key[k] for k in keys if k in self._by_key]
+        if not entries:
             return []
+        request_ids = [i for entry in entries for i in entry.request_ids if i in self._live]
         self._abort_in_engine(request_ids)
         message = "The run was stopped before this request finished."
         results = []
         for request_id in request_ids:
-            entry = self._live.pop(request_id)
+            self._live.pop(request_id)
+        for entry in entries:
             self._forget(entry)
             self._counters.aborted += 1
             results.append(_error(entry.key, ABORTED_STATUS, "aborted", message))
@@ -579,8 +598,19 @@ class Engine:
                 self.abort(list(mine))
             self._running = False
 
-    def _submit(self, request: EngineRequest) -> tuple[str, _InFlight] | EngineResult:
+    def _submit(self, request: EngineRequest) -> _InFlight | EngineResult:
         key = request.key
+        if (request.endpoint == EMBEDDINGS) != (self.config.task == "embed"):
+            what = "an embedding model" if self.config.task == "embed" else "a text-generation model"
+            return _error(
+                key,
+                400,
+                "invalid_model",
+                f"{self.config.served_name} is {what}; it does not serve {request.endpoint}.",
+                "model",
+            )
+        if request.endpoint == EMBEDDINGS:
+            return self._submit_embeddings(request)
         try:
             rendered = self.render(request)
             request_id = f"freight-{self._next_id}"
@@ -602,9 +632,72 @@ class Engine:
             return _error(
                 key, 500, "internal_error", f"The engine could not accept the request: {exc}"[:1000]
             )
-        return request_id, _InFlight(key, rendered, rendered.parsed.n)
+        return _InFlight(key, rendered, rendered.parsed.n, [request_id])
+
+    def _submit_embeddings(self, request: EngineRequest) -> _InFlight | EngineResult:
+        """One vLLM pooling request per input of the line (its vectors come back in input order)."""
+        key = request.key
+        try:
+            parsed = request.parsed or parse_body(request.endpoint, request.body, validated=request.validated)
+            rendered = render_embeddings(
+                parsed.request, self._llm.get_tokenizer(), self._llm.model_config, request.prompt_token_ids
+            )
+        except RequestError as exc:
+            return _error(key, exc.status_code, exc.code, exc.message, exc.param)
+        request_ids = [f"freight-{self._next_id}.{i}" for i in range(len(rendered.inputs))]
+        self._next_id += 1
+        added: list[str] = []
+        try:
+            for request_id, ids in zip(request_ids, rendered.inputs, strict=True):
+                engine_input: dict[str, Any] = {"prompt_token_ids": ids}
+                if request.cache_salt:
+                    engine_input["cache_salt"] = request.cache_salt
+                self._llm.add_request(request_id, engine_input, rendered.pooling_params)
+                added.append(request_id)
+        except Exception as exc:
+            if added:
+                self._abort_in_engine(added)
+            from vllm.exceptions import VLLMClientError
+
+            if isinstance(exc, (VLLMClientError, ValueError, TypeError)):  # out-of-vocabulary ids...
+                message = str(exc.args[0]) if exc.args else str(exc)
+                return _error(
+                    key, 400, "invalid_request", message[:1000], getattr(exc, "parameter", None) or "input"
+                )
+            log.exception("request %r could not be submitted", key)
+            return _error(
+                key, 500, "internal_error", f"The engine could not accept the request: {exc}"[:1000]
+            )
+        return _InFlight(key, rendered, len(request_ids), request_ids)
+
+    def _finish_embeddings(self, entry: _InFlight, output: Any) -> EngineResult:
+        rendered = entry.rendered
+        assert isinstance(rendered, RenderedEmbeddings)
+        outputs = [entry.parts[i] for i in entry.request_ids] if entry.parts else [output]
+        if any(getattr(o, "error", None) is not None or o.outputs is None for o in outputs):
+            return _error(entry.key, 500, "internal_error", "The engine failed while embedding this request.")
+        try:
+            vectors = [o.outputs.data.float().tolist() for o in outputs]
+            body = embeddings_body(
+                vectors,
+                rendered.body.encoding_format,
+                self.config.served_name,
+                rendered.prompt_tokens,
+            )
+        except Exception as exc:
+            log.exception("response for %r could not be built", entry.key)
+            return _error(entry.key, 500, "internal_error", f"The response could not be built: {exc}"[:1000])
+        return EngineResult(
+            key=entry.key,
+            status_code=200,
+            body=body,
+            prompt_tokens=rendered.prompt_tokens,
+            cached_tokens=sum(int(o.num_cached_tokens or 0) for o in outputs),
+        )
 
     def _finish(self, entry: _InFlight, output: Any) -> EngineResult:
+        if isinstance(entry.rendered, RenderedEmbeddings):
+            return self._finish_embeddings(entry, output)
         failed = [c for c in output.outputs if c.finish_reason == "error"]
         if failed or not output.outputs:
             return _error(

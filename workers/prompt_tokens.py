@@ -27,7 +27,7 @@ from typing import Any
 
 from scheduler.ordering import KEY_TOKEN_BYTES
 from workers.prompts import PromptKeyer, _template_messages
-from workers.request_bodies import CHAT, COMPLETIONS
+from workers.request_bodies import CHAT, COMPLETIONS, EMBEDDINGS
 
 _ALL = 1 << 40  # tokens: "no limit" for a full rendering
 _ROLES = frozenset({"system", "user", "assistant"})
@@ -44,6 +44,10 @@ PROMPT_NEUTRAL = frozenset(
         "length_penalty", "stream", "stream_options", "parallel_tool_calls", "service_tier",
     }
 )  # fmt: skip
+
+
+# An embeddings body's fields (workers/embeddings.py): none changes how its inputs tokenize
+EMBEDDING_FIELDS = frozenset({"model", "input", "encoding_format", "dimensions", "user"})
 
 
 class TokenizerUnavailable(Exception):
@@ -119,6 +123,9 @@ class PromptRenderer:
         return RenderedPrompt(self.keyer.key(endpoint, dict(body)), False, self.key_tokens)
 
     def _exact_text(self, endpoint: str, body: Mapping[str, Any]) -> tuple[str, bool] | None:
+        if endpoint == EMBEDDINGS:  # one text: its ids exactly; several: the engine tokenizes each
+            text = _one_prompt(body.get("input"))
+            return (text, True) if isinstance(text, str) and text and set(body) <= EMBEDDING_FIELDS else None
         if not set(body) <= PROMPT_NEUTRAL:
             return None
         if endpoint == CHAT and self.chat_exact and _plain_messages(body.get("messages")):
@@ -133,9 +140,12 @@ class PromptRenderer:
         return None
 
     def _exact_ids(self, endpoint: str, body: Mapping[str, Any]) -> list[int] | None:
-        if endpoint != COMPLETIONS or not set(body) <= PROMPT_NEUTRAL:
+        if endpoint == EMBEDDINGS and set(body) <= EMBEDDING_FIELDS:
+            prompt = _one_prompt(body.get("input"))
+        elif endpoint != COMPLETIONS or not set(body) <= PROMPT_NEUTRAL:
             return None
-        prompt = _one_prompt(body.get("prompt"))
+        else:
+            prompt = _one_prompt(body.get("prompt"))
         if isinstance(prompt, list) and prompt and all(type(t) is int and 0 <= t < 2**31 for t in prompt):
             return prompt
         return None

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.ordering import KEY_TOKEN_BYTES, prompt_key
-from workers.request_bodies import CHAT, COMPLETIONS
+from workers.request_bodies import CHAT, COMPLETIONS, EMBEDDINGS
 
 _NO_LIMIT = 1 << 62
 _MAX_CACHED_PIECE = 64 * 1024  # characters: longer pieces are tokenized every time
@@ -155,10 +155,10 @@ class PromptKeyer:
             if not isinstance(messages, list):
                 return None
             return self._chat(messages)
-        if endpoint == COMPLETIONS:
-            prompt = body.get("prompt")
+        if endpoint in (COMPLETIONS, EMBEDDINGS):
+            prompt = body.get("prompt" if endpoint == COMPLETIONS else "input")
             if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-                prompt = prompt[0]  # several prompts: key by the first
+                prompt = prompt[0]  # several prompts (inputs): key by the first
             if isinstance(prompt, str):
                 return prompt, True
             if isinstance(prompt, list) and all(type(t) is int for t in prompt):

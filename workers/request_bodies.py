@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from workers import tool_calls
+from workers.embeddings import EMBEDDINGS, parse_embedding_body
 from workers.request_errors import RequestError, clip_message
 
 if TYPE_CHECKING:  # vLLM is imported lazily: importing it costs seconds.
@@ -33,7 +34,7 @@ if TYPE_CHECKING:  # vLLM is imported lazily: importing it costs seconds.
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
-ENDPOINTS = (CHAT, COMPLETIONS)
+ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS)
 
 MAX_N = 128  # OpenAI's own limit on choices per request; n fans out into n sequences.
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -56,7 +57,8 @@ _UNSUPPORTED_FIELDS = {
 
 @dataclass(frozen=True)
 class ParsedRequest:
-    """A validated body: `request` is vLLM's ChatCompletionRequest or CompletionRequest.
+    """A validated body: `request` is vLLM's ChatCompletionRequest or CompletionRequest, or for
+    embeddings Freight's `workers.embeddings.EmbeddingBody`.
 
     `max_tokens` is the output budget the body asked for explicitly (None: use the
     engine's default); `model` is the body's model name (None when absent; the caller
@@ -122,6 +124,9 @@ def _parse_body(endpoint: str, body: Any, validated: bool = False, auto_tools: b
             "invalid_request", clip_message(f"The body is not valid JSON data: {exc}"), "body"
         ) from None
 
+    if endpoint == EMBEDDINGS:  # served by embedding models only (workers/embeddings.py)
+        model, embedding = parse_embedding_body(data)
+        return ParsedRequest(endpoint=endpoint, model=model, request=embedding, max_tokens=0)
     if data.get("stream") is True:  # other spellings ("true", 1) are caught after validation
         raise RequestError("unsupported_parameter", "Streaming is not available in batch requests.", "stream")
     for name, why in _UNSUPPORTED_FIELDS.items():

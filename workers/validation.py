@@ -40,7 +40,7 @@ from storage.leases import lease_free, release_lease, renew_lease, take_lease
 from storage.lifecycle import finish_batch
 from storage.models import Batch, StoredFile, Tenant, ValidationChunk, WorkUnit
 from storage.quotas import queued_refusal
-from storage.registry import auto_tool_models, served_names
+from storage.registry import auto_tool_models, embedding_names, served_names
 from storage.request_tables import RowError, column_of, decode_limits, metadata_defaults
 from storage.runtime import Runtime
 from storage.settings import Settings
@@ -51,7 +51,7 @@ from workers.checkpoint import checkpoint_dir
 from workers.dispatcher import admit_batch, measured_throughput
 from workers.planning import plan_batch
 from workers.prompt_tokens import RenderedPrompt, TokenizerUnavailable, renderer_for
-from workers.request_bodies import RequestError
+from workers.request_bodies import EMBEDDINGS, RequestError
 from workers.request_shapes import RequestShapes
 
 log = logging.getLogger(__name__)
@@ -111,6 +111,8 @@ class FileRules:
     max_line_bytes: int
     render: PromptFn | None = None  # None: no token ids, no ordering key (rows keep file order)
     auto_tool_models: frozenset[str] = frozenset()  # their tool-call parser serves tool_choice "auto"
+    # the served models whose task is embeddings: they serve /v1/embeddings, and only that
+    embed_models: frozenset[str] = frozenset()
     # the file's accepted request shapes: vLLM's request model runs once per shape, not per line
     shapes: RequestShapes = field(default_factory=RequestShapes, compare=False)
 
@@ -166,6 +168,8 @@ def check_line(raw: bytes, line_no: int, rules: FileRules) -> ValidLine | LineEr
         return LineError(
             line_no, "model_not_found", f"model {str(model)[:200]!r} is not served here", "body.model"
         )
+    if (rules.endpoint == EMBEDDINGS) != (model in rules.embed_models):
+        return LineError(line_no, "invalid_model", endpoint_mismatch(model, rules.endpoint), "body.model")
     max_tokens = None
     try:
         max_tokens = rules.shapes.max_tokens(rules.endpoint, body, model in rules.auto_tool_models)
@@ -186,6 +190,16 @@ def check_line(raw: bytes, line_no: int, rules: FileRules) -> ValidLine | LineEr
         line_no, custom_id, body_json, rendered.key, rendered.id_bytes, rendered.prompt_len, max_tokens
     )
     return ValidLine(row, model)
+
+
+def endpoint_mismatch(model: str, endpoint: str) -> str:
+    """Why ``model`` cannot serve ``endpoint``: an embedding model writes no text, a text model
+    makes no embeddings (a model's task is in its registry entry: ``freight models list``)."""
+    if endpoint == EMBEDDINGS:
+        return (
+            f"model {model[:200]!r} generates text; it does not serve {EMBEDDINGS} (use an embedding model)"
+        )
+    return f"model {model[:200]!r} is an embedding model; it serves {EMBEDDINGS} only, not {endpoint}"
 
 
 @dataclass
@@ -616,6 +630,7 @@ def file_rules(rt: Runtime, endpoint: str) -> FileRules:
     return FileRules(
         endpoint=endpoint,
         served_models=served_names(rt.db, settings),
+        embed_models=embedding_names(rt.db, settings),
         max_requests=settings.max_requests_per_file,
         max_line_bytes=settings.max_line_bytes,
         render=prompt_renders(rt),

@@ -252,7 +252,7 @@ def test_an_upload_of_lines_that_crashed_the_parser_creates_the_batch(app, keys,
     ("change", "message"),
     [
         ({"window": "3d"}, "completion_window must be one of 24h, 1h"),
-        ({"endpoint": "/v1/embeddings"}, "endpoint must be one of"),
+        ({"endpoint": "/v1/moderations"}, "endpoint must be one of"),
         ({"model": "nope"}, "model &#39;nope&#39; is not served here"),
         ({"metadata": "no equals sign"}, "metadata lines are key=value"),
         ({"file": (b"", "empty.jsonl")}, "the uploaded file is empty"),

@@ -76,7 +76,7 @@ def test_add_list_remove_through_the_cli_never_prints_the_secret(runtime, cli_en
     [
         ({"url": "file:///tmp/x"}, "s3://bucket/prefix"),
         ({"tenant": "nobody"}, "no tenant"),
-        ({"endpoint": "/v1/embeddings"}, "endpoint must be one of"),
+        ({"endpoint": "/v1/moderations"}, "endpoint must be one of"),
         ({"window": "2h"}, "window must be one of"),
         ({"model": "gpt-9"}, "not served here"),
         ({"access_key_id": "AKIA"}, "both"),

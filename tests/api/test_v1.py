@@ -123,7 +123,7 @@ def test_batch_create_and_object_shape(client, keys):
     [
         ({"completion_window": "2h"}, 400, "completion_window"),
         ({"completion_window": 24}, 400, "completion_window"),
-        ({"endpoint": "/v1/embeddings"}, 400, "endpoint"),
+        ({"endpoint": "/v1/moderations"}, 400, "endpoint"),
         ({"input_file_id": "file-nope"}, 404, "input_file_id"),
         ({"input_file_id": None}, 400, "input_file_id"),
         ({"metadata": {"k": 1}}, 400, "metadata.k"),

@@ -100,7 +100,7 @@ def test_completions_prompts(keyer: PromptKeyer):
         (COMPLETIONS, {"prompt": [-1, 2]}),
         (COMPLETIONS, {"prompt": [True]}),
         (COMPLETIONS, {"prompt": []}),
-        ("/v1/embeddings", {"input": "x"}),
+        ("/v1/moderations", {"input": "x"}),
     ],
 )
 def test_malformed_bodies_give_empty_key(keyer: PromptKeyer, endpoint, body):

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from workers.request_bodies import ENDPOINTS, ParsedRequest, RequestError, parse_body
 
-CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+CHAT, COMPLETIONS, EMBEDDINGS = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "héllo ✓"}]
 
 
@@ -24,7 +24,7 @@ def completion(**fields: object) -> dict:
 
 
 def test_endpoints() -> None:
-    assert ENDPOINTS == (CHAT, COMPLETIONS)
+    assert ENDPOINTS == (CHAT, COMPLETIONS, EMBEDDINGS)
 
 
 def test_valid_chat_body_parses() -> None:
@@ -167,7 +167,7 @@ def test_text_content_parts_are_accepted() -> None:
         (COMPLETIONS, completion(logprobs=-5), "invalid_request", "logprobs"),
         (COMPLETIONS, completion(prompt_embeds="AAAA"), "unsupported_parameter", "prompt_embeds"),
         (COMPLETIONS, completion(stream=True), "unsupported_parameter", "stream"),
-        ("/v1/embeddings", {"model": "demo", "input": "x"}, "invalid_request", "url"),
+        ("/v1/moderations", {"model": "demo", "input": "x"}, "invalid_request", "url"),
         (CHAT, ["not", "a", "dict"], "invalid_request", "body"),
         (CHAT, chat(temperature=float("nan")), "invalid_request", "body"),
     ],

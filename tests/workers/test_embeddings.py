@@ -1,0 +1,119 @@
+"""/v1/embeddings bodies: what `parse_body` accepts and how it refuses the rest (each refusal names
+the element at fault), and the vectors' two encodings. No engine, no tokenizer."""
+
+from __future__ import annotations
+
+import base64
+import struct
+
+import pytest
+
+from workers.embeddings import (
+    MAX_INPUT_TOKENS,
+    MAX_INPUTS,
+    EmbeddingBody,
+    decode_base64_embedding,
+    embeddings_body,
+    encode_embedding,
+)
+from workers.request_bodies import EMBEDDINGS, RequestError, parse_body
+
+
+def _parse(**body: object) -> EmbeddingBody:
+    parsed = parse_body(EMBEDDINGS, {"model": "embed", **body})
+    assert parsed.endpoint == EMBEDDINGS and parsed.max_tokens == 0
+    return parsed.request
+
+
+def _refused(body: dict) -> RequestError:
+    with pytest.raises(RequestError) as caught:
+        parse_body(EMBEDDINGS, body)
+    assert caught.value.status_code == 400
+    return caught.value
+
+
+def test_every_input_shape_openai_takes() -> None:
+    assert _parse(input="one text").inputs == ("one text",)
+    texts = _parse(input=["a", "b", "a"])
+    assert texts.inputs == ("a", "b", "a") and texts.n == 3
+    assert _parse(input=[1, 2, 3]).inputs == ((1, 2, 3),)  # token ids: one input
+    assert _parse(input=[[1, 2], [3]]).inputs == ((1, 2), (3,))
+    full = _parse(input="x", encoding_format="base64", dimensions=64, user="u-1")
+    assert (full.encoding_format, full.dimensions) == ("base64", 64)
+    assert _parse(input="x").encoding_format == "float"
+    assert _parse(input="x", encoding_format=None).encoding_format == "float"
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "message"),
+    [
+        ({}, "input", "`input` is required"),
+        ({"input": ""}, "input", "must not be empty"),
+        ({"input": []}, "input", "`input` is required"),
+        ({"input": ["a", ""]}, "input.1", "`input.1` must not be empty"),
+        ({"input": [[1], []]}, "input.1", "`input.1` must not be empty"),
+        ({"input": ["a", [1]]}, "input.1", "every element of `input` must be a string"),
+        ({"input": [[1], "a"]}, "input.1", "every element"),
+        ({"input": [1, "a"]}, "input", "non-negative integer token ids"),
+        ({"input": [1, -2]}, "input", "non-negative integer token ids"),
+        ({"input": [1, True]}, "input", "non-negative integer token ids"),
+        ({"input": [[1, 2.5]]}, "input.0", "non-negative integer token ids"),
+        ({"input": [[1, 2**31]]}, "input.0", "non-negative integer token ids"),
+        ({"input": 7}, "input", "`input` is required"),
+        ({"input": {"text": "a"}}, "input", "`input` is required"),
+        ({"input": ["a"] * (MAX_INPUTS + 1)}, "input", f"at most {MAX_INPUTS}"),
+        ({"input": [[1] * 200_000, [1] * 200_000]}, "input", f"at most {MAX_INPUT_TOKENS}"),
+        ({"input": "a", "encoding_format": "int8"}, "encoding_format", '"float" or "base64"'),
+        ({"input": "a", "dimensions": 0}, "dimensions", "positive integer"),
+        ({"input": "a", "dimensions": "64"}, "dimensions", "positive integer"),
+        ({"input": "a", "dimensions": True}, "dimensions", "positive integer"),
+        ({"input": "a", "user": 5}, "user", "`user` must be a string"),
+        ({"input": "a", "model": ""}, "model", "non-empty string"),
+        (
+            {"input": "a", "normalize": False},
+            "normalize",
+            "Unrecognized request argument supplied: normalize",
+        ),
+        ({"input": "a", "temperature": 0}, "temperature", "Unrecognized request argument"),
+    ],
+)
+def test_each_bad_body_is_refused_naming_the_field(body: dict, param: str, message: str) -> None:
+    error = _refused(body)
+    assert error.param == param and message in error.message, error
+    assert error.code == "invalid_request"
+
+
+def test_what_no_json_line_holds_is_refused_not_crashed() -> None:
+    assert _refused({"input": float("nan")}).param == "body"
+    assert _refused([1, 2]).param == "body"  # type: ignore[arg-type]
+
+
+def test_float_encoding_is_the_float32_values() -> None:
+    assert encode_embedding([0.5, -1.25, 3.0], "float") == [0.5, -1.25, 3.0]
+    # float32 rounding, as the engine computed them: 0.1 is not a float32
+    assert encode_embedding([0.1], "float") == [struct.unpack("<f", struct.pack("<f", 0.1))[0]]
+
+
+def test_base64_is_little_endian_float32_and_round_trips() -> None:
+    values = [0.5, -1.25, 3.0, 1e-8, -0.0]
+    text = encode_embedding(values, "base64")
+    assert isinstance(text, str)
+    raw = base64.b64decode(text)
+    assert len(raw) == 4 * len(values)
+    assert list(struct.unpack(f"<{len(values)}f", raw)) == encode_embedding(values, "float")
+    assert decode_base64_embedding(text) == encode_embedding(values, "float")
+
+
+def test_response_body_is_openais_shape() -> None:
+    body = embeddings_body([[1.0, 0.0], [0.0, 1.0]], "float", "embed", prompt_tokens=7)
+    assert body == {
+        "object": "list",
+        "data": [
+            {"object": "embedding", "index": 0, "embedding": [1.0, 0.0]},
+            {"object": "embedding", "index": 1, "embedding": [0.0, 1.0]},
+        ],
+        "model": "embed",
+        "usage": {"prompt_tokens": 7, "total_tokens": 7},
+    }
+    encoded = embeddings_body([[1.0, 0.0]], "base64", "embed", prompt_tokens=2)
+    assert decode_base64_embedding(encoded["data"][0]["embedding"]) == [1.0, 0.0]
