@@ -160,7 +160,7 @@ def models_list(as_json: bool) -> None:
         click.echo("no models (add one with `freight models add NAME --path DIR`)")
         return
     header = (
-        "NAME", "QUANT", "REQUESTED", "SOURCE", "WEIGHTS", "$/H", "LIST IN/OUT", "PROBE INT4/BF16", "ENGINE ARGS", "TASK"
+        "NAME", "QUANT", "REQUESTED", "SOURCE", "WEIGHTS", "$/H", "LIST IN/OUT", "PROBE INT4/BF16", "TASK", "ENGINE ARGS"
     )  # fmt: skip
     table = [header] + [_row(e) for e in rows]
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
@@ -188,8 +188,8 @@ def _row(e: ModelEntry) -> tuple[str, ...]:
         price,
         listed,
         probe,
-        engine,
         e.task,
+        engine,
     )
 
 

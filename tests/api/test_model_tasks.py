@@ -85,4 +85,7 @@ def test_the_cli_shows_the_task(runtime, embed_model: Path) -> None:
         "demo": "generate", "emb": "embed"
     }  # fmt: skip
     table = runner.invoke(main, ["models", "list"], env=env).output.splitlines()
-    assert table[0].split()[-1] == "TASK" and table[2].split()[-1] == "embed", table
+    # TASK before ENGINE ARGS, the one column whose cells hold spaces, last
+    assert table[0].split()[-3:] == ["TASK", "ENGINE", "ARGS"] and table[2].split()[-2:] == ["embed", "-"], (
+        table
+    )
