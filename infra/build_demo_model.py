@@ -28,6 +28,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -226,26 +227,18 @@ def build_weights(out_dir: Path, ids: dict[str, int], shape: Shape) -> None:
     ).save_pretrained(out_dir)
 
 
-def build(out_dir: Path, force: bool = False, shape: Shape = Shape()) -> bool:
-    """Build into out_dir; returns False when an existing build was kept."""
-    shape.check()
+def build_atomically(out_dir: Path, force: bool, fill: Callable[[Path], None]) -> bool:
+    """Have ``fill`` write a model into a temporary sibling of ``out_dir``, then rename it into
+    place, so an interrupted build never leaves a directory that looks complete and concurrent
+    builds of one directory (test sessions, ``make``) leave one whole result. False when an
+    existing build was kept (``force`` rebuilds it)."""
     out_dir = Path(out_dir)
     if (out_dir / "config.json").exists() and not force:
         return False
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.build-", dir=out_dir.parent))
     try:
-        build_tokenizer(tmp)
-        from tokenizers import Tokenizer
-
-        tok = Tokenizer.from_file(str(tmp / "tokenizer.json"))
-        ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
-        assert [ids[t] for t in SPECIAL_TOKENS] == list(range(len(SPECIAL_TOKENS))), ids
-        build_weights(tmp, ids, shape)
-        (tmp / "README.md").write_text(
-            "Freight demo model: random weights (seed 0), locally trained byte-level BPE.\n"
-            "Built by infra/build_demo_model.py; outputs are noise by design.\n"
-        )
+        fill(tmp)
         # mkdtemp makes a 0700 directory; a model directory is meant to be shared.
         tmp.chmod(0o755)
         for f in tmp.iterdir():
@@ -264,6 +257,26 @@ def build(out_dir: Path, force: bool = False, shape: Shape = Shape()) -> bool:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return True
+
+
+def build(out_dir: Path, force: bool = False, shape: Shape = Shape()) -> bool:
+    """Build into out_dir; returns False when an existing build was kept."""
+    shape.check()
+
+    def fill(tmp: Path) -> None:
+        build_tokenizer(tmp)
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(tmp / "tokenizer.json"))
+        ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
+        assert [ids[t] for t in SPECIAL_TOKENS] == list(range(len(SPECIAL_TOKENS))), ids
+        build_weights(tmp, ids, shape)
+        (tmp / "README.md").write_text(
+            "Freight demo model: random weights (seed 0), locally trained byte-level BPE.\n"
+            "Built by infra/build_demo_model.py; outputs are noise by design.\n"
+        )
+
+    return build_atomically(out_dir, force, fill)
 
 
 def main(argv: list[str] | None = None) -> int:

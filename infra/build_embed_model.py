@@ -23,10 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -41,6 +38,7 @@ from infra.build_demo_model import (
     SEED,
     SPECIAL_TOKENS,
     VOCAB_SIZE,
+    build_atomically,
     build_tokenizer,
 )
 
@@ -90,12 +88,8 @@ def build_weights(out_dir: Path, ids: dict[str, int]) -> None:
 
 def build(out_dir: Path, force: bool = False) -> bool:
     """Build into out_dir; returns False when an existing build was kept."""
-    out_dir = Path(out_dir)
-    if (out_dir / "config.json").exists() and not force:
-        return False
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.build-", dir=out_dir.parent))
-    try:
+
+    def fill(tmp: Path) -> None:
         build_tokenizer(tmp)
         from tokenizers import Tokenizer
 
@@ -106,23 +100,8 @@ def build(out_dir: Path, force: bool = False) -> bool:
             "Freight demo embedding model: random LlamaModel weights (seed 0), the demo tokenizer.\n"
             "Built by infra/build_embed_model.py; its vectors are noise by design.\n"
         )
-        tmp.chmod(0o755)  # mkdtemp makes a 0700 directory; a model directory is meant to be shared
-        for f in tmp.iterdir():
-            f.chmod(0o644)
-        if (out_dir / "config.json").exists() and not force:
-            return False  # another process finished the same build first
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        try:
-            os.replace(tmp, out_dir)
-        except OSError:
-            if not (out_dir / "config.json").exists():
-                raise
-            return False  # lost a race to a concurrent build of the same directory
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return True
+
+    return build_atomically(Path(out_dir), force, fill)
 
 
 def main(argv: list[str] | None = None) -> int:
