@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import delete, exists, or_, select, update
 from sqlalchemy.orm import aliased
@@ -102,18 +103,24 @@ def end_sessions(rt: Runtime, now: int, report: CleanupReport) -> None:
 
 def prune_deliveries(rt: Runtime, now: int, report: CleanupReport) -> None:
     """Webhook deliveries that ended a retention ago (PASS_ROWS a pass); pending ones stay."""
-    keep = rt.settings.file_retention_seconds
-    if keep <= 0:
-        return
+    report.deliveries_pruned = _prune_ended(
+        rt,
+        WebhookDelivery.id,
+        WebhookDelivery.status != DeliveryStatus.PENDING,
+        WebhookDelivery.status_at < now - rt.settings.file_retention_seconds,
+    )
+
+
+def _prune_ended(rt: Runtime, id_column: Any, *ended: Any) -> int:
+    """Delete up to PASS_ROWS rows matching ``ended`` (rows that ended a FREIGHT_FILE_RETENTION_SECONDS
+    ago; 0 keeps them); how many went."""
+    if rt.settings.file_retention_seconds <= 0:
+        return 0
     with rt.db.write() as s:
-        old = s.scalars(
-            select(WebhookDelivery.id)
-            .where(WebhookDelivery.status != DeliveryStatus.PENDING, WebhookDelivery.status_at < now - keep)
-            .limit(PASS_ROWS)
-        ).all()
+        old = s.scalars(select(id_column).where(*ended).limit(PASS_ROWS)).all()
         if old:
-            s.execute(delete(WebhookDelivery).where(WebhookDelivery.id.in_(old)))
-    report.deliveries_pruned = len(old)
+            s.execute(delete(id_column.class_).where(id_column.in_(old)))
+    return len(old)
 
 
 def end_estimates(rt: Runtime, now: int, report: CleanupReport) -> None:
@@ -139,18 +146,12 @@ def end_estimates(rt: Runtime, now: int, report: CleanupReport) -> None:
     report.estimates_lost = len(lost)
     if lost:
         log.warning("cleanup: %d estimates lost their task and were failed", len(lost))
-    keep = rt.settings.file_retention_seconds
-    if keep <= 0:
-        return
-    with rt.db.write() as s:
-        old = s.scalars(
-            select(Estimate.id)
-            .where(Estimate.status != EstimateStatus.VALIDATING, Estimate.finished_at < now - keep)
-            .limit(PASS_ROWS)
-        ).all()
-        if old:
-            s.execute(delete(Estimate).where(Estimate.id.in_(old)))
-    report.estimates_pruned = len(old)
+    report.estimates_pruned = _prune_ended(
+        rt,
+        Estimate.id,
+        Estimate.status != EstimateStatus.VALIDATING,
+        Estimate.finished_at < now - rt.settings.file_retention_seconds,
+    )
 
 
 def expire_files(rt: Runtime, now: int, report: CleanupReport) -> None:
