@@ -12,9 +12,10 @@ import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from sqlalchemy import ColumnElement, String, cast, func, or_, select
+from sqlalchemy.orm import Session
 
 from api.services import batches
 from api.services.job_events import Timeline, stopped_requests, timeline
@@ -206,6 +207,23 @@ class JobDetail:
     timeline: Timeline
 
 
+def _unit_runs(s: Session, batch_id: str, status: str, until: Any) -> list[UnitRun]:
+    """The batch's units in ``status`` as throughput runs, from their start to ``until``."""
+    return [
+        UnitRun(started, end, done + failed, tokens)
+        for started, end, done, failed, tokens in s.execute(
+            select(
+                WorkUnit.started_at, until, WorkUnit.completed, WorkUnit.failed, WorkUnit.completion_tokens
+            ).where(
+                WorkUnit.batch_id == batch_id,
+                WorkUnit.status == status,
+                WorkUnit.started_at.is_not(None),
+                until.is_not(None),
+            )
+        )
+    ]
+
+
 def job(rt: Runtime, tenant_id: str, batch_id: str, now: float) -> JobDetail:
     """One batch of the tenant (another tenant's is not found), its input file, throughput,
     live counts and event timeline, in one read transaction.
@@ -216,40 +234,9 @@ def job(rt: Runtime, tenant_id: str, batch_id: str, now: float) -> JobDetail:
     with rt.db.read() as s:
         batch = batches.owned(s, tenant_id, batch_id)
         source = s.get(StoredFile, batch.input_file_id)
-        runs = [
-            UnitRun(started, finished, done + failed, tokens)
-            for started, finished, done, failed, tokens in s.execute(
-                select(
-                    WorkUnit.started_at,
-                    WorkUnit.finished_at,
-                    WorkUnit.completed,
-                    WorkUnit.failed,
-                    WorkUnit.completion_tokens,
-                ).where(
-                    WorkUnit.batch_id == batch.id,
-                    WorkUnit.status == UnitStatus.DONE,
-                    WorkUnit.started_at.is_not(None),
-                    WorkUnit.finished_at.is_not(None),
-                )
-            )
-        ]
-        runs += [
-            UnitRun(started, beat, done + failed, tokens)
-            for started, beat, done, failed, tokens in s.execute(
-                select(
-                    WorkUnit.started_at,
-                    WorkUnit.heartbeat_at,
-                    WorkUnit.completed,
-                    WorkUnit.failed,
-                    WorkUnit.completion_tokens,
-                ).where(
-                    WorkUnit.batch_id == batch.id,
-                    WorkUnit.status == UnitStatus.RUNNING,
-                    WorkUnit.started_at.is_not(None),
-                    WorkUnit.heartbeat_at.is_not(None),
-                )
-            )
-        ]
+        # a finished unit over its run; a running one up to its latest heartbeat
+        runs = _unit_runs(s, batch.id, UnitStatus.DONE, WorkUnit.finished_at)
+        runs += _unit_runs(s, batch.id, UnitStatus.RUNNING, WorkUnit.heartbeat_at)
         running = batches.running_counts(s, [batch]).get(batch.id, (0, 0))
         stopped = stopped_requests(s, [batch]).get(batch.id, 0)
         events = timeline(s, batch, now)
