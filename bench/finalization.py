@@ -7,7 +7,7 @@ files, then records the totals (``workers/finalize.py``). What it costs is the o
 GET per unit and result file, the bytes copied through, and a multipart PUT of the whole output.
 The engine is not what is measured, so no engine runs: the batch's ~3,900 units of 256 requests
 are written as an engine worker leaves them (``DONE``, an output object of chat-completion lines
-of the realistic size, an empty error object) and ``finalize_batch`` is timed on them, on the real
+of the realistic size (~790 bytes), an empty error object) and ``finalize_batch`` is timed on them, on the real
 SeaweedFS (``s3``, Freight's deployed store) and on the local filesystem store (``local``, the
 quick start's). SQLite holds the rows: finalization reads a batch's units in one query and writes
 one transaction, so the database is not what decides its time either.
@@ -38,7 +38,7 @@ REQUESTS = 1_000_000
 UNIT_SIZE = 256
 TARGET_S = 60.0
 PUT_THREADS = 8
-CONTENT_WORDS = 40  # an answer of ~40 words: ~600-byte output lines, as short labelling answers
+CONTENT_WORDS = 40  # an answer of ~40 words: ~790-byte output lines (the success line with its ids and usage)
 
 
 def output_line(custom_id: str, n: int) -> bytes:
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         "workload": {
             "requests": args.requests,
             "unit_size": UNIT_SIZE,
-            "output_line": f"a chat completion of {CONTENT_WORDS} words (~600 bytes); no error lines",
+            "output_line": f"a chat completion of {CONTENT_WORDS} words (~790 bytes); no error lines",
             "repeats": args.repeats,
         },
         "stores": stores,
