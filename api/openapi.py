@@ -203,6 +203,7 @@ MODEL = obj(
         "x_freight": obj(
             {
                 "quantization": STR,
+                "task": {"enum": ["generate", "embed"]},  # what its engine runs (storage/registry.py)
                 "max_model_len": nullable(INT),
                 "parameters": nullable(INT),
                 "weight_bytes": nullable(INT),

@@ -45,6 +45,7 @@ ARGV = {
     "webhooks disable": ["webhooks", "disable", "whep_1", "--tenant", "alice"],
     "webhooks enable": ["webhooks", "enable", "whep_1", "--tenant", "alice"],
     "webhooks remove": ["webhooks", "remove", "whep_1", "--tenant", "alice"],
+    "webhooks rotate-secret": ["webhooks", "rotate-secret", "whep_1", "--tenant", "alice"],
     "webhooks deliveries": ["webhooks", "deliveries", "--tenant", "alice"],
 }
 SUCCEED = {"config", "db upgrade"}  # these work on an empty folder
