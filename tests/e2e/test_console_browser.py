@@ -85,8 +85,10 @@ def test_console_in_a_browser(live, page: Page, tmp_path: Path) -> None:
 
     # upload through the upload page; lines without a model get the one chosen
     lines = [request_line(f"q-{i}", f"Question {i}: what is in the document?") for i in range(12)]
-    batch_id = upload(page, write_jsonl(tmp_path / "questions.jsonl", lines), metadata="project=console-e2e")
-    expect(page.locator("#input-filename")).to_have_text("questions.jsonl")
+    batch_id = upload(
+        page, write_jsonl(tmp_path / "console-questions.jsonl", lines), metadata="project=console-e2e"
+    )
+    expect(page.locator("#input-filename")).to_have_text("console-questions.jsonl")
     expect(page.locator(".meta-value")).to_have_text("console-e2e")
 
     # the page refreshes itself (meta refresh) while the job runs, until it is completed
@@ -163,7 +165,7 @@ def test_console_in_a_browser(live, page: Page, tmp_path: Path) -> None:
     # another tenant's job: not found, and not listed
     theirs = live.client("beta")
     one = jsonl([request_line("beta-1", "hello", model="demo")])
-    other_file = theirs.files.create(file=("b.jsonl", io.BytesIO(one)), purpose="batch")
+    other_file = theirs.files.create(file=("console-beta.jsonl", io.BytesIO(one)), purpose="batch")
     other = theirs.batches.create(input_file_id=other_file.id, endpoint=CHAT, completion_window="24h")
     response = page.goto(f"/console/jobs/{other.id}")
     assert response is not None and response.status == 404
@@ -196,7 +198,7 @@ def test_console_in_a_browser(live, page: Page, tmp_path: Path) -> None:
     # search: by file name, metadata and id, within the tenant; wildcards are plain characters
     page.select_option("#filter-status", "")
     for query, shown in (
-        ("questions", batch_id),
+        ("console-questions", batch_id),  # names unique in the suite: the stack is shared
         ("console-e2e", batch_id),
         (long_batch.id[-8:], long_batch.id),
     ):
@@ -204,10 +206,11 @@ def test_console_in_a_browser(live, page: Page, tmp_path: Path) -> None:
         page.click(".filters button")
         expect(page.locator("tr.job")).to_have_count(1)
         expect(page.locator(f"#job-{shown}")).to_be_visible()
-    page.fill("#search", "questions")
+    page.fill("#search", "console-questions")
     page.click(".filters button")
     page.screenshot(path=str(SHOTS / "jobs-search.png"), full_page=True)
-    for query in ("b.jsonl", "%"):  # beta's file name; % matches only a literal %
+    # beta's file name; "console%e2e" would match alpha's metadata if % were a wildcard
+    for query in ("console-beta", "console%e2e"):
         page.fill("#search", query)
         page.click(".filters button")
         expect(page.locator("#no-jobs")).to_be_visible()
