@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 SEED = 0
 VOCAB_SIZE = 4096
@@ -190,12 +191,12 @@ def build_tokenizer(out_dir: Path) -> None:
     )
 
 
-def build_weights(out_dir: Path, ids: dict[str, int], shape: Shape) -> None:
-    """Random Llama weights (fixed seed), saved as bf16 safetensors with config files."""
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+def llama_config(ids: dict[str, int], shape: Shape) -> Any:
+    """The transformers config of a model of ``shape`` with the demo tokenizer's special ids: the
+    demo and benchmark models' and the embedding model's (infra/build_embed_model.py)."""
+    from transformers import LlamaConfig
 
-    config = LlamaConfig(
+    return LlamaConfig(
         vocab_size=VOCAB_SIZE,
         hidden_size=shape.hidden,
         intermediate_size=shape.intermediate,
@@ -214,6 +215,14 @@ def build_weights(out_dir: Path, ids: dict[str, int], shape: Shape) -> None:
         pad_token_id=ids[PAD],
         torch_dtype="bfloat16",
     )
+
+
+def build_weights(out_dir: Path, ids: dict[str, int], shape: Shape) -> None:
+    """Random Llama weights (fixed seed), saved as bf16 safetensors with config files."""
+    import torch
+    from transformers import GenerationConfig, LlamaForCausalLM
+
+    config = llama_config(ids, shape)
     torch.manual_seed(SEED)
     model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
     model.save_pretrained(out_dir, safe_serialization=True)

@@ -31,15 +31,12 @@ if __package__ in (None, ""):  # run as a script: make `infra` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from infra.build_demo_model import (
-    BOS,
-    IM_END,
-    MAX_POSITIONS,
-    PAD,
     SEED,
     SPECIAL_TOKENS,
-    VOCAB_SIZE,
+    Shape,
     build_atomically,
     build_tokenizer,
+    llama_config,
 )
 
 HIDDEN = 256  # the embedding's dimension
@@ -53,27 +50,9 @@ MATRYOSHKA_DIMENSIONS = [64, 128, 256]  # the lengths `dimensions` may ask for
 def build_weights(out_dir: Path, ids: dict[str, int]) -> None:
     """Random LlamaModel weights (fixed seed), bf16 safetensors, config marked Matryoshka."""
     import torch
-    from transformers import LlamaConfig, LlamaModel
+    from transformers import LlamaModel
 
-    config = LlamaConfig(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=HIDDEN,
-        intermediate_size=INTERMEDIATE,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS,
-        head_dim=HIDDEN // HEADS,
-        max_position_embeddings=MAX_POSITIONS,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-        hidden_act="silu",
-        initializer_range=0.02,
-        tie_word_embeddings=False,
-        bos_token_id=ids[BOS],
-        eos_token_id=ids[IM_END],
-        pad_token_id=ids[PAD],
-        torch_dtype="bfloat16",
-    )
+    config = llama_config(ids, Shape(HIDDEN, LAYERS, HEADS, KV_HEADS, INTERMEDIATE))
     torch.manual_seed(SEED)
     model = LlamaModel(config).to(torch.bfloat16).eval()
     model.save_pretrained(out_dir, safe_serialization=True)
