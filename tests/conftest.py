@@ -10,6 +10,7 @@ import io
 import json
 import logging
 import os
+import shutil
 import signal
 import time
 import uuid
@@ -58,9 +59,10 @@ def postgres_service(services_dir: Path):
     handle = services.start_postgres(services_dir, services.free_port())
     yield handle
     # the cluster is thrown away: an immediate shutdown (SIGQUIT) skips the checkpoint a fast one
-    # writes of the session's hundreds of databases
+    # writes of the session's hundreds of databases, and their files (~10 MB each) are removed
+    # after the session by a detached `rm`, not in its teardown
     services.stop_pid(handle.pid, timeout=10, sig=signal.SIGQUIT)
-    handle.stop()
+    handle.stop(remove_in_background=True)
 
 
 @pytest.fixture(scope="session")
@@ -91,16 +93,38 @@ def embed_model() -> Path:
     return EMBED_MODEL
 
 
+@pytest.fixture(scope="session")
+def migrated_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite database Alembic migrated to head, once a session: each test's is a copy of it."""
+    path = tmp_path_factory.mktemp("sqlite-template") / "freight.db"
+    upgrade(f"sqlite:///{path}")  # disposed: the WAL is checkpointed into the file and removed
+    assert not path.with_name(path.name + "-wal").exists()
+    return path
+
+
+@pytest.fixture(scope="session")
+def migrated_postgres(postgres_service) -> str:
+    """The name of a PostgreSQL database Alembic migrated to head, once a session: each test's is
+    created from it as a template (nothing stays connected to it)."""
+    name = f"template_{uuid.uuid4().hex[:12]}"
+    upgrade(postgres_service.create_database(name))
+    return name
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh, migrated database of each kind Freight supports."""
+    """A fresh database of each kind Freight supports, at the newest migration: a copy of one
+    Alembic migrated once a session (migrating each test's own cost ~0.12 s on SQLite and ~0.25 s
+    on PostgreSQL, about 650 times a run). The migrations still run from an empty database on
+    both kinds every session: in these two templates, and in every live stack's start."""
     if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'freight.db'}"
-    else:
-        pg = request.getfixturevalue("postgres_service")
-        url = pg.create_database(f"t_{uuid.uuid4().hex[:12]}")
-    upgrade(url)
-    return url
+        path = tmp_path / "freight.db"
+        shutil.copyfile(request.getfixturevalue("migrated_sqlite"), path)
+        return f"sqlite:///{path}"
+    pg = request.getfixturevalue("postgres_service")
+    return pg.create_database(
+        f"t_{uuid.uuid4().hex[:12]}", template=request.getfixturevalue("migrated_postgres")
+    )
 
 
 @pytest.fixture
