@@ -85,5 +85,6 @@ def start() -> Receiver:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     receiver = Receiver(server)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # polled every 0.05 s: shutdown() waits up to one poll (0.5 s by default, at each teardown)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     return receiver

@@ -47,7 +47,8 @@ class HostileServer(BaseHTTPRequestHandler):
 @pytest.fixture
 def hostile_url() -> Iterator[str]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), HostileServer)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # polled every 0.05 s: shutdown() waits up to one poll (0.5 s by default, at each teardown)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}/v1"

@@ -216,7 +216,8 @@ def served(app, runtime) -> Iterator[str]:
     """The API on a loopback port, and a thread doing the control worker's part: every estimate
     left validating is run (the task body, in-process)."""
     server = make_server("127.0.0.1", 0, app, threaded=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # polled every 0.05 s: shutdown() waits up to one poll (0.5 s by default, at each teardown)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     stop = threading.Event()
 
     def control() -> None:

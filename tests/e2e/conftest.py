@@ -1,13 +1,13 @@
 """The live stack for end-to-end tests: Redis, gunicorn API, control worker, an engine worker
 holding a real vLLM engine on the demo model, and beat; started once for the tests in this folder
-and stopped after the last of them (package scope), so its idle processes (a dispatcher tick every
-second, beat, the engines' loops) take no CPU from the tests that run after the end-to-end ones."""
+that use it and stopped right after the last of them (see PACKAGE_STACKS), so its idle processes
+(a dispatcher tick every second, beat, the engines' loops) take no CPU from the tests after them."""
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,6 +87,60 @@ def keep_logs(stack: Stack, prefix: str, stop_timeout: float | None = None) -> N
         (REPO / "test-artifacts" / f"{prefix}-{log.stem}.log").write_text(log.read_text(errors="replace"))
 
 
+# The package's stacks: each is stopped right after the last test using it (pytest_runtest_teardown),
+# not at the package's end, and the tests are ordered so that stacks never overlap: first the
+# modules that start a stack of their own, then the users of `live`, then those of `sched`. An idle
+# stack is not free (a dispatcher tick a second, beat, heartbeats, 2-3 GB of engines), and on two
+# cores it slowed the tests of every stack that started while it lingered.
+PACKAGE_STACKS = ("live", "sched")
+_last_user: dict[str, str] = {}  # package stack fixture -> node id of the last test using it
+_stoppers: dict[str, Callable[[], None]] = {}  # package stack fixture -> stops it (once)
+
+
+def _group(module_items: list[pytest.Item]) -> int:
+    """0: the module starts its own stack (or none); 1 + i: it uses PACKAGE_STACKS[i]."""
+    used = {name for item in module_items for name in getattr(item, "fixturenames", ())}
+    return max((1 + i for i, name in enumerate(PACKAGE_STACKS) if name in used), default=0)
+
+
+@pytest.hookimpl(trylast=True)  # after -k/-m deselection: the items that will run
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    places = [i for i, item in enumerate(items) if here in item.path.parents]
+    modules: dict[Path, list[pytest.Item]] = {}
+    for i in places:
+        modules.setdefault(items[i].path, []).append(items[i])
+    ordered = [
+        item for module in sorted(modules.values(), key=_group) for item in module
+    ]  # a stable sort: modules keep their order within a group, tests theirs within a module
+    for i, item in zip(places, ordered, strict=True):
+        items[i] = item
+    _last_user.clear()
+    for item in ordered:
+        for name in PACKAGE_STACKS:
+            if name in getattr(item, "fixturenames", ()):
+                _last_user[name] = item.nodeid
+
+
+@pytest.hookimpl(trylast=True)  # after the test's own fixtures are torn down
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    for name, nodeid in _last_user.items():
+        if item.nodeid == nodeid and name in _stoppers:
+            _stoppers.pop(name)()
+
+
+def _stop_once(stack: Stack, prefix: str) -> Callable[[], None]:
+    stopped = False
+
+    def stop() -> None:
+        nonlocal stopped
+        if not stopped:
+            stopped = True
+            keep_logs(stack, prefix)
+
+    return stop
+
+
 @pytest.fixture(scope="package")
 def live(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator[LiveStack]:
     overrides = {
@@ -100,10 +154,11 @@ def live(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator
         "FREIGHT_ENGINE_METRICS_BIND": f"127.0.0.1:{services.free_port()}",
     }
     live_stack, stack = start_live(tmp_path_factory.mktemp("stack"), demo_model, overrides, ("alpha", "beta"))
+    _stoppers["live"] = stop = _stop_once(stack, "e2e")
     try:
         yield live_stack
     finally:
-        keep_logs(stack, "e2e")
+        stop()
 
 
 @pytest.fixture(scope="package")
@@ -130,10 +185,11 @@ def sched(  # two engine workers, lines of a million-request file allowed
         ("alpha", "beta", "gamma"),
         workers_per_model=2,
     )
+    _stoppers["sched"] = stop = _stop_once(stack, "sched")
     try:
         yield live_stack
     finally:
-        keep_logs(stack, "sched")
+        stop()
 
 
 def peak_rss_reset(pid: int) -> None:
@@ -154,7 +210,7 @@ def wait_final(client: OpenAI, batch_id: str, timeout: float = 300, until: tuple
         batch = client.batches.retrieve(batch_id)
         if batch.status in final:
             return batch
-        time.sleep(0.5)
+        time.sleep(0.2)
     raise AssertionError(f"batch {batch_id} still {batch.status} after {timeout}s")
 
 
