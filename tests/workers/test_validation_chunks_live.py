@@ -59,8 +59,10 @@ def stop(procs: list[subprocess.Popen]) -> None:
             proc.wait()
 
 
-def chunk_tasks(log: Path) -> int:
-    return log.read_text(errors="replace").count("freight.validate_chunk[") // 2  # received, succeeded
+def chunk_tasks(log: Path, offset: int = 0) -> int:
+    """Chunk tasks the process logging to ``log`` ran since byte ``offset`` of it."""
+    text = log.read_bytes()[offset:].decode(errors="replace")
+    return text.count("freight.validate_chunk[") // 2  # received, succeeded
 
 
 @pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
@@ -102,21 +104,21 @@ def test_one_or_two_control_processes_make_byte_identical_shards(
         assert expected[0].status == "in_progress" and expected[0].request_total == 2000
 
         results = {}
-        for n in (1, 2):
-            logs = [tmp_path / f"validate-{n}-{i}.log" for i in range(n)]
-            procs = [start_validation_process(settings, f"pv{n}{i}", log) for i, log in enumerate(logs)]
+        logs: list[Path] = []
+        for n in (1, 2):  # one process, then a second beside it (the first one stays up)
+            logs.append(tmp_path / f"validate-{n}.log")
+            procs.append(start_validation_process(settings, f"pv{n}", logs[-1]))
+            offsets = [log.stat().st_size for log in logs]
             batch_id = upload_and_create(rt, tenant, data, name=f"in{n}.jsonl").id  # sends its validation
             wait_until(
                 lambda b=batch_id: outcome(rt, b)[0].status != "validating",
                 "validated", 300, procs[0], logs[0],
             )  # fmt: skip
             results[n] = outcome(rt, batch_id)
-            ran = [chunk_tasks(log) for log in logs]
+            ran = [chunk_tasks(log, offset) for log, offset in zip(logs, offsets, strict=True)]
             assert sum(ran) >= 13, ran
             if n == 2:
                 assert all(ran), ran  # both processes took chunks
-            stop(procs)
-            procs = []
         for n, (batch, plan, shards) in results.items():
             assert batch.status == "in_progress" and batch.request_total == 2000, (n, batch.errors)
             assert plan == expected[1], n  # the unit plan
