@@ -140,6 +140,10 @@ class Settings:
     # cut at line ends; Parquet: runs of row groups), each a task any control process may take,
     # then merged once (workers/validation_chunks.py); smaller files in one task. 0: never split
     validation_chunk_bytes: int = 16 * 1024 * 1024
+    # chunks of one batch queued or running at once; each one done sends the next, behind whatever
+    # other batches queued meanwhile, so one tenant's huge input never fills the validation queue
+    # (a tenant's share: at most tenant_validations x this). Raise it with the control fleet
+    validation_chunks_in_flight: int = 8
     urgent_slack_seconds: float = 900.0  # slack below this makes a batch urgent: strict EDF, no sharing
     # the most of the requests in flight a tenant may hold and still have its urgent units go first
     # while other tenants wait (0-1; 1: urgency always goes first)
@@ -362,6 +366,8 @@ class Settings:
                 ) from None
         if self.validation_chunk_bytes < 0:
             raise SettingsError("FREIGHT_VALIDATION_CHUNK_BYTES cannot be negative (0: never split)")
+        if self.validation_chunks_in_flight < 1:
+            raise SettingsError("FREIGHT_VALIDATION_CHUNKS_IN_FLIGHT must be at least 1")
         if min(self.validation_concurrency, self.finalize_concurrency, self.tenant_validations) < 1:
             raise SettingsError(
                 "FREIGHT_VALIDATION_CONCURRENCY, FREIGHT_FINALIZE_CONCURRENCY and FREIGHT_TENANT_VALIDATIONS"

@@ -121,10 +121,11 @@ def validate_in_chunks(rt: Runtime, batch_id: str, input_key: str, endpoint: str
         bounds = plan_chunks(rt, input_key, endpoint)
         if not bounds:
             return False
+        window = rt.settings.validation_chunks_in_flight
         with rt.db.write() as s:  # only the lease's holder gets here: the rows are made once
             made = [
                 ValidationChunk(batch_id=batch_id, seq=seq, start=start, stop=stop,
-                                status=ChunkStatus.PENDING, sent_at=now)
+                                status=ChunkStatus.PENDING, sent_at=now if seq < window else None)
                 for seq, (start, stop) in enumerate(bounds)
             ]  # fmt: skip
             s.add_all(made)
@@ -132,9 +133,9 @@ def validate_in_chunks(rt: Runtime, batch_id: str, input_key: str, endpoint: str
             s.execute(update(Batch).where(Batch.id == batch_id).values(validation_due_at=now))
             s.flush()
             ids = [chunk.id for chunk in made]
-        for chunk_id in ids:  # sent after the commit that made them
+        for chunk_id in ids[:window]:  # sent after the commit that made them; the rest as they end
             rt.queue.validate_chunk(batch_id, chunk_id)
-        log.info("batch %s: validating in %d chunks", batch_id, len(ids))
+        log.info("batch %s: validating in %d chunks, %d at a time", batch_id, len(ids), window)
         return True
     if any(status != ChunkStatus.DONE for _, status in chunks):
         resend_lost_chunks(rt, batch_id, now)
@@ -145,8 +146,9 @@ def validate_in_chunks(rt: Runtime, batch_id: str, input_key: str, endpoint: str
 
 def resend_lost_chunks(rt: Runtime, batch_id: str, now: float) -> list[int]:
     """Send again each pending chunk that no validation holds a live lease of and that was sent
-    more than a lease ago (its message lost, or its process killed); a copy that meets a running
-    or done chunk does nothing. The ids sent."""
+    more than a lease ago (its message lost, or its process killed), then top the batch's window
+    up (a chunk's process that died between its commit and sending the next left it short); a
+    copy that meets a running or done chunk does nothing. The ids sent again."""
     lease = rt.settings.lease_seconds
     with rt.db.write() as s:
         lost = list(
@@ -154,8 +156,9 @@ def resend_lost_chunks(rt: Runtime, batch_id: str, now: float) -> list[int]:
                 select(ValidationChunk.id).where(
                     ValidationChunk.batch_id == batch_id,
                     ValidationChunk.status == ChunkStatus.PENDING,
+                    ValidationChunk.sent_at.is_not(None),  # unsent: waiting for the window
                     lease_free(ValidationChunk, CHUNK_LEASE, now, lease),
-                    func.coalesce(ValidationChunk.sent_at, 0) < now - lease,
+                    ValidationChunk.sent_at < now - lease,
                 )
             )
         )
@@ -170,7 +173,41 @@ def resend_lost_chunks(rt: Runtime, batch_id: str, now: float) -> list[int]:
             extra={"batch_id": batch_id},
         )
         rt.queue.validate_chunk(batch_id, chunk_id)
+    send_next_chunks(rt, batch_id, now)
     return lost
+
+
+def send_next_chunks(rt: Runtime, batch_id: str, now: float) -> list[int]:
+    """Send the batch's next unsent chunks, in file order, until FREIGHT_VALIDATION_CHUNKS_IN_FLIGHT
+    of its pending chunks are sent: a chunk sent as another ends joins the queue behind other
+    tenants' validations, so one huge input takes turns instead of filling the queue. Under the
+    batch's row lock, so two chunks ending together never both send the same next one. The ids."""
+    with rt.db.write() as s:
+        batch = s.get(Batch, batch_id, with_for_update=True)
+        if batch is None or batch.status != BatchStatus.VALIDATING:
+            return []
+        pending = (ValidationChunk.batch_id == batch_id, ValidationChunk.status == ChunkStatus.PENDING)
+        in_flight = s.scalar(
+            select(func.count())
+            .select_from(ValidationChunk)
+            .where(*pending, ValidationChunk.sent_at.is_not(None))
+        )
+        room = rt.settings.validation_chunks_in_flight - (in_flight or 0)
+        if room <= 0:
+            return []
+        ids = list(
+            s.scalars(
+                select(ValidationChunk.id)
+                .where(*pending, ValidationChunk.sent_at.is_(None))
+                .order_by(ValidationChunk.seq)
+                .limit(room)
+            )
+        )
+        if ids:
+            s.execute(update(ValidationChunk).where(ValidationChunk.id.in_(ids)).values(sent_at=now))
+    for chunk_id in ids:  # after the commit that marked them sent
+        rt.queue.validate_chunk(batch_id, chunk_id)
+    return ids
 
 
 # -- one chunk (the freight.validate_chunk task) -------------------------------------------------
@@ -213,6 +250,8 @@ def validate_chunk(rt: Runtime, batch_id: str, chunk_id: int) -> bool:
     last = bool(moved) and not left
     if last:
         rt.queue.validate(batch_id)  # after the commit: the merge finds every chunk done
+    elif moved:
+        send_next_chunks(rt, batch_id, time.time())  # its place in the window
     return last
 
 

@@ -5,6 +5,7 @@ the chunk tasks run in-process here, across control processes in test_validation
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import random
@@ -17,6 +18,7 @@ import pytest
 from sqlalchemy import select, update
 
 from api.services.tenants import create_tenant
+from storage.broker import VALIDATE_QUEUE
 from storage.models import Batch, ValidationChunk, WorkUnit
 from storage.objectstore import iter_lines
 from storage.runtime import Runtime
@@ -438,3 +440,90 @@ def test_file_wide_rules_give_the_same_errors_in_one_pass_and_in_chunks(settings
     else:
         assert listed == expected
     assert not many[1] and not many[2]  # no units, no shards
+
+
+# -- the window of chunks in flight --------------------------------------------------------------
+
+
+def queued(rt: Runtime) -> list[tuple[str, list]]:
+    """The validation queue's messages, first out first: (task, its arguments)."""
+    with rt.queue.celery.connection_for_write() as conn:
+        raw = conn.default_channel.client.lrange(VALIDATE_QUEUE, 0, -1)
+    out = []
+    for message in map(json.loads, reversed(raw)):  # LPUSHed, taken from the right
+        assert message["properties"]["body_encoding"] == "base64"
+        args = json.loads(base64.b64decode(message["body"]))[0]
+        out.append((message["headers"]["task"], args))
+    return out
+
+
+def test_a_batch_keeps_its_window_of_chunks_in_flight_and_others_queue_between(settings, redis_service):
+    """FREIGHT_VALIDATION_CHUNKS_IN_FLIGHT=2: the chunked validation sends two chunks; each one done
+    sends the next, behind another tenant's validation that queued meanwhile; a window left short
+    (a process died between its commit and the send) is topped up by the batch's next validation,
+    which the tick sends; the result is the one-task result all the same."""
+    broker = redis_service.url.rsplit("/", 1)[0] + "/10"  # a queue of this test's own
+    rt = chunked(settings, max_file_bytes=1 << 20, validation_chunks_in_flight=2, broker_url=broker)
+    try:
+
+        def flush() -> None:
+            with rt.queue.celery.connection_for_write() as conn:
+                conn.default_channel.client.flushdb()
+
+        flush()
+        tenant, _ = create_tenant(rt.db, "t", now())
+        other, _ = create_tenant(rt.db, "u", now())
+        lines = doc_lines()
+        batch_id = upload_and_create(rt, tenant.id, jsonl(lines)).id
+        flush()  # its creation's message: run here instead
+        assert validate_batch(rt, batch_id) is None
+        with rt.db.read() as s:
+            chunks = s.execute(
+                select(ValidationChunk.id, ValidationChunk.sent_at)
+                .where(ValidationChunk.batch_id == batch_id)
+                .order_by(ValidationChunk.seq)
+            ).all()
+        ids = [c.id for c in chunks]
+        assert len(ids) >= 5
+        assert [c.sent_at is not None for c in chunks] == [True, True] + [False] * (len(ids) - 2)
+        assert queued(rt) == [("freight.validate_chunk", [batch_id, i]) for i in ids[:2]]
+
+        # another tenant's batch queues its validation; the first chunk done sends the third after it
+        small = upload_and_create(rt, other.id, jsonl(doc_lines(10, seed=5)), name="small.jsonl").id
+        assert not validation_chunks.validate_chunk(rt, batch_id, ids[0])
+        # (the messages stay queued: the chunks run here, in-process)
+        assert [args for _, args in queued(rt)] == [
+            [batch_id, ids[0]],
+            [batch_id, ids[1]],
+            [small],
+            [batch_id, ids[2]],
+        ]
+
+        # the second chunk's process dies after its commit, before it sends the fourth, and the
+        # third's message is lost: the tick sends the batch's validation, which sends both
+        assert not validation_chunks.validate_chunk(rt, batch_id, ids[1])
+        flush()
+        stale = now() - 10 * settings.lease_seconds
+        with rt.db.write() as s:
+            s.execute(update(ValidationChunk).where(ValidationChunk.id == ids[3]).values(sent_at=None))
+            s.execute(update(ValidationChunk).where(ValidationChunk.id == ids[2]).values(sent_at=stale))
+        assert tick_resends(rt, batch_id)
+        assert validate_batch(rt, batch_id) is None
+        assert sorted(args[1] for task, args in queued(rt) if task == "freight.validate_chunk") == [
+            ids[2],
+            ids[3],
+        ]
+
+        run_chunks(rt, batch_id)
+        assert validate_batch(rt, batch_id) is None  # the merge
+        batch, plan, shards = outcome(rt, batch_id)
+        assert batch.status == "in_progress" and batch.request_total == len(lines)
+        reference = Runtime(replace(settings, validation_chunk_bytes=0, unit_size=4, broker_url=broker))
+        try:
+            one = upload_and_create(reference, tenant.id, jsonl(lines), name="one.jsonl").id
+            validation.validate_batch(reference, one)
+            assert outcome(reference, one)[1:] == (plan, shards)
+        finally:
+            reference.db.dispose()
+    finally:
+        rt.db.dispose()
