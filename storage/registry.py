@@ -194,6 +194,15 @@ def auto_tool_models(db: Database) -> frozenset[str]:
         return frozenset(s.scalars(select(Model.name).where(Model.tool_call_parser.is_not(None))))
 
 
+def reasoning_models(db: Database) -> frozenset[str]:
+    """The served models that read reasoning out of their answers: a tool-call parser composed with
+    a ``reasoning_parser`` engine arg (the engine loads the pair; a Responses body's ``reasoning``
+    is honoured on these only)."""
+    with db.read() as s:
+        rows = s.execute(select(Model.name, Model.engine_args).where(Model.tool_call_parser.is_not(None)))
+        return frozenset(name for name, args in rows if (args or {}).get("reasoning_parser"))
+
+
 def embedding_names(db: Database, settings: Settings) -> frozenset[str]:
     """The served models whose task is embeddings (they serve /v1/embeddings and nothing else)."""
     return frozenset(e.name for e in entries(db, settings) if e.task == EMBED)

@@ -1,9 +1,9 @@
 """Batch results as Parquet: the output and error JSONL files, one typed row per line.
 
 Columns: ``custom_id``, ``id`` (the line's ``batch_req_…``), ``status_code`` (null for a request
-that never ran), ``content`` (chat: the first choice's message), ``text`` (completions: the first
-choice's text), ``finish_reason``, ``prompt_tokens``, ``cached_tokens``, ``completion_tokens``,
-``error_code``, ``error_message`` (from the response's error body, or the line's own ``error``),
+that never ran), ``content`` (chat: the first choice's message; responses: the output messages'
+text), ``text`` (completions: the first choice's text), ``finish_reason`` (responses: the status),
+``prompt_tokens``, ``cached_tokens``, ``completion_tokens`` (responses: input and output tokens), ``error_code``, ``error_message`` (from the response's error body, or the line's own ``error``),
 and ``response_body``: the whole response body as JSON text (every choice, logprobs, …), so
 nothing of the JSONL is lost. Written in record batches: memory is one batch, whatever the file.
 """
@@ -50,6 +50,8 @@ def result_record(line: dict[str, Any]) -> dict[str, Any]:
     details = usage.get("prompt_tokens_details") or {}
     raw_error = body.get("error")
     error = raw_error if isinstance(raw_error, dict) else line.get("error") or {}
+    if body.get("object") == "response":  # a /v1/responses line's Response object
+        return {**_response_record(body), **_line_fields(line, response, error, body)}
     return {
         "custom_id": line.get("custom_id"),
         "id": line.get("id"),
@@ -63,6 +65,38 @@ def result_record(line: dict[str, Any]) -> dict[str, Any]:
         "error_code": error.get("code"),
         "error_message": error.get("message"),
         "response_body": json.dumps(body, ensure_ascii=False, separators=(",", ":")) if body else None,
+    }
+
+
+def _response_record(body: dict[str, Any]) -> dict[str, Any]:
+    """A Response object's columns: its output messages' text, its status (``incomplete`` when
+    max_output_tokens cut it) and its usage under the chat column names."""
+    texts = [
+        part.get("text") or ""
+        for item in body.get("output") or []
+        if isinstance(item, dict) and item.get("type") == "message"
+        for part in item.get("content") or []
+        if isinstance(part, dict) and part.get("type") == "output_text"
+    ]
+    usage = body.get("usage") or {}
+    return {
+        "content": "".join(texts) if texts else None,
+        "text": None,
+        "finish_reason": body.get("status"),
+        "prompt_tokens": usage.get("input_tokens"),
+        "cached_tokens": (usage.get("input_tokens_details") or {}).get("cached_tokens"),
+        "completion_tokens": usage.get("output_tokens"),
+    }
+
+
+def _line_fields(line: dict[str, Any], response: Any, error: dict, body: dict) -> dict[str, Any]:
+    return {
+        "custom_id": line.get("custom_id"),
+        "id": line.get("id"),
+        "status_code": response.get("status_code") if isinstance(response, dict) else None,
+        "error_code": error.get("code"),
+        "error_message": error.get("message"),
+        "response_body": json.dumps(body, ensure_ascii=False, separators=(",", ":")),
     }
 
 

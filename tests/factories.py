@@ -57,11 +57,11 @@ def embedding_line(custom_id: str = "e1", text: Any = "hello", *, model: str = "
     }
 
 
-def responses_line(custom_id: str = "p1", text: Any = "hi", *, model: str = "demo", **body: Any) -> dict:
-    """One /v1/responses line: ``input`` (a text, or any value given: message items...) for
+def responses_line(custom_id: str = "p1", given: Any = "hi", *, model: str = "demo", **body: Any) -> dict:
+    """One /v1/responses line: ``input`` (``given``: a text, or any value: message items...) for
     ``model`` (left out when given as ``OMIT``), then any other ``body`` fields (instructions,
     max_output_tokens, text, tools...)."""
-    merged = {k: v for k, v in {"model": model, "input": text, **body}.items() if v is not OMIT}
+    merged = {k: v for k, v in {"model": model, "input": given, **body}.items() if v is not OMIT}
     return {"custom_id": custom_id, "method": "POST", "url": "/v1/responses", "body": merged}
 
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from scheduler.engine_window import engine_window
 from workers.embeddings import RenderedEmbeddings, embeddings_body, render_embeddings
 from workers.engine_lifetime import PARENT_ENV, START_ERROR_ENV
-from workers.rendering import RenderedRequest, build_response_body, render_request
+from workers.rendering import RenderedRequest, build_response_body, render_request, token_counts
 from workers.request_bodies import EMBEDDINGS, ParsedRequest, RequestError, parse_body
 from workers.tool_calls import ModelParsers
 
@@ -425,8 +425,13 @@ class Engine:
 
     def render(self, request: EngineRequest) -> RenderedRequest:
         """Parse (unless already parsed) and render one request; raises RequestError."""
+        parsers = self._parsers
         parsed = request.parsed or parse_body(
-            request.endpoint, request.body, validated=request.validated, auto_tools=self._parsers is not None
+            request.endpoint,
+            request.body,
+            validated=request.validated,
+            auto_tools=parsers is not None,
+            reasoning=parsers is not None and parsers.parser_cls.reasoning_parser_cls is not None,
         )
         if parsed.endpoint != request.endpoint:
             raise RequestError("invalid_request", "The parsed request is for another endpoint.", "url")
@@ -714,14 +719,14 @@ class Engine:
         except Exception as exc:
             log.exception("response for %r could not be built", entry.key)
             return _error(entry.key, 500, "internal_error", f"The response could not be built: {exc}"[:1000])
-        usage = body["usage"]
+        prompt, cached, completion = token_counts(body)
         return EngineResult(
             key=entry.key,
             status_code=200,
             body=body,
-            prompt_tokens=int(usage["prompt_tokens"]),
-            cached_tokens=int(usage["prompt_tokens_details"]["cached_tokens"] or 0),
-            completion_tokens=int(usage["completion_tokens"] or 0),
+            prompt_tokens=prompt,
+            cached_tokens=cached,
+            completion_tokens=completion,
         )
 
     def _abort_in_engine(self, request_ids: list[str]) -> None:

@@ -41,7 +41,7 @@ def reparsed_columns(store: ObjectStore, key: str, endpoint: str, renderer: Prom
         keys.append(rendered.key)
         prefixes.append(rendered.key[:PREFIX_KEY_BYTES])
         lens.append(rendered.prompt_len)
-        budget = body.get("max_completion_tokens", body.get("max_tokens"))
+        budget = body.get("max_completion_tokens", body.get("max_tokens", body.get("max_output_tokens")))
         budgets.append(budget if isinstance(budget, int) else None)
     # the shard's first row is taken to share nothing (the previous shard's keys are not at hand)
     shared = shared_prefix_tokens(keys)

@@ -28,6 +28,7 @@ from typing import Any
 from scheduler.ordering import KEY_TOKEN_BYTES
 from workers.prompts import PromptKeyer, _template_messages
 from workers.request_bodies import CHAT, COMPLETIONS, EMBEDDINGS
+from workers.responses import RESPONSES, prompt_chat_body
 
 _ALL = 1 << 40  # tokens: "no limit" for a full rendering
 _ROLES = frozenset({"system", "user", "assistant"})
@@ -107,7 +108,13 @@ class PromptRenderer:
         return cls(AutoTokenizer.from_pretrained(str(path)), key_tokens)
 
     def render(self, endpoint: str, body: Mapping[str, Any]) -> RenderedPrompt:
-        """The prompt's ids when they can be had exactly, else its prefix key; never raises."""
+        """The prompt's ids when they can be had exactly, else its prefix key; never raises. A
+        Responses body's prompt is its chat translation's (`workers.responses`), as the engine's is."""
+        if endpoint == RESPONSES:
+            chat = prompt_chat_body(dict(body))
+            if chat is None:  # it cannot run: no key
+                return RenderedPrompt(b"", False, self.key_tokens)
+            endpoint, body = CHAT, chat
         try:
             text = self._exact_text(endpoint, body)
             if text is not None:

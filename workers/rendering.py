@@ -3,7 +3,8 @@
 `render_request` turns a `ParsedRequest` (from `workers.request_bodies`) into prompt token ids and
 `SamplingParams` with the engine's renderer, exactly as `vllm serve` renders them;
 `build_response_body` turns a finished `RequestOutput` into the body `vllm serve` would return
-(`chat.completion` / `text_completion`), always with `usage.prompt_tokens_details.cached_tokens`.
+(`chat.completion` / `text_completion`), always with `usage.prompt_tokens_details.cached_tokens`,
+or for a `/v1/responses` line the Response object of that chat body (`workers.responses`).
 Tool calls (forced through structured outputs, or read by the model's parser) are
 `workers.tool_calls`'; this module applies them to the request and to each chat choice.
 """
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from workers.request_bodies import ParsedRequest, RequestError, clip_message, sampling_params_of
+from workers.responses import response_from_chat
 from workers.tool_calls import ModelParsers, shape_choice
 
 if TYPE_CHECKING:  # vLLM is imported lazily: importing it costs seconds.
@@ -92,9 +94,7 @@ def render_request(
     except VLLMValidationError as exc:
         message = clip_message(str(exc.args[0]) if exc.args else str(exc))
         if exc.parameter in ("input_tokens", "input_text"):
-            raise RequestError(
-                "context_length_exceeded", message, "messages" if parsed.is_chat else "prompt"
-            ) from None
+            raise RequestError("context_length_exceeded", message, parsed.prompt_param) from None
         raise RequestError("invalid_request", message, exc.parameter) from None
     except (ValueError, TypeError, KeyError, LookupError) as exc:
         raise RequestError("invalid_request", clip_message(f"Could not render the prompt: {exc}")) from None
@@ -110,7 +110,7 @@ def render_request(
             "context_length_exceeded",
             f"This model's maximum context length is {max_model_len} tokens. However, your prompt "
             f"has {prompt_len} tokens, which leaves no room for output. Please shorten the prompt.",
-            "messages" if parsed.is_chat else "prompt",
+            parsed.prompt_param,
         )
     try:
         max_tokens = get_max_tokens(
@@ -122,7 +122,8 @@ def render_request(
             truncate_prompt_tokens=request.truncate_prompt_tokens,
         )
     except ValueError as exc:
-        raise RequestError("context_length_exceeded", clip_message(str(exc)), "max_tokens") from None
+        budget = "max_output_tokens" if parsed.responses is not None else "max_tokens"
+        raise RequestError("context_length_exceeded", clip_message(str(exc)), budget) from None
     if parsers is not None and parsed.is_chat:
         parsers.adjust(request)
     sampling_params = sampling_params_of(request, max_tokens, defaults)
@@ -178,7 +179,23 @@ def build_response_body(
     else:
         response = _completion_response(rendered, output, model, tokenizer, created, usage, prompt_logprobs)
     # Dumped like vllm serve dumps it: vLLM's extra fields stay, as null when unused.
-    return response.model_dump()
+    body = response.model_dump()
+    if parsed.responses is None:
+        return body
+    reasoning = body["choices"][0]["message"].get("reasoning")  # the text the parser split out
+    spent = len(tokenizer.encode(reasoning, add_special_tokens=False)) if reasoning and tokenizer else 0
+    return response_from_chat(body, parsed.responses, reasoning_tokens=spent)
+
+
+def token_counts(body: dict[str, Any]) -> tuple[int, int, int]:
+    """Prompt, cached and completion tokens of a body `build_response_body` made (chat and
+    completions usage, or a Response object's)."""
+    usage = body["usage"]
+    if "input_tokens" in usage:
+        cached = usage["input_tokens_details"]["cached_tokens"]
+        return int(usage["input_tokens"]), int(cached or 0), int(usage["output_tokens"] or 0)
+    cached = usage["prompt_tokens_details"]["cached_tokens"]
+    return int(usage["prompt_tokens"]), int(cached or 0), int(usage["completion_tokens"] or 0)
 
 
 def _chat_response(rendered, output, model, tokenizer, created, usage, prompt_logprobs, parsers=None):

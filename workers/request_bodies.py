@@ -20,6 +20,7 @@ capped by the context left (completions included, where OpenAI's default is 16).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from dataclasses import dataclass
@@ -28,13 +29,14 @@ from typing import TYPE_CHECKING, Any
 from workers import tool_calls
 from workers.embeddings import EMBEDDINGS, parse_embedding_body
 from workers.request_errors import RequestError, clip_message
+from workers.responses import RESPONSES, to_chat
 
 if TYPE_CHECKING:  # vLLM is imported lazily: importing it costs seconds.
     from vllm.sampling_params import SamplingParams
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
-ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS)
+ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES)
 
 MAX_N = 128  # OpenAI's own limit on choices per request; n fans out into n sequences.
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -58,7 +60,9 @@ _UNSUPPORTED_FIELDS = {
 @dataclass(frozen=True)
 class ParsedRequest:
     """A validated body: `request` is vLLM's ChatCompletionRequest or CompletionRequest, or for
-    embeddings Freight's `workers.embeddings.EmbeddingBody`.
+    embeddings Freight's `workers.embeddings.EmbeddingBody`. A Responses body runs as the chat
+    request it translates to (`workers.responses`): `request` is that ChatCompletionRequest and
+    `responses` the Responses fields its Response object echoes.
 
     `max_tokens` is the output budget the body asked for explicitly (None: use the
     engine's default); `model` is the body's model name (None when absent; the caller
@@ -69,10 +73,19 @@ class ParsedRequest:
     model: str | None
     request: Any
     max_tokens: int | None = None
+    responses: dict[str, Any] | None = None
 
     @property
     def is_chat(self) -> bool:
-        return self.endpoint == CHAT
+        """Rendered and answered as chat (a Responses body runs as its chat translation)."""
+        return self.endpoint == CHAT or self.endpoint == RESPONSES
+
+    @property
+    def prompt_param(self) -> str:
+        """The body field a prompt error names (too long for the context, ...)."""
+        if self.endpoint == RESPONSES:
+            return "input"
+        return "messages" if self.endpoint == CHAT else "prompt"
 
     @property
     def n(self) -> int:
@@ -84,12 +97,14 @@ class ParsedRequest:
 
 
 def parse_body(
-    endpoint: str, body: dict, *, validated: bool = False, auto_tools: bool = False
+    endpoint: str, body: dict, *, validated: bool = False, auto_tools: bool = False, reasoning: bool = False
 ) -> ParsedRequest:
     """Validate an OpenAI request body with vLLM's pydantic models; raise RequestError only.
 
     ``auto_tools``: the model has a tool-call parser, so `tool_choice: "auto"` (and `tools`
     without a `tool_choice`) can be served; without one such a body is refused as unsupported.
+    ``reasoning``: the model also reads reasoning back, so a Responses body's `reasoning` can be
+    honoured (`workers.responses`).
 
     ``validated``: this body passed `parse_body` at validation and was decoded afresh from the
     request store, so the defensive deep copy and the early sampling-parameter check are skipped
@@ -98,6 +113,8 @@ def parse_body(
     a line on the benchmark machine).
     """
     try:
+        if endpoint == RESPONSES and isinstance(body, dict):
+            return _parse_responses(body, validated, auto_tools, reasoning)
         return _parse_body(endpoint, body, validated, auto_tools)
     except RequestError:
         raise
@@ -191,6 +208,16 @@ def _parse_body(endpoint: str, body: Any, validated: bool = False, auto_tools: b
     # response_format...) are reported at validation time rather than in the engine.
     sampling_params_of(request, max_tokens if max_tokens is not None else max(1, request.min_tokens or 1), {})
     return ParsedRequest(endpoint=endpoint, model=model, request=request, max_tokens=max_tokens)
+
+
+def _parse_responses(body: dict, validated: bool, auto_tools: bool, reasoning: bool) -> ParsedRequest:
+    """A Responses body parsed as the chat body it translates to; errors name Responses fields."""
+    translated = to_chat(body, reasoning=reasoning)
+    try:
+        parsed = _parse_body(CHAT, translated.chat, validated, auto_tools)
+    except RequestError as exc:
+        raise translated.responses_error(exc) from None
+    return dataclasses.replace(parsed, endpoint=RESPONSES, responses=translated.echo)
 
 
 def _check_messages(messages: Any) -> None:

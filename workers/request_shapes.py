@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from typing import Any
 
 from workers.request_bodies import CHAT, parse_body
+from workers.responses import RESPONSES
 
 MAX_KEY_CHARS = 4096  # longer shapes (long token-id prompts, big schemas) are parsed every time
 MAX_SHAPES = 1024  # remembered acceptances per file: at most ~4 MB of keys
@@ -35,27 +35,48 @@ def _placeholder(text: str) -> str:
     return "x" if text else ""
 
 
+def _message_shape(message: dict) -> dict:
+    """A chat message or a Responses message item with its texts (content, text parts) reduced."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return {**message, "content": _placeholder(content)}  # same key order
+    if isinstance(content, list):
+        parts = [
+            {**p, "text": _placeholder(p["text"])}
+            if isinstance(p, dict) and isinstance(p.get("text"), str)
+            else p
+            for p in content
+        ]
+        return {**message, "content": parts}
+    return message
+
+
 def _chat_shape(body: dict) -> dict | None:
     messages = body.get("messages")
     if not isinstance(messages, list):
         return None
-    shaped: list[Any] = []
-    for message in messages:
-        if not isinstance(message, dict):
-            return None
-        content = message.get("content")
-        if isinstance(content, str):
-            message = {**message, "content": _placeholder(content)}  # same key order
-        elif isinstance(content, list):
-            parts = [
-                {**p, "text": _placeholder(p["text"])}
-                if isinstance(p, dict) and isinstance(p.get("text"), str)
-                else p
-                for p in content
-            ]
-            message = {**message, "content": parts}
-        shaped.append(message)
-    return {**body, "messages": shaped}
+    if not all(isinstance(message, dict) for message in messages):
+        return None
+    return {**body, "messages": [_message_shape(message) for message in messages]}
+
+
+def _responses_shape(body: dict) -> dict:
+    """A Responses body with the texts of `instructions`, a string `input` and its message items
+    reduced (`workers.responses.to_chat` reads only their emptiness too); function-call items are
+    kept whole."""
+    shape = dict(body)
+    for name in ("instructions", "input"):
+        if isinstance(body.get(name), str):
+            shape[name] = _placeholder(body[name])
+    items = body.get("input")
+    if isinstance(items, list):
+        shape["input"] = [
+            _message_shape(item)
+            if isinstance(item, dict) and item.get("type", "message" if "role" in item else None) == "message"
+            else item
+            for item in items
+        ]
+    return shape
 
 
 def shape_key(endpoint: str, body: dict) -> str | None:
@@ -63,6 +84,8 @@ def shape_key(endpoint: str, body: dict) -> str | None:
     remembering (too long) or cannot be written (a number JSON cannot hold, too deep)."""
     if endpoint == CHAT:
         shape = _chat_shape(body)
+    elif endpoint == RESPONSES:
+        shape = _responses_shape(body)
     else:
         prompt = body.get("prompt")
         shape = {**body, "prompt": _placeholder(prompt)} if isinstance(prompt, str) else body
@@ -84,17 +107,20 @@ class RequestShapes:
         self.hits = 0
         self.misses = 0
 
-    def max_tokens(self, endpoint: str, body: dict, auto_tools: bool = False) -> int | None:
+    def max_tokens(
+        self, endpoint: str, body: dict, auto_tools: bool = False, reasoning: bool = False
+    ) -> int | None:
         """The output budget the body asks for; raises RequestError exactly as parse_body does
-        (``auto_tools``: the body's model has a tool-call parser; the key holds the model's name,
-        so one key always meets the same answer)."""
+        (``auto_tools``, ``reasoning``: the body's model has a tool-call parser, a reasoning parser;
+        the key holds the model's name, so one key always meets the same answer)."""
         key = shape_key(endpoint, body)
         if key is not None and key in self._accepted:
             self._accepted.move_to_end(key)
             self.hits += 1
             return self._accepted[key]
         self.misses += 1
-        budget = parse_body(endpoint, body, auto_tools=auto_tools).max_tokens  # raises: nothing is remembered
+        # raises: nothing is remembered
+        budget = parse_body(endpoint, body, auto_tools=auto_tools, reasoning=reasoning).max_tokens
         if key is not None:
             self._accepted[key] = budget
             if len(self._accepted) > self.max_shapes:

@@ -40,7 +40,7 @@ from storage.leases import lease_free, release_lease, renew_lease, take_lease
 from storage.lifecycle import finish_batch
 from storage.models import Batch, StoredFile, Tenant, ValidationChunk, WorkUnit
 from storage.quotas import queued_refusal
-from storage.registry import auto_tool_models, embedding_names, served_names
+from storage.registry import auto_tool_models, embedding_names, reasoning_models, served_names
 from storage.request_tables import RowError, column_of, decode_limits, metadata_defaults
 from storage.runtime import Runtime
 from storage.settings import Settings
@@ -111,6 +111,7 @@ class FileRules:
     max_line_bytes: int
     render: PromptFn | None = None  # None: no token ids, no ordering key (rows keep file order)
     auto_tool_models: frozenset[str] = frozenset()  # their tool-call parser serves tool_choice "auto"
+    reasoning_models: frozenset[str] = frozenset()  # they read reasoning back (Responses `reasoning`)
     # the served models whose task is embeddings: they serve /v1/embeddings, and only that
     embed_models: frozenset[str] = frozenset()
     # the file's accepted request shapes: vLLM's request model runs once per shape, not per line
@@ -172,7 +173,9 @@ def check_line(raw: bytes, line_no: int, rules: FileRules) -> ValidLine | LineEr
         return LineError(line_no, "invalid_model", endpoint_mismatch(model, rules.endpoint), "body.model")
     max_tokens = None
     try:
-        max_tokens = rules.shapes.max_tokens(rules.endpoint, body, model in rules.auto_tool_models)
+        max_tokens = rules.shapes.max_tokens(
+            rules.endpoint, body, model in rules.auto_tool_models, model in rules.reasoning_models
+        )
     except RequestError as exc:
         # a well-formed request Freight cannot honour (streaming, tool calling, …) is that
         # request's 400 error line at run time; only malformed input fails the whole file
@@ -635,6 +638,7 @@ def file_rules(rt: Runtime, endpoint: str) -> FileRules:
         max_line_bytes=settings.max_line_bytes,
         render=prompt_renders(rt),
         auto_tool_models=auto_tool_models(rt.db),
+        reasoning_models=reasoning_models(rt.db),
     )
 
 

@@ -204,13 +204,15 @@ def test_tool_call_parser_is_checked_stored_set_and_unset(runtime) -> None:
     )
     assert entry.tool_call_parser == "hermes"
     assert registry.auto_tool_models(runtime.db) == frozenset({"t"})  # validation serves "auto" for it
+    assert registry.reasoning_models(runtime.db) == frozenset()  # no reasoning parser: no `reasoning`
     with pytest.raises(ServiceError, match="no tool-call parser 'pythonik'"):
         models.set_engine(runtime, "t", tool_call_parser="pythonik")
     changed = models.set_engine(runtime, "t", ["reasoning_parser=qwen3"], tool_call_parser="pythonic")
     assert (changed.tool_call_parser, changed.engine_args) == ("pythonic", {"reasoning_parser": "qwen3"})
+    assert registry.reasoning_models(runtime.db) == frozenset({"t"})  # Responses `reasoning` served
     cleared = models.set_engine(runtime, "t", [], ["tool_call_parser"])
     assert cleared.tool_call_parser is None and cleared.engine_args == {"reasoning_parser": "qwen3"}
-    assert registry.auto_tool_models(runtime.db) == frozenset()
+    assert registry.auto_tool_models(runtime.db) == registry.reasoning_models(runtime.db) == frozenset()
     with pytest.raises(ServiceError, match="t has no tool-call parser to unset"):
         models.set_engine(runtime, "t", [], ["tool_call_parser"])
 

@@ -137,3 +137,41 @@ def test_results_as_typed_parquet_read_by_duckdb(tmp_path):
         "BIGINT",
         "VARCHAR",
     )
+
+
+def test_a_response_objects_text_status_and_usage_fill_the_typed_columns(tmp_path):
+    message = {"type": "message", "id": "msg_1", "status": "incomplete", "role": "assistant"}
+    body = {
+        "id": "resp_1",
+        "object": "response",
+        "status": "incomplete",
+        "output": [
+            {
+                "type": "reasoning",
+                "id": "rs_1",
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": "hm"}],
+            },
+            {**message, "content": [{"type": "output_text", "text": "Par", "annotations": []}]},
+            {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "f", "arguments": "{}"},
+        ],
+        "usage": {
+            "input_tokens": 12,
+            "input_tokens_details": {"cached_tokens": 8, "cache_write_tokens": 0},
+            "output_tokens": 3,
+            "output_tokens_details": {"reasoning_tokens": 1},
+            "total_tokens": 15,
+        },
+    }
+    target = tmp_path / "responses.parquet"
+    assert write_results([encode(success_line("resp-parquet-1", body))], str(target)) == 1
+    row = (
+        duckdb.connect()
+        .execute(
+            "select custom_id, status_code, content, text, finish_reason, prompt_tokens, cached_tokens,"
+            f" completion_tokens, error_code, response_body from '{target}'"
+        )
+        .fetchone()
+    )
+    assert row[:9] == ("resp-parquet-1", 200, "Par", None, "incomplete", 12, 8, 3, None)
+    assert json.loads(row[9]) == body

@@ -24,7 +24,7 @@ def completion(**fields: object) -> dict:
 
 
 def test_endpoints() -> None:
-    assert ENDPOINTS == (CHAT, COMPLETIONS, EMBEDDINGS)
+    assert ENDPOINTS == (CHAT, COMPLETIONS, EMBEDDINGS, "/v1/responses")
 
 
 def test_valid_chat_body_parses() -> None:
@@ -209,6 +209,7 @@ _fields = st.sampled_from(
         "stream_options", "echo", "logit_bias", "min_tokens", "ignore_eos", "structured_outputs",
         "chat_template_kwargs", "prompt_logprobs", "truncate_prompt_tokens", "cache_salt", "suffix",
         "add_generation_prompt", "continue_final_message", "bad_words", "allowed_token_ids", "priority",
+        "input", "instructions", "max_output_tokens", "text", "reasoning", "store", "include",
     ]
 )  # fmt: skip
 _message = st.fixed_dictionaries(

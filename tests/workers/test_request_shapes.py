@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from workers.request_bodies import CHAT, COMPLETIONS, RequestError, parse_body
 from workers.request_shapes import MAX_KEY_CHARS, RequestShapes, shape_key
+from workers.responses import RESPONSES
 from workers.validation import FileRules, check_line
 
 TEXT = st.text(max_size=12)
@@ -38,6 +39,62 @@ PARAMS: dict[str, st.SearchStrategy[Any]] = {
 }
 
 
+RESPONSES_PARAMS: dict[str, st.SearchStrategy[Any]] = {
+    "temperature": st.one_of(FLOAT, st.just("hot")),
+    "max_output_tokens": st.one_of(st.integers(-1, 3_000_000), st.just("4")),
+    "text": st.sampled_from(
+        [
+            {"format": {"type": "json_object"}},
+            {"format": {"type": "text"}},
+            "json",
+            {"format": {"type": "json_schema"}},
+        ]
+    ),
+    "tool_choice": st.sampled_from(["none", "auto", "required"]),
+    "store": st.sampled_from([False, True, "no"]),
+    "stream": st.sampled_from([False, True]),
+    "metadata": st.sampled_from([{"k": "v"}, {"k": 1}]),
+    "seed": st.integers(0, 9),  # not a Responses field
+}
+
+
+@st.composite
+def responses_pair(draw: st.DrawFn) -> tuple[dict, dict]:
+    """Two Responses bodies alike in everything but their texts (instructions, input, messages)."""
+    fields = draw(
+        st.one_of(
+            st.just({}), st.dictionaries(st.sampled_from(sorted(RESPONSES_PARAMS)), st.none(), max_size=3)
+        )
+    )
+    params = {name: draw(RESPONSES_PARAMS[name]) for name in fields}
+    if draw(st.booleans()):
+        params["instructions"], other_instructions = draw(text_pair())
+    bodies: list[dict] = [{"model": "demo", **params}, {"model": "demo", **params}]
+    if "instructions" in params:
+        bodies[1]["instructions"] = other_instructions
+    if draw(st.booleans()):
+        bodies[0]["input"], bodies[1]["input"] = draw(text_pair())
+        return bodies[0], bodies[1]
+    items: tuple[list[Any], list[Any]] = ([], [])
+    for _ in range(draw(st.integers(0, 3))):
+        role = draw(st.sampled_from(["system", "user", "developer", "assistant", "tool"]))
+        kind = draw(st.sampled_from(["text", "parts", "call", "number"]))
+        typed = {"type": "message"} if draw(st.booleans()) else {}
+        part_type = draw(
+            st.sampled_from(["output_text" if role == "assistant" else "input_text", "input_image"])
+        )
+        for item_list, text in zip(items, draw(text_pair()), strict=True):
+            if kind == "text":
+                item_list.append({**typed, "role": role, "content": text})
+            elif kind == "parts":
+                item_list.append({**typed, "role": role, "content": [{"type": part_type, "text": text}]})
+            elif kind == "call":
+                item_list.append({"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"})
+            else:
+                item_list.append({**typed, "role": role, "content": 5})
+    return {**bodies[0], "input": items[0]}, {**bodies[1], "input": items[1]}
+
+
 @st.composite
 def text_pair(draw: st.DrawFn) -> tuple[str, str]:
     """Two texts for one slot, empty ones often: empty and non-empty meet in every combination."""
@@ -54,6 +111,8 @@ def body_pair(draw: st.DrawFn, endpoint: str) -> tuple[dict, dict]:
     )
     params = {name: draw(PARAMS[name]) for name in fields}
     model = draw(st.sampled_from(["demo", "demo", "demo", "", 3]))
+    if endpoint == RESPONSES:
+        return draw(responses_pair())
     if endpoint == CHAT:
         first: list[Any] = []
         second: list[Any] = []
@@ -111,7 +170,7 @@ SHARED = RequestShapes(max_shapes=64)  # lives across examples: earlier bodies' 
     database=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-@given(endpoint=st.sampled_from([CHAT, COMPLETIONS]), data=st.data())
+@given(endpoint=st.sampled_from([CHAT, COMPLETIONS, RESPONSES]), data=st.data())
 def test_the_shape_cache_and_the_full_path_agree(endpoint: str, data: st.DataObject) -> None:
     first, second = data.draw(body_pair(endpoint))
     shapes = RequestShapes()
@@ -135,6 +194,22 @@ def test_lines_of_one_shape_are_parsed_once_and_texts_do_not_matter() -> None:
         assert fast(shapes, COMPLETIONS, empty) == full(COMPLETIONS, empty)
         assert full(COMPLETIONS, empty)[:2] == ("refused", "invalid_request")
     assert shapes.misses == 4  # a refused shape is never remembered
+
+
+def test_responses_lines_of_one_shape_are_parsed_once() -> None:
+    shapes = RequestShapes()
+    for i in range(20):
+        body = {
+            "model": "demo",
+            "instructions": f"Document {i}",
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": f"question {i}"}]}],
+            "max_output_tokens": 5,
+        }
+        assert shapes.max_tokens(RESPONSES, body) == 5
+    assert (shapes.misses, shapes.hits) == (1, 19)
+    empty = {"model": "demo", "instructions": "", "input": "q", "max_output_tokens": 5}
+    assert fast(shapes, RESPONSES, empty) == full(RESPONSES, empty) == ("accepted", 5)
+    assert shapes.misses == 2  # no instructions: one message fewer, another shape
 
 
 def test_shapes_that_are_long_or_unwritable_are_not_remembered() -> None:

@@ -12,7 +12,7 @@ import json
 import jsonschema
 
 from tests.workers.test_engine import chat_req, run
-from workers.engine import Engine
+from workers.engine import Engine, EngineRequest
 
 CITY = {
     "type": "object",
@@ -71,3 +71,44 @@ def test_every_tool_choice_on_a_model_with_a_parser(vllm_engine: Engine) -> None
     plain = choices["none"]
     assert "tool_calls" not in plain["message"] and plain["message"]["content"] is not None
     assert out["none"].completion_tokens == 5
+
+
+def test_responses_lines_on_the_engine_are_response_objects(vllm_engine: Engine) -> None:
+    """/v1/responses through the engine: "auto" with the model's parser (text stays the message),
+    a forced call as function_call items, the engine's token counts the Response's usage."""
+    from openai.types.responses import Response
+
+    tool = {"type": "function", "name": "weather", "parameters": CITY}
+    forced = [
+        EngineRequest(f"required-{i}", "/v1/responses", {"model": "demo", "input": "Weather?", "tools": [tool],
+                      "tool_choice": "required", "parallel_tool_calls": False, "max_output_tokens": 120})
+        for i in range(3)
+    ]  # fmt: skip
+    out = run(
+        vllm_engine,
+        EngineRequest(
+            "auto", "/v1/responses", {"input": "Weather?", "tools": [tool], "max_output_tokens": 6}
+        ),
+        *forced,
+    )
+    assert all(result.ok for result in out.values()), {k: r.error for k, r in out.items()}
+    responses = {key: Response.model_validate(result.body) for key, result in out.items()}
+    for key, response in responses.items():
+        usage, result = response.usage, out[key]
+        assert usage is not None
+        assert (result.prompt_tokens, result.cached_tokens, result.completion_tokens) == (
+            usage.input_tokens,
+            usage.input_tokens_details.cached_tokens,
+            usage.output_tokens,
+        )
+    auto = responses["auto"]
+    assert [item.type for item in auto.output] == ["message"] and auto.tool_choice == "auto"
+    assert auto.status in ("completed", "incomplete")
+    if auto.status == "incomplete":  # cut by max_output_tokens
+        assert auto.incomplete_details.reason == "max_output_tokens" and auto.usage.output_tokens == 6  # type: ignore[union-attr]
+    called = [r for key, r in responses.items() if key.startswith("required") and r.status == "completed"]
+    assert called, "no forced call finished in 120 tokens"
+    for response in called:
+        (call,) = response.output
+        assert call.type == "function_call" and call.name == "weather" and call.call_id.startswith("call_")
+        jsonschema.validate(json.loads(call.arguments), CITY)
