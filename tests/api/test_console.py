@@ -19,7 +19,7 @@ from api.services import console
 from api.services.tenants import create_tenant
 from storage.models import ApiKey, Batch, EngineSample, UnitStatus, WorkUnit
 from tests.conftest import now
-from tests.factories import OMIT, chat_line, http_create, http_upload, jsonl
+from tests.factories import OMIT, chat_line, http_create, http_upload, jsonl, responses_line
 
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 EVIL = "<img src=x onerror=alert(1)>"
@@ -226,6 +226,21 @@ def test_upload_creates_the_file_and_the_batch(app, keys, alpha):
         downloaded.data == stored and f"{batch_id}.input.jsonl" in downloaded.headers["Content-Disposition"]
     )
     assert alpha.get(f"/console/jobs/{batch_id}/files/output").status_code == 404  # not yet
+
+
+def test_a_responses_file_uploads_for_the_responses_endpoint(app, keys, alpha):
+    assert '<option value="/v1/responses">/v1/responses</option>' in html(alpha.get("/console/upload"))
+    form = {
+        "csrf_token": csrf(alpha, "/console/upload"), "endpoint": "/v1/responses", "model": "demo",
+        "window": "24h", "file": (io.BytesIO(jsonl([responses_line("console-resp-1", model=OMIT)])), "console-resp.jsonl"),
+    }  # fmt: skip
+    response = alpha.post("/console/upload", data=form, content_type="multipart/form-data")
+    assert response.status_code == 302, response.get_data(as_text=True)
+    headers = {"Authorization": f"Bearer {keys['a']}"}
+    batch = app.test_client().get(f"/v1/batches/{response.location.rsplit('/', 1)[-1]}", headers=headers)
+    assert batch.get_json()["endpoint"] == "/v1/responses"
+    stored = app.test_client().get(f"/v1/files/{batch.get_json()['input_file_id']}/content", headers=headers)
+    assert json.loads(stored.data)["body"] == {"model": "demo", "input": "hi"}
 
 
 def test_an_upload_of_lines_that_crashed_the_parser_creates_the_batch(app, keys, alpha):

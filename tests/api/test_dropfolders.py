@@ -90,6 +90,13 @@ def test_add_refuses_what_cannot_work(runtime, kwargs, words):
         dropfolders.add(runtime, url, tenant, endpoint, now=now(), **args)
 
 
+def test_a_folder_may_feed_responses_batches(runtime):
+    create_tenant(runtime.db, "alpha", now())
+    view = dropfolders.add(runtime, "s3://bucket/responses", "alpha", "/v1/responses", now=now())
+    assert view.endpoint == "/v1/responses"
+    assert [f.endpoint for f in dropfolders.list_folders(runtime)] == ["/v1/responses"]
+
+
 def test_list_shows_the_chain_when_a_folder_has_no_keys(runtime):
     create_tenant(runtime.db, "alpha", now())
     view = dropfolders.add(runtime, "s3://bucket", "alpha", "/v1/completions", now=now())

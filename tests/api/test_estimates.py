@@ -25,7 +25,7 @@ from scheduler.unit_plan import predicted_cached_tokens
 from storage.models import Batch, EngineSample, Estimate, WorkUnit
 from storage.status import EstimateStatus, UnitStatus
 from tests.conftest import DEMO_MODEL, now
-from tests.factories import chat_line, http_create, http_upload, jsonl, validated_batch
+from tests.factories import chat_line, http_create, http_upload, jsonl, responses_line, validated_batch
 from workers import estimates
 
 
@@ -131,6 +131,29 @@ def test_dry_run_validates_and_estimates_without_making_a_batch(client, runtime,
     with runtime.db.read() as s:
         batch = s.get(Batch, batch_id)
         assert (batch.planned_prompt_tokens, batch.planned_cached_tokens) == (e["input_tokens"], expected)
+
+
+def test_responses_lines_are_priced_as_their_chat_translation(client, runtime, tenants):
+    """The same documents and questions as /v1/responses lines (instructions, input,
+    max_output_tokens): the same exact input tokens, cache hits and output bound as chat's."""
+    _, alpha = tenants["alpha"]
+    chat_file = http_upload(client, alpha, document_lines()).get_json()["id"]
+    responses = [
+        responses_line(
+            f"est-resp-{line['custom_id']}",
+            line["body"]["messages"][1]["content"],
+            instructions=line["body"]["messages"][0]["content"],
+            max_output_tokens=line["body"]["max_tokens"],
+        )
+        for line in document_lines()
+    ]
+    responses_file = http_upload(client, alpha, responses, "est-responses.jsonl").get_json()["id"]
+    chat = estimated(client, runtime, alpha, chat_file)
+    answer = estimated(client, runtime, alpha, responses_file, endpoint="/v1/responses")
+    assert answer["status"] == "completed" and answer["endpoint"] == "/v1/responses", answer
+    assert answer["estimate"] == chat["estimate"]
+    assert answer["estimate"]["input_tokens_lower_bound_requests"] == 0  # tokenized exactly
+    assert answer["estimate"]["cached_input_tokens"] > 0
 
 
 def add_history(runtime, tenant_id: str, file_id: str) -> None:

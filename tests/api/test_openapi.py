@@ -90,6 +90,12 @@ def test_every_api_operation_documents_auth_and_error_bodies(document):
     assert set(document["paths"]["/v1/batches/{batch_id}/cancel"]["post"]["responses"]) >= {"404", "409"}
     windows = document["paths"]["/v1/batches"]["post"]["requestBody"]["content"]["application/json"]
     assert windows["schema"]["properties"]["completion_window"]["enum"] == ["24h", "1h"]
+    assert windows["schema"]["properties"]["endpoint"]["enum"] == [
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/embeddings",
+        "/v1/responses",
+    ]
 
 
 def schema_validator(document: dict, name: str) -> Draft202012Validator:
