@@ -22,8 +22,8 @@ from __future__ import annotations
 import base64
 import sys
 from array import array
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from workers.request_errors import RequestError
@@ -208,6 +208,77 @@ def render_embeddings(
             "input",
         )
     return RenderedEmbeddings(body, inputs, PoolingParams(task="embed", dimensions=body.dimensions))
+
+
+@dataclass
+class PooledLine:
+    """One embeddings line in the engine: one vLLM pooling request per input (``request_ids``, in
+    input order), and the outputs of those that finished."""
+
+    rendered: RenderedEmbeddings
+    request_ids: list[str]
+    outputs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.rendered.prompt_tokens
+
+    def collect(self, output: Any) -> bool:
+        """Keep one input's finished output; True once every input's is in (the line is done)."""
+        self.outputs[output.request_id] = output
+        return len(self.outputs) >= len(self.request_ids)
+
+    def response(self, model: str) -> tuple[dict[str, Any], int]:
+        """The line's response body and its cached prompt tokens. Raises EmbeddingFailed if vLLM
+        failed an input; any other exception means the body could not be built."""
+        outputs = [self.outputs[i] for i in self.request_ids]
+        if any(getattr(o, "error", None) is not None or o.outputs is None for o in outputs):
+            raise EmbeddingFailed("The engine failed while embedding this request.")
+        vectors = [o.outputs.data.float().tolist() for o in outputs]
+        body = embeddings_body(vectors, self.rendered.body.encoding_format, model, self.prompt_tokens)
+        return body, sum(int(o.num_cached_tokens or 0) for o in outputs)
+
+
+class EmbeddingFailed(RuntimeError):
+    """vLLM reported an error for one of the line's inputs (the line's 500)."""
+
+
+def submit_embeddings(
+    llm: Any,
+    body: EmbeddingBody,
+    prompt_token_ids: Sequence[int] | None,
+    id_prefix: str,
+    cache_salt: str | None,
+    abort: Callable[[list[str]], None],
+) -> PooledLine:
+    """Render a line (`render_embeddings`) and hand each of its inputs to vLLM's engine (``llm``:
+    its LLMEngine) as one pooling request, ids ``{id_prefix}.{i}``.
+
+    All or nothing: if vLLM refuses an input, the inputs already added are aborted (``abort``).
+    Raises RequestError for what the line is at fault for (an input vLLM blames, such as
+    out-of-vocabulary token ids, names `input`); anything else is raised as it came (the line's 500)."""
+    rendered = render_embeddings(body, llm.get_tokenizer(), llm.model_config, prompt_token_ids)
+    request_ids = [f"{id_prefix}.{i}" for i in range(len(rendered.inputs))]
+    added: list[str] = []
+    try:
+        for request_id, ids in zip(request_ids, rendered.inputs, strict=True):
+            engine_input: dict[str, Any] = {"prompt_token_ids": ids}
+            if cache_salt:
+                engine_input["cache_salt"] = cache_salt
+            llm.add_request(request_id, engine_input, rendered.pooling_params)
+            added.append(request_id)
+    except Exception as exc:
+        if added:
+            abort(added)
+        from vllm.exceptions import VLLMClientError
+
+        if isinstance(exc, (VLLMClientError, ValueError, TypeError)):
+            message = str(exc.args[0]) if exc.args else str(exc)
+            raise RequestError(
+                "invalid_request", message[:1000], getattr(exc, "parameter", None) or "input"
+            ) from exc
+        raise
+    return PooledLine(rendered, request_ids)
 
 
 def check_dimensions(dimensions: int | None, model_config: Any) -> None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from scheduler.engine_window import engine_window
-from workers.embeddings import RenderedEmbeddings, embeddings_body, render_embeddings
+from workers.embeddings import EmbeddingFailed, PooledLine, submit_embeddings
 from workers.engine_lifetime import PARENT_ENV, START_ERROR_ENV
 from workers.rendering import RenderedRequest, build_response_body, render_request, token_counts
 from workers.request_bodies import EMBEDDINGS, ParsedRequest, RequestError, parse_body
@@ -246,12 +246,10 @@ def _error(key: str, status: int, code: str, message: str, param: str | None = N
 @dataclass
 class _InFlight:
     key: str
-    rendered: RenderedRequest | RenderedEmbeddings
+    rendered: RenderedRequest | PooledLine  # PooledLine: an embeddings line (workers/embeddings.py)
     seqs: int
     # vLLM's ids of the request: one, or one per input of an embeddings request
     request_ids: list[str] = field(default_factory=list)
-    # an embeddings request's finished inputs: vLLM request id -> its output
-    parts: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -478,7 +476,7 @@ class Engine:
             return submitted
         entry = submitted
         rendered = entry.rendered
-        if isinstance(rendered, RenderedEmbeddings):  # tokens per sequence: one per input
+        if isinstance(rendered, PooledLine):  # tokens per sequence: one per input
             prompt = rendered.prompt_tokens // max(1, entry.seqs)
         else:
             prompt = len(rendered.prompt_token_ids)
@@ -501,10 +499,8 @@ class Engine:
             entry = self._live.pop(output.request_id, None)
             if entry is None:
                 continue  # aborted meanwhile
-            if len(entry.request_ids) > 1:  # an embeddings request ends with its last input
-                entry.parts[output.request_id] = output
-                if len(entry.parts) < len(entry.request_ids):
-                    continue
+            if isinstance(entry.rendered, PooledLine) and not entry.rendered.collect(output):
+                continue  # an embeddings line ends with its last input
             self._forget(entry)
             result = self._finish(entry, output)
             self._count(result)
@@ -614,9 +610,22 @@ class Engine:
                 f"{self.config.served_name} is {what}; it does not serve {request.endpoint}.",
                 "model",
             )
-        if request.endpoint == EMBEDDINGS:
-            return self._submit_embeddings(request)
         try:
+            if request.endpoint == EMBEDDINGS:  # one vLLM pooling request per input of the line
+                parsed = request.parsed or parse_body(
+                    request.endpoint, request.body, validated=request.validated
+                )
+                prefix = f"freight-{self._next_id}"
+                self._next_id += 1
+                pooled = submit_embeddings(
+                    self._llm,
+                    parsed.request,
+                    request.prompt_token_ids,
+                    prefix,
+                    request.cache_salt,
+                    self._abort_in_engine,
+                )
+                return _InFlight(key, pooled, len(pooled.request_ids), pooled.request_ids)
             rendered = self.render(request)
             request_id = f"freight-{self._next_id}"
             self._next_id += 1
@@ -639,70 +648,19 @@ class Engine:
             )
         return _InFlight(key, rendered, rendered.parsed.n, [request_id])
 
-    def _submit_embeddings(self, request: EngineRequest) -> _InFlight | EngineResult:
-        """One vLLM pooling request per input of the line (its vectors come back in input order)."""
-        key = request.key
+    def _finish_embeddings(self, key: str, line: PooledLine) -> EngineResult:
         try:
-            parsed = request.parsed or parse_body(request.endpoint, request.body, validated=request.validated)
-            rendered = render_embeddings(
-                parsed.request, self._llm.get_tokenizer(), self._llm.model_config, request.prompt_token_ids
-            )
-        except RequestError as exc:
-            return _error(key, exc.status_code, exc.code, exc.message, exc.param)
-        request_ids = [f"freight-{self._next_id}.{i}" for i in range(len(rendered.inputs))]
-        self._next_id += 1
-        added: list[str] = []
-        try:
-            for request_id, ids in zip(request_ids, rendered.inputs, strict=True):
-                engine_input: dict[str, Any] = {"prompt_token_ids": ids}
-                if request.cache_salt:
-                    engine_input["cache_salt"] = request.cache_salt
-                self._llm.add_request(request_id, engine_input, rendered.pooling_params)
-                added.append(request_id)
+            body, cached = line.response(self.config.served_name)
+        except EmbeddingFailed as exc:
+            return _error(key, 500, "internal_error", str(exc))
         except Exception as exc:
-            if added:
-                self._abort_in_engine(added)
-            from vllm.exceptions import VLLMClientError
-
-            if isinstance(exc, (VLLMClientError, ValueError, TypeError)):  # out-of-vocabulary ids...
-                message = str(exc.args[0]) if exc.args else str(exc)
-                return _error(
-                    key, 400, "invalid_request", message[:1000], getattr(exc, "parameter", None) or "input"
-                )
-            log.exception("request %r could not be submitted", key)
-            return _error(
-                key, 500, "internal_error", f"The engine could not accept the request: {exc}"[:1000]
-            )
-        return _InFlight(key, rendered, len(request_ids), request_ids)
-
-    def _finish_embeddings(self, entry: _InFlight, output: Any) -> EngineResult:
-        rendered = entry.rendered
-        assert isinstance(rendered, RenderedEmbeddings)
-        outputs = [entry.parts[i] for i in entry.request_ids] if entry.parts else [output]
-        if any(getattr(o, "error", None) is not None or o.outputs is None for o in outputs):
-            return _error(entry.key, 500, "internal_error", "The engine failed while embedding this request.")
-        try:
-            vectors = [o.outputs.data.float().tolist() for o in outputs]
-            body = embeddings_body(
-                vectors,
-                rendered.body.encoding_format,
-                self.config.served_name,
-                rendered.prompt_tokens,
-            )
-        except Exception as exc:
-            log.exception("response for %r could not be built", entry.key)
-            return _error(entry.key, 500, "internal_error", f"The response could not be built: {exc}"[:1000])
-        return EngineResult(
-            key=entry.key,
-            status_code=200,
-            body=body,
-            prompt_tokens=rendered.prompt_tokens,
-            cached_tokens=sum(int(o.num_cached_tokens or 0) for o in outputs),
-        )
+            log.exception("response for %r could not be built", key)
+            return _error(key, 500, "internal_error", f"The response could not be built: {exc}"[:1000])
+        return EngineResult(key, 200, body, prompt_tokens=line.prompt_tokens, cached_tokens=cached)
 
     def _finish(self, entry: _InFlight, output: Any) -> EngineResult:
-        if isinstance(entry.rendered, RenderedEmbeddings):
-            return self._finish_embeddings(entry, output)
+        if isinstance(entry.rendered, PooledLine):
+            return self._finish_embeddings(entry.key, entry.rendered)
         failed = [c for c in output.outputs if c.finish_reason == "error"]
         if failed or not output.outputs:
             return _error(

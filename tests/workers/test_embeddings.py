@@ -1,5 +1,6 @@
 """/v1/embeddings bodies: what `parse_body` accepts and how it refuses the rest (each refusal names
-the element at fault), and the vectors' two encodings. No engine, no tokenizer."""
+the element at fault), the vectors' two encodings, and how a line's inputs are collected back into
+one response. No engine, no tokenizer."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from workers.embeddings import (
     MAX_INPUT_TOKENS,
     MAX_INPUTS,
     EmbeddingBody,
+    EmbeddingFailed,
+    PooledLine,
+    RenderedEmbeddings,
     decode_base64_embedding,
     embeddings_body,
     encode_embedding,
@@ -117,3 +121,50 @@ def test_response_body_is_openais_shape() -> None:
     }
     encoded = embeddings_body([[1.0, 0.0]], "base64", "embed", prompt_tokens=2)
     assert decode_base64_embedding(encoded["data"][0]["embedding"]) == [1.0, 0.0]
+
+
+class _Vector:
+    """The part of a torch tensor PooledLine reads (``.float().tolist()``)."""
+
+    def __init__(self, values: list[float]) -> None:
+        self.values = values
+
+    def float(self) -> _Vector:
+        return self
+
+    def tolist(self) -> list[float]:
+        return self.values
+
+
+class _PoolingOutput:
+    """The fields of vLLM's PoolingRequestOutput that PooledLine reads (a pure-logic fake)."""
+
+    def __init__(self, request_id: str, values: list[float] | None, cached: int = 0) -> None:
+        self.request_id = request_id
+        self.outputs = None if values is None else type("Pooled", (), {"data": _Vector(values)})()
+        self.num_cached_tokens = cached
+        self.error = None
+
+
+def _line(encoding: str = "float") -> PooledLine:
+    body = EmbeddingBody(("first", "second"), encoding)
+    rendered = RenderedEmbeddings(body, [[1, 2, 3], [4, 5]], pooling_params=None)
+    return PooledLine(rendered, ["freight-7.0", "freight-7.1"])
+
+
+def test_a_line_of_several_inputs_ends_with_its_last_and_keeps_input_order() -> None:
+    line = _line()
+    assert line.prompt_tokens == 5
+    assert not line.collect(_PoolingOutput("freight-7.1", [0.0, 1.0], cached=0))  # finished first
+    assert line.collect(_PoolingOutput("freight-7.0", [1.0, 0.0], cached=3))
+    body, cached = line.response("embed")
+    assert body == embeddings_body([[1.0, 0.0], [0.0, 1.0]], "float", "embed", prompt_tokens=5)
+    assert cached == 3
+
+
+def test_an_input_vllm_failed_fails_the_line() -> None:
+    line = _line("base64")
+    line.collect(_PoolingOutput("freight-7.0", [1.0, 0.0]))
+    assert line.collect(_PoolingOutput("freight-7.1", None))
+    with pytest.raises(EmbeddingFailed, match="failed while embedding"):
+        line.response("embed")
