@@ -33,11 +33,13 @@ from storage.errors import ServiceError
 from storage.models import Batch, DropObject, StoredFile, new_id
 from storage.objectstore import CHUNK, ObjectStoreError
 from storage.quotas import bytes_left, check_new_batch, check_stored, exceeded, quota_of, stored_bytes
+from storage.registry import EMBED, GENERATE, entries, lookup
 from storage.retention import expiry, live
 from storage.runtime import Runtime
 from storage.settings import Settings
 from storage.status import BatchStatus
-from workers.request_bodies import ENDPOINTS
+from workers.request_bodies import EMBEDDINGS, ENDPOINTS
+from workers.validation import endpoint_mismatch
 
 PURPOSES = ("batch",)
 MAX_FILENAME = 255
@@ -142,6 +144,9 @@ def check_request(rt: Runtime, payload: Any) -> BatchRequest:
             param="endpoint",
             code="invalid_endpoint",
         )
+    unserved = endpoint_unserved(rt, endpoint)
+    if unserved is not None:
+        raise ServiceError("invalid_request", unserved, param="endpoint", code="endpoint_not_served")
     tier = rt.settings.tier(window) if isinstance(window, str) else None
     if tier is None:
         offered = ", ".join(t.window for t in rt.settings.sla_tiers)
@@ -156,6 +161,41 @@ def check_request(rt: Runtime, payload: Any) -> BatchRequest:
         )
     output_expires_after = check_expires_after(payload.get("output_expires_after"), "output_expires_after")
     return BatchRequest(input_file_id, endpoint, window, tier, metadata, priority, output_expires_after)
+
+
+def endpoint_unserved(rt: Runtime, endpoint: str) -> str | None:
+    """Why no model of the deployment can serve ``endpoint``, or None if one can.
+
+    Which model a line names is known only once the file is read; what can be known at create is
+    whether any model serves the endpoint at all: an embedding model serves /v1/embeddings only, a
+    text-generation model every other endpoint (``storage.registry``: a model's task). A batch no
+    model could run is refused here, before its file is read; a line naming a model of the other
+    task is that line's error at validation (``workers.validation.endpoint_mismatch``)."""
+    task = EMBED if endpoint == EMBEDDINGS else GENERATE
+    models = entries(rt.db, rt.settings)
+    if any(entry.task == task for entry in models):
+        return None
+    if not models:
+        return f"no model of this deployment serves {endpoint}: none is registered (`freight models add`)"
+    names = ", ".join(entry.name for entry in models[:20])
+    if task == EMBED:
+        return (
+            f"no model of this deployment serves {endpoint}: its models ({names}) generate text;"
+            " an embedding model serves it (`freight models add NAME --path DIR --task embed`)"
+        )
+    return (
+        f"no model of this deployment serves {endpoint}: its models ({names}) are embedding models,"
+        f" which serve {EMBEDDINGS} only"
+    )
+
+
+def model_unfit(rt: Runtime, model: str, endpoint: str) -> str | None:
+    """Why the served ``model`` cannot serve ``endpoint`` (its task is the other one), or None: a
+    drop folder's or the console's chosen model is known before any line is read."""
+    entry = lookup(rt.db, rt.settings, model)
+    if entry is None or (endpoint == EMBEDDINGS) == (entry.task == EMBED):
+        return None
+    return endpoint_mismatch(model, endpoint)
 
 
 def input_file(s: Session, tenant_id: str, file_id: str, now: float) -> StoredFile:

@@ -263,6 +263,8 @@ def submit(
     )
     if model and model not in {m.name for m in served_models(rt)}:
         raise ServiceError("invalid_request", f"model {model!r} is not served here", param="model")
+    if model and (unfit := intake.model_unfit(rt, model, endpoint)) is not None:
+        raise ServiceError("invalid_request", unfit, param="model")
     gz = (filename or "").lower().endswith(".gz")
     source = request_stream(stream, gz, model or None, rt.settings.max_line_bytes)
     try:

@@ -17,6 +17,7 @@ from storage.errors import ServiceError
 from storage.models import DropFolder, DropObject, Tenant
 from storage.registry import served_names
 from storage.runtime import Runtime
+from workers.intake import endpoint_unserved, model_unfit
 from workers.request_bodies import ENDPOINTS
 
 HIDDEN = "***"
@@ -75,6 +76,11 @@ def add(
         raise ServiceError(
             "invalid_request", f"model {model!r} is not served here; served: {served}", param="model"
         )
+    # a folder's files run on its model, or on the models their lines name: one of the right task
+    if model is not None and (unfit := model_unfit(rt, model, endpoint)) is not None:
+        raise ServiceError("invalid_request", unfit, param="model")
+    if (unserved := endpoint_unserved(rt, endpoint)) is not None:
+        raise ServiceError("invalid_request", unserved, param="endpoint")
     if output_format not in OUTPUT_FORMATS:
         raise ServiceError(
             "invalid_request",

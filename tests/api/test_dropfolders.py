@@ -79,6 +79,8 @@ def test_add_list_remove_through_the_cli_never_prints_the_secret(runtime, cli_en
         ({"endpoint": "/v1/moderations"}, "endpoint must be one of"),
         ({"window": "2h"}, "window must be one of"),
         ({"model": "gpt-9"}, "not served here"),
+        ({"endpoint": "/v1/embeddings", "model": "demo"}, "'demo' generates text; it does not serve"),
+        ({"endpoint": "/v1/embeddings"}, "no model of this deployment serves /v1/embeddings"),
         ({"access_key_id": "AKIA"}, "both"),
     ],
 )

@@ -1,18 +1,24 @@
 """A model's task in the registry: found from the checkpoint's architecture or given, stored, listed
-by `/v1/models`; an embedding model is never quantized by Freight. On both databases."""
+by `/v1/models`; an embedding model is never quantized by Freight; a batch for an endpoint no model
+of the deployment serves is refused at create. On both databases."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from api.app import create_app
 from api.services import models
 from api.services.models import AddRequest
+from api.services.tenants import create_tenant
 from storage.errors import ServiceError
 from storage.registry import EMBED, GENERATE, embedding_names, lookup, task_of
-from tests.conftest import DEMO_MODEL
+from storage.runtime import Runtime
+from tests.conftest import DEMO_MODEL, now
+from tests.factories import chat_line, embedding_line, http_create, http_upload
 
 
 def _quiet(_: str) -> None:
@@ -89,3 +95,45 @@ def test_the_cli_shows_the_task(runtime, embed_model: Path) -> None:
     assert table[0].split()[-3:] == ["TASK", "ENGINE", "ARGS"] and table[2].split()[-2:] == ["embed", "-"], (
         table
     )
+
+
+def _refused_endpoint(response, endpoint: str) -> str:
+    assert response.status_code == 400, response.get_data(as_text=True)
+    error = response.get_json()["error"]
+    assert (error["param"], error["code"]) == ("endpoint", "endpoint_not_served"), error
+    assert f"no model of this deployment serves {endpoint}" in error["message"]
+    return error["message"]
+
+
+def test_an_endpoint_no_model_serves_is_refused_at_create(runtime, embed_model: Path) -> None:
+    """Which model a line names is known once the file is read; whether any model of the deployment
+    serves the endpoint at all is known at create, and a batch none could run is refused there (and
+    its dry run: the same check)."""
+    _, key = create_tenant(runtime.db, "alpha", now())
+    headers = {"Authorization": f"Bearer {key}"}
+    client = create_app(runtime=runtime).test_client()
+    embed_file = http_upload(client, headers, [embedding_line("e1", model="emb")]).get_json()["id"]
+    message = _refused_endpoint(
+        http_create(client, headers, embed_file, endpoint="/v1/embeddings"), "/v1/embeddings"
+    )
+    assert "its models (demo) generate text" in message and "--task embed" in message
+    dry = http_create(client, headers, embed_file, endpoint="/v1/embeddings", dry_run=True)
+    _refused_endpoint(dry, "/v1/embeddings")
+    assert client.get("/v1/batches", headers=headers).get_json()["data"] == []
+
+    models.add(runtime, AddRequest("emb", str(embed_model)), echo=_quiet)
+    made = http_create(client, headers, embed_file, endpoint="/v1/embeddings")
+    assert made.status_code == 200 and made.get_json()["status"] == "validating", made.get_json()
+    chat_file = http_upload(client, headers, [chat_line("c1")]).get_json()["id"]
+    assert http_create(client, headers, chat_file).status_code == 200  # demo still serves chat
+
+    # a deployment of embedding models only: the text endpoints are refused, naming its models
+    only_embed = Runtime(replace(runtime.settings, models={}))
+    try:
+        client = create_app(runtime=only_embed).test_client()
+        for endpoint in ("/v1/chat/completions", "/v1/completions"):
+            message = _refused_endpoint(http_create(client, headers, chat_file, endpoint=endpoint), endpoint)
+            assert "its models (emb) are embedding models" in message
+        assert http_create(client, headers, embed_file, endpoint="/v1/embeddings").status_code == 200
+    finally:
+        only_embed.db.dispose()
