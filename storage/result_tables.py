@@ -10,6 +10,7 @@ nothing of the JSONL is lost. Written in record batches: memory is one batch, wh
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable
 from typing import IO, Any
@@ -101,14 +102,22 @@ def _line_fields(line: dict[str, Any], response: Any, error: dict, body: dict) -
 
 
 def write_results(lines: Iterable[bytes], sink: IO[bytes] | str) -> int:
-    """Result JSONL lines -> Parquet at ``sink``; returns the rows written."""
+    """Result JSONL lines -> Parquet at ``sink``; returns the rows written. An embeddings output
+    (its first line an embeddings response) is written a row per vector, the vector a float32 list
+    column (``storage.embedding_tables``)."""
+    decoded = (json.loads(raw) for raw in lines if raw.strip())
+    head = list(itertools.islice(decoded, 1))
+    if head:
+        # imported here: that module builds its rows on this one's
+        from storage.embedding_tables import embeddings_body, write_embedding_results
+
+        if embeddings_body(head[0]) is not None:
+            return write_embedding_results(itertools.chain(head, decoded), sink)
     rows = 0
     buffer: list[dict[str, Any]] = []
     with pq.ParquetWriter(sink, RESULT_SCHEMA, compression="zstd") as writer:
-        for raw in lines:
-            if not raw.strip():
-                continue
-            buffer.append(result_record(json.loads(raw)))
+        for line in itertools.chain(head, decoded):
+            buffer.append(result_record(line))
             rows += 1
             if len(buffer) >= WRITE_ROWS:
                 writer.write_table(pa.Table.from_pylist(buffer, schema=RESULT_SCHEMA))
