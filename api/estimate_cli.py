@@ -94,7 +94,9 @@ def table(answer: dict) -> str:
         f"input tokens   {inputs}",
         f"cache hits     {e['cached_input_tokens']:,} tokens predicted cached"
         f" ({100 * (e['cache_hit_rate'] or 0):.1f}% of input; prefix-sorted, {e['kv_block_size']}-token blocks)",
-        f"output tokens  at most {out['max']:,} (max_tokens); {typical}",
+        f"output tokens  at most {out['max']:,} (max_tokens); {typical}"
+        if answer["endpoint"] != "/v1/embeddings"
+        else "output tokens  none (an embedding writes no tokens: priced by input tokens only)",
         f"throughput     {speed}",
         f"ETA            {_span(eta, duration)}{engines} (work queued ahead not counted)",
         f"cost           {_span(cost['total'], money)} ({tier})",

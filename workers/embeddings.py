@@ -151,6 +151,15 @@ def _token_ids(value: list, where: str) -> tuple[int, ...]:
     return tuple(value)
 
 
+def input_tokens(inputs: Sequence[str | tuple[int, ...]], tokenizer: Any) -> int:
+    """The tokens of a line's inputs as the engine counts them (``render_embeddings``): each text
+    with the model's special tokens, token-id inputs as given."""
+    return sum(
+        len(item) if isinstance(item, tuple) else len(tokenizer.encode(item, add_special_tokens=True))
+        for item in inputs
+    )
+
+
 # --------------------------------------------------------------------------- engine stage
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import struct
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import delete, func, select
@@ -43,7 +44,10 @@ from storage.runtime import Runtime
 from storage.settings import Settings
 from storage.status import EstimateStatus, UnitStatus
 from workers import intake
-from workers.prompt_tokens import TokenizerUnavailable
+from workers.checkpoint import checkpoint_dir
+from workers.embeddings import input_tokens, parse_inputs
+from workers.prompt_tokens import TokenizerUnavailable, renderer_for
+from workers.request_bodies import EMBEDDINGS
 from workers.task_policy import one_error
 from workers.validation import (
     ScanResult,
@@ -191,10 +195,14 @@ def estimate_file(
     """
     settings: Settings = rt.settings
     default_budget = settings.engine_default_max_tokens
+    count_inputs = embedding_line_tokens(rt) if endpoint == EMBEDDINGS else None
 
     def payload(item: Any) -> bytes:
         budget = default_budget if item.max_tokens is None else item.max_tokens
-        return _ROW.pack(item.prompt_len, budget, item.prompt_token_ids is not None)
+        exact = item.prompt_token_ids is not None
+        if count_inputs is not None and not exact:  # several inputs: validation keyed the first only
+            return _ROW.pack(count_inputs(item.body), budget, True)
+        return _ROW.pack(item.prompt_len, budget, exact)
 
     with sorted_input(
         settings, rt.store, input_key, file_rules(rt, endpoint), defaults, payload
@@ -211,6 +219,29 @@ def estimate_file(
     price_per_hour = entry.price_per_hour(settings) if entry else settings.instance_price_per_hour
     list_price = entry.list_price_or_default(settings) if entry else settings.list_price(scanned.model or "")
     return scanned, summary(totals, history, price_multiplier, price_per_hour, list_price)
+
+
+def embedding_line_tokens(rt: Runtime) -> Callable[[dict], int]:
+    """An embeddings body's input tokens, every input counted as the engine will count it.
+
+    Validation gives a line of one input its exact token ids, but keys a line of several by its
+    first (the engine tokenizes each input itself), so its length there is a lower bound; a price
+    is by input tokens, so the estimate counts them all, with the tokenizer validation loaded."""
+
+    tokenizers: dict[str, Any] = {}  # model -> its tokenizer, looked up once
+
+    def count(body: dict) -> int:
+        model = str(body.get("model"))
+        tokenizer = tokenizers.get(model)
+        if tokenizer is None:
+            try:  # validation has just loaded it (renderer_for keeps it)
+                path = checkpoint_dir(rt, model)
+                tokenizer = tokenizers[model] = renderer_for(str(path), rt.settings.sort_key_tokens).tokenizer
+            except Exception as exc:
+                raise TokenizerUnavailable(model, "its checkpoint", exc) from exc
+        return input_tokens(parse_inputs(body.get("input")), tokenizer)
+
+    return count
 
 
 def model_history(rt: Runtime, tenant_id: str, model: str, now: float) -> History:
