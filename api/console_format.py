@@ -67,7 +67,7 @@ def _ceiling(value: float) -> float:
 
 
 def chart(t: Throughput, width: int = 720, height: int = 220) -> dict[str, Any] | None:
-    """Geometry of the throughput chart: output tokens/s as bars (left axis), requests finished
+    """Geometry of the throughput chart: tokens/s (output; input for embeddings) as bars (left axis), requests finished
     so far as a line (right axis). Numbers only; the template draws it as inline SVG."""
     if not t.buckets:
         return None
@@ -111,6 +111,7 @@ def chart(t: Throughput, width: int = 720, height: int = 220) -> dict[str, Any] 
         "line": line,
         "ticks": ticks,
         "span": duration(t.end - t.start),
+        "tokens": t.tokens,  # "output", or "input" for embeddings
         "peak": max(rates),
         "mean": sum(b.output_tokens for b in t.buckets) / max(t.end - t.start, 1e-9),
     }

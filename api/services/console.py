@@ -5,6 +5,7 @@ transaction. Batch reads, cancel and file content reuse ``batches`` and ``files`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -30,6 +31,7 @@ from storage.status import BatchStatus
 from workers import intake
 from workers.dropfolder_input import InvalidInput, request_stream
 from workers.identity import holder_of
+from workers.request_bodies import EMBEDDINGS
 
 ACTIVE = "active"  # the status filter for every batch that is not final yet
 ACTIVE_STATUSES = tuple(s.value for s in BatchStatus if not s.is_terminal)
@@ -155,6 +157,8 @@ class Throughput:
     start: float
     end: float
     buckets: tuple[Bucket, ...]  # empty until a unit has finished
+    # what the buckets' tokens are: "output", or "input" for an embeddings batch (it writes none)
+    tokens: str = "output"
 
 
 @dataclass(frozen=True)
@@ -207,14 +211,13 @@ class JobDetail:
     timeline: Timeline
 
 
-def _unit_runs(s: Session, batch_id: str, status: str, until: Any) -> list[UnitRun]:
-    """The batch's units in ``status`` as throughput runs, from their start to ``until``."""
+def _unit_runs(s: Session, batch_id: str, status: str, until: Any, tokens: Any) -> list[UnitRun]:
+    """The batch's units in ``status`` as throughput runs, from their start to ``until``, counting
+    the ``tokens`` column."""
     return [
-        UnitRun(started, end, done + failed, tokens)
-        for started, end, done, failed, tokens in s.execute(
-            select(
-                WorkUnit.started_at, until, WorkUnit.completed, WorkUnit.failed, WorkUnit.completion_tokens
-            ).where(
+        UnitRun(started, end, done + failed, count)
+        for started, end, done, failed, count in s.execute(
+            select(WorkUnit.started_at, until, WorkUnit.completed, WorkUnit.failed, tokens).where(
                 WorkUnit.batch_id == batch_id,
                 WorkUnit.status == status,
                 WorkUnit.started_at.is_not(None),
@@ -234,15 +237,21 @@ def job(rt: Runtime, tenant_id: str, batch_id: str, now: float) -> JobDetail:
     with rt.db.read() as s:
         batch = batches.owned(s, tenant_id, batch_id)
         source = s.get(StoredFile, batch.input_file_id)
-        # a finished unit over its run; a running one up to its latest heartbeat
-        runs = _unit_runs(s, batch.id, UnitStatus.DONE, WorkUnit.finished_at)
-        runs += _unit_runs(s, batch.id, UnitStatus.RUNNING, WorkUnit.heartbeat_at)
+        # a finished unit over its run; a running one up to its latest heartbeat. An embeddings
+        # batch writes no tokens: its chart is input tokens (a running unit's count when it ends)
+        embeddings = batch.endpoint == EMBEDDINGS
+        tokens = WorkUnit.prompt_tokens if embeddings else WorkUnit.completion_tokens
+        runs = _unit_runs(s, batch.id, UnitStatus.DONE, WorkUnit.finished_at, tokens)
+        runs += _unit_runs(s, batch.id, UnitStatus.RUNNING, WorkUnit.heartbeat_at, tokens)
         running = batches.running_counts(s, [batch]).get(batch.id, (0, 0))
         stopped = stopped_requests(s, [batch]).get(batch.id, 0)
         events = timeline(s, batch, now)
     final = batch.completed_at or batch.failed_at or batch.expired_at or batch.cancelled_at
     start = float(batch.in_progress_at or batch.created_at)
-    return JobDetail(batch, source, throughput(runs, start, float(final or now)), running, stopped, events)
+    rates = dataclasses.replace(
+        throughput(runs, start, float(final or now)), tokens="input" if embeddings else "output"
+    )
+    return JobDetail(batch, source, rates, running, stopped, events)
 
 
 def submit(

@@ -10,24 +10,35 @@ import json
 import threading
 import time
 import uuid
+from array import array
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from api.services import dropfolders as folders_service
+from api.services import models as models_service
+from api.services.models import AddRequest
 from api.services.tenants import create_tenant
 from infra.daemons import free_port
 from scheduler.dropfolder_plan import InboxFile
-from storage.models import Batch, DropFolder, DropObject, StoredFile
+from storage.models import Batch, DropFolder, DropObject, StoredFile, UnitStatus, WorkUnit
 from storage.objectstore import CHUNK
 from storage.runtime import Runtime
 from storage.settings import Settings, SettingsError
+from storage.shards import read_rows
+from storage.status import BatchStatus
 from tests.conftest import now
-from tests.factories import OMIT, chat_line, jsonl
+from tests.factories import OMIT, chat_line, embedding_line, jsonl
 from workers import dropfolder_delivery, dropfolder_input, dropfolders
+from workers.embeddings import embeddings_body
+from workers.finalize import finalize_batch
+from workers.results import encode, success_line
 from workers.validation import validate_batch
 
 CHAT = "/v1/chat/completions"
+EMBEDDINGS = "/v1/embeddings"
 SECRET = "super-secret-value-42"
 
 
@@ -402,3 +413,65 @@ def test_removed_folders_are_not_scanned(runtime, s3, bucket, folder):
     folders_service.remove(runtime, f"s3://{bucket}/team/evals", now())
     assert dropfolders.poll(runtime, later()).scans == []
     assert dropfolders.scan_folder(runtime, folder, later()).created == []
+
+
+def test_an_embeddings_file_runs_like_a_chat_file(runtime, s3, bucket, embed_model):
+    """A folder for /v1/embeddings on an embedding model: its file becomes a batch of that endpoint
+    with the folder's model filled in, validates on that model's tokenizer, and once its units ran
+    (written as an engine worker writes them) the outbox holds the vectors as typed Parquet and a
+    manifest of input tokens and no output tokens."""
+    models_service.add(runtime, AddRequest("emb", str(embed_model)), echo=lambda _: None)
+    create_tenant(runtime.db, "alpha", now())
+    folder = folders_service.add(
+        runtime, f"s3://{bucket}/team/evals", "alpha", EMBEDDINGS, now=now(), model="emb",
+        s3_endpoint_url=s3.endpoint_url, region="us-east-1", access_key_id="freight",
+        secret_access_key=SECRET, output_format="parquet",
+    ).id  # fmt: skip
+    texts = [f"document {i} of the corpus" for i in range(5)]
+    lines = [embedding_line(f"doc-{i}", text, model=OMIT) for i, text in enumerate(texts)]
+    put(s3, bucket, "inbox/corpus.jsonl", jsonl(lines))
+    [batch_id] = dropfolders.scan_folder(runtime, folder, later()).created
+    validate_batch(runtime, batch_id)
+    with runtime.db.read() as s:
+        batch = s.get(Batch, batch_id)
+        assert (batch.endpoint, batch.model, batch.status) == (EMBEDDINGS, "emb", "in_progress")
+        assert batch.planned_prompt_tokens > 0
+
+    vectors = {}
+    with runtime.db.write() as s:  # each unit's results, as its engine worker writes them
+        for unit in s.scalars(select(WorkUnit).where(WorkUnit.batch_id == batch_id)):
+            out, tokens = [], 0
+            for row in read_rows(runtime.store, unit.shard_key, unit.row_start, unit.n_requests):
+                vectors[row.custom_id] = array("f", [row.line, 0.5, -1.0, 2.25]).tolist()
+                tokens += row.prompt_len
+                body = embeddings_body([vectors[row.custom_id]], "float", "emb", row.prompt_len)
+                out.append(encode(success_line(row.custom_id, body)))
+            base = f"batches/{batch_id}/units/{unit.seq:06d}.1"
+            runtime.store.put_chunks(f"{base}.output.jsonl", out)
+            runtime.store.put_chunks(f"{base}.errors.jsonl", [b""])
+            unit.status, unit.output_key, unit.error_key = (
+                UnitStatus.DONE,
+                f"{base}.output.jsonl",
+                f"{base}.errors.jsonl",
+            )
+            unit.completed, unit.prompt_tokens, unit.completion_tokens = unit.n_requests, tokens, 0
+        s.execute(update(Batch).where(Batch.id == batch_id).values(status=BatchStatus.FINALIZING.value))
+    assert finalize_batch(runtime, batch_id) == BatchStatus.COMPLETED
+
+    [delivery] = dropfolders.poll(runtime, later()).deliveries
+    assert dropfolder_delivery.deliver(runtime, delivery, later())
+    assert keys(s3, bucket) == {
+        "archive/corpus.jsonl", "outbox/corpus.output.parquet", "outbox/corpus.errors.parquet",
+        "outbox/corpus.manifest.json",
+    }  # fmt: skip
+    manifest = json.loads(get(s3, bucket, "outbox/corpus.manifest.json"))
+    with runtime.db.read() as s:
+        planned = s.get(Batch, batch_id).planned_prompt_tokens
+    assert (manifest["status"], manifest["endpoint"], manifest["model"]) == ("completed", EMBEDDINGS, "emb")
+    assert manifest["request_counts"] == {"total": 5, "completed": 5, "failed": 0}
+    assert manifest["usage"] == {"input_tokens": planned, "cached_tokens": 0, "output_tokens": 0,
+                                 "total_tokens": planned}  # fmt: skip
+    table = pq.read_table(io.BytesIO(get(s3, bucket, "outbox/corpus.output.parquet")))
+    assert table.schema.field("embedding").type == pa.list_(pa.float32(), 4)
+    got = {r["custom_id"]: r["embedding"] for r in table.select(["custom_id", "embedding"]).to_pylist()}
+    assert got == vectors

@@ -1,0 +1,90 @@
+"""The console with embeddings batches (issue #22 s1), through Flask's test client on SQLite and
+PostgreSQL: the upload form makes one and refuses a model of the other task, and a job page shows
+its input tokens, no output, and a chart of input tokens per second. No worker runs: the states a
+worker would reach are written to the database as the workers write them (tests/api/test_console.py)."""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from api.app import create_app
+from api.services import models
+from api.services.models import AddRequest
+from api.services.tenants import create_tenant
+from storage.models import Batch, UnitStatus, WorkUnit
+from tests.api.test_console import csrf, html, sign_in
+from tests.conftest import now
+from tests.factories import OMIT, embedding_line, jsonl
+
+EMBEDDINGS = "/v1/embeddings"
+
+
+@pytest.fixture
+def app(runtime, embed_model: Path):
+    models.add(runtime, AddRequest("emb", str(embed_model)), echo=lambda _: None)
+    return create_app(runtime=runtime)
+
+
+@pytest.fixture
+def alpha(app, runtime):
+    _, key = create_tenant(runtime.db, "alpha", now())
+    client = app.test_client()
+    sign_in(client, key)
+    return client
+
+
+def upload(client, endpoint: str, model: str, lines: list[dict]):
+    form = {
+        "csrf_token": csrf(client, "/console/upload"), "endpoint": endpoint, "model": model, "window": "24h",
+        "file": (io.BytesIO(jsonl(lines)), "corpus.jsonl"),
+    }  # fmt: skip
+    return client.post("/console/upload", data=form, content_type="multipart/form-data")
+
+
+def test_an_embeddings_job_shows_input_tokens_no_output_and_input_throughput(alpha, runtime) -> None:
+    made = upload(
+        alpha, EMBEDDINGS, "emb", [embedding_line(f"doc-{i}", f"text {i}", model=OMIT) for i in range(8)]
+    )
+    assert made.status_code == 302, made.get_data(as_text=True)
+    batch_id = made.location.rsplit("/", 1)[-1]
+    start = float(now() - 100)
+    with runtime.db.write() as s:  # what its engine worker records: input tokens, none written
+        row = s.get(Batch, batch_id)
+        row.status, row.model, row.in_progress_at = "in_progress", "emb", int(start)
+        row.request_total, row.request_completed, row.prompt_tokens = 8, 8, 900
+        for seq, (a, b, tokens) in enumerate([(0, 40, 500), (20, 60, 400)]):
+            s.add(WorkUnit(
+                batch_id=row.id, seq=seq, model="emb", shard_key=f"k{seq}", first_line=seq * 4, n_requests=4,
+                status=UnitStatus.DONE, started_at=start + a, finished_at=start + b, completed=4,
+                prompt_tokens=tokens, completion_tokens=0,
+            ))  # fmt: skip
+    page = html(alpha.get(f"/console/jobs/{batch_id}"))
+    assert f"emb · {EMBEDDINGS}" in page
+    assert re.search(r"<th>input \(uncached\)</th><td class=\"num\">900</td>", page)
+    assert re.search(r'id="output-tokens"[^>]*>none \(embeddings\)</td>', page)
+    # the chart: input tokens per second (an embeddings batch writes none), spread over the runs
+    assert "bars: input tok/s" in page and page.count('<rect class="bar"') > 1
+    peak = re.search(r"peak ([0-9.]+) input tok/s", page)
+    assert peak and float(peak.group(1)) > 0
+
+
+def test_the_upload_form_refuses_a_model_of_the_other_task(alpha, runtime) -> None:
+    for endpoint, model, line, message in (
+        (EMBEDDINGS, "demo", embedding_line("e", model=OMIT), "&#39;demo&#39; generates text"),
+        (
+            "/v1/chat/completions",
+            "emb",
+            embedding_line("c", model=OMIT),
+            "&#39;emb&#39; is an embedding model",
+        ),
+    ):
+        refused = upload(alpha, endpoint, model, [line])
+        assert 400 <= refused.status_code < 500, refused.status_code
+        assert message in html(refused) and 'id="error-message"' in html(refused)
+    with runtime.db.read() as s:
+        assert s.scalar(select(func.count()).select_from(Batch)) == 0
