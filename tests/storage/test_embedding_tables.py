@@ -13,8 +13,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from storage import embedding_tables
+from storage.parquet_limits import DecodeLimits
+from storage.request_tables import request_lines
 from storage.result_tables import RESULT_SCHEMA, write_results
 from workers.embeddings import decode_base64_embedding, embeddings_body
+from workers.request_bodies import EMBEDDINGS, parse_body
 from workers.results import encode, request_error_line, success_line
 
 
@@ -105,3 +108,34 @@ def test_other_outputs_keep_the_result_columns(tmp_path) -> None:
             "usage": {"prompt_tokens": 5, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 0}}}  # fmt: skip
     rows, table, _ = written(tmp_path, [success_line("chat", chat)])
     assert rows == 1 and table.schema == RESULT_SCHEMA
+
+
+def test_a_simple_parquet_input_with_an_input_column_is_embeddings_lines(tmp_path) -> None:
+    """Parquet in: the simple shape's `input` column (texts, lists of texts, or token-id lists)
+    becomes /v1/embeddings lines, the batch's endpoint or, for a file not in a batch, inferred."""
+    texts = pa.table(
+        {"custom_id": ["a", "b"], "input": [["first text"], ["one", "two"]], "dimensions": [64, None]}
+    ).replace_schema_metadata({"freight.defaults": json.dumps({"model": "emb"})})
+    ids = pa.table(
+        {"custom_id": ["c"], "input": pa.array([[[1, 5, 9], [1, 7]]], pa.list_(pa.list_(pa.int32())))}
+    )
+    for name, table in (("texts", texts), ("ids", ids)):
+        pq.write_table(table, tmp_path / f"{name}.parquet")
+    limits = DecodeLimits(max_rows=10, max_line_bytes=1 << 16, max_total_bytes=1 << 20)
+    lines = [
+        json.loads(line)
+        for name in ("texts", "ids")
+        for line in request_lines(str(tmp_path / f"{name}.parquet"), None, {"model": "emb"}, limits)
+    ]
+    assert [(x["custom_id"], x["url"]) for x in lines] == [
+        ("a", EMBEDDINGS),
+        ("b", EMBEDDINGS),
+        ("c", EMBEDDINGS),
+    ]
+    assert [x["body"] for x in lines] == [
+        {"model": "emb", "input": ["first text"], "dimensions": 64},
+        {"model": "emb", "input": ["one", "two"]},
+        {"model": "emb", "input": [[1, 5, 9], [1, 7]]},
+    ]
+    for line in lines:  # each a valid embeddings body
+        assert parse_body(EMBEDDINGS, line["body"]).endpoint == EMBEDDINGS
