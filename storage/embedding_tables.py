@@ -1,9 +1,9 @@
 """Embeddings results as Parquet: a row per vector, the vector a float32 list column.
 
 `storage.result_tables.write_results` hands an output file here when its first line is an
-embeddings response (``{"object": "list", "data": [{"object": "embedding", ...}]}``). The columns
-are the result columns (``custom_id``, ``id``, ``status_code``, usage, errors, ``response_body``)
-and three more:
+embeddings response (``{"object": "list", "data": [{"object": "embedding", ...}]}``), with its own
+result columns and row builder (``custom_id``, ``id``, ``status_code``, usage, errors,
+``response_body``: passed in, so this module does not import that one), and this adds three:
 
 * ``embedding``: the vector as float32 values: ``fixed_size_list<float32, d>``
   (``pa.list_(pa.float32(), d)``; pyarrow, pandas and polars read it back as such, DuckDB as
@@ -28,21 +28,22 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import IO, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from storage.result_tables import RESULT_SCHEMA, WRITE_ROWS, result_record
+Record = Callable[[dict[str, Any]], dict[str, Any]]  # one result line -> its result columns
 
+WRITE_ROWS = 4096  # rows in one record batch at most
 VARIABLE = pa.list_(pa.float32())
 BATCH_VALUES = 1 << 20  # vector values in one record batch: about 32 MB as Python floats, 4 MB in Arrow
 
 
-def embedding_schema(vector: pa.DataType = VARIABLE) -> pa.Schema:
-    """The result columns and the three of embeddings, ``vector`` the type of ``embedding``."""
-    schema = RESULT_SCHEMA
+def embedding_schema(base: pa.Schema, vector: pa.DataType = VARIABLE) -> pa.Schema:
+    """The result columns (``base``) and the three of embeddings, ``vector`` the type of ``embedding``."""
+    schema = base
     for name, kind in (
         ("embedding_index", pa.int32()),
         ("embedding", vector),
@@ -66,7 +67,7 @@ def embeddings_body(line: dict[str, Any]) -> dict[str, Any] | None:
     return body
 
 
-def embedding_records(line: dict[str, Any]) -> list[dict[str, Any]]:
+def embedding_records(line: dict[str, Any], result_record: Record) -> list[dict[str, Any]]:
     """One output or error line -> its rows of `embedding_schema`: one per vector, or a single row
     without one (an error line)."""
     body = embeddings_body(line)
@@ -98,19 +99,22 @@ def embedding_records(line: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def write_embedding_results(lines: Iterable[dict[str, Any]], sink: IO[bytes] | str) -> int:
-    """Decoded result lines -> Parquet at ``sink``; returns the rows written (one per vector). The
-    spill file goes beside ``sink`` when it is a path (the caller's spill directory)."""
+def write_embedding_results(
+    lines: Iterable[dict[str, Any]], sink: IO[bytes] | str, base: pa.Schema, result_record: Record
+) -> int:
+    """Decoded result lines -> Parquet at ``sink``; returns the rows written (one per vector).
+    ``base`` and ``result_record``: the result columns and how a line fills them. The spill file
+    goes beside ``sink`` when it is a path (the caller's spill directory)."""
     rows = 0
     widths: set[int] = set()
     spill_dir = os.path.dirname(os.path.abspath(sink)) if isinstance(sink, str) else None
     with tempfile.TemporaryFile(dir=spill_dir, suffix=".parquet") as spill:
-        variable = embedding_schema()
+        variable = embedding_schema(base)
         with pq.ParquetWriter(spill, variable, compression="none") as writer:
             buffer: list[dict[str, Any]] = []
             values = 0
             for line in lines:
-                for row in embedding_records(line):
+                for row in embedding_records(line, result_record):
                     buffer.append(row)
                     rows += 1
                     if row["embedding"] is not None:
@@ -122,7 +126,7 @@ def write_embedding_results(lines: Iterable[dict[str, Any]], sink: IO[bytes] | s
             if buffer or not rows:
                 writer.write_table(pa.Table.from_pylist(buffer, schema=variable))
         fixed = pa.list_(pa.float32(), next(iter(widths))) if len(widths) == 1 else VARIABLE
-        final = embedding_schema(fixed)
+        final = embedding_schema(base, fixed)
         spill.seek(0)
         batch_rows = max(1, min(WRITE_ROWS, BATCH_VALUES // max(widths, default=1)))
         with pq.ParquetWriter(sink, final, compression="zstd") as writer:

@@ -18,6 +18,8 @@ from typing import IO, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from storage.embedding_tables import embeddings_body, write_embedding_results
+
 WRITE_ROWS = 4096
 
 RESULT_SCHEMA = pa.schema(
@@ -107,12 +109,8 @@ def write_results(lines: Iterable[bytes], sink: IO[bytes] | str) -> int:
     column (``storage.embedding_tables``)."""
     decoded = (json.loads(raw) for raw in lines if raw.strip())
     head = list(itertools.islice(decoded, 1))
-    if head:
-        # imported here: that module builds its rows on this one's
-        from storage.embedding_tables import embeddings_body, write_embedding_results
-
-        if embeddings_body(head[0]) is not None:
-            return write_embedding_results(itertools.chain(head, decoded), sink)
+    if head and embeddings_body(head[0]) is not None:
+        return write_embedding_results(itertools.chain(head, decoded), sink, RESULT_SCHEMA, result_record)
     rows = 0
     buffer: list[dict[str, Any]] = []
     with pq.ParquetWriter(sink, RESULT_SCHEMA, compression="zstd") as writer:

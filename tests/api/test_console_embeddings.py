@@ -19,7 +19,7 @@ from api.services.tenants import create_tenant
 from storage.models import Batch, UnitStatus, WorkUnit
 from tests.api.test_console import csrf, html, sign_in
 from tests.conftest import now
-from tests.factories import OMIT, embedding_line, jsonl
+from tests.factories import OMIT, chat_line, embedding_line, jsonl
 
 EMBEDDINGS = "/v1/embeddings"
 
@@ -38,6 +38,12 @@ def alpha(app, runtime):
     return client
 
 
+def unnamed(line: dict) -> dict:
+    """The line without a model of its own: the form's model fills it in."""
+    del line["body"]["model"]
+    return line
+
+
 def upload(client, endpoint: str, model: str, lines: list[dict]):
     form = {
         "csrf_token": csrf(client, "/console/upload"), "endpoint": endpoint, "model": model, "window": "24h",
@@ -48,7 +54,7 @@ def upload(client, endpoint: str, model: str, lines: list[dict]):
 
 def test_an_embeddings_job_shows_input_tokens_no_output_and_input_throughput(alpha, runtime) -> None:
     made = upload(
-        alpha, EMBEDDINGS, "emb", [embedding_line(f"doc-{i}", f"text {i}", model=OMIT) for i in range(8)]
+        alpha, EMBEDDINGS, "emb", [unnamed(embedding_line(f"doc-{i}", f"text {i}")) for i in range(8)]
     )
     assert made.status_code == 302, made.get_data(as_text=True)
     batch_id = made.location.rsplit("/", 1)[-1]
@@ -75,11 +81,11 @@ def test_an_embeddings_job_shows_input_tokens_no_output_and_input_throughput(alp
 
 def test_the_upload_form_refuses_a_model_of_the_other_task(alpha, runtime) -> None:
     for endpoint, model, line, message in (
-        (EMBEDDINGS, "demo", embedding_line("e", model=OMIT), "&#39;demo&#39; generates text"),
+        (EMBEDDINGS, "demo", unnamed(embedding_line("e")), "&#39;demo&#39; generates text"),
         (
             "/v1/chat/completions",
             "emb",
-            embedding_line("c", model=OMIT),
+            chat_line("c", model=OMIT),
             "&#39;emb&#39; is an embedding model",
         ),
     ):
