@@ -435,9 +435,14 @@ class PackRunner:
 
     def _engine_loop(self) -> None:
         engine = self.engine
+        # busy time runs on from the last step's end while the engine has work: vLLM's engine core
+        # (a process of its own) computes the next step while this thread delivers the last one's
+        # results, so a step's time alone undercounted the engine's (MFU past 1 was seen)
+        busy_since: float | None = None
         try:
             while not self._stopped.is_set():
-                started = time.monotonic()
+                started = time.monotonic() if busy_since is None else busy_since
+                busy_since = None
                 self._apply_stops()
                 if engine.load == 0 and self._gathering():
                     continue
@@ -450,7 +455,8 @@ class PackRunner:
                     continue
                 self._gather_until = None  # busy: the next idle start gathers afresh
                 results = engine.step()
-                self._account(time.monotonic() - started)  # busy time: top-up and step
+                busy_since = time.monotonic()
+                self._account(busy_since - started)  # busy time: the last delivery, top-up and step
                 for result in results:
                     self._deliver(result)
                 self._settle()

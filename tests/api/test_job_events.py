@@ -147,7 +147,7 @@ def test_the_chart_moves_with_heartbeats_of_running_units(app, runtime, keys, al
         ])  # fmt: skip
     page = html(alpha.get(f"/console/jobs/{batch['id']}"))
     assert page.count('<rect class="bar"') > 1 and "No work unit has started yet" not in page
-    peak = float(re.search(r"peak ([\d.]+) tok/s", page).group(1))  # type: ignore[union-attr]
+    peak = float(re.search(r"peak ([\d.]+) output tok/s", page).group(1))  # type: ignore[union-attr]
     assert abs(peak - 10.0) < 0.5  # 400 tokens over the 40 s between start and latest heartbeat
     assert 'id="count-completed">4<' in page  # the running unit's completed requests so far
     with runtime.db.write() as s:  # the next heartbeat: more tokens, later
