@@ -61,7 +61,11 @@ def postgres_service(services_dir: Path):
     # the cluster is thrown away: an immediate shutdown (SIGQUIT) skips the checkpoint a fast one
     # writes of the session's hundreds of databases, and their files (~10 MB each) are removed
     # after the session by a detached `rm`, not in its teardown
-    services.stop_pid(handle.pid, timeout=10, sig=signal.SIGQUIT)
+    # A test may have restarted it (test_service_faults): the pid file names the postmaster now
+    # running. Missing that one left it to the services folder's stop_all: a fast shutdown that
+    # checkpointed every database, 16 s of the session's teardown.
+    entry = services.read_pidfile(handle.pid_file)
+    services.stop_pid(entry[0] if entry else handle.pid, timeout=10, sig=signal.SIGQUIT)
     handle.stop(remove_in_background=True)
 
 
