@@ -58,11 +58,17 @@ def test_metering_end_to_end(live):
         assert u.model_parameters > 1_000_000 and u.bytes_per_parameter == width
         assert 0 < u.mfu < 1 and u.mbu > 0
         assert u.kv_tokens_read >= u.completion_tokens
-    # all units' shares, over every batch that ran, cost what their busy time costs (rounded once)
+    # each engine worker's units, over every batch it ran, cost what its busy time costs: its meter
+    # rounds its running total once (other tests on this stack add workers, each with a meter)
     with Session(create_engine(f"sqlite:///{live.stack.run_dir / 'data' / 'freight.db'}")) as s:
         all_units = s.scalars(select(WorkUnit).where(WorkUnit.status == "done")).all()
-    given_s = sum(u.engine_seconds for u in all_units)
-    assert abs(sum(u.cost_micros for u in all_units) - float(PRICE_PER_SECOND) * given_s * 1e6) <= 1
+    by_worker: dict[str, list[WorkUnit]] = {}
+    for u in all_units:
+        by_worker.setdefault(u.worker or "", []).append(u)
+    for worker_units in by_worker.values():
+        given_s = sum(u.engine_seconds for u in worker_units)
+        charged = sum(u.cost_micros for u in worker_units)
+        assert abs(charged - float(PRICE_PER_SECOND) * given_s * 1e6) <= 0.5 + 1e-3
 
     # the API's x_freight block
     x = batch.model_extra["x_freight"]
