@@ -56,18 +56,13 @@ def result_record(line: dict[str, Any]) -> dict[str, Any]:
     if body.get("object") == "response":  # a /v1/responses line's Response object
         return {**_response_record(body), **_line_fields(line, response, error, body)}
     return {
-        "custom_id": line.get("custom_id"),
-        "id": line.get("id"),
-        "status_code": response.get("status_code") if isinstance(response, dict) else None,
+        **_line_fields(line, response, error, body),
         "content": message.get("content"),
         "text": first.get("text"),
         "finish_reason": first.get("finish_reason"),
         "prompt_tokens": usage.get("prompt_tokens"),
         "cached_tokens": details.get("cached_tokens") if usage else None,
         "completion_tokens": usage.get("completion_tokens"),
-        "error_code": error.get("code"),
-        "error_message": error.get("message"),
-        "response_body": json.dumps(body, ensure_ascii=False, separators=(",", ":")) if body else None,
     }
 
 
@@ -99,7 +94,7 @@ def _line_fields(line: dict[str, Any], response: Any, error: dict, body: dict) -
         "status_code": response.get("status_code") if isinstance(response, dict) else None,
         "error_code": error.get("code"),
         "error_message": error.get("message"),
-        "response_body": json.dumps(body, ensure_ascii=False, separators=(",", ":")),
+        "response_body": json.dumps(body, ensure_ascii=False, separators=(",", ":")) if body else None,
     }
 
 

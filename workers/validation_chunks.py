@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import IO, Any, cast
 
 from sqlalchemy import CursorResult, func, select, update
+from sqlalchemy.orm import Session
 
 from scheduler.ordering import Record, dump_records, load_records, sort_records
 from storage.leases import lease_free, take_lease
@@ -180,33 +181,40 @@ def resend_lost_chunks(rt: Runtime, batch_id: str, now: float) -> list[int]:
 def send_next_chunks(rt: Runtime, batch_id: str, now: float) -> list[int]:
     """Send the batch's next unsent chunks, in file order, until FREIGHT_VALIDATION_CHUNKS_IN_FLIGHT
     of its pending chunks are sent: a chunk sent as another ends joins the queue behind other
-    tenants' validations, so one huge input takes turns instead of filling the queue. Under the
-    batch's row lock, so two chunks ending together never both send the same next one. The ids."""
+    tenants' validations, so one huge input takes turns instead of filling the queue. The ids."""
     with rt.db.write() as s:
         batch = s.get(Batch, batch_id, with_for_update=True)
         if batch is None or batch.status != BatchStatus.VALIDATING:
             return []
-        pending = (ValidationChunk.batch_id == batch_id, ValidationChunk.status == ChunkStatus.PENDING)
-        in_flight = s.scalar(
-            select(func.count())
-            .select_from(ValidationChunk)
-            .where(*pending, ValidationChunk.sent_at.is_not(None))
-        )
-        room = rt.settings.validation_chunks_in_flight - (in_flight or 0)
-        if room <= 0:
-            return []
-        ids = list(
-            s.scalars(
-                select(ValidationChunk.id)
-                .where(*pending, ValidationChunk.sent_at.is_(None))
-                .order_by(ValidationChunk.seq)
-                .limit(room)
-            )
-        )
-        if ids:
-            s.execute(update(ValidationChunk).where(ValidationChunk.id.in_(ids)).values(sent_at=now))
+        ids = _mark_next_sent(s, rt.settings, batch_id, now)
     for chunk_id in ids:  # after the commit that marked them sent
         rt.queue.validate_chunk(batch_id, chunk_id)
+    return ids
+
+
+def _mark_next_sent(s: Session, settings: Settings, batch_id: str, now: float) -> list[int]:
+    """Mark the next unsent chunks sent, filling the window; the caller holds the batch's row lock
+    (so two chunks ending together never both send the same next one) and sends them after its
+    commit."""
+    pending = (ValidationChunk.batch_id == batch_id, ValidationChunk.status == ChunkStatus.PENDING)
+    in_flight = s.scalar(
+        select(func.count())
+        .select_from(ValidationChunk)
+        .where(*pending, ValidationChunk.sent_at.is_not(None))
+    )
+    room = settings.validation_chunks_in_flight - (in_flight or 0)
+    if room <= 0:
+        return []
+    ids = list(
+        s.scalars(
+            select(ValidationChunk.id)
+            .where(*pending, ValidationChunk.sent_at.is_(None))
+            .order_by(ValidationChunk.seq)
+            .limit(room)
+        )
+    )
+    if ids:
+        s.execute(update(ValidationChunk).where(ValidationChunk.id.in_(ids)).values(sent_at=now))
     return ids
 
 
@@ -236,7 +244,7 @@ def validate_chunk(rt: Runtime, batch_id: str, chunk_id: int) -> bool:
     with _LeaseKeeper(rt, batch_id, now, ValidationChunk, chunk_id):
         lines, summary = scan_chunk(rt, batch_id, seq, input_key, endpoint, defaults, start, stop)
         with rt.db.write() as s:
-            s.get(Batch, batch_id, with_for_update=True)  # chunks finishing together count in turn
+            batch = s.get(Batch, batch_id, with_for_update=True)  # chunks finishing together count in turn
             moved = cast(CursorResult[Any], s.execute(
                 update(ValidationChunk)
                 .where(ValidationChunk.id == chunk_id, ValidationChunk.status == chunk_source(ChunkStatus.DONE))
@@ -247,11 +255,16 @@ def validate_chunk(rt: Runtime, batch_id: str, chunk_id: int) -> bool:
                 .select_from(ValidationChunk)
                 .where(ValidationChunk.batch_id == batch_id, ValidationChunk.status != ChunkStatus.DONE)
             )
+            validating = batch is not None and batch.status == BatchStatus.VALIDATING
+            # its place in the window, in the same transaction (one lock of the batch's row)
+            following = (
+                _mark_next_sent(s, settings, batch_id, time.time()) if moved and left and validating else []
+            )
     last = bool(moved) and not left
     if last:
         rt.queue.validate(batch_id)  # after the commit: the merge finds every chunk done
-    elif moved:
-        send_next_chunks(rt, batch_id, time.time())  # its place in the window
+    for next_id in following:  # after the commit that marked them sent
+        rt.queue.validate_chunk(batch_id, next_id)
     return last
 
 

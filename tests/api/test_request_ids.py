@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +20,6 @@ from api.app import create_app
 from api.request_ids import MAX_LENGTH, accepted
 from infra import daemons
 from storage.logs import current
-from storage.migrate import upgrade
 from storage.runtime import Runtime
 from storage.settings import Settings
 from tests.conftest import REPO, json_lines
@@ -30,8 +30,9 @@ REFUSED = ["a" * (MAX_LENGTH + 1), "two words", 'x"}', "id\r\nINFO forged line",
 
 
 @pytest.fixture
-def lone_settings(tmp_path: Path) -> Settings:
+def lone_settings(tmp_path: Path, migrated_sqlite: Path) -> Settings:
     """SQLite, files on disk, and a broker nobody listens on: /readyz then logs a failed check."""
+    shutil.copyfile(migrated_sqlite, tmp_path / "freight.db")  # the session's migrated database
     settings = Settings.from_env(
         {},
         data_dir=tmp_path,
@@ -39,7 +40,7 @@ def lone_settings(tmp_path: Path) -> Settings:
         rate_limit_rps=0,
         rate_limit_anonymous_rps=0,
     )
-    upgrade(settings.database_url)
+    assert settings.database_url == f"sqlite:///{tmp_path / 'freight.db'}"
     return settings
 
 
