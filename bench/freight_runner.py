@@ -22,6 +22,8 @@ Measured per run:
   batch_fill      from the engine worker's `engine_samples` rows overlapping the run's window,
                   each weighted by its overlap: sum(running_mean * overlap) / sum(max_num_seqs *
                   overlap); null where the table does not exist (older Freight) or has no rows
+  phases_s        wall_s split at the work units' timestamps (`run_phases`): to the first unit
+                  queued, to the first one started, the engine phase, finalization and the last poll
   errors          error-file lines + missing custom_ids + duplicated custom_ids + batches that did
                   not complete
   cpu_s           CPU seconds per stack process over the run (bench/cpu.py): api, control, beat,
@@ -329,6 +331,7 @@ class FreightStack:
             "duplicated": duplicated,
             "not_completed": not_completed,
             **self.fill(wall_start, wall_end),
+            "phases_s": run_phases(self.stack.settings.database_url, list(batch_ids), wall_start, wall_end),
             "batch_fill_method": "engine_samples rows overlapping the run's window: "
             "sum(running_mean*overlap) / sum(max_num_seqs*overlap)",
             "window": [wall_start, wall_end],
@@ -386,6 +389,42 @@ def engine_samples_fill(database_url: str, start: float, end: float) -> tuple[fl
         capacity += float(max_num_seqs) * overlap
         covered += overlap
     return (running / capacity if capacity else None), covered
+
+
+def run_phases(database_url: str, batch_ids: list[str], start: float, end: float) -> dict[str, float] | None:
+    """Where a run's wall time went, from its work units' timestamps (seconds, summing to wall_s):
+    ``to_units`` upload, batch creation, validation and planning, to the first unit queued for an
+    engine; ``to_engine`` from there to the first unit a worker started; ``engine`` from that start
+    to the last unit's end; ``to_final`` finalization and the poll that saw the last batch final.
+    The single-job gap to the engine on sorted lines (issue #24) is found here: which of Freight's
+    own steps, or its engine phase, takes the seconds. None where the units cannot be read."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            row = conn.execute(
+                sa.select(
+                    sa.func.min(sa.column("enqueued_at")),
+                    sa.func.min(sa.column("started_at")),
+                    sa.func.max(sa.column("finished_at")),
+                )
+                .select_from(sa.table("work_units"))
+                .where(sa.column("batch_id").in_(batch_ids))
+            ).one()
+    except sa.exc.SQLAlchemyError:
+        return None
+    finally:
+        engine.dispose()
+    queued, started, finished = row
+    if queued is None or started is None or finished is None:
+        return None
+    return {
+        "to_units": round(queued - start, 3),
+        "to_engine": round(started - queued, 3),
+        "engine": round(finished - started, 3),
+        "to_final": round(end - finished, 3),
+    }
 
 
 def _list_batches(client: Any, wanted: set[str]) -> list[Any]:

@@ -241,7 +241,10 @@ def combine_repeats(cells: list[dict[str, Any]]) -> dict[str, Any]:
     ranked = sorted(good, key=lambda c: c["output_tok_s"])
     median = dict(ranked[(len(ranked) - 1) // 2])
     median["repeats"] = [
-        {k: c.get(k) for k in ("wall_s", "output_tok_s", "batch_fill", "errors", "cpu_s", "other_cpu_s")}
+        {
+            k: c.get(k)
+            for k in ("wall_s", "output_tok_s", "batch_fill", "errors", "cpu_s", "other_cpu_s", "phases_s")
+        }
         for c in cells
     ]
     median["repeat_method"] = f"median of {len(cells)} runs by output tok/s (fresh prompts per run)"
