@@ -216,6 +216,7 @@ def test_creating_a_batch_with_the_broker_down_is_a_503_and_leaves_no_batch(sett
 
     rt = Runtime(replace(settings, broker_url="redis://127.0.0.1:1/0"))  # nothing listens on port 1
     rt.queue.celery.conf.task_publish_retry = False
+    rt.queue.celery.conf.broker_connection_timeout = 0.5  # kombu's connect retries: 4 s by default
     try:
         app = create_app(runtime=rt)
         _, key = create_tenant(rt.db, "alpha", now())

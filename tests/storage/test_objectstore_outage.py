@@ -85,7 +85,7 @@ def test_pauses_grow_exponentially_with_full_jitter() -> None:
 
 @pytest.mark.reliability
 def test_a_multipart_write_rides_out_a_store_restart(weed: Weed, reliability) -> None:
-    """The store goes away after the first part and comes back ~5 s later (plus its start-up):
+    """The store goes away after the first part and comes back ~2 s later (plus its start-up):
     the write retries, completes, and the object is whole; it was never visible before that."""
     bucket = _bucket(weed)
     store = weed.store(bucket, RetryPolicy(attempts=60, deadline_seconds=120, cap_seconds=2))
@@ -95,7 +95,7 @@ def test_a_multipart_write_rides_out_a_store_restart(weed: Weed, reliability) ->
     seen_before_complete: list[bool] = []
 
     def restart_later() -> None:
-        time.sleep(5)  # the outage itself; start-up adds its own seconds
+        time.sleep(2)  # the outage itself; start-up adds its own seconds
         weed.start()
         outage["back"] = time.monotonic()
         restarted.set()

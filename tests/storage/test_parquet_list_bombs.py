@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -147,23 +148,24 @@ def test_a_row_past_the_line_limit_across_several_list_columns_is_refused() -> N
     assert "holds 2000000 list values" in error.message and "at least 23999988 bytes" in error.message
 
 
-def near_limit_files() -> list[tuple[str, pa.Table]]:
-    """Legitimate tables close to LIMITS (8 MB a line, 200 MB a file, 50,000 rows)."""
+def near_limit_files() -> list[tuple[str, Callable[[], pa.Table]]]:
+    """Legitimate tables close to LIMITS (8 MB a line, 200 MB a file, 50,000 rows), each made only
+    by the test that reads it (the largest take seconds to build)."""
     per_row = 7 * MB // len('{"role":"user","content":""},' + "c" * 100)  # 7 MB of JSON
     return [
         ("a row of many identical messages, near the line limit",
-         pa.table({"custom_id": ["one"], "messages": [[{"role": "user", "content": "c" * 100}] * per_row]})),
+         lambda: pa.table({"custom_id": ["one"], "messages": [[{"role": "user", "content": "c" * 100}] * per_row]})),
         ("long repeated strings, near the file limit",
-         pa.table({"custom_id": [f"r{i}" for i in range(30)], "prompt": [["x" * 2000] * 3000] * 30})),
+         lambda: pa.table({"custom_id": [f"r{i}" for i in range(30)], "prompt": [["x" * 2000] * 3000] * 30})),
         ("rows of 200,000 token ids: their row group could hold a row past the line limit",
-         pa.table({"custom_id": [f"t{i}" for i in range(30)],
-                   "prompt": [list(range(i, i + 200_000)) for i in range(30)]})),
+         lambda: pa.table({"custom_id": [f"t{i}" for i in range(30)],
+                           "prompt": [list(range(i, i + 200_000)) for i in range(30)]})),
         ("rows of 30,000 short messages, 3 million values in the row group",
-         pa.table({"custom_id": [f"s{i}" for i in range(100)],
-                   "messages": [[{"role": "user", "content": "q"}] * 30_000] * 100})),
+         lambda: pa.table({"custom_id": [f"s{i}" for i in range(100)],
+                           "messages": [[{"role": "user", "content": "q"}] * 30_000] * 100})),
         ("many rows of a few messages",
-         pa.table({"custom_id": [f"m{i}" for i in range(45_000)],
-                   "messages": [[{"role": "user", "content": f"q{i}"}] * (1 + i % 3) for i in range(45_000)]})),
+         lambda: pa.table({"custom_id": [f"m{i}" for i in range(45_000)],
+                           "messages": [[{"role": "user", "content": f"q{i}"}] * (1 + i % 3) for i in range(45_000)]})),
     ]  # fmt: skip
 
 
@@ -171,7 +173,8 @@ def near_limit_files() -> list[tuple[str, pa.Table]]:
     ("index", "version"), [(i, v) for i in range(5) for v in ("1.0", "2.0") if (i, v) != (3, "2.0")]
 )  # 3 million messages in one version is enough (20 s)
 def test_legitimate_files_near_the_limits_are_accepted(index: int, version: str) -> None:
-    what, table = near_limit_files()[index]
+    what, build = near_limit_files()[index]
+    table = build()
     sink = io.BytesIO()
     pq.write_table(table, sink, compression="zstd", data_page_version=version)
     good = 0

@@ -26,7 +26,7 @@ WORKER = textwrap.dedent(
     import multiprocessing, os, sys, time
     os.environ[{env!r}] = str(os.getpid())
     from tests.workers.test_engine_lifetime import hold
-    child = multiprocessing.get_context("spawn").Process(target=hold, args=({plugin},))
+    child = multiprocessing.get_context("spawn").Process(target=hold, args=({plugin}, {ready!r}))
     child.start()
     print(child.pid, flush=True)
     time.sleep(600)
@@ -34,17 +34,20 @@ WORKER = textwrap.dedent(
 )
 
 
-def hold(run_plugin: bool) -> None:
-    """The engine core's stand-in: load the plugin (or not), then live as long as allowed."""
+def hold(run_plugin: bool, ready: str) -> None:
+    """The engine core's stand-in: load the plugin (or not), say so, then live as long as allowed."""
     if run_plugin:
         die_with_worker()
+    Path(ready).touch()
     time.sleep(600)
 
 
-def orphan_after_kill(run_plugin: bool) -> psutil.Process | None:
-    """Start a worker and its child, SIGKILL the worker alone; the child if it is still alive."""
+def orphan_after_kill(run_plugin: bool, tmp_path: Path, grace: float) -> psutil.Process | None:
+    """Start a worker and its child, SIGKILL the worker alone; the child if it is still alive
+    ``grace`` seconds later."""
+    ready = tmp_path / "child-ready"
     worker = subprocess.Popen(
-        [sys.executable, "-c", WORKER.format(env=PARENT_ENV, plugin=run_plugin)],
+        [sys.executable, "-c", WORKER.format(env=PARENT_ENV, plugin=run_plugin, ready=str(ready))],
         cwd=REPO,
         stdout=subprocess.PIPE,
         text=True,
@@ -52,20 +55,22 @@ def orphan_after_kill(run_plugin: bool) -> psutil.Process | None:
     )
     assert worker.stdout is not None
     child = psutil.Process(int(worker.stdout.readline()))
-    time.sleep(2)  # let the child import and run the plugin
-    assert child.is_running()
+    deadline = time.monotonic() + 30
+    while not ready.exists():  # the child has imported and run the plugin (or not)
+        assert child.is_running() and time.monotonic() < deadline
+        time.sleep(0.02)
     worker.send_signal(signal.SIGKILL)
     worker.wait(10)
-    _, alive = psutil.wait_procs([child], timeout=10)
+    _, alive = psutil.wait_procs([child], timeout=grace)
     return alive[0] if alive else None
 
 
-def test_the_child_dies_with_its_killed_parent() -> None:
-    assert orphan_after_kill(run_plugin=True) is None
+def test_the_child_dies_with_its_killed_parent(tmp_path: Path) -> None:
+    assert orphan_after_kill(run_plugin=True, tmp_path=tmp_path, grace=10) is None
 
 
-def test_without_the_plugin_the_child_outlives_its_parent() -> None:
-    orphan = orphan_after_kill(run_plugin=False)
+def test_without_the_plugin_the_child_outlives_its_parent(tmp_path: Path) -> None:
+    orphan = orphan_after_kill(run_plugin=False, tmp_path=tmp_path, grace=2)  # the other dies in ms
     try:
         assert orphan is not None  # the failure the plugin exists for
     finally:
