@@ -82,11 +82,17 @@ def held(claim: Claim) -> ColumnElement[bool]:
     )
 
 
-def claim_unit(rt: Runtime, unit_id: int, now: float, holder: str, urgent: bool = False) -> Claim | None:
+def claim_unit(
+    rt: Runtime, unit_id: int, now: float, holder: str, urgent: bool = False, pack_id: str | None = None
+) -> Claim | None:
     """Take a queued or pending unit for the worker process ``holder`` (its stable name and its
     incarnation: workers/identity.holder_id); None if it is running, finished or stopped.
-    ``urgent``: the dispatcher's word (after its per-tenant share cap) that it runs first."""
+    ``urgent``: the dispatcher's word (after its per-tenant share cap) that it runs first.
+    ``pack_id``: the pack whose message delivered it, recorded as the unit's pack: a unit packed
+    again after its message waited too long (back to pending, its pack cleared) may still be taken
+    by that late message, and then that is the pack it ran in."""
     token = claim_token(holder)
+    delivered = {"pack_id": pack_id} if pack_id is not None else {}
     with rt.db.write() as s:
         # compare-and-set: a pending or queued unit has no worker (every move back to pending clears
         # it); a running one is a live worker's (if it dies, the dispatcher's lease redelivers), a
@@ -108,6 +114,7 @@ def claim_unit(rt: Runtime, unit_id: int, now: float, holder: str, urgent: bool 
             completed=0,  # live progress of this attempt (see _heartbeat)
             failed=0,
             completion_tokens=0,
+            **delivered,
         )
         if not taken:
             return None
@@ -369,7 +376,11 @@ class PackRunner:
         if self._closing.is_set():
             return 0
         hurry = set(urgent)
-        claims = [c for u in unit_ids if (c := claim_unit(self.rt, u, time.time(), self.holder, u in hurry))]
+        claims = [
+            c
+            for u in unit_ids
+            if (c := claim_unit(self.rt, u, time.time(), self.holder, u in hurry, pack_id))
+        ]
         if not claims:
             return 0
         units = [ActiveUnit(c, _spool(), _spool(), c.n_requests) for c in claims]

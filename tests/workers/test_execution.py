@@ -9,6 +9,7 @@ from sqlalchemy import select
 from bench.dispatcher_load import Sizes, load
 from storage.models import WorkUnit
 from storage.runtime import Runtime
+from storage.status import UnitStatus
 from tests.conftest import now
 from workers.execution import claim_unit, heartbeat
 
@@ -41,5 +42,28 @@ def test_a_heartbeat_renews_the_claims_still_held_with_their_counts(settings):
             0,
             0,
         )
+    finally:
+        rt.db.dispose()
+
+
+def test_a_unit_taken_by_a_late_pack_message_records_that_pack(settings):
+    """A unit packed again after its message waited too long is pending with no pack; its old
+    message may still deliver it (the claim lets one delivery run it), and then the unit names the
+    pack it ran in. A delivery without a pack (a direct claim) leaves the pack as it was."""
+    rt = Runtime(replace(settings, unit_size=2))
+    try:
+        load(rt.db, Sizes(requests=4, batches=1, tenants=1, models=1, workers=1), now(), unit_size=2)
+        with rt.db.write() as s:
+            units = list(s.scalars(select(WorkUnit).order_by(WorkUnit.id)))
+            for unit in units:
+                unit.pack_id = None  # requeued: pending, its pack cleared
+        late, direct = (u.id for u in units)
+        assert claim_unit(rt, late, float(now()), "w:1:a", pack_id="pack_late") is not None
+        assert claim_unit(rt, direct, float(now()), "w:1:a") is not None
+        assert claim_unit(rt, late, float(now()), "w:2:b", pack_id="pack_new") is None  # one delivery runs it
+        with rt.db.read() as s:
+            rows = {u.id: u for u in s.scalars(select(WorkUnit).where(WorkUnit.id.in_([late, direct])))}
+        assert rows[late].pack_id == "pack_late" and rows[late].status == UnitStatus.RUNNING
+        assert rows[direct].pack_id is None
     finally:
         rt.db.dispose()
