@@ -349,46 +349,51 @@ class FreightStack:
         period = float(getattr(self.stack.settings, "sample_seconds", 5.0))
         deadline = time.monotonic() + period + 1.5
         while True:
-            fill, covered = engine_samples_fill(url, start, end)
+            fill, covered, steps = engine_samples_fill(url, start, end)
             if covered == NO_TABLE:
-                return {"batch_fill": None, "fill_seconds_covered": None}
+                return {"batch_fill": None, "fill_seconds_covered": None, "engine_steps": None}
             if covered >= 0.95 * (end - start) or time.monotonic() > deadline:
-                return {"batch_fill": fill, "fill_seconds_covered": round(covered, 2)}
+                return {"batch_fill": fill, "fill_seconds_covered": round(covered, 2), "engine_steps": steps}
             time.sleep(0.5)
 
 
-def engine_samples_fill(database_url: str, start: float, end: float) -> tuple[float | None, float]:
-    """(fill, seconds of samples seen) over [start, end] from engine_samples; (None, 0) without rows,
-    (None, NO_TABLE) without the table.
+def engine_samples_fill(
+    database_url: str, start: float, end: float
+) -> tuple[float | None, float, float | None]:
+    """(fill, seconds of samples seen, engine steps) over [start, end] from engine_samples;
+    (None, 0, None) without rows, (None, NO_TABLE, None) without the table.
 
     Each sample period counts by its overlap with the window, so a run shorter than the sample
-    period is still measured: sum(running_mean * overlap) / sum(max_num_seqs * overlap).
+    period is still measured: sum(running_mean * overlap) / sum(max_num_seqs * overlap). Steps are
+    shared out the same way (a period's steps times the part of it inside the window): the count to
+    set beside the in-process engine's ``steps``, where a run at the same cache-hit rate is slower.
     """
     import sqlalchemy as sa
 
     engine = sa.create_engine(database_url)
     try:
         if not sa.inspect(engine).has_table("engine_samples"):
-            return None, NO_TABLE
+            return None, NO_TABLE, None
         with engine.connect() as conn:
             rows = conn.execute(
                 sa.text(
-                    "SELECT started_at, seconds, running_mean, max_num_seqs FROM engine_samples "
+                    "SELECT started_at, seconds, running_mean, max_num_seqs, steps FROM engine_samples "
                     "WHERE started_at <= :end AND started_at + seconds >= :start"
                 ),
                 {"start": start, "end": end},
             ).all()
     except sa.exc.SQLAlchemyError:
-        return None, 0.0
+        return None, 0.0, None
     finally:
         engine.dispose()
-    running = capacity = covered = 0.0
-    for started_at, seconds, running_mean, max_num_seqs in rows:
+    running = capacity = covered = steps = 0.0
+    for started_at, seconds, running_mean, max_num_seqs, period_steps in rows:
         overlap = max(0.0, min(end, started_at + seconds) - max(start, started_at))
         running += float(running_mean) * overlap
         capacity += float(max_num_seqs) * overlap
         covered += overlap
-    return (running / capacity if capacity else None), covered
+        steps += float(period_steps) * (overlap / float(seconds) if seconds else 1.0)
+    return (running / capacity if capacity else None), covered, (round(steps, 1) if rows else None)
 
 
 def run_phases(database_url: str, batch_ids: list[str], start: float, end: float) -> dict[str, float] | None:

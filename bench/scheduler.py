@@ -243,7 +243,10 @@ def combine_repeats(cells: list[dict[str, Any]]) -> dict[str, Any]:
     median["repeats"] = [
         {
             k: c.get(k)
-            for k in ("wall_s", "output_tok_s", "batch_fill", "errors", "cpu_s", "other_cpu_s", "phases_s")
+            for k in (
+                "wall_s", "output_tok_s", "batch_fill", "engine_steps", "cache_hit_rate", "errors", "cpu_s",
+                "other_cpu_s", "phases_s",
+            )
         }
         for c in cells
     ]

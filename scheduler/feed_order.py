@@ -165,3 +165,22 @@ class ElevatorFeed(Generic[T]):
         if not self._turns or self._turns[0] != holder:
             self._spent = 0
         return [e[2] for e in removed]
+
+
+def gather_deadline(
+    first_waiting: float, last_pack: float, more_coming: bool, merge_seconds: float, settle_seconds: float
+) -> float:
+    """When an idle engine holding less than its look-ahead starts (same clock as the arguments).
+
+    ``first_waiting``: when it began waiting with requests in its feed; ``last_pack``: when the
+    latest pack reached the feed; ``more_coming``: that pack's word that batches of the model were
+    still validating. Then it waits up to ``merge_seconds`` from the first request: those batches
+    are known. Otherwise it starts once no pack has come for ``settle_seconds``, never later than
+    the larger of the two windows after the first request (a steady trickle of packs cannot hold
+    it): a pack knows only of batches already created, and jobs submitted together are created a
+    fraction of a second apart. A window of 0 is off; both off, it starts at once."""
+    if more_coming and merge_seconds > 0:
+        return first_waiting + merge_seconds
+    if settle_seconds <= 0:
+        return first_waiting
+    return min(last_pack + settle_seconds, first_waiting + max(merge_seconds, settle_seconds))

@@ -130,6 +130,11 @@ class Settings:
     # more packs before it starts (never for an urgent one): jobs of one model that pass validation
     # a moment apart then meet in one sweep instead of the first running alone (seconds; 0: off)
     feed_merge_seconds: float = 2.0
+    # an idle engine worker given fewer requests than that look-ahead, whose pack knows of nothing
+    # else validating, starts once no pack has come for this long (at most feed_merge_seconds, or
+    # this, from its first request): jobs submitted together reach validation a fraction of a second
+    # apart, and the first one's pack cannot know of batches not yet created (seconds; 0: off)
+    feed_settle_seconds: float = 0.3
     # whose requests may share prefix-cache entries: "tenant" (each tenant's own, through a secret
     # per-tenant vLLM cache_salt: no tenant can learn from cached_tokens or timing whether another
     # sent a prompt) or "global" (all tenants: the most reuse, for a single-organisation deployment)
@@ -310,6 +315,8 @@ class Settings:
             raise SettingsError("FREIGHT_URGENT_SHARE must be above 0 and at most 1")
         if not 0 <= self.feed_merge_seconds <= 60:
             raise SettingsError("FREIGHT_FEED_MERGE_SECONDS must be between 0 and 60")
+        if not 0 <= self.feed_settle_seconds <= 60:
+            raise SettingsError("FREIGHT_FEED_SETTLE_SECONDS must be between 0 and 60")
         if self.prefix_cache_sharing not in CACHE_SHARING:
             raise SettingsError(f"FREIGHT_PREFIX_CACHE_SHARING must be one of {', '.join(CACHE_SHARING)}")
         if self.pack_requests < 1 or self.queue_depth < 1:

@@ -48,7 +48,8 @@ def capped(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterat
         "FREIGHT_PACK_REQUESTS": "16",
         "FREIGHT_QUEUE_DEPTH": "1",
         "FREIGHT_ENGINE_MAX_NUM_SEQS": "8",
-        "FREIGHT_FEED_MERGE_SECONDS": "0",
+        "FREIGHT_FEED_MERGE_SECONDS": "0",  # no gathering: the flood starts as it comes
+        "FREIGHT_FEED_SETTLE_SECONDS": "0",
         "FREIGHT_HEARTBEAT_SECONDS": "1",
     }
     live_stack, stack = start_live(

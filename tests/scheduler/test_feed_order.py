@@ -6,10 +6,11 @@ everything waiting, and domains take turns of at most a quantum while another wa
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler.feed_order import ElevatorFeed
+from scheduler.feed_order import ElevatorFeed, gather_deadline
 
 DOMAINS = ["", "t1", "t2"]
 # ("push", domain, prompt, urgent) or ("pop",)
@@ -174,3 +175,35 @@ def test_removing_a_stopped_units_items() -> None:
         feed.push(("", i), name, urgent=name == "b2")
     assert feed.remove_if(lambda item: item.startswith("b")) == ["b2", "b1"]
     assert len(feed) == 2 and [feed.pop(), feed.pop()] == ["a1", "a2"]
+
+
+def test_an_idle_engine_waits_for_known_batches_up_to_the_merge_window() -> None:
+    # the pack said batches were validating: the merge window from the first request, whatever
+    # the packs since
+    assert gather_deadline(10.0, 11.5, True, merge_seconds=2.0, settle_seconds=0.3) == 12.0
+
+
+def test_an_idle_engine_starts_once_packs_stop_coming() -> None:
+    # nothing known to be validating: it starts settle_seconds after the last pack
+    assert gather_deadline(10.0, 10.0, False, merge_seconds=2.0, settle_seconds=0.3) == 10.3
+    assert gather_deadline(10.0, 10.4, False, merge_seconds=2.0, settle_seconds=0.3) == pytest.approx(10.7)
+
+
+def test_a_trickle_of_packs_cannot_hold_an_idle_engine() -> None:
+    # a pack every 0.2 s would restart the settle window forever: the larger window caps it
+    assert gather_deadline(10.0, 11.9, False, merge_seconds=2.0, settle_seconds=0.3) == 12.0
+    assert gather_deadline(10.0, 14.0, False, merge_seconds=0.0, settle_seconds=3.0) == 13.0
+
+
+@given(
+    st.floats(0, 100),
+    st.floats(0, 10),
+    st.booleans(),
+    st.floats(0, 60),
+    st.floats(0, 60),
+)
+def test_the_wait_is_bounded_and_windows_of_zero_are_off(first, pack_after, more, merge, settle) -> None:
+    start = gather_deadline(first, first + pack_after, more, merge, settle)
+    assert first <= start <= first + max(merge, settle)
+    if settle == 0 and (merge == 0 or not more):
+        assert start == first  # both waits off (or the only one on does not apply): at once
