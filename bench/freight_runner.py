@@ -22,6 +22,8 @@ Measured per run:
   batch_fill      from the engine worker's `engine_samples` rows overlapping the run's window,
                   each weighted by its overlap: sum(running_mean * overlap) / sum(max_num_seqs *
                   overlap); null where the table does not exist (older Freight) or has no rows
+  engine_steps    the engine's steps over the same rows, each period's share by its overlap: beside
+                  the in-process engine's ``steps``, whether a slower run took more steps
   phases_s        wall_s split at the work units' timestamps (`run_phases`): to the first unit
                   queued, to the first one started, the engine phase, finalization and the last poll
   errors          error-file lines + missing custom_ids + duplicated custom_ids + batches that did
