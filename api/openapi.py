@@ -277,8 +277,9 @@ ERRORS = {
 }
 
 
-def error_response(status: int) -> Schema:
-    response: Schema = {"description": ERRORS[status], "content": {JSON: {"schema": ref("Error")}}}
+def error_response(status: int, note: str = "") -> Schema:
+    description = f"{ERRORS[status]} {note}" if note else ERRORS[status]
+    response: Schema = {"description": description, "content": {JSON: {"schema": ref("Error")}}}
     if status == 429:
         response["headers"] = {
             "Retry-After": {
@@ -295,17 +296,35 @@ def ok(schema: Schema, description: str = "OK") -> Schema:
 
 
 def operation(
-    op_id: str, summary: str, response: Schema, *errors: int, params: tuple[Schema, ...] = (), **extra: Any
+    op_id: str,
+    summary: str,
+    response: Schema,
+    *errors: int,
+    params: tuple[Schema, ...] = (),
+    notes: dict[int, str] | None = None,
+    **extra: Any,
 ) -> Schema:
-    """An authenticated /v1 operation: every one may also answer 401, 413 and 429."""
+    """An authenticated /v1 operation: every one may also answer 401, 413 and 429. ``notes``: what
+    an error status means for this operation beyond its general description (its `code`s)."""
     statuses = sorted({*errors, 401, 413, 429})
+    notes = notes or {}
     return {
         "operationId": op_id,
         "summary": summary,
         **({"parameters": list(params)} if params else {}),
         **extra,
-        "responses": {"200": response, **{str(s): error_response(s) for s in statuses}},
+        "responses": {"200": response, **{str(s): error_response(s, notes.get(s, "")) for s in statuses}},
     }
+
+
+CREATE_BATCH_400 = (
+    "Its `error.code` says which: `invalid_endpoint` (not one of the endpoint enum), "
+    "`endpoint_not_served` (no model of this deployment serves the endpoint: an embedding model "
+    "serves /v1/embeddings only, a text-generation model every other endpoint; the message names "
+    "the models there are), else none, with `param` naming the field. A line of "
+    "the file that is wrong is not an error here: the file is read after create, and its errors "
+    "fail the batch (`errors.data`) or are that line's error result."
+)
 
 
 def path_param(name: str, description: str, pattern: str = "^[A-Za-z0-9_-]+$") -> Schema:
@@ -333,7 +352,11 @@ def create_batch_body(settings: Settings) -> Schema:
     return obj(
         {
             "input_file_id": {"type": "string", "minLength": 1},
-            "endpoint": {"enum": list(ENDPOINTS)},
+            "endpoint": {
+                "enum": list(ENDPOINTS),
+                "description": "One of these that a model of this deployment serves (see "
+                "`GET /v1/models`: a model's task); another answers 400 `endpoint_not_served`",
+            },
             "completion_window": {
                 "enum": [t.window for t in settings.sla_tiers],
                 "default": settings.default_window,
@@ -430,6 +453,7 @@ def paths(settings: Settings) -> Schema:
                 ok({"anyOf": [ref("Batch"), ref("Estimate")]}),
                 400,
                 404,
+                notes={400: CREATE_BATCH_400},
                 requestBody={"required": True, "content": {JSON: {"schema": create_batch_body(settings)}}},
             ),
             "get": operation(

@@ -117,6 +117,11 @@ def test_an_endpoint_no_model_serves_is_refused_at_create(runtime, embed_model: 
         http_create(client, headers, embed_file, endpoint="/v1/embeddings"), "/v1/embeddings"
     )
     assert "its models (demo) generate text" in message and "--task embed" in message
+    # both codes create can answer for an endpoint are the ones its OpenAPI 400 describes
+    bogus = http_create(client, headers, embed_file, endpoint="/v1/bogus").get_json()["error"]
+    documented = client.get("/openapi.json").get_json()["paths"]["/v1/batches"]["post"]["responses"]
+    for code in (bogus["code"], "endpoint_not_served"):
+        assert f"`{code}`" in documented["400"]["description"], (code, documented["400"])
     dry = http_create(client, headers, embed_file, endpoint="/v1/embeddings", dry_run=True)
     _refused_endpoint(dry, "/v1/embeddings")
     assert client.get("/v1/batches", headers=headers).get_json()["data"] == []
