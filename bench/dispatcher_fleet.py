@@ -297,7 +297,7 @@ class Fleet:
             now = time.time()
             try:
                 with self.lock:
-                    held = [(c, 0, 0, 0) for w in self.workers for c in w.work]
+                    held = [(c, UnitTally()) for w in self.workers for c in w.work]
                 heartbeat(self.rt, held, now)
                 if now - last_sample >= settings.sample_seconds:
                     last_sample = now

@@ -17,6 +17,12 @@ from storage.webhooks import record_events
 # states in which a batch's units may still run
 ACTIVE = (BatchStatus.VALIDATING.value, BatchStatus.IN_PROGRESS.value)
 
+# a running attempt's live counts, which its heartbeats write (requests completed and failed,
+# input and output tokens so far): set back to these whenever the attempt starts, or ends without
+# ``record_unit`` (released, redelivered, given up, failed), so the sums over a batch's units
+# (finalization, the console's chart) never count results that were discarded
+NO_LIVE_COUNTS: dict[str, int] = {"completed": 0, "failed": 0, "prompt_tokens": 0, "completion_tokens": 0}
+
 
 def stop_batch(s: Session, batch: Batch, target: BatchStatus, now: int) -> None:
     """Cancel (``target=CANCELLING``) or expire (``target=EXPIRED``) a batch that may still run.

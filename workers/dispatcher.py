@@ -21,7 +21,7 @@ from scheduler.packing import Candidate, plan_packs
 from scheduler.sla import AdmissionDecision, admit, eta
 from storage.db import transaction_lock
 from storage.leases import lease_free
-from storage.lifecycle import finish_if_done, move_units, stop_batch
+from storage.lifecycle import NO_LIVE_COUNTS, finish_if_done, move_units, stop_batch
 from storage.models import Batch, EngineSample, UnitStatus, ValidationChunk, WorkUnit, new_id
 from storage.runtime import Runtime
 from storage.status import BatchStatus, ChunkStatus
@@ -324,9 +324,7 @@ def redeliver_stale(rt: Runtime, now: float, report: TickReport) -> None:
                 # the lost attempt's live counts go too: its results were never recorded
                 worker=None,
                 pack_id=None,
-                completed=0,
-                failed=0,
-                completion_tokens=0,
+                **NO_LIVE_COUNTS,
             )
             if changed:
                 report.redelivered.append(unit.unit_id)
@@ -337,9 +335,7 @@ def redeliver_stale(rt: Runtime, now: float, report: TickReport) -> None:
                 from_=UnitStatus.RUNNING,
                 to=UnitStatus.FAILED,
                 finished_at=now,
-                completed=0,
-                failed=0,
-                completion_tokens=0,
+                **NO_LIVE_COUNTS,
                 note=f"worker lost {unit.attempts} times",
             )
             report.given_up.append(unit.unit_id)

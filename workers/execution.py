@@ -37,7 +37,7 @@ from scheduler.feed_order import ElevatorFeed, gather_deadline
 from scheduler.utilization import mbu, mfu
 from storage.db import is_transient
 from storage.leases import take_lease
-from storage.lifecycle import abort_reason, finish_if_done, move_units
+from storage.lifecycle import NO_LIVE_COUNTS, abort_reason, finish_if_done, move_units
 from storage.models import Batch, EngineSample, UnitStatus, WorkUnit
 from storage.runtime import Runtime
 from storage.shards import ShardRow, read_rows
@@ -111,9 +111,7 @@ def claim_unit(
             attempts=WorkUnit.attempts + 1,
             started_at=now,
             heartbeat_at=now,
-            completed=0,  # live progress of this attempt (see _heartbeat)
-            failed=0,
-            completion_tokens=0,
+            **NO_LIVE_COUNTS,  # live progress of this attempt (see _heartbeat)
             **delivered,
         )
         if not taken:
@@ -205,11 +203,12 @@ def unit_recorded(rt: Runtime, claim: Claim, ready: bool, model: str) -> None:
     enqueue_units(rt, time.time(), TickReport(), model=model)
 
 
-def heartbeat(rt: Runtime, beats: Iterable[tuple[Claim, int, int, int]], now: float) -> None:
-    """Renew claims in one transaction, each with its unit's (completed, failed, output tokens)
-    so far: live figures of the running attempt, which every move out of ``running`` other than
-    ``record_unit`` (released, redelivered, given up, failed) sets back to 0, so finalization's sums
-    over the units never count an attempt whose results were discarded.
+def heartbeat(rt: Runtime, beats: Iterable[tuple[Claim, UnitTally]], now: float) -> None:
+    """Renew claims in one transaction, each with its unit's results so far (requests completed
+    and failed, input and output tokens): live figures of the running attempt, which every move
+    out of ``running`` other than ``record_unit`` (released, redelivered, given up, failed) sets
+    back to 0 (``NO_LIVE_COUNTS``), so finalization's sums over the units never count an attempt
+    whose results were discarded.
 
     One executemany (psycopg pipelines it: one round trip, not one per unit) in unit id order:
     the rows stay locked for as short a time as possible, since a record or the dispatcher's
@@ -217,8 +216,15 @@ def heartbeat(rt: Runtime, beats: Iterable[tuple[Claim, int, int, int]], now: fl
     never deadlock (PostgreSQL failed five such pairs under the 1,000-worker simulation)."""
     rows = sorted(
         (
-            {"unit": c.unit_id, "token": c.token, "done": completed, "bad": failed, "tokens": tokens}
-            for c, completed, failed, tokens in beats
+            {
+                "unit": c.unit_id,
+                "token": c.token,
+                "done": tally.completed,
+                "bad": tally.failed,
+                "input": tally.prompt_tokens,
+                "tokens": tally.completion_tokens,
+            }
+            for c, tally in beats
         ),
         key=lambda row: row["unit"],
     )
@@ -237,6 +243,7 @@ def heartbeat(rt: Runtime, beats: Iterable[tuple[Claim, int, int, int]], now: fl
                 heartbeat_at=now,
                 completed=bindparam("done"),
                 failed=bindparam("bad"),
+                prompt_tokens=bindparam("input"),
                 completion_tokens=bindparam("tokens"),
             ),
             rows,
@@ -724,9 +731,7 @@ class PackRunner:
                 worker=None,
                 pack_id=None,
                 attempts=WorkUnit.attempts - 1,
-                completed=0,  # its live counts: these results are given back unrecorded
-                failed=0,
-                completion_tokens=0,
+                **NO_LIVE_COUNTS,  # its live counts: these results are given back unrecorded
             )
         log.info("unit %s released unfinished at shutdown", unit.claim.unit_id)
 
@@ -781,10 +786,9 @@ class PackRunner:
 
     def _heartbeat(self, units: list[ActiveUnit], now: float) -> None:
         """Renew the claims, with each unit's results so far: the API adds running units' counts
-        to the batch's request_counts, and the console's throughput chart their output tokens, so
-        both move within a unit, not only at its end."""
-        beats = [(u.claim, u.tally.completed, u.tally.failed, u.tally.completion_tokens) for u in units]
-        heartbeat(self.rt, beats, now)
+        to the batch's request_counts, and the console's throughput chart their output tokens (an
+        embeddings batch's: input tokens), so both move within a unit, not only at its end."""
+        heartbeat(self.rt, [(u.claim, u.tally) for u in units], now)
 
     def _flush_sample(self) -> None:
         with self._sample_lock:

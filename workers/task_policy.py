@@ -24,7 +24,7 @@ from sqlalchemy import update
 
 from storage.broker import BROKER_ERRORS
 from storage.db import is_transient as db_transient
-from storage.lifecycle import finish_batch, move_units
+from storage.lifecycle import NO_LIVE_COUNTS, finish_batch, move_units
 from storage.models import Batch, UnitStatus, WorkUnit
 from storage.objectstore import ObjectChanged, ObjectNotFound, ObjectStoreError
 from storage.objectstore_retry import transient as store_call_transient
@@ -215,9 +215,7 @@ def fail_pack(
             from_=UnitStatus.RUNNING,
             to=UnitStatus.FAILED,
             finished_at=time.time(),
-            completed=0,
-            failed=0,
-            completion_tokens=0,
+            **NO_LIVE_COUNTS,
             note=f"pack failed: {error}",
         )
     log.error("pack %s: %d unit(s) failed: %s", pack_id, failed, error)

@@ -25,6 +25,7 @@ from api.services.reports import WORKER_STALE_SECONDS, as_int, ratio
 from scheduler.cost import ListPrice
 from storage.errors import ServiceError
 from storage.models import Batch, EngineSample, StoredFile, UnitStatus, WorkUnit
+from storage.registry import EMBED, GENERATE
 from storage.runtime import Runtime
 from storage.settings import Settings
 from storage.status import BatchStatus
@@ -232,13 +233,14 @@ def job(rt: Runtime, tenant_id: str, batch_id: str, now: float) -> JobDetail:
     live counts and event timeline, in one read transaction.
 
     Throughput counts finished units over their runs and running units over [started, latest
-    heartbeat] with what their heartbeats reported so far (requests, output tokens), so the chart
-    moves every FREIGHT_HEARTBEAT_SECONDS, not only when a unit of a few hundred requests ends."""
+    heartbeat] with what their heartbeats reported so far (requests, input and output tokens), so
+    the chart moves every FREIGHT_HEARTBEAT_SECONDS, not only when a unit of a few hundred requests
+    ends."""
     with rt.db.read() as s:
         batch = batches.owned(s, tenant_id, batch_id)
         source = s.get(StoredFile, batch.input_file_id)
         # a finished unit over its run; a running one up to its latest heartbeat. An embeddings
-        # batch writes no tokens: its chart is input tokens (a running unit's count when it ends)
+        # batch writes no tokens: its chart is input tokens (heartbeats carry both)
         embeddings = batch.endpoint == EMBEDDINGS
         tokens = WorkUnit.prompt_tokens if embeddings else WorkUnit.completion_tokens
         runs = _unit_runs(s, batch.id, UnitStatus.DONE, WorkUnit.finished_at, tokens)
@@ -296,6 +298,23 @@ class ModelView:
     dtype: str | None  # its torch_dtype, where the config says
     list_price: ListPrice | None  # $ per 1M input / cached input / output tokens
     instance_price_per_hour: float  # what an engine hour of it is costed at
+    task: str = GENERATE  # generate (chat, completions, responses) or embed (/v1/embeddings)
+    dimensions: str | None = None  # an embedding model's vectors, and the shorter ones it may give
+
+
+def embedding_dimensions(config: dict) -> str | None:
+    """What an embedding model's vectors hold, from its config.json, by the rules a line's
+    `dimensions` is checked with (``workers.embeddings.check_dimensions``): the hidden size, and
+    the shorter lengths a Matryoshka-trained model gives on request (None: unreadable)."""
+    size = config.get("hidden_size") or config.get("d_model")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        return None
+    allowed = config.get("matryoshka_dimensions")
+    if isinstance(allowed, list) and allowed:
+        return f"{size} (on request: {', '.join(str(d) for d in allowed)})"
+    if config.get("is_matryoshka"):
+        return f"{size} (on request: 1 to {size})"
+    return str(size)
 
 
 def served_models(rt: Runtime) -> list[ModelView]:
@@ -312,6 +331,8 @@ def served_models(rt: Runtime) -> list[ModelView]:
                 dtype=str(dtype) if dtype else None,
                 list_price=entry.list_price_or_default(rt.settings),
                 instance_price_per_hour=entry.price_per_hour(rt.settings),
+                task=entry.task,
+                dimensions=embedding_dimensions(config) if entry.task == EMBED else None,
             )
         )
     return views

@@ -13,7 +13,8 @@ import pytest
 from sqlalchemy import func, select
 
 from api.app import create_app
-from api.services import models
+from api.services import console, models
+from api.services.console import embedding_dimensions
 from api.services.models import AddRequest
 from api.services.tenants import create_tenant
 from storage.models import Batch, UnitStatus, WorkUnit
@@ -69,6 +70,13 @@ def test_an_embeddings_job_shows_input_tokens_no_output_and_input_throughput(alp
                 status=UnitStatus.DONE, started_at=start + a, finished_at=start + b, completed=4,
                 prompt_tokens=tokens, completion_tokens=0,
             ))  # fmt: skip
+        # a third unit still running: its heartbeats carry its input tokens so far
+        s.add(WorkUnit(
+            batch_id=row.id, seq=2, model="emb", shard_key="k2", first_line=8, n_requests=4,
+            status=UnitStatus.RUNNING, started_at=start + 60, heartbeat_at=start + 90, completed=2,
+            prompt_tokens=300, completion_tokens=0,
+        ))  # fmt: skip
+        row.request_total = 12
     page = html(alpha.get(f"/console/jobs/{batch_id}"))
     assert f"emb · {EMBEDDINGS}" in page
     assert re.search(r"<th>input \(uncached\)</th><td class=\"num\">900</td>", page)
@@ -77,6 +85,12 @@ def test_an_embeddings_job_shows_input_tokens_no_output_and_input_throughput(alp
     assert "bars: input tok/s" in page and page.count('<rect class="bar"') > 1
     peak = re.search(r"peak ([0-9.]+) input tok/s", page)
     assert peak and float(peak.group(1)) > 0
+    # the running unit's input tokens are in the chart before it ends, over [start, last heartbeat]
+    with runtime.db.read() as s:
+        tenant_id = s.get(Batch, batch_id).tenant_id
+    detail = console.job(runtime, tenant_id, batch_id, start + 100)
+    assert sum(b.output_tokens for b in detail.throughput.buckets) == pytest.approx(900 + 300)
+    assert sum(b.output_tokens for b in detail.throughput.buckets if b.start >= start + 60) >= 300 - 1e-6
 
 
 def test_the_upload_form_refuses_a_model_of_the_other_task(alpha, runtime) -> None:
@@ -94,3 +108,29 @@ def test_the_upload_form_refuses_a_model_of_the_other_task(alpha, runtime) -> No
         assert message in html(refused) and 'id="error-message"' in html(refused)
     with runtime.db.read() as s:
         assert s.scalar(select(func.count()).select_from(Batch)) == 0
+
+
+def test_the_models_page_shows_each_models_task_and_an_embedding_models_dimensions(alpha) -> None:
+    """The demo embedding model gives 256-value vectors and, trained for shorter ones, 64 or 128 on
+    request (its config.json); a text model shows none."""
+    page = html(alpha.get("/console/models"))
+    emb = re.search(r'<tr id="model-emb">(.*?)</tr>', page, re.S).group(1)
+    assert '<td class="task">embeddings</td>' in emb
+    assert '<td class="dimensions">256 (on request: 64, 128, 256)</td>' in emb
+    demo = re.search(r'<tr id="model-demo">(.*?)</tr>', page, re.S).group(1)
+    assert '<td class="task">text</td>' in demo and '<td class="dimensions">—</td>' in demo
+
+
+@pytest.mark.parametrize(
+    ("config", "shown"),
+    [
+        ({"hidden_size": 768}, "768"),
+        ({"hidden_size": 768, "is_matryoshka": True}, "768 (on request: 1 to 768)"),
+        ({"d_model": 512, "matryoshka_dimensions": [128, 512]}, "512 (on request: 128, 512)"),
+        ({}, None),
+        ({"hidden_size": "768"}, None),  # a config.json is the checkpoint owner's: shown only when sane
+        ({"hidden_size": True}, None),
+    ],
+)
+def test_dimensions_read_from_a_config(config: dict, shown: str | None) -> None:
+    assert embedding_dimensions(config) == shown

@@ -128,10 +128,10 @@ def test_a_batch_is_not_left_behind_when_the_broker_is_down(settings):
 
 
 def test_a_lost_units_live_counts_are_cleared(settings):
-    """Heartbeats write a running unit's results so far (requests and output tokens); when its
-    worker is lost those results are gone, so redelivery (and giving up) must not leave them in
-    request_counts' or finalization's sums."""
-    from workers.execution import heartbeat
+    """Heartbeats write a running unit's results so far (requests, input and output tokens); when
+    its worker is lost those results are gone, so redelivery (and giving up) must not leave them in
+    request_counts', the console's or finalization's sums."""
+    from workers.execution import UnitTally, heartbeat
 
     rt = Runtime(replace(settings, unit_size=4, lease_seconds=30, max_unit_attempts=2))
     try:
@@ -142,11 +142,12 @@ def test_a_lost_units_live_counts_are_cleared(settings):
         for attempt, unit in ((1, first), (1, second), (2, second)):
             claim = claim_unit(rt, unit.id, t0, "w:1-0a1b2c3d")
             assert claim is not None
-            heartbeat(rt, [(claim, 3, 1, 120)], t0 + 1)  # mid-unit: 3 done, 1 failed, 120 tokens out
+            so_far = UnitTally(completed=3, failed=1, prompt_tokens=900, completion_tokens=120)
+            heartbeat(rt, [(claim, so_far)], t0 + 1)  # mid-unit
             with rt.db.read() as s:
                 beat = s.get(WorkUnit, unit.id)
                 assert beat is not None
-                assert (beat.completed, beat.failed, beat.completion_tokens, beat.heartbeat_at) == (3, 1, 120, t0 + 1)  # fmt: skip
+                assert (beat.completed, beat.failed, beat.prompt_tokens, beat.completion_tokens, beat.heartbeat_at) == (3, 1, 900, 120, t0 + 1)  # fmt: skip
             report = dispatcher.TickReport()
             dispatcher.redeliver_stale(rt, t0 + 32, report)
             if attempt == 1:
@@ -154,7 +155,10 @@ def test_a_lost_units_live_counts_are_cleared(settings):
         by_id = {u.id: u for u in units(rt)}
         assert by_id[first.id].status == UnitStatus.PENDING
         assert by_id[second.id].status == UnitStatus.FAILED  # lost twice: given up
-        assert all((u.completed, u.failed, u.completion_tokens) == (0, 0, 0) for u in by_id.values())
+        assert all(
+            (u.completed, u.failed, u.prompt_tokens, u.completion_tokens) == (0, 0, 0, 0)
+            for u in by_id.values()
+        )
     finally:
         rt.db.dispose()
 

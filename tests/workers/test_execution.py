@@ -11,7 +11,7 @@ from storage.models import WorkUnit
 from storage.runtime import Runtime
 from storage.status import UnitStatus
 from tests.conftest import now
-from workers.execution import claim_unit, heartbeat
+from workers.execution import UnitTally, claim_unit, heartbeat
 
 
 def test_a_heartbeat_renews_the_claims_still_held_with_their_counts(settings):
@@ -27,16 +27,16 @@ def test_a_heartbeat_renews_the_claims_still_held_with_their_counts(settings):
         assert all(claims)
         with rt.db.write() as s:  # the last unit's claim was lost to another worker
             s.get(WorkUnit, ids[-1]).worker = "other:1:b"
-        heartbeat(rt, [(c, 1, 1, 7) for c in reversed(claims) if c is not None], t0 + 30)
+        so_far = UnitTally(completed=1, failed=1, prompt_tokens=40, completion_tokens=7)
+        heartbeat(rt, [(c, so_far) for c in reversed(claims) if c is not None], t0 + 30)
         heartbeat(rt, [], t0 + 31)  # nothing held: nothing written
         with rt.db.read() as s:
             rows = {u.id: u for u in s.scalars(select(WorkUnit).where(WorkUnit.id.in_(ids)))}
         for unit_id in ids[:-1]:
-            assert (rows[unit_id].heartbeat_at, rows[unit_id].completed, rows[unit_id].failed) == (
-                t0 + 30,
-                1,
-                1,
-            )
+            row = rows[unit_id]
+            assert (row.heartbeat_at, row.completed, row.failed, row.prompt_tokens, row.completion_tokens) == (
+                t0 + 30, 1, 1, 40, 7
+            )  # fmt: skip
         assert (rows[ids[-1]].heartbeat_at, rows[ids[-1]].completed, rows[ids[-1]].completion_tokens) == (
             t0,
             0,
