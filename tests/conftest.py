@@ -31,6 +31,15 @@ EMBED_MODEL = REPO / "models" / "embed"
 ARTIFACTS = REPO / "test-artifacts"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Every stack a test starts runs a batch as soon as its pack comes (no settle window,
+    FREIGHT_FEED_SETTLE_SECONDS=0) unless the test sets one: a test's batches come one at a time,
+    and 0.3 s at each idle start, waiting for jobs that will not come, adds up over the suite. The
+    window is tested where jobs are submitted together (tests/e2e/test_shared_prefix_jobs.py) and
+    as a rule (tests/scheduler/test_feed_order.py)."""
+    os.environ.setdefault("FREIGHT_FEED_SETTLE_SECONDS", "0")
+
+
 @pytest.fixture(autouse=True)
 def no_log_ids() -> Iterator[None]:
     """Each test starts with no request or batch id bound to its log lines: a Flask test client's

@@ -1,6 +1,8 @@
 """Jobs of several tenants on the same long prompts meet in the prefix cache (issue #24), on the real
 stack: the engine worker's feed merges a job that arrives while another runs into the running
-sweep (scheduler/feed_order.py), so its prompts are not computed once more per job.
+sweep (scheduler/feed_order.py), so its prompts are not computed once more per job; and an idle
+worker waits for jobs created a moment after the first one's pack was made (the settle window,
+FREIGHT_FEED_SETTLE_SECONDS), so jobs submitted together start as one sweep.
 
 The KV cache holds about 3,000 tokens and the 16 few-shot prompts about 5,000, so a pass over all
 of them never stays cached: a job that ran after another, as a first-in-first-out feed runs it,
@@ -14,7 +16,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import func, select
 
+from storage.db import Database
+from storage.models import WorkUnit
 from tests.e2e.conftest import LiveStack, keep_logs, start_live, wait_final
 from tests.e2e.test_batches import CHAT, upload
 
@@ -25,6 +30,9 @@ PROMPTS = 16
 ITEMS = 4  # per prompt, per tenant
 KV_TOKENS = 3072
 KV_BYTES_PER_TOKEN = 2 * 4 * 2 * 64 * 4  # K and V, 4 layers, 2 KV heads of 64, float32 (pinned below)
+# longer than a job's creation, validation and packing take on a loaded 2-core machine, so the test
+# cannot miss the window (production: 0.3 s)
+SETTLE_SECONDS = 1.5
 
 
 @pytest.fixture(scope="module")
@@ -36,12 +44,26 @@ def shared(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterat
         "FREIGHT_ENGINE_MAX_MODEL_LEN": "1024",
         "FREIGHT_HEARTBEAT_SECONDS": "1",
         "FREIGHT_PREFIX_CACHE_SHARING": "global",  # the tenants' jobs are to meet in one cache
+        "FREIGHT_FEED_SETTLE_SECONDS": str(SETTLE_SECONDS),
     }
     live_stack, stack = start_live(tmp_path_factory.mktemp("shared"), demo_model, overrides, TENANTS)
     try:
         yield live_stack
     finally:
         keep_logs(stack, "shared-prefix")
+
+
+def tokens_written(live: LiveStack, batch_id: str) -> int:
+    """Output tokens the batch's units have reported (heartbeats, each FREIGHT_HEARTBEAT_SECONDS)."""
+    database = Database(live.stack.settings.database_url)
+    try:
+        with database.read() as s:
+            total = s.scalar(
+                select(func.sum(WorkUnit.completion_tokens)).where(WorkUnit.batch_id == batch_id)
+            )
+            return int(total or 0)
+    finally:
+        database.dispose()
 
 
 def few_shot(prompt: int) -> str:
@@ -52,7 +74,7 @@ def few_shot(prompt: int) -> str:
     return f"Task {prompt}. Classify the item as the examples do. {examples}"
 
 
-def job(tenant: str) -> list[dict]:
+def job(tenant: str, first_prompt: int = 0, max_tokens: int = 64) -> list[dict]:
     lines = [
         {
             "custom_id": f"{tenant}-{p}-{i}",
@@ -60,10 +82,10 @@ def job(tenant: str) -> list[dict]:
             "url": CHAT,
             "body": {
                 "model": "demo",
-                "max_tokens": 64,
-                "min_tokens": 64,  # long enough that the first job still runs when the others arrive
+                "max_tokens": max_tokens,
+                "min_tokens": max_tokens,  # 64: the first job still runs when the others arrive
                 "messages": [
-                    {"role": "system", "content": few_shot(p)},
+                    {"role": "system", "content": few_shot(first_prompt + p)},
                     {"role": "user", "content": f"Item {tenant} {i}."},
                 ],
             },
@@ -97,8 +119,12 @@ def test_jobs_of_three_tenants_on_the_same_prompts_meet_in_the_prefix_cache(shar
             input_file_id=upload(client, jobs[tenant]), endpoint=CHAT, completion_window="24h"
         )
         batches[tenant] = (client, batch.id)
-        if tenant == "alpha":
+        if tenant == "alpha":  # running, not just taken: past the settle window, writing tokens
             wait_final(client, batch.id, timeout=120, until=("in_progress", "failed"))
+            deadline = time.monotonic() + 60
+            while tokens_written(shared, batch.id) == 0:
+                assert time.monotonic() < deadline, "the first job never started writing"
+                time.sleep(0.2)
         else:
             time.sleep(1.0)
     finals = [wait_final(client, batch_id, timeout=300) for client, batch_id in batches.values()]
@@ -108,3 +134,45 @@ def test_jobs_of_three_tenants_on_the_same_prompts_meet_in_the_prefix_cache(shar
     one_job, three_jobs = hit_rate([single]), hit_rate(finals)
     assert one_job > 0.7, one_job  # the prompts are shared: most prompt tokens come from the cache
     assert three_jobs >= 0.9 * one_job, (three_jobs, one_job)
+
+
+def test_jobs_created_a_moment_apart_start_as_one_sweep(shared: LiveStack) -> None:
+    """The first job's pack is made before the others exist, so it cannot say more may come; the
+    idle worker still waits until no pack has come for the settle window, and the three jobs run
+    as one sweep: the cache-hit rate of one job of all their lines. (Without the window the first
+    job fills the engine alone, 2 x 32 sequences, all of its 64 requests, and the others' prompts,
+    all behind its cursor, wait for a second sweep after the small cache has dropped them.)"""
+    alpha = shared.client("alpha")
+    # the limit: one job of all the lines (prompts of their own: nothing cached from other tests)
+    together = [line for tenant in TENANTS for line in job(tenant, first_prompt=100, max_tokens=4)]
+    one = alpha.batches.create(input_file_id=upload(alpha, together), endpoint=CHAT, completion_window="24h")
+    single = wait_final(alpha, one.id, timeout=300)
+    assert single.status == "completed" and single.request_counts.completed == len(together)
+
+    # the same shape on fresh prompts (the single job's leave nothing for them), as three jobs
+    clients = {tenant: shared.client(tenant) for tenant in TENANTS}
+    files = {t: upload(clients[t], job(t, first_prompt=200, max_tokens=4)) for t in TENANTS}  # uploaded first
+    log = shared.stack.run_dir / "engine-demo.log"
+
+    def packs() -> list[str]:  # the engine worker's line for each pack it took
+        return [line for line in log.read_text(errors="replace").splitlines() if " units, " in line]
+
+    before = len(packs())
+    batches = {}
+    for tenant in TENANTS:
+        created = clients[tenant].batches.create(
+            input_file_id=files[tenant], endpoint=CHAT, completion_window="24h"
+        )
+        batches[tenant] = created.id
+        deadline = time.monotonic() + 60
+        while tenant == "alpha" and len(packs()) == before:  # the others are made once its pack is taken
+            assert time.monotonic() < deadline, "the first job's pack never reached the worker"
+            time.sleep(0.05)
+    finals = [wait_final(clients[t], batches[t], timeout=300) for t in TENANTS]
+    assert all(b.status == "completed" and b.request_counts.completed == PROMPTS * ITEMS for b in finals)
+    first = packs()[before]
+    assert "more may come" not in first, first  # the settle window held it, not the merge window
+
+    one_job, three_jobs = hit_rate([single]), hit_rate(finals)
+    assert one_job > 0.7, one_job
+    assert three_jobs >= 0.97 * one_job, (three_jobs, one_job)  # one sweep: as one job
