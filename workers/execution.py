@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 
 CHECK_SECONDS = 1.0  # how often the watcher reads unit/batch state (cancellation latency)
 IDLE_WAIT_SECONDS = 0.2
+GATHER_LOGGED_SECONDS = 0.01  # an idle start that waited this long for more packs says so in the log
 # the feed's keys: (cache domain, prompt key, line, unit id); the first two name the prompt
 FeedKey = tuple[str, bytes, int, int]
 FEED_PROMPT_FIELDS = 2
@@ -473,7 +474,15 @@ class PackRunner:
                         if not self._feed and not self._stopped.is_set():
                             self._lock.wait(IDLE_WAIT_SECONDS)
                     continue
-                self._gather_since = None  # busy: the next idle start gathers afresh
+                if self._gather_since is not None:  # an idle start: busy now; the next one gathers afresh
+                    waited = time.monotonic() - self._gather_since
+                    if waited >= GATHER_LOGGED_SECONDS:
+                        log.info(
+                            "engine starting: %d requests in after gathering packs for %.2f s",
+                            engine.load,
+                            waited,
+                        )
+                    self._gather_since = None
                 results = engine.step()
                 busy_since = time.monotonic()
                 self._account(busy_since - started)  # busy time: the last delivery, top-up and step
