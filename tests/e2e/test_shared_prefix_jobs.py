@@ -16,10 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, select
 
-from storage.db import Database
-from storage.models import WorkUnit
 from tests.e2e.conftest import LiveStack, keep_logs, start_live, wait_final
 from tests.e2e.test_batches import CHAT, upload
 
@@ -53,17 +50,20 @@ def shared(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterat
         keep_logs(stack, "shared-prefix")
 
 
-def tokens_written(live: LiveStack, batch_id: str) -> int:
-    """Output tokens the batch's units have reported (heartbeats, each FREIGHT_HEARTBEAT_SECONDS)."""
-    database = Database(live.stack.settings.database_url)
-    try:
-        with database.read() as s:
-            total = s.scalar(
-                select(func.sum(WorkUnit.completion_tokens)).where(WorkUnit.batch_id == batch_id)
-            )
-            return int(total or 0)
-    finally:
-        database.dispose()
+def engine_log(live: LiveStack, text: str) -> list[str]:
+    """The engine worker's log lines holding ``text`` ("engine starting:" once an idle engine that
+    gathered packs starts; " units, " for each pack it takes)."""
+    log = live.stack.run_dir / "engine-demo.log"
+    return [line for line in log.read_text(errors="replace").splitlines() if text in line]
+
+
+def wait_for_line(live: LiveStack, text: str, seen: int) -> list[str]:
+    """The lines holding ``text`` once there are more than ``seen``."""
+    deadline = time.monotonic() + 60
+    while len(lines := engine_log(live, text)) <= seen:
+        assert time.monotonic() < deadline, f"no new {text!r} line in the engine log"
+        time.sleep(0.05)
+    return lines
 
 
 def few_shot(prompt: int) -> str:
@@ -113,18 +113,15 @@ def test_jobs_of_three_tenants_on_the_same_prompts_meet_in_the_prefix_cache(shar
 
     # the same lines as three tenants' jobs, the later two sent while the first one runs
     batches = {}
+    starts = len(engine_log(shared, "engine starting:"))
     for tenant in TENANTS:
         client = shared.client(tenant)
         batch = client.batches.create(
             input_file_id=upload(client, jobs[tenant]), endpoint=CHAT, completion_window="24h"
         )
         batches[tenant] = (client, batch.id)
-        if tenant == "alpha":  # running, not just taken: past the settle window, writing tokens
-            wait_final(client, batch.id, timeout=120, until=("in_progress", "failed"))
-            deadline = time.monotonic() + 60
-            while tokens_written(shared, batch.id) == 0:
-                assert time.monotonic() < deadline, "the first job never started writing"
-                time.sleep(0.2)
+        if tenant == "alpha":  # running, not just taken: its engine's settle window is over
+            wait_for_line(shared, "engine starting:", starts)
         else:
             time.sleep(1.0)
     finals = [wait_final(client, batch_id, timeout=300) for client, batch_id in batches.values()]
@@ -152,25 +149,18 @@ def test_jobs_created_a_moment_apart_start_as_one_sweep(shared: LiveStack) -> No
     # the same shape on fresh prompts (the single job's leave nothing for them), as three jobs
     clients = {tenant: shared.client(tenant) for tenant in TENANTS}
     files = {t: upload(clients[t], job(t, first_prompt=200, max_tokens=4)) for t in TENANTS}  # uploaded first
-    log = shared.stack.run_dir / "engine-demo.log"
-
-    def packs() -> list[str]:  # the engine worker's line for each pack it took
-        return [line for line in log.read_text(errors="replace").splitlines() if " units, " in line]
-
-    before = len(packs())
+    packs = len(engine_log(shared, " units, "))
     batches = {}
     for tenant in TENANTS:
         created = clients[tenant].batches.create(
             input_file_id=files[tenant], endpoint=CHAT, completion_window="24h"
         )
         batches[tenant] = created.id
-        deadline = time.monotonic() + 60
-        while tenant == "alpha" and len(packs()) == before:  # the others are made once its pack is taken
-            assert time.monotonic() < deadline, "the first job's pack never reached the worker"
-            time.sleep(0.05)
+        if tenant == "alpha":  # the others are made once its pack is taken
+            wait_for_line(shared, " units, ", packs)
     finals = [wait_final(clients[t], batches[t], timeout=300) for t in TENANTS]
     assert all(b.status == "completed" and b.request_counts.completed == PROMPTS * ITEMS for b in finals)
-    first = packs()[before]
+    first = engine_log(shared, " units, ")[packs]
     assert "more may come" not in first, first  # the settle window held it, not the merge window
 
     one_job, three_jobs = hit_rate([single]), hit_rate(finals)
