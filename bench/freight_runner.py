@@ -73,6 +73,7 @@ class FreightStack:
     block_size: int | None = None  # None: Freight's default FREIGHT_ENGINE_BLOCK_SIZE
     tenants: tuple[str, ...] = ("bench",)
     warmup_file: Path | None = None  # run once, unmeasured, after the small warm-up batch
+    endpoint: str = "/v1/chat/completions"  # every batch's (the model's task must serve it)
     extra_env: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     keys: dict[str, str] = field(default_factory=dict)
@@ -168,18 +169,18 @@ class FreightStack:
 
     def warm_up(self) -> None:
         """A small batch through the whole path: engine compiled, every process past its first request."""
+        chat = {"max_tokens": 8, "min_tokens": 8, "ignore_eos": True, "temperature": 0}
         lines = [
             {
                 "custom_id": f"warm-{i}",
                 "method": "POST",
-                "url": "/v1/chat/completions",
-                "body": {
+                "url": self.endpoint,
+                "body": {"model": "demo", "input": f"warm up input {i}"}
+                if self.endpoint == "/v1/embeddings"
+                else {
                     "model": "demo",
                     "messages": [{"role": "user", "content": f"warm up request {i}"}],
-                    "max_tokens": 8,
-                    "min_tokens": 8,
-                    "ignore_eos": True,
-                    "temperature": 0,
+                    **chat,
                 },
             }
             for i in range(WARMUP_REQUESTS)
@@ -250,7 +251,7 @@ class FreightStack:
             client = self.client(tenant)  # one client per thread
             file_id = client.files.create(file=(name, io.BytesIO(data)), purpose="batch").id
             batch = client.batches.create(
-                input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+                input_file_id=file_id, endpoint=self.endpoint, completion_window="24h"
             )
             return batch.id, tenant
 
@@ -337,6 +338,7 @@ class FreightStack:
             "batch_fill_method": "engine_samples rows overlapping the run's window: "
             "sum(running_mean*overlap) / sum(max_num_seqs*overlap)",
             "window": [wall_start, wall_end],
+            "batch_ids": list(batch_ids),
             "cpu_s": cpu,
             "other_cpu_s": other_cpu,
         }

@@ -17,6 +17,8 @@ given limits, and measures:
                   run_batch never prints vLLM's periodic "Running: N reqs" line (only `vllm serve`
                   calls do_log_stats), so the gauge is the one honest source. Null without samples.
   errors          output lines with an error or a non-200 response, plus input lines missing
+  busy_s          the gauge's busy window: first to last sample with a request running, plus one
+                  scrape interval (the running part of wall_s, without start-up and writing)
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ def command(
     block_size: int | None = None,
     metrics_port: int | None = None,
     dtype: str = "auto",
+    extra: list[str] | None = None,
 ) -> list[str]:
     argv = [
         sys.executable, "-m", "vllm.entrypoints.openai.run_batch",
@@ -75,7 +78,7 @@ def command(
         argv += ["--block-size", str(block_size)]
     if metrics_port:
         argv += ["--enable-metrics", "--host", "127.0.0.1", "--port", str(metrics_port)]
-    return argv
+    return argv + list(extra or [])
 
 
 def summarize_output(in_path: Path, out_path: Path) -> dict[str, Any]:
@@ -122,6 +125,7 @@ class GaugeScraper(threading.Thread):
         super().__init__(daemon=True)
         self.url = f"http://127.0.0.1:{port}/metrics"
         self.samples: list[float] = []
+        self.times: list[float] = []  # monotonic, one per sample
         self.done = threading.Event()
 
     def run(self) -> None:
@@ -134,6 +138,15 @@ class GaugeScraper(threading.Thread):
             values = [float(m.group(1)) for m in RUNNING_GAUGE.finditer(text)]
             if values:
                 self.samples.append(sum(values))
+                self.times.append(time.monotonic())
+
+    def busy_seconds(self) -> float | None:
+        """From the first to the last sample with a request running, plus one interval (each
+        sample stands for the interval before it); None without such a sample."""
+        busy = [i for i, v in enumerate(self.samples) if v > 0]
+        if not busy:
+            return None
+        return self.times[busy[-1]] - self.times[busy[0]] + SCRAPE_INTERVAL_S
 
     def fill(self, max_num_seqs: int) -> tuple[float | None, int]:
         busy = [i for i, v in enumerate(self.samples) if v > 0]
@@ -177,8 +190,10 @@ def run(in_path: Path, work_dir: Path, **engine: Any) -> dict[str, Any]:
         if fill is not None
         else None
     )
+    result["busy_s"] = scraper.busy_seconds()
     result["command"] = " ".join(argv[1:])
     result["log"] = str(log_path)
+    result["output"] = str(out_path)
     return result
 
 
