@@ -145,9 +145,10 @@ class Settings:
     # cut at line ends; Parquet: runs of row groups), each a task any control process may take,
     # then merged once (workers/validation_chunks.py); smaller files in one task. 0: never split
     validation_chunk_bytes: int = 16 * 1024 * 1024
-    # chunks of one batch queued or running at once; each one done sends the next, behind whatever
-    # other batches queued meanwhile, so one tenant's huge input never fills the validation queue
-    # (a tenant's share: at most tenant_validations x this). Raise it with the control fleet
+    # chunks of one tenant's batches queued or running at once, all its batches together; each one
+    # done sends the next (of its batch with the fewest in flight: scheduler/chunk_window.py),
+    # behind whatever other tenants' validations queued meanwhile, so one tenant's huge inputs,
+    # however many, never fill the validation queue. Raise it with the control fleet
     validation_chunks_in_flight: int = 8
     urgent_slack_seconds: float = 900.0  # slack below this makes a batch urgent: strict EDF, no sharing
     # the most of the requests in flight a tenant may hold and still have its urgent units go first

@@ -43,9 +43,10 @@ from typing import IO, Any, cast
 from sqlalchemy import CursorResult, func, select, update
 from sqlalchemy.orm import Session
 
+from scheduler.chunk_window import share_slots
 from scheduler.ordering import Record, dump_records, load_records, sort_records
 from storage.leases import lease_free, take_lease
-from storage.models import Batch, StoredFile, ValidationChunk
+from storage.models import Batch, StoredFile, Tenant, ValidationChunk
 from storage.request_tables import RowError, decode_limits, is_parquet, metadata_defaults, row_group_runs
 from storage.runtime import Runtime
 from storage.settings import Settings
@@ -122,21 +123,26 @@ def validate_in_chunks(rt: Runtime, batch_id: str, input_key: str, endpoint: str
         bounds = plan_chunks(rt, input_key, endpoint)
         if not bounds:
             return False
-        window = rt.settings.validation_chunks_in_flight
         with rt.db.write() as s:  # only the lease's holder gets here: the rows are made once
-            made = [
-                ValidationChunk(batch_id=batch_id, seq=seq, start=start, stop=stop,
-                                status=ChunkStatus.PENDING, sent_at=now if seq < window else None)
+            s.add_all(
+                ValidationChunk(
+                    batch_id=batch_id, seq=seq, start=start, stop=stop, status=ChunkStatus.PENDING
+                )
                 for seq, (start, stop) in enumerate(bounds)
-            ]  # fmt: skip
-            s.add_all(made)
+            )
             # the tick sends this validation again a lease from now: it checks on the chunks then
             s.execute(update(Batch).where(Batch.id == batch_id).values(validation_due_at=now))
             s.flush()
-            ids = [chunk.id for chunk in made]
-        for chunk_id in ids[:window]:  # sent after the commit that made them; the rest as they end
-            rt.queue.validate_chunk(batch_id, chunk_id)
-        log.info("batch %s: validating in %d chunks, %d at a time", batch_id, len(ids), window)
+            tenant_id = s.scalar(select(Batch.tenant_id).where(Batch.id == batch_id))
+            sent = _mark_next_sent(s, rt.settings, str(tenant_id), now)
+        _send(rt, sent)  # after the commit that made and marked them; the rest as chunks end
+        log.info(
+            "batch %s: validating in %d chunks, %d sent now (%d of its tenant's at a time)",
+            batch_id,
+            len(bounds),
+            sum(1 for b, _ in sent if b == batch_id),
+            rt.settings.validation_chunks_in_flight,
+        )
         return True
     if any(status != ChunkStatus.DONE for _, status in chunks):
         resend_lost_chunks(rt, batch_id, now)
@@ -178,44 +184,63 @@ def resend_lost_chunks(rt: Runtime, batch_id: str, now: float) -> list[int]:
     return lost
 
 
-def send_next_chunks(rt: Runtime, batch_id: str, now: float) -> list[int]:
-    """Send the batch's next unsent chunks, in file order, until FREIGHT_VALIDATION_CHUNKS_IN_FLIGHT
-    of its pending chunks are sent: a chunk sent as another ends joins the queue behind other
-    tenants' validations, so one huge input takes turns instead of filling the queue. The ids."""
+def send_next_chunks(rt: Runtime, batch_id: str, now: float) -> list[tuple[str, int]]:
+    """Fill the window of the batch's tenant: its validating batches' next unsent chunks, in file
+    order, until FREIGHT_VALIDATION_CHUNKS_IN_FLIGHT of their pending chunks are sent (the tick's
+    top-up, for a window a dead process left short). A chunk sent as another ends joins the queue
+    behind other tenants' validations, so one tenant's huge inputs take turns instead of filling
+    the queue. The (batch, chunk) ids sent."""
     with rt.db.write() as s:
         batch = s.get(Batch, batch_id, with_for_update=True)
         if batch is None or batch.status != BatchStatus.VALIDATING:
             return []
-        ids = _mark_next_sent(s, rt.settings, batch_id, now)
-    for chunk_id in ids:  # after the commit that marked them sent
-        rt.queue.validate_chunk(batch_id, chunk_id)
-    return ids
+        sent = _mark_next_sent(s, rt.settings, batch.tenant_id, now)
+    _send(rt, sent)
+    return sent
 
 
-def _mark_next_sent(s: Session, settings: Settings, batch_id: str, now: float) -> list[int]:
-    """Mark the next unsent chunks sent, filling the window; the caller holds the batch's row lock
-    (so two chunks ending together never both send the same next one) and sends them after its
-    commit."""
-    pending = (ValidationChunk.batch_id == batch_id, ValidationChunk.status == ChunkStatus.PENDING)
-    in_flight = s.scalar(
-        select(func.count())
-        .select_from(ValidationChunk)
-        .where(*pending, ValidationChunk.sent_at.is_not(None))
-    )
-    room = settings.validation_chunks_in_flight - (in_flight or 0)
-    if room <= 0:
-        return []
-    ids = list(
-        s.scalars(
-            select(ValidationChunk.id)
-            .where(*pending, ValidationChunk.sent_at.is_(None))
-            .order_by(ValidationChunk.seq)
-            .limit(room)
+def _mark_next_sent(s: Session, settings: Settings, tenant_id: str, now: float) -> list[tuple[str, int]]:
+    """Mark the next unsent chunks of the tenant's validating batches sent, filling the tenant's
+    window, each slot to its batch with the fewest in flight (``scheduler.chunk_window``). Locks
+    the tenant's row, after whatever batch row the caller holds (the order ``validate_batch``'s
+    tenant check takes them in), so two chunks ending together never both fill the same room;
+    the caller sends the chunks after its commit (``_send``)."""
+    s.get(Tenant, tenant_id, with_for_update=True)
+    counts = s.execute(
+        select(ValidationChunk.batch_id, func.count(ValidationChunk.sent_at), func.count())
+        .join(Batch, Batch.id == ValidationChunk.batch_id)
+        .where(
+            Batch.tenant_id == tenant_id,
+            Batch.status == BatchStatus.VALIDATING,
+            ValidationChunk.status == ChunkStatus.PENDING,
         )
-    )
-    if ids:
-        s.execute(update(ValidationChunk).where(ValidationChunk.id.in_(ids)).values(sent_at=now))
-    return ids
+        .group_by(ValidationChunk.batch_id, Batch.created_at)
+        .order_by(Batch.created_at, ValidationChunk.batch_id)
+    ).all()
+    room = settings.validation_chunks_in_flight - sum(int(sent) for _, sent, _ in counts)
+    shares = share_slots(room, [(b, int(sent), int(total) - int(sent)) for b, sent, total in counts])
+    picked: list[tuple[str, int]] = []
+    for batch_id, n in shares.items():
+        ids = s.scalars(
+            select(ValidationChunk.id)
+            .where(
+                ValidationChunk.batch_id == batch_id,
+                ValidationChunk.status == ChunkStatus.PENDING,
+                ValidationChunk.sent_at.is_(None),
+            )
+            .order_by(ValidationChunk.seq)
+            .limit(n)
+        )
+        picked += [(batch_id, chunk_id) for chunk_id in ids]
+    if picked:
+        chosen = [chunk_id for _, chunk_id in picked]
+        s.execute(update(ValidationChunk).where(ValidationChunk.id.in_(chosen)).values(sent_at=now))
+    return picked
+
+
+def _send(rt: Runtime, chunks: list[tuple[str, int]]) -> None:
+    for batch_id, chunk_id in chunks:
+        rt.queue.validate_chunk(batch_id, chunk_id)
 
 
 # -- one chunk (the freight.validate_chunk task) -------------------------------------------------
@@ -255,16 +280,13 @@ def validate_chunk(rt: Runtime, batch_id: str, chunk_id: int) -> bool:
                 .select_from(ValidationChunk)
                 .where(ValidationChunk.batch_id == batch_id, ValidationChunk.status != ChunkStatus.DONE)
             )
-            validating = batch is not None and batch.status == BatchStatus.VALIDATING
-            # its place in the window, in the same transaction (one lock of the batch's row)
-            following = (
-                _mark_next_sent(s, settings, batch_id, time.time()) if moved and left and validating else []
-            )
+            # its place in the tenant's window, in the same transaction: the next chunk of whichever
+            # of the tenant's batches has the fewest in flight (this one's, when it is alone)
+            following = _mark_next_sent(s, settings, batch.tenant_id, time.time()) if batch and moved else []
     last = bool(moved) and not left
     if last:
         rt.queue.validate(batch_id)  # after the commit: the merge finds every chunk done
-    for next_id in following:  # after the commit that marked them sent
-        rt.queue.validate_chunk(batch_id, next_id)
+    _send(rt, following)  # after the commit that marked them sent
     return last
 
 

@@ -527,3 +527,50 @@ def test_a_batch_keeps_its_window_of_chunks_in_flight_and_others_queue_between(s
             reference.db.dispose()
     finally:
         rt.db.dispose()
+
+
+def test_a_tenants_batches_share_its_window(settings, redis_service):
+    """FREIGHT_VALIDATION_CHUNKS_IN_FLIGHT=2 holds for all of a tenant's batches together: a second
+    large batch sends nothing while the first holds both slots, then takes each slot that comes
+    free while it has fewer in flight; both end as one task would validate them."""
+    broker = redis_service.url.rsplit("/", 1)[0] + "/11"  # a queue of this test's own
+    rt = chunked(settings, max_file_bytes=1 << 20, validation_chunks_in_flight=2, broker_url=broker)
+    try:
+        with rt.queue.celery.connection_for_write() as conn:
+            conn.default_channel.client.flushdb()
+        tenant, _ = create_tenant(rt.db, "t", now())
+        first = upload_and_create(rt, tenant.id, jsonl(doc_lines())).id
+        second = upload_and_create(rt, tenant.id, jsonl(doc_lines(seed=4)), name="second.jsonl").id
+        with rt.queue.celery.connection_for_write() as conn:
+            conn.default_channel.client.flushdb()  # their creations' messages: run here instead
+        assert validate_batch(rt, first) is None
+        assert validate_batch(rt, second) is None  # made its chunks; no room to send any
+
+        def chunk_ids(batch_id: str) -> list[int]:
+            with rt.db.read() as s:
+                return list(
+                    s.scalars(
+                        select(ValidationChunk.id)
+                        .where(ValidationChunk.batch_id == batch_id)
+                        .order_by(ValidationChunk.seq)
+                    )
+                )
+
+        a, b = chunk_ids(first), chunk_ids(second)
+        assert len(a) >= 3 and len(b) >= 3
+        sent = [tuple(args) for task, args in queued(rt) if task == "freight.validate_chunk"]
+        assert sent == [(first, a[0]), (first, a[1])]
+
+        validation_chunks.validate_chunk(rt, first, a[0])  # its slot: to the batch holding none
+        validation_chunks.validate_chunk(rt, first, a[1])  # now the first holds none: back to it
+        sent = [tuple(args) for task, args in queued(rt) if task == "freight.validate_chunk"]
+        assert sent == [(first, a[0]), (first, a[1]), (second, b[0]), (first, a[2])]
+
+        for batch_id in (first, second):
+            run_chunks(rt, batch_id)
+        for batch_id, lines in ((first, doc_lines()), (second, doc_lines(seed=4))):
+            assert validate_batch(rt, batch_id) is None  # the merge
+            batch, plan, _ = outcome(rt, batch_id)
+            assert batch.status == "in_progress" and batch.request_total == len(lines) and plan
+    finally:
+        rt.db.dispose()
