@@ -139,7 +139,10 @@ def resend_lost_validations(rt: Runtime, now: float, report: TickReport) -> None
     A batch validated in chunks (``workers.validation_chunks``) holds its own lease only while it
     sends them and while it merges; meanwhile it counts as lost once none of its pending chunks
     has been sent or held a live lease for a lease: the validation sent then sends those chunks
-    again, or merges if they are all done and the last one's message was lost."""
+    again, or merges if they are all done and the last one's message was lost. A batch whose
+    chunks all wait for room in its tenant's window (its other batches' chunks hold it) is
+    nudged the same way once a lease, and the validation fills the window if room has come (a
+    cancelled batch's chunks free room without sending anyone's next)."""
     lease = rt.settings.lease_seconds
     due = func.coalesce(Batch.validation_due_at, Batch.created_at)
     chunk_alive = exists().where(
@@ -166,7 +169,10 @@ def resend_lost_validations(rt: Runtime, now: float, report: TickReport) -> None
             rt.queue.validate(batch_id)
             report.revalidated.append(batch_id)
             log.warning(
-                "batch %s: its validation was lost; sending it again", batch_id, extra={"batch_id": batch_id}
+                "batch %s: neither its validation nor a chunk of it was active for a lease (lost, or"
+                " waiting for its tenant's chunk window); sending its validation again",
+                batch_id,
+                extra={"batch_id": batch_id},
             )
 
 
