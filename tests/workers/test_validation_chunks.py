@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import pyarrow as pa
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 
 from api.services.tenants import create_tenant
 from storage.broker import VALIDATE_QUEUE
@@ -572,5 +572,43 @@ def test_a_tenants_batches_share_its_window(settings, redis_service):
             assert validate_batch(rt, batch_id) is None  # the merge
             batch, plan, _ = outcome(rt, batch_id)
             assert batch.status == "in_progress" and batch.request_total == len(lines) and plan
+    finally:
+        rt.db.dispose()
+
+
+def test_a_cancelled_batch_frees_its_tenants_window(settings, redis_service):
+    """A cancelled batch's chunks end without sending anyone's next one; the tenant's other batch,
+    all of its chunks waiting for room, is nudged by the tick's lost-validation check a lease
+    later, and its validation fills the window the cancel freed."""
+    from api.services.batches import cancel
+
+    broker = redis_service.url.rsplit("/", 1)[0] + "/12"  # a queue of this test's own
+    rt = chunked(settings, max_file_bytes=1 << 20, validation_chunks_in_flight=2, broker_url=broker)
+    try:
+        with rt.queue.celery.connection_for_write() as conn:
+            conn.default_channel.client.flushdb()
+        tenant, _ = create_tenant(rt.db, "t", now())
+        first = upload_and_create(rt, tenant.id, jsonl(doc_lines())).id
+        second = upload_and_create(rt, tenant.id, jsonl(doc_lines(seed=4)), name="second.jsonl").id
+        assert validate_batch(rt, first) is None
+        assert validate_batch(rt, second) is None
+        with rt.db.read() as s:
+            waiting = s.scalar(
+                select(func.count())
+                .select_from(ValidationChunk)
+                .where(ValidationChunk.batch_id == second, ValidationChunk.sent_at.is_not(None))
+            )
+        assert waiting == 0  # the first holds both slots
+
+        cancel(rt, tenant.id, first)
+        assert tick_resends(rt, second)  # nothing of it active for a lease: nudged
+        assert validate_batch(rt, second) is None
+        with rt.db.read() as s:
+            sent = s.scalar(
+                select(func.count())
+                .select_from(ValidationChunk)
+                .where(ValidationChunk.batch_id == second, ValidationChunk.sent_at.is_not(None))
+            )
+        assert sent == 2  # the cancelled batch's slots, both
     finally:
         rt.db.dispose()
