@@ -30,6 +30,7 @@ import random
 import shutil
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -66,27 +67,12 @@ def lines(n: int, seed: int) -> list[dict[str, Any]]:
     return out
 
 
-def check_freight_output(stack: Any, tenant: str, batch_ids: list[str], width: int) -> dict[str, int]:
-    """Every output line of the batches: a 200 with one vector of ``width`` values (the run's own
-    count covers missing and duplicated custom_ids)."""
-    client = stack.client(tenant)
+def count_vectors(lines: Iterable[str], width: int) -> dict[str, int]:
+    """Output lines (OpenAI batch output shape) holding exactly one vector of ``width`` values, and
+    those that do not; blank lines are skipped. The run's own count covers missing and duplicated
+    custom_ids."""
     bad = vectors = 0
-    for batch_id in batch_ids:
-        batch = client.batches.retrieve(batch_id)
-        for raw in client.files.content(batch.output_file_id).text.splitlines():
-            if not raw.strip():
-                continue
-            body = (json.loads(raw).get("response") or {}).get("body") or {}
-            data = body.get("data") or []
-            ok = len(data) == 1 and len(data[0].get("embedding") or []) == width
-            bad += not ok
-            vectors += ok
-    return {"vectors": vectors, "bad_vectors": bad}
-
-
-def check_runbatch_output(path: Path, width: int) -> dict[str, int]:
-    bad = vectors = 0
-    for raw in path.read_text().splitlines():
+    for raw in lines:
         if not raw.strip():
             continue
         body = (json.loads(raw).get("response") or {}).get("body") or {}
@@ -95,6 +81,22 @@ def check_runbatch_output(path: Path, width: int) -> dict[str, int]:
         bad += not ok
         vectors += ok
     return {"vectors": vectors, "bad_vectors": bad}
+
+
+def check_freight_output(stack: Any, tenant: str, batch_ids: list[str], width: int) -> dict[str, int]:
+    """Every output line of the batches: a 200 with one vector of ``width`` values."""
+    client = stack.client(tenant)
+    total = {"vectors": 0, "bad_vectors": 0}
+    for batch_id in batch_ids:
+        batch = client.batches.retrieve(batch_id)
+        counts = count_vectors(client.files.content(batch.output_file_id).text.splitlines(), width)
+        total = {k: total[k] + counts[k] for k in total}
+    return total
+
+
+def check_runbatch_output(path: Path, width: int) -> dict[str, int]:
+    with path.open() as lines:
+        return count_vectors(lines, width)
 
 
 def rates(run: dict[str, Any], inputs: int, seconds: float | None) -> dict[str, float | None]:

@@ -11,6 +11,8 @@ import json
 import random
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 
 import pyarrow as pa
@@ -457,25 +459,61 @@ def queued(rt: Runtime) -> list[tuple[str, list]]:
     return out
 
 
+def flush(rt: Runtime) -> None:
+    """Empty the test's own broker database: messages sent so far run here, in-process, instead."""
+    with rt.queue.celery.connection_for_write() as conn:
+        conn.default_channel.client.flushdb()
+
+
+@contextmanager
+def window_of_two(settings, redis_service, db: int) -> Iterator[Runtime]:
+    """A runtime that validates in chunks, two in flight per tenant, on a broker database of the
+    test's own (``db``), emptied."""
+    broker = redis_service.url.rsplit("/", 1)[0] + f"/{db}"
+    rt = chunked(settings, max_file_bytes=1 << 20, validation_chunks_in_flight=2, broker_url=broker)
+    try:
+        flush(rt)
+        yield rt
+    finally:
+        rt.db.dispose()
+
+
+def chunks_sent(rt: Runtime, batch_id: str) -> int:
+    with rt.db.read() as s:
+        return (
+            s.scalar(
+                select(func.count())
+                .select_from(ValidationChunk)
+                .where(ValidationChunk.batch_id == batch_id, ValidationChunk.sent_at.is_not(None))
+            )
+            or 0
+        )
+
+
+def two_large_batches(rt: Runtime) -> tuple[str, str, str]:
+    """One tenant's two chunked batches, both validated once (their chunks made; the window sent
+    what it had room for): (tenant id, first, second)."""
+    tenant, _ = create_tenant(rt.db, "t", now())
+    first = upload_and_create(rt, tenant.id, jsonl(doc_lines())).id
+    second = upload_and_create(rt, tenant.id, jsonl(doc_lines(seed=4)), name="second.jsonl").id
+    flush(rt)  # their creations' messages: run here instead
+    assert validate_batch(rt, first) is None
+    assert validate_batch(rt, second) is None
+    return tenant.id, first, second
+
+
 def test_a_batch_keeps_its_window_of_chunks_in_flight_and_others_queue_between(settings, redis_service):
     """FREIGHT_VALIDATION_CHUNKS_IN_FLIGHT=2: the chunked validation sends two chunks; each one done
     sends the next, behind another tenant's validation that queued meanwhile; a window left short
     (a process died between its commit and the send) is topped up by the batch's next validation,
     which the tick sends; the result is the one-task result all the same."""
-    broker = redis_service.url.rsplit("/", 1)[0] + "/10"  # a queue of this test's own
-    rt = chunked(settings, max_file_bytes=1 << 20, validation_chunks_in_flight=2, broker_url=broker)
-    try:
-
-        def flush() -> None:
-            with rt.queue.celery.connection_for_write() as conn:
-                conn.default_channel.client.flushdb()
-
-        flush()
+    with window_of_two(settings, redis_service, 10) as rt:
+        broker = rt.settings.broker_url
         tenant, _ = create_tenant(rt.db, "t", now())
         other, _ = create_tenant(rt.db, "u", now())
         lines = doc_lines()
         batch_id = upload_and_create(rt, tenant.id, jsonl(lines)).id
-        flush()  # its creation's message: run here instead
+        flush(rt)  # its creation's message: run here instead
         assert validate_batch(rt, batch_id) is None
         with rt.db.read() as s:
             chunks = s.execute(
@@ -502,7 +540,7 @@ def test_a_batch_keeps_its_window_of_chunks_in_flight_and_others_queue_between(s
         # the second chunk's process dies after its commit, before it sends the fourth, and the
         # third's message is lost: the tick sends the batch's validation, which sends both
         assert not validation_chunks.validate_chunk(rt, batch_id, ids[1])
-        flush()
+        flush(rt)
         stale = now() - 10 * settings.lease_seconds
         with rt.db.write() as s:
             s.execute(update(ValidationChunk).where(ValidationChunk.id == ids[3]).values(sent_at=None))
@@ -525,26 +563,14 @@ def test_a_batch_keeps_its_window_of_chunks_in_flight_and_others_queue_between(s
             assert outcome(reference, one)[1:] == (plan, shards)
         finally:
             reference.db.dispose()
-    finally:
-        rt.db.dispose()
 
 
 def test_a_tenants_batches_share_its_window(settings, redis_service):
     """FREIGHT_VALIDATION_CHUNKS_IN_FLIGHT=2 holds for all of a tenant's batches together: a second
     large batch sends nothing while the first holds both slots, then takes each slot that comes
     free while it has fewer in flight; both end as one task would validate them."""
-    broker = redis_service.url.rsplit("/", 1)[0] + "/11"  # a queue of this test's own
-    rt = chunked(settings, max_file_bytes=1 << 20, validation_chunks_in_flight=2, broker_url=broker)
-    try:
-        with rt.queue.celery.connection_for_write() as conn:
-            conn.default_channel.client.flushdb()
-        tenant, _ = create_tenant(rt.db, "t", now())
-        first = upload_and_create(rt, tenant.id, jsonl(doc_lines())).id
-        second = upload_and_create(rt, tenant.id, jsonl(doc_lines(seed=4)), name="second.jsonl").id
-        with rt.queue.celery.connection_for_write() as conn:
-            conn.default_channel.client.flushdb()  # their creations' messages: run here instead
-        assert validate_batch(rt, first) is None
-        assert validate_batch(rt, second) is None  # made its chunks; no room to send any
+    with window_of_two(settings, redis_service, 11) as rt:
+        _, first, second = two_large_batches(rt)
 
         def chunk_ids(batch_id: str) -> list[int]:
             with rt.db.read() as s:
@@ -572,8 +598,6 @@ def test_a_tenants_batches_share_its_window(settings, redis_service):
             assert validate_batch(rt, batch_id) is None  # the merge
             batch, plan, _ = outcome(rt, batch_id)
             assert batch.status == "in_progress" and batch.request_total == len(lines) and plan
-    finally:
-        rt.db.dispose()
 
 
 def test_a_cancelled_batch_frees_its_tenants_window(settings, redis_service):
@@ -582,33 +606,11 @@ def test_a_cancelled_batch_frees_its_tenants_window(settings, redis_service):
     later, and its validation fills the window the cancel freed."""
     from api.services.batches import cancel
 
-    broker = redis_service.url.rsplit("/", 1)[0] + "/12"  # a queue of this test's own
-    rt = chunked(settings, max_file_bytes=1 << 20, validation_chunks_in_flight=2, broker_url=broker)
-    try:
-        with rt.queue.celery.connection_for_write() as conn:
-            conn.default_channel.client.flushdb()
-        tenant, _ = create_tenant(rt.db, "t", now())
-        first = upload_and_create(rt, tenant.id, jsonl(doc_lines())).id
-        second = upload_and_create(rt, tenant.id, jsonl(doc_lines(seed=4)), name="second.jsonl").id
-        assert validate_batch(rt, first) is None
-        assert validate_batch(rt, second) is None
-        with rt.db.read() as s:
-            waiting = s.scalar(
-                select(func.count())
-                .select_from(ValidationChunk)
-                .where(ValidationChunk.batch_id == second, ValidationChunk.sent_at.is_not(None))
-            )
-        assert waiting == 0  # the first holds both slots
+    with window_of_two(settings, redis_service, 12) as rt:
+        tenant_id, first, second = two_large_batches(rt)
+        assert chunks_sent(rt, second) == 0  # the first holds both slots
 
-        cancel(rt, tenant.id, first)
+        cancel(rt, tenant_id, first)
         assert tick_resends(rt, second)  # nothing of it active for a lease: nudged
         assert validate_batch(rt, second) is None
-        with rt.db.read() as s:
-            sent = s.scalar(
-                select(func.count())
-                .select_from(ValidationChunk)
-                .where(ValidationChunk.batch_id == second, ValidationChunk.sent_at.is_not(None))
-            )
-        assert sent == 2  # the cancelled batch's slots, both
-    finally:
-        rt.db.dispose()
+        assert chunks_sent(rt, second) == 2  # the cancelled batch's slots, both
