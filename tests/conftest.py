@@ -15,6 +15,7 @@ import signal
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,8 @@ import pytest
 from infra import daemons as services
 from storage.logs import bound
 from storage.migrate import upgrade
+from storage.objectstore import S3ObjectStore
+from storage.objectstore_retry import Retrier, RetryPolicy
 from storage.runtime import Runtime
 from storage.settings import Settings
 
@@ -83,6 +86,56 @@ def s3_service(services_dir: Path):
     handle = services.start_seaweedfs(services_dir, services.free_port())
     yield handle
     handle.stop(timeout=0)  # thrown away: no 3 s wait for `weed` to stop what it need not keep
+
+
+@dataclass
+class Weed:
+    """A SeaweedFS of one test module's own, which its tests may stop and start again (same port,
+    same data): the shared ``s3_service`` must stay up for everyone else."""
+
+    run_dir: Path
+    port: int
+    handle: services.S3Service
+
+    def stop(self) -> None:
+        self.handle.stop()
+
+    def start(self) -> None:
+        self.handle = services.start_seaweedfs(self.run_dir, self.port)
+
+    def client(self):
+        return self.handle.client()
+
+    def credentials(self) -> dict[str, str]:
+        """The environment through which boto3's chain finds this server's credentials."""
+        return {
+            "AWS_ACCESS_KEY_ID": self.handle.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.handle.secret_key,
+            "AWS_DEFAULT_REGION": self.handle.region,
+        }
+
+    def store(self, bucket: str, policy: RetryPolicy | Retrier) -> S3ObjectStore:
+        return S3ObjectStore(
+            bucket,
+            "freight",
+            endpoint_url=self.handle.endpoint_url,
+            access_key_id=self.handle.access_key,
+            secret_access_key=self.handle.secret_key,
+            region=self.handle.region,
+            connect_timeout=2,
+            retry=policy,
+        )
+
+
+@pytest.fixture(scope="module")
+def weed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Weed]:
+    run_dir = tmp_path_factory.mktemp("weed-outage")
+    port = services.free_port()
+    w = Weed(run_dir, port, services.start_seaweedfs(run_dir, port))
+    try:
+        yield w
+    finally:
+        services.stop_all(run_dir)
 
 
 @pytest.fixture(scope="session")

@@ -42,6 +42,7 @@ from storage.models import Batch, EngineSample, UnitStatus, WorkUnit
 from storage.runtime import Runtime
 from storage.shards import ShardRow, read_rows
 from storage.status import BatchStatus, unit_sources
+from workers import task_policy
 from workers.checkpoint import model_shape
 from workers.cost_meter import CostMeter, UnitMeter
 from workers.engine import ABORTED_STATUS, Engine, EngineRequest, EngineResult
@@ -346,7 +347,8 @@ class PackRunner:
         self._gather_since: float | None = None  # an idle engine began waiting for packs (monotonic)
         self._last_pack_at = 0.0  # the last pack's requests reached the feed (monotonic; guarded by _lock)
         self._more_coming = False  # the last pack's: other batches were validating (guarded by _lock)
-        self._units: dict[int, ActiveUnit] = {}  # guarded by _lock
+        # by claim token: a unit lost and claimed again by this process is two entries; guarded by _lock
+        self._units: dict[str, ActiveUnit] = {}
         self._keys: dict[str, tuple[ActiveUnit, str]] = {}  # engine key -> (unit, custom_id)
         self._stops: queue.SimpleQueue[ActiveUnit] = queue.SimpleQueue()  # for the engine loop
         self._finished: queue.Queue[ActiveUnit | None] = queue.Queue()  # for the recorder
@@ -393,16 +395,22 @@ class PackRunner:
         if not claims:
             return 0
         units = [ActiveUnit(c, _spool(), _spool(), c.n_requests) for c in claims]
-        rows = [
-            list(read_rows(self.rt.store, u.claim.shard_key, u.claim.row_start, u.claim.n_requests))
-            for u in units
-        ]
+        with self._lock:  # on the watcher's list from the claim: heartbeated while their rows are read
+            for unit in units:
+                self._units[unit.claim.token] = unit
+        try:
+            rows = [
+                list(read_rows(self.rt.store, u.claim.shard_key, u.claim.row_start, u.claim.n_requests))
+                for u in units
+            ]
+        except Exception as exc:
+            self._give_back_unread(units, exc)
+            raise
         with self._lock:
             self._more_coming = more_coming
             self._last_pack_at = time.monotonic()
             for unit, unit_rows in zip(units, rows, strict=True):
                 unit.total = len(unit_rows)
-                self._units[unit.claim.unit_id] = unit
                 if unit.total == 0:
                     self._finished.put(unit)
                 # each shard is prefix-sorted already; the feed merges them with every request
@@ -429,6 +437,27 @@ class PackRunner:
     def busy(self) -> bool:
         with self._lock:
             return bool(self._units)
+
+    def _give_back_unread(self, units: list[ActiveUnit], exc: Exception) -> None:
+        """The pack's rows could not be read. An outage of the store (the reads retried for as long
+        as the store's retry policy allows): the units go back to pending with the attempt not
+        counted, for the dispatcher to pack again, so an outage never uses up a unit's attempts.
+        Anything else is the pack's fault: the units stay claimed for the task's exception policy
+        to fail (``task_policy.fail_pack``)."""
+        with self._lock:
+            for unit in units:
+                self._units.pop(unit.claim.token, None)
+            self._lock.notify_all()
+        for unit in units:
+            unit.out.close()
+            unit.err.close()
+        if not task_policy.is_transient(exc):
+            return
+        for unit in units:
+            try:
+                self._release(unit, f"because its rows could not be read: {exc}")
+            except Exception:
+                log.exception("giving unit %s back failed; its lease will expire", unit.claim.unit_id)
 
     def close(self, drain_seconds: float) -> None:
         """Stop taking packs; let running units finish for ``drain_seconds``, then give the rest
@@ -503,17 +532,11 @@ class PackRunner:
             self.on_fatal()
 
     def _gathering(self) -> bool:
-        """Whether an idle engine should wait a moment more for packs before it starts. Never once
-        the feed holds the look-ahead or anything urgent. While the last pack said more may come
-        (batches of the model were validating), up to feed_merge_seconds from the first request
-        waiting. Otherwise until no pack has come for feed_settle_seconds (never longer in all
-        than the larger of the two): a pack knows only of batches already created, and jobs
-        submitted together by several teams or one script are created a fraction of a second
-        apart. Without either wait, jobs of one model run apart: the first fills the engine
-        (2 x max_num_seqs) before the next one's requests arrive, and every prefix the late ones
-        share with it that the KV cache has dropped by the next sweep is computed again (issue
-        #24: six jobs of three tenants, created over 0.2-0.5 s, lost 2.1 points of cache hits
-        against one job of the same lines in one run of three)."""
+        """Whether an idle engine should wait a moment more for packs before it starts: never
+        once the feed holds the look-ahead or anything urgent; else until
+        ``scheduler.feed_order.gather_deadline`` (which says when, and why). Without the wait, jobs
+        of one model submitted together run apart, and the prefixes the late ones share with the
+        first are computed again once the KV cache has dropped them (issue #24)."""
         merge = self.rt.settings.feed_merge_seconds
         settle = self.rt.settings.feed_settle_seconds
         with self._lock:
@@ -546,7 +569,9 @@ class PackRunner:
             if unit.stopping:
                 self._deliver_to(unit, row.custom_id, None)
                 continue
-            key = f"{unit.claim.unit_id}/{row.line}"
+            # unique per claim: a lost attempt's requests may still be in the engine when this
+            # process claims the unit again
+            key = f"{unit.claim.token}/{row.line}"
             request = EngineRequest(
                 key=key,
                 endpoint=unit.claim.endpoint,
@@ -652,7 +677,7 @@ class PackRunner:
                 unit.out.close()
                 unit.err.close()
                 with self._lock:
-                    self._units.pop(unit.claim.unit_id, None)
+                    self._units.pop(unit.claim.token, None)
                     self._lock.notify_all()
 
     def _record_retrying(self, unit: ActiveUnit) -> None:
@@ -730,7 +755,8 @@ class PackRunner:
         )
         unit_recorded(self.rt, claim, ready, self.model)
 
-    def _release(self, unit: ActiveUnit) -> None:
+    def _release(self, unit: ActiveUnit, why: str = "unfinished at shutdown") -> None:
+        """Give a unit back to pending, unrecorded and its attempt not counted."""
         with self.rt.db.write() as s:
             move_units(
                 s,
@@ -742,7 +768,7 @@ class PackRunner:
                 attempts=WorkUnit.attempts - 1,
                 **NO_LIVE_COUNTS,  # its live counts: these results are given back unrecorded
             )
-        log.info("unit %s released unfinished at shutdown", unit.claim.unit_id)
+        log.info("unit %s released %s", unit.claim.unit_id, why)
 
     # ------------------------------------------------------------------ watcher
 

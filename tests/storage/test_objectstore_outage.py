@@ -9,55 +9,12 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-from infra import daemons as services
-from storage.objectstore import CHUNK, PART_SIZE, ObjectStoreError, S3ObjectStore
+from storage.objectstore import CHUNK, PART_SIZE, ObjectStoreError
 from storage.objectstore_retry import Retrier, RetryPolicy
-
-
-@dataclass
-class Weed:
-    """One SeaweedFS that the tests may stop and start again (same port, same data)."""
-
-    run_dir: Path
-    port: int
-    handle: services.S3Service
-
-    def stop(self) -> None:
-        self.handle.stop()
-
-    def start(self) -> None:
-        self.handle = services.start_seaweedfs(self.run_dir, self.port)
-
-    def client(self):
-        return self.handle.client()
-
-    def store(self, bucket: str, policy: RetryPolicy | Retrier) -> S3ObjectStore:
-        return S3ObjectStore(
-            bucket,
-            "freight",
-            endpoint_url=self.handle.endpoint_url,
-            access_key_id=self.handle.access_key,
-            secret_access_key=self.handle.secret_key,
-            region=self.handle.region,
-            connect_timeout=2,
-            retry=policy,
-        )
-
-
-@pytest.fixture(scope="module")
-def weed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Weed]:
-    run_dir = tmp_path_factory.mktemp("weed-outage")
-    port = services.free_port()
-    w = Weed(run_dir, port, services.start_seaweedfs(run_dir, port))
-    try:
-        yield w
-    finally:
-        services.stop_all(run_dir)
+from tests.conftest import Weed
 
 
 def _bucket(weed: Weed) -> str:

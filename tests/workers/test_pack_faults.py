@@ -1,0 +1,219 @@
+"""An engine worker's pack path through faults that once stopped a batch for good (a CI run: a
+batch ``in_progress`` 400 s after an object store outage).
+
+Two faults met there. A pack's units were claimed before their rows were read, but heartbeated
+only once the rows were on the feed, so reads retrying through a store outage longer than a lease
+lost every claim of the pack: the units ran twice and used up their attempts. And a unit lost that
+way could be claimed again by the same process while its first attempt's requests were still in
+the engine, under the same engine key: the engine refused the second and the worker died.
+
+Against the session's real vLLM engine on the demo model, a real database and a SeaweedFS of this
+module's own that the tests stop and start again.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+from sqlalchemy import select
+
+from api.services.tenants import create_tenant
+from storage.lifecycle import NO_LIVE_COUNTS, move_units
+from storage.models import UnitStatus, WorkUnit
+from storage.objectstore import ObjectStoreError
+from storage.runtime import Runtime
+from storage.settings import Settings
+from tests.conftest import Weed, now
+from tests.factories import chat_line, validated_batch
+from workers.dispatcher import TickReport, redeliver_stale
+from workers.engine import Engine
+from workers.execution import PackRunner
+
+LEASE_SECONDS = 2.0
+
+
+def units(rt: Runtime, batch_id: str) -> list[WorkUnit]:
+    with rt.db.read() as s:
+        return list(s.scalars(select(WorkUnit).where(WorkUnit.batch_id == batch_id).order_by(WorkUnit.id)))
+
+
+def wait_done(rt: Runtime, runner: PackRunner, batch_id: str, timeout: float = 120) -> list[WorkUnit]:
+    deadline = time.monotonic() + timeout
+    while True:
+        assert runner.failure is None, runner.failure
+        done = units(rt, batch_id)
+        if all(u.status == UnitStatus.DONE for u in done):
+            return done
+        assert time.monotonic() < deadline, [u.status for u in done]
+        time.sleep(0.1)
+
+
+def output_ids(rt: Runtime, done: list[WorkUnit]) -> list[str]:
+    """The custom_ids in the units' recorded output files, repeats kept."""
+    ids = []
+    for unit in done:
+        assert unit.output_key is not None
+        with rt.store.open(unit.output_key) as f:
+            ids += [json.loads(line)["custom_id"] for line in f.read().splitlines()]
+    return ids
+
+
+@pytest.fixture
+def s3_runtime(settings: Settings, weed: Weed, monkeypatch: pytest.MonkeyPatch) -> Iterator[Runtime]:
+    """Freight's store on this module's SeaweedFS, with leases short enough that a read outlives one."""
+    for name, value in weed.credentials().items():
+        monkeypatch.setenv(name, value)
+    bucket = weed.handle.create_bucket(f"packs-{uuid.uuid4().hex[:8]}")
+    rt = Runtime(
+        replace(
+            settings,
+            object_store_url=f"s3://{bucket}/freight",
+            s3_endpoint_url=weed.handle.endpoint_url,
+            lease_seconds=LEASE_SECONDS,
+            heartbeat_seconds=0.25,
+            unit_size=2,
+        )
+    )
+    yield rt
+    rt.db.dispose()
+
+
+@pytest.fixture
+def runner_of() -> Iterator:
+    """Starts PackRunners on the session's engine and closes them after the test."""
+    started: list[PackRunner] = []
+
+    def start(rt: Runtime, engine: Engine) -> PackRunner:
+        runner = PackRunner(rt, engine, "demo", worker="test-worker")
+        runner.on_fatal = lambda: None  # a failure fails the test, not the test process
+        started.append(runner.start())
+        return runner
+
+    yield start
+    for runner in started:
+        runner.close(5)
+
+
+def lines(tag: str, n: int, tokens: int = 4) -> list[dict]:
+    return [
+        chat_line(f"{tag}-{i}", f"Row {i} of {tag}", max_tokens=tokens, min_tokens=tokens) for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # the store's fault, not the database's
+def test_claims_are_heartbeated_while_their_rows_are_read_through_a_store_outage(
+    s3_runtime: Runtime, weed: Weed, vllm_engine: Engine, runner_of
+) -> None:
+    """The store is down for three leases when a pack comes: its reads retry until the store is
+    back, the dispatcher's redelivery (run every quarter lease meanwhile) takes none of its units,
+    and each unit runs once, on its first attempt."""
+    rt = s3_runtime
+    runner = runner_of(rt, vllm_engine)
+    tenant, _ = create_tenant(rt.db, "t", now())
+    batch_id = validated_batch(rt, tenant.id, lines("outage", 6))
+    ids = [u.id for u in units(rt, batch_id)]
+    assert len(ids) == 3
+
+    redelivered: list[int] = []
+    stop = threading.Event()
+
+    def dispatcher() -> None:
+        while not stop.wait(LEASE_SECONDS / 4):
+            report = TickReport()
+            redeliver_stale(rt, time.time(), report)
+            redelivered.extend(report.redelivered)
+
+    weed.stop()
+    restart = threading.Timer(3 * LEASE_SECONDS, weed.start)
+    ticks = threading.Thread(target=dispatcher, daemon=True)
+    restart.start()
+    ticks.start()
+    try:
+        began = time.monotonic()
+        assert runner.run_pack("pack-outage", ids) == len(ids)  # returns once the rows are read
+        assert time.monotonic() - began >= 2 * LEASE_SECONDS  # the reads did wait for the store
+        done = wait_done(rt, runner, batch_id)
+    finally:
+        restart.join()
+        stop.set()
+        ticks.join()
+    assert redelivered == []
+    assert [u.attempts for u in done] == [1, 1, 1]
+    assert sorted(output_ids(rt, done)) == sorted(x["custom_id"] for x in lines("outage", 6))
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_pack_whose_rows_stay_unreadable_is_given_back_without_using_attempts(
+    s3_runtime: Runtime, weed: Weed, vllm_engine: Engine, runner_of
+) -> None:
+    """An outage longer than the store's retry deadline: the pack fails as an outage (the task's
+    policy sends it again later), its units go back to pending with no attempt counted and no
+    worker, and the next pack runs them once."""
+    rt = Runtime(replace(s3_runtime.settings, object_store_retry_seconds=1.0))
+    try:
+        runner = runner_of(rt, vllm_engine)
+        tenant, _ = create_tenant(rt.db, "t", now())
+        batch_id = validated_batch(rt, tenant.id, lines("down", 4))
+        ids = [u.id for u in units(rt, batch_id)]
+        weed.stop()
+        try:
+            with pytest.raises(ObjectStoreError):
+                runner.run_pack("pack-down", ids)
+        finally:
+            weed.start()
+        back = units(rt, batch_id)
+        assert [(u.status, u.attempts, u.worker, u.pack_id) for u in back] == [
+            (UnitStatus.PENDING, 0, None, None)
+        ] * len(ids)
+        assert runner.failure is None and not runner.busy()
+
+        assert runner.run_pack("pack-again", ids) == len(ids)
+        done = wait_done(rt, runner, batch_id)
+        assert [u.attempts for u in done] == [1] * len(ids)
+        assert sorted(output_ids(rt, done)) == sorted(x["custom_id"] for x in lines("down", 4))
+    finally:
+        rt.db.dispose()
+
+
+def test_a_unit_lost_and_claimed_again_by_the_same_process_runs_once(
+    settings: Settings, vllm_engine: Engine, runner_of
+) -> None:
+    """The dispatcher takes a running unit back (as when its lease ran out) and the same process
+    claims it again while the first attempt's requests are still in the engine: both attempts
+    are in the engine at once under keys of their own, the first is found lost and discarded, the
+    second records every line once."""
+    rt = Runtime(replace(settings, heartbeat_seconds=0.25))
+    try:
+        runner = runner_of(rt, vllm_engine)
+        tenant, _ = create_tenant(rt.db, "t", now())
+        batch_id = validated_batch(rt, tenant.id, lines("again", 6, tokens=48))
+        ids = [u.id for u in units(rt, batch_id)]
+        assert runner.run_pack("pack-first", ids) == len(ids)
+        deadline = time.monotonic() + 30
+        while vllm_engine.load == 0:  # the first attempt's requests reach the engine
+            assert time.monotonic() < deadline and runner.failure is None
+            time.sleep(0.005)
+        with rt.db.write() as s:  # what the dispatcher's redelivery does to a unit it took back
+            taken = move_units(
+                s,
+                WorkUnit.id.in_(ids),
+                from_=UnitStatus.RUNNING,
+                to=UnitStatus.PENDING,
+                worker=None,
+                pack_id=None,
+                **NO_LIVE_COUNTS,
+            )
+        assert taken == len(ids)
+        assert runner.run_pack("pack-second", ids) == len(ids)
+        done = wait_done(rt, runner, batch_id)
+        assert [u.attempts for u in done] == [2] * len(ids)
+        assert sum(u.completed for u in done) == 6
+        assert sorted(output_ids(rt, done)) == sorted(x["custom_id"] for x in lines("again", 6))
+    finally:
+        rt.db.dispose()
