@@ -8,6 +8,7 @@ import io
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -17,8 +18,9 @@ from workers.validation import validate_batch
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from storage.models import Batch, StoredFile
+    from storage.models import Batch, StoredFile, WorkUnit
     from storage.runtime import Runtime
+    from workers.execution import PackRunner
 
 CHAT = "/v1/chat/completions"
 
@@ -164,3 +166,28 @@ def cli_on(runtime: Any, *argv: str) -> Any:
         "FREIGHT_DATABASE_URL": runtime.settings.database_url,
     }
     return CliRunner().invoke(main, list(argv), env=env)
+
+
+def batch_units(rt: Runtime, batch_id: str) -> list[WorkUnit]:
+    """The batch's work units as the database holds them now, in id order."""
+    from sqlalchemy import select
+
+    from storage.models import WorkUnit
+
+    with rt.db.read() as s:
+        return list(s.scalars(select(WorkUnit).where(WorkUnit.batch_id == batch_id).order_by(WorkUnit.id)))
+
+
+def wait_units_done(rt: Runtime, runner: PackRunner, batch_id: str, timeout: float = 120) -> list[WorkUnit]:
+    """Poll until every unit of the batch is recorded DONE by an engine worker's pack path; a
+    failure of the runner's own threads, or the timeout, fails the test with what it saw."""
+    from storage.models import UnitStatus
+
+    deadline = time.monotonic() + timeout
+    while True:
+        assert runner.failure is None, runner.failure
+        units = batch_units(rt, batch_id)
+        if all(u.status == UnitStatus.DONE for u in units):
+            return units
+        assert time.monotonic() < deadline, [u.status for u in units]
+        time.sleep(0.1)

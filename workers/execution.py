@@ -444,13 +444,8 @@ class PackRunner:
         counted, for the dispatcher to pack again, so an outage never uses up a unit's attempts.
         Anything else is the pack's fault: the units stay claimed for the task's exception policy
         to fail (``task_policy.fail_pack``)."""
-        with self._lock:
-            for unit in units:
-                self._units.pop(unit.claim.token, None)
-            self._lock.notify_all()
         for unit in units:
-            unit.out.close()
-            unit.err.close()
+            self._forget(unit)
         if not task_policy.is_transient(exc):
             return
         for unit in units:
@@ -674,11 +669,16 @@ class PackRunner:
                 # the claim stays RUNNING without heartbeats: the dispatcher redelivers it
                 log.exception("recording unit %s failed", unit.claim.unit_id)
             finally:
-                unit.out.close()
-                unit.err.close()
-                with self._lock:
-                    self._units.pop(unit.claim.token, None)
-                    self._lock.notify_all()
+                self._forget(unit)
+
+    def _forget(self, unit: ActiveUnit) -> None:
+        """Drop a unit from the worker's books: its spools closed, its claim no longer
+        heartbeated, and ``run_pack`` woken in case it waits for room."""
+        unit.out.close()
+        unit.err.close()
+        with self._lock:
+            self._units.pop(unit.claim.token, None)
+            self._lock.notify_all()
 
     def _record_retrying(self, unit: ActiveUnit) -> None:
         """Record a unit, again while the database is down or cut the connection (a restart),

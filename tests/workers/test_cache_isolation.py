@@ -10,14 +10,13 @@ import uuid
 from dataclasses import replace
 
 import pytest
-from sqlalchemy import select
 
 from api.services.tenants import create_tenant
-from storage.models import UnitStatus, WorkUnit
+from storage.models import WorkUnit
 from storage.runtime import Runtime
 from storage.settings import Settings
 from tests.conftest import now
-from tests.factories import chat_line, validated_batch
+from tests.factories import batch_units, chat_line, validated_batch, wait_units_done
 from workers.engine import Engine, EngineRequest
 from workers.execution import PackRunner, claim_unit
 from workers.request_bodies import RequestError, parse_body
@@ -30,11 +29,6 @@ def long_prompt() -> str:
     return "Summarise this contract. " + " ".join(
         f"clause {i}: party {uuid.uuid4().hex[:6]} pays on day {i};" for i in range(60)
     )
-
-
-def unit_ids(rt: Runtime, batch_id: str) -> list[int]:
-    with rt.db.read() as s:
-        return list(s.scalars(select(WorkUnit.id).where(WorkUnit.batch_id == batch_id)).all())
 
 
 def test_tenants_get_different_secret_salts_by_default_and_none_in_global_mode() -> None:
@@ -74,7 +68,7 @@ def test_claims_carry_the_salt_of_their_tenant(settings: Settings) -> None:
             for tenant in (a, b):
                 lines = [chat_line(f"{tenant.name}-{i}", f"same prompt {i}") for i in range(4)]
                 batch_id = validated_batch(rt, tenant.id, lines, name=f"{tenant.name}.jsonl")
-                claims = [claim_unit(rt, u, time.time(), "test-worker") for u in unit_ids(rt, batch_id)]
+                claims = [claim_unit(rt, u.id, time.time(), "test-worker") for u in batch_units(rt, batch_id)]
                 assert len(claims) == 2 and all(claims)
                 salts[tenant.id] = {c.cache_salt for c in claims if c}
             if sharing == "tenant":
@@ -123,17 +117,9 @@ def test_the_engine_shares_cached_prefixes_only_within_one_salt(vllm_engine: Eng
 
 def run_batch(rt: Runtime, runner: PackRunner, batch_id: str) -> list[WorkUnit]:
     """The batch's units through the worker's pack path, until every one is recorded."""
-    ids = unit_ids(rt, batch_id)
+    ids = [u.id for u in batch_units(rt, batch_id)]
     assert runner.run_pack(f"pack-{batch_id}", ids) == len(ids)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        with rt.db.read() as s:
-            units = list(s.scalars(select(WorkUnit).where(WorkUnit.id.in_(ids))).all())
-        if all(u.status == UnitStatus.DONE for u in units):
-            return units
-        assert runner.failure is None
-        time.sleep(0.2)
-    raise AssertionError(f"units of {batch_id} not done: {[u.status for u in units]}")
+    return wait_units_done(rt, runner, batch_id)
 
 
 @pytest.mark.parametrize("sharing", [None, "global"])

@@ -21,7 +21,6 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
-from sqlalchemy import select
 
 from api.services.tenants import create_tenant
 from storage.lifecycle import NO_LIVE_COUNTS, move_units
@@ -30,28 +29,12 @@ from storage.objectstore import ObjectStoreError
 from storage.runtime import Runtime
 from storage.settings import Settings
 from tests.conftest import Weed, now
-from tests.factories import chat_line, validated_batch
+from tests.factories import batch_units, chat_line, validated_batch, wait_units_done
 from workers.dispatcher import TickReport, redeliver_stale
 from workers.engine import Engine
 from workers.execution import PackRunner
 
 LEASE_SECONDS = 2.0
-
-
-def units(rt: Runtime, batch_id: str) -> list[WorkUnit]:
-    with rt.db.read() as s:
-        return list(s.scalars(select(WorkUnit).where(WorkUnit.batch_id == batch_id).order_by(WorkUnit.id)))
-
-
-def wait_done(rt: Runtime, runner: PackRunner, batch_id: str, timeout: float = 120) -> list[WorkUnit]:
-    deadline = time.monotonic() + timeout
-    while True:
-        assert runner.failure is None, runner.failure
-        done = units(rt, batch_id)
-        if all(u.status == UnitStatus.DONE for u in done):
-            return done
-        assert time.monotonic() < deadline, [u.status for u in done]
-        time.sleep(0.1)
 
 
 def output_ids(rt: Runtime, done: list[WorkUnit]) -> list[str]:
@@ -117,7 +100,7 @@ def test_claims_are_heartbeated_while_their_rows_are_read_through_a_store_outage
     runner = runner_of(rt, vllm_engine)
     tenant, _ = create_tenant(rt.db, "t", now())
     batch_id = validated_batch(rt, tenant.id, lines("outage", 6))
-    ids = [u.id for u in units(rt, batch_id)]
+    ids = [u.id for u in batch_units(rt, batch_id)]
     assert len(ids) == 3
 
     redelivered: list[int] = []
@@ -138,7 +121,7 @@ def test_claims_are_heartbeated_while_their_rows_are_read_through_a_store_outage
         began = time.monotonic()
         assert runner.run_pack("pack-outage", ids) == len(ids)  # returns once the rows are read
         assert time.monotonic() - began >= 2 * LEASE_SECONDS  # the reads did wait for the store
-        done = wait_done(rt, runner, batch_id)
+        done = wait_units_done(rt, runner, batch_id)
     finally:
         restart.join()
         stop.set()
@@ -160,21 +143,21 @@ def test_a_pack_whose_rows_stay_unreadable_is_given_back_without_using_attempts(
         runner = runner_of(rt, vllm_engine)
         tenant, _ = create_tenant(rt.db, "t", now())
         batch_id = validated_batch(rt, tenant.id, lines("down", 4))
-        ids = [u.id for u in units(rt, batch_id)]
+        ids = [u.id for u in batch_units(rt, batch_id)]
         weed.stop()
         try:
             with pytest.raises(ObjectStoreError):
                 runner.run_pack("pack-down", ids)
         finally:
             weed.start()
-        back = units(rt, batch_id)
+        back = batch_units(rt, batch_id)
         assert [(u.status, u.attempts, u.worker, u.pack_id) for u in back] == [
             (UnitStatus.PENDING, 0, None, None)
         ] * len(ids)
         assert runner.failure is None and not runner.busy()
 
         assert runner.run_pack("pack-again", ids) == len(ids)
-        done = wait_done(rt, runner, batch_id)
+        done = wait_units_done(rt, runner, batch_id)
         assert [u.attempts for u in done] == [1] * len(ids)
         assert sorted(output_ids(rt, done)) == sorted(x["custom_id"] for x in lines("down", 4))
     finally:
@@ -193,7 +176,7 @@ def test_a_unit_lost_and_claimed_again_by_the_same_process_runs_once(
         runner = runner_of(rt, vllm_engine)
         tenant, _ = create_tenant(rt.db, "t", now())
         batch_id = validated_batch(rt, tenant.id, lines("again", 6, tokens=48))
-        ids = [u.id for u in units(rt, batch_id)]
+        ids = [u.id for u in batch_units(rt, batch_id)]
         assert runner.run_pack("pack-first", ids) == len(ids)
         deadline = time.monotonic() + 30
         while vllm_engine.load == 0:  # the first attempt's requests reach the engine
@@ -211,7 +194,7 @@ def test_a_unit_lost_and_claimed_again_by_the_same_process_runs_once(
             )
         assert taken == len(ids)
         assert runner.run_pack("pack-second", ids) == len(ids)
-        done = wait_done(rt, runner, batch_id)
+        done = wait_units_done(rt, runner, batch_id)
         assert [u.attempts for u in done] == [2] * len(ids)
         assert sum(u.completed for u in done) == 6
         assert sorted(output_ids(rt, done)) == sorted(x["custom_id"] for x in lines("again", 6))
