@@ -81,6 +81,39 @@ class EngineConfig:
     task: str = "generate"  # "embed": vLLM's pooling runner, /v1/embeddings requests only
 
 
+def engine_arguments(config: EngineConfig, stored: str | None, quantized: bool) -> dict[str, Any]:
+    """vLLM's EngineArgs for ``config`` (``stored``, ``quantized``: the checkpoint's weights, as
+    ``workers.checkpoint.stored_dtype`` reads them)."""
+    kwargs: dict[str, Any] = {}
+    if config.quantization is not None:
+        kwargs["quantization"] = config.quantization
+    if config.kv_cache_bytes:
+        kwargs["kv_cache_memory_bytes"] = int(config.kv_cache_bytes)
+    if config.max_num_batched_tokens:
+        kwargs["max_num_batched_tokens"] = config.max_num_batched_tokens
+    if config.max_model_len:
+        kwargs["max_model_len"] = config.max_model_len
+    if config.block_size:
+        kwargs["block_size"] = config.block_size
+    base: dict[str, Any] = {
+        "model": config.model_path,
+        "served_model_name": config.served_name,
+        "max_num_seqs": config.max_num_seqs,
+        "enforce_eager": config.enforce_eager,
+        "seed": config.seed,
+        # on, vLLM's default: on wherever the model supports it. Forced on, a pooling model
+        # with bidirectional attention or MEAN/CLS pooling would run with a cache vLLM warns
+        # "may produce incorrect outputs" (workers/prefix_caching.py predicts the same rule)
+        "enable_prefix_caching": None if config.enable_prefix_caching else False,
+        "disable_log_stats": not config.stats,  # off unless its metrics are served: see _count_step_outputs
+        "dtype": serving_dtype(config.dtype, stored, quantized, native_half=native_half_precision()),
+    }
+    if config.task == "embed":  # vLLM's pooling runner; a *ForCausalLM checkpoint is converted
+        base["runner"] = "pooling"
+    # the model's own engine arguments over Freight's (workers/bootstrap.py: engine_config)
+    return {**base, **kwargs, **config.engine_args}
+
+
 @dataclass(frozen=True)
 class EngineRequest:
     """One request of a run; `key` (the caller's custom_id) must be unique within the run."""
@@ -324,31 +357,7 @@ class Engine:
             raise EngineUnsupported(f"{config.served_name} ({config.model_path}): {reason}")
         if (reason := gpus_missing(config)) is not None:
             raise EngineUnsupported(f"model {config.served_name!r}: {reason}")
-        kwargs: dict[str, Any] = {}
-        if config.quantization is not None:
-            kwargs["quantization"] = config.quantization
-        if config.kv_cache_bytes:
-            kwargs["kv_cache_memory_bytes"] = int(config.kv_cache_bytes)
-        if config.max_num_batched_tokens:
-            kwargs["max_num_batched_tokens"] = config.max_num_batched_tokens
-        if config.max_model_len:
-            kwargs["max_model_len"] = config.max_model_len
-        if config.block_size:
-            kwargs["block_size"] = config.block_size
-        base: dict[str, Any] = {
-            "model": config.model_path,
-            "served_model_name": config.served_name,
-            "max_num_seqs": config.max_num_seqs,
-            "enforce_eager": config.enforce_eager,
-            "seed": config.seed,
-            "enable_prefix_caching": config.enable_prefix_caching,
-            "disable_log_stats": not config.stats,  # off unless its metrics are served: see _count_step_outputs
-            "dtype": serving_dtype(config.dtype, stored, quantized, native_half=native_half_precision()),
-        }
-        if config.task == "embed":  # vLLM's pooling runner; a *ForCausalLM checkpoint is converted
-            base["runner"] = "pooling"
-        # the model's own engine arguments over Freight's (workers/bootstrap.py: engine_config)
-        arguments = {**base, **kwargs, **config.engine_args}
+        arguments = engine_arguments(config, stored, quantized)
         started = time.monotonic()
         fd, error_file = tempfile.mkstemp(prefix="freight-engine-start-")
         os.close(fd)
@@ -379,7 +388,7 @@ class Engine:
         scheduler = llm.vllm_config.scheduler_config
         log.info(
             "engine for %s ready in %.1fs (max_model_len=%d, max_num_seqs=%d, max_num_batched_tokens=%d, "
-            "dtype=%s, kv_cache_dtype=%s)",
+            "dtype=%s, kv_cache_dtype=%s, prefix_caching=%s)",
             config.served_name,
             time.monotonic() - started,
             engine.max_model_len,
@@ -387,10 +396,16 @@ class Engine:
             scheduler.max_num_batched_tokens,
             engine.dtype,
             llm.vllm_config.cache_config.cache_dtype,
+            engine.prefix_caching,
         )
         return engine
 
     # ------------------------------------------------------------------ properties
+
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether vLLM keeps a prefix cache for this engine (its own decision: see ``start``)."""
+        return bool(self._llm.vllm_config.cache_config.enable_prefix_caching)
 
     @property
     def tokenizer(self) -> Any:

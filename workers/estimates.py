@@ -46,6 +46,7 @@ from storage.status import EstimateStatus, UnitStatus
 from workers import intake
 from workers.checkpoint import checkpoint_dir
 from workers.embeddings import input_tokens, parse_inputs
+from workers.prefix_caching import prediction_block_size
 from workers.prompt_tokens import TokenizerUnavailable, renderer_for
 from workers.request_bodies import EMBEDDINGS
 from workers.task_policy import one_error
@@ -211,7 +212,8 @@ def estimate_file(
         if scanned.error_count or sorted_file.empty:
             return scanned, None
         history = model_history(rt, tenant_id, scanned.model or "", now)
-        totals = PlanTotals(kv_block_size(settings.engine_block_size), history.typical_output)
+        block = prediction_block_size(rt, scanned.model or "", kv_block_size(settings.engine_block_size))
+        totals = PlanTotals(block, history.typical_output)
         for key, _line, row in sorted_file.rows:
             prompt_len, budget, exact = _ROW.unpack(row)
             totals.add(key, prompt_len, budget, bool(exact))

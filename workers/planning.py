@@ -54,8 +54,11 @@ def plan_batch(
     settings: Settings,
     *,
     reparse: tuple[str, PromptRenderer] | None = None,
+    block_size: int | None = None,
 ) -> list[UnitPlan]:
-    """The batch's work units, in store order; ``reparse=(endpoint, renderer)``: the JSON-only way."""
+    """The batch's work units, in store order; ``reparse=(endpoint, renderer)``: the JSON-only way.
+    ``block_size``: what predicted cache hits round to (0: none predicted, for a model vLLM caches
+    nothing for: ``workers.prefix_caching``); None: the engine's."""
 
     def columns() -> Iterator[ShardColumns]:
         for key in shard_keys:
@@ -67,6 +70,6 @@ def plan_batch(
             unit_size=settings.unit_size,
             default_max_tokens=settings.engine_default_max_tokens,
             unit_tokens=settings.unit_tokens,
-            block_size=kv_block_size(settings.engine_block_size),
+            block_size=kv_block_size(settings.engine_block_size) if block_size is None else block_size,
         )
     )

@@ -35,6 +35,7 @@ from sqlalchemy.orm import Session
 from scheduler import json_text
 from scheduler.leases import validation_wait
 from scheduler.ordering import SortStats, common_prefix_tokens, sort_records
+from scheduler.unit_plan import kv_block_size
 from storage.checkpoint_cache import CheckpointError
 from storage.leases import lease_free, release_lease, renew_lease, take_lease
 from storage.lifecycle import finish_batch
@@ -50,6 +51,7 @@ from workers.batch_input import open_requests
 from workers.checkpoint import checkpoint_dir
 from workers.dispatcher import admit_batch, measured_throughput
 from workers.planning import plan_batch
+from workers.prefix_caching import prediction_block_size
 from workers.prompt_tokens import RenderedPrompt, TokenizerUnavailable, renderer_for
 from workers.request_bodies import EMBEDDINGS, RequestError
 from workers.request_shapes import RequestShapes
@@ -682,7 +684,10 @@ def conclude(rt: Runtime, batch_id: str, summary: ScanResult, shard_keys: list[s
     """Plan the shards into units and commit the outcome from ``validating``: ``in_progress`` with
     its units, or ``failed`` with its errors (or refused by quota or admission)."""
     settings: Settings = rt.settings
-    units = plan_batch(rt.store, shard_keys, settings) if not summary.error_count else []
+    units = []
+    if not summary.error_count:
+        block = prediction_block_size(rt, summary.model or "", kv_block_size(settings.engine_block_size))
+        units = plan_batch(rt.store, shard_keys, settings, block_size=block)
     log.info(
         "validated %s: %d requests, %d errors, %d units in %.2fs",
         batch_id,

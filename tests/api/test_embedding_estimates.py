@@ -89,3 +89,31 @@ def test_embeddings_are_priced_by_their_input_tokens_only(runtime, embed_model: 
     printed = table(answer)
     assert f"requests       4 for emb ({EMBEDDINGS})" in printed
     assert "output tokens  none (an embedding writes no tokens" in printed and "max_tokens" not in printed
+
+
+def test_a_model_that_caches_nothing_is_priced_with_no_cache_hits(runtime, embed_model: Path) -> None:
+    """The same file estimated for the demo embedding model as it is (LAST pooling: vLLM caches
+    the shared prefix, so hits are predicted and cost less) and registered with MEAN pooling
+    (vLLM caches nothing: every input token predicted computed)."""
+    quiet = lambda _: None  # noqa: E731
+    models.add(runtime, AddRequest("emb", str(embed_model)), echo=quiet)
+    mean = AddRequest(
+        "emb-mean", str(embed_model), engine_args=('pooler_config={"seq_pooling_type": "MEAN"}',)
+    )
+    models.add(runtime, mean, echo=quiet)
+    _, key = create_tenant(runtime.db, "alpha", now())
+    headers = {"Authorization": f"Bearer {key}"}
+    client = create_app(runtime=runtime).test_client()
+    estimated = {}
+    for model in ("emb", "emb-mean"):
+        lines = [embedding_line(f"{i}", DOC * 4 + f"item {i}", model=model) for i in range(6)]
+        file_id = http_upload(client, headers, lines, f"{model}.jsonl").get_json()["id"]
+        made = http_create(client, headers, file_id, endpoint=EMBEDDINGS, dry_run=True)
+        assert made.status_code == 200, made.get_data(as_text=True)
+        estimates.run(runtime, made.get_json()["id"])
+        estimated[model] = client.get(f"/v1/batches/{made.get_json()['id']}", headers=headers).get_json()[
+            "estimate"
+        ]
+    assert estimated["emb"]["input_tokens"] == estimated["emb-mean"]["input_tokens"]
+    assert estimated["emb"]["cached_input_tokens"] >= 5 * 128
+    assert estimated["emb-mean"]["cached_input_tokens"] == 0
