@@ -207,6 +207,8 @@ MODEL = obj(
                 "max_model_len": nullable(INT),
                 "parameters": nullable(INT),
                 "weight_bytes": nullable(INT),
+                "tool_call_parser": nullable(STR),  # serves tool_choice "auto"
+                "reasoning_parser": nullable(STR),  # message.reasoning; Responses `reasoning`
                 "instance_price_per_hour": nullable(NUM),
                 "list_price_per_1m": nullable(obj({"input": NUM, "cached_input": NUM, "output": NUM})),
             }

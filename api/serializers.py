@@ -131,6 +131,10 @@ def model_object(e: ModelEntry) -> dict[str, Any]:
             "max_model_len": e.max_model_len,
             "parameters": e.parameters,
             "weight_bytes": e.weight_bytes,
+            # vLLM's parser names: a tool-call parser serves tool_choice "auto"; a reasoning
+            # parser splits message.reasoning out and serves a Responses body's `reasoning`
+            "tool_call_parser": e.tool_call_parser,
+            "reasoning_parser": e.engine_args.get("reasoning_parser") or None,
             "instance_price_per_hour": e.instance_price_per_hour,
             "list_price_per_1m": None
             if price is None

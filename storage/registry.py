@@ -195,11 +195,11 @@ def auto_tool_models(db: Database) -> frozenset[str]:
 
 
 def reasoning_models(db: Database) -> frozenset[str]:
-    """The served models that read reasoning out of their answers: a tool-call parser composed with
-    a ``reasoning_parser`` engine arg (the engine loads the pair; a Responses body's ``reasoning``
-    is honoured on these only)."""
+    """The served models that read reasoning out of their answers: their entry's engine args name
+    a ``reasoning_parser`` (the engine loads it, with the tool-call parser if there is one; a
+    Responses body's ``reasoning`` is honoured on these only)."""
     with db.read() as s:
-        rows = s.execute(select(Model.name, Model.engine_args).where(Model.tool_call_parser.is_not(None)))
+        rows = s.execute(select(Model.name, Model.engine_args))
         return frozenset(name for name, args in rows if (args or {}).get("reasoning_parser"))
 
 

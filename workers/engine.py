@@ -58,7 +58,7 @@ class EngineConfig:
     budget for requests that do not give one (None: the context left after the prompt).
     `engine_args` are the model's other vLLM engine arguments (workers/engine_args.py), passed to
     EngineArgs over Freight's own (a `reasoning_parser` among them also reads reasoning out of
-    chat answers when a `tool_call_parser` is set). `stats` turns vLLM's stat logging on, whose Prometheus metrics
+    chat answers into `message.reasoning`). `stats` turns vLLM's stat logging on, whose Prometheus metrics
     (`stats_registry`) a worker serves with FREIGHT_ENGINE_METRICS_BIND; off, it costs nothing.
     """
 
@@ -340,7 +340,7 @@ class Engine:
         self._load = 0  # sequences in the engine
         self._in_flight = 0
         self._running = False
-        self._parsers: ModelParsers | None = None  # the model's tool-call parser, if it names one
+        self._parsers: ModelParsers | None = None  # the model's tool-call and reasoning parsers, if any
 
     @classmethod
     def start(cls, config: EngineConfig) -> Engine:
@@ -382,7 +382,8 @@ class Engine:
         except Exception as exc:
             engine.shutdown()
             raise EngineStartFailed(
-                f"model {config.served_name!r}: tool-call parser {config.tool_call_parser!r}: {exc}"
+                f"model {config.served_name!r}: tool-call parser {config.tool_call_parser!r}, "
+                f"reasoning parser {config.engine_args.get('reasoning_parser')!r}: {exc}"
             ) from exc
         _count_step_outputs(llm, engine._counters)
         scheduler = llm.vllm_config.scheduler_config
@@ -443,8 +444,8 @@ class Engine:
             request.endpoint,
             request.body,
             validated=request.validated,
-            auto_tools=parsers is not None,
-            reasoning=parsers is not None and parsers.parser_cls.reasoning_parser_cls is not None,
+            auto_tools=parsers is not None and parsers.auto_tools,
+            reasoning=parsers is not None and parsers.reasoning,
         )
         if parsed.endpoint != request.endpoint:
             raise RequestError("invalid_request", "The parsed request is for another endpoint.", "url")

@@ -16,7 +16,7 @@ ignored: stored responses and conversations (`previous_response_id`, `conversati
 a batch keeps only its output file), streaming, `background`, `include`, stored `prompt`s, built-in
 tools (`web_search`, `file_search`, ...), image/file/audio input parts, `truncation: "auto"`,
 `text.verbosity`, reasoning summaries, and `reasoning` on a model whose registry entry reads no
-reasoning back (a tool-call parser composed with a `reasoning_parser` engine arg). A field the
+reasoning back (no `reasoning_parser` engine arg). A field the
 Responses API does not have (`seed`, `stop`, a misspelling) is malformed input, as for chat.
 `developer` messages are sent to the chat template as `system` (open models' templates know no
 other instruction role).
@@ -395,7 +395,7 @@ def _reasoning(value: Any, served: bool) -> str | None:
         raise _error(
             "reasoning",
             "`reasoning` is not supported on this model: its registry entry reads no reasoning back "
-            "(a reasoning_parser engine arg with a tool-call parser: `freight models set-engine`).",
+            "(it names no reasoning_parser engine arg: `freight models set-engine`).",
             UNSUPPORTED,
         )
     for name in ("summary", "generate_summary"):

@@ -239,8 +239,8 @@ def check_parser_names(tool_call_parser: str | None, reasoning_parser: str | Non
 
 
 class ModelParsers:
-    """One model's tool-call parser (and reasoning parser), composed by vLLM's ParserManager as
-    `vllm serve` composes them; a fresh parser per choice (they are stateful)."""
+    """One model's tool-call parser and reasoning parser (either or both), composed by vLLM's
+    ParserManager as `vllm serve` composes them; a fresh parser per choice (they are stateful)."""
 
     def __init__(self, parser_cls: type[Parser], tokenizer: Any, model_config: Any) -> None:
         self.parser_cls = parser_cls
@@ -251,21 +251,31 @@ class ModelParsers:
     def load(
         cls, tool_parser: str | None, reasoning_parser: str | None, tokenizer: Any, model_config: Any
     ) -> ModelParsers | None:
-        """None without a tool-call parser; raises TypeError (vLLM's message) for a parser that is
-        not registered or does not fit the model's tokenizer."""
-        if not tool_parser:
+        """None without either parser; raises TypeError (vLLM's message) for a parser that is not
+        registered or does not fit the model's tokenizer."""
+        if not tool_parser and not reasoning_parser:
             return None
         from vllm.parser.parser_manager import ParserManager
 
         parser_cls = ParserManager.get_parser(
-            tool_parser_name=tool_parser,
+            tool_parser_name=tool_parser or None,
             reasoning_parser_name=reasoning_parser or None,
-            enable_auto_tools=True,
+            enable_auto_tools=bool(tool_parser),
             model_name=model_config.model,
             is_harmony=getattr(model_config.hf_config, "model_type", None) == "gpt_oss",
             tokenizer=tokenizer,
         )
         return None if parser_cls is None else cls(parser_cls, tokenizer, model_config)
+
+    @property
+    def auto_tools(self) -> bool:
+        """A tool-call parser reads calls out of free text: tool_choice "auto" is served."""
+        return self.parser_cls.tool_parser_cls is not None
+
+    @property
+    def reasoning(self) -> bool:
+        """A reasoning parser splits the answer's reasoning from its content."""
+        return self.parser_cls.reasoning_parser_cls is not None
 
     def new(self, request: Any) -> Parser:
         kwargs = request.build_chat_params(None, "auto").chat_template_kwargs

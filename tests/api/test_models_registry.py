@@ -189,7 +189,7 @@ def test_set_engine_refusals_name_the_field(runtime, name, assign, unset, messag
     assert entry is not None and entry.engine_args == {}
 
 
-def test_tool_call_parser_is_checked_stored_set_and_unset(runtime) -> None:
+def test_tool_call_parser_is_checked_stored_set_and_unset(runtime, headers) -> None:
     with pytest.raises(
         ServiceError, match=r"vLLM has no tool-call parser 'hermez' \(did you mean hermes\?\)"
     ):
@@ -210,9 +210,15 @@ def test_tool_call_parser_is_checked_stored_set_and_unset(runtime) -> None:
     changed = models.set_engine(runtime, "t", ["reasoning_parser=qwen3"], tool_call_parser="pythonic")
     assert (changed.tool_call_parser, changed.engine_args) == ("pythonic", {"reasoning_parser": "qwen3"})
     assert registry.reasoning_models(runtime.db) == frozenset({"t"})  # Responses `reasoning` served
+    served = create_app(runtime=runtime).test_client().get("/v1/models/t", headers=headers)
+    assert {k: served.get_json()["x_freight"][k] for k in ("tool_call_parser", "reasoning_parser")} == {
+        "tool_call_parser": "pythonic",
+        "reasoning_parser": "qwen3",
+    }
     cleared = models.set_engine(runtime, "t", [], ["tool_call_parser"])
     assert cleared.tool_call_parser is None and cleared.engine_args == {"reasoning_parser": "qwen3"}
-    assert registry.auto_tool_models(runtime.db) == registry.reasoning_models(runtime.db) == frozenset()
+    assert registry.auto_tool_models(runtime.db) == frozenset()  # "auto" is a per-line 400 again
+    assert registry.reasoning_models(runtime.db) == frozenset({"t"})  # the reasoning parser alone reads it
     with pytest.raises(ServiceError, match="t has no tool-call parser to unset"):
         models.set_engine(runtime, "t", [], ["tool_call_parser"])
 

@@ -248,3 +248,38 @@ def test_validation_fails_a_bad_tool_line_and_runs_auto_where_the_model_has_a_pa
     wrong = check_line(line("qwen", temperature=-1), 6, rules)
     assert isinstance(wrong, LineError) and wrong.param == "body.temperature"
     assert not isinstance(check_line(line("qwen"), 7, rules), LineError)
+
+
+def test_a_reasoning_parser_alone_splits_message_reasoning_out_and_serves_no_auto() -> None:
+    """A model registered with only a `reasoning_parser` engine arg: its answers' reasoning goes to
+    `message.reasoning` as `vllm serve` puts it there, and "auto" stays a per-line 400."""
+    from vllm.config import ModelConfig
+    from vllm.outputs import CompletionOutput, RequestOutput
+    from vllm.sampling_params import SamplingParams
+    from vllm.tokenizers import get_tokenizer
+
+    from workers.rendering import RenderedRequest, build_response_body
+
+    tokenizer = get_tokenizer(str(DEMO_MODEL))
+    parsers = ModelParsers.load(None, "qwen3", tokenizer, ModelConfig(model=str(DEMO_MODEL)))
+    assert parsers is not None and (parsers.auto_tools, parsers.reasoning) == (False, True)
+    with pytest.raises(RequestError, match="tool-call parser"):
+        parse_body(CHAT, body(tool_choice="auto"), auto_tools=parsers.auto_tools)
+    asked = {"model": "demo", "messages": [{"role": "user", "content": "Capital of Norway?"}]}
+    parsed = parse_body(CHAT, asked, reasoning=parsers.reasoning)
+    parsers.adjust(parsed.request)
+    text = "<think>Norway's capital.</think>Oslo."
+    answer = CompletionOutput(0, text, tokenizer.encode(text, add_special_tokens=False), None, None, "stop")
+    body_out = build_response_body(
+        RenderedRequest(parsed, {}, [1, 2, 3], SamplingParams()),
+        RequestOutput("r1", None, [1, 2, 3], None, [answer], True),
+        model="demo",
+        tokenizer=tokenizer,
+        parsers=parsers,
+    )
+    (choice,) = body_out["choices"]
+    message = choice["message"]
+    assert (message["reasoning"], message["content"]) == ("Norway's capital.", "Oslo.")
+    assert not message.get("tool_calls")
+    assert choice["finish_reason"] == "stop"
+    assert ModelParsers.load(None, None, tokenizer, None) is None  # neither parser: text as it is
