@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,7 +55,11 @@ def test_hosts_reach_only_their_peers_and_see_only_their_own_folders(net: Networ
     assert [h.run(["hostname"]).stdout.strip() for h in (svc, a, b)] == ["services", "engine-a", "engine-b"]
     proc = subprocess.Popen([*a.prefix, "sleep", "30"])
     try:
-        assert proc.pid in a.pids() and proc.pid not in svc.pids()
+        deadline = time.monotonic() + 10
+        while proc.pid not in a.pids():  # `ip netns exec` enters the namespace, then execs the command
+            assert proc.poll() is None and time.monotonic() < deadline, (proc.pid, a.pids())
+            time.sleep(0.02)
+        assert proc.pid not in svc.pids()
     finally:
         proc.kill()
         proc.wait()
