@@ -7,7 +7,7 @@ MODEL_DIR := models/demo
 EMBED_MODEL_DIR := models/embed
 BENCH_MODEL_DIR := models/bench
 
-.PHONY: run stop test lint install model embed-model bench-model bench bench-parquet bench-int4 bench-reliability bench-dispatcher bench-request-rate bench-embeddings bench-validation bench-finalization int4-model clean quantize-env
+.PHONY: run stop test lint install model embed-model bench-model bench bench-parquet bench-int4 bench-reliability bench-dispatcher bench-request-rate bench-embeddings bench-estimates bench-validation bench-finalization int4-model clean quantize-env
 
 install:
 	@bash infra/install.sh
@@ -44,7 +44,7 @@ test: model embed-model lint quantize-env
 	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m pytest -p no:cacheprovider -q
 
 # the scheduler benchmark (bench/README.md): writes bench/results/scheduler.json; BENCH_ARGS=--quick for a smoke run
-bench: model bench-model bench-parquet bench-int4 bench-reliability bench-dispatcher bench-request-rate bench-embeddings bench-validation bench-finalization
+bench: model bench-model bench-parquet bench-int4 bench-reliability bench-dispatcher bench-request-rate bench-embeddings bench-estimates bench-validation bench-finalization
 	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m bench.scheduler $(BENCH_ARGS)
 
 # validation + planning of a 1,000,000-line batch, JSON-only vs columnar: bench/results/parquet.json
@@ -66,6 +66,11 @@ bench-request-rate: model
 # bench/results/embeddings.json
 bench-embeddings: embed-model
 	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m bench.embeddings $(EMBEDDINGS_BENCH_ARGS)
+
+# dry-run estimates against the batches they priced, on the scheduler workloads (issue #22 s5):
+# bench/results/estimates.json
+bench-estimates: model
+	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m bench.estimates $(ESTIMATES_BENCH_ARGS)
 
 # validation + planning of a 1,000,000-line batch on one and two control processes (issue #21):
 # bench/results/parallel_validation.json and control_plane.json's validation_1m_s
