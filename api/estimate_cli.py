@@ -84,6 +84,13 @@ def table(answer: dict) -> str:
         if rate is not None
         else "unknown (no recent history)"
     )
+    fitted = hist.get("seconds_per_million")
+    if rate is not None and fitted:
+        speed += (
+            f"; priced by the fitted engine model: {fitted['uncached_input_tokens']:g} s per 1M uncached"
+            f" input tokens, {fitted['output_tokens']:g} per 1M output, {fitted['kv_entries_read']:g}"
+            " per 1M KV entries read"
+        )
     eta = e["eta_seconds"]
     engines = ""
     if isinstance(eta, dict):

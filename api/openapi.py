@@ -162,7 +162,17 @@ ESTIMATE_RESULT = obj(
         "cache_hit_rate": nullable(NUM),
         "kv_block_size": INT,
         "output_tokens": obj({"max": INT, "typical": nullable(INT), "typical_per_request": nullable(NUM)}),
-        "history": obj({"window_seconds": NUM, "tokens_per_second": nullable(NUM), "engines": INT}),
+        "history": obj(
+            {
+                "window_seconds": NUM,
+                "tokens_per_second": nullable(NUM),
+                "engines": INT,
+                # the fitted engine model (scheduler/estimate.py); null: priced at the one rate
+                "seconds_per_million": nullable(
+                    obj({"uncached_input_tokens": NUM, "output_tokens": NUM, "kv_entries_read": NUM})
+                ),
+            }
+        ),
         "engine_seconds": {"anyOf": [RANGE, UNKNOWN]},
         "eta_seconds": {"anyOf": [obj({"low": NUM, "high": NUM, "engines": INT}), UNKNOWN]},
         "cost": obj(

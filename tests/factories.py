@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from scheduler.estimate import EngineModel
 from workers import intake
 from workers.validation import validate_batch
 
@@ -191,3 +192,19 @@ def wait_units_done(rt: Runtime, runner: PackRunner, batch_id: str, timeout: flo
             return units
         assert time.monotonic() < deadline, [u.status for u in units]
         time.sleep(0.1)
+
+
+# an engine timed by a known model, for the estimate's fit (scheduler.estimate.fit_engine_model)
+TRUE_ENGINE = EngineModel(prefill=1.5e-4, decode=3e-4, kv_read=4e-7)
+
+
+def mixed_engine_samples(n: int, model: EngineModel = TRUE_ENGINE) -> list[tuple[float, float, float, float]]:
+    """n samples of three workloads' mixes (long prefills; short prompts and long outputs; long
+    cached contexts and long outputs), timed exactly by ``model``."""
+    mixes = [(24_000, 1_500, 1_700_000), (12_000, 7_000, 1_000_000), (8_000, 6_400, 3_100_000)]
+    out = []
+    for i in range(n):
+        u, o, k = mixes[i % 3]
+        u, o, k = u * (1 + i / 50), o * (1 - i / 90), k * (1 + i / 70)  # no two samples alike
+        out.append((u, o, k, model.seconds(u, o, k)))
+    return out

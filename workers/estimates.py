@@ -30,9 +30,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import Float, cast, delete, func, select
 
-from scheduler.estimate import History, PlanTotals, engine_rate, summary, typical_output
+from scheduler.estimate import (
+    History,
+    PlanTotals,
+    SampleMoments,
+    engine_rate,
+    fit_engine_model,
+    summary,
+    typical_output,
+)
 from scheduler.unit_plan import kv_block_size
 from storage.broker import BROKER_ERRORS
 from storage.errors import ServiceError
@@ -281,10 +289,40 @@ def model_history(rt: Runtime, tenant_id: str, model: str, now: float) -> Histor
                 EngineSample.seconds > 0,
             )
         )
+        moments = sample_moments(s, model, now - window)
     computed = max(int(prompt or 0) - int(cached or 0), 0) + int(output or 0)
     return History(
         window_seconds=window,
         typical_output=typical_output(int(completion_tokens or 0), int(completed or 0)),
         tokens_per_second=engine_rate(computed, float(seconds or 0.0)),
         engines=int(engines or 0),
+        model=fit_engine_model(moments),
+    )
+
+
+def sample_moments(s: Any, model: str, since: float) -> SampleMoments:
+    """The model's engine samples since ``since``, summed as a least-squares fit of busy seconds
+    to (uncached prompt tokens, output tokens, KV entries read) needs them: one aggregate row."""
+    x = (
+        cast(EngineSample.prompt_tokens - EngineSample.cached_tokens, Float),
+        cast(EngineSample.output_tokens, Float),
+        cast(EngineSample.kv_tokens_read, Float),
+    )
+    y = cast(EngineSample.seconds, Float)
+    pairs = [(i, j) for i in range(3) for j in range(i, 3)]
+    row = s.execute(
+        select(
+            func.count(),
+            *(func.sum(x[i] * x[j]) for i, j in pairs),
+            *(func.sum(x[i] * y) for i in range(3)),
+        ).where(EngineSample.model == model, EngineSample.started_at >= since, EngineSample.seconds > 0)
+    ).one()
+    sums = [float(v or 0.0) for v in row[1:]]
+    xx = [[0.0] * 3 for _ in range(3)]
+    for (i, j), v in zip(pairs, sums, strict=False):
+        xx[i][j] = xx[j][i] = v
+    return SampleMoments(
+        samples=int(row[0] or 0),
+        xx=(tuple(xx[0]), tuple(xx[1]), tuple(xx[2])),  # type: ignore[arg-type]
+        xy=(sums[6], sums[7], sums[8]),
     )

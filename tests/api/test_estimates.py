@@ -25,7 +25,16 @@ from scheduler.unit_plan import predicted_cached_tokens
 from storage.models import Batch, EngineSample, Estimate, WorkUnit
 from storage.status import EstimateStatus, UnitStatus
 from tests.conftest import DEMO_MODEL, now
-from tests.factories import chat_line, http_create, http_upload, jsonl, responses_line, validated_batch
+from tests.factories import (
+    TRUE_ENGINE,
+    chat_line,
+    http_create,
+    http_upload,
+    jsonl,
+    mixed_engine_samples,
+    responses_line,
+    validated_batch,
+)
 from workers import estimates
 
 
@@ -170,6 +179,29 @@ def add_history(runtime, tenant_id: str, file_id: str) -> None:
         s.add(EngineSample(worker="w1", model="demo", started_at=t - 15, seconds=10.0, steps=20, running_mean=4,
                            waiting_mean=0, max_num_seqs=8, prompt_tokens=1500, cached_tokens=500,
                            output_tokens=1000, requests=10))  # fmt: skip
+
+
+def test_enough_engine_samples_of_mixed_work_price_by_the_fitted_engine_model(client, runtime, tenants):
+    """Samples timed at 150 s per million uncached prompt tokens, 300 per million output tokens and
+    0.4 per million KV entries read: the database's sums, fitted, give those back, and the file is
+    priced with them rather than at the one rate."""
+    _, alpha = tenants["alpha"]
+    file_id = http_upload(client, alpha, document_lines(max_tokens=50)).get_json()["id"]
+    t = time.time()
+    with runtime.db.write() as s:
+        for i, (uncached, output, kv, seconds) in enumerate(mixed_engine_samples(20)):
+            s.add(EngineSample(worker="w1", model="demo", started_at=t - 300 + 10 * i, seconds=seconds, steps=9,
+                               running_mean=4, waiting_mean=0, max_num_seqs=8, prompt_tokens=round(uncached) + 100,
+                               cached_tokens=100, output_tokens=round(output), requests=10,
+                               kv_tokens_read=round(kv)))  # fmt: skip
+    e = estimated(client, runtime, alpha, file_id)["estimate"]
+    assert e["history"]["seconds_per_million"] == pytest.approx(
+        {"uncached_input_tokens": 150.0, "output_tokens": 300.0, "kv_entries_read": 0.4}, rel=1e-3
+    )
+    uncached = e["input_tokens"] - e["cached_input_tokens"]
+    one_rate = (uncached + e["output_tokens"]["max"]) / e["history"]["tokens_per_second"]
+    at_model = TRUE_ENGINE.seconds(uncached, e["output_tokens"]["max"], 0)  # the KV term comes on top
+    assert e["engine_seconds"]["high"] > at_model and e["engine_seconds"]["high"] != round(one_rate, 3)
 
 
 def test_history_gives_the_typical_output_eta_and_cost_at_the_tier_price(client, runtime, tenants):

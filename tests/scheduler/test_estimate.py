@@ -4,9 +4,22 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.cost import ListPrice
-from scheduler.estimate import UNKNOWN, History, PlanTotals, engine_rate, plan_totals, summary, typical_output
+from scheduler.cost import ListPrice, kv_reads
+from scheduler.estimate import (
+    MIN_FIT_SAMPLES,
+    UNKNOWN,
+    EngineModel,
+    History,
+    PlanTotals,
+    SampleMoments,
+    engine_rate,
+    fit_engine_model,
+    plan_totals,
+    summary,
+    typical_output,
+)
 from scheduler.ordering import prompt_key
+from tests.factories import TRUE_ENGINE, mixed_engine_samples
 
 SHARED = list(range(1, 301))  # a 300-token system prompt
 PROMPTS = [SHARED + [1000 + i] * 10 for i in range(3)]  # 310 tokens each, sorted by their last ids
@@ -72,7 +85,64 @@ def test_with_history_eta_and_cost_follow_the_measured_rate_and_the_tier():
     # 4.42 s at $3.6/h is 4,420 micro-dollars, x2 for the tier
     assert out["cost"]["total"] == pytest.approx({"low": 0.00884, "high": 0.01044})
     assert out["output_tokens"] == {"max": 104, "typical": 24, "typical_per_request": 10}
-    assert out["history"] == {"window_seconds": 86400, "tokens_per_second": 100.0, "engines": 2}
+    assert out["history"] == {
+        "window_seconds": 86400,
+        "tokens_per_second": 100.0,
+        "engines": 2,
+        "seconds_per_million": None,  # no fitted model: the one rate
+    }
     # a rate with no engine running now still gives an ETA, as if one engine took it
     alone = summary(totals, History(86400, 10, 100.0, 0), 1.0, 0.0, None)
     assert alone["eta_seconds"]["engines"] == 1 and alone["cost"]["total"] == {"low": 0.0, "high": 0.0}
+
+
+def moments(samples: list[tuple[float, float, float, float]]) -> SampleMoments:
+    """(uncached prompt tokens, output tokens, KV reads, busy seconds) per sample, summed as the
+    database sums them (workers.estimates.sample_moments)."""
+    xx = tuple(tuple(sum(x[i] * x[j] for x in samples) for j in range(3)) for i in range(3))
+    xy = tuple(sum(x[i] * x[3] for x in samples) for i in range(3))
+    return SampleMoments(len(samples), xx, xy)  # type: ignore[arg-type]
+
+
+def test_the_fit_recovers_the_engine_model_from_samples_of_mixed_work():
+    fit = fit_engine_model(moments(mixed_engine_samples(30)))
+    assert fit is not None
+    for got, want in (
+        (fit.prefill, TRUE_ENGINE.prefill),
+        (fit.decode, TRUE_ENGINE.decode),
+        (fit.kv_read, TRUE_ENGINE.kv_read),
+    ):
+        assert got == pytest.approx(want, rel=1e-6)
+
+
+def test_the_fit_needs_enough_samples_that_tell_the_terms_apart():
+    assert fit_engine_model(moments(mixed_engine_samples(MIN_FIT_SAMPLES - 1))) is None
+    # one mix only, scaled: every term moves with the others; nothing to tell them apart by
+    same = [(1000.0 * i, 500.0 * i, 90_000.0 * i, 0.5 * i) for i in range(1, 20)]
+    assert fit_engine_model(moments(same)) is None
+    assert fit_engine_model(moments([(0.0, 10.0 * i, 100.0 * i, 1.0 * i) for i in range(1, 20)])) is None
+
+
+def test_a_negative_kv_term_falls_back_to_prefill_and_decode():
+    """KV reads that make the fit say 'more reads, less time' are not believed: the two-term fit."""
+    no_kv = EngineModel(prefill=2e-4, decode=5e-4, kv_read=0.0)
+    samples = [(u, o, k, no_kv.seconds(u, o, 0) - 1e-8 * k) for u, o, k, _ in mixed_engine_samples(30)]
+    fit = fit_engine_model(moments(samples))
+    assert fit is not None and fit.kv_read == 0.0 and fit.prefill > 0 and fit.decode > 0
+
+
+def test_a_fitted_model_prices_the_files_own_mix():
+    totals = plan_totals(rows([50, 50, 4]), block_size=128, typical_output=10)
+    # each request's decode steps read its whole 310-token prompt plus what it wrote so far
+    assert totals.kv_reads_max == 2 * kv_reads(310, 50) + kv_reads(310, 4)
+    assert totals.kv_reads_typical == 2 * kv_reads(310, 10) + kv_reads(310, 4)
+    history = History(86400, 10, 100.0, 2, model=TRUE_ENGINE)
+    out = summary(totals, history, 1.0, 3.6, None)
+    low = TRUE_ENGINE.seconds(418, 24, totals.kv_reads_typical)
+    high = TRUE_ENGINE.seconds(418, 104, totals.kv_reads_max)
+    assert out["engine_seconds"] == {"low": round(low, 3), "high": round(high, 3)}
+    assert out["history"]["seconds_per_million"] == {
+        "uncached_input_tokens": 150.0,
+        "output_tokens": 300.0,
+        "kv_entries_read": 0.4,
+    }
