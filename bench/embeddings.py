@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import workloads as wl
-from bench.scheduler import RESULTS_DIR, WORK_DIR, log, machine_facts, serving_dtype
+from bench.scheduler import RESULTS_DIR, WORK_DIR, log, machine_facts, serving_dtype, write_report
 
 MODEL_DIR = Path("models/embed")
 INPUTS = 20_000
@@ -229,8 +229,7 @@ def main(argv: list[str] | None = None) -> int:
             "the same file, median reported."
         ),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    write_report(args.out, report)
     log(f"written {args.out}: {json.dumps(ratios)}")
     return 0 if all(t["pass"] for t in targets.values()) else 1
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import workloads as wl
-from bench.scheduler import RESULTS_DIR, WORK_DIR, log, machine_facts, serving_dtype
+from bench.scheduler import RESULTS_DIR, WORK_DIR, log, machine_facts, serving_dtype, write_report
 
 MODEL_DIR = Path("models/demo")
 WORKLOADS = ("unique", "shared_prefix", "system_prompts")
@@ -215,8 +215,7 @@ def main(argv: list[str] | None = None) -> int:
             "finalization."
         ),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    write_report(args.out, report)
     log(f"written {args.out}: {json.dumps(targets)}")
     return 0 if all(t["pass"] for t in targets.values()) else 1
 

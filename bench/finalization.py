@@ -32,7 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench.scheduler import REPO, RESULTS_DIR, WORK_DIR, log, machine_facts
+from bench.scheduler import REPO, RESULTS_DIR, WORK_DIR, log, machine_facts, write_report
 
 REQUESTS = 1_000_000
 UNIT_SIZE = 256
@@ -267,8 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             "whose output held every request exactly once is the target's value"
         ),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.out, report)
     if args.control_plane and args.requests == REQUESTS:
         from bench.dispatcher_report import merge_results
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import workloads as wl
-from bench.scheduler import REPO, RESULTS_DIR, WORK_DIR, log, machine_facts, serving_dtype
+from bench.scheduler import REPO, RESULTS_DIR, WORK_DIR, log, machine_facts, serving_dtype, write_report
 
 MODEL_DIR = Path("models/demo")
 REQUESTS = 20_000
@@ -330,8 +330,7 @@ def main(argv: list[str] | None = None) -> int:
             "worker's Python side), engine-*/children (vLLM's processes), redis."
         ),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    write_report(args.out, report)
     if args.control_plane:  # the targets live together (bench/README.md)
         merge_into_control_plane(report, args.out, Path(args.control_plane))
     log(f"written {args.out}: freight_over_engine {value}")

@@ -105,6 +105,12 @@ def log(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+def write_report(path: Path, report: dict[str, Any]) -> None:
+    """A benchmark's result file (bench/results/*.json), its folder made if need be."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+
+
 # ---------------------------------------------------------------------------------------- facts
 
 
@@ -244,8 +250,15 @@ def combine_repeats(cells: list[dict[str, Any]]) -> dict[str, Any]:
         {
             k: c.get(k)
             for k in (
-                "wall_s", "output_tok_s", "batch_fill", "engine_steps", "cache_hit_rate", "errors", "cpu_s",
-                "other_cpu_s", "phases_s",
+                "wall_s",
+                "output_tok_s",
+                "batch_fill",
+                "engine_steps",
+                "cache_hit_rate",
+                "errors",
+                "cpu_s",
+                "other_cpu_s",
+                "phases_s",
             )
         }
         for c in cells
@@ -869,8 +882,7 @@ def main(argv: list[str] | None = None) -> int:
             "* block over prompt tokens; hit_rate_gap_points = 100 x (ideal - (b)'s hit rate)",
         ],
     }
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    write_report(out_path, report)
     print(table(results, ratios, targets))
     print(f"\nwritten {out_path.relative_to(REPO) if out_path.is_relative_to(REPO) else out_path}"
           f" in {report['duration_s']:.0f}s")  # fmt: skip

@@ -129,9 +129,10 @@ def _least_squares(m: SampleMoments, terms: tuple[int, ...]) -> list[float] | No
         return None
     a = [[m.xx[i][j] / (scale[r] * scale[c]) for c, j in enumerate(terms)] for r, i in enumerate(terms)]
     b = [m.xy[i] / scale[r] for r, i in enumerate(terms)]
-    if abs(_determinant(a)) < _CONDITION_FLOOR:
+    determinant = _determinant(a)
+    if abs(determinant) < _CONDITION_FLOOR:
         return None
-    solved = _solve(a, b)
+    solved = _solve(a, b, determinant)
     return [v / scale[r] for r, v in enumerate(solved)]
 
 
@@ -145,9 +146,8 @@ def _determinant(a: list[list[float]]) -> float:
     )
 
 
-def _solve(a: list[list[float]], b: list[float]) -> list[float]:
-    """Cramer's rule (2 or 3 unknowns, a non-singular matrix)."""
-    d = _determinant(a)
+def _solve(a: list[list[float]], b: list[float], d: float) -> list[float]:
+    """Cramer's rule (2 or 3 unknowns; ``d``: the matrix's non-zero determinant)."""
     out = []
     for k in range(len(a)):
         replaced = [[b[r] if c == k else a[r][c] for c in range(len(a))] for r in range(len(a))]

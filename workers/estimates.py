@@ -272,16 +272,7 @@ def model_history(rt: Runtime, tenant_id: str, model: str, now: float) -> Histor
                 WorkUnit.finished_at >= now - window,
             )
         ).one()
-        seconds, prompt, cached, output = s.execute(
-            select(
-                func.sum(EngineSample.seconds),
-                func.sum(EngineSample.prompt_tokens),
-                func.sum(EngineSample.cached_tokens),
-                func.sum(EngineSample.output_tokens),
-            ).where(
-                EngineSample.model == model, EngineSample.started_at >= now - window, EngineSample.seconds > 0
-            )
-        ).one()
+        seconds, computed, moments = engine_sample_sums(s, model, now - window)
         engines = s.scalar(
             select(func.count(func.distinct(EngineSample.worker))).where(
                 EngineSample.model == model,
@@ -289,20 +280,20 @@ def model_history(rt: Runtime, tenant_id: str, model: str, now: float) -> Histor
                 EngineSample.seconds > 0,
             )
         )
-        moments = sample_moments(s, model, now - window)
-    computed = max(int(prompt or 0) - int(cached or 0), 0) + int(output or 0)
     return History(
         window_seconds=window,
         typical_output=typical_output(int(completion_tokens or 0), int(completed or 0)),
-        tokens_per_second=engine_rate(computed, float(seconds or 0.0)),
+        tokens_per_second=engine_rate(computed, seconds),
         engines=int(engines or 0),
         model=fit_engine_model(moments),
     )
 
 
-def sample_moments(s: Any, model: str, since: float) -> SampleMoments:
-    """The model's engine samples since ``since``, summed as a least-squares fit of busy seconds
-    to (uncached prompt tokens, output tokens, KV entries read) needs them: one aggregate row."""
+def engine_sample_sums(s: Any, model: str, since: float) -> tuple[float, int, SampleMoments]:
+    """The model's engine samples since ``since`` in one aggregate row: busy seconds, computed
+    tokens (uncached prompt + output), and the sums a least-squares fit of busy seconds to
+    (uncached prompt tokens, output tokens, KV entries read) needs (in floating point: the
+    products overflow 64-bit integers)."""
     x = (
         cast(EngineSample.prompt_tokens - EngineSample.cached_tokens, Float),
         cast(EngineSample.output_tokens, Float),
@@ -313,16 +304,24 @@ def sample_moments(s: Any, model: str, since: float) -> SampleMoments:
     row = s.execute(
         select(
             func.count(),
+            func.sum(EngineSample.seconds),
+            func.sum(EngineSample.prompt_tokens),
+            func.sum(EngineSample.cached_tokens),
+            func.sum(EngineSample.output_tokens),
             *(func.sum(x[i] * x[j]) for i, j in pairs),
             *(func.sum(x[i] * y) for i in range(3)),
         ).where(EngineSample.model == model, EngineSample.started_at >= since, EngineSample.seconds > 0)
     ).one()
-    sums = [float(v or 0.0) for v in row[1:]]
+    samples, seconds, prompt, cached, output = row[:5]
+    products = [float(v or 0.0) for v in row[5 : 5 + len(pairs)]]
+    xy = [float(v or 0.0) for v in row[5 + len(pairs) :]]
     xx = [[0.0] * 3 for _ in range(3)]
-    for (i, j), v in zip(pairs, sums, strict=False):
+    for (i, j), v in zip(pairs, products, strict=True):
         xx[i][j] = xx[j][i] = v
-    return SampleMoments(
-        samples=int(row[0] or 0),
+    moments = SampleMoments(
+        samples=int(samples or 0),
         xx=(tuple(xx[0]), tuple(xx[1]), tuple(xx[2])),  # type: ignore[arg-type]
-        xy=(sums[6], sums[7], sums[8]),
+        xy=(xy[0], xy[1], xy[2]),
     )
+    computed = max(int(prompt or 0) - int(cached or 0), 0) + int(output or 0)
+    return float(seconds or 0.0), computed, moments

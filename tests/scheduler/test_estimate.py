@@ -98,7 +98,7 @@ def test_with_history_eta_and_cost_follow_the_measured_rate_and_the_tier():
 
 def moments(samples: list[tuple[float, float, float, float]]) -> SampleMoments:
     """(uncached prompt tokens, output tokens, KV reads, busy seconds) per sample, summed as the
-    database sums them (workers.estimates.sample_moments)."""
+    database sums them (workers.estimates.engine_sample_sums)."""
     xx = tuple(tuple(sum(x[i] * x[j] for x in samples) for j in range(3)) for i in range(3))
     xy = tuple(sum(x[i] * x[3] for x in samples) for i in range(3))
     return SampleMoments(len(samples), xx, xy)  # type: ignore[arg-type]
