@@ -31,7 +31,8 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     app.config["SECRET_KEY"] = settings.secret_key or None
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.extensions["freight"] = runtime or Runtime(settings)
-    readiness = ReadinessProbe(app.extensions["freight"])  # connects nothing until the first probe
+    readiness = ReadinessProbe(app.extensions["freight"])
+    readiness.build_clients()  # CPU only: connects nothing until the first probe
     if settings.trusted_proxies:
         app.wsgi_app = TrustedProxies(app.wsgi_app, settings.trusted_proxies)  # type: ignore[method-assign]
     # outermost: every response has its x-request-id, whatever answered it
