@@ -189,6 +189,12 @@ def read_columns(store: ObjectStore, key: str, columns: Sequence[str] = PLAN_COL
         return pf.read(columns=list(columns))
 
 
+def custom_ids(store: ObjectStore, key: str) -> list[str]:
+    """Every row's custom id, in order: one column (a shard holds SHARD_UNITS units' rows)."""
+    column = read_columns(store, key, ("custom_id",)).column("custom_id")
+    return column.to_pylist()
+
+
 def read_rows(store: ObjectStore, key: str, start: int = 0, count: int | None = None) -> Iterator[ShardRow]:
     """The rows ``[start, start + count)`` of a shard (all from ``start`` when count is None),
     reading only the row groups that hold them."""

@@ -91,3 +91,37 @@ def test_a_missing_result_object_fails_the_pass_and_leaves_no_thread(settings):
             assert row.finalizer_heartbeat_at is None  # released: the next tick tries again
     finally:
         rt.db.dispose()
+
+
+def test_a_cancelled_batch_reads_each_shard_once_for_the_requests_that_never_ran(settings, monkeypatch):
+    """Every request of a batch cancelled before it ran gets its stopped line, in file order, and
+    each shard is opened once for all its units (not once per unit: 79 s of a cancelled
+    million-request batch's finalization, and a whole-shard GET per unit on S3)."""
+    from storage.shards import SHARD_UNITS
+
+    rt = Runtime(replace(settings, unit_size=2))
+    try:
+        batch_id = validated_batch(rt, requests=2 * (2 * SHARD_UNITS + 3))  # three shards
+        with rt.db.write() as s:
+            units = list(
+                s.scalars(select(WorkUnit).where(WorkUnit.batch_id == batch_id).order_by(WorkUnit.seq))
+            )
+            for unit in units:  # what a cancel does to units that never ran
+                unit.status = UnitStatus.SKIPPED
+            s.execute(update(Batch).where(Batch.id == batch_id).values(status=BatchStatus.CANCELLING))
+            s.expunge_all()
+        shards = sorted({u.shard_key for u in units})
+        assert len(shards) == 3
+        expected = [
+            r.custom_id for u in units for r in read_rows(rt.store, u.shard_key, u.row_start, u.n_requests)
+        ]
+        opened: list[str] = []
+        real_open = rt.store.open
+        monkeypatch.setattr(rt.store, "open", lambda key: opened.append(key) or real_open(key))
+        assert finalize_batch(rt, batch_id) == BatchStatus.CANCELLED
+        errors = _lines(rt, batch_id, "error_file_id")
+        assert [e["custom_id"] for e in errors] == expected and len(set(expected)) == len(expected)
+        assert all(e["error"]["code"] == "batch_cancelled" and e["response"] is None for e in errors)
+        assert sorted(k for k in opened if "/shards/" in k) == shards  # once each
+    finally:
+        rt.db.dispose()
