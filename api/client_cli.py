@@ -81,7 +81,8 @@ def connection(command: Callable[..., Any]) -> Callable[..., Any]:
         base = api_base(api_url)
         from openai import OpenAI
 
-        for name in ("httpx", "openai"):  # the CLI's logging would print every request otherwise
+        # the CLI's logging would print every request otherwise (openai 3's transport is httpx2)
+        for name in ("httpx", "httpx2", "openai"):
             logging.getLogger(name).setLevel(logging.WARNING)
         with api_errors(base):
             return command(client=OpenAI(base_url=base, api_key=api_key, max_retries=2, timeout=60), **kwargs)

@@ -1,0 +1,105 @@
+"""The first hour with Freight, scripted (issue #23's "done when"): `make run`'s script starts the
+stack and runs the sample job, then, in a fresh shell with only the PATH line it printed,
+`freight tenant create alice`, `freight submit examples/requests.jsonl --model demo --wait`,
+`freight status --json` and `freight report` all work, with no traceback anywhere.
+
+The script runs in a checkout of its own (the repository's entries linked into a temporary
+folder), so its `var/` (settings, data, the demo key, the stack's logs) is the test's, and its
+ports are free ones: a developer's own `make run` stack is never touched."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from infra.daemons import free_port
+
+pytestmark = pytest.mark.stack
+
+REPO = Path(__file__).resolve().parents[2]
+KEEP_OUT = {"var", "test-artifacts", ".git"}  # what the temporary checkout has of its own
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    root = tmp_path_factory.mktemp("first-hour") / "freight"
+    root.mkdir()
+    for entry in REPO.iterdir():
+        if entry.name not in KEEP_OUT:
+            (root / entry.name).symlink_to(entry)
+    try:
+        yield root
+    finally:
+        subprocess.run(
+            [str(REPO / ".venv/bin/python"), "-m", "infra.daemons", "stop-all", "var/run"],
+            cwd=root, capture_output=True, timeout=120,
+        )  # fmt: skip
+        logs = REPO / "test-artifacts"
+        logs.mkdir(exist_ok=True)
+        for log in (root / "var" / "run").glob("*.log"):
+            (logs / f"first-hour-{log.name}").write_text(log.read_text(errors="replace"))
+
+
+def fresh_shell_env(path_line: str) -> dict[str, str]:
+    """A new shell: no FREIGHT_* of the test run's, and PATH as the printed line sets it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FREIGHT_")}
+    match = re.fullmatch(r'export PATH="(?P<bin>[^"$]+):\$PATH"', path_line.strip())
+    assert match, path_line
+    env["PATH"] = f"{match['bin']}:{env.get('PATH', '')}"
+    return env
+
+
+def sh(argv: list[str], env: dict[str, str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    done = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    assert "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
+    return done
+
+
+def test_make_run_then_the_printed_path_then_the_cli(checkout: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FREIGHT_")}
+    env["FREIGHT_API_PORT"] = str(free_port())  # written into var/freight.env by the script
+    env["FREIGHT_BROKER_URL"] = f"redis://127.0.0.1:{free_port()}/0"
+    started = sh(["bash", "infra/run_demo.sh"], env, checkout, timeout=900)
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert "Freight is running" in started.stdout
+    path_line = next(line for line in started.stdout.splitlines() if "export PATH=" in line)
+    assert path_line.strip() == f'export PATH="{checkout}/.venv/bin:$PATH"'
+
+    shell = fresh_shell_env(path_line)
+    config = sh(["freight", "config"], shell, checkout)
+    assert config.returncode == 0 and f"settings from {checkout}/var/freight.env" in config.stdout
+
+    created = sh(["freight", "tenant", "create", "alice", "--json"], shell, checkout)
+    assert created.returncode == 0, created.stderr
+    tenant = json.loads(created.stdout)
+    assert tenant["name"] == "alice" and tenant["api_key"]
+
+    # no key given: the client commands use the demo key `make run` made, on the stack it started
+    submitted = sh(
+        ["freight", "submit", "examples/requests.jsonl", "--model", "demo", "--wait"], shell, checkout, 600
+    )
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr  # 4 if not completed
+    batch_id, output_name = submitted.stdout.split()  # the batch, then the file --wait saved
+    assert output_name == f"{batch_id}.output.jsonl"
+    assert "HTTP Request" not in submitted.stderr  # progress, not the client library's request log
+    lines = sum(1 for line in (REPO / "examples/requests.jsonl").read_text().splitlines() if line.strip())
+    results = [json.loads(line) for line in (checkout / output_name).read_text().splitlines()]
+    assert len(results) == lines and all(r["response"]["status_code"] == 200 for r in results)
+
+    status = sh(["freight", "status", "--json"], shell, checkout)
+    assert status.returncode == 0, status.stderr
+    listed = json.loads(status.stdout)  # the most recent batches, this one first
+    assert listed["object"] == "list" and len(listed["data"]) == 2  # make run's sample and this one
+    batch = listed["data"][0]
+    assert batch["id"] == batch_id and batch["object"] == "batch" and batch["status"] == "completed"
+    assert batch["request_counts"] == {"total": lines, "completed": lines, "failed": 0}
+
+    report = sh(["freight", "report"], shell, checkout)
+    assert report.returncode == 0, report.stderr
+    assert "demo" in report.stdout  # the demo tenant's batches: make run's sample and this one
