@@ -46,6 +46,15 @@ def logged(caplog: pytest.LogCaptureFixture, name: str) -> str:
     return lines[-1]
 
 
+def settings_on_s3(settings: Settings, s3_service, monkeypatch: pytest.MonkeyPatch, bucket: str) -> Settings:
+    """The test's settings with the object store on a new bucket of the session's SeaweedFS."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_service.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_service.secret_key)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", s3_service.region)
+    name = s3_service.create_bucket(bucket)
+    return replace(settings, object_store_url=f"s3://{name}/freight", s3_endpoint_url=s3_service.endpoint_url)
+
+
 def closed_port() -> int:
     """A loopback port nothing listens on (bound and released: connecting is refused)."""
     return daemons.free_port()
@@ -71,13 +80,7 @@ def test_ready_when_everything_answers(settings: Settings) -> None:
 def test_ready_on_s3(
     settings: Settings, s3_service, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_service.access_key)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_service.secret_key)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", s3_service.region)
-    bucket = s3_service.create_bucket("readyz")
-    on_s3 = replace(
-        settings, object_store_url=f"s3://{bucket}/freight", s3_endpoint_url=s3_service.endpoint_url
-    )
+    on_s3 = settings_on_s3(settings, s3_service, monkeypatch, "readyz")
     status, body, _ = probe(on_s3)
     assert status == 200, body
     # a bucket that does not exist is not ready, and says so
@@ -162,13 +165,7 @@ def test_a_fresh_probe_times_the_store_not_the_building_of_its_client(
     A client that cannot be built is left to the probe, which names the dependency."""
     from api.services.readiness import ReadinessProbe
 
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_service.access_key)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_service.secret_key)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", s3_service.region)
-    bucket = s3_service.create_bucket("readyz-fresh")
-    on_s3 = replace(
-        settings, object_store_url=f"s3://{bucket}/freight", s3_endpoint_url=s3_service.endpoint_url
-    )
+    on_s3 = settings_on_s3(settings, s3_service, monkeypatch, "readyz-fresh")
     readiness = ReadinessProbe(Runtime(on_s3), timeout=0.3, reuse_seconds=0)
     readiness.build_clients()
     result = readiness.check()
