@@ -27,6 +27,7 @@ from typing import Any
 
 from sqlalchemy import func, select, text, update
 
+from bench import cpu
 from bench import dispatcher_report as rep
 from bench.dispatcher_fleet import run_dispatcher, run_fleet
 from bench.dispatcher_load import Sizes, load
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "broker_url": redis.url,
             "secret_key": "dispatcher-sim",
         }
-        report = run(args, sizes, settings, run_dir)
+        report = run(args, sizes, settings, run_dir, {"postgres": pg.pid, "redis": redis.pid})
         if args.pg_stats and args.keep:
             keep_statement_stats(pg, args.keep)
         return report
@@ -149,7 +150,10 @@ def keep_statement_stats(pg: daemons.PostgresService, keep: Path) -> None:
     shutil.copy(pg.log_path, keep / "postgres.log")
 
 
-def run(args: argparse.Namespace, sizes: Sizes, settings: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+def run(
+    args: argparse.Namespace, sizes: Sizes, settings: dict[str, Any], run_dir: Path, services: dict[str, int]
+) -> dict[str, Any]:
+    """``services``: the pids of PostgreSQL and Redis, whose CPU is measured beside the fleet's."""
     rt = Runtime(Settings.from_env({}, **settings))
     t0 = time.time()
     loaded = load(rt.db, sizes, int(t0), rt.settings.unit_size)
@@ -187,12 +191,19 @@ def run(args: argparse.Namespace, sizes: Sizes, settings: dict[str, Any], run_di
     started = time.time()
     for child in children:
         child.start()
+    roles = {**services, "dispatcher": children[0].pid or 0}
+    roles.update({f"fleet{k}": child.pid or 0 for k, child in enumerate(children[1:])})
+    window_start = started if args.drain else started + args.warmup
+    cpu_before: tuple[float, dict[str, float], float] | None = None
     deadline = started + (args.max_seconds if args.drain else args.duration)
     while time.time() < deadline and all(c.is_alive() for c in children):
+        if cpu_before is None and time.time() >= window_start:
+            cpu_before = (time.time(), cpu.snapshot(roles), cpu.machine_seconds())
         time.sleep(1.0)
         if args.drain and unfinished(rt) == 0:
             break
     ended = time.time()
+    cpu_window = cpu_split(roles, cpu_before)  # before the stop: every pool's backends still live
     stop.set()
     for child in children:
         child.join(timeout=120)
@@ -207,11 +218,37 @@ def run(args: argparse.Namespace, sizes: Sizes, settings: dict[str, Any], run_di
     if args.keep:
         keep_units(rt, args.keep / "units.csv")
     report["tick"]["alone_s"] = quiet
+    report["cpu"] = cpu_window
     rt.db.dispose()
     targets = report.pop("targets")
     rep.merge_results(args.out, report, targets)
     log(json.dumps({"targets": targets}, indent=1))
     return {**report, "targets": targets}
+
+
+def cpu_split(roles: dict[str, int], before: tuple[float, dict[str, float], float] | None) -> dict[str, Any]:
+    """CPU seconds per second of the measured window, by role (PostgreSQL with its backends,
+    Redis, the dispatcher, the simulated fleet's processes summed), and the machine's.
+
+    Why: a real fleet's engine workers run on their own hosts, so their Python work (claims,
+    records, refills, heartbeats) costs the shared components nothing but database and broker
+    time; here all of it runs on this host's cores. Where the window's CPU goes says which of the
+    targets' misses are the shared database and dispatcher, and which are the simulation's own
+    processes crowding them out."""
+    if before is None:
+        return {}
+    t0, at_start, machine_start = before
+    seconds = max(1e-9, time.time() - t0)
+    used = cpu.spent(at_start, cpu.snapshot(roles))
+    fleet = sum(v for k, v in used.items() if k.startswith("fleet"))
+    per_role = {k: v for k, v in used.items() if not k.startswith("fleet")} | {"fleet": round(fleet, 2)}
+    return {
+        "window_s": round(seconds, 1),
+        "cores": os.cpu_count(),
+        "cpu_s": per_role,
+        "cores_busy": {k: round(v / seconds, 2) for k, v in per_role.items()},
+        "machine_cores_busy": round((cpu.machine_seconds() - machine_start) / seconds, 2),
+    }
 
 
 def keep_units(rt: Runtime, path: Path) -> None:

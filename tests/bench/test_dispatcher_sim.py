@@ -41,6 +41,11 @@ def test_tiny_scale_run_claims_every_unit_once(tmp_path) -> None:
     assert report["jain_per_window"] and all(0 < j <= 1 for j in report["jain_per_window"])
     assert report["starved_batches"] == 0
     assert report["machine"]["cores"] and report["notes"]
+    # where the window's CPU went: the database, the broker, the dispatcher, the simulated fleet
+    cpu = report["cpu"]
+    assert set(cpu["cpu_s"]) == {"postgres", "redis", "dispatcher", "fleet"}
+    assert cpu["cpu_s"]["postgres"] > 0 and cpu["cpu_s"]["fleet"] > 0 and cpu["cpu_s"]["dispatcher"] > 0
+    assert 0 < sum(cpu["cores_busy"].values()) <= cpu["machine_cores_busy"] + 0.05 <= cpu["cores"] + 0.05
     written = json.loads(out.read_text())
     assert written["other"] == {"kept": True} and written["targets"]["other_target"] == {"pass": True}
     assert set(written["targets"]) >= {
