@@ -242,12 +242,16 @@ def cpu_split(roles: dict[str, int], before: tuple[float, dict[str, float], floa
     used = cpu.spent(at_start, cpu.snapshot(roles))
     fleet = sum(v for k, v in used.items() if k.startswith("fleet"))
     per_role = {k: v for k, v in used.items() if not k.startswith("fleet")} | {"fleet": round(fleet, 2)}
+    machine = cpu.machine_seconds() - machine_start
     return {
         "window_s": round(seconds, 1),
         "cores": os.cpu_count(),
         "cpu_s": per_role,
         "cores_busy": {k: round(v / seconds, 2) for k, v in per_role.items()},
-        "machine_cores_busy": round((cpu.machine_seconds() - machine_start) / seconds, 2),
+        "machine_cores_busy": round(machine / seconds, 2),
+        # the machine's busy time no live role holds: mostly PostgreSQL backends that exited
+        # within the window (a pool's overflow connections close when returned), and this process
+        "unattributed_cores_busy": round(max(0.0, machine - sum(per_role.values())) / seconds, 2),
     }
 
 

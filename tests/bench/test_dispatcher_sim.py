@@ -46,6 +46,7 @@ def test_tiny_scale_run_claims_every_unit_once(tmp_path) -> None:
     assert set(cpu["cpu_s"]) == {"postgres", "redis", "dispatcher", "fleet"}
     assert cpu["cpu_s"]["postgres"] > 0 and cpu["cpu_s"]["fleet"] > 0 and cpu["cpu_s"]["dispatcher"] > 0
     assert 0 < sum(cpu["cores_busy"].values()) <= cpu["machine_cores_busy"] + 0.05 <= cpu["cores"] + 0.05
+    assert 0 <= cpu["unattributed_cores_busy"] <= cpu["machine_cores_busy"]
     written = json.loads(out.read_text())
     assert written["other"] == {"kept": True} and written["targets"]["other_target"] == {"pass": True}
     assert set(written["targets"]) >= {
