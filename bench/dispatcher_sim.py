@@ -14,6 +14,7 @@ and its targets into bench/results/control_plane.json (``--out``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -25,12 +26,14 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+import psutil
 from sqlalchemy import func, select, text, update
 
 from bench import cpu
 from bench import dispatcher_report as rep
 from bench.dispatcher_fleet import run_dispatcher, run_fleet
 from bench.dispatcher_load import Sizes, load
+from bench.freeze import tree
 from bench.scheduler import machine_facts
 from infra import daemons
 from storage.migrate import upgrade
@@ -66,6 +69,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--starve-seconds", type=float, default=120.0, help="longest fair wait for a batch's next claim"
     )
     p.add_argument("--fairness-seconds", type=float, default=60.0, help="window of Jain's index (a minute)")
+    p.add_argument(
+        "--pin",
+        action="store_true",
+        help="PostgreSQL, Redis and the dispatcher on CPU 0, the simulated fleet on the others: the "
+        "fleet's Python (on its own hosts in a real fleet) cannot take the measured components' CPU",
+    )
     p.add_argument("--label", default="", help="what this run is (before/after a change), kept in the report")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--keep", type=Path, help="also write the raw logs of every process into this folder")
@@ -193,6 +202,7 @@ def run(
         child.start()
     roles = {**services, "dispatcher": children[0].pid or 0}
     roles.update({f"fleet{k}": child.pid or 0 for k, child in enumerate(children[1:])})
+    pinned = pin(roles) if args.pin else None
     window_start = started if args.drain else started + args.warmup
     cpu_before: tuple[float, dict[str, float], float] | None = None
     deadline = started + (args.max_seconds if args.drain else args.duration)
@@ -219,11 +229,27 @@ def run(
         keep_units(rt, args.keep / "units.csv")
     report["tick"]["alone_s"] = quiet
     report["cpu"] = cpu_window
+    report["run"]["pinned"] = pinned
     rt.db.dispose()
     targets = report.pop("targets")
     rep.merge_results(args.out, report, targets)
     log(json.dumps({"targets": targets}, indent=1))
     return {**report, "targets": targets}
+
+
+def pin(roles: dict[str, int]) -> dict[str, list[int]] | None:
+    """CPU 0 for PostgreSQL, Redis and the dispatcher (every process of theirs: backends forked
+    later inherit the postmaster's), the other CPUs for the fleet's processes, set right after
+    they start (the threads they make later inherit it). None on a one-CPU machine."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    shared, rest = {cpus[0]}, set(cpus[1:])
+    for role, pid in roles.items():
+        for proc in tree([pid]):
+            with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
+                os.sched_setaffinity(proc.pid, rest if role.startswith("fleet") else shared)
+    return {"shared": sorted(shared), "fleet": sorted(rest)}
 
 
 def cpu_split(roles: dict[str, int], before: tuple[float, dict[str, float], float] | None) -> dict[str, Any]:

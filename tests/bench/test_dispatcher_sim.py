@@ -5,6 +5,9 @@ the figures' pure arithmetic."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -58,3 +61,23 @@ def test_tiny_scale_run_claims_every_unit_once(tmp_path) -> None:
     for name in ("dispatcher_tick_s", "runnable_to_claim_p99_s", "jain_index", "starved_batches"):
         assert set(written["targets"][name]) >= {"value", "bound", "pass"}
     assert written["dispatcher"]["sizes"] == report["sizes"]
+
+
+def test_pin_gives_the_shared_components_one_cpu_and_the_fleet_the_rest() -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    procs = {
+        role: subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        for role in ("postgres", "fleet0")
+    }
+    try:
+        pinned = dispatcher_sim.pin({role: p.pid for role, p in procs.items()})
+        if len(cpus) < 2:
+            assert pinned is None
+            return
+        assert pinned == {"shared": cpus[:1], "fleet": cpus[1:]}
+        assert sorted(os.sched_getaffinity(procs["postgres"].pid)) == cpus[:1]
+        assert sorted(os.sched_getaffinity(procs["fleet0"].pid)) == cpus[1:]
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()
