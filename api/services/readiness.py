@@ -47,6 +47,7 @@ CLIENT_GRACE_SECONDS = 1.0  # the clients' own timeouts are this much longer tha
 REUSE_SECONDS = 1.0
 MAX_ERROR_CHARS = 300
 DEPENDENCIES = ("database", "broker", "object_store")
+REDIS_SCHEMES = ("redis", "rediss", "unix")  # broker URLs the probe can PING
 Outcome = tuple[float, BaseException | None]  # a finished check: its seconds, what it raised
 
 
@@ -103,7 +104,7 @@ class ReadinessProbe:
         builders = []
         if urlparse(self.runtime.settings.object_store_url).scheme != "file":
             builders.append(self._s3_client)
-        if urlparse(self.runtime.settings.broker_url).scheme in ("redis", "rediss", "unix"):
+        if urlparse(self.runtime.settings.broker_url).scheme in REDIS_SCHEMES:
             builders.append(self._redis_client)
         for build in builders:
             try:
@@ -174,7 +175,7 @@ class ReadinessProbe:
     def _check_broker(self) -> None:
         """PING on the broker's Redis, one attempt: no retry, whatever redis-py's defaults become."""
         url = self.runtime.settings.broker_url
-        if urlparse(url).scheme not in ("redis", "rediss", "unix"):
+        if urlparse(url).scheme not in REDIS_SCHEMES:
             raise ValueError("the broker is not a Redis URL (Freight's broker is Redis)")
         self._redis_client().ping()
 

@@ -46,9 +46,14 @@ def checkout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             (logs / f"first-hour-{log.name}").write_text(log.read_text(errors="replace"))
 
 
+def without_freight_settings() -> dict[str, str]:
+    """This process's environment without the test run's FREIGHT_* settings."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("FREIGHT_")}
+
+
 def fresh_shell_env(path_line: str) -> dict[str, str]:
     """A new shell: no FREIGHT_* of the test run's, and PATH as the printed line sets it."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FREIGHT_")}
+    env = without_freight_settings()
     match = re.fullmatch(r'export PATH="(?P<bin>[^"$]+):\$PATH"', path_line.strip())
     assert match, path_line
     env["PATH"] = f"{match['bin']}:{env.get('PATH', '')}"
@@ -62,7 +67,7 @@ def sh(argv: list[str], env: dict[str, str], cwd: Path, timeout: float = 300) ->
 
 
 def test_make_run_then_the_printed_path_then_the_cli(checkout: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FREIGHT_")}
+    env = without_freight_settings()
     env["FREIGHT_API_PORT"] = str(free_port())  # written into var/freight.env by the script
     env["FREIGHT_BROKER_URL"] = f"redis://127.0.0.1:{free_port()}/0"
     started = sh(["bash", "infra/run_demo.sh"], env, checkout, timeout=900)
