@@ -26,6 +26,7 @@ _DURATION = re.compile(r"^(\d+)(s|m|h|d)$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 ENGINE_DTYPES = ("auto", "bfloat16", "float16", "float32")  # FREIGHT_ENGINE_DTYPE
+ENGINE_CORES = ("auto", "inline", "process")  # FREIGHT_ENGINE_CORE
 
 
 CACHE_SHARING = ("global", "tenant")  # FREIGHT_PREFIX_CACHE_SHARING
@@ -176,6 +177,11 @@ class Settings:
     # logging, which costs throughput, stays off. One port per worker: several on a host each need
     # their own (a per-worker environment, as systemd's worker-%i.env)
     engine_metrics_bind: str = ""
+    # where vLLM's engine core runs: "process", vLLM's default, a child process of its own (on a GPU
+    # its scheduling overlaps the model's step); "inline", inside the worker's process (no IPC: on
+    # CPU the engine starts 30 s sooner and serves 1.3x the tokens/s, measured on an AVX2 host);
+    # "auto": inline on a CPU, a process elsewhere
+    engine_core: str = "auto"
     # liveness of work units
     heartbeat_seconds: float = 5.0
     lease_seconds: float = 60.0  # a running unit with no heartbeat for this long is redelivered
@@ -359,6 +365,8 @@ class Settings:
             )
         if self.engine_dtype not in ENGINE_DTYPES:
             raise SettingsError(f"FREIGHT_ENGINE_DTYPE must be one of {', '.join(ENGINE_DTYPES)}")
+        if self.engine_core not in ENGINE_CORES:
+            raise SettingsError(f"FREIGHT_ENGINE_CORE must be one of {', '.join(ENGINE_CORES)}")
         if self.engine_metrics_bind and metrics_port(self.engine_metrics_bind) is None:
             raise SettingsError("FREIGHT_ENGINE_METRICS_BIND must be HOST:PORT")
         if self.metrics_bind and metrics_port(self.metrics_bind) in (None, self.api_port):

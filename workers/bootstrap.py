@@ -256,6 +256,7 @@ def engine_config(
         "block_size": settings.engine_block_size or None,
         "enforce_eager": settings.engine_enforce_eager,
         "dtype": settings.engine_dtype,
+        "core": settings.engine_core,
         "stats": bool(settings.engine_metrics_bind),  # vLLM's stat logging only where it is served
     }
     return EngineConfig(

@@ -1,7 +1,8 @@
 """A vLLM plugin that makes a Freight worker's engine processes die with the worker.
 
-vLLM runs its engine core in a child process, and the core starts the model's worker processes.
-When the front end is killed outright (SIGKILL, the OOM killer, a supervisor's forced stop), the
+This is for an engine core in a process of its own (FREIGHT_ENGINE_CORE=process, the default off
+a CPU); an inline core is the worker's own process and dies with it. Such a core is a child
+process, and it starts the model's worker processes. When the front end is killed outright (SIGKILL, the OOM killer, a supervisor's forced stop), the
 core does not notice: it and its workers live on, holding the engine's memory (on a GPU, the
 whole KV cache), and the restarted Freight worker cannot load its engine beside them (vLLM issue
 #55510, open). vLLM's workers already exit when the core does (a death pipe); the core has no such

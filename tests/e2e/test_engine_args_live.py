@@ -78,8 +78,11 @@ def _run(live: LiveStack) -> None:
 
     name = "engine-args-worker"
     log = live.stack.log(name)
+    # the engine core in a process of its own (the GPU default), where vLLM logs the reason there
+    # only; inline (this CPU's default, started below) vLLM raises it in the worker itself
+    separate = {**live.worker_env, "FREIGHT_ENGINE_CORE": "process"}
     proc = spawn(live.stack.run_dir, name, [*FREIGHT, "worker", "--model", MODEL, "--name", f"{name}@%h"],
-                 live.worker_env)  # fmt: skip
+                 separate)  # fmt: skip
     try:
         code = proc.wait(timeout=300)
     finally:

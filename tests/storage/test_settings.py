@@ -40,6 +40,7 @@ def test_every_field_reads_its_variable(tmp_path):
         {"FREIGHT_UNIT_SIZE": "0"},
         {"FREIGHT_ENGINE_BLOCK_SIZE": "40"},
         {"FREIGHT_ENGINE_DTYPE": "int4"},
+        {"FREIGHT_ENGINE_CORE": "thread"},
     ],
 )
 def test_bad_values_name_the_variable(env):
@@ -61,6 +62,14 @@ def test_engine_dtype_reaches_the_engine_config():
     s = Settings.from_env({"FREIGHT_ENGINE_DTYPE": "float32"})
     assert engine_config(s, "m", "/models/m").dtype == "float32"
     assert engine_config(Settings.from_env({}), "m", "/models/m").dtype == "auto"
+
+
+def test_engine_core_reaches_the_engine_config():
+    from workers.bootstrap import engine_config
+
+    s = Settings.from_env({"FREIGHT_ENGINE_CORE": "process"})
+    assert engine_config(s, "m", "/models/m").core == "process"
+    assert engine_config(Settings.from_env({}), "m", "/models/m").core == "auto"
 
 
 def test_settings_are_frozen():

@@ -346,3 +346,14 @@ def test_feeding_api_aborts_some_requests_and_finishes_the_rest(vllm_engine: Eng
         "keep-1": 200, "keep-2": 200, "late": 200, "stop-1": ABORTED_STATUS, "stop-2": ABORTED_STATUS,
     }  # fmt: skip
     assert results["keep-1"].completion_tokens == 40 and results["late"].completion_tokens == 3
+
+
+def test_one_process_holds_one_inline_engine(vllm_engine) -> None:
+    """vLLM's parallel state belongs to the process: the session's engine runs inline (a CPU's
+    default), and another engine started beside it gets a process of its own."""
+    from workers.engine import EngineUnsupported, core_inline
+
+    assert vllm_engine.inline
+    assert core_inline("auto") is False and core_inline("process") is False
+    with pytest.raises(EngineUnsupported, match="already runs inline"):
+        core_inline("inline")

@@ -1,8 +1,11 @@
 """The engine-lifetime plugin, on real processes: a child that ran it dies when its parent is
-SIGKILLed; one that did not outlives it (which is what vLLM's engine core does on its own)."""
+SIGKILLed; one that did not outlives it (which is what vLLM's engine core does on its own); and a
+real engine whose core runs in processes of its own (FREIGHT_ENGINE_CORE=process) goes with its
+killed worker."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -29,6 +32,20 @@ WORKER = textwrap.dedent(
     child = multiprocessing.get_context("spawn").Process(target=hold, args=({plugin}, {ready!r}))
     child.start()
     print(child.pid, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+# a worker with a real engine; prints "ready" once it is up
+ENGINE_WORKER = textwrap.dedent(
+    """
+    import os, time
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    from workers.engine import Engine, EngineConfig
+    Engine.start(EngineConfig(model_path={model!r}, served_name="demo", max_num_seqs=4,
+                              kv_cache_bytes=16 * 1024 * 1024, enforce_eager=True, core={core!r}))
+    print("ready", flush=True)
     time.sleep(600)
     """
 )
@@ -91,3 +108,36 @@ def test_outside_an_engine_core_the_plugin_does_nothing(monkeypatch: pytest.Monk
 def test_vllm_finds_the_plugin() -> None:
     values = [e.value for e in entry_points(group="vllm.general_plugins")]
     assert "workers.engine_lifetime:die_with_worker" in values
+
+
+def test_a_killed_workers_engine_processes_exit_with_it(demo_model_dir: Path) -> None:
+    """SIGKILL to the worker alone (the OOM killer, ``kill -9 PID``): vLLM's engine core and its
+    model worker exit too, rather than keep the engine's memory from the worker replacing it. (The
+    live stack's workers run their core inline, where nothing outlives the worker's process.)"""
+    worker = subprocess.Popen(
+        [sys.executable, "-c", ENGINE_WORKER.format(model=str(demo_model_dir), core="process")],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    engine: list[psutil.Process] = []
+    try:
+        assert worker.stdout is not None
+        for line in worker.stdout:  # vLLM logs to stdout too
+            if line.strip() == "ready":
+                break
+        assert worker.poll() is None, "the engine did not start"
+        engine = [
+            p for p in psutil.Process(worker.pid).children(recursive=True) if p.name().startswith("VLLM::")
+        ]
+        assert len(engine) >= 2, engine  # the engine core and at least one model worker
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(30)
+        _, alive = psutil.wait_procs(engine, timeout=30)
+        assert not alive, [(p.pid, p.name()) for p in alive]
+    finally:
+        worker.kill()
+        for p in engine:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
