@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -189,23 +190,49 @@ _inline_engine: Engine | None = None
 
 def core_inline(core: str) -> bool:
     """Whether vLLM's engine core runs inside this process (FREIGHT_ENGINE_CORE): "inline" or
-    "process" as asked; "auto" inline on a CPU unless an inline engine already runs here. On a CPU
-    the separate core buys no overlap (the model's step and the scheduler share the same cores) and
-    costs a process start, the model's load in another interpreter and a copy of every request and
-    output through ZeroMQ: inline, the demo engine started in 19.5 s instead of 50 s and decoded
-    1,600 tokens/s instead of 1,270 (AVX2 host, 2026-11-27). On a GPU vLLM's own layout is kept."""
+    "process" as asked; "auto" inline on a CPU unless an inline engine already runs here or this
+    process holds what vLLM cannot start beside (`_unscannable_global`). On a CPU the separate core
+    buys no overlap (the model's step and the scheduler share the same cores) and costs a process
+    start, the model's load in another interpreter and a copy of every request and output through
+    ZeroMQ: inline, the demo engine started in 19.5 s instead of 50 s and decoded 1,600 tokens/s
+    instead of 1,270 (AVX2 host, 2026-11-27). On a GPU vLLM's own layout is kept."""
     if core == "process":
         return False
+    blocker = _unscannable_global()
     if core == "inline":
         if _inline_engine is not None:
             raise EngineUnsupported(
                 f"an engine ({_inline_engine.config.served_name}) already runs inline in this process; "
                 "one process holds one inline engine (FREIGHT_ENGINE_CORE=process for more)"
             )
+        if blocker is not None:
+            raise EngineUnsupported(
+                f"vLLM cannot start inline in a process holding {blocker} (FREIGHT_ENGINE_CORE=process)"
+            )
         return True
     from vllm.platforms import current_platform
 
-    return bool(current_platform.is_cpu()) and _inline_engine is None
+    if blocker is not None and current_platform.is_cpu():
+        log.info("the engine core gets a process of its own: this process holds %s", blocker)
+    return bool(current_platform.is_cpu()) and _inline_engine is None and blocker is None
+
+
+def _unscannable_global() -> str | None:
+    """A module global vLLM's CPU start-up trips over, as ``module.name``, or None.
+
+    Starting its model runner, vLLM rebinds Triton kernels by scanning every loaded module's
+    globals with ``hasattr(value, "__dict__")``, which lets through any error but AttributeError:
+    an unbound context proxy (Flask's ``current_app`` outside an app context) raises RuntimeError
+    and the start fails. An engine worker imports no such module; a process that also serves HTTP
+    (a test run, say) may. The same scan, in the same order, costs tens of milliseconds."""
+    for name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None)
+        for attr, value in list((namespace or {}).items()):
+            try:
+                hasattr(value, "__dict__")
+            except Exception:
+                return f"{name}.{attr}"
+    return None
 
 
 def native_half_precision() -> bool:

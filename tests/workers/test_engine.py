@@ -348,12 +348,34 @@ def test_feeding_api_aborts_some_requests_and_finishes_the_rest(vllm_engine: Eng
     assert results["keep-1"].completion_tokens == 40 and results["late"].completion_tokens == 3
 
 
-def test_one_process_holds_one_inline_engine(vllm_engine) -> None:
-    """vLLM's parallel state belongs to the process: the session's engine runs inline (a CPU's
-    default), and another engine started beside it gets a process of its own."""
-    from workers.engine import EngineUnsupported, core_inline
+def test_one_process_holds_one_inline_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's parallel state belongs to the process: beside an inline engine, another one gets a
+    process of its own under "auto", and "inline" is refused with the reason."""
+    import workers.engine as engine_module
 
-    assert vllm_engine.inline
-    assert core_inline("auto") is False and core_inline("process") is False
-    with pytest.raises(EngineUnsupported, match="already runs inline"):
+    running = type("Running", (), {"config": type("Config", (), {"served_name": "first"})()})()
+    monkeypatch.setattr(engine_module, "_unscannable_global", lambda: None)
+    monkeypatch.setattr(engine_module, "_inline_engine", None)  # whatever the session's engine is
+    assert engine_module.core_inline("auto") is True  # a CPU, nothing inline yet
+    monkeypatch.setattr(engine_module, "_inline_engine", running)
+    assert engine_module.core_inline("auto") is False and engine_module.core_inline("process") is False
+    with pytest.raises(engine_module.EngineUnsupported, match=r"engine \(first\) already runs inline"):
+        engine_module.core_inline("inline")
+
+
+def test_an_unbound_context_proxy_keeps_the_engine_core_out_of_the_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM's kernel scan at start-up trips over Flask's unbound proxies (a RuntimeError from
+    hasattr): a process that imported Flask starts its engine core in a process of its own."""
+    import flask  # noqa: F401  (its module globals include the unbound proxies)
+
+    import workers.engine as engine_module
+    from workers.engine import EngineUnsupported, _unscannable_global, core_inline
+
+    monkeypatch.setattr(engine_module, "_inline_engine", None)  # whatever the session's engine is
+    blocker = _unscannable_global()
+    assert blocker is not None and blocker.startswith("flask."), blocker
+    assert core_inline("auto") is False
+    with pytest.raises(EngineUnsupported, match="cannot start inline in a process holding flask"):
         core_inline("inline")
