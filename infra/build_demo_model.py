@@ -1,13 +1,19 @@
-"""Build Freight's demo model: a tiny random-weight Llama with a locally trained tokenizer.
+"""Build Freight's demo model: a tiny Llama with a locally trained tokenizer.
 
 Why: tests, CI and local demos need a real checkpoint that vLLM (CPU or GPU) and
 transformers load like any Hugging Face model, without network access to a model hub.
-The weights are random (fixed seed), so the text it writes is noise; what matters is that
-every code path (chat template, tokenization, sampling, structured outputs, prefix
-caching, usage accounting) is exercised for real and quickly.
 
-Usage:  python infra/build_demo_model.py [OUT_DIR] [--force] [--hidden N --layers N --heads N
-            --kv-heads N --intermediate N]     (default: models/demo, the shape below)
+The demo model (the default shape) is trained on the Python standard library's source
+(infra/demo_training.py), so it completes prompts with recognisable words and code and its
+quality figures mean something. Training takes about a quarter of an hour on two CPU cores, too
+slow for `make run`, so the trained checkpoint is committed in infra/demo_model/ (with
+training.json: its configuration, corpus and held-out perplexity) and a build copies it.
+`--train` reproduces it. Other shapes (the benchmark models) get random weights (fixed seed):
+they measure speed, not text.
+
+Usage:  python infra/build_demo_model.py [OUT_DIR] [--force] [--train] [--hidden N --layers N
+            --heads N --kv-heads N --intermediate N]     (default: models/demo, the shape below)
+        python infra/build_demo_model.py infra/demo_model --train --force   (refresh the commit)
 
 Idempotent: if OUT_DIR/config.json exists the build is skipped unless --force is given.
 The build goes to a temporary sibling directory that is renamed into place at the end,
@@ -33,8 +39,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+if __package__ in (None, ""):  # run as a script: make `infra` importable (for --train)
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 SEED = 0
 VOCAB_SIZE = 4096
+# The trained demo checkpoint, committed (tokenizer, config, bf16 weights, training.json).
+TRAINED = Path(__file__).resolve().parent / "demo_model"
 
 
 @dataclass(frozen=True)
@@ -191,6 +202,15 @@ def build_tokenizer(out_dir: Path) -> None:
     )
 
 
+def special_ids(tokenizer: Any) -> dict[str, int]:
+    """The ids of SPECIAL_TOKENS in a demo tokenizer (a `tokenizers.Tokenizer`)."""
+    ids = {t: tokenizer.token_to_id(t) for t in SPECIAL_TOKENS}
+    missing = [t for t, i in ids.items() if i is None]
+    if missing:
+        raise ValueError(f"not a demo tokenizer: no {missing}")
+    return ids
+
+
 def llama_config(ids: dict[str, int], shape: Shape) -> Any:
     """The transformers config of a model of ``shape`` with the demo tokenizer's special ids: the
     demo and benchmark models' and the embedding model's (infra/build_embed_model.py)."""
@@ -217,14 +237,25 @@ def llama_config(ids: dict[str, int], shape: Shape) -> Any:
     )
 
 
-def build_weights(out_dir: Path, ids: dict[str, int], shape: Shape) -> None:
-    """Random Llama weights (fixed seed), saved as bf16 safetensors with config files."""
+def build_weights(out_dir: Path, ids: dict[str, int], shape: Shape, train: bool = False) -> None:
+    """Llama weights (fixed seed), random or trained on the standard library
+    (infra/demo_training.py), saved as bf16 safetensors with config files."""
     import torch
     from transformers import GenerationConfig, LlamaForCausalLM
 
     config = llama_config(ids, shape)
     torch.manual_seed(SEED)
-    model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    model = LlamaForCausalLM(config)
+    if train:
+        from tokenizers import Tokenizer
+
+        from infra.demo_training import TrainConfig, write_record
+        from infra.demo_training import train as train_model
+
+        tokenizer = Tokenizer.from_file(str(out_dir / "tokenizer.json"))
+        record = train_model(model, tokenizer, set(ids.values()), ids[PAD], ids[BOS], TrainConfig())
+        write_record(out_dir, record)
+    model = model.to(torch.bfloat16).eval()
     model.save_pretrained(out_dir, safe_serialization=True)
     GenerationConfig(
         bos_token_id=ids[BOS],
@@ -268,21 +299,36 @@ def build_atomically(out_dir: Path, force: bool, fill: Callable[[Path], None]) -
     return True
 
 
-def build(out_dir: Path, force: bool = False, shape: Shape = Shape()) -> bool:
-    """Build into out_dir; returns False when an existing build was kept."""
+def build(out_dir: Path, force: bool = False, shape: Shape = Shape(), train: bool = False) -> bool:
+    """Build into out_dir; returns False when an existing build was kept. The default shape
+    copies the committed trained checkpoint unless ``train`` asks to train it again."""
     shape.check()
+    copy = shape == Shape() and not train and (TRAINED / "model.safetensors").exists()
+    if copy and (Path(out_dir) / "config.json").exists():
+        # A copy made before the committed checkpoint changed (or an older random-weight build)
+        # is replaced: its training record differs from the committed one.
+        mine = Path(out_dir) / "training.json"
+        force = force or not mine.exists() or mine.read_bytes() != (TRAINED / "training.json").read_bytes()
 
     def fill(tmp: Path) -> None:
+        if copy:
+            for f in TRAINED.iterdir():
+                if f.is_file():
+                    shutil.copyfile(f, tmp / f.name)
+            return
         build_tokenizer(tmp)
         from tokenizers import Tokenizer
 
-        tok = Tokenizer.from_file(str(tmp / "tokenizer.json"))
-        ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
+        ids = special_ids(Tokenizer.from_file(str(tmp / "tokenizer.json")))
         assert [ids[t] for t in SPECIAL_TOKENS] == list(range(len(SPECIAL_TOKENS))), ids
-        build_weights(tmp, ids, shape)
+        build_weights(tmp, ids, shape, train=train)
         (tmp / "README.md").write_text(
-            "Freight demo model: random weights (seed 0), locally trained byte-level BPE.\n"
-            "Built by infra/build_demo_model.py; outputs are noise by design.\n"
+            "Freight demo model: a small Llama trained on the Python standard library's source\n"
+            "(held-out perplexity in training.json), with a locally trained byte-level BPE.\n"
+            "Built by infra/build_demo_model.py --train.\n"
+            if train
+            else "Freight model for benchmarks: random weights (seed 0), locally trained byte-level BPE.\n"
+            "Built by infra/build_demo_model.py; outputs are noise by design (it measures speed).\n"
         )
 
     return build_atomically(out_dir, force, fill)
@@ -292,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir", nargs="?", default="models/demo", help="output directory")
     parser.add_argument("--force", action="store_true", help="rebuild even if it exists")
+    parser.add_argument("--train", action="store_true", help="train the weights (about 15 min on 2 cores)")
     default = Shape()
     for name in ("hidden", "layers", "heads", "kv_heads", "intermediate"):
         flag = "--" + name.replace("_", "-")
@@ -300,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     shape = Shape(args.hidden, args.layers, args.heads, args.kv_heads, args.intermediate)
     start = time.monotonic()
     try:
-        built = build(Path(args.out_dir), force=args.force, shape=shape)
+        built = build(Path(args.out_dir), force=args.force, shape=shape, train=args.train)
     except ValueError as exc:
         parser.error(str(exc))
     if built:

@@ -140,7 +140,7 @@ def weed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Weed]:
 
 @pytest.fixture(scope="session")
 def demo_model() -> Path:
-    """The small random Llama the tests and the demo use, built locally once."""
+    """The small Llama the tests and the demo use: the committed trained checkpoint, copied once."""
     if not (DEMO_MODEL / "config.json").exists():
         from infra.build_demo_model import build
 

@@ -1,7 +1,7 @@
 """Engine.run against the real demo model on a real vLLM engine (CPU here).
 
-The demo model has random weights, so texts are noise: the tests pin lengths with
-ignore_eos and check shapes, token accounting, errors, aborts and prefix caching.
+The demo model is tiny, so texts say little: the tests pin lengths with ignore_eos and check
+shapes, token accounting, errors, aborts and prefix caching.
 """
 
 from __future__ import annotations
