@@ -2,7 +2,8 @@
 
     FREIGHT_API_KEY=fk-... python examples/submit.py [FILE] [--base-url http://127.0.0.1:8080/v1]
 
-The demo model has random weights: the text is noise, the plumbing is real.
+The demo model is tiny and trained only on the Python standard library, so the sample questions ask
+about the standard library; its answers read as docstring English, not as facts.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from infra.daemons import free_port
+from infra.demo_training import stdlib_files
 
 pytestmark = pytest.mark.stack
 
@@ -60,6 +61,21 @@ def fresh_shell_env(path_line: str) -> dict[str, str]:
     return env
 
 
+def stdlib_words() -> set[str]:
+    """The words of the Python standard library's source: what the demo model was trained on."""
+    words: set[str] = set()
+    for path in stdlib_files():
+        words.update(w.lower() for w in re.findall(r"[A-Za-z]+", path.read_text(errors="replace")))
+    return words
+
+
+def share_of_words(texts: list[str], words: set[str]) -> float:
+    """The share of whitespace-separated tokens (punctuation around them stripped) that are words."""
+    tokens = [t.strip(".,;:!?()[]{}'\"`") for text in texts for t in text.split()]
+    tokens = [t for t in tokens if t]
+    return sum(1 for t in tokens if t.isascii() and t.isalpha() and t.lower() in words) / max(1, len(tokens))
+
+
 def sh(argv: list[str], env: dict[str, str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     done = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     assert "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
@@ -93,9 +109,20 @@ def test_make_run_then_the_printed_path_then_the_cli(checkout: Path) -> None:
     batch_id, output_name = submitted.stdout.split()  # the batch, then the file --wait saved
     assert output_name == f"{batch_id}.output.jsonl"
     assert "HTTP Request" not in submitted.stderr  # progress, not the client library's request log
-    lines = sum(1 for line in (REPO / "examples/requests.jsonl").read_text().splitlines() if line.strip())
+    requests = [line for line in (REPO / "examples/requests.jsonl").read_text().splitlines() if line.strip()]
+    lines = len(requests)
     results = [json.loads(line) for line in (checkout / output_name).read_text().splitlines()]
     assert len(results) == lines and all(r["response"]["status_code"] == 200 for r in results)
+    # The sample output reads as words: the demo model is trained (a random-weight one wrote
+    # "' 767ev 340 about Nowdown223 255 PerFournational 596'", about a third of it words).
+    free_text = {r["custom_id"] for r in map(json.loads, requests) if "response_format" not in r["body"]}
+    texts = [
+        choice["message"]["content"]
+        for r in results
+        if r["custom_id"] in free_text
+        for choice in r["response"]["body"]["choices"]
+    ]
+    assert texts and share_of_words(texts, stdlib_words()) >= 0.6, texts
 
     status = sh(["freight", "status", "--json"], shell, checkout)
     assert status.returncode == 0, status.stderr
