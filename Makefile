@@ -7,7 +7,7 @@ MODEL_DIR := models/demo
 EMBED_MODEL_DIR := models/embed
 BENCH_MODEL_DIR := models/bench
 
-.PHONY: run stop test lint install model embed-model bench-model bench bench-parquet bench-int4 bench-reliability bench-dispatcher bench-request-rate bench-embeddings bench-estimates bench-validation bench-finalization int4-model clean quantize-env
+.PHONY: run stop test lint install model embed-model bench-model bench bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-embeddings bench-estimates bench-validation bench-finalization int4-model clean quantize-env
 
 install:
 	@bash infra/install.sh
@@ -44,7 +44,7 @@ test: model embed-model lint quantize-env
 	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m pytest -p no:cacheprovider -q
 
 # the scheduler benchmark (bench/README.md): writes bench/results/scheduler.json; BENCH_ARGS=--quick for a smoke run
-bench: model bench-model bench-parquet bench-int4 bench-reliability bench-dispatcher bench-request-rate bench-embeddings bench-estimates bench-validation bench-finalization
+bench: model bench-model bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-embeddings bench-estimates bench-validation bench-finalization
 	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m bench.scheduler $(BENCH_ARGS)
 
 # validation + planning of a 1,000,000-line batch, JSON-only vs columnar: bench/results/parquet.json
@@ -57,6 +57,10 @@ int4-model: install
 
 bench-int4: model int4-model
 	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m bench.int4 $(INT4_BENCH_ARGS)
+
+# what INT4 costs in quality on the trained demo model (any CPU): bench/results/int4_quality.json
+bench-int4-quality: model quantize-env
+	$(PY) -m bench.int4_quality
 
 # 20,000 tiny requests, in-process engine vs Freight (issue #21 s2): bench/results/request_rate.json
 bench-request-rate: model

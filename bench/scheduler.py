@@ -185,7 +185,11 @@ def model_facts(model_dir: Path) -> dict[str, Any]:
         "dtype": config.get("dtype"),
         "serving_dtype": serving_dtype(model_dir),
         "kv_bytes_per_token": kv_bytes_per_token,
-        "note": "random weights (infra/build_demo_model.py): output text is noise; lengths are fixed",
+        "note": (
+            "trained on the Python standard library (training.json beside the weights); lengths are fixed"
+            if (model_dir / "training.json").exists()
+            else "random weights (infra/build_demo_model.py): output text is noise; lengths are fixed"
+        ),
     }
 
 
