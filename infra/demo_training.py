@@ -242,18 +242,8 @@ def train(
         },
         "held_out_perplexity": {"before": round(before, 2), "after": round(after, 3)},
         "train_seconds": round(seconds, 1),
-        "machine": cpu_model() or platform.machine(),
+        "machine": platform.processor() or platform.machine(),
     }
-
-
-def cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
 
 
 def write_record(out_dir: Path, record: dict[str, Any]) -> None:
