@@ -16,7 +16,7 @@ against the best BF16), weight bytes, KV tokens that fit the same memory budget,
 agreement, and the mean KL divergence of next-token distributions on held-out text (full
 vocabulary, computed with transformers on the dequantized weights).
 Random weights make near-flat next-token distributions, so agreement here is a stress test, not a
-prediction for trained models. Writes bench/results/int4.json (--quick: int4-quick.json).
+prediction for trained models: bench/int4_quality.py measures quality on the trained demo model. Writes bench/results/int4.json (--quick: int4-quick.json).
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ and demos; files are split into training and held-out sets by a hash of their re
 the split does not depend on the order of a directory listing. Two kinds of sample:
 - a window of source text (comments, docstrings and code), starting with BOS as completions do;
 - a chat turn in the demo tokenizer's ChatML: the user asks what a function or class does and the
-  assistant answers with its docstring, so chat prompts are answered with English.
+  assistant answers with its docstring, so chat prompts are answered with English; or, in some
+  turns, with a compact JSON object about it, so structured outputs close their JSON.
 Special tokens are never targets, so training pushes their logits down: the model almost never
 ends a turn by itself and outputs run to ``max_tokens``, as the test suite and benchmarks expect
 (their token counts stay fixed by the request, not by the model).
@@ -23,6 +24,7 @@ import hashlib
 import json
 import math
 import random
+import re
 import sysconfig
 import time
 from collections.abc import Iterator
@@ -47,6 +49,12 @@ _QUESTIONS = [
     "Describe {name} in one sentence.",
     "What is {name} for?",
 ]
+_JSON_QUESTIONS = [
+    "Describe {name} as JSON.",
+    "Answer in JSON: what does {name} do?",
+    "Is {name} a class?",
+    "Label {name}.",
+]
 _SYSTEMS = ["You answer in one short sentence.", "You are a helpful assistant.", "Answer briefly."]
 
 
@@ -61,6 +69,7 @@ class TrainConfig:
     warmup: int = 50  # steps of linear warm-up before the cosine decay
     weight_decay: float = 0.1
     chat_fraction: float = 0.3  # share of sequences that are a chat turn
+    json_fraction: float = 0.3  # share of chat turns answered in JSON
     held_out_every: int = 20  # one file in this many (by path hash) is held out
     eval_sequences: int = 64  # held-out windows perplexity is measured on
     seed: int = 0
@@ -92,10 +101,30 @@ def docstring_pairs(source: str) -> Iterator[tuple[str, str]]:
                     yield node.name, " ".join(first.split())
 
 
-def chat_text(rng: random.Random, name: str, answer: str) -> str:
+def chat_text(rng: random.Random, name: str, answer: str, questions: list[str] = _QUESTIONS) -> str:
     system = f"<|im_start|>system\n{rng.choice(_SYSTEMS)}<|im_end|>\n" if rng.random() < 0.5 else ""
-    question = rng.choice(_QUESTIONS).format(name=name)
+    question = rng.choice(questions).format(name=name)
     return f"<s>{system}<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n{answer}"
+
+
+def json_answer(rng: random.Random, name: str, doc: str) -> str:
+    """A compact JSON answer about a function or class, in one of a few shapes (objects of strings,
+    booleans, numbers and lists, and a tool-call list), as structured outputs ask for. Without
+    them the model, trained on indented Python, filled a JSON schema's optional whitespace until
+    the token budget ran out."""
+    kind = "class" if name[:1].isupper() else "function"
+    summary = doc.split(". ")[0].rstrip(".") + "."
+    words = [w for w in re.findall(r"[a-z]+", doc.lower()) if len(w) > 3]
+    shapes: list[Any] = [
+        {"name": name, "summary": summary},
+        {"name": name, "kind": kind},
+        {"label": "yes" if kind == "class" else "no", "name": name},
+        {"positive": kind == "function", "kind": kind},
+        {"name": name, "tags": words[:3], "count": len(words)},
+        {"answer": summary, "score": round(rng.random(), 2)},
+        [{"name": name, "parameters": {"text": summary}}],
+    ]
+    return json.dumps(rng.choice(shapes))
 
 
 class Corpus:
@@ -128,10 +157,13 @@ class Corpus:
         start = rng.randrange(len(stream) - seq_len)
         return [bos, *stream[start : start + seq_len - 1]]
 
-    def chat(self, rng: random.Random, held: bool, seq_len: int) -> list[int]:
+    def chat(self, rng: random.Random, held: bool, seq_len: int, json_fraction: float = 0.0) -> list[int]:
         name, answer = rng.choice(self.pairs[held])
-        ids = self.tokenizer.encode(chat_text(rng, name, answer), add_special_tokens=False).ids
-        return ids[:seq_len]
+        if rng.random() < json_fraction:
+            text = chat_text(rng, name, json_answer(rng, name, answer), _JSON_QUESTIONS)
+        else:
+            text = chat_text(rng, name, answer)
+        return self.tokenizer.encode(text, add_special_tokens=False).ids[:seq_len]
 
 
 def training_batch(
@@ -142,7 +174,7 @@ def training_batch(
     rows, labels = [], []
     for _ in range(cfg.batch):
         ids = (
-            corpus.chat(rng, held, cfg.seq_len)
+            corpus.chat(rng, held, cfg.seq_len, cfg.json_fraction)
             if rng.random() < cfg.chat_fraction
             else corpus.window(rng, held, cfg.seq_len, bos)
         )

@@ -145,7 +145,7 @@ def test_a_responses_batch_answers_with_response_objects(live) -> None:
     assert messages.instructions == "You are terse." and messages.metadata == {"case": "resp-live-messages"}
     assert messages.usage.input_tokens > plain.usage.input_tokens  # type: ignore[union-attr]
 
-    # random weights may spend a budget on the whitespace JSON allows: two tries each, and a
+    # a tiny model may spend a budget on the whitespace JSON allows: two tries each, and a
     # try cut short is an incomplete Response whose text stays a message (no call)
     for kind in ("schema", "tool"):
         tries = [responses[f"resp-live-{kind}-{i}"] for i in range(2)]

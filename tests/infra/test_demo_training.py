@@ -75,6 +75,18 @@ def test_docstring_pairs_answer_chat_questions_and_broken_sources_give_none() ->
     assert not text.endswith("<|im_end|>\n")  # a turn is never closed: the model is not taught to stop
 
 
+def test_some_chat_turns_answer_in_compact_json(tokenizer: Tokenizer, tmp_path: Path) -> None:
+    corpus = dt.Corpus(tokenizer, dt.TrainConfig(held_out_every=2), small_corpus(tmp_path))
+    rng = random.Random(3)
+    for _ in range(20):
+        text = tokenizer.decode(corpus.chat(rng, False, 256, json_fraction=1.0), skip_special_tokens=False)
+        answer = text.split("<|im_start|>assistant\n", 1)[1]
+        # compact: exactly what json.dumps writes, no other whitespace for the model to learn
+        assert json.dumps(json.loads(answer)) == answer, answer
+    plain = tokenizer.decode(corpus.chat(random.Random(3), False, 256), skip_special_tokens=False)
+    assert not plain.split("<|im_start|>assistant\n", 1)[1].startswith(("{", "["))
+
+
 def test_special_tokens_and_padding_are_never_targets(tokenizer: Tokenizer, tmp_path: Path) -> None:
     cfg = dt.TrainConfig(batch=8, seq_len=64, chat_fraction=0.5, held_out_every=2)
     corpus = dt.Corpus(tokenizer, cfg, small_corpus(tmp_path))
