@@ -84,6 +84,18 @@ class EngineConfig:
     task: str = "generate"  # "embed": vLLM's pooling runner, /v1/embeddings requests only
 
 
+# Structured outputs (response_format's schemas, forced tool calls) write JSON without optional
+# whitespace. JSON's grammar allows any amount of it between tokens, and a model that favours
+# whitespace there (code models do after a closing quote) can fill the whole max_tokens budget
+# with it and leave the line unparsable: measured on the trained demo model, five tests' schema and
+# tool-call outputs ran to their budget. OpenAI's structured outputs are compact too. vLLM takes the
+# option only with an explicit backend; xgrammar is the one its "auto" tries first, and schemas it
+# cannot compile (multipleOf, uniqueItems, ...) fail their own line with vLLM's reason instead of
+# falling back to guidance. A model's own structured_outputs_config engine arg replaces this whole
+# (say {"backend": "guidance", "disable_any_whitespace": true} for guidance's wider coverage).
+STRUCTURED_OUTPUTS = {"backend": "xgrammar", "disable_any_whitespace": True}
+
+
 def engine_arguments(config: EngineConfig, stored: str | None, quantized: bool) -> dict[str, Any]:
     """vLLM's EngineArgs for ``config`` (``stored``, ``quantized``: the checkpoint's weights, as
     ``workers.checkpoint.stored_dtype`` reads them)."""
@@ -113,6 +125,8 @@ def engine_arguments(config: EngineConfig, stored: str | None, quantized: bool) 
     }
     if config.task == "embed":  # vLLM's pooling runner; a *ForCausalLM checkpoint is converted
         base["runner"] = "pooling"
+    else:
+        base["structured_outputs_config"] = dict(STRUCTURED_OUTPUTS)
     # the model's own engine arguments over Freight's (workers/bootstrap.py: engine_config)
     return {**base, **kwargs, **config.engine_args}
 

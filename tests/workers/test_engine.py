@@ -154,7 +154,23 @@ def test_response_format_json_schema(vllm_engine: Engine) -> None:
         assert choice["finish_reason"] == "stop", choice
         value = json.loads(choice["message"]["content"])
         assert isinstance(value["ok"], bool) and value["colour"] in {"red", "green", "blue"}
+        # compact JSON (workers/engine.py: STRUCTURED_OUTPUTS): no whitespace outside strings
+        assert choice["message"]["content"] == json.dumps(value, separators=(",", ":"), ensure_ascii=False)
     assert out["bad_schema"].status_code == 400
+
+
+def test_a_schema_the_grammar_backend_cannot_compile_fails_its_line_alone(vllm_engine: Engine) -> None:
+    """xgrammar is the structured-outputs backend (no fallback to guidance): a schema it refuses
+    is that line's 400 with the reason, and the line beside it runs."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 3}}, "required": ["n"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}
+    out = run(
+        vllm_engine, chat_req("refused", response_format=fmt, max_tokens=20), chat_req("plain", max_tokens=4)
+    )
+    assert out["plain"].ok, out["plain"].error
+    refused = out["refused"]
+    assert refused.status_code == 400 and refused.error is not None, refused
+    assert "multipleOf" in refused.error["message"] or "xgrammar" in refused.error["message"], refused.error
 
 
 def test_logprobs_in_openai_shape(vllm_engine: Engine) -> None:

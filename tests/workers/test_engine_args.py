@@ -91,6 +91,23 @@ def test_a_models_args_override_the_deployment_defaults() -> None:
     assert util.kv_cache_bytes is None and util.engine_args == {"gpu_memory_utilization": 0.8}
 
 
+def test_structured_outputs_are_compact_json_unless_the_model_says_otherwise() -> None:
+    from workers.engine import STRUCTURED_OUTPUTS, EngineConfig, engine_arguments
+
+    chat = engine_arguments(EngineConfig(model_path="/m", served_name="m"), None, False)
+    assert chat["structured_outputs_config"] == {"backend": "xgrammar", "disable_any_whitespace": True}
+    embed = engine_arguments(EngineConfig(model_path="/m", served_name="m", task="embed"), None, False)
+    assert "structured_outputs_config" not in embed  # a pooling model writes no text
+    own = parse_assignments(
+        ['structured_outputs_config={"backend": "guidance", "disable_any_whitespace": true}']
+    )
+    chosen = engine_arguments(EngineConfig(model_path="/m", served_name="m", engine_args=own), None, False)
+    assert chosen["structured_outputs_config"] == {"backend": "guidance", "disable_any_whitespace": True}
+    assert STRUCTURED_OUTPUTS["backend"] == "xgrammar"  # the default was copied, not shared
+    chat["structured_outputs_config"]["backend"] = "x"
+    assert STRUCTURED_OUTPUTS["backend"] == "xgrammar"
+
+
 def test_a_models_args_reach_the_running_engine(demo_model_dir, monkeypatch: pytest.MonkeyPatch) -> None:
     """Registered values, through engine_config, read back from the started engine's vLLM config."""
     from workers.engine import Engine
