@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 import time
@@ -141,6 +142,11 @@ def http_create(client: Any, headers: dict, file_id: str, **fields: Any) -> Any:
 
 
 # -- the `freight` command, as an operator runs it -------------------------------------------------
+
+
+def without_freight_settings() -> dict[str, str]:
+    """This process's environment without the test run's FREIGHT_* settings (a fresh shell's)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("FREIGHT_")}
 
 
 def run_freight(*argv: str, env: dict[str, str], cwd: Any, umask: int = -1) -> subprocess.CompletedProcess:

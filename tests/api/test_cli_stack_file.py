@@ -3,17 +3,10 @@ client commands, the demo key beside it (issue #23: it opened an empty database 
 
 from __future__ import annotations
 
-import os
-import socket
 from pathlib import Path
 
-from tests.factories import run_freight
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from infra.daemons import free_port
+from tests.factories import run_freight, without_freight_settings
 
 
 def test_a_fresh_shell_uses_the_stack_it_stands_in(tmp_path: Path) -> None:
@@ -22,7 +15,7 @@ def test_a_fresh_shell_uses_the_stack_it_stands_in(tmp_path: Path) -> None:
     (tmp_path / "var" / "freight.env").write_text(
         f"FREIGHT_DATA_DIR={tmp_path}/var/data\nFREIGHT_API_PORT={port}\n"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FREIGHT_")}
+    env = without_freight_settings()
 
     config = run_freight("config", env=env, cwd=tmp_path)
     assert config.returncode == 0, config.stderr

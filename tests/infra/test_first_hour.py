@@ -10,7 +10,6 @@ ports are free ones: a developer's own `make run` stack is never touched."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ import pytest
 
 from infra.daemons import free_port
 from infra.demo_training import stdlib_files
+from tests.factories import without_freight_settings
 
 pytestmark = pytest.mark.stack
 
@@ -45,11 +45,6 @@ def checkout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         logs.mkdir(exist_ok=True)
         for log in (root / "var" / "run").glob("*.log"):
             (logs / f"first-hour-{log.name}").write_text(log.read_text(errors="replace"))
-
-
-def without_freight_settings() -> dict[str, str]:
-    """This process's environment without the test run's FREIGHT_* settings."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("FREIGHT_")}
 
 
 def fresh_shell_env(path_line: str) -> dict[str, str]:
