@@ -34,13 +34,16 @@ SOFT_LIMIT_REPEAT_SECONDS = 0.2
 
 
 @contextlib.contextmanager
-def _persistent_soft_limit() -> Iterator[None]:
+def _persistent_soft_limit() -> Iterator[list[bool]]:
     """Celery raises SoftTimeLimitExceeded once, wherever the task happens to be; code that turns
     any exception of one line into that line's error (a request body vLLM's validators trip over)
     would swallow it. So once the soft limit is past it is raised again every 0.2 s until the task
-    has stopped. Only in a pool process's main thread, where prefork runs tasks (and signals go)."""
+    has stopped. Only in a pool process's main thread, where prefork runs tasks (and signals go).
+    Yields ``[fired]``: True once the soft limit was reached, so whatever the task then raises (code
+    that wraps any error of a step into its own, a tokenizer's load say) is the time limit's."""
+    fired = [False]
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGUSR1"):
-        yield
+        yield fired
         return
 
     running = [True]  # a signal landing as the task ends raises nothing
@@ -51,13 +54,14 @@ def _persistent_soft_limit() -> Iterator[None]:
 
     def first(signum: int, frame: object) -> None:
         if running[0]:
+            fired[0] = True
             signal.setitimer(signal.ITIMER_REAL, SOFT_LIMIT_REPEAT_SECONDS, SOFT_LIMIT_REPEAT_SECONDS)
             raise SoftTimeLimitExceeded()
 
     before_usr1 = signal.signal(signal.SIGUSR1, first)
     before_alrm = signal.signal(signal.SIGALRM, again)
     try:
-        yield
+        yield fired
     finally:
         running[0] = False
         signal.setitimer(signal.ITIMER_REAL, 0)
@@ -138,10 +142,13 @@ def register(app: Celery) -> None:
         def wrap(fn: Any) -> Any:
             @functools.wraps(fn)
             def run(*args: Any) -> Any:
+                fired = [False]
                 try:
-                    with _persistent_soft_limit():
+                    with _persistent_soft_limit() as fired:
                         return fn(*args)
-                except SoftTimeLimitExceeded:
+                except Exception as exc:
+                    if not (fired[0] or isinstance(exc, SoftTimeLimitExceeded)):
+                        raise
                     seconds, which = limits[name]
                     raise TaskTimeLimit(
                         f"ran past its time limit of {seconds:g}s (FREIGHT_{which}_TIME_LIMIT_SECONDS)"

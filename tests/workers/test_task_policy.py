@@ -232,3 +232,27 @@ def units_of(rt: Runtime, batch_id: str | None = None) -> list[WorkUnit]:
         if batch_id is not None:
             query = query.where(WorkUnit.batch_id == batch_id)
         return list(s.scalars(query).all())
+
+
+def test_past_the_soft_limit_a_wrapped_error_is_still_the_time_limits() -> None:
+    """Code that turns any error of a step into its own (a tokenizer's load: TokenizerUnavailable)
+    catches Celery's SoftTimeLimitExceeded too; the task's wrapper must still report the time
+    limit, not the wrapping error (seen once in the control-roles test)."""
+    import os
+    import signal
+    import time
+
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    from workers.tasks import _persistent_soft_limit
+
+    with pytest.raises(RuntimeError, match="could not be loaded"), _persistent_soft_limit() as fired:
+        try:
+            os.kill(os.getpid(), signal.SIGUSR1)  # what Celery's pool sends at the soft limit
+            time.sleep(5)
+        except SoftTimeLimitExceeded as exc:
+            raise RuntimeError("the tokenizer could not be loaded") from exc
+    assert fired == [True]
+    with _persistent_soft_limit() as quiet:
+        pass
+    assert quiet == [False]
