@@ -23,6 +23,7 @@ import argparse
 import json
 import math
 import random
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -115,8 +116,18 @@ def run(model_dir: Path, gptq: bool) -> dict[str, Any]:
     chats = chat_prompts(corpus, CHAT_PROMPTS, seed=9)
 
     checkpoints = {"bf16": model_dir}
+    weights = (model_dir / "model.safetensors").stat().st_mtime
+
+    def stale(copy: Path) -> bool:
+        """Whether ``copy`` must be made (again): copies are kept between runs while the weights
+        they were made from stay unchanged (the quantizer refuses a non-empty destination)."""
+        if (copy / "config.json").exists() and (copy / "config.json").stat().st_mtime >= weights:
+            return False
+        shutil.rmtree(copy, ignore_errors=True)
+        return True
+
     rtn = model_dir.with_name(model_dir.name + "-w4a16")
-    if not (rtn / "config.json").exists():
+    if stale(rtn):
         quantize(QuantizeRequest(model_dir, rtn))
     checkpoints["int4_rtn"] = rtn
     why_no_gptq = None if gptq else "not asked (--no-gptq)"
@@ -128,7 +139,7 @@ def run(model_dir: Path, gptq: bool) -> dict[str, Any]:
         rng = random.Random(11)
         calibration = tuple(tok.decode(corpus.window(rng, False, 256, bos)[1:]) for _ in range(128))
         try:
-            if not (calibrated / "config.json").exists():
+            if stale(calibrated):
                 quantize(
                     QuantizeRequest(model_dir, calibrated, calibration=calibration), env_python=python_of(env)
                 )
