@@ -217,6 +217,9 @@ def test_free_port_is_bindable_and_respects_exclude() -> None:
         assert port not in seen
         seen.add(port)
         with socket.socket() as s:
+            # as the servers bind (SO_REUSEADDR): free_port may return a port whose last server's
+            # connections are in TIME_WAIT, which a plain bind refuses (failed once in a full run)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(("127.0.0.1", port))
 
 
