@@ -212,23 +212,25 @@ def core_inline(core: str) -> bool:
     instead of 1,270 (AVX2 host, 2026-11-27). On a GPU vLLM's own layout is kept."""
     if core == "process":
         return False
-    blocker = _unscannable_global()
-    if core == "inline":
-        if _inline_engine is not None:
-            raise EngineUnsupported(
-                f"an engine ({_inline_engine.config.served_name}) already runs inline in this process; "
-                "one process holds one inline engine (FREIGHT_ENGINE_CORE=process for more)"
-            )
-        if blocker is not None:
-            raise EngineUnsupported(
-                f"vLLM cannot start inline in a process holding {blocker} (FREIGHT_ENGINE_CORE=process)"
-            )
-        return True
-    from vllm.platforms import current_platform
+    if core == "auto":
+        from vllm.platforms import current_platform
 
-    if blocker is not None and current_platform.is_cpu():
-        log.info("the engine core gets a process of its own: this process holds %s", blocker)
-    return bool(current_platform.is_cpu()) and _inline_engine is None and blocker is None
+        if not current_platform.is_cpu() or _inline_engine is not None:
+            return False
+        blocker = _unscannable_global()
+        if blocker is not None:
+            log.info("the engine core gets a process of its own: this process holds %s", blocker)
+        return blocker is None
+    if _inline_engine is not None:
+        raise EngineUnsupported(
+            f"an engine ({_inline_engine.config.served_name}) already runs inline in this process; "
+            "one process holds one inline engine (FREIGHT_ENGINE_CORE=process for more)"
+        )
+    if (blocker := _unscannable_global()) is not None:
+        raise EngineUnsupported(
+            f"vLLM cannot start inline in a process holding {blocker} (FREIGHT_ENGINE_CORE=process)"
+        )
+    return True
 
 
 def _unscannable_global() -> str | None:
@@ -471,7 +473,7 @@ class Engine:
             "dtype=%s, kv_cache_dtype=%s, prefix_caching=%s)",
             config.served_name,
             time.monotonic() - started,
-            "inline" if inline else "process",
+            "inline" if engine.inline else "process",
             engine.max_model_len,
             scheduler.max_num_seqs,
             scheduler.max_num_batched_tokens,

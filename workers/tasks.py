@@ -69,6 +69,24 @@ def _persistent_soft_limit() -> Iterator[list[bool]]:
         signal.signal(signal.SIGUSR1, before_usr1)
 
 
+def _time_limited(fn: Any, *, seconds: float, setting: str) -> Any:
+    """``fn`` ending in ``TaskTimeLimit`` once its soft limit has fired, whatever it raised then
+    (SoftTimeLimitExceeded itself, or an error of its own that wrapped it)."""
+
+    @functools.wraps(fn)
+    def run(*args: Any) -> Any:
+        fired = [False]
+        try:
+            with _persistent_soft_limit() as fired:
+                return fn(*args)
+        except Exception as exc:
+            if not (fired[0] or isinstance(exc, SoftTimeLimitExceeded)):
+                raise
+            raise TaskTimeLimit(f"ran past its time limit of {seconds:g}s ({setting})") from None
+
+    return run
+
+
 def about_batch(fn: Any) -> Any:
     """A task whose first argument is a batch id: every line logged while it runs (its exception
     policy's included, so this goes outside ``guarded``) carries that batch id."""
@@ -138,25 +156,10 @@ def register(app: Celery) -> None:
     def limited(name: str) -> Any:
         """Turns Celery's SoftTimeLimitExceeded into an error that names the limit and its setting,
         and makes the soft limit stick (``_persistent_soft_limit``)."""
-
-        def wrap(fn: Any) -> Any:
-            @functools.wraps(fn)
-            def run(*args: Any) -> Any:
-                fired = [False]
-                try:
-                    with _persistent_soft_limit() as fired:
-                        return fn(*args)
-                except Exception as exc:
-                    if not (fired[0] or isinstance(exc, SoftTimeLimitExceeded)):
-                        raise
-                    seconds, which = limits[name]
-                    raise TaskTimeLimit(
-                        f"ran past its time limit of {seconds:g}s (FREIGHT_{which}_TIME_LIMIT_SECONDS)"
-                    ) from None
-
-            return run
-
-        return wrap
+        seconds, which = limits[name]
+        return functools.partial(
+            _time_limited, seconds=seconds, setting=f"FREIGHT_{which}_TIME_LIMIT_SECONDS"
+        )
 
     def killed(on_fault: Any) -> Any:
         """A task's ``on_failure``: Celery calls it, in the role's main process, for a task the hard

@@ -244,15 +244,20 @@ def test_past_the_soft_limit_a_wrapped_error_is_still_the_time_limits() -> None:
 
     from celery.exceptions import SoftTimeLimitExceeded
 
-    from workers.tasks import _persistent_soft_limit
+    from workers.tasks import TaskTimeLimit, _time_limited
 
-    with pytest.raises(RuntimeError, match="could not be loaded"), _persistent_soft_limit() as fired:
+    def load_tokenizer() -> None:
         try:
             os.kill(os.getpid(), signal.SIGUSR1)  # what Celery's pool sends at the soft limit
             time.sleep(5)
         except SoftTimeLimitExceeded as exc:
             raise RuntimeError("the tokenizer could not be loaded") from exc
-    assert fired == [True]
-    with _persistent_soft_limit() as quiet:
-        pass
-    assert quiet == [False]
+
+    def unrelated() -> None:
+        raise RuntimeError("the tokenizer could not be loaded")
+
+    setting = "FREIGHT_VALIDATION_TIME_LIMIT_SECONDS"
+    with pytest.raises(TaskTimeLimit, match=rf"ran past its time limit of 0.5s \({setting}\)"):
+        _time_limited(load_tokenizer, seconds=0.5, setting=setting)()
+    with pytest.raises(RuntimeError, match="could not be loaded"):  # no limit reached: its own error
+        _time_limited(unrelated, seconds=0.5, setting=setting)()
