@@ -198,7 +198,7 @@ class EngineServer:
     """A warm `--serve` engine in a subprocess: `run(path)` measures one file; `pause`/`resume`
     stop it from taking CPU while another system is measured (bench/freeze.py)."""
 
-    def __init__(self, argv: list[str], log_path: Path) -> None:
+    def __init__(self, argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
         import subprocess
 
         self.log = open(log_path, "ab")  # noqa: SIM115 - lives as long as the process
@@ -208,6 +208,7 @@ class EngineServer:
             stdout=subprocess.PIPE,
             stderr=self.log,
             text=True,
+            env=None if env is None else {**os.environ, **env},
         )
         self.facts = self._answer()
 

@@ -154,6 +154,7 @@ class FreightStack:
             "kv_cache_bytes": int(s.engine_kv_cache_gib * 1024**3),
             "max_model_len": s.engine_max_model_len or None,
             "enforce_eager": s.engine_enforce_eager,
+            "engine_core": getattr(s, "engine_core", None),  # None: a Freight without the setting
             "max_num_batched_tokens": "vLLM default for LLMEngine (2048 on CPU in vLLM 0.32)",
             "unit_size": s.unit_size,
             "queue_depth": s.queue_depth,

@@ -10,11 +10,16 @@ validation, packing, feeding, recording and finalization show. Two systems, at t
 ``--eager``), run each repeat's file one after the other while the other is paused (SIGSTOP), in
 an order alternating per repeat (bench/interleaved.py's pairing):
 
-  engine   vLLM in process, ``LLM.chat`` on the whole file (bench/engine_baseline.py's server)
-  freight  Freight end to end: the file as one batch through the Batch API on a warm stack
+  engine_process vLLM in process, ``LLM.chat`` on the whole file (bench/engine_baseline.py's
+                 server), its engine core in a process of its own (vLLM's default)
+  engine_inline  the same with the engine core inside the calling process
+                 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), what Freight's engine workers do on a CPU
+                 (FREIGHT_ENGINE_CORE=auto): the baseline gets the same choice Freight made
+  freight        Freight end to end: the file as one batch through the Batch API on a warm stack
 
-Reported: requests/s of each (wall clock, start-up excluded), the ratio per repeat and its median
-(target ``freight_over_engine`` >= 0.9), and Freight's CPU seconds per 1,000 requests by process
+Reported: requests/s of each (wall clock, start-up excluded), the ratio per repeat against the
+faster of the two engines in that repeat and its median (target ``freight_over_engine`` >= 0.9;
+the ratio to each engine is reported too), and Freight's CPU seconds per 1,000 requests by process
 (API, control, beat, the engine worker's Python side, vLLM's processes). ``--profile`` adds one
 unmeasured Freight run under py-spy (sampling the API, the control worker's processes and the engine
 worker's Python side, not vLLM's processes) and records each process's top functions by own samples.
@@ -45,6 +50,9 @@ MAX_NUM_BATCHED_TOKENS = 2048  # vLLM's LLMEngine default on CPU: what Freight's
 MAX_MODEL_LEN = 2048
 KV_BYTES = 256 * 1024**2
 TARGET = 0.9  # freight_over_engine (requests/s), issue #21
+# the in-process engine's two ways to hold its core: vLLM's default (a process of its own) and
+# inside the caller, as Freight's engine workers do on a CPU; the environment each one starts with
+ENGINE_CORES = {"engine_process": {}, "engine_inline": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
 PROFILE_RATE = 200  # py-spy samples per second
 TOP_FUNCTIONS = 25
 
@@ -92,6 +100,28 @@ def rate_cell(run: dict[str, Any], requests: int) -> dict[str, Any]:
     if "batch_fill" in run:
         cell["batch_fill"] = run["batch_fill"]
     return cell
+
+
+def paired_ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, list[float]]:
+    """Freight's requests/s over each engine's, per repeat, and over the faster engine of each
+    repeat (``freight_over_engine``, the target's figure); a repeat with an error counts for none."""
+
+    def rate(run: dict[str, Any]) -> float | None:
+        return None if run.get("errors") else run.get("requests_per_s")
+
+    out: dict[str, list[float]] = {"freight_over_engine": []}
+    out.update({f"freight_over_{name}": [] for name in ENGINE_CORES})
+    for r, freight in enumerate(runs["freight"]):
+        engines = {name: rate(runs[name][r]) if r < len(runs[name]) else None for name in ENGINE_CORES}
+        mine = rate(freight)
+        if not mine:
+            continue
+        for name, theirs in engines.items():
+            if theirs:
+                out[f"freight_over_{name}"].append(mine / theirs)
+        if all(engines.values()):
+            out["freight_over_engine"].append(mine / max(v for v in engines.values() if v))
+    return out
 
 
 def median(values: list[float]) -> float | None:
@@ -224,17 +254,20 @@ def main(argv: list[str] | None = None) -> int:
     warm = files.pop()
     log(f"request rate: {args.repeats} x {args.requests} requests, warm-up {warm.name}")
 
-    engine = stack = None
-    runs: dict[str, list[dict[str, Any]]] = {"engine": [], "freight": []}
+    engines: dict[str, Any] = {}
+    stack = None
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in (*ENGINE_CORES, "freight")}
     profile: dict[str, Any] | None = None
     freight_settings: dict[str, Any] = {}
     try:
-        log("request rate: starting the in-process engine")
-        engine = EngineServer(
-            [*engine_argv(args.model, args.eager, args.max_num_seqs), "--warmup-file", str(warm)],
-            work / "engine-serve.log",
-        )
-        engine.pause()
+        for name, env in ENGINE_CORES.items():
+            log(f"request rate: starting the in-process engine ({name})")
+            engines[name] = EngineServer(
+                [*engine_argv(args.model, args.eager, args.max_num_seqs), "--warmup-file", str(warm)],
+                work / f"{name}-serve.log",
+                env,
+            )
+            engines[name].pause()
         log("request rate: starting a Freight stack")
         stack = FreightStack(
             work / "freight", args.model, max_num_seqs=args.max_num_seqs, kv_cache_bytes=KV_BYTES,
@@ -242,18 +275,16 @@ def main(argv: list[str] | None = None) -> int:
         ).start()  # fmt: skip
         freight_settings = stack.settings()
         stack.pause()
-        systems: dict[str, Any] = {"engine": engine, "freight": stack}
+        systems: dict[str, Any] = {**engines, "freight": stack}
+        names = list(systems)
         for r, path in enumerate(files):
-            order = ["engine", "freight"] if r % 2 == 0 else ["freight", "engine"]
+            order = names[r % len(names) :] + names[: r % len(names)]  # each system first in turn
             for role in order:
                 log(f"request rate: repeat {r + 1}/{len(files)}: {role}")
                 handle = systems[role]
                 handle.resume()
                 try:
-                    if role == "engine":
-                        run = handle.run(path)
-                    else:
-                        run = handle.run_jobs([(stack.tenants[0], path)])
+                    run = handle.run(path) if role in engines else handle.run_jobs([(stack.tenants[0], path)])
                     runs[role].append(rate_cell(run, args.requests))
                 finally:
                     handle.pause()
@@ -280,15 +311,12 @@ def main(argv: list[str] | None = None) -> int:
                 "measured ones by the sampling"
             )
     finally:
-        for handle in (engine, stack):
+        for handle in (*engines.values(), stack):
             if handle is not None:
                 handle.stop()
 
-    ratios = [
-        f["requests_per_s"] / e["requests_per_s"]
-        for e, f in zip(runs["engine"], runs["freight"], strict=False)
-        if e.get("requests_per_s") and f.get("requests_per_s") and not f.get("errors")
-    ]
+    paired = paired_ratios(runs)
+    ratios = paired["freight_over_engine"]
     value = median(ratios)
     report = {
         "benchmark": "request rate: tiny requests, in-process engine vs Freight end to end (issue #21 s2)",
@@ -312,8 +340,8 @@ def main(argv: list[str] | None = None) -> int:
             "freight": freight_settings,
         },
         "runs": runs,
-        "paired_ratios": {"freight_over_engine": ratios},
-        "ratios": {"freight_over_engine": value},
+        "paired_ratios": paired,
+        "ratios": {name: median(values) for name, values in paired.items()},
         "targets": {
             "freight_over_engine": {
                 "value": value,
@@ -323,10 +351,11 @@ def main(argv: list[str] | None = None) -> int:
         },
         "profile": profile,
         "notes": (
-            "requests_per_s = requests / wall_s; the engine's wall is one LLM.chat call (start-up and "
+            "requests_per_s = requests / wall_s; an engine's wall is one LLM.chat call (start-up and "
             "warm-up excluded), Freight's from the first upload to the poll that saw the batch "
             "completed with its output file. Ratios are per repeat on the same file, median "
-            "reported. cpu_s_per_1000_requests by process: api, control, beat, engine-* (the "
+            "reported; freight_over_engine is against the faster engine (core in its own process "
+            "or inline) of each repeat. cpu_s_per_1000_requests by process: api, control, beat, engine-* (the "
             "worker's Python side), engine-*/children (vLLM's processes), redis."
         ),
     }

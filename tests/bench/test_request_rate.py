@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.request_rate import OUTPUT_TOKENS, lines, per_thousand, top_functions
+from bench.request_rate import OUTPUT_TOKENS, lines, paired_ratios, per_thousand, top_functions
 
 
 def test_lines_are_unique_tiny_and_seeded() -> None:
@@ -36,3 +36,30 @@ def test_top_functions_counts_own_and_total_samples() -> None:
 def test_cpu_per_thousand_requests() -> None:
     assert per_thousand({"control": 3.0, "api": 0.5}, 20_000) == {"control": 0.15, "api": 0.025}
     assert per_thousand({"control": 3.0}, 0) == {}
+
+
+def test_freight_is_paired_with_the_faster_engine_of_each_repeat() -> None:
+    runs = {
+        "engine_process": [{"requests_per_s": 100.0}, {"requests_per_s": 120.0}, {"requests_per_s": 100.0}],
+        "engine_inline": [{"requests_per_s": 125.0}, {"requests_per_s": 110.0}, {"requests_per_s": None}],
+        "freight": [{"requests_per_s": 100.0}, {"requests_per_s": 96.0}, {"requests_per_s": 90.0}],
+    }
+    assert paired_ratios(runs) == {
+        # repeat 3 lacks the inline engine's figure: no ratio to the faster engine there
+        "freight_over_engine": [100 / 125, 96 / 120],
+        "freight_over_engine_process": [100 / 100, 96 / 120, 90 / 100],
+        "freight_over_engine_inline": [100 / 125, 96 / 110],
+    }
+
+
+def test_a_repeat_with_errors_counts_for_no_ratio_of_that_system() -> None:
+    runs = {
+        "engine_process": [{"requests_per_s": 100.0}, {"requests_per_s": 100.0}],
+        "engine_inline": [{"requests_per_s": 90.0, "errors": 1}, {"requests_per_s": 80.0}],
+        "freight": [{"requests_per_s": 99.0}, {"requests_per_s": 99.0, "errors": 3}],
+    }
+    assert paired_ratios(runs) == {
+        "freight_over_engine": [],
+        "freight_over_engine_process": [99 / 100],
+        "freight_over_engine_inline": [],
+    }
