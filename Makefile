@@ -40,8 +40,9 @@ lint: install
 quantize-env: install
 	@$(PY) -m workers.quantize_env .venv-quantize
 
+# two processes, grouped so that live stacks never overlap (tests/conftest.py, README "Tests")
 test: model embed-model lint quantize-env
-	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m pytest -p no:cacheprovider -q
+	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m pytest -p no:cacheprovider -q -n 2 --dist loadgroup
 
 # the scheduler benchmark (bench/README.md): writes bench/results/scheduler.json; BENCH_ARGS=--quick for a smoke run
 bench: model bench-model bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-embeddings bench-estimates bench-validation bench-finalization

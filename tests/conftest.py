@@ -43,6 +43,40 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("FREIGHT_FEED_SETTLE_SECONDS", "0")
 
 
+# `make test` runs the suite in two processes (pytest-xdist, ``-n 2 --dist loadgroup``): on a
+# two-core machine one process left a core idle through every single-threaded test, about half of
+# the run. What runs where is decided by group: each module is one group (its module-scoped
+# fixtures start once), the modules on the session's vLLM engine are one (one engine), and the
+# live stacks, network namespaces and `make run` are one, run first and one after the other, since
+# their stacks and test subnets must not overlap and they are the longest chain.
+SERIAL_GROUP = "stacks"
+SERIAL_PACKAGES = ("e2e", "infra")
+ENGINE_GROUP = "vllm_engine"  # the fixture's name (tests/workers/conftest.py)
+
+
+def xdist_group(item: pytest.Item, module_fixtures: set[str]) -> str:
+    parts = item.path.relative_to(REPO / "tests").parts
+    if parts[0] in SERIAL_PACKAGES:
+        return SERIAL_GROUP
+    if ENGINE_GROUP in module_fixtures:
+        return ENGINE_GROUP
+    return "/".join(parts)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist names each item's group in its node id
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not getattr(config.option, "loadgroup", False):
+        return
+    fixtures: dict[Path, set[str]] = {}
+    for item in items:
+        fixtures.setdefault(item.path, set()).update(getattr(item, "fixturenames", ()))
+    groups = {item.nodeid: xdist_group(item, fixtures[item.path]) for item in items}
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
+    # the serial group first: xdist hands out groups in collection order, and it is the longest
+    items.sort(key=lambda item: groups[item.nodeid] != SERIAL_GROUP)  # stable: order kept within
+
+
 @pytest.fixture(autouse=True)
 def no_log_ids() -> Iterator[None]:
     """Each test starts with no request or batch id bound to its log lines: a Flask test client's
