@@ -6,6 +6,7 @@ folder, stopped when the session ends.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import logging
@@ -45,36 +46,53 @@ def pytest_configure(config: pytest.Config) -> None:
 
 # `make test` runs the suite in two processes (pytest-xdist, ``-n 2 --dist loadgroup``): on a
 # two-core machine one process left a core idle through every single-threaded test, about half of
-# the run. What runs where is decided by group: each module is one group (its module-scoped
-# fixtures start once), the modules on the session's vLLM engine are one (one engine), and the
-# live stacks, network namespaces and `make run` are one, run first and one after the other, since
-# their stacks and test subnets must not overlap and they are the longest chain.
+# the run. What runs where is decided by group (``GroupScheduling``): each module is one group (its
+# module-scoped fixtures start once), the modules on the session's vLLM engine are one (one engine),
+# and the live stacks, network namespaces and `make run` are one, run first and one after the
+# other, since their stacks and test subnets must not overlap and they are the longest chain.
 SERIAL_GROUP = "stacks"
 SERIAL_PACKAGES = ("e2e", "infra")
-ENGINE_GROUP = "vllm_engine"  # the fixture's name (tests/workers/conftest.py)
+ENGINE_FIXTURE = "vllm_engine"  # tests/workers/conftest.py: one engine per process
 
 
-def xdist_group(item: pytest.Item, module_fixtures: set[str]) -> str:
-    parts = item.path.relative_to(REPO / "tests").parts
-    if parts[0] in SERIAL_PACKAGES:
+@functools.cache
+def engine_modules() -> frozenset[str]:
+    """The test modules (paths from the repository) that ask for the session's vLLM engine."""
+    return frozenset(
+        path.relative_to(REPO).as_posix()
+        for path in (REPO / "tests").rglob("test_*.py")
+        if ENGINE_FIXTURE in path.read_text()
+    )
+
+
+def xdist_group(nodeid: str) -> str:
+    """The group a test runs in: tests of one group run in one process, in collection order."""
+    module = nodeid.split("::", 1)[0]
+    parts = module.split("/")
+    if len(parts) > 2 and parts[0] == "tests" and parts[1] in SERIAL_PACKAGES:
         return SERIAL_GROUP
-    if ENGINE_GROUP in module_fixtures:
-        return ENGINE_GROUP
-    return "/".join(parts)
+    return ENGINE_FIXTURE if module in engine_modules() else module
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist names each item's group in its node id
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Scopes by ``xdist_group``. pytest-xdist's own ``loadgroup`` cannot be used: it marks a
+    group by rewriting ``item._nodeid``, which pytest 9 no longer reads."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid)
+
+    return GroupScheduling(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not getattr(config.option, "loadgroup", False):
-        return
-    fixtures: dict[Path, set[str]] = {}
-    for item in items:
-        fixtures.setdefault(item.path, set()).update(getattr(item, "fixturenames", ()))
-    groups = {item.nodeid: xdist_group(item, fixtures[item.path]) for item in items}
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
-    # the serial group first: xdist hands out groups in collection order, and it is the longest
-    items.sort(key=lambda item: groups[item.nodeid] != SERIAL_GROUP)  # stable: order kept within
+    """Under ``--dist loadgroup`` the serial group comes first: xdist hands out groups in
+    collection order, and that one is the longest."""
+    if getattr(config.option, "loadgroup", False):
+        items.sort(key=lambda item: xdist_group(item.nodeid) != SERIAL_GROUP)  # stable
 
 
 @pytest.fixture(autouse=True)
