@@ -5,10 +5,10 @@ costs rather than the engine decide throughput.
 
 On a GPU the engine finishes hundreds to thousands of requests a second; on this CPU it only does
 so for requests this small (a few prompt tokens, 1-4 output tokens), so this workload is where
-validation, packing, feeding, recording and finalization show. Two systems, at the same limits
+validation, packing, feeding, recording and finalization show. Three systems, at the same limits
 (the demo model, ``--max-num-seqs`` sequences, the same KV cache bytes, compiled unless
-``--eager``), run each repeat's file one after the other while the other is paused (SIGSTOP), in
-an order alternating per repeat (bench/interleaved.py's pairing):
+``--eager``), run each repeat's file one after the other while the others are paused (SIGSTOP),
+each going first in turn:
 
   engine_process vLLM in process, ``LLM.chat`` on the whole file (bench/engine_baseline.py's
                  server), its engine core in a process of its own (vLLM's default)
@@ -120,7 +120,7 @@ def paired_ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, list[float
             if theirs:
                 out[f"freight_over_{name}"].append(mine / theirs)
         if all(engines.values()):
-            out["freight_over_engine"].append(mine / max(v for v in engines.values() if v))
+            out["freight_over_engine"].append(mine / max(engines.values()))
     return out
 
 

@@ -19,7 +19,7 @@ def test_stacks_and_namespaces_share_one_group_and_run_one_after_another() -> No
 def test_the_session_engines_modules_share_one_group() -> None:
     modules = engine_modules()
     assert "tests/workers/test_engine.py" in modules and "tests/workers/test_cache_isolation.py" in modules
-    assert "tests/workers/conftest.py" not in modules  # where the fixture is defined, not used
+    assert "tests/workers/test_dispatcher.py" not in modules  # a worker test without the engine
     assert {xdist_group(f"{m}::test_x[sqlite]") for m in modules} == {ENGINE_FIXTURE}
 
 
