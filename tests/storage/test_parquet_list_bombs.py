@@ -200,7 +200,9 @@ def test_a_file_of_very_many_pages_is_refused_quickly() -> None:
     took = time.perf_counter() - started
     assert isinstance(error, RowError) and (error.row, error.code) == (1, "file_too_large"), error
     assert f"more than {max_pages(LIMITS)} pages" in error.message and max_pages(LIMITS) == 51_200
-    assert took < 3, f"refusing the file took {took:.1f} s"
+    # reading all ~2,000,000 headers took 33 s; refused at max_pages, 0.5 s alone and 3.2 s beside
+    # the live stacks of make test's other process: the bound sits well between the two
+    assert took < 10, f"refusing the file took {took:.1f} s"
 
 
 def test_json_of_an_accepted_row_is_what_was_written() -> None:
