@@ -37,6 +37,7 @@ from workers.embeddings import EmbeddingFailed, PooledLine, submit_embeddings
 from workers.engine_lifetime import PARENT_ENV, START_ERROR_ENV
 from workers.rendering import RenderedRequest, build_response_body, render_request, token_counts
 from workers.request_bodies import EMBEDDINGS, ParsedRequest, RequestError, parse_body
+from workers.request_shapes import ParsedShapes
 from workers.tool_calls import ModelParsers
 
 if TYPE_CHECKING:
@@ -414,6 +415,7 @@ class Engine:
         self._in_flight = 0
         self._running = False
         self._parsers: ModelParsers | None = None  # the model's tool-call and reasoning parsers, if any
+        self._shapes = ParsedShapes()  # lines of a shape seen before are not parsed again
 
     @classmethod
     def start(cls, config: EngineConfig) -> Engine:
@@ -527,12 +529,13 @@ class Engine:
     def render(self, request: EngineRequest) -> RenderedRequest:
         """Parse (unless already parsed) and render one request; raises RequestError."""
         parsers = self._parsers
-        parsed = request.parsed or parse_body(
+        parsed = request.parsed or self._shapes.parse(
             request.endpoint,
             request.body,
             validated=request.validated,
             auto_tools=parsers is not None and parsers.auto_tools,
             reasoning=parsers is not None and parsers.reasoning,
+            scope=request.cache_salt,
         )
         if parsed.endpoint != request.endpoint:
             raise RequestError("invalid_request", "The parsed request is for another endpoint.", "url")

@@ -4,17 +4,19 @@ or another shape came before it (issue #21, section 1)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from workers.request_bodies import CHAT, COMPLETIONS, RequestError, parse_body
-from workers.request_shapes import MAX_KEY_CHARS, RequestShapes, shape_key
+from workers.request_bodies import CHAT, COMPLETIONS, RequestError, parse_body, sampling_params_of
+from workers.request_shapes import MAX_KEY_CHARS, ParsedShapes, RequestShapes, shape_key
 from workers.responses import RESPONSES
 from workers.validation import FileRules, check_line
 
 TEXT = st.text(max_size=12)
+WORDS = st.text(min_size=1, max_size=12)
 FLOAT = st.floats(-3, 3, allow_nan=False)
 PARAMS: dict[str, st.SearchStrategy[Any]] = {
     "temperature": st.one_of(FLOAT, st.just("hot")),
@@ -235,3 +237,106 @@ def test_a_file_validates_with_its_own_shape_cache() -> None:
     refused = check_line(bad, 3, rules)
     assert refused.line == 3 and refused.code == "invalid_request" and "temperature" in refused.message  # type: ignore[union-attr]
     assert FileRules(CHAT, frozenset({"demo"}), 10, 10_000).shapes is not rules.shapes
+
+
+# ------------------------------------------------------------------ the engine's parse (ParsedShapes)
+
+
+def fresh(body: dict) -> dict:
+    """The body as the engine gets it: decoded afresh from the request store."""
+    return json.loads(json.dumps(body))
+
+
+def parsed_view(parse: Any) -> tuple:
+    """Everything of a parse the engine uses, but the request id (unique per parse)."""
+    try:
+        parsed = parse()
+    except RequestError as exc:
+        return ("refused", exc.code, exc.message, exc.param)
+    request = parsed.request
+    try:
+        sampling = repr(sampling_params_of(request, parsed.max_tokens or 16, {"temperature": 0.7}))
+    except RequestError as exc:
+        sampling = ("refused", exc.code, exc.message, exc.param)
+    dump = request.model_dump(exclude={"request_id"})
+    return ("accepted", parsed.endpoint, parsed.model, parsed.max_tokens, parsed.responses, dump, sampling)
+
+
+@st.composite
+def reusable_pair(draw: st.DrawFn) -> tuple[dict, dict]:
+    """Two chat bodies alike but for their texts, mostly valid (so most second bodies reuse the
+    first's parse), of fields a reused parse may hold and now and then one it may not."""
+    messages: tuple[list[dict], list[dict]] = ([], [])
+    for _ in range(draw(st.integers(1, 3))):
+        role = draw(st.sampled_from(["system", "user", "user", "assistant", "developer"]))
+        parts = draw(st.booleans())
+        extra = {"name": draw(TEXT)} if draw(st.integers(0, 4)) == 0 else {}
+        texts = draw(st.one_of(text_pair(), st.tuples(WORDS, WORDS), st.tuples(WORDS, WORDS)))
+        for message_list, text in zip(messages, texts, strict=True):
+            content: Any = [{"type": "text", "text": text}] if parts else text
+            message_list.append({"role": role, "content": content, **extra})
+    scalars = {
+        "max_tokens": st.integers(1, 64),
+        "temperature": st.floats(0, 2, allow_nan=False),
+        "top_p": st.floats(0.1, 1, allow_nan=False),
+        "top_k": st.integers(-1, 50),
+        "seed": st.integers(0, 2**31),
+        "n": st.integers(1, 3),
+        "stop": st.one_of(TEXT, st.lists(TEXT, max_size=3)),
+        "logprobs": st.booleans(),
+        "echo": st.booleans(),
+        "min_tokens": st.integers(0, 4),
+        "user": TEXT,
+        "logit_bias": st.just({"5": 1}),  # not reusable: parsed every time
+    }
+    names = draw(st.lists(st.sampled_from(sorted(scalars)), max_size=4, unique=True))
+    params = {name: draw(scalars[name]) for name in names}
+    return (
+        {"model": "demo", "messages": messages[0], **params},
+        {"model": "demo", "messages": messages[1], **params},
+    )
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(pair=reusable_pair())
+def test_a_reused_parse_equals_the_full_parse(pair: tuple[dict, dict]) -> None:
+    first, second = pair
+    shapes = ParsedShapes()
+    for body in (first, second, first):
+        full_view = parsed_view(lambda b=body: parse_body(CHAT, fresh(b), validated=True))
+        assert parsed_view(lambda b=body: shapes.parse(CHAT, fresh(b), validated=True)) == full_view
+
+
+def test_lines_of_one_shape_are_parsed_once_each_with_its_own_messages_and_id() -> None:
+    shapes = ParsedShapes()
+    got = []
+    for i in range(20):
+        body = {
+            "model": "demo",
+            "messages": [{"role": "user", "content": f"q{i}"}],
+            "max_tokens": 3,
+            "temperature": 0,
+        }
+        got.append(shapes.parse(CHAT, fresh(body), validated=True))
+    assert (shapes.misses, shapes.hits) == (1, 19)
+    assert [p.request.messages[0]["content"] for p in got] == [f"q{i}" for i in range(20)]
+    assert len({p.request.request_id for p in got}) == 20  # the response id of each line
+    assert got[0].request.bad_words is not got[1].request.bad_words
+    # not reused: another tenant's salt, a body not from the store, a field outside the list
+    body = {
+        "model": "demo",
+        "messages": [{"role": "user", "content": "q"}],
+        "max_tokens": 3,
+        "temperature": 0,
+    }
+    shapes.parse(CHAT, fresh(body), validated=True, scope="tenant-b")
+    shapes.parse(CHAT, fresh(body), validated=False)
+    shapes.parse(CHAT, fresh({**body, "logit_bias": {"5": 1}}), validated=True)
+    shapes.parse(CHAT, fresh({**body, "logit_bias": {"5": 1}}), validated=True)
+    assert (shapes.misses, shapes.hits) == (5, 19)
