@@ -165,7 +165,9 @@ class ParsedShapes:
 
     def __init__(self, max_shapes: int = MAX_SHAPES) -> None:
         self.max_shapes = max_shapes
-        self._parsed: OrderedDict[tuple[str | None, str], ParsedRequest] = OrderedDict()
+        # (scope, parser flags, shape key) -> the shape's parse, its messages emptied: no text of a
+        # line stays in the worker's memory once its request has run
+        self._parsed: OrderedDict[tuple[str | None, bool, bool, str], ParsedRequest] = OrderedDict()
         self.hits = 0
         self.misses = 0
 
@@ -183,7 +185,7 @@ class ParsedShapes:
         key = None
         if validated and endpoint == CHAT and isinstance(body, dict) and body.keys() <= REUSABLE_FIELDS:
             shape = shape_key(endpoint, body)
-            key = None if shape is None else (scope, shape)
+            key = None if shape is None else (scope, auto_tools, reasoning, shape)
         if key is not None:
             hit = self._parsed.get(key)
             if hit is not None:
@@ -199,7 +201,7 @@ class ParsedShapes:
         given = copy.deepcopy(body.get("messages")) if key is not None else None
         parsed = parse_body(endpoint, body, validated=validated, auto_tools=auto_tools, reasoning=reasoning)
         if key is not None and parsed.request.messages == given == body["messages"]:
-            self._parsed[key] = parsed
+            self._parsed[key] = replace(parsed, request=parsed.request.model_copy(update={"messages": []}))
             if len(self._parsed) > self.max_shapes:
                 self._parsed.popitem(last=False)
         return parsed
