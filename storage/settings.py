@@ -234,6 +234,10 @@ class Settings:
     validation_concurrency: int = 3
     finalize_concurrency: int = 2
     tenant_validations: int = 2
+    # a role that exits on its own is started again (after 1, 2, 4... s, at most 30 s) up to this
+    # many times within the window; past that the control worker stops and exits 1
+    control_role_restarts: int = 5
+    control_role_restart_window_seconds: float = 600.0
     # time limits (seconds): past one a task is stopped and handled as a fault (its batch fails,
     # naming the step); a periodic task is stopped and runs again next period. Large files
     # validate for minutes (a million lines took ~10 minutes on a 2-core machine)
@@ -326,6 +330,11 @@ class Settings:
             raise SettingsError("FREIGHT_FEED_SETTLE_SECONDS must be between 0 and 60")
         if self.prefix_cache_sharing not in CACHE_SHARING:
             raise SettingsError(f"FREIGHT_PREFIX_CACHE_SHARING must be one of {', '.join(CACHE_SHARING)}")
+        if self.control_role_restarts < 0 or self.control_role_restart_window_seconds <= 0:
+            raise SettingsError(
+                "FREIGHT_CONTROL_ROLE_RESTARTS cannot be negative and"
+                " FREIGHT_CONTROL_ROLE_RESTART_WINDOW_SECONDS must be above 0"
+            )
         if self.pack_requests < 1 or self.queue_depth < 1:
             raise SettingsError("FREIGHT_PACK_REQUESTS and FREIGHT_QUEUE_DEPTH must be at least 1")
         if self.dropfolder_poll_seconds <= 0 or self.dropfolder_max_backoff_seconds <= 0:

@@ -213,10 +213,24 @@ def run_then_exit(app: Any, argv: list[str]) -> None:
     held a stopped validation role for 3 s on an idle machine and past the 10 s SIGKILL deadline of
     ``make stop`` on a busy one (measured with the control worker of a live test stack). A worker
     that fails with an exception other than Celery's exit still unwinds normally, traceback and all.
+
+    The status is the worker's own: 0 after a warm shutdown, 1 after Celery's "Unrecoverable
+    error" (its consumer failing, say on a broker reconnect), so that a process manager restarting
+    on failure restarts it. ``worker_main`` returns nothing either way: the status is read off the
+    worker, which ``worker_init`` hands over.
     """
+    from celery import signals
+
+    workers: list[Any] = []
+
+    @signals.worker_init.connect(weak=False)
+    def keep(sender: Any = None, **_: object) -> None:
+        workers.append(sender)
+
     try:
         app.worker_main(argv)
-        code = 0
+        status = workers[-1].exitcode if workers else None
+        code = status if isinstance(status, int) else 0
     except SystemExit as exc:  # how Celery's worker command ends
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     logging.shutdown()  # flush every handler: the log is the shutdown's only record
@@ -308,7 +322,11 @@ def main(argv: list[str] | None = None) -> int:
         elif args.control and role:
             run_control_role(settings, role, args.name)
         elif args.control:
-            return supervise(args.name)
+            return supervise(
+                args.name,
+                restarts=settings.control_role_restarts,
+                restart_window=settings.control_role_restart_window_seconds,
+            )
         else:
             run_engine_worker(settings, args.model, args.name)
     except (SettingsError, BootstrapError) as exc:

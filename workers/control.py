@@ -19,9 +19,14 @@ limits; an attempt bounds its own time (``workers.webhooks``).
 ``freight worker --control`` runs this supervisor: it starts ``python -m workers.bootstrap worker
 --control --role ROLE`` for each role, logs ``<name> ready.`` once every role is ready (what
 ``infra.processes`` waits for), turns SIGTERM and SIGINT into a warm shutdown of every role, and
-exits with status 1 as soon as one role exits on its own, stopping the others, so the process
-manager restarts the whole. ``freight worker --control --role ROLE`` runs one role alone, for
-deployments that scale the roles apart.
+starts a role that exits on its own again, leaving the others and their tasks alone: a role's
+Celery worker can die of a fault that passes (kombu's Redis client failed on a reconnect with a
+task in flight: ``AttributeError`` in ``restore_unacked``, and the tick role was gone for good
+with the stack still up). A role that keeps exiting (FREIGHT_CONTROL_ROLE_RESTARTS in
+FREIGHT_CONTROL_ROLE_RESTART_WINDOW_SECONDS) makes the supervisor stop the others and exit 1, for
+the process manager. ``freight worker --control --role ROLE`` runs one role alone, for
+deployments that scale the roles apart; its process manager restarts it (exit status 1 after
+Celery's "Unrecoverable error", ``workers.bootstrap.run_then_exit``).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ ROLES = ("tick", "finalize", "validate", "webhook")
 # the descriptor a supervised role writes a line to once it is ready (and its ready line is left out)
 READY_FD_ENV = "FREIGHT_CONTROL_READY_FD"
 TICK_CONCURRENCY = 2  # the tick beside a long cleanup pass or drop-folder poll
+MAX_RESTART_DELAY = 30.0  # seconds before a role that keeps exiting is started again, at most
 
 
 def role_name(name: str | None, role: str) -> str:
@@ -63,15 +69,50 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         pass
 
 
-def supervise(name: str | None = None, roles: tuple[str, ...] = ROLES) -> int:
-    """Run every role, each in its own process; returns the exit status (1: a role died)."""
-    children: dict[str, subprocess.Popen] = {}
+class RestartBudget:
+    """When a role that exited on its own starts again: after a delay doubling from 1 s (at most
+    ``MAX_RESTART_DELAY``) with its restarts inside the window, and not at all once it has been
+    restarted ``limit`` times within ``window`` seconds. A role that dies of a passing fault (the
+    broker's client failing on a reconnect, say) is back in a second without disturbing the
+    others' tasks; one that dies at once on every start neither spins nor hides: the supervisor
+    gives up and exits 1, and the process manager takes over."""
+
+    def __init__(self, limit: int, window: float) -> None:
+        self.limit, self.window = limit, window
+        self._restarts: dict[str, list[float]] = {}  # role -> its restarts' times in the window
+
+    def next_start(self, role: str, now: float) -> float | None:
+        """When to start ``role`` again, having exited at ``now``; None: its budget is spent."""
+        recent = [t for t in self._restarts.get(role, []) if t > now - self.window]
+        if len(recent) >= self.limit:
+            return None
+        recent.append(now)
+        self._restarts[role] = recent
+        return now + min(2.0 ** (len(recent) - 1), MAX_RESTART_DELAY)
+
+    def used(self, role: str) -> int:
+        return len(self._restarts.get(role, []))
+
+
+def supervise(
+    name: str | None = None,
+    roles: tuple[str, ...] = ROLES,
+    restarts: int = 5,
+    restart_window: float = 600.0,
+) -> int:
+    """Run every role, each in its own process, restarting one that exits on its own within
+    ``RestartBudget(restarts, restart_window)``; returns the exit status (1: a role's budget ran
+    out, and every other role was stopped)."""
+    children: dict[str, subprocess.Popen] = {}  # the roles running (or exiting) now
     pending: dict[int, str] = {}  # read end of a role's ready pipe -> role
+    restart_at: dict[str, float] = {}  # roles waiting to start again -> when (monotonic)
+    budget = RestartBudget(restarts, restart_window)
     stopping = False
 
     def stop_all(*_: object) -> None:
         nonlocal stopping
         stopping = True
+        restart_at.clear()
         for child in children.values():
             if child.poll() is None:
                 # SIGTERM even for SIGINT: a second SIGINT would make Celery's shutdown a cold one
@@ -81,9 +122,7 @@ def supervise(name: str | None = None, roles: tuple[str, ...] = ROLES) -> int:
         log.info("control worker: %s, warm shutdown of every role", signal.Signals(signum).name)
         stop_all()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    for role in roles:
+    def start(role: str) -> None:
         read_end, write_end = os.pipe()
         argv = [sys.executable, "-m", "workers.bootstrap", "worker", "--control", "--role", role]
         children[role] = subprocess.Popen(
@@ -98,7 +137,13 @@ def supervise(name: str | None = None, roles: tuple[str, ...] = ROLES) -> int:
         )
         os.close(write_end)
         pending[read_end] = role
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    for role in roles:
+        start(role)
     ready: set[str] = set()
+    all_ready = False
     status = 0
     while True:
         if pending:
@@ -110,21 +155,40 @@ def supervise(name: str | None = None, roles: tuple[str, ...] = ROLES) -> int:
                 if said and not stopping:
                     ready.add(role)
                     log.info("control worker: role %s ready", role)
-                    if ready == set(roles):
+                    if ready == set(roles) and not all_ready:  # once: what infra.processes waits for
+                        all_ready = True
                         log.info("%s ready.", name or f"control@{os.uname().nodename}")
         else:
             time.sleep(0.5)
         exited = {role: child.returncode for role, child in children.items() if child.poll() is not None}
-        if stopping and len(exited) == len(children):
-            break
-        if exited and not stopping:
+        if stopping:
+            if len(exited) == len(children):
+                break
+            continue
+        now = time.monotonic()
+        for role, code in exited.items():
+            del children[role]
+            ready.discard(role)
+            when = budget.next_start(role, now)
+            if when is None:
+                log.error(
+                    "control worker: role %s exited on its own (status %s) after %d restarts in %.0f s;"
+                    " stopping the others",
+                    role, code, restarts, restart_window,
+                )  # fmt: skip
+                status = 1
+                stop_all()
+                break
             log.error(
-                "control worker: role(s) %s exited on their own (status %s); stopping the others",
-                ", ".join(exited),
-                ", ".join(str(code) for code in exited.values()),
-            )
-            status = 1
-            stop_all()
+                "control worker: role %s exited on its own (status %s); starting it again in %.0f s"
+                " (restart %d of at most %d in %.0f s)",
+                role, code, when - now, budget.used(role), restarts, restart_window,
+            )  # fmt: skip
+            restart_at[role] = when
+        for role, when in list(restart_at.items()):
+            if when <= now:
+                del restart_at[role]
+                start(role)
     for fd in pending:
         os.close(fd)
     return status

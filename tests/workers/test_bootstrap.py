@@ -6,6 +6,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_worker_bootstrap_does_not_import_flask() -> None:
@@ -14,3 +19,37 @@ def test_the_worker_bootstrap_does_not_import_flask() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+# A Celery worker run by `run_then_exit` whose consumer, once connected to the real broker, either
+# fails with an error Celery cannot recover from (as kombu's Redis client did on a reconnect with a
+# task in flight) or is asked to stop warm (SIGTERM).
+WORKER = """
+import os, signal, sys
+from celery import Celery, bootsteps
+from workers.bootstrap import run_then_exit
+
+class Then(bootsteps.StartStopStep):
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def start(self, consumer):
+        if sys.argv[2] == "fail":
+            raise AttributeError("'NoneType' object has no attribute 'hostname'")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+app = Celery("t", broker=sys.argv[1], set_as_current=False)
+app.steps["consumer"].add(Then)
+run_then_exit(app, ["-q", "worker", "-P", "solo", "--without-gossip", "--without-mingle", "--without-heartbeat"])
+"""
+
+
+@pytest.mark.parametrize(("ending", "status"), [("fail", 1), ("sigterm", 0)])
+def test_a_worker_exits_with_its_own_status(redis_service, ending: str, status: int) -> None:
+    """1 after Celery's "Unrecoverable error", so that systemd's Restart=on-failure (and the control
+    worker's supervisor) starts it again; it exited 0, and a dead engine worker stayed dead."""
+    done = subprocess.run(
+        [sys.executable, "-c", WORKER, redis_service.url, ending],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )  # fmt: skip
+    assert done.returncode == status, done.stderr[-3000:]
+    assert ("Unrecoverable error" in done.stderr) == (ending == "fail"), done.stderr[-3000:]

@@ -5,7 +5,8 @@ sent again with a countdown (acknowledged, not a retry, the batch untouched) whi
 batches validate. The control worker itself (``workers.control``), one process per role, is run as
 ``freight worker --control`` runs it: a validation past its time limit is stopped and its batch
 failed naming the limit; a message left in the queue of releases before the roles still runs;
-SIGTERM stops every role warm; a role that dies takes the supervisor down with status 1."""
+SIGTERM stops every role warm; a role that dies is started again, and one that keeps dying takes
+the supervisor down with status 1."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from sqlalchemy import update
 
 from api.services.tenants import create_tenant
 from scheduler.leases import TENANT_TURN_WAIT_SECONDS
-from storage.broker import LEGACY_CONTROL_QUEUE, VALIDATE_QUEUE
+from storage.broker import LEGACY_CONTROL_QUEUE, TICK_QUEUE, VALIDATE_QUEUE
 from storage.models import Batch
 from storage.runtime import Runtime
 from storage.settings import Settings
@@ -33,6 +34,7 @@ from tests.conftest import REPO, now
 from tests.factories import chat_line, upload_and_create
 from workers import validation
 from workers.celery_app import make_celery
+from workers.control import RestartBudget
 
 LINES = [chat_line("a"), chat_line("b")]
 
@@ -94,6 +96,16 @@ def test_a_tenant_at_its_validation_cap_waits_while_others_validate(settings, re
 
 
 # -- the control worker, as `freight worker --control` runs it -----------------------------------
+
+
+def test_a_roles_restarts_back_off_and_run_out_within_their_window() -> None:
+    budget = RestartBudget(limit=3, window=100)
+    assert [budget.next_start("tick", t) - t for t in (0, 1, 2)] == [1, 2, 4]  # type: ignore[operator]
+    assert budget.next_start("tick", 3) is None  # a fourth within 100 s: given up
+    assert budget.next_start("validate", 3) == 4  # each role has its own
+    assert budget.next_start("tick", 101.5) == 103.5  # the restarts at 0 and 1 have left the window
+    many = RestartBudget(limit=10, window=1000)
+    assert [many.next_start("tick", 0) for _ in range(7)] == [1, 2, 4, 8, 16, 30, 30]
 
 
 def worker_env(settings: Settings, **extra: str) -> dict[str, str]:
@@ -177,7 +189,10 @@ def test_the_control_worker_runs_each_role_in_its_own_pool(settings, redis_servi
         conn.default_channel.client.delete(VALIDATE_QUEUE)  # the message its creation sent
     rt.queue.celery.send_task("freight.validate_batch", args=[small], queue=LEGACY_CONTROL_QUEUE)
     env = worker_env(
-        settings, FREIGHT_VALIDATION_TIME_LIMIT_SECONDS="0.5", FREIGHT_VALIDATION_CONCURRENCY="1"
+        settings,
+        FREIGHT_VALIDATION_TIME_LIMIT_SECONDS="0.5",
+        FREIGHT_VALIDATION_CONCURRENCY="1",
+        FREIGHT_CONTROL_ROLE_RESTARTS="1",
     )
     with open(log, "wb") as out:
         proc = subprocess.Popen(
@@ -230,15 +245,40 @@ def test_the_control_worker_runs_each_role_in_its_own_pool(settings, redis_servi
         wait_final(rt, after, 30)
         assert batch_row(rt, after).status == BatchStatus.IN_PROGRESS
 
-        # a role that dies takes the supervisor down (status 1) and it stops the other roles
+        # a role that dies is started again, the others left running; it serves its queue
         tick_role = next(p for p in roles if role_of(p) == "tick")
+        others = sorted(p for p in roles if p != tick_role)
+        os.kill(tick_role, signal.SIGKILL)
+
+        def new_tick_role() -> list[int]:
+            return [p for p in children_of(proc.pid) if p not in roles and role_of(p) == "tick"]
+
+        wait_until(lambda: bool(new_tick_role()), "the tick role started again", 60, proc, log)
+        [tick_role] = new_tick_role()
+        ready_twice = lambda: log.read_text(errors="replace").count("role tick ready") == 2  # noqa: E731
+        wait_until(ready_twice, "the tick role ready again", 120, proc, log)
+        assert sorted(p for p in children_of(proc.pid) if p != tick_role) == others
+        tick = rt.queue.celery.send_task("freight.tick", queue=TICK_QUEUE)
+        wait_until(
+            lambda: f"freight.tick[{tick.id}] succeeded" in log.read_text(errors="replace"),
+            "a tick run by the new tick role", 60, proc, log,
+        )  # fmt: skip
+        assert "role tick exited on its own (status -9); starting it again in 1 s" in log.read_text(
+            errors="replace"
+        )
+
+        # past FREIGHT_CONTROL_ROLE_RESTARTS (1 here) the supervisor gives up: it stops the other
+        # roles and exits 1, for the process manager
+        roles = children_of(proc.pid)
         os.kill(tick_role, signal.SIGKILL)
         assert proc.wait(timeout=60) == 1
         for pid in roles:
             assert (
                 not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
             )
-        assert "exited on their own" in log.read_text(errors="replace")
+        assert "role tick exited on its own (status -9) after 1 restarts in 600 s; stopping the others" in (
+            log.read_text(errors="replace")
+        )
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
