@@ -79,6 +79,7 @@ class FreightStack:
     keys: dict[str, str] = field(default_factory=dict)
     stack: Any = None
     startup_s: float | None = None
+    code_dir: Path = REPO  # the checkout whose code the stack's processes run (an A/B's baseline)
 
     def freight_env(self) -> dict[str, str]:
         from infra import daemons as services
@@ -114,7 +115,7 @@ class FreightStack:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.env = self.freight_env()
         started = time.monotonic()
-        self.stack = up(self.run_dir, self.env)
+        self.stack = up(self.run_dir, self.env, code_dir=self.code_dir)
         try:
             self.startup_s = time.monotonic() - started
             for name in self.tenants:

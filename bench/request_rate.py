@@ -16,6 +16,10 @@ each going first in turn:
                  (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), what Freight's engine workers do on a CPU
                  (FREIGHT_ENGINE_CORE=auto): the baseline gets the same choice Freight made
   freight        Freight end to end: the file as one batch through the Batch API on a warm stack
+  freight_baseline  with ``--baseline-rev REV``: the same, with every process of a second stack
+                 running REV's code (a git worktree of it), so that a change's worth is measured
+                 inside one run, repeat by repeat (``freight_over_baseline``): on this 2-core VM,
+                 runs an hour apart differed more (0.80-0.99) than the changes being measured
 
 Reported: requests/s of each (wall clock, start-up excluded), the ratio per repeat against the
 faster of the two engines in that repeat and its median (target ``freight_over_engine`` >= 0.9;
@@ -104,24 +108,55 @@ def rate_cell(run: dict[str, Any], requests: int) -> dict[str, Any]:
 
 def paired_ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, list[float]]:
     """Freight's requests/s over each engine's, per repeat, and over the faster engine of each
-    repeat (``freight_over_engine``, the target's figure); a repeat with an error counts for none."""
+    repeat (``freight_over_engine``, the target's figure); over the baseline revision's Freight
+    (``freight_over_baseline``) when it ran. A repeat with an error counts for none."""
 
     def rate(run: dict[str, Any]) -> float | None:
         return None if run.get("errors") else run.get("requests_per_s")
 
+    systems = {name: name for name in ENGINE_CORES}  # ratio's name -> the system in `runs`
+    if "freight_baseline" in runs:
+        systems["baseline"] = "freight_baseline"
     out: dict[str, list[float]] = {"freight_over_engine": []}
-    out.update({f"freight_over_{name}": [] for name in ENGINE_CORES})
+    out.update({f"freight_over_{name}": [] for name in systems})
     for r, freight in enumerate(runs["freight"]):
-        engines = {name: rate(runs[name][r]) if r < len(runs[name]) else None for name in ENGINE_CORES}
+        theirs = {
+            name: rate(runs[system][r]) if r < len(runs[system]) else None for name, system in systems.items()
+        }
         mine = rate(freight)
         if not mine:
             continue
-        for name, theirs in engines.items():
-            if theirs:
-                out[f"freight_over_{name}"].append(mine / theirs)
-        if all(engines.values()):
-            out["freight_over_engine"].append(mine / max(engines.values()))
+        for name, rate_ in theirs.items():
+            if rate_:
+                out[f"freight_over_{name}"].append(mine / rate_)
+        engines = [theirs[name] for name in ENGINE_CORES]
+        if all(engines):
+            out["freight_over_engine"].append(mine / max(engines))  # type: ignore[type-var]
     return out
+
+
+def revision(checkout: Path) -> str:
+    """The commit a checkout's code is at, ``-dirty`` if it has uncommitted changes to tracked files."""
+    head = subprocess.run(
+        ["git", "-C", str(checkout), "rev-parse", "--short=12", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(checkout), "diff", "--quiet", "HEAD"], check=False).returncode
+    return head + ("-dirty" if dirty else "")
+
+
+def checkout(rev: str, into: Path) -> str:
+    """A detached git worktree of ``rev`` at ``into`` (its processes run its code: a stack's
+    working directory comes first on their sys.path); returns the commit."""
+    subprocess.run(["git", "-C", str(REPO), "worktree", "prune"], check=True)
+    subprocess.run(
+        ["git", "-C", str(REPO), "worktree", "add", "--detach", str(into), rev],
+        capture_output=True,
+        check=True,
+    )
+    return revision(into)
 
 
 def median(values: list[float]) -> float | None:
@@ -231,6 +266,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, default=MODEL_DIR)
     parser.add_argument("--eager", action="store_true", help="enforce_eager in both systems")
     parser.add_argument("--profile", action="store_true", help="one more Freight run under py-spy")
+    parser.add_argument(
+        "--baseline-rev",
+        help="also run Freight at this git revision (a worktree of it), in turn with the others",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "request_rate.json")
     parser.add_argument(
         "--control-plane",
@@ -256,7 +295,11 @@ def main(argv: list[str] | None = None) -> int:
 
     engines: dict[str, Any] = {}
     stack = None
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in (*ENGINE_CORES, "freight")}
+    baseline = None
+    baseline_src = work / "baseline-src"
+    freights = ("freight", "freight_baseline") if args.baseline_rev else ("freight",)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in (*ENGINE_CORES, *freights)}
+    code = {"freight": revision(REPO)}
     profile: dict[str, Any] | None = None
     freight_settings: dict[str, Any] = {}
     try:
@@ -276,6 +319,16 @@ def main(argv: list[str] | None = None) -> int:
         freight_settings = stack.settings()
         stack.pause()
         systems: dict[str, Any] = {**engines, "freight": stack}
+        if args.baseline_rev:
+            code["freight_baseline"] = checkout(args.baseline_rev, baseline_src)
+            log(f"request rate: starting a Freight stack at {code['freight_baseline']}")
+            baseline = FreightStack(
+                work / "freight-baseline", args.model, max_num_seqs=args.max_num_seqs,
+                kv_cache_bytes=KV_BYTES, max_model_len=MAX_MODEL_LEN, enforce_eager=args.eager,
+                warmup_file=warm, code_dir=baseline_src,
+            ).start()  # fmt: skip
+            baseline.pause()
+            systems["freight_baseline"] = baseline
         names = list(systems)
         for r, path in enumerate(files):
             order = names[r % len(names) :] + names[: r % len(names)]  # each system first in turn
@@ -284,7 +337,9 @@ def main(argv: list[str] | None = None) -> int:
                 handle = systems[role]
                 handle.resume()
                 try:
-                    run = handle.run(path) if role in engines else handle.run_jobs([(stack.tenants[0], path)])
+                    run = (
+                        handle.run(path) if role in engines else handle.run_jobs([(handle.tenants[0], path)])
+                    )
                     runs[role].append(rate_cell(run, args.requests))
                 finally:
                     handle.pause()
@@ -311,9 +366,13 @@ def main(argv: list[str] | None = None) -> int:
                 "measured ones by the sampling"
             )
     finally:
-        for handle in (*engines.values(), stack):
+        for handle in (*engines.values(), stack, baseline):
             if handle is not None:
                 handle.stop()
+        if baseline_src.exists():
+            subprocess.run(
+                ["git", "-C", str(REPO), "worktree", "remove", "--force", str(baseline_src)], check=False
+            )
 
     paired = paired_ratios(runs)
     ratios = paired["freight_over_engine"]
@@ -339,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
             "enforce_eager": args.eager,
             "freight": freight_settings,
         },
+        "code": code,
         "runs": runs,
         "paired_ratios": paired,
         "ratios": {name: median(values) for name, values in paired.items()},

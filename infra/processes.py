@@ -41,6 +41,9 @@ class Stack:
     log_offsets: dict[str, int] = field(default_factory=dict)  # log size when each last started
     # argv every process runs under: () on this machine, ``infra.netns.Host.prefix`` on another
     prefix: tuple[str, ...] = ()
+    # the checkout whose code the processes run (their working directory, first on their
+    # sys.path): this one, or another revision's worktree beside it (bench.request_rate's A/B)
+    code_dir: Path = REPO
 
     @property
     def api_url(self) -> str:
@@ -57,7 +60,7 @@ class Stack:
         log = self.log(name)
         self.log_offsets[name] = log.stat().st_size if log.exists() else 0  # logs append across restarts
         self.commands[name] = argv
-        self.processes[name] = spawn(self.run_dir, name, [*self.prefix, *argv], self.env)
+        self.processes[name] = spawn(self.run_dir, name, [*self.prefix, *argv], self.env, self.code_dir)
         return self.processes[name]
 
     def started(self, name: str) -> bool:
@@ -82,11 +85,13 @@ class Stack:
         self.start_process(name, timeout)
 
 
-def spawn(run_dir: Path, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+def spawn(
+    run_dir: Path, name: str, argv: list[str], env: dict[str, str], cwd: Path = REPO
+) -> subprocess.Popen:
     with open(run_dir / f"{name}.log", "ab") as log:  # the child keeps its own descriptor
         proc = subprocess.Popen(
             argv,
-            cwd=REPO,
+            cwd=cwd,
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -148,19 +153,21 @@ def up(
     workers_per_model: int = 1,
     control_plane: bool = True,
     prefix: Sequence[str] = (),
+    code_dir: Path = REPO,
 ) -> Stack:
     """Start the stack in ``run_dir`` and return once every process is ready.
 
     ``control_plane=False``: the engine workers alone, as on a machine of their own whose API,
     control worker, beat, database and broker run elsewhere (``workers_per_model=0``: the other
-    way round). ``prefix``: argv every process runs under (``infra.netns.Host.prefix``)."""
+    way round). ``prefix``: argv every process runs under (``infra.netns.Host.prefix``).
+    ``code_dir``: the checkout the processes run (another revision's worktree, for an A/B)."""
     run_dir = Path(run_dir).absolute()
     run_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ if env is None else env)
     env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     env.setdefault("PYTHONUNBUFFERED", "1")
     settings = Settings.from_env(env)
-    stack = Stack(run_dir, settings, env, prefix=tuple(prefix))
+    stack = Stack(run_dir, settings, env, prefix=tuple(prefix), code_dir=Path(code_dir))
 
     try:
         broker = urlparse(settings.broker_url)

@@ -63,3 +63,19 @@ def test_a_repeat_with_errors_counts_for_no_ratio_of_that_system() -> None:
         "freight_over_engine_process": [99 / 100],
         "freight_over_engine_inline": [],
     }
+
+
+def test_a_baseline_revisions_freight_is_paired_repeat_by_repeat() -> None:
+    """``--baseline-rev``: Freight over the same stack at another revision, run in the same turns."""
+    runs = {
+        "engine_process": [{"requests_per_s": 100.0}, {"requests_per_s": 100.0}],
+        "engine_inline": [{"requests_per_s": 110.0}, {"requests_per_s": 90.0}],
+        "freight": [{"requests_per_s": 99.0}, {"requests_per_s": 88.0}],
+        "freight_baseline": [{"requests_per_s": 90.0}, {"requests_per_s": 80.0, "errors": 2}],
+    }
+    assert paired_ratios(runs) == {
+        "freight_over_engine": [99 / 110, 88 / 100],
+        "freight_over_engine_process": [99 / 100, 88 / 100],
+        "freight_over_engine_inline": [99 / 110, 88 / 90],
+        "freight_over_baseline": [99 / 90],  # its second repeat had errors
+    }
