@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,6 +121,43 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for name in PACKAGE_STACKS:
             if name in getattr(item, "fixturenames", ()):
                 _last_user[name] = item.nodeid
+
+
+STACK_ERROR_LINES = 30  # of each process's log, the last lines at ERROR or CRITICAL
+STACK_ERROR_MARKS = (b" ERROR ", b" CRITICAL ")
+
+
+def stack_errors(stack: Stack) -> str:
+    """The last error lines of each of a stack's logs, each cut to 300 characters: what CI prints
+    under a live-stack test's failure, where the logs themselves are not kept (a role that died
+    on a broker restart showed there only as a batch that never finished)."""
+    parts = []
+    for log in sorted(stack.run_dir.glob("*.log")):
+        last: deque[bytes] = deque(maxlen=STACK_ERROR_LINES)
+        count = 0
+        with open(log, "rb") as f:
+            for line in f:
+                if any(mark in line for mark in STACK_ERROR_MARKS):
+                    last.append(line[:300])
+                    count += 1
+        if count:
+            tail = "\n".join(line.decode(errors="replace").rstrip() for line in last)
+            parts.append(f"== {log.name}: {count} error lines, the last {len(last)}:\n{tail}")
+    return "\n".join(parts)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.failed and call.when == "call":
+        for name, value in getattr(item, "funcargs", {}).items():
+            # by shape: pytest loads this file as `conftest`, the tests import `tests.e2e.conftest`
+            stack = getattr(value, "stack", value)
+            if isinstance(getattr(stack, "run_dir", None), Path) and stack.run_dir.exists():
+                report.sections.append((f"stack {name}: error lines of its logs", stack_errors(stack)))
+    return report
 
 
 @pytest.hookimpl(trylast=True)  # after the test's own fixtures are torn down
