@@ -329,6 +329,14 @@ def expire_overdue(rt: Runtime, now: int, report: TickReport) -> None:
 
 
 def redeliver_stale(rt: Runtime, now: float, report: TickReport) -> None:
+    """Running units whose worker stopped heartbeating for a lease go back to pending (or fail
+    after ``max_unit_attempts``).
+
+    The stale units are locked with SKIP LOCKED and their heartbeat read again under the lock: a
+    unit whose row a heartbeat or a record holds right now has a live worker, so it is left
+    alone, and the tick never waits for one. Waiting for them, one tick of the 1,000-worker
+    simulation spent 59 s in this pass (3,379 units, each behind a fleet transaction)."""
+    lease = rt.settings.lease_seconds
     with rt.db.write() as s:
         rows = s.execute(
             select(WorkUnit.id, WorkUnit.model, WorkUnit.heartbeat_at, WorkUnit.attempts).where(
@@ -336,8 +344,24 @@ def redeliver_stale(rt: Runtime, now: float, report: TickReport) -> None:
             )
         ).all()
         retry, give_up = plan_redelivery(
-            (RunningUnit(*row) for row in rows), now, rt.settings.lease_seconds, rt.settings.max_unit_attempts
+            (RunningUnit(*row) for row in rows), now, lease, rt.settings.max_unit_attempts
         )
+        if retry or give_up:
+            # (SQLite has no row locks: its one writer holds them all, and the heartbeat is re-read)
+            still_stale = set(
+                s.scalars(
+                    select(WorkUnit.id)
+                    .where(
+                        WorkUnit.id.in_([u.unit_id for u in (*retry, *give_up)]),
+                        WorkUnit.status == UnitStatus.RUNNING,
+                        or_(WorkUnit.heartbeat_at.is_(None), WorkUnit.heartbeat_at < now - lease),
+                    )
+                    .order_by(WorkUnit.id)
+                    .with_for_update(skip_locked=True)
+                ).all()
+            )
+            retry = [u for u in retry if u.unit_id in still_stale]
+            give_up = [u for u in give_up if u.unit_id in still_stale]
         # in unit id order, as heartbeats renew them: two writers locking the same units in
         # different orders deadlock
         retry.sort(key=lambda u: u.unit_id)

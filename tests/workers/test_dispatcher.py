@@ -411,3 +411,46 @@ def test_the_tick_skips_a_batch_row_a_record_holds_and_writes_it_next_time(setti
     finally:
         other.dispose()
         rt.db.dispose()
+
+
+def test_redelivery_skips_a_stale_unit_whose_row_a_worker_holds(settings):
+    """A running unit past its lease whose row a transaction holds (its worker's record or
+    heartbeat in flight: the worker is alive) is not redelivered and the tick does not wait for
+    it; once the holder commits a fresh heartbeat it is not stale any more. Another stale unit is
+    redelivered meanwhile."""
+    from sqlalchemy import create_engine, text
+
+    if not settings.database_url.startswith("postgresql"):
+        pytest.skip("SQLite has no row locks: its one writer holds them all")
+    rt = Runtime(replace(settings, unit_size=4, lease_seconds=30))
+    other = create_engine(settings.database_url)
+    try:
+        tenant, _ = create_tenant(rt.db, "a", now())
+        submit(rt, tenant.id, 8, "held")
+        t0 = float(now())
+        held, lost = units(rt)
+        for unit in (held, lost):
+            assert claim_unit(rt, unit.id, t0, "w:1-0a1b2c3d") is not None
+        with other.connect() as beat:  # the worker's heartbeat, committed 3 s into the tick
+            beat.execute(text("SET lock_timeout = '20s'"))
+            beat.execute(
+                text("UPDATE work_units SET heartbeat_at = :at WHERE id = :id"),
+                {"at": t0 + 31, "id": held.id},
+            )
+            done = threading.Timer(3.0, beat.commit)
+            done.start()
+            report = dispatcher.TickReport()
+            started = time.monotonic()
+            dispatcher.redeliver_stale(rt, t0 + 32, report)
+            waited = time.monotonic() - started
+            done.join()
+        assert waited < 2.5  # it did not wait for the worker's transaction
+        assert report.redelivered == [lost.id]
+        by_id = {u.id: u for u in units(rt)}
+        assert by_id[held.id].status == UnitStatus.RUNNING and by_id[lost.id].status == UnitStatus.PENDING
+        again = dispatcher.TickReport()
+        dispatcher.redeliver_stale(rt, t0 + 33, again)  # the fresh heartbeat keeps it
+        assert again.redelivered == []
+    finally:
+        other.dispose()
+        rt.db.dispose()
