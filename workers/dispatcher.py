@@ -335,7 +335,8 @@ def redeliver_stale(rt: Runtime, now: float, report: TickReport) -> None:
     The stale units are locked with SKIP LOCKED and their heartbeat read again under the lock: a
     unit whose row a heartbeat or a record holds right now has a live worker, so it is left
     alone, and the tick never waits for one. Waiting for them, one tick of the 1,000-worker
-    simulation spent 59 s in this pass (3,379 units, each behind a fleet transaction)."""
+    simulation spent 59 s in this pass (3,379 units, each behind a fleet transaction). The units
+    to run again move in one statement (one per unit took 0.75 s for 1,310 units)."""
     lease = rt.settings.lease_seconds
     with rt.db.write() as s:
         rows = s.execute(
@@ -366,10 +367,11 @@ def redeliver_stale(rt: Runtime, now: float, report: TickReport) -> None:
         # different orders deadlock
         retry.sort(key=lambda u: u.unit_id)
         give_up.sort(key=lambda u: u.unit_id)
-        for unit in retry:  # back to pending: the next packing pass queues them again
-            changed = move_units(
+        if retry:  # back to pending, in one statement: the next packing pass queues them again
+            ids = [u.unit_id for u in retry]
+            moved = move_units(
                 s,
-                WorkUnit.id == unit.unit_id,
+                WorkUnit.id.in_(ids),
                 from_=UnitStatus.RUNNING,
                 to=UnitStatus.PENDING,
                 # the lost attempt's live counts go too: its results were never recorded
@@ -377,8 +379,11 @@ def redeliver_stale(rt: Runtime, now: float, report: TickReport) -> None:
                 pack_id=None,
                 **NO_LIVE_COUNTS,
             )
-            if changed:
-                report.redelivered.append(unit.unit_id)
+            # every one moves: each is still running under this transaction's row locks (on
+            # SQLite, under its one writer's lock, taken at BEGIN IMMEDIATE)
+            if moved != len(ids):
+                log.error("redelivery moved %d of %d stale units", moved, len(ids))
+            report.redelivered.extend(ids)
         for unit in give_up:
             move_units(
                 s,
