@@ -338,21 +338,30 @@ def test_a_refill_packs_its_own_model_and_leaves_a_packing_pass_under_way_alone(
         rt.db.dispose()
 
 
+def late_batches(rt: Runtime, t0: int) -> list[str]:
+    """Two running batches of 20 requests and an engine sample of 1 request in 100,000 s: at that
+    measured rate every batch is late. Their ids, sorted."""
+    from bench.dispatcher_load import Sizes, load
+    from storage.models import Batch, EngineSample
+
+    load(rt.db, Sizes(requests=40, batches=2, tenants=2, models=1, workers=1), t0, unit_size=4)
+    with rt.db.write() as s:
+        s.add(EngineSample(worker="w", model="m0", started_at=t0 - 10, seconds=1e5, steps=1, running_mean=1,
+                           waiting_mean=0, max_num_seqs=1, prompt_tokens=0, cached_tokens=0, output_tokens=0,
+                           requests=1))  # fmt: skip
+        return sorted(s.scalars(select(Batch.id)).all())
+
+
 def test_the_tick_sets_etas_and_flags_at_risk_without_locking_the_batches(settings):
     """assess_deadlines reads the running batches without row locks and writes the changed ETAs
     and flags in one statement: at 1 request/s every batch here is late, so each is flagged once,
     and a later tick leaves the flag's time alone."""
-    from bench.dispatcher_load import Sizes, load
-    from storage.models import Batch, EngineSample
+    from storage.models import Batch
 
     rt = Runtime(replace(settings, unit_size=4, pack_requests=4, queue_depth=1))
     try:
         t0 = now()
-        load(rt.db, Sizes(requests=40, batches=2, tenants=2, models=1, workers=1), t0, unit_size=4)
-        with rt.db.write() as s:
-            s.add(EngineSample(worker="w", model="m0", started_at=t0 - 10, seconds=1e5, steps=1, running_mean=1,
-                               waiting_mean=0, max_num_seqs=1, prompt_tokens=0, cached_tokens=0, output_tokens=0,
-                               requests=1))  # fmt: skip
+        late_batches(rt, t0)
         report = dispatcher.tick(rt, float(t0))
         with rt.db.read() as s:
             batches = s.scalars(select(Batch)).all()
@@ -373,8 +382,7 @@ def test_the_tick_skips_a_batch_row_a_record_holds_and_writes_it_next_time(setti
     already written queued behind it): the held batch keeps its old flags until the next tick."""
     from sqlalchemy import create_engine, text
 
-    from bench.dispatcher_load import Sizes, load
-    from storage.models import Batch, EngineSample
+    from storage.models import Batch
 
     if not settings.database_url.startswith("postgresql"):
         pytest.skip("SQLite has no row locks: its one writer holds them all")
@@ -382,12 +390,7 @@ def test_the_tick_skips_a_batch_row_a_record_holds_and_writes_it_next_time(setti
     other = create_engine(settings.database_url)
     try:
         t0 = now()
-        load(rt.db, Sizes(requests=40, batches=2, tenants=2, models=1, workers=1), t0, unit_size=4)
-        with rt.db.write() as s:
-            s.add(EngineSample(worker="w", model="m0", started_at=t0 - 10, seconds=1e5, steps=1, running_mean=1,
-                               waiting_mean=0, max_num_seqs=1, prompt_tokens=0, cached_tokens=0, output_tokens=0,
-                               requests=1))  # fmt: skip
-            held, free = sorted(s.scalars(select(Batch.id)).all())
+        held, free = late_batches(rt, t0)
         with other.connect() as record:  # a record in flight: the row locked by an UPDATE
             record.execute(text("SET lock_timeout = '20s'"))
             record.execute(
