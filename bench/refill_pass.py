@@ -13,9 +13,11 @@ is measured without the simulated fleet's own Python beside it.
 Each system is a child process started with its code's directory first on ``sys.path`` (a git
 worktree of ``--baseline-rev``) and the child script from this checkout (``refill_child.py``:
 no module of the baseline's is needed beyond the dispatcher and storage it measures). Every
-repeat runs every system in turn on the same database: ``--passes`` passes each, cycling over the
-models, each pass after the model's queued units were put back to pending and the broker emptied
-(outside the timed pass), so every pass finds an empty queue and packs ``queue_depth`` packs.
+repeat runs every system in turn on the same database, in each of ``CASES``: ``--passes`` passes
+each, cycling over the models, each pass after the model's queued and taken units were put back
+to pending and the broker emptied (outside the timed pass). In the ``empty`` case the pass then
+finds an empty queue and packs ``queue_depth`` packs; in ``one_taken`` a full queue was packed
+and its first pack taken first, so it packs one.
 Per pass: wall time and the process's CPU time (its Python and its driver's); wall minus CPU is
 mostly waiting for PostgreSQL.
 """
@@ -153,7 +155,7 @@ def summarize(
     baseline per repeat (the CPU of a pass is the figure the fleet pays on every worker; wall adds
     the database's time). The targets are the ``one_taken`` case's, the refill a fleet runs most."""
     out: dict[str, Any] = {
-        "what": "one model's refill pass (workers.dispatcher.enqueue_units(model=...)) on an empty queue",
+        "what": "one model's refill pass (workers.dispatcher.enqueue_units(model=...)), per case of CASES",
         "machine": machine_facts(),
         "at": time.strftime("%Y-%m-%d %H:%M:%S"),
         "scale": args.scale,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 
@@ -93,20 +93,6 @@ def dispatch_order(
     share_load: Mapping[str, int] | None = None,
     batch_load: Mapping[str, int] | None = None,
 ) -> list[Candidate]:
-    """Every candidate in selection order (see ``selection``)."""
-    return list(
-        selection(candidates, tenant_load, urgent_share, share_load=share_load, batch_load=batch_load)
-    )
-
-
-def selection(
-    candidates: Iterable[Candidate],
-    tenant_load: Mapping[str, int],
-    urgent_share: float = 1.0,
-    *,
-    share_load: Mapping[str, int] | None = None,
-    batch_load: Mapping[str, int] | None = None,
-) -> Iterator[Candidate]:
     """Urgent units by deadline, then the rest by fair share: requests already in flight per
     tenant (``share_load``, default ``tenant_load``) plus those taken so far decide whose unit
     comes next; within a tenant, its priority, then requests in flight per batch (``batch_load``)
@@ -117,11 +103,7 @@ def selection(
     flight; otherwise it waits its turn in its tenant's fair-share queue and is returned with
     ``urgent=False``. Another tenant's requests in flight count as waiting: on the worker they
     wait behind every urgent request (scheduler.feed_order), so a stream of urgent packs would
-    starve them there.
-
-    A generator, so a packing pass that needs a few units pays for those: a refill reads the
-    first units of every running batch of its model (hundreds) to place about eight, and the
-    fair-share queues are built only once the urgent units are placed."""
+    starve them there."""
     pending = list(candidates)
     waiting: dict[str, int] = defaultdict(int)  # units not yet placed, per tenant
     per_tenant: dict[str, list[Candidate]] = defaultdict(list)
@@ -131,10 +113,11 @@ def selection(
             per_tenant[c.tenant_id].append(c)
     load: dict[str, int] = defaultdict(int, tenant_load)
     share: dict[str, int] = defaultdict(int, tenant_load if share_load is None else share_load)
+    order: list[Candidate] = []
     for c in sorted((c for c in pending if c.urgent), key=_deadline_order):
         others_wait = any(waiting[t] or load[t] for t in waiting.keys() | load.keys() if t != c.tenant_id)
         if not others_wait or load[c.tenant_id] <= urgent_share * sum(load.values()):
-            yield c
+            order.append(c)
             load[c.tenant_id] += c.n_requests
             share[c.tenant_id] += c.n_requests
             waiting[c.tenant_id] -= 1
@@ -146,9 +129,10 @@ def selection(
     while heap:
         held, tenant = heapq.heappop(heap)
         unit = queues[tenant].pop()
-        yield unit
+        order.append(unit)
         if queues[tenant]:
             heapq.heappush(heap, (held + unit.n_requests, tenant))
+    return order
 
 
 def plan_packs(
@@ -182,7 +166,7 @@ def plan_packs(
             continue
         budget = room * pack_requests
         chosen: list[tuple[int, Candidate]] = []
-        order = selection(
+        order = dispatch_order(
             by_model[model],
             tenant_load,
             urgent_share,

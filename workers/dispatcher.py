@@ -357,16 +357,14 @@ def redeliver_stale(rt: Runtime, now: float, report: TickReport) -> None:
                         WorkUnit.status == UnitStatus.RUNNING,
                         or_(WorkUnit.heartbeat_at.is_(None), WorkUnit.heartbeat_at < now - lease),
                     )
+                    # locked in unit id order, as heartbeats renew them: two writers locking the
+                    # same units in different orders deadlock
                     .order_by(WorkUnit.id)
                     .with_for_update(skip_locked=True)
                 ).all()
             )
             retry = [u for u in retry if u.unit_id in still_stale]
             give_up = [u for u in give_up if u.unit_id in still_stale]
-        # in unit id order, as heartbeats renew them: two writers locking the same units in
-        # different orders deadlock
-        retry.sort(key=lambda u: u.unit_id)
-        give_up.sort(key=lambda u: u.unit_id)
         if retry:  # back to pending, in one statement: the next packing pass queues them again
             ids = [u.unit_id for u in retry]
             moved = move_units(
