@@ -89,7 +89,12 @@ def measured_throughput(rt: Runtime, now: float, model: str | None = None) -> di
 
 def requeue_lost(rt: Runtime, now: float, report: TickReport, rates: dict[str, float]) -> None:
     """Queued units whose pack message went with a dead worker, or with the broker's data (a
-    Redis restart), go back to be packed again."""
+    Redis restart), go back to be packed again.
+
+    As in ``redeliver_stale``, the units to move are locked with SKIP LOCKED and move in one
+    statement: a queued unit whose row a worker's claim holds right now is being taken, not lost,
+    so it is left alone and the tick never waits for that claim. Waiting for them, one tick of the
+    1,000-worker simulation spent 11.7 s in this pass, one UPDATE per unit."""
     settings = rt.settings
     broker_lost = rt.queue.broker_was_reset()
     if broker_lost:
@@ -115,12 +120,21 @@ def requeue_lost(rt: Runtime, now: float, report: TickReport, rates: dict[str, f
             pack_requests=settings.pack_requests,
             broker_lost=broker_lost,
         )
-        for unit in stale:
-            changed = move_units(
-                s, WorkUnit.id == unit.unit_id, from_=UnitStatus.QUEUED, to=UnitStatus.PENDING, pack_id=None
+        if stale:
+            # (SQLite has no row locks: its one writer holds them all)
+            free = list(
+                s.scalars(
+                    select(WorkUnit.id)
+                    .where(WorkUnit.id.in_([u.unit_id for u in stale]), WorkUnit.status == UnitStatus.QUEUED)
+                    .order_by(WorkUnit.id)  # the order heartbeats and redelivery lock units in
+                    .with_for_update(skip_locked=True)
+                ).all()
             )
-            if changed:
-                report.requeued.append(unit.unit_id)
+            if free:
+                move_units(
+                    s, WorkUnit.id.in_(free), from_=UnitStatus.QUEUED, to=UnitStatus.PENDING, pack_id=None
+                )
+                report.requeued.extend(free)
     if report.requeued:
         log.warning("units %s waited too long in the queue; packing them again", report.requeued)
 

@@ -457,3 +457,42 @@ def test_redelivery_skips_a_stale_unit_whose_row_a_worker_holds(settings):
     finally:
         other.dispose()
         rt.db.dispose()
+
+
+def test_requeue_skips_a_queued_unit_whose_row_a_claim_holds(settings):
+    """A queued unit whose pack message waited past its limit, but whose row a worker's claim
+    holds right now, is being taken, not lost: the tick does not wait for the claim and leaves the
+    unit to it. Another overdue unit is packed again meanwhile."""
+    from sqlalchemy import create_engine, text
+
+    if not settings.database_url.startswith("postgresql"):
+        pytest.skip("SQLite has no row locks: its one writer holds them all")
+    rt = Runtime(replace(settings, unit_size=4, pack_requests=4, queue_depth=2, lease_seconds=30))
+    other = create_engine(settings.database_url)
+    try:
+        tenant, _ = create_tenant(rt.db, "a", now())
+        submit(rt, tenant.id, 8, "queued")
+        t0 = float(now())
+        assert len(dispatcher.tick(rt, t0).enqueued) == 2
+        taken, lost = units(rt)
+        with other.connect() as claim:  # a worker's claim in flight, committed 3 s into the pass
+            claim.execute(text("SET lock_timeout = '20s'"))
+            claim.execute(
+                text("UPDATE work_units SET status = 'running', worker = 'w:1-0a1b2c3d' WHERE id = :id"),
+                {"id": taken.id},
+            )
+            done = threading.Timer(3.0, claim.commit)
+            done.start()
+            report = dispatcher.TickReport()
+            started = time.monotonic()
+            dispatcher.requeue_lost(rt, t0 + 31, report, {})
+            waited = time.monotonic() - started
+            done.join()
+        assert waited < 2.5  # it did not wait for the claim
+        assert report.requeued == [lost.id]
+        by_id = {u.id: u for u in units(rt)}
+        assert by_id[taken.id].status == UnitStatus.RUNNING
+        assert by_id[lost.id].status == UnitStatus.PENDING and by_id[lost.id].pack_id is None
+    finally:
+        other.dispose()
+        rt.db.dispose()
