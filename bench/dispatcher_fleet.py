@@ -1,8 +1,8 @@
 """The processes of the fleet-scale dispatcher benchmark: the dispatcher's tick loop, and fleet
 processes that each drive many simulated engine workers.
 
-A simulated worker is a thread that does an engine worker's database and broker work and nothing
-else: it takes pack messages off its model's real Redis queue (the ones ``enqueue_units`` sent),
+A simulated worker does an engine worker's database and broker work and nothing else (its state is
+modelled by the process's clock thread, its operations run on a small pool of threads): it takes pack messages off its model's real Redis queue (the ones ``enqueue_units`` sent),
 claims their units with ``workers.execution.claim_unit``, "runs" them for a modelled time (a unit's
 requests at ``worker_rps``, one unit after another), records each through
 ``workers.execution.record_unit`` and ``unit_recorded`` (which refills the queue, as an engine
@@ -20,11 +20,15 @@ records of those units waited for it (the record's unit UPDATE: 293 ms mean, 5.9
 from __future__ import annotations
 
 import base64
+import heapq
 import json
+import math
 import queue
+import random
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,10 +148,13 @@ class SimWorker:
     name: str
     model: str
     rps: float  # modelled requests per second of its engine
-    inbox: queue.Queue[PackMessage | None] = field(default_factory=queue.Queue)
-    work: deque[Claim] = field(default_factory=deque)  # claimed, not yet recorded (first: running)
+    work: deque[Claim] = field(default_factory=deque)  # claimed, not yet finished (first: running)
     running_since: float | None = None
+    running_seconds: float = 0.0  # the running unit's modelled engine time
+    joins_at: float = 0.0  # when its engine has loaded: it asks for nothing before
     asked: bool = False  # its request for a pack is with the fetcher
+    asked_at: float = 0.0  # when it last asked
+    idle_from: float | None = None  # when it last had nothing to run (None: it has work)
     busy_seconds: float = 0.0  # modelled engine time of the units it finished
     sample: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # started, seconds, requests
 
@@ -157,33 +164,60 @@ class SimWorker:
 
 
 class Fleet:
-    """One process's simulated workers, its pack fetchers (one per model: a Redis BRPOP for the
-    next hungry worker) and its heartbeat/sample thread."""
+    """One process's simulated workers: a clock thread that models every worker's engine (a heap
+    of the times its running units finish), a bounded pool of operation threads that does their
+    database and broker work (claims and the refill after a pack is taken; records and the refill
+    after them), one pack fetcher per model (a Redis BRPOP for the next hungry worker) and the
+    heartbeat/sample thread.
+
+    Why not a thread per worker: 250 threads per process on one core, each taking connections
+    from a pool of 15, stalled whole processes under load. A thread holding a connection waited
+    behind the others for the GIL, the pool ran dry (QueuePool timeouts of 30 s), the heartbeat
+    thread waited for a connection too, leases lapsed, and thousands of units were redelivered
+    and run twice (4,134 in one pinned run). Here the threads that touch the database are
+    ``op_threads`` plus the heartbeat, under the pool's size, so no operation waits for a
+    connection; the modelled engine time does not wait for the operations either (a unit's
+    successor starts when it finishes, whenever its record commits)."""
 
     def __init__(self, config: dict[str, Any], index: int, stop: Any) -> None:
         self.config = config
         self.rt = runtime(config)
         # the run's stop is a multiprocessing Event: every is_set() takes its lock, shared by every
-        # process of the run. A thousand worker threads asking it in their loops made a lock
-        # convoy on a loaded box, in which the dispatcher's process waited 10-30 s between
-        # ticks for the same lock. The threads ask a process-local event; one thread waits on
-        # the run's and sets it
+        # process of the run. Threads asking it in their loops made a lock convoy on a loaded box,
+        # in which the dispatcher's process waited 10-30 s between ticks for the same lock. The
+        # threads ask a process-local event; one thread waits on the run's and sets it
         self.stop = threading.Event()
         threading.Thread(target=lambda: (stop.wait(), self.stop.set()), daemon=True).start()
         self.lock = threading.Lock()
         self.look_ahead = self.rt.settings.pack_requests
         models = config["models"]
         first, count = config["fleet_slices"][index]
+        # seeded per process: every run at one configuration models the same fleet
+        self.rng = random.Random(config.get("seed", 21) * 1000 + index)
+        self.spread = config.get("unit_time_spread", 0.0)
+        began = time.time()
         self.workers = [
-            SimWorker(f"sim{index}-{i}", models[i % len(models)], config["worker_rps"])
+            SimWorker(
+                f"sim{index}-{i}",
+                models[i % len(models)],
+                config["worker_rps"],
+                joins_at=began + self.rng.uniform(0.0, config.get("join_seconds", 0.0)),
+            )
             for i in range(first, first + count)
         ]
+        for w in self.workers:
+            w.idle_from = w.joins_at
         self.hungry: dict[str, queue.Queue[SimWorker]] = {m: queue.Queue() for m in models}
+        # claims a take made, for the clock to put on their worker's feed: (worker, claims)
+        self.arrivals: queue.Queue[tuple[SimWorker, list[Claim]]] = queue.Queue()
+        self.ops = ThreadPoolExecutor(config.get("op_threads", 8), thread_name_prefix="op")
         # measurements, each (time, value...) appended under self.lock
         self.claims: list[tuple[int, float, float]] = []  # unit, at, claim_unit's seconds
         self.lost_claims = 0
-        self.records: list[tuple[int, float, float, float, int]] = []  # unit, at, record s, refill s, n
+        # unit, at, record s, refill s, n (-1: refused), urgent (the dispatcher sent it as urgent: 1)
+        self.records: list[tuple[int, float, float, float, int, int]] = []
         self.pokes: list[float] = []  # the refill after a pack is taken (tasks.run_pack's poke)
+        self.asks: list[tuple[float, float]] = []  # (asked at, seconds until its pack's first claim)
         self.idle: list[tuple[float, float]] = []  # (from, seconds): a worker with nothing to run
         self.errors: list[str] = []
 
@@ -200,63 +234,103 @@ class Fleet:
             while not self.stop.is_set():
                 item = client.brpop(model_queue(model), timeout=1)
                 if item:
-                    worker.inbox.put(decode(item[1]))
+                    self.ops.submit(self.op, self.take, worker, decode(item[1]))
                     break
-        for worker in self.workers:
-            worker.inbox.put(None)
 
-    def run_worker(self, w: SimWorker) -> None:
-        idle_from: float | None = time.time()
+    def clock(self) -> None:
+        """Every worker's modelled engine: starts a worker's next unit when the one before it
+        finishes (or when claims arrive for an idle worker), hands each finished unit to the
+        operation threads to record, and puts a worker whose feed is short with its fetcher."""
+        due: list[tuple[float, int, SimWorker]] = []  # (running unit finishes at, tie-break, worker)
+        joining = sorted(self.workers, key=lambda w: w.joins_at, reverse=True)  # the next one last
         while not self.stop.is_set():
-            if not w.asked and w.waiting() <= self.look_ahead:
-                w.asked = True
-                self.hungry[w.model].put(w)
-            now = time.time()
-            if w.work and w.running_since is None:
-                w.running_since = now
-            finish = w.running_since + w.work[0].n_requests / w.rps if w.work and w.running_since else None
-            timeout = 1.0 if finish is None else max(0.0, min(1.0, finish - now))
+            while joining and joining[-1].joins_at <= time.time():
+                self.ask(joining.pop())
+            soonest = min([d[0] for d in due[:1]] + [w.joins_at for w in joining[-1:]], default=None)
+            timeout = 0.5 if soonest is None else max(0.0, min(0.5, soonest - time.time()))
             try:
-                message = w.inbox.get(timeout=timeout)
+                w, claims = self.arrivals.get(timeout=timeout)
             except queue.Empty:
-                message = None
-            if message is not None:
-                w.asked = False
-                if idle_from is not None:
-                    with self.lock:
-                        self.idle.append((idle_from, max(0.0, message.received_at - idle_from)))
-                    idle_from = None
-                self.take(w, message)
-            if finish is not None and time.time() >= finish:
+                pass
+            else:
+                with self.lock:
+                    w.work.extend(claims)
+                    w.asked = False
+                    if w.work and w.running_since is None:
+                        w.running_since = time.time()
+                        w.running_seconds = self.engine_seconds(w, w.work[0])
+                        heapq.heappush(due, (w.running_since + w.running_seconds, id(w), w))
+                self.ask(w)
+            now = time.time()
+            while due and due[0][0] <= now:
+                finish, _, w = heapq.heappop(due)
                 with self.lock:  # the heartbeat thread reads the deques
-                    done = w.work.popleft()
-                self.finish(w, done, w.running_since or finish)
-                w.running_since = finish if w.work else None
-                if not w.work:
-                    idle_from = time.time()
+                    done, seconds = w.work.popleft(), w.running_seconds
+                    started = w.running_since or finish
+                    w.running_since = finish if w.work else None
+                    if w.work:
+                        w.running_seconds = self.engine_seconds(w, w.work[0])
+                        heapq.heappush(due, (finish + w.running_seconds, id(w), w))
+                    else:
+                        w.idle_from = now
+                self.ops.submit(self.op, self.finish, w, done, started, seconds)
+                self.ask(w)
+
+    def engine_seconds(self, w: SimWorker, claim: Claim) -> float:
+        """A unit's modelled engine time: its requests at the worker's rate, times a lognormal
+        factor of mean 1 (``unit_time_spread``: its sigma; 0: every unit of a size alike)."""
+        base = claim.n_requests / w.rps
+        if not self.spread:
+            return base
+        return base * math.exp(self.rng.gauss(0.0, self.spread) - self.spread**2 / 2)
+
+    def ask(self, w: SimWorker) -> None:
+        """The feed's look-ahead: a worker asks for a pack while no more than one pack's requests
+        wait on it."""
+        with self.lock:
+            if w.asked or w.waiting() > self.look_ahead:
+                return
+            w.asked, w.asked_at = True, time.time()
+        self.hungry[w.model].put(w)
+
+    def op(self, target: Any, *args: Any) -> None:
+        """One operation on a pool thread; one that raises is counted (its units are left to the
+        dispatcher's lease, as a real worker's would be)."""
+        try:
+            target(*args)
+        except Exception as exc:
+            with self.lock:
+                self.errors.append(f"{target.__name__}: {exc!r}")
 
     def take(self, w: SimWorker, message: PackMessage) -> None:
+        with self.lock:
+            if w.idle_from is not None:
+                self.idle.append((w.idle_from, max(0.0, message.received_at - w.idle_from)))
+                w.idle_from = None
         urgent = set(message.urgent)
+        claims = []
         for unit_id in message.unit_ids:
             t0 = time.perf_counter()
             at = time.time()
             claim = claim_unit(self.rt, unit_id, at, w.name, unit_id in urgent)
             spent = time.perf_counter() - t0
-            if claim is None:
-                with self.lock:
-                    self.lost_claims += 1
-                continue
             with self.lock:
-                w.work.append(claim)
-                self.claims.append((unit_id, at, spent))
+                if claim is None:
+                    self.lost_claims += 1
+                else:
+                    if not claims:
+                        self.asks.append((w.asked_at, at + spent - w.asked_at))
+                    self.claims.append((unit_id, at, spent))
+            if claim is not None:
+                claims.append(claim)
+        self.arrivals.put((w, claims))
         t0 = time.perf_counter()
         dispatcher.enqueue_units(self.rt, time.time(), dispatcher.TickReport(), model=w.model)  # tasks.poke
         with self.lock:
             self.pokes.append(time.perf_counter() - t0)
 
-    def finish(self, w: SimWorker, claim: Claim, started: float) -> None:
+    def finish(self, w: SimWorker, claim: Claim, started: float, seconds: float) -> None:
         n = claim.n_requests
-        seconds = n / w.rps
         tally = UnitTally(n, 0, n * PROMPT_TOKENS, 0, n * OUTPUT_TOKENS)
         metering = {
             "engine_seconds": seconds,
@@ -283,7 +357,9 @@ class Fleet:
             unit_recorded(self.rt, claim, ready, w.model)
         refill = time.perf_counter() - t0 - recorded
         with self.lock:
-            self.records.append((claim.unit_id, at, recorded, refill, n if ready is not None else -1))
+            self.records.append(
+                (claim.unit_id, at, recorded, refill, n if ready is not None else -1, int(claim.urgent))
+            )
             w.busy_seconds += seconds
             if not w.sample[0]:
                 w.sample[0] = started
@@ -333,8 +409,7 @@ class Fleet:
                 s.execute(insert(EngineSample), rows)
 
     def guarded(self, target: Any, *args: Any) -> None:
-        """Run a thread's loop; one that raises is counted and run again (a worker whose pack
-        failed goes on, its units left to the dispatcher's lease, as a real worker's would be)."""
+        """Run a thread's loop; one that raises is counted and run again."""
         while not self.stop.is_set():
             try:
                 target(*args)
@@ -348,22 +423,21 @@ class Fleet:
         threads = [
             threading.Thread(target=self.guarded, args=(self.fetcher, m), daemon=True) for m in self.hungry
         ]
-        threads += [
-            threading.Thread(target=self.guarded, args=(self.run_worker, w), daemon=True)
-            for w in self.workers
-        ]
+        threads.append(threading.Thread(target=self.guarded, args=(self.clock,), daemon=True))
         threads.append(threading.Thread(target=self.guarded, args=(self.beats,), daemon=True))
         for t in threads:
             t.start()
         self.stop.wait()
         for t in threads:
             t.join(timeout=30)
+        self.ops.shutdown(wait=True, cancel_futures=True)
         self.rt.db.dispose()
         return {
             "claims": self.claims,
             "lost_claims": self.lost_claims,
             "records": self.records,
             "pokes": self.pokes,
+            "asks": self.asks,
             "idle": self.idle,
             "errors": self.errors[:50],
             "busy_seconds": {w.name: w.busy_seconds for w in self.workers},

@@ -9,9 +9,15 @@ Definitions (the ones the report's ``notes`` repeat):
   queued for a fleet that serves a fraction of them per minute, it is most of the run;
 * fairness: Jain's index (sum x)^2 / (n sum x^2) over x = requests recorded per tenant in each full
   minute of the measured window, every tenant having work waiting all along (all tenants are alike
-  in the workload, so all are of equal priority); the reported value is the worst minute;
+  in the workload); the target's value is the worst minute of the units not sent as urgent: an
+  urgent unit (its batch short of slack for its deadline) goes ahead of its model's fair share by
+  design, within its tenant's urgent share, so its tenant is not of equal priority meanwhile. The
+  index over all requests, urgent ones too, is reported beside it;
 * starvation: a batch starves when, while some of its units were still unclaimed, it went longer
-  than ``starve_seconds`` of the measured window without any of its units being claimed.
+  than ``starve_seconds`` of the measured window with none of its units on a worker (claimed and
+  not yet recorded): no service at all. Gaps between claims alone (``longest_gaps``) are reported
+  too, but do not make starvation: a batch given many units at once (an urgent one) has no new
+  claim while those run, however many of its units are running.
 """
 
 from __future__ import annotations
@@ -90,6 +96,55 @@ def longest_gaps(
         times = sorted(t for t in claims.get(batch, ()) if start <= t <= until)
         edges = [start, *times, until]
         out[batch] = max((b - a for a, b in itertools.pairwise(edges)), default=0.0)
+    return out
+
+
+def on_worker(
+    claims: Iterable[tuple[int, float]], records: Iterable[tuple[int, float]], end: float
+) -> dict[int, list[tuple[float, float]]]:
+    """unit -> the stretches it was on a worker: from each claim to the first record after it, or
+    to the unit's next claim (the attempt was lost) or ``end`` (still running)."""
+    claimed: dict[int, list[float]] = defaultdict(list)
+    recorded: dict[int, list[float]] = defaultdict(list)
+    for unit, at in claims:
+        claimed[unit].append(at)
+    for unit, at in records:
+        recorded[unit].append(at)
+    out: dict[int, list[tuple[float, float]]] = {}
+    for unit, times in claimed.items():
+        times.sort()
+        done = sorted(recorded.get(unit, ()))
+        stretches = []
+        for k, at in enumerate(times):
+            until = times[k + 1] if k + 1 < len(times) else end
+            finished = next((r for r in done if at <= r <= until), None)
+            stretches.append((at, until if finished is None else finished))
+        out[unit] = stretches
+    return out
+
+
+def longest_unserved(
+    served: Mapping[str, Sequence[tuple[float, float]]],
+    last_claim_due: Mapping[str, float],
+    start: float,
+    end: float,
+) -> dict[str, float]:
+    """batch -> the longest stretch of [start, end) in which none of its units was on a worker
+    while some were still unclaimed; ``served[b]``: the (from, to) stretches its units were on a
+    worker; ``last_claim_due[b]``: when its last unit was claimed (inf: some never were)."""
+    out = {}
+    for batch, due in last_claim_due.items():
+        until = min(end, due)
+        longest, covered = 0.0, start  # the stretch of [start, covered) has service or is measured
+        for a, b in sorted(served.get(batch, ())):
+            if b <= covered:
+                continue
+            if a > covered:
+                longest = max(longest, min(a, until) - covered)
+            covered = max(covered, b)
+            if covered >= until:
+                break
+        out[batch] = max(longest, until - covered, 0.0)
     return out
 
 

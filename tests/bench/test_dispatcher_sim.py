@@ -27,6 +27,26 @@ def test_jain_percentiles_and_gaps() -> None:
     assert gaps == {"x": 40.0, "y": 95.0}
 
 
+def test_a_batch_starves_only_while_none_of_its_units_is_on_a_worker() -> None:
+    # unit 1 claimed at 10 and recorded at 70; unit 2 claimed twice (the first attempt lost),
+    # recorded at 95; unit 3 claimed at 90 and never recorded
+    stretches = rep.on_worker([(1, 10.0), (2, 20.0), (2, 60.0), (3, 90.0)], [(1, 70.0), (2, 95.0)], 100.0)
+    assert stretches == {1: [(10.0, 70.0)], 2: [(20.0, 60.0), (60.0, 95.0)], 3: [(90.0, 100.0)]}
+    served = {
+        "busy": [(10.0, 70.0), (60.0, 95.0)],  # no new claim from 10 to 60, but never without service
+        "idle": [(10.0, 20.0), (80.0, 90.0)],  # nothing on a worker from 20 to 80
+        "never": [],
+        "done": [(0.0, 5.0)],  # its last unit was claimed at 0: nothing left to wait for after
+    }
+    due = {"busy": float("inf"), "idle": float("inf"), "never": float("inf"), "done": 0.0}
+    assert rep.longest_unserved(served, due, 0.0, 100.0) == {
+        "busy": 10.0,
+        "idle": 60.0,
+        "never": 100.0,
+        "done": 0.0,
+    }
+
+
 def test_tiny_scale_run_claims_every_unit_once(tmp_path) -> None:
     out = tmp_path / "control_plane.json"
     out.write_text(json.dumps({"other": {"kept": True}, "targets": {"other_target": {"pass": True}}}))
@@ -42,7 +62,13 @@ def test_tiny_scale_run_claims_every_unit_once(tmp_path) -> None:
     assert report["tick"]["n"] > 0 and report["tick"]["max"] is not None
     assert report["runnable_to_claim_s"]["n"] == claims["units"]
     assert report["jain_per_window"] and all(0 < j <= 1 for j in report["jain_per_window"])
-    assert report["starved_batches"] == 0
+    equal = report["jain_equal_priority_per_window"]
+    assert equal and all(0 < j <= 1 for j in equal) and report["jain_equal_priority_min"] == min(equal)
+    assert 0 <= report["urgent_share_of_served"] <= 1
+    assert report["starved_batches"] == 0 and report["longest_unserved_s"]["n"] == report["sizes"]["batches"]
+    # every worker asked for packs, and each ask ended in a claim
+    assert report["ask_to_claim_s"]["n"] >= report["sizes"]["workers"]
+    assert report["run"]["join_seconds"] == round(1024 / 4000, 1)
     assert report["machine"]["cores"] and report["notes"]
     # where the window's CPU went: the database, the broker, the dispatcher, the simulated fleet
     cpu = report["cpu"]
