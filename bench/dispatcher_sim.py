@@ -91,7 +91,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--tick-seconds", type=float, default=2.0, help="dispatcher period (FREIGHT_TICK_SECONDS)")
     p.add_argument(
-        "--starve-seconds", type=float, default=120.0, help="longest fair wait for a batch's next claim"
+        "--starve-seconds",
+        type=float,
+        default=120.0,
+        help="longest a batch with unclaimed units may go with none of its units on a worker",
     )
     p.add_argument("--fairness-seconds", type=float, default=60.0, help="window of Jain's index (a minute)")
     p.add_argument(
