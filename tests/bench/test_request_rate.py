@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.request_rate import OUTPUT_TOKENS, lines, paired_ratios, per_thousand, top_functions
+from bench.request_rate import OUTPUT_TOKENS, lines, paired_ratios, per_thousand, rate_cell, top_functions
 
 
 def test_lines_are_unique_tiny_and_seeded() -> None:
@@ -31,6 +31,15 @@ def test_top_functions_counts_own_and_total_samples() -> None:
     assert summary["own"][0] == ("json.py:parse", 0.8)  # two lines of one function merged
     assert dict(summary["own"])["run.py:loop"] == 0.2
     assert dict(summary["total"])["run.py:main"] == 1.0
+
+
+def test_a_freight_cell_keeps_where_its_wall_time_went() -> None:
+    phases = {"to_units": 1.6, "to_engine": 0.01, "engine": 19.4, "to_final": 0.1}
+    freight = rate_cell({"wall_s": 21.1, "cpu_s": {}, "batch_fill": 0.46, "phases_s": phases}, 20_000)
+    assert freight["phases_s"] == phases and freight["batch_fill"] == 0.46
+    assert freight["requests_per_s"] == 20_000 / 21.1
+    engine = rate_cell({"wall_s": 20.0, "cpu_s": {}}, 20_000)  # an engine's run has neither
+    assert "phases_s" not in engine and "batch_fill" not in engine
 
 
 def test_cpu_per_thousand_requests() -> None:
