@@ -68,6 +68,47 @@ def move_units(
     return int(cast(CursorResult[Any], s.execute(statement)).rowcount)
 
 
+# unit ids per statement of the passes that lock and move many units by id: PostgreSQL takes at
+# most 65,535 parameters in one statement, and a fleet-wide outage can leave more units stale
+IDS_PER_STATEMENT = 10_000
+
+
+def lock_free_units(s: Session, ids: Iterable[int], *where: ColumnElement[bool]) -> list[int]:
+    """Of the units ``ids`` that still match ``where``, lock those no other transaction holds
+    (``FOR UPDATE SKIP LOCKED``) and return their ids, ascending. Locked in id order, the order
+    heartbeats lock them in (two writers locking the same units in different orders deadlock),
+    ``IDS_PER_STATEMENT`` at a time. On SQLite, which has no row locks, every match is free: its
+    one writer holds them all."""
+    ordered = sorted(set(ids))
+    free: list[int] = []
+    for start in range(0, len(ordered), IDS_PER_STATEMENT):
+        chunk = ordered[start : start + IDS_PER_STATEMENT]
+        free.extend(
+            s.scalars(
+                select(WorkUnit.id)
+                .where(WorkUnit.id.in_(chunk), *where)
+                .order_by(WorkUnit.id)
+                .with_for_update(skip_locked=True)
+            ).all()
+        )
+    return free
+
+
+def move_units_by_id(
+    s: Session,
+    ids: list[int],
+    *where: ColumnElement[bool],
+    from_: str | Iterable[str],
+    to: str,
+    **values: Any,
+) -> int:
+    """``move_units`` of the units ``ids``, ``IDS_PER_STATEMENT`` at a time; how many moved."""
+    return sum(
+        move_units(s, WorkUnit.id.in_(ids[k : k + IDS_PER_STATEMENT]), *where, from_=from_, to=to, **values)
+        for k in range(0, len(ids), IDS_PER_STATEMENT)
+    )
+
+
 def unfinished_units(s: Session, batch_id: str) -> int:
     return (
         s.scalar(

@@ -21,7 +21,14 @@ from scheduler.packing import Candidate, plan_packs
 from scheduler.sla import AdmissionDecision, admit, eta
 from storage.db import transaction_lock
 from storage.leases import lease_free
-from storage.lifecycle import NO_LIVE_COUNTS, finish_if_done, move_units, stop_batch
+from storage.lifecycle import (
+    NO_LIVE_COUNTS,
+    finish_if_done,
+    lock_free_units,
+    move_units,
+    move_units_by_id,
+    stop_batch,
+)
 from storage.models import Batch, EngineSample, UnitStatus, ValidationChunk, WorkUnit, new_id
 from storage.runtime import Runtime
 from storage.status import BatchStatus, ChunkStatus
@@ -91,8 +98,7 @@ def requeue_lost(rt: Runtime, now: float, report: TickReport, rates: dict[str, f
     """Queued units whose pack message went with a dead worker, or with the broker's data (a
     Redis restart), go back to be packed again.
 
-    As in ``redeliver_stale``, the units to move are locked with SKIP LOCKED and move in one
-    statement: a queued unit whose row a worker's claim holds right now is being taken, not lost,
+    As in ``redeliver_stale``, the units to move are locked with SKIP LOCKED and move together: a queued unit whose row a worker's claim holds right now is being taken, not lost,
     so it is left alone and the tick never waits for that claim. Waiting for them, one tick of the
     1,000-worker simulation spent 11.7 s in this pass, one UPDATE per unit."""
     settings = rt.settings
@@ -120,21 +126,10 @@ def requeue_lost(rt: Runtime, now: float, report: TickReport, rates: dict[str, f
             pack_requests=settings.pack_requests,
             broker_lost=broker_lost,
         )
-        if stale:
-            # (SQLite has no row locks: its one writer holds them all)
-            free = list(
-                s.scalars(
-                    select(WorkUnit.id)
-                    .where(WorkUnit.id.in_([u.unit_id for u in stale]), WorkUnit.status == UnitStatus.QUEUED)
-                    .order_by(WorkUnit.id)  # the order heartbeats and redelivery lock units in
-                    .with_for_update(skip_locked=True)
-                ).all()
-            )
-            if free:
-                move_units(
-                    s, WorkUnit.id.in_(free), from_=UnitStatus.QUEUED, to=UnitStatus.PENDING, pack_id=None
-                )
-                report.requeued.extend(free)
+        free = lock_free_units(s, (u.unit_id for u in stale), WorkUnit.status == UnitStatus.QUEUED)
+        if free:
+            move_units_by_id(s, free, from_=UnitStatus.QUEUED, to=UnitStatus.PENDING, pack_id=None)
+            report.requeued.extend(free)
     if report.requeued:
         log.warning("units %s waited too long in the queue; packing them again", report.requeued)
 
@@ -350,7 +345,8 @@ def redeliver_stale(rt: Runtime, now: float, report: TickReport) -> None:
     unit whose row a heartbeat or a record holds right now has a live worker, so it is left
     alone, and the tick never waits for one. Waiting for them, one tick of the 1,000-worker
     simulation spent 59 s in this pass (3,379 units, each behind a fleet transaction). The units
-    to run again move in one statement (one per unit took 0.75 s for 1,310 units)."""
+    to run again move in one statement per ``IDS_PER_STATEMENT`` of them (one per unit took 0.75 s
+    for 1,310 units)."""
     lease = rt.settings.lease_seconds
     with rt.db.write() as s:
         rows = s.execute(
@@ -362,28 +358,22 @@ def redeliver_stale(rt: Runtime, now: float, report: TickReport) -> None:
             (RunningUnit(*row) for row in rows), now, lease, rt.settings.max_unit_attempts
         )
         if retry or give_up:
-            # (SQLite has no row locks: its one writer holds them all, and the heartbeat is re-read)
+            # the heartbeat re-read under the lock (on SQLite, under its one writer's)
             still_stale = set(
-                s.scalars(
-                    select(WorkUnit.id)
-                    .where(
-                        WorkUnit.id.in_([u.unit_id for u in (*retry, *give_up)]),
-                        WorkUnit.status == UnitStatus.RUNNING,
-                        or_(WorkUnit.heartbeat_at.is_(None), WorkUnit.heartbeat_at < now - lease),
-                    )
-                    # locked in unit id order, as heartbeats renew them: two writers locking the
-                    # same units in different orders deadlock
-                    .order_by(WorkUnit.id)
-                    .with_for_update(skip_locked=True)
-                ).all()
+                lock_free_units(
+                    s,
+                    (u.unit_id for u in (*retry, *give_up)),
+                    WorkUnit.status == UnitStatus.RUNNING,
+                    or_(WorkUnit.heartbeat_at.is_(None), WorkUnit.heartbeat_at < now - lease),
+                )
             )
             retry = [u for u in retry if u.unit_id in still_stale]
             give_up = [u for u in give_up if u.unit_id in still_stale]
-        if retry:  # back to pending, in one statement: the next packing pass queues them again
-            ids = [u.unit_id for u in retry]
-            moved = move_units(
+        if retry:  # back to pending, in a few statements: the next packing pass queues them again
+            ids = sorted(u.unit_id for u in retry)
+            moved = move_units_by_id(
                 s,
-                WorkUnit.id.in_(ids),
+                ids,
                 from_=UnitStatus.RUNNING,
                 to=UnitStatus.PENDING,
                 # the lost attempt's live counts go too: its results were never recorded
