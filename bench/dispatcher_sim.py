@@ -82,6 +82,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="sigma of the lognormal factor (mean 1) of each unit's modelled engine time (0: identical)",
     )
     p.add_argument("--seed", type=int, default=21, help="seeds the workload and the simulated fleet")
+    p.add_argument(
+        "--pack-requests",
+        type=int,
+        help="FREIGHT_PACK_REQUESTS for this run (default: Freight's; the simulated look-ahead follows it)",
+    )
     p.add_argument("--fleet-procs", type=int, default=4, help="processes the simulated workers share")
     p.add_argument(
         "--op-threads",
@@ -133,6 +138,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "broker_url": redis.url,
             "secret_key": "dispatcher-sim",
         }
+        if args.pack_requests:
+            settings["pack_requests"] = args.pack_requests
         report = run(args, sizes, settings, run_dir, {"postgres": pg.pid, "redis": redis.pid})
         if args.pg_stats and args.keep:
             keep_statement_stats(pg, args.keep)
