@@ -19,11 +19,62 @@ from typing import Any
 
 from celery import Celery, Task
 from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
+from sqlalchemy import event
+from sqlalchemy.exc import OperationalError
 
 from storage.logs import bound
 from storage.runtime import Runtime
 
 log = logging.getLogger(__name__)
+
+LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's SQLSTATE for a lock_timeout that ran out
+
+
+# the hard time limit's handler (``killed``): how long its write waits for a row lock (PostgreSQL),
+# and how often, a second apart, it tries again once the killed process has let go of its rows
+KILLED_LOCK_WAIT_MS = 2000
+KILLED_RETRIES = 60
+
+
+def record_killed(settings: Any, on_fault: Any, error: str, step: str, args: Any) -> bool:
+    """Handle a task the hard limit killed as the policy would have (``on_fault``), from a runtime
+    of its own; False if a row it needed stayed locked for ``KILLED_LOCK_WAIT_MS``.
+
+    Why the lock wait: billiard calls this (the task's ``on_failure``) before it kills the stuck
+    pool process, and that process may be stopped inside a transaction holding the very batch
+    row this writes. Waiting for the lock then waited for a kill that came only after the wait:
+    the validation role's main process hung with the batch left ``validating``."""
+    rt = Runtime(settings)
+    if rt.db.engine.dialect.name == "postgresql":
+
+        @event.listens_for(rt.db.engine, "connect")
+        def wait_briefly(dbapi_connection: Any, _record: Any) -> None:
+            cursor = dbapi_connection.cursor()
+            cursor.execute(f"SET lock_timeout = {KILLED_LOCK_WAIT_MS}")
+            cursor.close()
+            dbapi_connection.commit()
+
+    try:
+        with bound(batch_id=args[0]):  # the tasks killed() serves all take a batch id first
+            on_fault(rt, error, *args)
+    except OperationalError as exc:
+        if getattr(exc.orig, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+            return False
+        log.exception("task %s%r: recording that it was killed failed", step, tuple(args))
+    except Exception:
+        log.exception("task %s%r: recording that it was killed failed", step, tuple(args))
+    finally:
+        rt.db.dispose()
+    return True
+
+
+def retry_killed(record: Any, step: str, args: Any) -> None:
+    """``record_killed`` again, a second apart, until the killed process's rows are free."""
+    for _ in range(KILLED_RETRIES):
+        time.sleep(1.0)
+        if record():
+            return
+    log.error("task %s%r: its rows stayed locked; the lease's expiry will send it again", step, tuple(args))
 
 
 class TaskTimeLimit(RuntimeError):
@@ -176,14 +227,11 @@ def register(app: Celery) -> None:
             step = task.name.rpartition(".")[2]
             error = describe(step, TaskTimeLimit(
                 f"ran past its time limit of {seconds:g}s (FREIGHT_{which}_TIME_LIMIT_SECONDS) and was killed"))  # fmt: skip
-            rt = Runtime(settings)
-            try:
-                with bound(batch_id=args[0]):  # the tasks killed() serves all take a batch id first
-                    on_fault(rt, error, *args)
-            except Exception:
-                log.exception("task %s%r: recording that it was killed failed", step, tuple(args))
-            finally:
-                rt.db.dispose()
+            record = functools.partial(record_killed, settings, on_fault, error, step, args)
+            if not record():
+                # the stuck pool process holds a row this needs, and it is killed only once this
+                # returns: write again from a thread once the kill has freed the row
+                threading.Thread(target=retry_killed, args=(record, step, args), daemon=True).start()
 
         return on_failure
 

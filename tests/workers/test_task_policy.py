@@ -5,6 +5,7 @@ dispatcher's tick once its lease has run out (a fake clock: ``now`` is passed in
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import pytest
@@ -261,3 +262,44 @@ def test_past_the_soft_limit_a_wrapped_error_is_still_the_time_limits() -> None:
         _time_limited(load_tokenizer, seconds=0.5, setting=setting)()
     with pytest.raises(RuntimeError, match="could not be loaded"):  # no limit reached: its own error
         _time_limited(unrelated, seconds=0.5, setting=setting)()
+
+
+def test_the_hard_limits_handler_does_not_wait_for_the_killed_process_rows(settings, runtime, tenant):
+    """Billiard calls the hard time limit's handler before it kills the stuck pool process, which
+    may hold the batch row in an open transaction. The handler gives up on the row after a short
+    lock wait (the kill comes once it returns), and a retry writes once the row is free."""
+    import threading
+    import time
+
+    from sqlalchemy import create_engine, text
+
+    from workers import tasks
+
+    if not settings.database_url.startswith("postgresql"):
+        pytest.skip("SQLite has no row locks: its one writer holds them all")
+    batch_id = upload_and_create(runtime, tenant, LINES).id
+    error = "internal error in step validate_batch: TaskTimeLimit: ran past its time limit and was killed"
+    record = functools.partial(
+        tasks.record_killed, settings, task_policy.fail_validation, error, "validate_batch", (batch_id,)
+    )
+    stuck = create_engine(settings.database_url)
+    try:
+        with stuck.connect() as conn:  # the stuck process's transaction, holding the batch row
+            conn.execute(text("SELECT id FROM batches WHERE id = :id FOR UPDATE"), {"id": batch_id})
+            started = time.monotonic()
+            assert record() is False  # it did not wait for the holder
+            assert time.monotonic() - started < tasks.KILLED_LOCK_WAIT_MS / 1000 + 3
+            assert batch_row(runtime, batch_id).status == BatchStatus.VALIDATING
+            retrying = threading.Thread(
+                target=tasks.retry_killed, args=(record, "validate_batch", (batch_id,))
+            )
+            retrying.start()
+            time.sleep(1.5)
+            conn.rollback()  # the kill: the holder's transaction ends
+        retrying.join(timeout=30)
+        assert not retrying.is_alive()
+        row = batch_row(runtime, batch_id)
+        assert row.status == BatchStatus.FAILED
+        assert row.errors["data"][0]["message"] == f"validation failed: {error}"
+    finally:
+        stuck.dispose()
