@@ -175,7 +175,9 @@ def test_a_unit_lost_and_claimed_again_by_the_same_process_runs_once(
     try:
         runner = runner_of(rt, vllm_engine)
         tenant, _ = create_tenant(rt.db, "t", now())
-        batch_id = validated_batch(rt, tenant.id, lines("again", 6, tokens=48))
+        # 320 tokens each: the first attempt is still in the engine when it is taken back (with 48,
+        # a fast host's engine ran all six in 0.18 s, and the unit was recorded first)
+        batch_id = validated_batch(rt, tenant.id, lines("again", 6, tokens=320))
         ids = [u.id for u in batch_units(rt, batch_id)]
         assert runner.run_pack("pack-first", ids) == len(ids)
         deadline = time.monotonic() + 30
