@@ -27,13 +27,11 @@ from storage.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
-LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's SQLSTATE for a lock_timeout that ran out
-
-
 # the hard time limit's handler (``killed``): how long its write waits for a row lock (PostgreSQL),
 # and how often, a second apart, it tries again once the killed process has let go of its rows
 KILLED_LOCK_WAIT_MS = 2000
 KILLED_RETRIES = 60
+LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's SQLSTATE for a lock_timeout that ran out
 
 
 def record_killed(settings: Any, on_fault: Any, error: str, step: str, args: Any) -> bool:
@@ -57,11 +55,9 @@ def record_killed(settings: Any, on_fault: Any, error: str, step: str, args: Any
     try:
         with bound(batch_id=args[0]):  # the tasks killed() serves all take a batch id first
             on_fault(rt, error, *args)
-    except OperationalError as exc:
-        if getattr(exc.orig, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+    except Exception as exc:
+        if isinstance(exc, OperationalError) and getattr(exc.orig, "sqlstate", None) == LOCK_NOT_AVAILABLE:
             return False
-        log.exception("task %s%r: recording that it was killed failed", step, tuple(args))
-    except Exception:
         log.exception("task %s%r: recording that it was killed failed", step, tuple(args))
     finally:
         rt.db.dispose()
