@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.ordering import KEY_TOKEN_BYTES
+from workers.chat_skeletons import ChatSkeletons
 from workers.prompts import PromptKeyer, _template_messages
 from workers.request_bodies import CHAT, COMPLETIONS, EMBEDDINGS
 from workers.responses import RESPONSES, prompt_chat_body
@@ -100,6 +101,7 @@ class PromptRenderer:
         self.keyer = PromptKeyer(tokenizer, key_tokens)
         template = getattr(tokenizer, "chat_template", None)
         self.chat_exact = isinstance(template, str) and _string_content(template)
+        self.skeletons = ChatSkeletons(tokenizer)  # the template once per conversation shape
 
     @classmethod
     def load(cls, path: str | Path, key_tokens: int) -> PromptRenderer:
@@ -136,9 +138,12 @@ class PromptRenderer:
         if not set(body) <= PROMPT_NEUTRAL:
             return None
         if endpoint == CHAT and self.chat_exact and _plain_messages(body.get("messages")):
-            text = self.tokenizer.apply_chat_template(
-                _template_messages(body["messages"]), add_generation_prompt=True, tokenize=False
-            )
+            messages = _template_messages(body["messages"])
+            text = self.skeletons.render(messages)
+            if text is None:
+                text = self.tokenizer.apply_chat_template(
+                    messages, add_generation_prompt=True, tokenize=False
+                )
             return (text, False) if isinstance(text, str) else None
         if endpoint == COMPLETIONS:
             prompt = _one_prompt(body.get("prompt"))
