@@ -93,7 +93,7 @@ def child(mode: str, data_dir: str, input_path: str, model_dir: str) -> None:
     from workers.intake import store_file
     from workers.planning import plan_batch
     from workers.prompt_tokens import renderer_for
-    from workers.validation import FileRules, prompt_renders, write_store
+    from workers.validation import FileRules, PromptRenders, write_store
 
     settings = Settings.from_env(
         {}, data_dir=Path(data_dir), models={"demo": model_dir}, max_requests_per_file=10_000_000,
@@ -109,8 +109,9 @@ def child(mode: str, data_dir: str, input_path: str, model_dir: str) -> None:
         s.add(record)
         s.flush()
         batch_id = intake.add(s, tenant.id, replace(request, input_file_id=record.id), int(time.time())).id
+    renders = PromptRenders(rt)
     rules = FileRules(CHAT, frozenset(settings.models), settings.max_requests_per_file,
-                      settings.max_line_bytes, prompt_renders(rt))  # fmt: skip
+                      settings.max_line_bytes, renders.one, renders.many)  # fmt: skip
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     started = time.monotonic()
     summary, shard_keys = write_store(rt, batch_id, record.object_key, rules, {})

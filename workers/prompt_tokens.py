@@ -131,6 +131,37 @@ class PromptRenderer:
             pass
         return RenderedPrompt(self.keyer.key(endpoint, dict(body)), False, self.key_tokens)
 
+    def render_many(self, endpoint: str, bodies: list[Mapping[str, Any]]) -> list[RenderedPrompt]:
+        """``render`` of each body, with the texts to tokenize tokenized together (the tokenizer's
+        batch API, `PromptKeyer.text_keys`); the same results, line for line."""
+        out: list[RenderedPrompt | None] = [None] * len(bodies)
+        texts: dict[bool, tuple[list[str], list[int]]] = {False: ([], []), True: ([], [])}
+        for i, body in enumerate(bodies):
+            text = None
+            if endpoint != RESPONSES:
+                try:
+                    text = self._exact_text(endpoint, body)
+                except Exception:
+                    text = None
+            if text is None:
+                out[i] = self.render(endpoint, body)
+                continue
+            waiting, where = texts[text[1]]
+            waiting.append(text[0])
+            where.append(i)
+        for special, (waiting, where) in texts.items():
+            if not waiting:
+                continue
+            try:
+                keys = self.full.text_keys(waiting, special)
+            except Exception:  # as render does: the line that fails gets its key the other way
+                for i in where:
+                    out[i] = self.render(endpoint, bodies[i])
+                continue
+            for i, key_bytes in zip(where, keys, strict=True):
+                out[i] = RenderedPrompt(key_bytes, True, self.key_tokens)
+        return out  # type: ignore[return-value]  # every slot filled above
+
     def _exact_text(self, endpoint: str, body: Mapping[str, Any]) -> tuple[str, bool] | None:
         if endpoint == EMBEDDINGS:  # one text: its ids exactly; several: the engine tokenizes each
             text = _one_prompt(body.get("input"))

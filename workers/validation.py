@@ -52,7 +52,8 @@ from workers.checkpoint import checkpoint_dir
 from workers.dispatcher import admit_batch, measured_throughput
 from workers.planning import plan_batch
 from workers.prefix_caching import prediction_block_size
-from workers.prompt_tokens import RenderedPrompt, TokenizerUnavailable, renderer_for
+from workers.prompt_tokens import PromptRenderer, RenderedPrompt, TokenizerUnavailable, renderer_for
+from workers.render_blocks import CheckedLine, PromptFn, PromptsFn, RenderBlock
 from workers.request_bodies import EMBEDDINGS, RequestError
 from workers.request_shapes import RequestShapes
 
@@ -102,9 +103,6 @@ class ValidLine:
     model: str  # checked against the file's other lines (one model per file)
 
 
-PromptFn = Callable[[str, str, dict], RenderedPrompt]  # (model, endpoint, body) -> ids / sort key
-
-
 @dataclass(frozen=True)
 class FileRules:
     endpoint: str
@@ -112,6 +110,7 @@ class FileRules:
     max_requests: int
     max_line_bytes: int
     render: PromptFn | None = None  # None: no token ids, no ordering key (rows keep file order)
+    render_many: PromptsFn | None = None  # the same for a block of bodies (else render, each)
     auto_tool_models: frozenset[str] = frozenset()  # their tool-call parser serves tool_choice "auto"
     reasoning_models: frozenset[str] = frozenset()  # they read reasoning back (Responses `reasoning`)
     # the served models whose task is embeddings: they serve /v1/embeddings, and only that
@@ -122,6 +121,15 @@ class FileRules:
 
 def check_line(raw: bytes, line_no: int, rules: FileRules) -> ValidLine | LineError:
     """One line of an OpenAI batch file -> a validated row or the reason it is not one."""
+    checked = check_fields(raw, line_no, rules)
+    if isinstance(checked, LineError):
+        return checked
+    rendered = None if rules.render is None else rules.render(checked.model, rules.endpoint, checked.body)
+    return ValidLine(checked.row(rendered), checked.model)
+
+
+def check_fields(raw: bytes, line_no: int, rules: FileRules) -> CheckedLine | LineError:
+    """``check_line`` but for the prompt: scanners render a block of lines at a time."""
     if len(raw) > rules.max_line_bytes:
         return LineError(
             line_no, "line_too_large", f"line is {len(raw)} bytes; the limit is {rules.max_line_bytes}"
@@ -188,13 +196,7 @@ def check_line(raw: bytes, line_no: int, rules: FileRules) -> ValidLine | LineEr
         return LineError(
             line_no, "invalid_request", f"max_tokens must be at most {MAX_OUTPUT_TOKENS}", "body.max_tokens"
         )
-    if rules.render is None:
-        return ValidLine(ShardRow(line_no, custom_id, body_json, b"", None, 0, max_tokens), model)
-    rendered = rules.render(model, rules.endpoint, body)
-    row = ShardRow(
-        line_no, custom_id, body_json, rendered.key, rendered.id_bytes, rendered.prompt_len, max_tokens
-    )
-    return ValidLine(row, model)
+    return CheckedLine(line_no, custom_id, body_json, body, model, max_tokens)
 
 
 def endpoint_mismatch(model: str, endpoint: str) -> str:
@@ -305,6 +307,7 @@ def scan_lines(
     """
     checks = FileChecks(rules.max_requests, max_listed)
     accept = checks.accept  # bound once: called for every valid line
+    block = RenderBlock(rules.endpoint, rules.render, rules.render_many)
     line_no = 0
     for line_no, raw in enumerate(lines, start=1):
         if isinstance(raw, LineError):  # a row the input format could not make a line of
@@ -314,16 +317,16 @@ def scan_lines(
         if not raw.strip():
             checks.blank(line_no)
             continue
-        checked = check_line(raw, line_no, rules)
+        checked = check_fields(raw, line_no, rules)
         if isinstance(checked, LineError):
             checks.bad(checked)
             continue
-        row = checked.row
-        if not accept(line_no, row.custom_id.encode(), checked.model):
+        if not accept(line_no, checked.custom_id.encode(), checked.model):
             if checks.full:
                 break
             continue
-        yield row
+        yield from block.add(checked)
+    yield from block.flush()
     yield checks.finish(line_no)
 
 
@@ -353,26 +356,36 @@ def _row(key: bytes, line: int, payload: bytes, shared: int = 0) -> ShardRow:
     return ShardRow(line, custom_id, body, key, ids, prompt_len, budget, shared)
 
 
-def prompt_renders(rt: Runtime) -> PromptFn:
+class PromptRenders:
     """Each served model's prompt rendering (its own tokenizer and chat template, loaded once per
     process); a model whose tokenizer cannot be loaded raises TokenizerUnavailable."""
-    settings = rt.settings
-    paths: dict[str, str] = {}  # model -> checkpoint directory, asked of the registry once
 
-    def render(model: str, endpoint: str, body: dict) -> RenderedPrompt:
-        path = paths.get(model)
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.paths: dict[str, str] = {}  # model -> checkpoint directory, asked of the registry once
+
+    def renderer(self, model: str) -> PromptRenderer:
+        path = self.paths.get(model)
         if path is None:
             try:
-                path = paths[model] = checkpoint_dir(rt, model)
+                path = self.paths[model] = checkpoint_dir(self.rt, model)
             except CheckpointError as exc:  # served, but its files are missing or unreachable
                 raise TokenizerUnavailable(model, str(exc.args[0]).split(":")[0], exc) from exc
         try:
-            renderer = renderer_for(str(path), settings.sort_key_tokens)
+            return renderer_for(str(path), self.rt.settings.sort_key_tokens)
         except Exception as exc:
             raise TokenizerUnavailable(model, str(path), exc) from exc
-        return renderer.render(endpoint, body)
 
-    return render
+    def one(self, model: str, endpoint: str, body: dict) -> RenderedPrompt:
+        return self.renderer(model).render(endpoint, body)
+
+    def many(self, model: str, endpoint: str, bodies: list[dict]) -> list[RenderedPrompt]:
+        return self.renderer(model).render_many(endpoint, bodies)
+
+
+def prompt_renders(rt: Runtime) -> PromptFn:
+    """One line's prompt rendering (see `PromptRenders`)."""
+    return PromptRenders(rt).one
 
 
 def prompt_keys(rt: Runtime) -> Callable[[str, str, dict], bytes]:
@@ -632,13 +645,15 @@ def validate_batch(rt: Runtime, batch_id: str, in_chunks: InChunks | None = None
 
 def file_rules(rt: Runtime, endpoint: str) -> FileRules:
     settings: Settings = rt.settings
+    renders = PromptRenders(rt)
     return FileRules(
         endpoint=endpoint,
         served_models=served_names(rt.db, settings),
         embed_models=embedding_names(rt.db, settings),
         max_requests=settings.max_requests_per_file,
         max_line_bytes=settings.max_line_bytes,
-        render=prompt_renders(rt),
+        render=renders.one,
+        render_many=renders.many,
         auto_tool_models=auto_tool_models(rt.db),
         reasoning_models=reasoning_models(rt.db),
     )

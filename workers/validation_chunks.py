@@ -53,13 +53,14 @@ from storage.settings import Settings
 from storage.status import BatchStatus, ChunkStatus, chunk_source
 from workers.batch_input import head_bytes, local_copy, open_chunk
 from workers.prompt_tokens import TokenizerUnavailable
+from workers.render_blocks import RenderBlock
 from workers.validation import (
     FileChecks,
     LineError,
     ScanResult,
     _LeaseKeeper,
     _payload,
-    check_line,
+    check_fields,
     conclude,
     file_rules,
     line_content,
@@ -322,6 +323,7 @@ def scan_chunk(
 
         def records() -> Iterator[Record]:
             nonlocal lines
+            block = RenderBlock(rules.endpoint, rules.render, rules.render_many)
             for pos, raw in enumerate(source.lines, start=1):
                 lines = pos
                 summary["stopped"] = isinstance(raw, RowError) and raw.code in ENDS_ROWS
@@ -333,15 +335,18 @@ def scan_chunk(
                 if not raw.strip():
                     events.write(EVENT.pack(BLANK, 0, 0))
                     continue
-                checked = check_line(raw, pos, rules)
+                checked = check_fields(raw, pos, rules)
                 if isinstance(checked, LineError):
                     bad(BAD_LINE, checked)
                     continue
-                custom_id = checked.row.custom_id.encode()
+                custom_id = checked.custom_id.encode()
                 model = models.setdefault(checked.model, len(models))
                 events.write(EVENT.pack(VALID, model, len(custom_id)))
                 events.write(custom_id)
-                yield checked.row.key, checked.row.line, _payload(checked.row)
+                for row in block.add(checked):
+                    yield row.key, row.line, _payload(row)
+            for row in block.flush():
+                yield row.key, row.line, _payload(row)
 
         try:
             ordered = sort_records(

@@ -95,3 +95,14 @@ def _close(value: Any) -> Any:
     if isinstance(value, list):
         return [_close(v) for v in value]
     return value
+
+
+def test_rendering_a_block_gives_each_bodys_rendering(renderer: PromptRenderer):
+    """``render_many`` (what validation calls, a block of lines at a time) equals ``render`` of
+    each body, for every endpoint and for bodies it cannot render exactly or at all."""
+    odd = [(CHAT, {"messages": "not a list"}), (CHAT, {"messages": [{"role": "user", "content": 5}]}),
+           (COMPLETIONS, {"prompt": [-1, 2]}), (RESPONSES, {"input": 7})]  # fmt: skip
+    for endpoint in (CHAT, COMPLETIONS, RESPONSES):
+        bodies = [{"model": "demo", **body} for e, body in EXACT + RENDERED_BY_ENGINE + odd if e == endpoint]
+        bodies = bodies * 3  # the second and third time from the caches
+        assert renderer.render_many(endpoint, bodies) == [renderer.render(endpoint, b) for b in bodies]

@@ -3,6 +3,8 @@
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from scheduler.ordering import KEY_TOKEN_BYTES, common_prefix_tokens, prompt_key
 from workers.prompts import PromptKeyer, keyer_for
@@ -123,3 +125,29 @@ def test_without_the_piece_cache_keys_are_the_same(demo_model: Path, keyer: Prom
     plain._split = None  # the path for tokenizers whose added-token split is not exact
     for body in [chat(("system", SYSTEM), ("user", "a <|im_start|> b")), chat(("user", "x"))]:
         assert plain.key(CHAT, body) == keyer.key(CHAT, body)
+
+
+TEXTS = st.lists(
+    st.one_of(
+        st.text(max_size=60),
+        st.sampled_from(["<|im_start|>user\n", "<|im_end|>\n", "<s>", " \n\n ", SYSTEM[:200]]),
+    ),
+    min_size=1,
+    max_size=12,
+).map(lambda parts: "".join(parts))
+
+
+@pytest.mark.parametrize("max_tokens", [16, 2048])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=st.lists(TEXTS, min_size=1, max_size=20), special=st.booleans())
+def test_a_block_of_texts_tokenized_at_once_gives_each_texts_key(
+    demo_model: Path, max_tokens, texts, special
+):
+    """The batch API (``text_keys``) and one text at a time (``text_key``) agree, cached or not,
+    with and without the piece split, with and without special tokens added."""
+    batched = PromptKeyer(keyer_for(str(demo_model), 2048).tokenizer, max_tokens)
+    single = PromptKeyer(batched.tokenizer, max_tokens)
+    assert batched.text_keys(texts, special) == [single.text_key(t, special) for t in texts]
+    assert batched.text_keys(texts, special) == [single.text_key(t, special) for t in texts]  # cached now
+    batched._split = None
+    assert batched.text_keys(texts, special) == [single.text_key(t, special) for t in texts]
