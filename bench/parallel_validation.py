@@ -135,6 +135,7 @@ def main() -> None:
                 object_store_url=f"s3://{bucket}/freight", s3_endpoint_url=weed.endpoint_url,
                 models={"demo": args.model_dir}, max_requests_per_file=10_000_000, max_file_bytes=1 << 40,
                 completion_windows=("24h",), validation_chunk_bytes=chunk_bytes,
+                quota_queued_requests=0, quota_open_batches=0,  # every repeat's batch stays queued
             )  # fmt: skip
             rt = Runtime(settings)
             path = run / "batch.jsonl"
@@ -149,6 +150,7 @@ def main() -> None:
                 "FREIGHT_S3_ENDPOINT_URL": weed.endpoint_url, "FREIGHT_MODELS": f"demo={args.model_dir}",
                 "FREIGHT_MAX_REQUESTS_PER_FILE": "10000000", "FREIGHT_MAX_FILE_BYTES": str(1 << 40),
                 "FREIGHT_COMPLETION_WINDOWS": "24h", "FREIGHT_VALIDATION_CONCURRENCY": "1",
+                "FREIGHT_QUOTA_QUEUED_REQUESTS": "0", "FREIGHT_QUOTA_OPEN_BATCHES": "0",
             }  # fmt: skip
             configs = {"one_task": (1, 0), "chunks_1": (1, chunk_bytes), "chunks_2": (2, chunk_bytes)}
             results: dict[str, dict] = {}
