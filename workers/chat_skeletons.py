@@ -38,8 +38,8 @@ _COLLECTION, _MESSAGE, _CONTENT, _GET = "collection", "message", "content", "get
 # tests whose answer depends only on a value's type: the same for a marker as for the text
 _TYPE_TESTS = frozenset({"string", "none", "defined", "undefined", "mapping", "iterable", "sequence"})
 _SIZE_FILTERS = frozenset({"length", "count"})  # of the message list: the shape fixes it
-# statements whose output can be captured and changed before it reaches the prompt
-_CAPTURING = ("FilterBlock", "CallBlock", "Macro", "AssignBlock", "Extends", "Include", "Import", "FromImport", "Block")  # fmt: skip
+# statements whose output can be captured and changed before it reaches the prompt, or escaped
+_CAPTURING = ("FilterBlock", "CallBlock", "Macro", "AssignBlock", "Extends", "Include", "Import", "FromImport", "Block", "ScopedEvalContextModifier", "EvalContextModifier")  # fmt: skip
 _DICT_METHODS = frozenset({"items", "values", "keys", "copy", "setdefault", "pop", "popitem", "update"})
 
 
@@ -101,6 +101,8 @@ class _Check:
             return None
         if isinstance(node, nodes.Getattr):
             base = self.kind(node.node)
+            if base == _COLLECTION:  # a list method (pop, copy, ...) could hand out a message
+                raise _Refused(f"messages.{node.attr}")
             if base == _MESSAGE:
                 if node.attr == "content":
                     return _CONTENT

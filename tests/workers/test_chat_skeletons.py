@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from workers.chat_skeletons import MAX_MESSAGES, ChatSkeletons, verbatim_template
+from workers.chat_skeletons import MAX_MESSAGES, ChatSkeletons, _environment, verbatim_template
 from workers.prompt_tokens import renderer_for
 
 CHATML = (
@@ -50,6 +50,8 @@ REFUSED = {
     "dict methods": "{% for m in messages %}{{ m.items() | list }}{% endfor %}",
     "generation blocks": "{% for m in messages %}{% generation %}{{ m['content'] }}{% endgeneration %}{% endfor %}",
     "the list renamed": "{% set rest = messages[1:] %}{% for m in rest %}{{ m['content'] | upper }}{% endfor %}",
+    "autoescape": "{% autoescape true %}{% for m in messages %}{{ m['content'] }}{% endfor %}{% endautoescape %}",
+    "a list method": "{% for m in messages %}{{ messages.pop()['content'] | trim }}{% endfor %}",
     "not jinja": "{% for m in messages %}{{ m['content'] }",
 }  # fmt: skip
 
@@ -106,6 +108,8 @@ def test_one_rendering_a_shape_equals_rendering_every_line(demo_tokenizer, name,
 @pytest.mark.parametrize("name", sorted(REFUSED))
 def test_a_template_that_could_read_the_text_renders_every_line(demo_tokenizer, name):
     tokenizer = TemplateTokenizer(demo_tokenizer, REFUSED[name])
+    if name != "not jinja":  # refused for what it does, not for failing to parse
+        _environment(REFUSED[name])
     assert not verbatim_template(REFUSED[name])
     skeletons = ChatSkeletons(tokenizer)
     assert not skeletons.enabled
