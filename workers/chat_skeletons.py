@@ -52,9 +52,7 @@ def verbatim_template(source: str) -> bool:
     try:
         tree = _environment(source).parse(source)
         _Check(tree).run()
-    except _Refused:
-        return False
-    except Exception:  # a template jinja cannot parse renders in full (and fails there)
+    except Exception:  # _Refused, or a template jinja cannot parse (rendered in full, it fails there)
         return False
     return True
 

@@ -98,8 +98,9 @@ def requeue_lost(rt: Runtime, now: float, report: TickReport, rates: dict[str, f
     """Queued units whose pack message went with a dead worker, or with the broker's data (a
     Redis restart), go back to be packed again.
 
-    As in ``redeliver_stale``, the units to move are locked with SKIP LOCKED and move together: a queued unit whose row a worker's claim holds right now is being taken, not lost,
-    so it is left alone and the tick never waits for that claim. Waiting for them, one tick of the
+    As in ``redeliver_stale``, the units to move are locked with SKIP LOCKED and move together: a
+    queued unit whose row a worker's claim holds right now is being taken, not lost, so it is left
+    alone and the tick never waits for that claim. Waiting for them, one tick of the
     1,000-worker simulation spent 11.7 s in this pass, one UPDATE per unit."""
     settings = rt.settings
     broker_lost = rt.queue.broker_was_reset()

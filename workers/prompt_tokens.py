@@ -23,9 +23,9 @@ from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, cast
 
-from scheduler.ordering import KEY_TOKEN_BYTES
+from scheduler.ordering import KEY_TOKEN_BYTES, prompt_key
 from workers.chat_skeletons import ChatSkeletons
 from workers.prompts import PromptKeyer, _template_messages
 from workers.request_bodies import CHAT, COMPLETIONS, EMBEDDINGS
@@ -83,6 +83,16 @@ class RenderedPrompt:
         return ids_of(self.key_bytes) if self.exact else None
 
 
+class _Text(NamedTuple):
+    """A prompt to tokenize exactly (``special``: with the tokenizer's special tokens added), and
+    the body and endpoint it came from, to key if tokenizing fails."""
+
+    text: str
+    special: bool
+    endpoint: str
+    body: Mapping[str, Any]
+
+
 def ids_of(key_bytes: bytes) -> list[int]:
     ids = array("I")
     ids.frombytes(key_bytes)
@@ -112,6 +122,37 @@ class PromptRenderer:
     def render(self, endpoint: str, body: Mapping[str, Any]) -> RenderedPrompt:
         """The prompt's ids when they can be had exactly, else its prefix key; never raises. A
         Responses body's prompt is its chat translation's (`workers.responses`), as the engine's is."""
+        job = self._job(endpoint, body)
+        if isinstance(job, RenderedPrompt):
+            return job
+        try:
+            return RenderedPrompt(self.full.text_key(job.text, job.special), True, self.key_tokens)
+        except Exception:
+            return self._key_only(job.endpoint, job.body)
+
+    def render_many(self, endpoint: str, bodies: list[Mapping[str, Any]]) -> list[RenderedPrompt]:
+        """``render`` of each body, with the texts to tokenize tokenized together (the tokenizer's
+        batch API, `PromptKeyer.text_keys`); the same results, line for line."""
+        jobs = [self._job(endpoint, body) for body in bodies]
+        out = [job if isinstance(job, RenderedPrompt) else None for job in jobs]
+        for special in (False, True):
+            where = [i for i, job in enumerate(jobs) if isinstance(job, _Text) and job.special is special]
+            if not where:
+                continue
+            texts = [cast(_Text, jobs[i]).text for i in where]
+            try:
+                keys: list[bytes | None] = list(self.full.text_keys(texts, special))
+            except Exception:  # as render does: each text that fails gets its key the other way
+                keys = [None] * len(where)
+            for i, key_bytes in zip(where, keys, strict=True):
+                if key_bytes is None:
+                    out[i] = self.render(endpoint, bodies[i])
+                else:
+                    out[i] = RenderedPrompt(key_bytes, True, self.key_tokens)
+        return out  # type: ignore[return-value]  # every slot filled above
+
+    def _job(self, endpoint: str, body: Mapping[str, Any]) -> RenderedPrompt | _Text:
+        """Everything of ``render`` but tokenizing a text: a finished rendering, or the text."""
         if endpoint == RESPONSES:
             chat = prompt_chat_body(dict(body))
             if chat is None:  # it cannot run: no key
@@ -120,47 +161,16 @@ class PromptRenderer:
         try:
             text = self._exact_text(endpoint, body)
             if text is not None:
-                content, special = text
-                return RenderedPrompt(self.full.text_key(content, special), True, self.key_tokens)
+                return _Text(*text, endpoint, body)
             ids = self._exact_ids(endpoint, body)
             if ids is not None:
-                from scheduler.ordering import prompt_key
-
                 return RenderedPrompt(prompt_key(ids, _ALL), True, self.key_tokens)
         except Exception:
             pass
-        return RenderedPrompt(self.keyer.key(endpoint, dict(body)), False, self.key_tokens)
+        return self._key_only(endpoint, body)
 
-    def render_many(self, endpoint: str, bodies: list[Mapping[str, Any]]) -> list[RenderedPrompt]:
-        """``render`` of each body, with the texts to tokenize tokenized together (the tokenizer's
-        batch API, `PromptKeyer.text_keys`); the same results, line for line."""
-        out: list[RenderedPrompt | None] = [None] * len(bodies)
-        texts: dict[bool, tuple[list[str], list[int]]] = {False: ([], []), True: ([], [])}
-        for i, body in enumerate(bodies):
-            text = None
-            if endpoint != RESPONSES:
-                try:
-                    text = self._exact_text(endpoint, body)
-                except Exception:
-                    text = None
-            if text is None:
-                out[i] = self.render(endpoint, body)
-                continue
-            waiting, where = texts[text[1]]
-            waiting.append(text[0])
-            where.append(i)
-        for special, (waiting, where) in texts.items():
-            if not waiting:
-                continue
-            try:
-                keys = self.full.text_keys(waiting, special)
-            except Exception:  # as render does: the line that fails gets its key the other way
-                for i in where:
-                    out[i] = self.render(endpoint, bodies[i])
-                continue
-            for i, key_bytes in zip(where, keys, strict=True):
-                out[i] = RenderedPrompt(key_bytes, True, self.key_tokens)
-        return out  # type: ignore[return-value]  # every slot filled above
+    def _key_only(self, endpoint: str, body: Mapping[str, Any]) -> RenderedPrompt:
+        return RenderedPrompt(self.keyer.key(endpoint, dict(body)), False, self.key_tokens)
 
     def _exact_text(self, endpoint: str, body: Mapping[str, Any]) -> tuple[str, bool] | None:
         if endpoint == EMBEDDINGS:  # one text: its ids exactly; several: the engine tokenizes each

@@ -383,16 +383,11 @@ class PromptRenders:
         return self.renderer(model).render_many(endpoint, bodies)
 
 
-def prompt_renders(rt: Runtime) -> PromptFn:
-    """One line's prompt rendering (see `PromptRenders`)."""
-    return PromptRenders(rt).one
-
-
 def prompt_keys(rt: Runtime) -> Callable[[str, str, dict], bytes]:
     """Prompt keys only, never raising: the control worker calls this at start-up to load every
     served model's tokenizer ahead of the first batch; a tokenizer that fails is logged here and
     fails the batches of its model (``tokenizer_unavailable``) when they are validated."""
-    render = prompt_renders(rt)
+    render = PromptRenders(rt).one
 
     def key(model: str, endpoint: str, body: dict) -> bytes:
         try:
