@@ -216,7 +216,7 @@ class Fleet:
         self.lost_claims = 0
         # unit, at, record s, refill s, n (-1: refused), urgent (the dispatcher sent it as urgent: 1)
         self.records: list[tuple[int, float, float, float, int, int]] = []
-        self.pokes: list[float] = []  # the refill after a pack is taken (tasks.run_pack's poke)
+        self.pokes: list[float] = []  # the refill after an ask (tasks.run_pack's poke)
         self.asks: list[tuple[float, float]] = []  # (asked at, seconds until its pack's first claim)
         self.idle: list[tuple[float, float]] = []  # (from, seconds): a worker with nothing to run
         self.errors: list[str] = []
@@ -286,12 +286,21 @@ class Fleet:
 
     def ask(self, w: SimWorker) -> None:
         """The feed's look-ahead: a worker asks for a pack while no more than one pack's requests
-        wait on it."""
+        wait on it. As ``PackRunner.run_pack`` ends: the ask (``TaskQueue.ask_for_pack``), then the
+        refill that makes its pack (``tasks.run_pack``'s poke), then the wait on the queue."""
         with self.lock:
             if w.asked or w.waiting() > self.look_ahead:
                 return
             w.asked, w.asked_at = True, time.time()
+        self.ops.submit(self.op, self.ask_and_refill, w)
+
+    def ask_and_refill(self, w: SimWorker) -> None:
+        self.rt.queue.ask_for_pack(w.model, w.name, time.time(), self.rt.settings.ask_lifetime_seconds)
         self.hungry[w.model].put(w)
+        t0 = time.perf_counter()
+        dispatcher.enqueue_units(self.rt, time.time(), dispatcher.TickReport(), model=w.model)  # tasks.poke
+        with self.lock:
+            self.pokes.append(time.perf_counter() - t0)
 
     def op(self, target: Any, *args: Any) -> None:
         """One operation on a pool thread; one that raises is counted (its units are left to the
@@ -307,6 +316,7 @@ class Fleet:
             if w.idle_from is not None:
                 self.idle.append((w.idle_from, max(0.0, message.received_at - w.idle_from)))
                 w.idle_from = None
+        self.rt.queue.withdraw_ask(w.model, w.name)  # before the claims, as PackRunner.run_pack
         urgent = set(message.urgent)
         claims = []
         for unit_id in message.unit_ids:
@@ -324,10 +334,6 @@ class Fleet:
             if claim is not None:
                 claims.append(claim)
         self.arrivals.put((w, claims))
-        t0 = time.perf_counter()
-        dispatcher.enqueue_units(self.rt, time.time(), dispatcher.TickReport(), model=w.model)  # tasks.poke
-        with self.lock:
-            self.pokes.append(time.perf_counter() - t0)
 
     def finish(self, w: SimWorker, claim: Claim, started: float, seconds: float) -> None:
         n = claim.n_requests
@@ -374,7 +380,10 @@ class Fleet:
             try:
                 with self.lock:
                     held = [(c, UnitTally()) for w in self.workers for c in w.work]
+                    asking = [w for w in self.workers if w.asked]
                 heartbeat(self.rt, held, now)
+                for w in asking:  # PackRunner's watcher renews its ask with its heartbeats
+                    self.rt.queue.renew_ask(w.model, w.name, now, settings.ask_lifetime_seconds)
                 if now - last_sample >= settings.sample_seconds:
                     last_sample = now
                     self.write_samples()

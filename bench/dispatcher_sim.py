@@ -44,6 +44,7 @@ from storage.status import UnitStatus
 from workers import dispatcher
 
 RESULTS = Path(__file__).resolve().parent / "results" / "control_plane.json"
+QUIET_ASKS = 2  # workers of each model waiting for a pack in quiet_ticks
 BOUNDS = {"dispatcher_tick_s": 1.0, "runnable_to_claim_p99_s": 2.0, "jain_index": 0.9, "starved_batches": 0}
 
 
@@ -359,10 +360,17 @@ def keep_units(rt: Runtime, path: Path) -> None:
 
 def quiet_ticks(rt: Runtime, n: int) -> list[float]:
     """The tick's own cost, before any worker runs: ``n`` ticks on the loaded database, each
-    packing a full set of queues (every model's ``queue_depth`` packs); between them the packs are
-    undone (units back to pending, queues emptied), so each tick does the same work."""
+    packing two packs per model, as if two workers of each waited (the standing queue's depth
+    before packs were made on ask: these figures compare with the runs before); between them the
+    packs are undone (units back to pending, queues and asks emptied), so each tick does the same
+    work."""
     out = []
+    with rt.db.read() as s:
+        models = sorted(m for m in s.scalars(select(WorkUnit.model).distinct()) if m is not None)
     for _ in range(n):
+        for model in models:
+            for k in range(QUIET_ASKS):
+                rt.queue.ask_for_pack(model, f"quiet-{k}", time.time(), 3600)
         t0 = time.perf_counter()
         dispatcher.tick(rt, time.time())
         out.append(round(time.perf_counter() - t0, 4))
@@ -507,7 +515,7 @@ def build(
         "claim_db_s": rep.summary([c[2] for c in claims]),
         "record_db_s": rep.summary([r[2] for r in records]),
         "refill_after_record_s": rep.summary([r[3] for r in records]),
-        "refill_after_pack_s": rep.summary([p for f in fleets for p in f["pokes"]]),
+        "refill_after_ask_s": rep.summary([p for f in fleets for p in f["pokes"]]),
         "worker_idle_wait_s": rep.summary(idle),
         "ask_to_claim_s": rep.summary([s for f in fleets for at, s in f.get("asks", ()) if w0 <= at <= w1]),
         "fleet_utilization": round(busy / (sizes.workers * (ended - started)), 4),
@@ -551,8 +559,11 @@ def build(
             "heartbeats and engine_samples rows are written per process in one transaction every "
             "FREIGHT_HEARTBEAT_SECONDS / FREIGHT_SAMPLE_SECONDS (a real fleet: one per worker); the "
             "engine worker's 1 s cancellation check is not simulated",
-            "tick.alone_s: the tick on the loaded database before any worker runs (each packing every "
-            "model's queues, the packs undone between ticks): its own cost, apart from the fleet's load",
+            "tick.alone_s: the tick on the loaded database before any worker runs (each packing two "
+            "packs per model for two asks, the packs undone between ticks): its own cost, apart from "
+            "the fleet's load",
+            "packs are made on ask (FREIGHT_QUEUE_DEPTH 0): a worker whose look-ahead runs short asks "
+            "(TaskQueue.ask_for_pack) and refills its model (refill_after_ask_s), then waits on the queue",
             "runnable-to-claim: pack message sent (enqueued_at) to claim_unit (started_at); worker_idle_wait: "
             "a worker with nothing claimed, until its next pack arrived; ask_to_claim: a worker asking for "
             "its next pack (its look-ahead running short) until it holds that pack's first claim",

@@ -108,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
             "database_url": pg.url,
             "broker_url": redis.url,
             "secret_key": "refill-pass",
+            # two packs a model whoever asks: the standing queue of revisions before packs were
+            # made on ask, so every revision's pass does the same work (no worker asks here)
+            "queue_depth": 2,
         }
         rt = Runtime(Settings.from_env({}, **settings))
         sizes = Sizes.at(args.scale)

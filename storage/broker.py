@@ -12,10 +12,14 @@ receivers, which may be slow: nothing else waits behind them). ``freight.control
 one queue of them all before, is still consumed by the validation role so that messages left in it
 by an upgrade run. Each served model has its own queue ``freight.model.<name>`` consumed by engine
 workers (``-P solo``, one warm vLLM engine per process), which take packs of work units from it.
+A pack is sent when a worker waiting on that queue has asked for one (``TaskQueue.ask_for_pack``),
+so it is taken as soon as it is sent (``workers.dispatcher.enqueue_units``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from celery import Celery
@@ -54,6 +58,9 @@ TASK_QUEUES = {
 BROKER_ERRORS = (KombuOperationalError, ConnectionError)
 # A key the dispatcher keeps in the broker: gone means the broker lost its data, messages included.
 BROKER_MARKER_KEY = "freight:broker-marker"
+# One sorted set per model of the engine workers waiting for a pack: member the worker process
+# (its holder id), score the time its ask lapses unless renewed (epoch seconds).
+ASKS_KEY = "freight:asks:"
 
 
 def model_queue(model: str) -> str:
@@ -88,17 +95,54 @@ class TaskQueue:
     def __init__(self, celery: Celery) -> None:
         self.celery = celery
 
+    @contextmanager
+    def _redis(self) -> Iterator[Any]:
+        """The broker's Redis client on a pooled connection (the dispatcher and every engine worker
+        ask several times a second: a new connection each would cost a connect), or None on a
+        broker other than Redis."""
+        with self.celery.pool.acquire(block=True) as conn:
+            client = getattr(conn.default_channel, "client", None)
+            yield client if client is not None and hasattr(client, "zadd") else None
+
     def broker_was_reset(self) -> bool:
         """True once after the broker lost everything it held (Redis restarted without persistence,
         or a new one): the marker this sets is missing. Then every queued message is gone too and
         the database, not the broker, says what must be sent again. False on brokers other than
         Redis (nothing to check)."""
-        # a pooled connection: the dispatcher asks every tick, and a new one costs a connect
-        with self.celery.pool.acquire(block=True) as conn:
-            client = getattr(conn.default_channel, "client", None)
-            if client is None or not hasattr(client, "set"):
-                return False
-            return bool(client.set(BROKER_MARKER_KEY, "1", nx=True))
+        with self._redis() as client:
+            return client is not None and bool(client.set(BROKER_MARKER_KEY, "1", nx=True))
+
+    def ask_for_pack(self, model: str, holder: str, now: float, lifetime: float) -> None:
+        """``holder`` (an engine worker process) will take a pack of ``model`` off its queue next;
+        the ask lapses ``lifetime`` seconds after ``now`` unless asked again (a worker that died
+        stops asking). Asks that lapsed are dropped here, so the set stays the live fleet's size."""
+        with self._redis() as client:
+            if client is not None:
+                pipe = client.pipeline()
+                pipe.zremrangebyscore(ASKS_KEY + model, "-inf", now)
+                pipe.zadd(ASKS_KEY + model, {holder: now + lifetime})
+                pipe.execute()
+
+    def renew_ask(self, model: str, holder: str, now: float, lifetime: float) -> bool:
+        """Push back the lapse of ``holder``'s ask, if it still has one (False if not: withdrawn,
+        lapsed, or lost with the broker's data). Never adds one: a renewal racing the withdrawal
+        that taking a pack makes cannot bring the ask back (Redis's ZADD XX)."""
+        with self._redis() as client:
+            if client is None:
+                return True
+            return bool(client.zadd(ASKS_KEY + model, {holder: now + lifetime}, xx=True, ch=True))
+
+    def withdraw_ask(self, model: str, holder: str) -> None:
+        """``holder`` took a pack (or is stopping): it no longer waits for one."""
+        with self._redis() as client:
+            if client is not None:
+                client.zrem(ASKS_KEY + model, holder)
+
+    def asks(self, model: str, now: float) -> int | None:
+        """Engine workers of ``model`` waiting for a pack: the asks not lapsed at ``now``. None on a
+        broker other than Redis, which cannot say (the dispatcher then keeps a standing queue)."""
+        with self._redis() as client:
+            return None if client is None else int(client.zcount(ASKS_KEY + model, now, "+inf"))
 
     def validate(self, batch_id: str, countdown: float | None = None) -> None:
         """``countdown``: not before this many seconds (a validation waiting for its tenant's turn)."""

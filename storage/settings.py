@@ -186,7 +186,10 @@ class Settings:
     heartbeat_seconds: float = 5.0
     lease_seconds: float = 60.0  # a running unit with no heartbeat for this long is redelivered
     tick_seconds: float = 2.0  # dispatcher period
-    queue_depth: int = 2  # packs kept in each model's broker queue; the rest wait in the database
+    # packs kept in each model's broker queue beyond the engine workers' asks: 0, every pack is
+    # made when a worker asks for it and taken at once (see workers.dispatcher.enqueue_units)
+    queue_depth: int = 0
+    ask_lifetime_seconds: float = 15.0  # a worker's ask for a pack lapses unless renewed this soon
     max_unit_attempts: int = 3  # a unit whose worker died this many times fails its requests
     visibility_timeout_seconds: int = 6 * 3600  # Redis redelivery of unacked tasks
     # S3 drop folders: how often inboxes are listed (and finished batches delivered), and the
@@ -335,8 +338,12 @@ class Settings:
                 "FREIGHT_CONTROL_ROLE_RESTARTS cannot be negative and"
                 " FREIGHT_CONTROL_ROLE_RESTART_WINDOW_SECONDS must be above 0"
             )
-        if self.pack_requests < 1 or self.queue_depth < 1:
-            raise SettingsError("FREIGHT_PACK_REQUESTS and FREIGHT_QUEUE_DEPTH must be at least 1")
+        if self.pack_requests < 1 or self.queue_depth < 0:
+            raise SettingsError("FREIGHT_PACK_REQUESTS must be at least 1 and FREIGHT_QUEUE_DEPTH at least 0")
+        if self.ask_lifetime_seconds <= self.heartbeat_seconds:
+            raise SettingsError(
+                "FREIGHT_ASK_LIFETIME_SECONDS must exceed FREIGHT_HEARTBEAT_SECONDS (asks are renewed with heartbeats)"
+            )
         if self.dropfolder_poll_seconds <= 0 or self.dropfolder_max_backoff_seconds <= 0:
             raise SettingsError(
                 "FREIGHT_DROPFOLDER_POLL_SECONDS and FREIGHT_DROPFOLDER_MAX_BACKOFF_SECONDS must be positive"

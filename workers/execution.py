@@ -370,6 +370,10 @@ class PackRunner:
         self._meter = CostMeter(self.price_per_hour, rt.settings.sample_seconds)
         self._done: list[ActiveUnit] = []  # finished units, handed on once their share is settled
         self.shape = model_shape(engine.config.model_path, served_dtype=engine.dtype)
+        # this process waits for a pack (its ask, renewed by the watcher); guarded by _ask_lock, held
+        # over the broker call so a renewal never lands after the withdrawal that a claim makes
+        self._asking = False
+        self._ask_lock = threading.Lock()
         self._closing = threading.Event()
         self._stopped = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -387,6 +391,7 @@ class PackRunner:
             thread = threading.Thread(target=target, name=f"freight-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)
+        self._ask()  # an engine up and idle: the next tick makes it a pack
         return self
 
     def run_pack(
@@ -399,6 +404,16 @@ class PackRunner:
         the latest pack's word decides whether an idle engine waits for them (``_gathering``)."""
         if self._closing.is_set():
             return 0
+        self._withdraw_ask()  # before the claims: see dispatcher.pack_model on the order
+        try:
+            return self._feed_pack(pack_id, unit_ids, more_coming, urgent)
+        finally:
+            # whatever became of this pack, the worker takes the next message now: it waits for a
+            # pack, so one is made for it (the task's refill right after this, or the next tick)
+            if not self._closing.is_set() and self.failure is None:
+                self._ask()
+
+    def _feed_pack(self, pack_id: str, unit_ids: list[int], more_coming: bool, urgent: Iterable[int]) -> int:
         hurry = set(urgent)
         claims = [
             c
@@ -447,6 +462,33 @@ class PackRunner:
             raise RuntimeError("the engine loop failed") from self.failure
         return len(units)
 
+    def _ask(self, renewal: bool = False) -> None:
+        """Tell the dispatcher this process takes a pack of its model next (storage.broker's asks).
+        ``renewal``: only if it still waits, and asking afresh only if the broker lost the ask. A
+        failure is only logged: the watcher asks again within a heartbeat."""
+        settings = self.rt.settings
+        with self._ask_lock:
+            if renewal and not self._asking:
+                return
+            self._asking = True
+            try:
+                now = time.time()
+                if renewal and self.rt.queue.renew_ask(
+                    self.model, self.holder, now, settings.ask_lifetime_seconds
+                ):
+                    return
+                self.rt.queue.ask_for_pack(self.model, self.holder, now, settings.ask_lifetime_seconds)
+            except Exception:
+                log.warning("asking for a pack failed; asking again with the next heartbeat", exc_info=True)
+
+    def _withdraw_ask(self) -> None:
+        with self._ask_lock:
+            self._asking = False
+            try:
+                self.rt.queue.withdraw_ask(self.model, self.holder)
+            except Exception:  # the ask lapses by itself: at worst one pack is made that waits
+                log.warning("withdrawing the ask for a pack failed", exc_info=True)
+
     def busy(self) -> bool:
         with self._lock:
             return bool(self._units)
@@ -471,6 +513,7 @@ class PackRunner:
         """Stop taking packs; let running units finish for ``drain_seconds``, then give the rest
         back to the dispatcher unrecorded (their requests run again elsewhere, exactly once)."""
         self._closing.set()
+        self._withdraw_ask()
         deadline = time.monotonic() + drain_seconds
         while self.busy() and time.monotonic() < deadline and self.failure is None:
             time.sleep(0.2)
@@ -786,10 +829,15 @@ class PackRunner:
     # ------------------------------------------------------------------ watcher
 
     def _watch_loop(self) -> None:
-        last_beat = last_sample = time.time()
+        last_beat = last_sample = last_ask = time.time()
         while not self._stopped.wait(CHECK_SECONDS):
             try:
                 now = time.time()
+                # renewed with the heartbeats: an ask lapses only with its process (or a broker
+                # that lost its data, which this brings back)
+                if not self._closing.is_set() and now - last_ask >= self.rt.settings.heartbeat_seconds:
+                    last_ask = now
+                    self._ask(renewal=True)
                 with self._lock:
                     units = [u for u in self._units.values() if not u.stopping]
                 if units:

@@ -207,7 +207,6 @@ def sched(  # two engine workers, lines of a million-request file allowed
         "FREIGHT_COMPLETION_WINDOWS": "24h,1h",
         "FREIGHT_UNIT_SIZE": "64",
         "FREIGHT_PACK_REQUESTS": "256",
-        "FREIGHT_QUEUE_DEPTH": "1",
         "FREIGHT_HEARTBEAT_SECONDS": "1",
         "FREIGHT_LEASE_SECONDS": "8",
         "FREIGHT_MAX_REQUESTS_PER_FILE": str(HUGE),

@@ -116,7 +116,6 @@ def hosts(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterato
             "FREIGHT_TICK_SECONDS": "1",
             "FREIGHT_UNIT_SIZE": "8",
             "FREIGHT_PACK_REQUESTS": "32",
-            "FREIGHT_QUEUE_DEPTH": "1",
             "FREIGHT_HEARTBEAT_SECONDS": "1",
             "FREIGHT_LEASE_SECONDS": str(LEASE_SECONDS),
             "FREIGHT_DRAIN_SECONDS": "1",  # the test's end: nothing left worth draining

@@ -46,7 +46,6 @@ def capped(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterat
         # what the dispatcher packs next decides who runs next
         "FREIGHT_UNIT_SIZE": "8",
         "FREIGHT_PACK_REQUESTS": "16",
-        "FREIGHT_QUEUE_DEPTH": "1",
         "FREIGHT_ENGINE_MAX_NUM_SEQS": "8",
         "FREIGHT_FEED_MERGE_SECONDS": "0",  # no gathering: the flood starts as it comes
         "FREIGHT_FEED_SETTLE_SECONDS": "0",

@@ -92,7 +92,6 @@ def faults(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterat
             "FREIGHT_COMPLETION_WINDOWS": "24h",
             "FREIGHT_UNIT_SIZE": "16",
             "FREIGHT_PACK_REQUESTS": "64",
-            "FREIGHT_QUEUE_DEPTH": "1",
             "FREIGHT_HEARTBEAT_SECONDS": "1",
             "FREIGHT_LEASE_SECONDS": "8",
             "FREIGHT_DRAIN_SECONDS": str(DRAIN_SECONDS),

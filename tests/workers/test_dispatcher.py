@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import uuid
 from dataclasses import replace
 
 import pytest
@@ -329,12 +330,68 @@ def test_a_refill_packs_its_own_model_and_leaves_a_packing_pass_under_way_alone(
         else:
             dispatcher.enqueue_units(rt, float(now()), dispatcher.TickReport(), model="m0")
         assert queued() == {"m0": 1, "m1": 0}
-        assert not dispatcher.queue_has_room(rt, "m0") and dispatcher.queue_has_room(rt, "m1")
+        assert not dispatcher.queue_has_room(rt, "m0", float(now())) and dispatcher.queue_has_room(
+            rt, "m1", float(now())
+        )
         dispatcher.enqueue_units(rt, float(now()), dispatcher.TickReport(), model="m0")  # full: nothing
         assert queued() == {"m0": 1, "m1": 0}
         dispatcher.enqueue_units(rt, float(now()), dispatcher.TickReport(), model="m1")
         assert queued() == {"m0": 1, "m1": 1}
     finally:
+        rt.db.dispose()
+
+
+def test_packs_are_made_for_the_workers_that_ask_and_no_more(settings):
+    """Issue #21 s3: no pack stands in a model's queue waiting for a worker. A pass makes one pack
+    per worker waiting (its ask not lapsed) less the packs already queued; a worker that takes its
+    pack withdraws its ask first; an ask that lapses (its worker died) is not packed for; and
+    ``FREIGHT_QUEUE_DEPTH`` packs more are kept if asked."""
+    from bench.dispatcher_load import Sizes, load
+
+    rt = Runtime(replace(settings, unit_size=4, pack_requests=4, ask_lifetime_seconds=30))
+    model, holders = "m0", [f"w-{uuid.uuid4().hex[:8]}" for _ in range(3)]
+    t0 = float(now())
+
+    def queued_packs() -> list[str]:
+        return sorted({u.pack_id for u in units(rt) if u.model == model and u.status == UnitStatus.QUEUED})
+
+    try:
+        load(rt.db, Sizes(requests=64, batches=4, tenants=2, models=1, workers=1), int(t0), unit_size=4)
+        assert rt.settings.queue_depth == 0  # the default
+        assert dispatcher.tick(rt, t0).packs == [] and queued_packs() == []  # nobody asked
+        assert not dispatcher.queue_has_room(rt, model, t0)
+        for holder in holders[:2]:
+            rt.queue.ask_for_pack(model, holder, t0, 30)
+        assert rt.queue.asks(model, t0) == 2
+        report = dispatcher.tick(rt, t0)
+        assert len(report.packs) == 2 and queued_packs() == sorted(report.packs)
+        assert dispatcher.tick(rt, t0 + 1).packs == []  # each ask has its pack
+        # the first worker takes a pack: its ask goes before its claims, and nothing more is made
+        rt.queue.withdraw_ask(model, holders[0])
+        taken = [u.id for u in units(rt) if u.pack_id == report.packs[0]]
+        assert all(claim_unit(rt, u, t0 + 2, holders[0], pack_id=report.packs[0]) for u in taken)
+        assert queued_packs() == [report.packs[1]]
+        # a renewal racing that withdrawal does not bring the ask back; a live ask's is renewed
+        assert not rt.queue.renew_ask(model, holders[0], t0 + 2, 30)
+        assert rt.queue.renew_ask(model, holders[1], t0 + 2, 30)
+        assert dispatcher.tick(rt, t0 + 2).packs == []
+        # it asks again when its feed runs short: one pack, for it
+        rt.queue.ask_for_pack(model, holders[0], t0 + 3, 30)
+        assert len(dispatcher.tick(rt, t0 + 3).packs) == 1
+        # asks lapse: a third worker asks, the two others stop asking (they died); 31 s on, only the
+        # third's ask counts, and the two packs already queued cover it
+        rt.queue.ask_for_pack(model, holders[2], t0 + 20, 30)
+        assert rt.queue.asks(model, t0 + 34) == 1
+        assert not dispatcher.queue_has_room(rt, model, t0 + 34)
+        # a standing queue on top of the asks, if configured
+        deeper = Runtime(replace(rt.settings, queue_depth=2))
+        try:
+            assert len(dispatcher.tick(deeper, t0 + 34).packs) == 1  # 1 ask + 2 standing - 2 queued
+        finally:
+            deeper.db.dispose()
+    finally:
+        for holder in holders:
+            rt.queue.withdraw_ask(model, holder)
         rt.db.dispose()
 
 

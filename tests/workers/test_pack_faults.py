@@ -202,3 +202,58 @@ def test_a_unit_lost_and_claimed_again_by_the_same_process_runs_once(
         assert sorted(output_ids(rt, done)) == sorted(x["custom_id"] for x in lines("again", 6))
     finally:
         rt.db.dispose()
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # asks live in the broker
+def test_a_worker_asks_for_a_pack_only_while_it_waits_for_one_and_again_after_the_broker_lost_it(
+    settings: Settings, vllm_engine: Engine, runner_of, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #21 s3: packs are made for the workers that ask (``workers.dispatcher.pack_depth``).
+    A started worker asks; it withdraws its ask before it claims a pack's units (so the
+    dispatcher never packs for it while it takes one), and asks again as the pack's task ends; its
+    ask is renewed while it waits, so it outlives its lifetime, and comes back within a heartbeat
+    after the broker lost it; a closed worker asks for nothing."""
+    from storage.broker import ASKS_KEY
+    from workers import execution
+
+    # the watcher renews once a check (1 s) at most: a lifetime of 2.5 s must be renewed twice
+    rt = Runtime(replace(settings, heartbeat_seconds=0.25, ask_lifetime_seconds=2.5))
+    try:
+        runner = runner_of(rt, vllm_engine)
+
+        def asking() -> bool:
+            return rt.queue.asks("demo", time.time()) == 1
+
+        assert asking()
+        seen_in_claims: list[bool] = []
+        real_claim = execution.claim_unit
+
+        def claim(*args, **kwargs):  # the real claim, noting whether the worker was asking
+            seen_in_claims.append(asking())
+            return real_claim(*args, **kwargs)
+
+        monkeypatch.setattr(execution, "claim_unit", claim)
+        tenant, _ = create_tenant(rt.db, "t", now())
+        batch_id = validated_batch(rt, tenant.id, lines("asks", 4))
+        ids = [u.id for u in batch_units(rt, batch_id)]
+        assert runner.run_pack("pack-asks", ids) == len(ids)
+        assert seen_in_claims == [False] * len(ids)
+        assert asking()  # the task ends: it takes the next message, so it asks
+        wait_units_done(rt, runner, batch_id)
+        # renewed while it waits: alive past its lifetime
+        began = time.monotonic()
+        while time.monotonic() - began < 4.0:
+            assert asking()
+            time.sleep(0.1)
+        # the broker lost its data: the ask is back within a heartbeat (and a check's period)
+        with rt.queue.celery.pool.acquire(block=True) as conn:
+            conn.default_channel.client.delete(ASKS_KEY + "demo")
+        assert not asking()
+        deadline = time.monotonic() + 5
+        while not asking():
+            assert time.monotonic() < deadline, "the ask did not come back"
+            time.sleep(0.05)
+        runner.close(5)
+        assert rt.queue.asks("demo", time.time()) == 0
+    finally:
+        rt.db.dispose()
