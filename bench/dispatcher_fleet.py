@@ -156,6 +156,10 @@ class SimWorker:
     asked_at: float = 0.0  # when it last asked
     idle_from: float | None = None  # when it last had nothing to run (None: it has work)
     busy_seconds: float = 0.0  # modelled engine time of the units it finished
+    # its ask in the broker, as PackRunner keeps it: asking, under ask_lock held over the broker
+    # call, so a renewal never lands after the withdrawal a take makes
+    asking: bool = False
+    ask_lock: threading.Lock = field(default_factory=threading.Lock)
     sample: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # started, seconds, requests
 
     def waiting(self) -> int:
@@ -210,7 +214,12 @@ class Fleet:
         self.hungry: dict[str, queue.Queue[SimWorker]] = {m: queue.Queue() for m in models}
         # claims a take made, for the clock to put on their worker's feed: (worker, claims)
         self.arrivals: queue.Queue[tuple[SimWorker, list[Claim]]] = queue.Queue()
+        # records (an engine worker's recorder thread) on one pool; taking a pack and asking for the
+        # next (its Celery main thread) on another, so a take never queues behind other workers'
+        # records: in one run it did, for up to 12 s, which no real worker's claim waits
         self.ops = ThreadPoolExecutor(config.get("op_threads", 8), thread_name_prefix="op")
+        self.takes = ThreadPoolExecutor(config.get("take_threads", 4), thread_name_prefix="take")
+        self.op_waits: dict[str, list[float]] = {"record": [], "take": [], "ask": []}  # queued, s
         # measurements, each (time, value...) appended under self.lock
         self.claims: list[tuple[int, float, float]] = []  # unit, at, claim_unit's seconds
         self.lost_claims = 0
@@ -220,6 +229,7 @@ class Fleet:
         self.asks: list[tuple[float, float]] = []  # (asked at, seconds until its pack's first claim)
         self.idle: list[tuple[float, float]] = []  # (from, seconds): a worker with nothing to run
         self.errors: list[str] = []
+        self.asks_lapsed = 0  # asks found lapsed at their renewal, and made again
 
     # -- threads
 
@@ -234,7 +244,7 @@ class Fleet:
             while not self.stop.is_set():
                 item = client.brpop(model_queue(model), timeout=1)
                 if item:
-                    self.ops.submit(self.op, self.take, worker, decode(item[1]))
+                    self.submit(self.takes, "take", self.take, worker, decode(item[1]))
                     break
 
     def clock(self) -> None:
@@ -273,7 +283,7 @@ class Fleet:
                         heapq.heappush(due, (finish + w.running_seconds, id(w), w))
                     else:
                         w.idle_from = now
-                self.ops.submit(self.op, self.finish, w, done, started, seconds)
+                self.submit(self.ops, "record", self.finish, w, done, started, seconds)
                 self.ask(w)
 
     def engine_seconds(self, w: SimWorker, claim: Claim) -> float:
@@ -292,19 +302,29 @@ class Fleet:
             if w.asked or w.waiting() > self.look_ahead:
                 return
             w.asked, w.asked_at = True, time.time()
-        self.ops.submit(self.op, self.ask_and_refill, w)
+        self.submit(self.takes, "ask", self.ask_and_refill, w)
 
     def ask_and_refill(self, w: SimWorker) -> None:
-        self.rt.queue.ask_for_pack(w.model, w.name, time.time(), self.rt.settings.ask_lifetime_seconds)
+        with w.ask_lock:
+            w.asking = True
+            self.rt.queue.ask_for_pack(w.model, w.name, time.time(), self.rt.settings.ask_lifetime_seconds)
         self.hungry[w.model].put(w)
         t0 = time.perf_counter()
         dispatcher.enqueue_units(self.rt, time.time(), dispatcher.TickReport(), model=w.model)  # tasks.poke
         with self.lock:
             self.pokes.append(time.perf_counter() - t0)
 
-    def op(self, target: Any, *args: Any) -> None:
+    def submit(self, pool: ThreadPoolExecutor, kind: str, target: Any, *args: Any) -> None:
+        pool.submit(self.op, target, *args, kind=kind, queued_at=time.perf_counter())
+
+    def op(self, target: Any, *args: Any, kind: str = "", queued_at: float | None = None) -> None:
         """One operation on a pool thread; one that raises is counted (its units are left to the
-        dispatcher's lease, as a real worker's would be)."""
+        dispatcher's lease, as a real worker's would be). ``queued_at``: when it was submitted (its
+        wait for a thread is measured by ``kind``)."""
+        if queued_at is not None:
+            waited = time.perf_counter() - queued_at
+            with self.lock:
+                self.op_waits[kind].append(waited)
         try:
             target(*args)
         except Exception as exc:
@@ -316,7 +336,9 @@ class Fleet:
             if w.idle_from is not None:
                 self.idle.append((w.idle_from, max(0.0, message.received_at - w.idle_from)))
                 w.idle_from = None
-        self.rt.queue.withdraw_ask(w.model, w.name)  # before the claims, as PackRunner.run_pack
+        with w.ask_lock:  # before the claims, as PackRunner.run_pack
+            w.asking = False
+            self.rt.queue.withdraw_ask(w.model, w.name)
         urgent = set(message.urgent)
         claims = []
         for unit_id in message.unit_ids:
@@ -380,15 +402,25 @@ class Fleet:
             try:
                 with self.lock:
                     held = [(c, UnitTally()) for w in self.workers for c in w.work]
-                    asking = [w for w in self.workers if w.asked]
                 heartbeat(self.rt, held, now)
-                for w in asking:  # PackRunner's watcher renews its ask with its heartbeats
-                    self.rt.queue.renew_ask(w.model, w.name, now, settings.ask_lifetime_seconds)
+                for w in self.workers:  # PackRunner's watcher renews its ask with its heartbeats
+                    self.renew(w, now)
                 if now - last_sample >= settings.sample_seconds:
                     last_sample = now
                     self.write_samples()
             except Exception as exc:  # measured, not fatal: a missed beat is what leases are for
                 self.errors.append(f"heartbeat: {exc!r}")
+
+    def renew(self, w: SimWorker, now: float) -> None:
+        """As ``PackRunner._ask(renewal=True)``: the ask of a worker still waiting is renewed, or
+        made again if it lapsed (counted: a lapse means this process fell behind its heartbeats)."""
+        with w.ask_lock:
+            if not w.asking:
+                return
+            if not self.rt.queue.renew_ask(w.model, w.name, now, self.rt.settings.ask_lifetime_seconds):
+                self.rt.queue.ask_for_pack(w.model, w.name, now, self.rt.settings.ask_lifetime_seconds)
+                with self.lock:
+                    self.asks_lapsed += 1
 
     def write_samples(self) -> None:
         rows = []
@@ -440,6 +472,7 @@ class Fleet:
         for t in threads:
             t.join(timeout=30)
         self.ops.shutdown(wait=True, cancel_futures=True)
+        self.takes.shutdown(wait=True, cancel_futures=True)
         self.rt.db.dispose()
         return {
             "claims": self.claims,
@@ -447,6 +480,8 @@ class Fleet:
             "records": self.records,
             "pokes": self.pokes,
             "asks": self.asks,
+            "op_waits": self.op_waits,
+            "asks_lapsed": self.asks_lapsed,
             "idle": self.idle,
             "errors": self.errors[:50],
             "busy_seconds": {w.name: w.busy_seconds for w in self.workers},

@@ -6,7 +6,8 @@ a real PostgreSQL and Redis, with engine workers simulated (bench/dispatcher_fle
 At scale 1: 10,000,000 requests queued in 1,000 batches of 100 tenants, 1,000 simulated workers
 over 10 models; ``--scale`` multiplies every size (bench/dispatcher_load.py). The workers cannot be
 1,000 processes on a small machine: ``--fleet-procs`` processes each model a share of them, their
-database and broker work on ``--op-threads`` threads (fewer than the connection pool holds). ``--drain`` runs until every unit is recorded
+database and broker work on ``--op-threads`` record threads and ``--take-threads`` take threads
+(together fewer than the connection pool holds). ``--drain`` runs until every unit is recorded
 (the smoke test's mode) instead of for ``--duration`` seconds. Writes the ``dispatcher`` section
 and its targets into bench/results/control_plane.json (``--out``).
 """
@@ -93,7 +94,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--op-threads",
         type=int,
         default=8,
-        help="threads of a fleet process doing its workers' claims and records",
+        help="threads of a fleet process doing its workers' records (and the refills after them)",
+    )
+    p.add_argument(
+        "--take-threads",
+        type=int,
+        default=4,
+        help="threads of a fleet process taking its workers' packs and asking for the next ones",
     )
     p.add_argument("--tick-seconds", type=float, default=2.0, help="dispatcher period (FREIGHT_TICK_SECONDS)")
     p.add_argument(
@@ -223,6 +230,7 @@ def run(
         "worker_rps": args.worker_rps,
         "fleet_slices": slices,
         "op_threads": args.op_threads,
+        "take_threads": args.take_threads,
         "join_seconds": join_seconds(args, rt.settings.pack_requests),
         "unit_time_spread": args.unit_time_spread,
         "seed": args.seed,
@@ -501,6 +509,7 @@ def build(
             "worker_rps": args.worker_rps,
             "fleet_processes": len(fleets),
             "op_threads_per_process": args.op_threads,
+            "take_threads_per_process": args.take_threads,
             "join_seconds": round(join_seconds(args, rt.settings.pack_requests), 1),
             "unit_time_spread": args.unit_time_spread,
             "seed": args.seed,
@@ -517,6 +526,11 @@ def build(
         "refill_after_record_s": rep.summary([r[3] for r in records]),
         "refill_after_ask_s": rep.summary([p for f in fleets for p in f["pokes"]]),
         "worker_idle_wait_s": rep.summary(idle),
+        "asks_lapsed": sum(f.get("asks_lapsed", 0) for f in fleets),
+        "op_wait_s": {
+            kind: rep.summary([s for f in fleets for s in f.get("op_waits", {}).get(kind, ())])
+            for kind in ("record", "take", "ask")
+        },
         "ask_to_claim_s": rep.summary([s for f in fleets for at, s in f.get("asks", ()) if w0 <= at <= w1]),
         "fleet_utilization": round(busy / (sizes.workers * (ended - started)), 4),
         "requests_served": requests_served,
@@ -551,8 +565,9 @@ def build(
         "notes": [
             f"{sizes.workers} simulated workers in {len(fleets)} processes (plus one dispatcher process): "
             f"each process models its workers' engines on one clock thread and does their claims, records "
-            f"and refills on {args.op_threads} threads over its own SQLAlchemy pool (5 + 10 overflow "
-            "connections); "
+            f"and refills on {args.op_threads} record threads and {args.take_threads} take threads (a "
+            "worker's claims, asks and the refills after them: a real worker's main thread) over its own "
+            "SQLAlchemy pool (5 + 10 overflow connections); op_wait_s: an operation's wait for a thread; "
             "engine time is modelled (a unit's requests at worker_rps, times a lognormal factor of mean 1 "
             "and sigma unit_time_spread; the workers come up at random moments of the first join_seconds), "
             "everything else is Freight's code on real PostgreSQL and Redis",
