@@ -126,7 +126,8 @@ class TaskQueue:
     def renew_ask(self, model: str, holder: str, now: float, lifetime: float) -> bool:
         """Push back the lapse of ``holder``'s ask, if it still has one (False if not: withdrawn,
         lapsed, or lost with the broker's data). Never adds one: a renewal racing the withdrawal
-        that taking a pack makes cannot bring the ask back (Redis's ZADD XX)."""
+        that taking a pack makes cannot bring the ask back (Redis's ZADD XX). True on a broker
+        other than Redis, which keeps no asks to renew."""
         with self._redis() as client:
             if client is None:
                 return True

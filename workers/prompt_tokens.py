@@ -122,13 +122,7 @@ class PromptRenderer:
     def render(self, endpoint: str, body: Mapping[str, Any]) -> RenderedPrompt:
         """The prompt's ids when they can be had exactly, else its prefix key; never raises. A
         Responses body's prompt is its chat translation's (`workers.responses`), as the engine's is."""
-        job = self._job(endpoint, body)
-        if isinstance(job, RenderedPrompt):
-            return job
-        try:
-            return RenderedPrompt(self.full.text_key(job.text, job.special), True, self.key_tokens)
-        except Exception:
-            return self._key_only(job.endpoint, job.body)
+        return self._finish(self._job(endpoint, body))
 
     def render_many(self, endpoint: str, bodies: list[Mapping[str, Any]]) -> list[RenderedPrompt]:
         """``render`` of each body, with the texts to tokenize tokenized together (the tokenizer's
@@ -146,7 +140,7 @@ class PromptRenderer:
                 keys = [None] * len(where)
             for i, key_bytes in zip(where, keys, strict=True):
                 if key_bytes is None:
-                    out[i] = self.render(endpoint, bodies[i])
+                    out[i] = self._finish(jobs[i])  # alone, as render would (not prepared again)
                 else:
                     out[i] = RenderedPrompt(key_bytes, True, self.key_tokens)
         return out  # type: ignore[return-value]  # every slot filled above
@@ -168,6 +162,15 @@ class PromptRenderer:
         except Exception:
             pass
         return self._key_only(endpoint, body)
+
+    def _finish(self, job: RenderedPrompt | _Text) -> RenderedPrompt:
+        """A job's rendering: its text tokenized alone, or its key if that fails."""
+        if isinstance(job, RenderedPrompt):
+            return job
+        try:
+            return RenderedPrompt(self.full.text_key(job.text, job.special), True, self.key_tokens)
+        except Exception:
+            return self._key_only(job.endpoint, job.body)
 
     def _key_only(self, endpoint: str, body: Mapping[str, Any]) -> RenderedPrompt:
         return RenderedPrompt(self.keyer.key(endpoint, dict(body)), False, self.key_tokens)
