@@ -417,8 +417,7 @@ class Fleet:
         with w.ask_lock:
             if not w.asking:
                 return
-            if not self.rt.queue.renew_ask(w.model, w.name, now, self.rt.settings.ask_lifetime_seconds):
-                self.rt.queue.ask_for_pack(w.model, w.name, now, self.rt.settings.ask_lifetime_seconds)
+            if self.rt.queue.keep_ask(w.model, w.name, now, self.rt.settings.ask_lifetime_seconds):
                 with self.lock:
                     self.asks_lapsed += 1
 

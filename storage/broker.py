@@ -131,7 +131,21 @@ class TaskQueue:
         with self._redis() as client:
             if client is None:
                 return True
-            return bool(client.zadd(ASKS_KEY + model, {holder: now + lifetime}, xx=True, ch=True))
+            pipe = client.pipeline()  # lapsed asks go first: one of them is not renewed
+            pipe.zremrangebyscore(ASKS_KEY + model, "-inf", now)
+            pipe.zadd(ASKS_KEY + model, {holder: now + lifetime}, xx=True, ch=True)
+            return bool(pipe.execute()[-1])
+
+    def keep_ask(self, model: str, holder: str, now: float, lifetime: float) -> bool:
+        """What a worker still waiting for a pack does with its heartbeats: renew its ask, or
+        make it again if the broker no longer has it (it lapsed, or Redis lost its data). True if
+        it had to be made again. Only for a worker that has not taken its pack since it asked (the
+        caller's lock orders this with `withdraw_ask`): for one that has, it would bring back the
+        ask the take withdrew."""
+        if self.renew_ask(model, holder, now, lifetime):
+            return False
+        self.ask_for_pack(model, holder, now, lifetime)
+        return True
 
     def withdraw_ask(self, model: str, holder: str) -> None:
         """``holder`` took a pack (or is stopping): it no longer waits for one."""

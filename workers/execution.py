@@ -472,12 +472,8 @@ class PackRunner:
                 return
             self._asking = True
             try:
-                now = time.time()
-                if renewal and self.rt.queue.renew_ask(
-                    self.model, self.holder, now, settings.ask_lifetime_seconds
-                ):
-                    return
-                self.rt.queue.ask_for_pack(self.model, self.holder, now, settings.ask_lifetime_seconds)
+                ask = self.rt.queue.keep_ask if renewal else self.rt.queue.ask_for_pack
+                ask(self.model, self.holder, time.time(), settings.ask_lifetime_seconds)
             except Exception:
                 log.warning("asking for a pack failed; asking again with the next heartbeat", exc_info=True)
 

@@ -382,6 +382,11 @@ def test_packs_are_made_for_the_workers_that_ask_and_no_more(settings):
         # third's ask counts, and the two packs already queued cover it
         rt.queue.ask_for_pack(model, holders[2], t0 + 20, 30)
         assert rt.queue.asks(model, t0 + 34) == 1
+        # a waiting worker's watcher keeps its ask: renewed while the broker has it, else made again
+        assert rt.queue.keep_ask(model, holders[2], t0 + 34, 30) is False
+        assert rt.queue.keep_ask(model, holders[0], t0 + 34, 30) is True  # its ask had lapsed
+        assert rt.queue.asks(model, t0 + 60) == 2  # both good for 30 s from t0 + 34
+        rt.queue.withdraw_ask(model, holders[0])
         assert not dispatcher.queue_has_room(rt, model, t0 + 34)
         # a standing queue on top of the asks, if configured
         deeper = Runtime(replace(rt.settings, queue_depth=2))
