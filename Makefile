@@ -78,9 +78,11 @@ bench-estimates: model
 	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m bench.estimates $(ESTIMATES_BENCH_ARGS)
 
 # validation + planning of a 1,000,000-line batch on one and two control processes (issue #21):
-# bench/results/parallel_validation.json and control_plane.json's validation_1m_s
+# bench/results/validation_1m.json and control_plane.json's validation_1m_s; then 1.5 KB lines,
+# bench/results/validation_1m_docs.json and control_plane.json's validation_docs (no target)
 bench-validation: model
 	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m bench.parallel_validation --rows 1000000 --repeats 2 --out bench/results/validation_1m.json $(VALIDATION_BENCH_ARGS)
+	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m bench.parallel_validation --rows 1000000 --shape docs --configs one_task,chunks_2 --out bench/results/validation_1m_docs.json
 
 # finalization of a 1,000,000-request batch on SeaweedFS and the local store (issue #21):
 # bench/results/finalization.json and control_plane.json's finalization_1m_s

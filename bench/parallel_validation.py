@@ -9,10 +9,13 @@ worth) as fresh processes, submits the file and times the batch from its creatio
 ``in_progress`` (validation, merge, planning and the commit; the processes are warm, their
 start-up is not counted). Configurations: ``one_task`` (chunking off, one process),
 ``chunks_1`` (chunks of ``--chunk-mb`` on one process), ``chunks_2`` (the same on two). All three
-must give the same shard objects byte for byte. Results go to
+must give the same shard objects byte for byte. Each run reports its processes' peak resident
+memory (``peak_rss_mb``: each control process's and its pool process's VmHWM). Results go to
 ``bench/results/parallel_validation.json``; with ``--rows 1000000`` (``make bench-validation``)
 the best ``chunks_2`` time is issue #21's target ``validation_1m_s`` (at most 120 s with two
-control processes), merged into ``bench/results/control_plane.json``.
+control processes), merged into ``bench/results/control_plane.json``. ``--shape docs`` validates
+1.5 KB lines instead (bench/parquet.py's: a document behind a system prompt, and a question);
+a million of them are reported in ``control_plane.json`` as ``validation_docs``, with no target.
 """
 
 from __future__ import annotations
@@ -38,8 +41,19 @@ TARGET_S = 120.0  # validation + planning of a million lines on two control proc
 CHAT = "/v1/chat/completions"
 
 
-def write_input(path: Path, rows: int) -> int:
-    """The million-line test's lines (tests/e2e/test_scheduler.py): 185 bytes on average."""
+def write_input(path: Path, rows: int, shape: str = "short") -> int:
+    """``short``: the million-line test's lines (tests/e2e/test_scheduler.py), 185 bytes on
+    average; ``docs``: bench/parquet.py's, about 1.5 KB (a 120-word document behind a 60-word
+    system prompt, and a question)."""
+    if shape == "docs":
+        from bench.parquet import doc_rows
+
+        with path.open("w") as out:
+            for r in doc_rows(rows):
+                line = {"custom_id": r["custom_id"], "method": "POST", "url": CHAT,
+                        "body": {"model": "demo", "messages": r["messages"], "max_tokens": r["max_tokens"]}}  # fmt: skip
+                out.write(json.dumps(line) + "\n")
+        return path.stat().st_size
     with path.open("w") as out:
         for i in range(rows):
             line = {"custom_id": f"r{i}", "method": "POST", "url": CHAT,
@@ -83,6 +97,22 @@ def tree_cpu_seconds(pid: int) -> float:
     return total
 
 
+def tree_peak_rss_mb(pid: int) -> list[float]:
+    """Peak resident memory (VmHWM, MB) of a process and of each live descendant, in that order:
+    the role's main process, then its pool's process."""
+    peaks, todo = [], [pid]
+    while todo:
+        p = todo.pop(0)
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    peaks.append(round(int(line.split()[1]) / 1024, 1))
+            todo += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return peaks
+
+
 def stop_processes(procs: list[tuple[subprocess.Popen, Path]]) -> None:
     for proc, _ in procs:
         if proc.poll() is None:
@@ -102,6 +132,8 @@ def main() -> None:
     parser.add_argument("--model-dir", default=str(REPO / "models" / "demo"))
     parser.add_argument("--configs", default="one_task,chunks_1,chunks_2")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--shape", choices=("short", "docs"), default="short",
+                        help="short: 185-byte lines (the target's); docs: 1.5 KB lines")  # fmt: skip
     parser.add_argument("--out", default=str(RESULT))
     args = parser.parse_args()
 
@@ -139,7 +171,7 @@ def main() -> None:
             )  # fmt: skip
             rt = Runtime(settings)
             path = run / "batch.jsonl"
-            size = write_input(path, args.rows)
+            size = write_input(path, args.rows, args.shape)
             tenant, _ = create_tenant(rt.db, "bench", int(time.time()))
             with path.open("rb") as f:
                 file_id = intake.upload(rt, tenant.id, "batch", "batch.jsonl", f).id
@@ -174,6 +206,7 @@ def main() -> None:
                     elapsed = time.monotonic() - t0
                     cpu = sum(tree_cpu_seconds(p.pid) for p, _ in procs) - cpu0
                     load1 = os.getloadavg()[0]
+                    peak_rss = [tree_peak_rss_mb(p.pid) for p, _ in procs]
                 finally:
                     stop_processes(procs)
                 if status != "in_progress":
@@ -199,6 +232,7 @@ def main() -> None:
                     "shards": len(keys),
                     "shards_sha256": digest.hexdigest(),
                     "validation_cpu_s": round(cpu, 1),
+                    "peak_rss_mb": peak_rss,
                     "loadavg_1min_before_after": [round(load0, 2), round(load1, 2)],
                 }
                 print(name, json.dumps(results[f"{name}#{repeat}"]), flush=True)
@@ -210,6 +244,7 @@ def main() -> None:
     result = {
         "benchmark": "validation + planning of one batch across control processes (issue #21 s1)",
         "rows": args.rows,
+        "shape": args.shape,
         "input_bytes": size,
         "shards_identical": len(digests) == 1,
         "runs": results,
@@ -223,7 +258,9 @@ def main() -> None:
             "python": platform.python_version(),
             "note": "2 CPU cores, shared with other sessions (see each run's load average); PostgreSQL, "
             "Redis and SeaweedFS on the same machine; each control process runs one validation task at "
-            "a time; validation_cpu_s: the validation processes' CPU seconds during the run",
+            "a time; validation_cpu_s: the validation processes' CPU seconds during the run; "
+            "peak_rss_mb: each control process's peak resident memory (VmHWM) and its pool "
+            "process's, at the end of the run",
         },
         "started_at": started_at,
         "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -231,7 +268,19 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
-    if args.rows == TARGET_ROWS and "chunks_2" in result["best_seconds"] and result["shards_identical"]:
+    if args.rows == TARGET_ROWS and args.shape == "docs" and result["shards_identical"]:
+        from bench.dispatcher_report import merge_results
+
+        section = {
+            "rows": args.rows,
+            "input_bytes": size,
+            "best_seconds": result["best_seconds"],
+            "peak_rss_mb": {k: r["peak_rss_mb"] for k, r in results.items()},
+            "finished_at": result["finished_at"],
+            "details": os.path.relpath(Path(args.out).resolve(), REPO),
+        }
+        merge_results(CONTROL_PLANE, section, {}, name="validation_docs")  # reported; no target
+    elif args.rows == TARGET_ROWS and "chunks_2" in result["best_seconds"] and result["shards_identical"]:
         from bench.dispatcher_report import merge_results, target
 
         section = {
@@ -239,6 +288,7 @@ def main() -> None:
             "input_bytes": size,
             "best_seconds": result["best_seconds"],
             "loadavg_1min_before_after": {k: r["loadavg_1min_before_after"] for k, r in results.items()},
+            "peak_rss_mb": {k: r["peak_rss_mb"] for k, r in results.items()},
             "finished_at": result["finished_at"],
             "details": os.path.relpath(Path(args.out).resolve(), REPO),
         }

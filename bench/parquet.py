@@ -17,6 +17,7 @@ RSS is the child's ``ru_maxrss``. Results, with the machine's CPU count and the 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -50,30 +52,36 @@ WORDS = [
 ]
 
 
+def doc_rows(rows: int, seed: int = 7) -> Iterator[dict]:
+    """The requests of this benchmark, one at a time: a question about one of 2,000 documents
+    (120 words) behind one of 4 system prompts (60 words); about 1.5 KB a line as JSONL.
+    bench/parallel_validation.py's ``--shape docs`` uses them too."""
+    rng = random.Random(seed)
+    systems = [f"You are assistant {k}. " + " ".join(rng.choice(WORDS) for _ in range(60)) for k in range(4)]
+    docs = [" ".join(rng.choice(WORDS) for _ in range(120)) for _ in range(2000)]
+    for i in range(rows):
+        d = rng.randrange(len(docs))
+        messages = [
+            {"role": "system", "content": systems[d % len(systems)]},
+            {"role": "user", "content": f"{docs[d]}\n\nQuestion {i}: what is item {i % 50}?"},
+        ]
+        yield {"custom_id": f"req-{i}", "messages": messages, "max_tokens": 16}
+
+
 def make_inputs(folder: Path, rows: int, seed: int = 7) -> tuple[Path, Path]:
     """The same requests as JSONL and as Parquet (written in chunks: bounded memory)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rng = random.Random(seed)
-    systems = [f"You are assistant {k}. " + " ".join(rng.choice(WORDS) for _ in range(60)) for k in range(4)]
-    docs = [" ".join(rng.choice(WORDS) for _ in range(120)) for _ in range(2000)]
     jsonl, parquet = folder / "batch.jsonl", folder / "batch.parquet"
     message = pa.struct([("role", pa.string()), ("content", pa.string())])
     schema = pa.schema(
         [("custom_id", pa.string()), ("messages", pa.list_(message)), ("max_tokens", pa.int32())],
         metadata={"freight.defaults": json.dumps({"model": "demo"})},
     )
+    requests = doc_rows(rows, seed)
     with jsonl.open("w") as out, pq.ParquetWriter(parquet, schema, compression="zstd") as writer:
-        for start in range(0, rows, 50_000):
-            chunk = []
-            for i in range(start, min(rows, start + 50_000)):
-                d = rng.randrange(len(docs))
-                messages = [
-                    {"role": "system", "content": systems[d % len(systems)]},
-                    {"role": "user", "content": f"{docs[d]}\n\nQuestion {i}: what is item {i % 50}?"},
-                ]
-                chunk.append({"custom_id": f"req-{i}", "messages": messages, "max_tokens": 16})
+        while chunk := list(itertools.islice(requests, 50_000)):
             for r in chunk:
                 line = {"custom_id": r["custom_id"], "method": "POST", "url": CHAT,
                         "body": {"model": "demo", "messages": r["messages"], "max_tokens": r["max_tokens"]}}  # fmt: skip
