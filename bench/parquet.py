@@ -68,6 +68,12 @@ def doc_rows(rows: int, seed: int = 7) -> Iterator[dict]:
         yield {"custom_id": f"req-{i}", "messages": messages, "max_tokens": 16}
 
 
+def batch_line(request: dict) -> dict:
+    """One of `doc_rows`' requests as a line of an OpenAI batch file (the model named in its body)."""
+    body = {"model": "demo", "messages": request["messages"], "max_tokens": request["max_tokens"]}
+    return {"custom_id": request["custom_id"], "method": "POST", "url": CHAT, "body": body}
+
+
 def make_inputs(folder: Path, rows: int, seed: int = 7) -> tuple[Path, Path]:
     """The same requests as JSONL and as Parquet (written in chunks: bounded memory)."""
     import pyarrow as pa
@@ -83,9 +89,7 @@ def make_inputs(folder: Path, rows: int, seed: int = 7) -> tuple[Path, Path]:
     with jsonl.open("w") as out, pq.ParquetWriter(parquet, schema, compression="zstd") as writer:
         while chunk := list(itertools.islice(requests, 50_000)):
             for r in chunk:
-                line = {"custom_id": r["custom_id"], "method": "POST", "url": CHAT,
-                        "body": {"model": "demo", "messages": r["messages"], "max_tokens": r["max_tokens"]}}  # fmt: skip
-                out.write(json.dumps(line) + "\n")
+                out.write(json.dumps(batch_line(r)) + "\n")
             writer.write_table(pa.Table.from_pylist(chunk, schema=schema))
     return jsonl, parquet
 
