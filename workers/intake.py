@@ -38,8 +38,7 @@ from storage.retention import expiry, live
 from storage.runtime import Runtime
 from storage.settings import Settings
 from storage.status import BatchStatus
-from workers.request_bodies import EMBEDDINGS, ENDPOINTS
-from workers.validation import endpoint_mismatch
+from workers.request_bodies import EMBEDDINGS, ENDPOINTS, endpoint_mismatch
 
 PURPOSES = ("batch",)
 MAX_FILENAME = 255
@@ -170,7 +169,7 @@ def endpoint_unserved(rt: Runtime, endpoint: str) -> str | None:
     whether any model serves the endpoint at all: an embedding model serves /v1/embeddings only, a
     text-generation model every other endpoint (``storage.registry``: a model's task). A batch no
     model could run is refused here, before its file is read; a line naming a model of the other
-    task is that line's error at validation (``workers.validation.endpoint_mismatch``)."""
+    task is that line's error at validation (``workers.request_bodies.endpoint_mismatch``)."""
     task = EMBED if endpoint == EMBEDDINGS else GENERATE
     models = entries(rt.db, rt.settings)
     if any(entry.task == task for entry in models):

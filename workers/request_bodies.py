@@ -38,6 +38,17 @@ CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES)
 
+
+def endpoint_mismatch(model: str, endpoint: str) -> str:
+    """Why ``model`` cannot serve ``endpoint``: an embedding model writes no text, a text model
+    makes no embeddings (a model's task is in its registry entry: ``freight models list``)."""
+    if endpoint == EMBEDDINGS:
+        return (
+            f"model {model[:200]!r} generates text; it does not serve {EMBEDDINGS} (use an embedding model)"
+        )
+    return f"model {model[:200]!r} is an embedding model; it serves {EMBEDDINGS} only, not {endpoint}"
+
+
 MAX_N = 128  # OpenAI's own limit on choices per request; n fans out into n sequences.
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 # vLLM's "before" validators call .get() on these; a non-object would surface as a crash.

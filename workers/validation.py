@@ -54,7 +54,7 @@ from workers.planning import plan_batch
 from workers.prefix_caching import prediction_block_size
 from workers.prompt_tokens import PromptRenderer, RenderedPrompt, TokenizerUnavailable, renderer_for
 from workers.render_blocks import CheckedLine, PromptFn, PromptsFn, RenderBlock
-from workers.request_bodies import EMBEDDINGS, RequestError
+from workers.request_bodies import EMBEDDINGS, RequestError, endpoint_mismatch
 from workers.request_shapes import RequestShapes
 
 log = logging.getLogger(__name__)
@@ -197,16 +197,6 @@ def check_fields(raw: bytes, line_no: int, rules: FileRules) -> CheckedLine | Li
             line_no, "invalid_request", f"max_tokens must be at most {MAX_OUTPUT_TOKENS}", "body.max_tokens"
         )
     return CheckedLine(line_no, custom_id, body_json, body, model, max_tokens)
-
-
-def endpoint_mismatch(model: str, endpoint: str) -> str:
-    """Why ``model`` cannot serve ``endpoint``: an embedding model writes no text, a text model
-    makes no embeddings (a model's task is in its registry entry: ``freight models list``)."""
-    if endpoint == EMBEDDINGS:
-        return (
-            f"model {model[:200]!r} generates text; it does not serve {EMBEDDINGS} (use an embedding model)"
-        )
-    return f"model {model[:200]!r} is an embedding model; it serves {EMBEDDINGS} only, not {endpoint}"
 
 
 @dataclass
