@@ -13,7 +13,7 @@ import hashlib
 import hmac
 import ipaddress
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 # OpenAI's batch event types, by the batch state that makes them
@@ -169,6 +169,3 @@ def verify(secret: str, sent: dict[str, str], body: bytes) -> bool:
     expected = signature(secret, sent["webhook-id"], int(sent["webhook-timestamp"]), body)
     return any(hmac.compare_digest(expected, candidate) for candidate in sent["webhook-signature"].split())
 
-
-def describe_events(events: Iterable[str]) -> str:
-    return ",".join(events)

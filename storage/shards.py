@@ -116,14 +116,6 @@ def _token_lists(rows: Sequence[ShardRow]) -> pa.Array:
     )
 
 
-def write_shard(store: ObjectStore, key: str, rows: Sequence[ShardRow], row_group_rows: int = 0) -> int:
-    """One whole shard from rows in memory (tests, small batches); returns its size in bytes."""
-    with ShardWriter(store, key, row_group_rows or max(1, len(rows))) as writer:
-        for row in rows:
-            writer.add(row)
-    return writer.size
-
-
 class ShardWriter:
     """Streams rows into one shard: a row group at a time to a local temporary file, which goes to
     the object store on ``close``. Holds one row group of rows in memory."""
@@ -213,11 +205,6 @@ def read_rows(store: ObjectStore, key: str, start: int = 0, count: int | None = 
     table = table.slice(start - offset, end - start)
     for batch in table.to_batches(max_chunksize=1024):
         yield from _rows(batch)
-
-
-def read_shard(store: ObjectStore, key: str) -> Iterator[ShardRow]:
-    """Every row of a shard, in order."""
-    return read_rows(store, key)
 
 
 def _rows(batch: pa.RecordBatch) -> Iterator[ShardRow]:

@@ -24,6 +24,10 @@ class BatchStatus(enum.StrEnum):
     CANCELLING = "cancelling"
     CANCELLED = "cancelled"
 
+    # the final states, those with no way out (``is_terminal``), as the one tuple every query of
+    # final batches filters on (``Batch.status.in_(BatchStatus.FINAL)``)
+    FINAL = enum.nonmember((FAILED, COMPLETED, EXPIRED, CANCELLED))
+
     @property
     def is_terminal(self) -> bool:
         return not TRANSITIONS[self]
@@ -64,10 +68,6 @@ class HasStatus(Protocol):
     status: str
     expires_at: int
     sla_met: bool | None
-
-
-def can_transition(current: str, target: BatchStatus) -> bool:
-    return target in TRANSITIONS[BatchStatus(current)]
 
 
 def transition(batch: HasStatus, target: BatchStatus, now: int) -> None:
