@@ -202,6 +202,26 @@ class LocalObjectStore:
             self.put_stream(target, stream)
 
 
+# what S3 answers for a key that is not there: GET says NoSuchKey, HEAD (no body) a bare 404
+NOT_FOUND_CODES = ("NoSuchKey", "404", "NotFound")
+
+
+@contextlib.contextmanager
+def s3_errors(what: str, missing: str | None = None) -> Iterator[None]:
+    """The one translation of boto's errors into the store's: ``ObjectNotFound(missing)`` when S3
+    says the key ``missing`` is not there, otherwise an ``ObjectStoreError`` saying ``what`` failed."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        yield
+    except ClientError as exc:
+        if missing is not None and exc.response.get("Error", {}).get("Code") in NOT_FOUND_CODES:
+            raise ObjectNotFound(missing) from exc
+        raise ObjectStoreError(f"{what} failed: {exc}") from exc
+    except BotoCoreError as exc:
+        raise ObjectStoreError(f"{what} failed: {exc}") from exc
+
+
 class S3ObjectStore:
     """``s3://bucket/prefix``; endpoint and credentials from boto3's chain unless given."""
 
@@ -241,10 +261,8 @@ class S3ObjectStore:
         return self.retrier.call(what, fn) if self.retrier else fn()
 
     def put_stream(self, key: str, stream: IO[bytes]) -> int:
-        from botocore.exceptions import BotoCoreError, ClientError
-
         target = self._key(key)
-        try:
+        with s3_errors(f"upload of {key} to {self.url}"):
             first = _read_part(stream)
             if len(first) < PART_SIZE:  # small: one PUT, atomic by itself
                 self._call(
@@ -252,8 +270,6 @@ class S3ObjectStore:
                 )
                 return len(first)
             return self._multipart(key, target, first, stream)
-        except (BotoCoreError, ClientError) as exc:
-            raise ObjectStoreError(f"upload of {key} to {self.url} failed: {exc}") from exc
 
     def _multipart(self, key: str, target: str, first: bytes, stream: IO[bytes]) -> int:
         """Upload part by part; the object appears under its key only when the upload completes,
@@ -299,20 +315,12 @@ class S3ObjectStore:
         return self._get(key, f"bytes={start}-") if start else self._get(key)
 
     def _get(self, key: str, byte_range: str = "") -> IO[bytes]:
-        from botocore.exceptions import BotoCoreError, ClientError
-
         ranged = {"Range": byte_range} if byte_range else {}
-        try:
+        with s3_errors(f"get of {key} in {self.url}", missing=key):
             target = self._key(key)
             response = self._call(
                 f"get {key}", lambda: self._client.get_object(Bucket=self.bucket, Key=target, **ranged)
             )
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-                raise ObjectNotFound(key) from exc
-            raise ObjectStoreError(str(exc)) from exc
-        except BotoCoreError as exc:
-            raise ObjectStoreError(f"get of {key} in {self.url} failed: {exc}") from exc
         return response["Body"]
 
     def size(self, key: str) -> int:
@@ -326,26 +334,20 @@ class S3ObjectStore:
         return True
 
     def delete(self, key: str) -> None:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
+        with s3_errors(f"delete of {key} in {self.url}"):
             target = self._key(key)
             self._call(f"delete {key}", lambda: self._client.delete_object(Bucket=self.bucket, Key=target))
-        except (BotoCoreError, ClientError) as exc:
-            raise ObjectStoreError(f"delete of {key} in {self.url} failed: {exc}") from exc
 
     def list(self, prefix: str) -> Iterator[str]:
         for info in self.list_info(prefix):
             yield info.key
 
     def list_info(self, prefix: str) -> Iterator[ObjectInfo]:
-        from botocore.exceptions import BotoCoreError, ClientError
-
         if prefix:
             check_key(prefix.rstrip("/"))
         base = self.prefix + "/" if self.prefix else ""
         strip = len(base)
-        try:
+        with s3_errors(f"listing {self.url}/{prefix}"):
             request = {"Bucket": self.bucket, "Prefix": base + prefix}
             while True:
                 page = self._call(f"list {prefix}", lambda r=dict(request): self._client.list_objects_v2(**r))
@@ -359,49 +361,29 @@ class S3ObjectStore:
                 if not page.get("IsTruncated"):
                     break
                 request["ContinuationToken"] = page["NextContinuationToken"]
-        except (BotoCoreError, ClientError) as exc:
-            raise ObjectStoreError(f"listing {self.url}/{prefix} failed: {exc}") from exc
 
     def stat(self, key: str) -> ObjectInfo:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
+        with s3_errors(f"head of {key} in {self.url}", missing=key):
             target = self._key(key)
             head = self._call(f"head {key}", lambda: self._client.head_object(Bucket=self.bucket, Key=target))
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
-                raise ObjectNotFound(key) from exc
-            raise ObjectStoreError(f"head of {key} in {self.url} failed: {exc}") from exc
-        except BotoCoreError as exc:
-            raise ObjectStoreError(f"head of {key} in {self.url} failed: {exc}") from exc
         return ObjectInfo(
             key, int(head["ContentLength"]), head["ETag"].strip('"'), head["LastModified"].timestamp()
         )
 
     def open_version(self, key: str, etag: str) -> IO[bytes]:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
+        with s3_errors(f"get of {key} in {self.url}", missing=key):
             target = self._key(key)
             response = self._call(
                 f"get {key}", lambda: self._client.get_object(Bucket=self.bucket, Key=target)
             )
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-                raise ObjectNotFound(key) from exc
-            raise ObjectStoreError(f"get of {key} in {self.url} failed: {exc}") from exc
-        except BotoCoreError as exc:
-            raise ObjectStoreError(f"get of {key} in {self.url} failed: {exc}") from exc
         if response["ETag"].strip('"') != etag:
             response["Body"].close()
             raise ObjectChanged(f"{key} changed: it is no longer version {etag}")
         return _GuardedReader(response["Body"], f"{self.url}/{key}")  # type: ignore[return-value]
 
     def copy(self, source: str, target: str) -> None:
-        from botocore.exceptions import BotoCoreError, ClientError
-
         src = {"Bucket": self.bucket, "Key": self._key(source)}
-        try:
+        with s3_errors(f"copy of {source} to {target} in {self.url}", missing=source):
             dest = self._key(target)
             if self.stat(source).size < COPY_PART_LIMIT:
                 self._call(
@@ -410,12 +392,6 @@ class S3ObjectStore:
                 )
             else:  # CopyObject stops at 5 GiB: the managed copy does it part by part
                 self._call(f"copy {source}", lambda: self._client.copy(src, self.bucket, dest))
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-                raise ObjectNotFound(source) from exc
-            raise ObjectStoreError(f"copy of {source} to {target} in {self.url} failed: {exc}") from exc
-        except BotoCoreError as exc:
-            raise ObjectStoreError(f"copy of {source} to {target} in {self.url} failed: {exc}") from exc
 
 
 COPY_PART_LIMIT = 5 * 1024**3  # the largest object one CopyObject call may copy
