@@ -2,9 +2,10 @@
 
 A client command like ``freight submit``: it uploads the file (prepared the same way), asks the
 server for a dry run (``POST /v1/batches`` with ``dry_run: true``, the same service behind the API
-and this command: ``workers/estimates.py``), polls the estimate until the control worker has read
-the file, and prints it: a table on stdout, or the API's estimate object with ``--json``. A file
-that would fail validation prints its errors (line numbers, codes) and exits 1.
+and this command: ``api/services/estimates.py``, the file read by ``workers/estimates.py``),
+polls the estimate until the control worker has read the file, and prints it: a table on stdout,
+or the API's estimate object with ``--json``. A file that would fail validation prints its errors
+(line numbers, codes) and exits 1.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""A price before the run: ``POST /v1/batches`` with ``dry_run: true`` (and ``freight estimate``)
-validates the file exactly as a batch's is validated and answers what running it should take and
-cost, without making a batch or running anything.
+"""A price before the run, the task's half: ``POST /v1/batches`` with ``dry_run: true`` (and
+``freight estimate``) validates the file exactly as a batch's is validated and answers what running
+it should take and cost, without making a batch or running anything. The request's half (the
+checks, the row, the send, the read) is ``api.services.estimates``; this is ``freight.estimate``'s.
 
 Why a job, polled, and not an answer in the HTTP request: validating a line means vLLM's request
 models and the model's own tokenizer and chat template, which live on the control workers (an API
@@ -30,7 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Float, cast, delete, func, select
+from sqlalchemy import Float, cast, func, select
 
 from scheduler.estimate import (
     History,
@@ -42,8 +43,6 @@ from scheduler.estimate import (
     typical_output,
 )
 from scheduler.unit_plan import kv_block_size
-from storage.broker import BROKER_ERRORS
-from storage.errors import ServiceError
 from storage.models import Batch, EngineSample, Estimate, StoredFile, WorkUnit
 from storage.registry import lookup
 from storage.request_tables import metadata_defaults
@@ -51,7 +50,6 @@ from storage.retention import live
 from storage.runtime import Runtime
 from storage.settings import Settings
 from storage.status import EstimateStatus, UnitStatus
-from workers import intake
 from workers.checkpoint import checkpoint_dir
 from workers.embeddings import input_tokens, parse_inputs
 from workers.prefix_caching import prediction_block_size
@@ -68,72 +66,8 @@ from workers.validation import (
 
 log = logging.getLogger(__name__)
 
-ID_PREFIX = "estimate_"
-ESTIMATE_RETRY_AFTER_SECONDS = 5  # a small file's estimate takes about this long
 # sort payload of one request: prompt length, output budget (tokens), whether the length is exact
 _ROW = struct.Struct(">IIB")
-
-
-def dry_run_requested(payload: Any) -> bool:
-    """The create body's ``dry_run``: absent or false makes a batch; anything but a boolean is a 400."""
-    value = payload.get("dry_run", False) if isinstance(payload, dict) else False
-    if not isinstance(value, bool):
-        raise ServiceError("invalid_request", "dry_run must be a boolean (true or false)", param="dry_run")
-    return value
-
-
-def create(rt: Runtime, tenant_id: str, payload: Any) -> Estimate:
-    """A dry run of a batch create: the same checks of the request and of the file (the tenant's
-    own, live, purpose ``batch``), then the estimate row, committed, and its task sent."""
-    request = intake.check_request(rt, payload)
-    settings: Settings = rt.settings
-    now = int(time.time())
-    with rt.db.write() as s:
-        intake.input_file(s, tenant_id, request.input_file_id, now)
-        waiting = s.scalar(
-            select(func.count())
-            .select_from(Estimate)
-            .where(
-                Estimate.tenant_id == tenant_id,
-                Estimate.status == EstimateStatus.VALIDATING,
-                Estimate.created_at > now - settings.validation_time_limit_seconds,
-            )
-        )
-        if (waiting or 0) >= settings.tenant_validations:
-            raise ServiceError(
-                "rate_limited",
-                f"{waiting} estimates of yours are still being made (at most {settings.tenant_validations}"
-                " at once): retrieve them, then ask again",
-                code="too_many_estimates",
-                retry_after=ESTIMATE_RETRY_AFTER_SECONDS,
-            )
-        row = Estimate(
-            tenant_id=tenant_id,
-            input_file_id=request.input_file_id,
-            endpoint=request.endpoint,
-            completion_window=request.window,
-            price_multiplier=request.tier.price_multiplier,
-            metadata_=request.metadata,
-            status=EstimateStatus.VALIDATING,
-            created_at=now,
-        )
-        s.add(row)
-        s.flush()
-    try:
-        rt.queue.estimate(row.id)  # after the commit that made the row
-    except BROKER_ERRORS:
-        with rt.db.write() as s:
-            s.execute(delete(Estimate).where(Estimate.id == row.id))
-        raise
-    return row
-
-
-def get(rt: Runtime, tenant_id: str, estimate_id: str) -> Estimate:
-    with rt.db.read() as s:
-        row = s.get(Estimate, estimate_id)
-    if row is None or row.tenant_id != tenant_id:
-        raise ServiceError("not_found", f"No such estimate: {estimate_id[:100]}", param="batch_id")
-    return row
 
 
 def run(rt: Runtime, estimate_id: str) -> None:

@@ -7,11 +7,11 @@ from flask import Blueprint, Response, current_app, g, jsonify, request
 from api.auth import require_tenant
 from api.multipart import open_upload
 from api.serializers import batch_object, estimate_object, file_object, list_object, model_object
-from api.services import batches, files, models
+from api.services import batches, estimates, files, models
 from api.services.paging import parse_limit
 from storage.errors import ServiceError
 from storage.runtime import Runtime
-from workers import estimates, intake
+from workers import intake
 
 bp = Blueprint("v1", __name__, url_prefix="/v1")
 
