@@ -7,11 +7,12 @@ reports apply them to rows.
 from __future__ import annotations
 
 import math
-import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+
+from scheduler.durations import parse_duration
 
 
 @dataclass(frozen=True)
@@ -19,10 +20,6 @@ class SlaTier:
     window: str  # as written, e.g. "24h"
     seconds: int
     price_multiplier: float
-
-
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 
 
 def parse_tiers(text: str) -> tuple[SlaTier, ...]:
@@ -36,8 +33,10 @@ def parse_tiers(text: str) -> tuple[SlaTier, ...]:
     for raw in text.split(","):
         entry = raw.strip()
         window, sep, mult_text = (part.strip() for part in entry.partition(":"))
-        match = _DURATION.fullmatch(window)
-        seconds = round(float(match[1]) * _UNIT_SECONDS[match[2]]) if match else 0
+        try:
+            seconds = round(parse_duration(window))
+        except ValueError:
+            seconds = 0
         if seconds < 1:
             raise ValueError(f"SLA tier {entry!r}: bad duration {window!r} (expected NUMBER + s|m|h|d)")
         try:

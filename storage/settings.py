@@ -10,7 +10,6 @@ import hashlib
 import hmac
 import ipaddress
 import os
-import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -21,9 +20,6 @@ from scheduler.cost import ListPrice
 from scheduler.sla import ADMISSION_POLICIES, SlaTier, parse_tiers
 from scheduler.utilization import Accelerator
 from storage.logs import LOG_FORMATS, LOG_LEVELS
-
-_DURATION = re.compile(r"^(\d+)(s|m|h|d)$")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 ENGINE_DTYPES = ("auto", "bfloat16", "float16", "float32")  # FREIGHT_ENGINE_DTYPE
 ENGINE_CORES = ("auto", "inline", "process")  # FREIGHT_ENGINE_CORE
@@ -37,14 +33,6 @@ _PROCESS_SALT_KEY = secrets.token_bytes(32)
 
 class SettingsError(ValueError):
     """A FREIGHT_* variable has a value Freight cannot use."""
-
-
-def parse_duration(text: str) -> int:
-    """``"24h"`` -> 86400 seconds. Completion windows are written this way."""
-    match = _DURATION.match(text.strip())
-    if not match:
-        raise SettingsError(f"not a duration like 30s, 10m, 24h or 7d: {text!r}")
-    return int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
 
 
 def metrics_port(bind: str) -> int | None:

@@ -10,7 +10,6 @@ computed per batch, as the batch's own cost object shows it, and then summed.
 from __future__ import annotations
 
 import math
-import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -19,6 +18,7 @@ from sqlalchemy import case, func, select, text
 from sqlalchemy.orm import Session
 
 from scheduler.cost import MICROS_PER_DOLLAR, charged_micros, per_million
+from scheduler.durations import parse_duration
 from scheduler.sla import BatchOutcome, SlaSummary, sla_summary
 from storage.models import Batch, Tenant, UnitStatus, WorkUnit
 from storage.runtime import Runtime
@@ -282,18 +282,15 @@ def _row(tenant: str, model: str, g: _Sums, sla: SlaSummary | None) -> ReportRow
     )
 
 
-_RELATIVE = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
 def parse_since(text: str, now: float) -> float:
     """Epoch seconds for ``text``: a time ago ("7d", "24h", "90m", "3600s": NUMBER + s|m|h|d before
     ``now``) or an ISO-8601 date or date-time ("2026-11-01", "2026-11-01T12:00:00Z", with an
     offset or without one, which means UTC). Raises ValueError naming the text otherwise."""
     raw = text.strip()
-    match = _RELATIVE.fullmatch(raw)
-    if match:
-        return now - float(match[1]) * _UNIT_SECONDS[match[2]]
+    try:
+        return now - parse_duration(raw)
+    except ValueError:
+        pass  # not a time ago: a date, or nothing
     try:
         when = datetime.fromisoformat(raw) if raw and raw[0].isdigit() else None
     except ValueError:
