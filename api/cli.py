@@ -328,19 +328,19 @@ def beat() -> None:
 @main.command()
 def cleanup() -> None:
     """Run one cleanup pass now (expired files, old batch data, old engine samples)."""
-    from storage.runtime import Runtime
     from workers.cleanup import run
 
-    click.echo(run(Runtime(_settings()), time.time()))
+    with command_runtime(_settings()) as rt:
+        click.echo(run(rt, time.time()))
 
 
 @main.command()
 def tick() -> None:
     """Run one dispatcher pass now and print what it did."""
-    from storage.runtime import Runtime
     from workers.dispatcher import tick as run_tick
 
-    click.echo(run_tick(Runtime(_settings()), time.time()))
+    with command_runtime(_settings()) as rt:
+        click.echo(run_tick(rt, time.time()))
 
 
 @main.command()
@@ -362,7 +362,6 @@ def report(since: str, until: str | None, tenant: str | None, model: str | None,
     """Usage, cost and SLA per tenant and model of the batches that finished in a window."""
     from api.report_format import format_report
     from api.services.reports import parse_since, usage_report
-    from storage.runtime import Runtime
 
     now = time.time()
     times: dict[str, float] = {}
@@ -373,11 +372,8 @@ def report(since: str, until: str | None, tenant: str | None, model: str | None,
             raise click.BadParameter(str(exc), param_hint=name) from exc
     if times["--until"] <= times["--since"]:
         raise click.BadParameter("must be later than --since", param_hint="--until")
-    rt = Runtime(_settings())
-    try:
+    with command_runtime(_settings()) as rt:
         rows = usage_report(rt, times["--since"], times["--until"], tenant, model)
-    finally:
-        rt.db.dispose()
     if fmt == "parquet":
         from api.report_format import format_parquet
 
