@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
     from storage.models import Batch, StoredFile, WorkUnit
     from storage.runtime import Runtime
+    from workers.engine import Engine, EngineRequest, EngineResult
     from workers.execution import PackRunner
 
 CHAT = "/v1/chat/completions"
@@ -198,6 +199,20 @@ def wait_units_done(rt: Runtime, runner: PackRunner, batch_id: str, timeout: flo
             return units
         assert time.monotonic() < deadline, [u.status for u in units]
         time.sleep(0.1)
+
+
+def run_alone(engine: Engine, requests: Iterable[EngineRequest]) -> dict[str, EngineResult]:
+    """One engine run of ``requests`` under a cache salt no other run uses, by key. Nothing an
+    earlier run (or test) cached is hit, so two such runs of the same requests in the same order
+    compute the same batches: their greedy outputs and logprobs are equal, bit for bit, on every
+    host kind. Two requests of one run are not: they share batches with different neighbours
+    (and the second may hit the first's cached blocks), and in bfloat16 on an Intel AMX host
+    that rounding flipped a greedy token (issue #45)."""
+    import dataclasses
+    import uuid
+
+    salt = uuid.uuid4().hex
+    return {r.key: r for r in engine.run(dataclasses.replace(q, cache_salt=salt) for q in requests)}
 
 
 # an engine timed by a known model, for the estimate's fit (scheduler.estimate.fit_engine_model)

@@ -14,6 +14,7 @@ from collections import Counter
 import pytest
 from transformers import AutoTokenizer
 
+from tests.factories import run_alone
 from workers.engine import ABORTED_STATUS, Engine, EngineRequest, EngineResult, EngineStats
 from workers.request_bodies import parse_body
 
@@ -312,15 +313,18 @@ def test_preparsed_requests_and_stats(vllm_engine: Engine) -> None:
 def test_validated_requests_run_like_the_others(vllm_engine: Engine) -> None:
     # the worker's path: bodies that passed validation skip the parse's copy and sampling check
     body = {"model": "demo", "messages": MESSAGES, "max_tokens": 3, "ignore_eos": True, "temperature": 0}
-    out = run(
+    plain = run_alone(vllm_engine, [EngineRequest("same", CHAT, dict(body))])["same"]
+    out = run_alone(
         vllm_engine,
-        EngineRequest("plain", CHAT, dict(body)),
-        EngineRequest("validated", CHAT, dict(body), validated=True),
-        EngineRequest("bad", CHAT, {**body, "max_tokens": 2, "min_tokens": 5}, validated=True),
+        [
+            EngineRequest("same", CHAT, dict(body), validated=True),
+            EngineRequest("bad", CHAT, {**body, "max_tokens": 2, "min_tokens": 5}, validated=True),
+        ],
     )
-    assert out["plain"].ok and out["validated"].ok
-    assert out["validated"].body["choices"] == out["plain"].body["choices"]  # greedy: the same text
-    assert out["validated"].prompt_tokens == out["plain"].prompt_tokens
+    assert plain.ok and out["same"].ok
+    # greedy, and each run alone (a refused request never reaches a batch): the same text
+    assert out["same"].body["choices"] == plain.body["choices"]
+    assert out["same"].prompt_tokens == plain.prompt_tokens
     assert out["bad"].status_code == 400 and out["bad"].error["code"] == "invalid_request"  # still refused
 
 

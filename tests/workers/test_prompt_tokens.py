@@ -3,10 +3,9 @@ the same results as letting the engine render (real demo model, real vLLM engine
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
+from tests.factories import run_alone
 from workers.engine import Engine, EngineRequest
 from workers.prompt_tokens import PromptRenderer, renderer_for
 
@@ -62,39 +61,39 @@ def test_what_validation_cannot_render_exactly_is_left_to_the_engine(renderer, e
 
 
 def test_results_are_identical_with_validation_ids(vllm_engine: Engine, renderer: PromptRenderer):
+    """The ids validation rendered reach the engine unchanged: a run fed them gives, byte for byte,
+    the result the same run gives from the text (each side a run of its own: ``run_alone``)."""
     requests = []
     # Responses lines run as chat (their ids are checked above); this compares chat and completions bodies
     for i, (endpoint, body) in enumerate(e for e in EXACT if e[0] != RESPONSES):
         body = {"model": "demo", **body, "max_tokens": 6, "temperature": 0, "logprobs": endpoint == CHAT}
         if endpoint == COMPLETIONS:
             body["logprobs"] = 2
-        ids = renderer.render(endpoint, body).token_ids()
-        requests.append(
-            (
-                EngineRequest(f"plain-{i}", endpoint, body),
-                EngineRequest(f"ids-{i}", endpoint, body, prompt_token_ids=ids),
-            )
-        )
-    results = {r.key: r for r in vllm_engine.run([x for pair in requests for x in pair])}
-    for plain, with_ids in requests:
-        a, b = results[plain.key], results[with_ids.key]
+        requests.append((f"line-{i}", endpoint, body, renderer.render(endpoint, body).token_ids()))
+    plain = run_alone(vllm_engine, [EngineRequest(k, e, b) for k, e, b, _ in requests])
+    with_ids = run_alone(
+        vllm_engine, [EngineRequest(k, e, b, prompt_token_ids=ids) for k, e, b, ids in requests]
+    )
+    assert plain.keys() == with_ids.keys() == {k for k, *_ in requests}
+    for key, a in plain.items():
+        b = with_ids[key]
         assert a.ok and b.ok, (a, b)
         assert (a.prompt_tokens, a.completion_tokens) == (b.prompt_tokens, b.completion_tokens)
-        for body in (a.body, b.body):  # the second of a pair may hit the first's prefix cache
-            body.pop("id"), body.pop("created"), body["usage"]["prompt_tokens_details"].pop("cached_tokens")
-        assert a.body == _close(b.body)
+        assert a.cached_tokens == b.cached_tokens  # the same batches: the same cache hits
+        assert _without_ids(a.body) == _without_ids(b.body)
+
+    # and the comparison can fail: one id changed gives other logprobs
+    key, endpoint, body, ids = requests[1]
+    changed = run_alone(
+        vllm_engine, [EngineRequest(key, endpoint, body, prompt_token_ids=[*ids[:-3], 42, *ids[-2:]])]
+    )
+    assert changed[key].ok and _without_ids(changed[key].body) != _without_ids(plain[key].body)
 
 
-def _close(value: Any) -> Any:
-    """``value`` with every float compared to 1e-5: a prefix-cache hit computes the same logits
-    through a different kernel path, so logprobs agree only to float rounding (seen: 5e-7)."""
-    if isinstance(value, float):
-        return pytest.approx(value, rel=1e-5, abs=1e-6)
-    if isinstance(value, dict):
-        return {k: _close(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_close(v) for v in value]
-    return value
+def _without_ids(body: dict | None) -> dict:
+    """A response body less what differs between any two runs (its id and creation time)."""
+    assert body is not None
+    return {k: v for k, v in body.items() if k not in ("id", "created")}
 
 
 def test_rendering_a_block_gives_each_bodys_rendering(renderer: PromptRenderer):
