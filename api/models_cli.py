@@ -79,7 +79,7 @@ def models_add(
     **prices: float | None,
 ) -> None:
     """Register NAME, served from --path (quantized as --quantization says)."""
-    from api.services.models import AddRequest, add
+    from workers.registration import AddRequest, add
 
     bar = _Bar("quantizing")
     try:
@@ -124,7 +124,7 @@ def models_set_engine(
 ) -> None:
     """Set or unset NAME's vLLM engine arguments and tool-call parser; its workers apply them at
     their next start."""
-    from api.services.models import set_engine
+    from workers.registration import set_engine
 
     with command_runtime(command_settings()[0]) as rt:
         entry = set_engine(rt, name, assign, unset, tool_call_parser)
@@ -244,7 +244,7 @@ def models_quantize(
     register: str | None,
 ) -> None:
     """Write an INT4 (W4A16, compressed-tensors) checkpoint of SOURCE to DESTINATION."""
-    from api.services.models import AddRequest, add, quantize_checkpoint
+    from workers.registration import AddRequest, add, quantize_checkpoint
 
     bar = _Bar("quantizing")
     try:

@@ -13,21 +13,22 @@ import pytest
 from sqlalchemy import func, select
 
 from api.app import create_app
-from api.services import console, models
+from api.services import console
 from api.services.console import embedding_dimensions
-from api.services.models import AddRequest
 from api.services.tenants import create_tenant
 from storage.models import Batch, UnitStatus, WorkUnit
 from tests.api.test_console import csrf, html, sign_in
 from tests.conftest import now
 from tests.factories import OMIT, chat_line, embedding_line, jsonl
+from workers import registration
+from workers.registration import AddRequest
 
 EMBEDDINGS = "/v1/embeddings"
 
 
 @pytest.fixture
 def app(runtime, embed_model: Path):
-    models.add(runtime, AddRequest("emb", str(embed_model)), echo=lambda _: None)
+    registration.add(runtime, AddRequest("emb", str(embed_model)), echo=lambda _: None)
     return create_app(runtime=runtime)
 
 

@@ -12,14 +12,13 @@ import pytest
 
 from api.app import create_app
 from api.estimate_cli import table
-from api.services import models
-from api.services.models import AddRequest
 from api.services.tenants import create_tenant
 from storage.models import Batch, EngineSample, WorkUnit
 from storage.status import UnitStatus
 from tests.conftest import now
 from tests.factories import embedding_line, http_create, http_upload
-from workers import estimates
+from workers import estimates, registration
+from workers.registration import AddRequest
 
 EMBEDDINGS = "/v1/embeddings"
 DOC = "A long document about the shipping of freight by rail, road and sea, " * 4
@@ -50,7 +49,7 @@ def add_history(runtime, tenant_id: str, file_id: str) -> None:
 def test_embeddings_are_priced_by_their_input_tokens_only(runtime, embed_model: Path) -> None:
     from transformers import AutoTokenizer
 
-    models.add(runtime, AddRequest("emb", str(embed_model)), echo=lambda _: None)
+    registration.add(runtime, AddRequest("emb", str(embed_model)), echo=lambda _: None)
     tenant, key = create_tenant(runtime.db, "alpha", now())
     headers = {"Authorization": f"Bearer {key}"}
     client = create_app(runtime=runtime).test_client()
@@ -96,11 +95,11 @@ def test_a_model_that_caches_nothing_is_priced_with_no_cache_hits(runtime, embed
     the shared prefix, so hits are predicted and cost less) and registered with MEAN pooling
     (vLLM caches nothing: every input token predicted computed)."""
     quiet = lambda _: None  # noqa: E731
-    models.add(runtime, AddRequest("emb", str(embed_model)), echo=quiet)
+    registration.add(runtime, AddRequest("emb", str(embed_model)), echo=quiet)
     mean = AddRequest(
         "emb-mean", str(embed_model), engine_args=('pooler_config={"seq_pooling_type": "MEAN"}',)
     )
-    models.add(runtime, mean, echo=quiet)
+    registration.add(runtime, mean, echo=quiet)
     _, key = create_tenant(runtime.db, "alpha", now())
     headers = {"Authorization": f"Bearer {key}"}
     client = create_app(runtime=runtime).test_client()

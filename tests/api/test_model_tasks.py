@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from api.app import create_app
-from api.services import models
-from api.services.models import AddRequest
 from api.services.tenants import create_tenant
 from storage.errors import ServiceError
 from storage.registry import EMBED, GENERATE, embedding_names, lookup, task_of
 from storage.runtime import Runtime
 from tests.conftest import DEMO_MODEL, now
 from tests.factories import chat_line, embedding_line, http_create, http_upload
+from workers import registration
+from workers.registration import AddRequest
 
 
 def _quiet(_: str) -> None:
@@ -43,14 +43,14 @@ def test_the_task_a_checkpoint_config_declares(architectures, task) -> None:
 
 
 def test_tasks_are_found_given_stored_and_served(runtime, embed_model: Path) -> None:
-    embed = models.add(runtime, AddRequest("emb", str(embed_model)), echo=_quiet)
+    embed = registration.add(runtime, AddRequest("emb", str(embed_model)), echo=_quiet)
     # `auto` quantization on an embedding model: served as it is (the INT4 probe measures generation)
     assert (embed.task, embed.quantization, embed.requested_quantization) == (EMBED, "none", "none")
-    forced = models.add(
+    forced = registration.add(
         runtime, AddRequest("demo-as-embed", str(DEMO_MODEL), "none", task="embed"), echo=_quiet
     )
     assert forced.task == EMBED
-    plain = models.add(runtime, AddRequest("chat", str(DEMO_MODEL), "none"), echo=_quiet)
+    plain = registration.add(runtime, AddRequest("chat", str(DEMO_MODEL), "none"), echo=_quiet)
     assert plain.task == GENERATE
     assert lookup(runtime.db, runtime.settings, "demo").task == GENERATE  # declared (FREIGHT_MODELS)
     assert embedding_names(runtime.db, runtime.settings) == {"emb", "demo-as-embed"}
@@ -69,9 +69,9 @@ def test_tasks_are_found_given_stored_and_served(runtime, embed_model: Path) -> 
 
 def test_an_embedding_model_is_not_quantized_and_a_task_is_checked(runtime, embed_model: Path) -> None:
     with pytest.raises(ServiceError, match="--quantization w4a16 is for text-generation models"):
-        models.add(runtime, AddRequest("emb", str(embed_model), "w4a16"), echo=_quiet)
+        registration.add(runtime, AddRequest("emb", str(embed_model), "w4a16"), echo=_quiet)
     with pytest.raises(ServiceError, match="unsupported task 'rerank'"):
-        models.add(runtime, AddRequest("emb", str(embed_model), task="rerank"), echo=_quiet)
+        registration.add(runtime, AddRequest("emb", str(embed_model), task="rerank"), echo=_quiet)
     assert lookup(runtime.db, runtime.settings, "emb") is None
 
 
@@ -126,7 +126,7 @@ def test_an_endpoint_no_model_serves_is_refused_at_create(runtime, embed_model: 
     _refused_endpoint(dry, "/v1/embeddings")
     assert client.get("/v1/batches", headers=headers).get_json()["data"] == []
 
-    models.add(runtime, AddRequest("emb", str(embed_model)), echo=_quiet)
+    registration.add(runtime, AddRequest("emb", str(embed_model)), echo=_quiet)
     made = http_create(client, headers, embed_file, endpoint="/v1/embeddings")
     assert made.status_code == 200 and made.get_json()["status"] == "validating", made.get_json()
     chat_file = http_upload(client, headers, [chat_line("c1")]).get_json()["id"]

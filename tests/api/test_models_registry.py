@@ -13,7 +13,6 @@ from click.testing import CliRunner
 
 from api.app import create_app
 from api.services import models
-from api.services.models import AddRequest
 from api.services.tenants import create_tenant
 from storage import registry
 from storage.errors import ServiceError
@@ -21,6 +20,8 @@ from storage.models import Batch, Model, StoredFile
 from storage.registry import lookup
 from storage.status import BatchStatus
 from tests.conftest import DEMO_MODEL, now
+from workers import registration
+from workers.registration import AddRequest
 
 
 def _quiet(_: str) -> None:
@@ -34,7 +35,7 @@ def headers(runtime):
 
 
 def test_add_w4a16_quantizes_records_and_serves_it(runtime, headers) -> None:
-    entry = models.add(
+    entry = registration.add(
         runtime,
         AddRequest("tiny-int4", str(DEMO_MODEL), "w4a16", max_model_len=512, instance_price_per_hour=1.5,
                    list_price_input=0.2, list_price_output=0.8),
@@ -58,11 +59,11 @@ def test_add_w4a16_quantizes_records_and_serves_it(runtime, headers) -> None:
 
 
 def test_an_already_quantized_checkpoint_is_served_as_it_is(runtime, tmp_path: Path) -> None:
-    first = models.add(runtime, AddRequest("q1", str(DEMO_MODEL), "w4a16"), echo=_quiet)
-    again = models.add(runtime, AddRequest("q2", first.checkpoint, "auto"), echo=_quiet)
+    first = registration.add(runtime, AddRequest("q1", str(DEMO_MODEL), "w4a16"), echo=_quiet)
+    again = registration.add(runtime, AddRequest("q2", first.checkpoint, "auto"), echo=_quiet)
     assert again.quantization == "w4a16" and again.checkpoint == first.checkpoint and again.probe is None
     with pytest.raises(ServiceError, match=r"is not a GPTQ checkpoint \(it is w4a16\); make one with"):
-        models.add(runtime, AddRequest("q3", first.checkpoint, "gptq"), echo=_quiet)
+        registration.add(runtime, AddRequest("q3", first.checkpoint, "gptq"), echo=_quiet)
 
 
 @pytest.mark.parametrize(
@@ -78,15 +79,15 @@ def test_an_already_quantized_checkpoint_is_served_as_it_is(runtime, tmp_path: P
 )
 def test_bad_additions_are_refused_with_the_reason(runtime, request_: AddRequest, message: str) -> None:
     with pytest.raises(ServiceError, match=message) as caught:
-        models.add(runtime, request_, echo=_quiet)
+        registration.add(runtime, request_, echo=_quiet)
     assert caught.value.kind == "invalid_request"
     assert lookup(runtime.db, runtime.settings, "m") is None
 
 
 def test_remove_refuses_declared_and_busy_models(runtime) -> None:
-    models.add(runtime, AddRequest("plain", str(DEMO_MODEL), "none"), echo=_quiet)
+    registration.add(runtime, AddRequest("plain", str(DEMO_MODEL), "none"), echo=_quiet)
     with pytest.raises(ServiceError, match="already registered"):
-        models.add(runtime, AddRequest("plain", str(DEMO_MODEL), "none"), echo=_quiet)
+        registration.add(runtime, AddRequest("plain", str(DEMO_MODEL), "none"), echo=_quiet)
     with pytest.raises(ServiceError, match="declared by FREIGHT_MODELS"):
         models.remove(runtime, "demo")
     with pytest.raises(ServiceError, match="not registered"):
@@ -140,7 +141,7 @@ def test_the_cli_adds_lists_and_removes(runtime, monkeypatch: pytest.MonkeyPatch
 
 
 def test_engine_args_are_checked_stored_set_and_unset(runtime) -> None:
-    entry = models.add(
+    entry = registration.add(
         runtime,
         AddRequest("tp", str(DEMO_MODEL), "none", engine_args=(
             "tensor_parallel_size=2", "kv_cache_dtype=fp8", "max_num_batched_tokens=4k", "max_model_len=1024",
@@ -156,12 +157,12 @@ def test_engine_args_are_checked_stored_set_and_unset(runtime) -> None:
     again = lookup(runtime.db, runtime.settings, "tp")
     assert again is not None and again.engine_args == entry.engine_args
 
-    changed = models.set_engine(runtime, "tp", ["pipeline-parallel-size=2", "kv_cache_dtype=auto"],
+    changed = registration.set_engine(runtime, "tp", ["pipeline-parallel-size=2", "kv_cache_dtype=auto"],
                                 ["tensor_parallel_size", "max_model_len", "speculative_config"])  # fmt: skip
     assert changed.engine_args == {"pipeline_parallel_size": 2, "kv_cache_dtype": "auto",
                                    "max_num_batched_tokens": 4000}  # fmt: skip
     assert changed.max_model_len is None
-    cleared = models.set_engine(runtime, "tp", [], ["pipeline_parallel_size", "kv_cache_dtype",
+    cleared = registration.set_engine(runtime, "tp", [], ["pipeline_parallel_size", "kv_cache_dtype",
                                                     "max_num_batched_tokens"])  # fmt: skip
     assert cleared.engine_args == {}
     with runtime.db.read() as s:
@@ -182,9 +183,9 @@ def test_engine_args_are_checked_stored_set_and_unset(runtime) -> None:
     ],
 )
 def test_set_engine_refusals_name_the_field(runtime, name, assign, unset, message) -> None:
-    models.add(runtime, AddRequest("plain", str(DEMO_MODEL), "none"), echo=_quiet)
+    registration.add(runtime, AddRequest("plain", str(DEMO_MODEL), "none"), echo=_quiet)
     with pytest.raises(ServiceError, match=message):
-        models.set_engine(runtime, name, assign, unset)
+        registration.set_engine(runtime, name, assign, unset)
     entry = lookup(runtime.db, runtime.settings, "plain")
     assert entry is not None and entry.engine_args == {}
 
@@ -193,21 +194,21 @@ def test_tool_call_parser_is_checked_stored_set_and_unset(runtime, headers) -> N
     with pytest.raises(
         ServiceError, match=r"vLLM has no tool-call parser 'hermez' \(did you mean hermes\?\)"
     ):
-        models.add(runtime, AddRequest("t", str(DEMO_MODEL), "none", tool_call_parser="hermez"), echo=_quiet)
+        registration.add(runtime, AddRequest("t", str(DEMO_MODEL), "none", tool_call_parser="hermez"), echo=_quiet)
     with pytest.raises(ServiceError, match="vLLM has no reasoning parser 'qwen9'") as info:
-        models.add(runtime, AddRequest("t", str(DEMO_MODEL), "none", engine_args=("reasoning_parser=qwen9",),
+        registration.add(runtime, AddRequest("t", str(DEMO_MODEL), "none", engine_args=("reasoning_parser=qwen9",),
                                        tool_call_parser="hermes"), echo=_quiet)  # fmt: skip
     assert info.value.param == "engine_args"
     assert lookup(runtime.db, runtime.settings, "t") is None  # nothing was written
-    entry = models.add(
+    entry = registration.add(
         runtime, AddRequest("t", str(DEMO_MODEL), "none", tool_call_parser="hermes"), echo=_quiet
     )
     assert entry.tool_call_parser == "hermes"
     assert registry.auto_tool_models(runtime.db) == frozenset({"t"})  # validation serves "auto" for it
     assert registry.reasoning_models(runtime.db) == frozenset()  # no reasoning parser: no `reasoning`
     with pytest.raises(ServiceError, match="no tool-call parser 'pythonik'"):
-        models.set_engine(runtime, "t", tool_call_parser="pythonik")
-    changed = models.set_engine(runtime, "t", ["reasoning_parser=qwen3"], tool_call_parser="pythonic")
+        registration.set_engine(runtime, "t", tool_call_parser="pythonik")
+    changed = registration.set_engine(runtime, "t", ["reasoning_parser=qwen3"], tool_call_parser="pythonic")
     assert (changed.tool_call_parser, changed.engine_args) == ("pythonic", {"reasoning_parser": "qwen3"})
     assert registry.reasoning_models(runtime.db) == frozenset({"t"})  # Responses `reasoning` served
     served = create_app(runtime=runtime).test_client().get("/v1/models/t", headers=headers)
@@ -215,24 +216,24 @@ def test_tool_call_parser_is_checked_stored_set_and_unset(runtime, headers) -> N
         "tool_call_parser": "pythonic",
         "reasoning_parser": "qwen3",
     }
-    cleared = models.set_engine(runtime, "t", [], ["tool_call_parser"])
+    cleared = registration.set_engine(runtime, "t", [], ["tool_call_parser"])
     assert cleared.tool_call_parser is None and cleared.engine_args == {"reasoning_parser": "qwen3"}
     assert registry.auto_tool_models(runtime.db) == frozenset()  # "auto" is a per-line 400 again
     assert registry.reasoning_models(runtime.db) == frozenset({"t"})  # the reasoning parser alone reads it
     with pytest.raises(ServiceError, match="t has no tool-call parser to unset"):
-        models.set_engine(runtime, "t", [], ["tool_call_parser"])
+        registration.set_engine(runtime, "t", [], ["tool_call_parser"])
 
 
 def test_engine_arg_quantization_only_on_an_unquantized_registration(runtime) -> None:
     with pytest.raises(ServiceError, match="register the model with --quantization none"):
-        models.add(runtime, AddRequest("q", str(DEMO_MODEL), "auto", engine_args=("quantization=fp8",)),
+        registration.add(runtime, AddRequest("q", str(DEMO_MODEL), "auto", engine_args=("quantization=fp8",)),
                    echo=_quiet)  # fmt: skip
     assert lookup(runtime.db, runtime.settings, "q") is None  # refused before any quantizing
-    entry = models.add(runtime, AddRequest("q", str(DEMO_MODEL), "none", engine_args=("quantization=fp8",)),
+    entry = registration.add(runtime, AddRequest("q", str(DEMO_MODEL), "none", engine_args=("quantization=fp8",)),
                        echo=_quiet)  # fmt: skip
     assert entry.engine_args == {"quantization": "fp8"}
     with pytest.raises(ServiceError, match="disagree"):
-        models.add(runtime, AddRequest("q2", str(DEMO_MODEL), "none", max_model_len=512,
+        registration.add(runtime, AddRequest("q2", str(DEMO_MODEL), "none", max_model_len=512,
                                        engine_args=("max_model_len=1024",)), echo=_quiet)  # fmt: skip
 
 

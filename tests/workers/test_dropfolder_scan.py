@@ -18,8 +18,6 @@ import pytest
 from sqlalchemy import func, select, update
 
 from api.services import dropfolders as folders_service
-from api.services import models as models_service
-from api.services.models import AddRequest
 from api.services.tenants import create_tenant
 from infra.daemons import free_port
 from scheduler.dropfolder_plan import InboxFile
@@ -31,9 +29,10 @@ from storage.shards import read_rows
 from storage.status import BatchStatus
 from tests.conftest import now
 from tests.factories import OMIT, chat_line, embedding_line, jsonl
-from workers import dropfolder_delivery, dropfolder_input, dropfolders
+from workers import dropfolder_delivery, dropfolder_input, dropfolders, registration
 from workers.embeddings import embeddings_body
 from workers.finalize import finalize_batch
+from workers.registration import AddRequest
 from workers.results import encode, success_line
 from workers.validation import validate_batch
 
@@ -420,7 +419,7 @@ def test_an_embeddings_file_runs_like_a_chat_file(runtime, s3, bucket, embed_mod
     with the folder's model filled in, validates on that model's tokenizer, and once its units ran
     (written as an engine worker writes them) the outbox holds the vectors as typed Parquet and a
     manifest of input tokens and no output tokens."""
-    models_service.add(runtime, AddRequest("emb", str(embed_model)), echo=lambda _: None)
+    registration.add(runtime, AddRequest("emb", str(embed_model)), echo=lambda _: None)
     create_tenant(runtime.db, "alpha", now())
     folder = folders_service.add(
         runtime, f"s3://{bucket}/team/evals", "alpha", EMBEDDINGS, now=now(), model="emb",

@@ -16,16 +16,16 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from api.services import models
-from api.services.models import AddRequest
 from api.services.tenants import create_tenant
 from storage.models import WorkUnit
 from storage.runtime import Runtime
 from tests.conftest import now
 from tests.factories import embedding_line, validated_batch
+from workers import registration
 from workers.checkpoint import stored_dtype
 from workers.engine import EngineConfig, engine_arguments
 from workers.prefix_caching import caches_prefixes
+from workers.registration import AddRequest
 
 MEAN = {"pooler_config": {"seq_pooling_type": "MEAN"}}
 DOC = "A long document about the shipping of freight by rail, road and sea. " * 16  # ~250 tokens
@@ -114,8 +114,8 @@ def test_a_batch_on_a_model_that_caches_nothing_plans_no_cache_hits(
     embedding model as it is (LAST pooling: hits predicted) and registered with MEAN pooling
     (none)."""
     quiet = lambda _: None  # noqa: E731
-    models.add(runtime, AddRequest("emb", str(embed_model)), echo=quiet)
-    models.add(
+    registration.add(runtime, AddRequest("emb", str(embed_model)), echo=quiet)
+    registration.add(
         runtime,
         AddRequest("emb-mean", str(embed_model), engine_args=('pooler_config={"seq_pooling_type": "MEAN"}',)),
         echo=quiet,
