@@ -8,15 +8,14 @@ model name into files, prices or a listing asks this module, so there is one ans
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from scheduler.cost import ListPrice
+from storage.checkpoint_config import config_or_empty
 from storage.db import Database
 from storage.models import Model
 from storage.settings import Settings
@@ -88,13 +87,7 @@ def quantization_of(config: dict[str, Any]) -> str:
 
 def local_quantization(path: str) -> str:
     """The quantization of a local checkpoint directory; "none" when it cannot be read (S3)."""
-    config = Path(path) / "config.json"
-    if path.startswith("s3://") or not config.is_file():
-        return "none"
-    try:
-        return quantization_of(json.loads(config.read_text()))
-    except (OSError, ValueError):
-        return "none"
+    return quantization_of(config_or_empty(path))
 
 
 def task_of(config: dict[str, Any]) -> str:
@@ -112,13 +105,7 @@ def task_of(config: dict[str, Any]) -> str:
 
 def local_task(path: str) -> str:
     """The task of a local checkpoint directory; "generate" when it cannot be read (S3)."""
-    config = Path(path) / "config.json"
-    if path.startswith("s3://") or not config.is_file():
-        return GENERATE
-    try:
-        return task_of(json.loads(config.read_text()))
-    except (OSError, ValueError):
-        return GENERATE
+    return task_of(config_or_empty(path))
 
 
 def _entry(row: Model) -> ModelEntry:

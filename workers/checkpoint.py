@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from scheduler.utilization import ModelShape
 from storage.checkpoint_cache import local_checkpoint
+from storage.checkpoint_config import merged, read_config
 from storage.objectstore import s3_client
 from storage.registry import RegistryError, require
 
@@ -75,7 +76,7 @@ def weights(model_dir: Path) -> tuple[int, int]:
 
 
 def kv_bytes_per_token(config: dict) -> int:
-    text = config.get("text_config") or config  # multimodal configs nest the language model
+    text = merged(config)  # multimodal configs nest the language model
     layers = int(text["num_hidden_layers"])
     heads = int(text["num_attention_heads"])
     kv_heads = int(text.get("num_key_value_heads") or heads)
@@ -86,21 +87,21 @@ def kv_bytes_per_token(config: dict) -> int:
 def stored_dtype(model_dir: str | Path) -> tuple[str | None, bool]:
     """(config.json's dtype, whether the checkpoint is quantized); (None, False) if unreadable."""
     try:
-        config = json.loads((Path(model_dir) / "config.json").read_text())
+        config = read_config(model_dir)
     except (OSError, ValueError):
         return None, False
     return _dtype_of(config), _quantized(config)
 
 
 def _dtype_of(config: dict) -> str | None:
-    text = config.get("text_config") or config  # multimodal configs nest the language model
-    dtype = text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or config.get("dtype")
+    """The language model's dtype (``merged``: a multimodal config's text model's, else its own)."""
+    text = merged(config)
+    dtype = text.get("torch_dtype") or text.get("dtype")
     return str(dtype) if dtype else None
 
 
 def _quantized(config: dict) -> bool:
-    text = config.get("text_config") or config
-    return bool(config.get("quantization_config") or text.get("quantization_config"))
+    return bool(merged(config).get("quantization_config"))
 
 
 def model_shape(model_dir: str | Path, served_dtype: str | None = None) -> ModelShape | None:
@@ -111,13 +112,12 @@ def model_shape(model_dir: str | Path, served_dtype: str | None = None) -> Model
     directory = Path(model_dir)
     try:
         parameters, size = weights(directory)
-        config = json.loads((directory / "config.json").read_text())
+        config = read_config(directory)
         if parameters <= 0:
             raise ValueError("no safetensors weights")
-        text = config.get("text_config") or config
         width = TORCH_DTYPE_BYTES.get(served_dtype or "")
         if width is not None and not _quantized(config):
-            text["torch_dtype"] = served_dtype
+            config["torch_dtype"] = served_dtype
             size = parameters * width  # the engine converts every weight to this dtype
         return ModelShape(
             parameters=parameters,

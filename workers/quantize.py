@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from storage.checkpoint_config import read_config
 from storage.registry import quantization_of
 from workers.checkpoint import read_header
 
@@ -95,7 +96,7 @@ def check(request: QuantizeRequest) -> dict:
         raise QuantizeError(f"{request.source}: not a checkpoint (no config.json)")
     if request.destination.exists() and any(request.destination.iterdir()):
         raise QuantizeError(f"{request.destination}: already exists and is not empty")
-    config = json.loads(config_file.read_text())
+    config = read_config(request.source)
     existing = quantization_of(config)
     if existing != "none":
         raise QuantizeError(f"{request.source}: already quantized ({existing}); register it as it is")
@@ -142,7 +143,7 @@ def quantize(
             if env_python is None:
                 raise QuantizeError("calibrated quantization needs llm-compressor's environment")
             _calibrated(request, staging, env_python)
-        if quantization_of(json.loads((staging / "config.json").read_text())) != "w4a16":
+        if quantization_of(read_config(staging)) != "w4a16":
             raise QuantizeError("the written checkpoint does not describe W4A16 weights")
         if destination.exists():
             destination.rmdir()  # empty: check() refused a non-empty one

@@ -23,6 +23,7 @@ from api.services.job_events import Timeline, stopped_requests, timeline
 from api.services.models import list_models
 from api.services.reports import WORKER_STALE_SECONDS, as_int, ratio
 from scheduler.cost import ListPrice
+from storage.checkpoint_config import config_or_empty
 from storage.errors import ServiceError
 from storage.models import Batch, EngineSample, StoredFile, UnitStatus, WorkUnit
 from storage.registry import EMBED, GENERATE
@@ -321,7 +322,7 @@ def served_models(rt: Runtime) -> list[ModelView]:
     """The served models, from the model registry (rows and FREIGHT_MODELS declarations)."""
     views = []
     for entry in list_models(rt):
-        config = {} if entry.checkpoint.startswith("s3://") else _checkpoint_config(entry.checkpoint)
+        config = config_or_empty(entry.checkpoint)
         dtype = config.get("torch_dtype") or config.get("dtype")
         views.append(
             ModelView(
@@ -336,15 +337,6 @@ def served_models(rt: Runtime) -> list[ModelView]:
             )
         )
     return views
-
-
-def _checkpoint_config(path: str) -> dict:
-    """A local checkpoint's config.json; {} for unreadable ones (shown as unknown)."""
-    try:
-        config = json.loads((Path(path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return config if isinstance(config, dict) else {}
 
 
 @dataclass(frozen=True)
