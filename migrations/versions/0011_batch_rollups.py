@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from fractions import Fraction
 
 import sqlalchemy as sa
 from alembic import op
-
-from scheduler.cost import charged_micros
 
 revision = "0011"
 down_revision = "0010"
@@ -24,6 +23,14 @@ depends_on = None
 FINAL = ("completed", "failed", "expired", "cancelled")
 UNIT_COLUMNS = {"done": "units_done", "skipped": "units_skipped", "failed": "units_failed"}
 SUMMED = ("batches", "charged_batches", "charged_micros", *UNIT_COLUMNS.values())
+
+
+def charged_micros(cost_micros: int, multiplier: float) -> int:
+    """What a tier charged for an engine cost when this migration was written
+    (``scheduler.cost.charged_micros`` then): cost x its price multiplier, rounded half up. Frozen
+    here, as a migration's arithmetic must be: a later change to the pricing code must not change
+    what an upgrade from this revision backfills."""
+    return int(Fraction(cost_micros) * Fraction(multiplier) + Fraction(1, 2))
 
 
 def upgrade() -> None:
