@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from api.services import batches
 from api.services.job_events import Timeline, stopped_requests, timeline
 from api.services.models import list_models
+from api.services.monitoring import live_samples
 from api.services.reports import WORKER_STALE_SECONDS, as_int, ratio
 from scheduler.cost import ListPrice
 from storage.checkpoint_config import config_or_empty
@@ -398,11 +399,7 @@ def live_workers(rt: Runtime, now: float) -> list[WorkerView]:
     samples, so one idle longer drops out), from their latest sample and their running units."""
     since = now - WORKER_STALE_SECONDS
     with rt.db.read() as s:
-        samples = s.scalars(
-            select(EngineSample)
-            .where(EngineSample.started_at + EngineSample.seconds >= since)
-            .order_by(EngineSample.started_at, EngineSample.id)
-        ).all()
+        samples = live_samples(s, now)
         tokens = s.scalars(
             select(WorkUnit.worker).where(
                 WorkUnit.status == UnitStatus.RUNNING,

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import case, func, select
+from sqlalchemy.orm import Session
 
 from api.services.reports import (
     ALL,
@@ -64,6 +65,22 @@ class MetricsSnapshot:
     sla_attainment: Mapping[tuple[str, str], float]  # (tenant, model), last SLA_WINDOW_SECONDS
 
 
+def live_samples(s: Session, now: float) -> Sequence[EngineSample]:
+    """The engine samples of the last WORKER_STALE_SECONDS, oldest first: what the live-worker
+    gauges of /metrics and of the console's workers page are read from (an idle engine writes no
+    samples, so a worker idle longer drops out of both)."""
+    return s.scalars(
+        select(EngineSample)
+        .where(
+            # the first bound lets the index on started_at narrow the scan: no sample is
+            # longer than an hour (a period closes every FREIGHT_SAMPLE_SECONDS)
+            EngineSample.started_at >= now - WORKER_STALE_SECONDS - 3600,
+            EngineSample.started_at + EngineSample.seconds >= now - WORKER_STALE_SECONDS,
+        )
+        .order_by(EngineSample.started_at, EngineSample.id)
+    ).all()
+
+
 def metrics_snapshot(rt: Runtime, now: float) -> MetricsSnapshot:
     """Everything GET /metrics reports, read in one transaction. Gauges of batch and unit counts
     list every status (0 included) for every model seen or configured, so a count that drops to 0
@@ -116,17 +133,7 @@ def metrics_snapshot(rt: Runtime, now: float) -> MetricsSnapshot:
             for status, column in UNIT_COLUMNS.items():
                 if n := getattr(r, column):
                     unit_counts[(r.model, status)] += n
-        recent = s.execute(
-            select(EngineSample)
-            .where(
-                # the first bound lets the index on started_at narrow the scan: no sample is
-                # longer than an hour (a period closes every FREIGHT_SAMPLE_SECONDS)
-                EngineSample.started_at >= now - WORKER_STALE_SECONDS - 3600,
-                EngineSample.started_at + EngineSample.seconds >= now - WORKER_STALE_SECONDS,
-            )
-            .order_by(EngineSample.started_at, EngineSample.id)
-        ).scalars()
-        latest = {(r.worker, r.model): r for r in recent}  # ordered, so the last one wins
+        latest = {(r.worker, r.model): r for r in live_samples(s, now)}  # ordered: the last one wins
         busy: dict[tuple[str, str], float] = {}
         engine_cost: dict[tuple[str, str], float] = {}
         tokens: dict[tuple[str, str, str], int] = {}

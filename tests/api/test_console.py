@@ -16,6 +16,7 @@ import pytest
 
 from api.app import create_app
 from api.services import console
+from api.services.monitoring import metrics_snapshot
 from api.services.tenants import create_tenant
 from storage.models import ApiKey, Batch, EngineSample, UnitStatus, WorkUnit
 from tests.conftest import now
@@ -409,6 +410,9 @@ def test_models_queues_and_workers(app, runtime, keys, alpha):
     assert 'http-equiv="refresh"' in page
     [view] = console.live_workers(runtime, t)
     assert view.running_units == 1 and view.batch_fill == 0.5 and 0.9 < view.busy <= 1.0
+    # /metrics' worker gauges read the same samples (monitoring.live_samples): the same workers
+    [gauges] = metrics_snapshot(runtime, t).workers
+    assert (gauges.worker, gauges.model, gauges.batch_fill) == (view.worker, view.model, view.batch_fill)
 
 
 def test_revoking_the_key_signs_the_session_out(runtime, alpha, keys):
