@@ -13,6 +13,7 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
+    ColumnElement,
     Float,
     ForeignKey,
     Index,
@@ -23,6 +24,7 @@ from sqlalchemy import (
     UniqueConstraint,
     func,
 )
+from sqlalchemy.ext.hybrid import hybrid_property
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from storage.status import (  # UnitStatus: re-exported for callers
@@ -183,16 +185,25 @@ class Batch(Base):
     # the one transaction that added them (storage/rollup.py)
     rolled_up_at: Mapped[int | None] = mapped_column(BigInteger)
 
+    @hybrid_property
+    def finished_at(self) -> int | None:
+        """When the batch reached its final state (epoch seconds), None while it is not final:
+        exactly one of the final states' stamps is set on a final batch. The one definition the
+        API, reports, drop folders and retention read, on a row or in a query (a SQL COALESCE)."""
+        stamps = (self.completed_at, self.failed_at, self.expired_at, self.cancelled_at)
+        return next((at for at in stamps if at is not None), None)
 
-# final batches by when they ended (the coalesce is FINAL_AT of storage/retention.py): the window
-# of the SLA attainment that /metrics reads, and the usage report's period, without a full scan
-# (SQLite cannot reflect an expression index: a migration that copies `batches` in batch mode
-# on SQLite must create it again, see migrations/versions/0011_batch_rollups.py)
-Index(
-    "ix_batches_status_final_at",
-    Batch.status,
-    func.coalesce(Batch.completed_at, Batch.failed_at, Batch.expired_at, Batch.cancelled_at),
-)
+    @finished_at.inplace.expression
+    @classmethod
+    def _finished_at_expression(cls) -> ColumnElement[int | None]:
+        return func.coalesce(cls.completed_at, cls.failed_at, cls.expired_at, cls.cancelled_at)
+
+
+# final batches by when they ended (Batch.finished_at): the window of the SLA attainment that
+# /metrics reads, and the usage report's period, without a full scan (SQLite cannot reflect an
+# expression index: a migration that copies `batches` in batch mode on SQLite must create it
+# again, see migrations/versions/0011_batch_rollups.py)
+Index("ix_batches_status_final_at", Batch.status, Batch.finished_at)
 
 
 class Estimate(Base):

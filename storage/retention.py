@@ -8,16 +8,13 @@ are still stored. Shared by the API's file delete and the periodic cleanup (work
 
 from __future__ import annotations
 
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 
 from storage.models import Batch, StoredFile
 from storage.runtime import Runtime
 from storage.settings import Settings
 from storage.status import BatchStatus
 
-FINAL_STATUSES = tuple(s.value for s in BatchStatus if s.is_terminal)
-# when a batch reached its final status: exactly one of these is set on a final batch
-FINAL_AT = func.coalesce(Batch.completed_at, Batch.failed_at, Batch.expired_at, Batch.cancelled_at)
 DERIVED_FORMATS = ("jsonl", "parquet")  # api/services/files.py keeps conversions at derived/<id>.<fmt>
 
 
@@ -58,7 +55,7 @@ def purge_batch_data(rt: Runtime, batch_id: str, now: int) -> int:
     with rt.db.write() as s:
         s.execute(
             update(Batch)
-            .where(Batch.id == batch_id, Batch.status.in_(FINAL_STATUSES), Batch.purged_at.is_(None))
+            .where(Batch.id == batch_id, Batch.status.in_(BatchStatus.FINAL), Batch.purged_at.is_(None))
             .values(purged_at=now)
         )
     return deleted
@@ -71,7 +68,7 @@ def purge_batches_of_file(rt: Runtime, file_id: str, now: int) -> list[str]:
             s.scalars(
                 select(Batch.id).where(
                     Batch.input_file_id == file_id,
-                    Batch.status.in_(FINAL_STATUSES),
+                    Batch.status.in_(BatchStatus.FINAL),
                     Batch.purged_at.is_(None),
                 )
             )

@@ -25,7 +25,6 @@ from scheduler.cost import charged_micros
 from storage.models import Batch, BatchRollup, WorkUnit
 from storage.status import BatchStatus, UnitStatus
 
-FINAL_STATUSES = tuple(s.value for s in BatchStatus if s.is_terminal)
 UNIT_COLUMNS = {
     UnitStatus.DONE: "units_done",
     UnitStatus.SKIPPED: "units_skipped",
@@ -113,4 +112,4 @@ def roll_up_stragglers(s: Session, now: int, limit: int) -> int:
 def _ready() -> tuple[ColumnElement[bool], ...]:
     """Batches to roll up: not yet (the index on rolled_up_at finds them), final, units finished."""
     unfinished = exists().where(WorkUnit.batch_id == Batch.id, WorkUnit.status.not_in(UnitStatus.FINISHED))
-    return (Batch.rolled_up_at.is_(None), Batch.status.in_(FINAL_STATUSES), ~unfinished)
+    return (Batch.rolled_up_at.is_(None), Batch.status.in_(BatchStatus.FINAL), ~unfinished)

@@ -47,10 +47,10 @@ from storage.models import (
     WebhookDelivery,
 )
 from storage.quotas import OPEN_STATUSES
-from storage.retention import FINAL_AT, FINAL_STATUSES, delete_file_objects, purge_batch_data
+from storage.retention import delete_file_objects, purge_batch_data
 from storage.rollup import roll_up_stragglers
 from storage.runtime import Runtime
-from storage.status import DeliveryStatus, EstimateStatus
+from storage.status import BatchStatus, DeliveryStatus, EstimateStatus
 from workers.task_policy import one_error
 
 log = logging.getLogger(__name__)
@@ -187,8 +187,8 @@ def purge_batches(rt: Runtime, now: int, report: CleanupReport) -> None:
                 select(Batch.id)
                 .where(
                     Batch.purged_at.is_(None),
-                    Batch.status.in_(FINAL_STATUSES),
-                    or_(now - rt.settings.batch_data_retention_seconds >= FINAL_AT, input_gone),
+                    Batch.status.in_(BatchStatus.FINAL),
+                    or_(now - rt.settings.batch_data_retention_seconds >= Batch.finished_at, input_gone),
                 )
                 .limit(PASS_ROWS)
             )

@@ -34,7 +34,8 @@ from storage.models import Batch, DropFolder, DropObject, StoredFile
 from storage.objectstore import ObjectNotFound, ObjectStore, ObjectStoreError, iter_lines
 from storage.result_tables import write_results
 from storage.runtime import Runtime
-from workers.dropfolders import FINAL, FolderConfig, describe_error, folder_store, renew_lease
+from storage.status import BatchStatus
+from workers.dropfolders import FolderConfig, describe_error, folder_store, renew_lease
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +160,7 @@ def _claim_delivery(rt: Runtime, object_id: int, now: float) -> _Job | None:
             folder = s.get(DropFolder, obj.folder_id)
             assert folder is not None
             batch = s.get(Batch, obj.batch_id) if obj.batch_id else None
-            if batch is not None and batch.status not in FINAL:
+            if batch is not None and batch.status not in BatchStatus.FINAL:
                 raise _NotFinal
             output_key = errors_key = None
             if batch is not None:
@@ -182,7 +183,6 @@ def _claim_delivery(rt: Runtime, object_id: int, now: float) -> _Job | None:
 
 
 def batch_facts(b: Batch) -> BatchFacts:
-    finished = b.completed_at or b.failed_at or b.expired_at or b.cancelled_at
     errors = (b.errors or {}).get("data") or []
     return BatchFacts(
         id=b.id,
@@ -192,7 +192,7 @@ def batch_facts(b: Batch) -> BatchFacts:
         completion_window=b.completion_window,
         created_at=b.created_at,
         expires_at=b.expires_at,
-        finished_at=finished,
+        finished_at=b.finished_at,
         sla_met=b.sla_met,
         total=b.request_total,
         completed=b.request_completed,

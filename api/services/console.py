@@ -250,10 +250,9 @@ def job(rt: Runtime, tenant_id: str, batch_id: str, now: float) -> JobDetail:
         running = batches.running_counts(s, [batch]).get(batch.id, (0, 0))
         stopped = stopped_requests(s, [batch]).get(batch.id, 0)
         events = timeline(s, batch, now)
-    final = batch.completed_at or batch.failed_at or batch.expired_at or batch.cancelled_at
     start = float(batch.in_progress_at or batch.created_at)
     rates = dataclasses.replace(
-        throughput(runs, start, float(final or now)), tokens="input" if embeddings else "output"
+        throughput(runs, start, float(batch.finished_at or now)), tokens="input" if embeddings else "output"
     )
     return JobDetail(batch, source, rates, running, stopped, events)
 

@@ -116,9 +116,8 @@ def _batch_events(b: Batch, units: int) -> list[Event]:
 
 def timeline(s: Session, b: Batch, now: float) -> Timeline:
     """The batch's events, oldest first, at most ``MAX_EVENTS`` of them (see the module's notes)."""
-    final = b.completed_at or b.failed_at or b.expired_at or b.cancelled_at
     start = float(b.in_progress_at or b.created_at)
-    width = bucket_seconds(start, float(final or now))
+    width = bucket_seconds(start, float(b.finished_at or now))
     units = int(s.scalar(select(func.count()).select_from(WorkUnit).where(WorkUnit.batch_id == b.id)) or 0)
     events = _batch_events(b, units)
     unit_kinds: list[tuple[str, str, object, tuple[ColumnElement[bool], ...]]] = [

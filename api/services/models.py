@@ -40,9 +40,7 @@ def remove(rt: Runtime, name: str) -> ModelEntry:
                 )
             raise ServiceError("not_found", f"model {name!r} is not registered", code="model_not_found")
         open_batches = s.scalars(
-            select(Batch.id)
-            .where(Batch.model == name, Batch.status.not_in([st for st in BatchStatus if st.is_terminal]))
-            .limit(3)
+            select(Batch.id).where(Batch.model == name, Batch.status.not_in(BatchStatus.FINAL)).limit(3)
         ).all()
         if open_batches:
             raise ServiceError(

@@ -13,8 +13,6 @@ from sqlalchemy.orm import Session
 
 from api.services.reports import (
     ALL,
-    FINAL_AT,
-    FINAL_STATUSES,
     NO_MODEL,
     SLA_WINDOW_SECONDS,
     UNIT_STATUSES,
@@ -174,7 +172,7 @@ def metrics_snapshot(rt: Runtime, now: float) -> MetricsSnapshot:
         for tenant, model, cost, mult in s.execute(
             select(Tenant.name, Batch.model, Batch.cost_micros, Batch.price_multiplier)
             .join(Tenant, Tenant.id == Batch.tenant_id)
-            .where(live, Batch.status.in_(FINAL_STATUSES), Batch.cost_micros > 0)
+            .where(live, Batch.status.in_(BatchStatus.FINAL), Batch.cost_micros > 0)
         ):
             charged[(tenant, model or NO_MODEL)] += charged_micros(cost, mult)
         sla_batches: dict[tuple[str, str, str], int] = defaultdict(int)
@@ -195,7 +193,7 @@ def metrics_snapshot(rt: Runtime, now: float) -> MetricsSnapshot:
         outcomes = [
             BatchOutcome(tenant, model or NO_MODEL, final_at, met, done)
             for tenant, model, final_at, met, done in s.execute(
-                select(Tenant.name, Batch.model, FINAL_AT, Batch.sla_met, Batch.request_completed)
+                select(Tenant.name, Batch.model, Batch.finished_at, Batch.sla_met, Batch.request_completed)
                 .join(Tenant, Tenant.id == Batch.tenant_id)
                 .where(*in_window(since, until), Batch.sla_met.is_not(None))
             )

@@ -26,13 +26,9 @@ from storage.status import BatchStatus
 
 ALL = "*"  # tenant and model of the total row
 NO_MODEL = "-"  # model of a batch whose file failed validation before its model was known
-FINAL_STATUSES = tuple(s.value for s in BatchStatus if s.is_terminal)
 WORKER_STALE_SECONDS = 300.0  # a worker whose latest sample ended longer ago than this is not shown
 SLA_WINDOW_SECONDS = 86400  # freight_sla_attainment_ratio looks back this far
 UNIT_STATUSES = {UnitStatus.PENDING, UnitStatus.QUEUED, UnitStatus.RUNNING, *UnitStatus.FINISHED}
-
-# When a batch reached its final status: exactly one of these is set on a final batch.
-FINAL_AT = func.coalesce(Batch.completed_at, Batch.failed_at, Batch.expired_at, Batch.cancelled_at)
 
 
 def consistent_snapshot(s: Session, is_sqlite: bool) -> None:
@@ -131,9 +127,9 @@ _UNIT_METRICS = ("mean_fill", "mfu", "mbu")
 def in_window(since: float, until: float):
     """Final batches whose final stamp (integer epoch seconds) is in [since, until)."""
     return (
-        Batch.status.in_(FINAL_STATUSES),
-        math.ceil(since) <= FINAL_AT,
-        math.ceil(until) > FINAL_AT,
+        Batch.status.in_(BatchStatus.FINAL),
+        math.ceil(since) <= Batch.finished_at,
+        math.ceil(until) > Batch.finished_at,
     )
 
 
@@ -195,7 +191,7 @@ def usage_report(
     money = select(
         Tenant.name,
         Batch.model,
-        FINAL_AT,
+        Batch.finished_at,
         Batch.sla_met,
         Batch.request_completed,
         Batch.price_multiplier,

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy import event, func, select, true
 
 from api.services.monitoring import metrics_snapshot
-from api.services.reports import FINAL_STATUSES, NO_MODEL
+from api.services.reports import NO_MODEL
 from api.services.tenants import create_tenant
 from scheduler.cost import charged_micros
 from storage.lifecycle import finish_batch, finish_if_done, move_units, stop_batch
@@ -53,7 +53,7 @@ def full_scan(rt: Runtime) -> dict[str, dict]:
         for tenant, model, cost, mult in s.execute(
             select(Tenant.name, Batch.model, Batch.cost_micros, Batch.price_multiplier)
             .join(Tenant, Tenant.id == Batch.tenant_id)
-            .where(Batch.status.in_(FINAL_STATUSES), Batch.cost_micros > 0)
+            .where(Batch.status.in_(BatchStatus.FINAL), Batch.cost_micros > 0)
         ):
             charged[(tenant, model or NO_MODEL)] += charged_micros(cost, mult)
         sla = {
@@ -253,7 +253,7 @@ def test_migration_backfills_the_rollup(tmp_path: Path, runtime):
         n_unit = 0
         for i in range(30):
             status = ("completed", "expired", "cancelled", "failed", "in_progress", "finalizing")[i % 6]
-            final = status in FINAL_STATUSES
+            final = status in BatchStatus.FINAL
             stamp = {f"{status}_at": now - i} if final else {}
             insert(conn, "batches", id=f"batch_{i}", tenant_id=("t_alpha", "t_beta")[i % 2], endpoint="/v1/chat",
                    model=None if i == 3 else ("demo", "other")[i % 3 % 2], input_file_id="file-1",
