@@ -432,7 +432,6 @@ class DropObject(Base):
     batch_id: Mapped[str | None] = mapped_column(ForeignKey("batches.id", ondelete="SET NULL"))
     errors: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)  # why no batch was made
     created_at: Mapped[float] = mapped_column(Float)
-    validation_sent_at: Mapped[float | None] = mapped_column(Float)
     # delivery of the results (epoch seconds): lease of the deliverer, retries with backoff
     delivery_lease_at: Mapped[float | None] = mapped_column(Float)
     next_delivery_at: Mapped[float | None] = mapped_column(Float)

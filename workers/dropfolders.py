@@ -8,7 +8,9 @@ each final batch's results to ``<prefix>/outbox/`` and its input to ``archive/``
   folder's model) at a key fixed by its version, then one transaction adds the file row, the
   batch and the drop-object row, the last by insert-or-nothing on the unique (bucket, key, ETag).
   Two scanners racing, or a rescan after a crash at any point, make one batch: the loser's
-  transaction rolls back, and its copy was the same bytes at the same key.
+  transaction rolls back, and its copy was the same bytes at the same key. A batch whose
+  validation message was lost (a scanner that died after the commit) is sent again by the tick,
+  as every ``validating`` batch is (``workers.dispatcher.resend_lost_validations``).
 * ``deliver`` (``workers/dropfolder_delivery.py``) writes the outbox files and the manifest, then
   moves the input, under a per-object lease; every step may be redone, and the object is marked
   delivered last. ``workers/dropfolder_input.py`` streams an object into Freight's store.
@@ -27,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from scheduler.dropfolder_plan import (
@@ -66,8 +68,6 @@ from workers.dropfolder_input import InvalidInput, request_stream
 
 log = logging.getLogger(__name__)
 
-FINAL = [s.value for s in BatchStatus if s.is_terminal]
-RESEND_VALIDATION_AFTER = 60.0  # a batch whose validation task was never sent (crash after commit)
 DELIVERIES_PER_POLL = 100
 KNOWN_CHUNK = 500  # keys per IN (...) when looking up known versions
 
@@ -178,7 +178,7 @@ def _deliverable(now: float, free: float) -> list[Any]:
     """Conditions (with Batch outer-joined) for a drop object whose results are due to go out."""
     return [
         DropObject.delivered_at.is_(None),
-        or_(DropObject.batch_id.is_(None), Batch.status.in_(FINAL)),
+        or_(DropObject.batch_id.is_(None), Batch.status.in_(BatchStatus.FINAL)),
         or_(DropObject.next_delivery_at.is_(None), DropObject.next_delivery_at <= now),
         or_(DropObject.delivery_lease_at.is_(None), DropObject.delivery_lease_at < free),
     ]
@@ -223,7 +223,6 @@ def scan_folder(rt: Runtime, folder_id: str, now: float) -> ScanReport:
             elif created:
                 report.created.append(created)
             lease = renew_lease(rt, DropFolder, folder.id, "scan_lease_at", lease)
-        resend_validation(rt, folder.id, time.time())
     except Exception as exc:
         report.failed = _scan_failed(rt, folder, lease, exc, time.time())
         return report
@@ -316,7 +315,6 @@ def _create(
     )
     if batch is None:
         return None  # another scanner made this version a batch first
-    set_columns(rt, DropObject.batch_id == batch.id, validation_sent_at=time.time())
     return batch.id
 
 
@@ -352,32 +350,6 @@ def record_object(
         .returning(DropObject.id)
     )
     return s.execute(statement).scalar() is not None  # no row: the other transaction had it
-
-
-def resend_validation(rt: Runtime, folder_id: str, now: float) -> list[str]:
-    """Batches committed by a scanner that died before sending their validation task."""
-    with rt.db.read() as s:
-        stuck = list(
-            s.scalars(
-                select(Batch.id)
-                .join(DropObject, DropObject.batch_id == Batch.id)
-                .where(
-                    DropObject.folder_id == folder_id,
-                    DropObject.validation_sent_at.is_(None),
-                    DropObject.created_at < now - RESEND_VALIDATION_AFTER,
-                    Batch.status == BatchStatus.VALIDATING,
-                )
-            ).all()
-        )
-    for batch_id in stuck:
-        log.warning(
-            "batch %s from a drop folder was never sent to validation; sending it now",
-            batch_id,
-            extra={"batch_id": batch_id},
-        )
-        rt.queue.validate(batch_id)
-        set_columns(rt, DropObject.batch_id == batch_id, validation_sent_at=time.time())
-    return stuck
 
 
 def _known_versions(rt: Runtime, folder: FolderConfig, listing: list[Listed]) -> set[tuple[str, str]]:
@@ -480,8 +452,3 @@ def _scan_failed(rt: Runtime, folder: FolderConfig, lease: float, exc: Exception
 
 def describe_error(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"[:1000]
-
-
-def set_columns(rt: Runtime, *where: Any, model: type = DropObject, **values: Any) -> int:
-    with rt.db.write() as s:
-        return int(s.execute(update(model).where(*where).values(**values)).rowcount)

@@ -21,6 +21,7 @@ from api.services import dropfolders as folders_service
 from api.services.tenants import create_tenant
 from infra.daemons import free_port
 from scheduler.dropfolder_plan import InboxFile
+from storage.broker import VALIDATE_QUEUE
 from storage.models import Batch, DropFolder, DropObject, StoredFile, UnitStatus, WorkUnit
 from storage.objectstore import CHUNK
 from storage.runtime import Runtime
@@ -30,6 +31,7 @@ from storage.status import BatchStatus
 from tests.conftest import now
 from tests.factories import OMIT, chat_line, embedding_line, jsonl
 from workers import dropfolder_delivery, dropfolder_input, dropfolders, registration
+from workers.dispatcher import TickReport, resend_lost_validations
 from workers.embeddings import embeddings_body
 from workers.finalize import finalize_batch
 from workers.registration import AddRequest
@@ -158,7 +160,6 @@ def test_a_dropped_file_becomes_one_ordinary_batch(runtime, s3, bucket, folder):
         lines = [json.loads(x) for x in f.read().splitlines()]
     assert [x["body"]["model"] for x in lines] == ["demo", "demo"]  # the folder's model filled in
     assert (obj.key, obj.etag, obj.batch_id) == ("team/evals/inbox/data.jsonl", etag, batch.id)
-    assert obj.validation_sent_at is not None
 
     # the same version is never taken again; a re-upload with new content is a new batch
     assert dropfolders.scan_folder(runtime, folder, later()).created == []
@@ -258,25 +259,32 @@ def test_a_crash_between_creating_the_batch_and_recording_the_object(
 
 
 def test_a_crash_after_the_commit_before_validation_is_sent(runtime, s3, bucket, folder, monkeypatch):
+    """The scanner dies between the commit that made the batch and the send of its validation: no
+    second batch is made, and the tick's resend_lost_validations (which covers every
+    ``validating`` batch) sends it through the real broker once a lease has passed, once."""
     put(s3, bucket, "inbox/lost.jsonl", jsonl([line("a")]))
-    sent: list[str] = []
 
     def die(batch_id: str) -> None:
         raise RuntimeError("worker died before sending the validation task")
 
-    monkeypatch.setattr(runtime.queue, "validate", die)
-    assert dropfolders.scan_folder(runtime, folder, later()).failed
-    monkeypatch.setattr(runtime.queue, "validate", sent.append)
+    with monkeypatch.context() as crash:
+        crash.setattr(runtime.queue, "validate", die)
+        assert dropfolders.scan_folder(runtime, folder, later()).failed
     assert dropfolders.scan_folder(runtime, folder, later(60)).created == []  # known: no second batch
     assert counts(runtime)[:2] == (1, 1)
-    # once the batch has waited long enough, the scan sends its validation
     with runtime.db.read() as s:
-        batch_id = s.scalar(select(Batch.id))
-    assert dropfolders.resend_validation(runtime, folder, later(dropfolders.RESEND_VALIDATION_AFTER + 1)) == [
-        batch_id
-    ]
-    assert sent == [batch_id]
-    assert dropfolders.resend_validation(runtime, folder, later(3600)) == []  # once
+        batch_id, created = s.execute(select(Batch.id, Batch.created_at)).one()
+    lease = runtime.settings.lease_seconds
+    with runtime.queue.celery.connection_for_write() as conn:
+        client = conn.default_channel.client
+        client.delete(VALIDATE_QUEUE)
+        report = TickReport()
+        resend_lost_validations(runtime, created + lease - 1, report)  # may still be on its way
+        resend_lost_validations(runtime, created + lease + 1, report)
+        resend_lost_validations(runtime, created + lease + 2, report)  # once a lease, not a tick
+        sent = [json.loads(m)["headers"] for m in client.lrange(VALIDATE_QUEUE, 0, -1)]
+    assert report.revalidated == [batch_id]
+    assert [(h["task"], h["argsrepr"]) for h in sent] == [("freight.validate_batch", repr([batch_id]))]
 
 
 def test_an_ingest_with_the_broker_down_is_withdrawn_and_read_again(runtime, s3, bucket, folder):
