@@ -1,5 +1,6 @@
-"""Batch and work-unit state changes that several callers share, applied inside the caller's
-transaction. Every unit status change goes through ``move_units``."""
+"""Batch, work-unit and estimate state changes that several callers share, applied inside the
+caller's transaction. Every unit status change goes through ``move_units``, every estimate's
+through ``move_estimates``."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from typing import Any, cast
 from sqlalchemy import ColumnElement, CursorResult, func, select, update
 from sqlalchemy.orm import Session
 
-from storage.models import Batch, UnitStatus, WorkUnit
+from storage.models import Batch, Estimate, UnitStatus, WorkUnit
 from storage.rollup import roll_up
-from storage.status import BatchStatus, transition, unit_sources
+from storage.status import BatchStatus, EstimateStatus, estimate_sources, transition, unit_sources
 from storage.webhooks import record_events
 
 # states in which a batch's units may still run
@@ -65,6 +66,32 @@ def move_units(
     ``UNIT_TRANSITIONS`` does not allow. Returns how many units moved."""
     sources = unit_sources(from_, to)
     statement = update(WorkUnit).where(*where, WorkUnit.status.in_(sources)).values(status=to, **values)
+    return int(cast(CursorResult[Any], s.execute(statement)).rowcount)
+
+
+def move_estimates(
+    s: Session,
+    *where: ColumnElement[bool],
+    to: str,
+    now: int,
+    errors: dict[str, Any] | None = None,
+    **values: Any,
+) -> int:
+    """Move the estimates matching ``where`` to ``to`` as one compare-and-set UPDATE (the sources
+    ``ESTIMATE_TRANSITIONS`` allows are part of the WHERE, so of the task and the cleanup racing for
+    an estimate only one moves it), stamping ``finished_at`` with ``now``. A failed estimate says
+    why (``errors``, listed as a batch's would be); a completed one has no errors. ``values`` sets
+    the answer's other columns. Returns how many estimates moved."""
+    sources = estimate_sources(to)
+    if (to == EstimateStatus.FAILED) != (errors is not None):
+        raise ValueError(f"an estimate moving to {to} {'needs' if errors is None else 'takes no'} errors")
+    if errors is not None:
+        values["errors"] = errors
+    statement = (
+        update(Estimate)
+        .where(*where, Estimate.status.in_(sources))
+        .values(status=to, finished_at=now, **values)
+    )
     return int(cast(CursorResult[Any], s.execute(statement)).rowcount)
 
 

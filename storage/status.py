@@ -166,6 +166,24 @@ class EstimateStatus:
     FAILED = "failed"
 
 
+# every move an estimate's status may make: each is ``storage.lifecycle.move_estimates``'
+# compare-and-set UPDATE (its task's answer, its task's fault, the cleanup failing a lost one)
+ESTIMATE_TRANSITIONS: dict[str, frozenset[str]] = {
+    EstimateStatus.VALIDATING: frozenset({EstimateStatus.COMPLETED, EstimateStatus.FAILED}),
+    EstimateStatus.COMPLETED: frozenset(),
+    EstimateStatus.FAILED: frozenset(),
+}
+
+
+def estimate_sources(to: str) -> tuple[str, ...]:
+    """The states an estimate may move to ``to`` from (its compare-and-set's WHERE); raises
+    ValueError for a state nothing moves to."""
+    sources = tuple(s for s, targets in ESTIMATE_TRANSITIONS.items() if to in targets)
+    if not sources:
+        raise ValueError(f"no estimate moves to {to!r}")
+    return sources
+
+
 # -- webhooks ------------------------------------------------------------------------------------
 
 

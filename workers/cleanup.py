@@ -37,6 +37,7 @@ from typing import Any
 from sqlalchemy import delete, exists, or_, select, update
 from sqlalchemy.orm import aliased
 
+from storage.lifecycle import move_estimates
 from storage.models import (
     Batch,
     ConsoleSession,
@@ -137,12 +138,8 @@ def end_estimates(rt: Runtime, now: int, report: CleanupReport) -> None:
             .where(Estimate.status == EstimateStatus.VALIDATING, Estimate.created_at < lost_before)
             .limit(PASS_ROWS)
         ).all()
-        if lost:  # the status in the WHERE again: a task that finished meanwhile keeps its answer
-            s.execute(
-                update(Estimate)
-                .where(Estimate.id.in_(lost), Estimate.status == EstimateStatus.VALIDATING)
-                .values(status=EstimateStatus.FAILED, finished_at=now, errors=lost_error)
-            )
+        if lost:  # a compare-and-set: a task that finished meanwhile keeps its answer
+            move_estimates(s, Estimate.id.in_(lost), to=EstimateStatus.FAILED, now=now, errors=lost_error)
     report.estimates_lost = len(lost)
     if lost:
         log.warning("cleanup: %d estimates lost their task and were failed", len(lost))

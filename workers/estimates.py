@@ -43,6 +43,7 @@ from scheduler.estimate import (
     typical_output,
 )
 from scheduler.unit_plan import kv_block_size
+from storage.lifecycle import move_estimates
 from storage.models import Batch, EngineSample, Estimate, StoredFile, WorkUnit
 from storage.registry import lookup
 from storage.request_tables import metadata_defaults
@@ -95,30 +96,33 @@ def run(rt: Runtime, estimate_id: str) -> None:
         )
     except TokenizerUnavailable as exc:
         scanned, result = tokenizer_failure(estimate_id, str(exc)), None
-    with rt.db.write() as s:
-        row = s.get(Estimate, estimate_id, with_for_update=True)
-        if row is None or row.status != EstimateStatus.VALIDATING:
-            return
-        row.model = scanned.model
-        row.finished_at = int(time.time())
-        row.result = result
-        if scanned.error_count:  # the batch would fail validation: the same errors, nothing estimated
-            row.errors = error_list(scanned)
-            row.status = EstimateStatus.FAILED
-        else:
-            row.status = EstimateStatus.COMPLETED
+    answer: dict[str, Any] = {"model": scanned.model}
+    if result is not None:
+        answer["result"] = result
+    failed = bool(scanned.error_count)  # the batch would fail validation: the same errors, nothing estimated
+    with rt.db.write() as s:  # only a validating estimate moves: one answer is recorded
+        move_estimates(
+            s,
+            Estimate.id == estimate_id,
+            to=EstimateStatus.FAILED if failed else EstimateStatus.COMPLETED,
+            now=int(time.time()),
+            errors=error_list(scanned) if failed else None,
+            **answer,
+        )
 
 
 def fail(rt: Runtime, estimate_id: str, error: str) -> None:
     """An estimate that could not be made (its file gone, a fault of its task): ``failed``, saying why."""
     with rt.db.write() as s:
-        row = s.get(Estimate, estimate_id, with_for_update=True)
-        if row is None or row.status != EstimateStatus.VALIDATING:
-            return
-        row.status = EstimateStatus.FAILED
-        row.finished_at = int(time.time())
-        row.errors = one_error(error[:1000], code="estimate_failed")
-    log.warning("estimate %s failed: %s", estimate_id, error)
+        moved = move_estimates(
+            s,
+            Estimate.id == estimate_id,
+            to=EstimateStatus.FAILED,
+            now=int(time.time()),
+            errors=one_error(error[:1000], code="estimate_failed"),
+        )
+    if moved:
+        log.warning("estimate %s failed: %s", estimate_id, error)
 
 
 def estimate_file(
