@@ -20,7 +20,7 @@ from scheduler.leases import QueuedUnit, RunningUnit, plan_redelivery, plan_requ
 from scheduler.packing import Candidate, plan_packs
 from scheduler.sla import AdmissionDecision, admit, eta
 from storage.db import transaction_lock
-from storage.leases import lease_free
+from storage.leases import UNIT_LEASE, lease_free
 from storage.lifecycle import (
     NO_LIVE_COUNTS,
     finish_if_done,
@@ -375,13 +375,13 @@ def redeliver_stale(rt: Runtime, now: float, report: TickReport) -> None:
             give_up = [u for u in give_up if u.unit_id in still_stale]
         if retry:  # back to pending, in a few statements: the next packing pass queues them again
             ids = sorted(u.unit_id for u in retry)
-            moved = move_units_by_id(
+            # their workers' leases end over their heads: their heartbeats stopped
+            moved = UNIT_LEASE.revoke(
                 s,
                 ids,
                 from_=UnitStatus.RUNNING,
                 to=UnitStatus.PENDING,
                 # the lost attempt's live counts go too: its results were never recorded
-                worker=None,
                 pack_id=None,
                 **NO_LIVE_COUNTS,
             )

@@ -16,11 +16,11 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 
 from scheduler.cost import TokenWork, list_price_micros
 from scheduler.leases import renewal_due
-from storage.leases import release_lease, take_lease
+from storage.leases import FINALIZER_LEASE
 from storage.lifecycle import finish_batch, unfinished_units
 from storage.models import Batch, StoredFile, UnitStatus, WorkUnit, new_id
 from storage.objectstore import CHUNK
@@ -44,13 +44,41 @@ METERED = (
 )
 
 
+class _Lease:
+    """This finalizer's hold on the batch (``FINALIZER_LEASE``): its token is the time it was taken
+    or last renewed, so each renewal checks the token held and moves it to the renewal's time."""
+
+    def __init__(self, rt: Runtime, batch_id: str, token: float) -> None:
+        self.rt = rt
+        self.batch_id = batch_id
+        self.token = token
+        self.lost = False
+
+    def renew_if_due(self) -> None:
+        now = time.time()
+        if self.lost or not renewal_due(self.token, now, self.rt.settings.lease_seconds):
+            return
+        with self.rt.db.write() as s:
+            renewed = FINALIZER_LEASE.renew(s, self.batch_id, self.token, now)
+        if renewed:
+            self.token = now
+        else:  # it ran out and another finalizer took it: both write the same files, one commits
+            self.lost = True
+            log.warning("batch %s: the finalizer lease was taken over", self.batch_id)
+
+    def release(self) -> None:
+        try:
+            with self.rt.db.write() as s:
+                FINALIZER_LEASE.release(s, self.batch_id, self.token)
+        except Exception:  # the database is down too: the lease runs out instead
+            log.exception("batch %s: could not release the finalizer lease", self.batch_id)
+
+
 def _claim(rt: Runtime, batch_id: str, now: float) -> Batch | None:
     with rt.db.write() as s:
-        claimed = take_lease(
+        claimed = FINALIZER_LEASE.take(
             s,
-            Batch,
             batch_id,
-            "finalizer_heartbeat_at",
             now,
             Batch.status.in_([BatchStatus.FINALIZING, BatchStatus.CANCELLING]),
             now=now,
@@ -58,24 +86,18 @@ def _claim(rt: Runtime, batch_id: str, now: float) -> Batch | None:
         )
         if not claimed or unfinished_units(s, batch_id):
             if claimed:  # units still running: give the lease straight back
-                release_lease(s, Batch, batch_id, "finalizer_heartbeat_at", now)
+                FINALIZER_LEASE.release(s, batch_id, now)
             return None
         return s.get(Batch, batch_id)
 
 
-def _release(rt: Runtime, batch_id: str) -> None:
-    try:
-        with rt.db.write() as s:
-            s.execute(update(Batch).where(Batch.id == batch_id).values(finalizer_heartbeat_at=None))
-    except Exception:  # the database is down too: the lease runs out instead
-        log.exception("batch %s: could not release the finalizer lease", batch_id)
-
-
 def finalize_batch(rt: Runtime, batch_id: str) -> str | None:
     """Assemble the files and move the batch to its final state; returns that state, or None."""
-    batch = _claim(rt, batch_id, time.time())
+    taken = time.time()
+    batch = _claim(rt, batch_id, taken)
     if batch is None:
         return None
+    lease = _Lease(rt, batch_id, taken)
     stop_code = "batch_cancelled" if batch.status == BatchStatus.CANCELLING else "batch_expired"
     with rt.db.read() as s:
         units = s.scalars(select(WorkUnit).where(WorkUnit.batch_id == batch_id).order_by(WorkUnit.seq)).all()
@@ -86,10 +108,10 @@ def finalize_batch(rt: Runtime, batch_id: str) -> str | None:
     try:
         for kind in counts:
             sizes[kind] = rt.store.put_chunks(
-                keys[kind], _assemble(rt, batch_id, units, kind, stop_code, counts)
+                keys[kind], _assemble(rt, lease, units, kind, stop_code, counts)
             )
     except Exception:
-        _release(rt, batch_id)  # the store gave up (an outage past its retries): the next tick retries
+        lease.release()  # the store gave up (an outage past its retries): the next tick retries
         raise
 
     now = int(time.time())
@@ -136,7 +158,7 @@ def finalize_batch(rt: Runtime, batch_id: str) -> str | None:
         else:
             final = BatchStatus.COMPLETED
         finish_batch(s, batch, final, now)
-        batch.finalizer_heartbeat_at = None
+        FINALIZER_LEASE.release(s, batch_id, lease.token)
     log.info(
         "batch %s %s: %d output lines, %d error lines", batch_id, final, counts["output"], counts["errors"]
     )
@@ -144,10 +166,10 @@ def finalize_batch(rt: Runtime, batch_id: str) -> str | None:
 
 
 def _assemble(
-    rt: Runtime, batch_id: str, units: list[WorkUnit], kind: str, stop_code: str, counts: dict[str, int]
+    rt: Runtime, lease: _Lease, units: list[WorkUnit], kind: str, stop_code: str, counts: dict[str, int]
 ) -> Iterator[bytes]:
-    """The bytes of one result file, unit by unit in file order; counts lines as it goes."""
-    last_beat = time.time()
+    """The bytes of one result file, unit by unit in file order; counts lines as it goes and
+    renews the finalizer lease when it is due."""
     ids = _ShardIds(rt)
     for unit, stream in _opened(rt, units, kind):
         if stream is not None:
@@ -160,10 +182,7 @@ def _assemble(
             for custom_id in ids.of(unit):
                 counts[kind] += 1
                 yield encode(stopped_line(custom_id, code))
-        if renewal_due(last_beat, time.time(), rt.settings.lease_seconds):
-            last_beat = time.time()
-            with rt.db.write() as s:
-                s.execute(update(Batch).where(Batch.id == batch_id).values(finalizer_heartbeat_at=last_beat))
+        lease.renew_if_due()
 
 
 class _ShardIds:

@@ -28,6 +28,7 @@ from storage.lifecycle import NO_LIVE_COUNTS, finish_batch, move_units
 from storage.models import Batch, UnitStatus, WorkUnit
 from storage.objectstore import ObjectChanged, ObjectNotFound, ObjectStoreError
 from storage.objectstore_retry import transient as store_call_transient
+from storage.leases import FINALIZER_LEASE, VALIDATION_LEASE
 from storage.runtime import Runtime
 from storage.status import BatchStatus
 from workers.identity import SEP
@@ -158,7 +159,7 @@ def fail_validation(rt: Runtime, error: str, batch_id: str) -> bool:
             return False
         batch.errors = one_error(f"validation failed: {error}")
         batch.request_total = 0
-        batch.validation_heartbeat_at = None
+        VALIDATION_LEASE.revoke(s, [batch_id])
         finish_batch(s, batch, BatchStatus.FAILED, int(time.time()))
     log.error("batch %s failed: validation failed: %s", batch_id, error)
     return True
@@ -185,7 +186,7 @@ def fail_finalization(rt: Runtime, error: str, batch_id: str) -> bool:
         if batch is None or batch.status not in (BatchStatus.FINALIZING, BatchStatus.CANCELLING):
             return False
         batch.errors = one_error(message)
-        batch.finalizer_heartbeat_at = None
+        FINALIZER_LEASE.revoke(s, [batch_id])
         if batch.status == BatchStatus.CANCELLING:
             log.error("batch %s (cancelling): %s", batch_id, message)
             return False

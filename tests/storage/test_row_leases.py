@@ -1,17 +1,29 @@
 """The lease helper (storage/leases.py) on each database Freight supports: of two claims racing
 exactly one wins, a lease that ran out can be taken over, and a holder whose lease was taken over
-can neither renew nor release it."""
+can neither renew nor release it; and no product code writes a lease column but through it."""
 
 from __future__ import annotations
 
+import ast
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from storage.db import Database
-from storage.leases import release_lease, renew_lease, take_lease
-from storage.models import DropFolder, Tenant
+from storage.leases import (
+    FINALIZER_LEASE,
+    KEEPERS,
+    UNIT_LEASE,
+    VALIDATION_LEASE,
+    release_lease,
+    renew_lease,
+    take_lease,
+)
+from storage.models import Batch, DropFolder, StoredFile, Tenant, UnitStatus, WorkUnit
+from storage.status import BatchStatus
 
 LEASE = 30.0
 T0 = 1_000_000.0
@@ -110,3 +122,144 @@ def test_a_lease_without_expiry_is_free_only_when_null(db, folder_id):
         assert not take_lease(s, DropFolder, folder_id, "last_error", "w2")
         assert release_lease(s, DropFolder, folder_id, "last_error", "w1")
         assert take_lease(s, DropFolder, folder_id, "last_error", "w2")
+
+
+@pytest.fixture
+def batch_id(db: Database, folder_id: str) -> str:
+    """A batch finalizing, with two pending units."""
+    with db.write() as s:
+        folder = s.get(DropFolder, folder_id)
+        assert folder is not None
+        f = StoredFile(tenant_id=folder.tenant_id, purpose="batch", filename="in.jsonl", bytes=1,
+                       object_key="k", created_at=int(T0))  # fmt: skip
+        s.add(f)
+        s.flush()
+        batch = Batch(tenant_id=folder.tenant_id, endpoint="/v1/chat/completions", input_file_id=f.id,
+                      completion_window="24h", status=BatchStatus.FINALIZING, created_at=int(T0),
+                      expires_at=int(T0) + 86400)  # fmt: skip
+        s.add(batch)
+        s.flush()
+        for seq in range(2):
+            s.add(WorkUnit(batch_id=batch.id, seq=seq, model="demo", shard_key="k", first_line=seq,
+                           n_requests=1))  # fmt: skip
+        return batch.id
+
+
+def test_the_keeper_refuses_a_stale_finalizers_renewal_and_release(db, batch_id):
+    """A finalizer whose lease ran out and was taken over (workers/finalize.py holds the time it
+    took or last renewed the lease as its token) neither renews nor releases the new holder's."""
+    with db.write() as s:
+        assert FINALIZER_LEASE.take(s, batch_id, T0, now=T0, lease_seconds=LEASE)
+        assert not FINALIZER_LEASE.take(s, batch_id, T0 + 1, now=T0 + 1, lease_seconds=LEASE)
+        assert FINALIZER_LEASE.renew(s, batch_id, T0, T0 + 10)  # the holder's own token renews
+        assert FINALIZER_LEASE.take(s, batch_id, T0 + 50, now=T0 + 50, lease_seconds=LEASE)  # ran out
+        assert not FINALIZER_LEASE.renew(s, batch_id, T0 + 10, T0 + 60)  # the stale holder's
+        assert not FINALIZER_LEASE.release(s, batch_id, T0 + 10)
+    with db.read() as s:
+        assert s.scalar(select(Batch.finalizer_heartbeat_at).where(Batch.id == batch_id)) == T0 + 50
+    with db.write() as s:
+        assert FINALIZER_LEASE.release(s, batch_id, T0 + 50)
+        assert FINALIZER_LEASE.take(s, batch_id, T0 + 51, now=T0 + 51, lease_seconds=LEASE)
+        # the task policy failing the batch ends the lease whoever holds it
+        assert VALIDATION_LEASE.revoke(s, [batch_id]) == 1
+        assert FINALIZER_LEASE.revoke(s, [batch_id]) == 1
+    with db.read() as s:
+        assert s.scalar(select(Batch.finalizer_heartbeat_at).where(Batch.id == batch_id)) is None
+
+
+def test_a_unit_lease_moves_the_units_status_and_refuses_a_stale_holder(db, batch_id):
+    with db.read() as s:
+        first, second = s.scalars(
+            select(WorkUnit.id).where(WorkUnit.batch_id == batch_id).order_by(WorkUnit.id)
+        )
+    claim = {"from_": (UnitStatus.PENDING, UnitStatus.QUEUED), "to": UnitStatus.RUNNING}
+    back = {"from_": UnitStatus.RUNNING, "to": UnitStatus.PENDING}
+    with db.write() as s:
+        assert UNIT_LEASE.take(s, first, "w1", **claim, heartbeat_at=T0)
+        assert not UNIT_LEASE.take(s, first, "w2", **claim)  # held: no second claim
+        assert UNIT_LEASE.take(s, second, "w1", **claim, heartbeat_at=T0)
+        # the tick takes the first back over w1's head (its heartbeats stopped); w2 claims it
+        assert UNIT_LEASE.revoke(s, [first], **back) == 1
+        assert UNIT_LEASE.take(s, first, "w2", **claim)
+        assert not UNIT_LEASE.release(s, first, "w1", **back)  # w1's lease on it is gone
+        assert UNIT_LEASE.release(s, second, "w1", **back, attempts=0)
+    with db.read() as s:
+        rows = s.execute(select(WorkUnit.status, WorkUnit.worker).order_by(WorkUnit.id)).all()
+    assert [tuple(r) for r in rows] == [(UnitStatus.RUNNING, "w2"), (UnitStatus.PENDING, None)]
+
+
+# -- no lease column is written but through storage/leases.py -------------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+LEASE_COLUMNS = {keeper.column for keeper in KEEPERS}
+# the engine worker's claim (take_lease with the move to running in its values) and its give-back
+# at shutdown (move_units with worker=None, its WHERE the claim's token): they move to UNIT_LEASE
+# with the split of workers/execution.py (issue #46 part 1), whose author was not to be disturbed
+NOT_YET = {"workers/execution.py", "workers/unit_claims.py"}
+WRITES = {"values", "move_units", "move_units_by_id"}  # calls whose keywords are column writes
+LEASE_CALLS = {"take_lease", "renew_lease", "release_lease"}  # a status move there bypasses move_units
+
+
+def _name(func: ast.expr) -> str:
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+
+
+def written(node: ast.AST) -> list[str]:
+    """The lease columns ``node`` writes: a keyword of an UPDATE's ``.values(...)`` or of
+    ``move_units``, a key of a dict passed to one, an assignment to a row's attribute
+    (``batch.finalizer_heartbeat_at = None``), a ``setattr`` naming one; and "status" for a status
+    move made inside a lease call (it belongs to ``move_units``)."""
+    columns: list[str] = []
+    if isinstance(node, ast.Call) and _name(node.func) in WRITES:
+        columns += [k.arg for k in node.keywords if k.arg]
+        for arg in [*node.args, *(k.value for k in node.keywords if k.arg is None)]:
+            if isinstance(arg, ast.Dict):
+                columns += [k.value for k in arg.keys if isinstance(k, ast.Constant)]
+    elif isinstance(node, ast.Call) and _name(node.func) in LEASE_CALLS:
+        return ["status"] if any(k.arg == "status" for k in node.keywords) else []
+    elif isinstance(node, ast.Call) and _name(node.func) == "setattr" and len(node.args) > 1:
+        if isinstance(node.args[1], ast.Constant):
+            columns.append(node.args[1].value)
+    elif isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        columns += [t.attr for t in targets if isinstance(t, ast.Attribute)
+                    and not (isinstance(t.value, ast.Name) and t.value.id == "self")]  # fmt: skip
+    return [c for c in columns if c in LEASE_COLUMNS]
+
+
+def raw_lease_writes() -> list[str]:
+    """Every write of a lease column (``written``) in the product code outside storage/leases.py."""
+    found = []
+    for folder in ("storage", "workers", "api"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            where = str(path.relative_to(REPO))
+            if where == "storage/leases.py" or where in NOT_YET:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                found += [f"{where}:{getattr(node, 'lineno', 0)} {column}" for column in written(node)]
+    return found
+
+
+def test_no_lease_column_is_written_but_through_the_keeper():
+    assert raw_lease_writes() == []
+
+
+@pytest.mark.parametrize(
+    ("sample", "column"),
+    [
+        ("s.execute(update(Batch).values(finalizer_heartbeat_at=None))", "finalizer_heartbeat_at"),
+        ("batch.scan_lease_at = 1.0", "scan_lease_at"),
+        ("move_units(s, w, from_=a, to=b, worker=None)", "worker"),
+        ("s.execute(update(T).values({'delivery_lease_at': None}))", "delivery_lease_at"),
+        ("setattr(batch, 'validation_heartbeat_at', None)", "validation_heartbeat_at"),
+        ("take_lease(s, WorkUnit, 1, 'worker', 't', status=RUNNING)", "status"),
+    ],
+)
+def test_the_source_scan_sees_each_form_of_a_raw_lease_write(sample, column):
+    """The scan on the forms it looks for: a scan that passes could otherwise be a blind one."""
+    assert [c for node in ast.walk(ast.parse(sample)) for c in written(node)] == [column]
+
+
+def test_the_source_scan_passes_what_is_not_a_lease_write():
+    harmless = "self.worker = worker\nconfigure(worker=name)\nEngineSample(worker=w)\nrow.status = 'x'"
+    assert [c for node in ast.walk(ast.parse(harmless)) for c in written(node)] == []

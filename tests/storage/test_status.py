@@ -120,14 +120,20 @@ def _status(node: ast.expr) -> list[str]:
 
 def _moves_in_source() -> set[tuple[str, str]]:
     """The (from, to) of every ``move_units(...)``, ``move_units_by_id(...)`` and
-    ``unit_sources(...)`` call in the code."""
+    ``unit_sources(...)`` call in the code, and of every lease keeper's (``UNIT_LEASE.take(...,
+    from_=..., to=...)``: storage/leases.py moves a unit's status with its lease)."""
     found = set()
     for folder in ("storage", "workers", "api"):
         for path in (REPO / folder).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
-                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+                if not isinstance(node, ast.Call):
                     continue
-                if node.func.id in ("move_units", "move_units_by_id"):
+                if isinstance(node.func, ast.Attribute) and node.func.attr in ("take", "release", "revoke"):
+                    kw = {k.arg: k.value for k in node.keywords}
+                    sources, target = kw.get("from_"), kw.get("to")
+                elif not isinstance(node.func, ast.Name):
+                    continue
+                elif node.func.id in ("move_units", "move_units_by_id"):
                     kw = {k.arg: k.value for k in node.keywords}
                     sources, target = kw.get("from_"), kw.get("to")
                 elif node.func.id == "unit_sources" and len(node.args) == 2:
