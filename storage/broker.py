@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from celery import Celery
@@ -41,19 +42,35 @@ CONTROL_ROLES: dict[str, tuple[str, ...]] = {
     "validate": (VALIDATE_QUEUE, LEGACY_CONTROL_QUEUE),
     "webhook": (WEBHOOK_QUEUE,),
 }
-# task name -> queue, for every send (also one that names no queue, and beat's)
-TASK_QUEUES = {
-    "freight.tick": TICK_QUEUE,
-    "freight.cleanup": TICK_QUEUE,
-    "freight.scan_dropfolders": TICK_QUEUE,
-    "freight.finalize_batch": FINALIZE_QUEUE,
-    "freight.scan_dropfolder": FINALIZE_QUEUE,
-    "freight.deliver_dropfolder_object": FINALIZE_QUEUE,
-    "freight.validate_batch": VALIDATE_QUEUE,
-    "freight.validate_chunk": VALIDATE_QUEUE,
-    "freight.estimate": VALIDATE_QUEUE,
-    "freight.deliver_webhook": WEBHOOK_QUEUE,
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A task as both sides know it: the queue it is sent to (None: the model's own, see
+    ``model_queue``) and its positional arguments, by name. ``TaskQueue`` sends only through
+    this table, and ``workers.tasks`` declares each task against it (checked when the module is
+    imported), so a task renamed, moved or given another argument cannot drift from its sender."""
+
+    queue: str | None
+    args: tuple[str, ...] = ()
+
+
+# every task Freight sends or beat schedules
+TASKS: dict[str, TaskSpec] = {
+    "freight.tick": TaskSpec(TICK_QUEUE),
+    "freight.cleanup": TaskSpec(TICK_QUEUE),
+    "freight.scan_dropfolders": TaskSpec(TICK_QUEUE),
+    "freight.finalize_batch": TaskSpec(FINALIZE_QUEUE, ("batch_id",)),
+    "freight.scan_dropfolder": TaskSpec(FINALIZE_QUEUE, ("folder_id",)),
+    "freight.deliver_dropfolder_object": TaskSpec(FINALIZE_QUEUE, ("object_id",)),
+    "freight.validate_batch": TaskSpec(VALIDATE_QUEUE, ("batch_id",)),
+    "freight.validate_chunk": TaskSpec(VALIDATE_QUEUE, ("batch_id", "chunk_id")),
+    "freight.estimate": TaskSpec(VALIDATE_QUEUE, ("estimate_id",)),
+    "freight.deliver_webhook": TaskSpec(WEBHOOK_QUEUE, ("delivery_id",)),
+    "freight.run_pack": TaskSpec(None, ("pack_id", "unit_ids", "more_coming", "urgent")),
 }
+# task name -> queue, for every send (also one that names no queue, and beat's)
+TASK_QUEUES = {name: spec.queue for name, spec in TASKS.items() if spec.queue is not None}
 # what sending a task raises when the broker cannot be reached (after kombu's own retries)
 BROKER_ERRORS = (KombuOperationalError, ConnectionError)
 # A key the dispatcher keeps in the broker: gone means the broker lost its data, messages included.
@@ -159,22 +176,31 @@ class TaskQueue:
         with self._redis() as client:
             return None if client is None else int(client.zcount(ASKS_KEY + model, now, "+inf"))
 
+    def _send(self, name: str, *args: Any, queue: str | None = None, **options: Any) -> None:
+        """Send task ``name`` with its positional ``args`` (``TASKS`` names them), to its queue
+        (``queue``: for a task whose queue is the model's)."""
+        spec = TASKS[name]
+        if len(args) != len(spec.args):
+            raise TypeError(f"{name} takes {', '.join(spec.args) or 'no arguments'}; got {len(args)}")
+        target = spec.queue or queue
+        if target is None:
+            raise TypeError(f"{name} is sent to a model's queue: name it")
+        self.celery.send_task(name, args=list(args), queue=target, **options)
+
     def validate(self, batch_id: str, countdown: float | None = None) -> None:
         """``countdown``: not before this many seconds (a validation waiting for its tenant's turn)."""
-        self.celery.send_task(
-            "freight.validate_batch", args=[batch_id], queue=VALIDATE_QUEUE, countdown=countdown
-        )
+        self._send("freight.validate_batch", batch_id, countdown=countdown)
 
     def validate_chunk(self, batch_id: str, chunk_id: int) -> None:
         """One chunk of a large input: any validation process of any control worker may take it."""
-        self.celery.send_task("freight.validate_chunk", args=[batch_id, chunk_id], queue=VALIDATE_QUEUE)
+        self._send("freight.validate_chunk", batch_id, chunk_id)
 
     def estimate(self, estimate_id: str) -> None:
         """A dry run: its file read as validation reads a batch's, on the validation role."""
-        self.celery.send_task("freight.estimate", args=[estimate_id], queue=VALIDATE_QUEUE)
+        self._send("freight.estimate", estimate_id)
 
     def finalize(self, batch_id: str) -> None:
-        self.celery.send_task("freight.finalize_batch", args=[batch_id], queue=FINALIZE_QUEUE)
+        self._send("freight.finalize_batch", batch_id)
 
     def run_pack(
         self,
@@ -187,23 +213,15 @@ class TaskQueue:
         """``more_coming``: batches that may be of this model were still validating when the pack
         was made, so an idle worker may wait a moment to merge them (FREIGHT_FEED_MERGE_SECONDS).
         ``urgent``: the units the worker runs ahead of its elevator (the plan's, after the share cap)."""
-        self.celery.send_task(
-            "freight.run_pack", args=[pack_id, unit_ids, more_coming, urgent or []], queue=model_queue(model)
-        )
+        self._send("freight.run_pack", pack_id, unit_ids, more_coming, urgent or [], queue=model_queue(model))
 
     def scan_dropfolder(self, folder_id: str, expires: float) -> None:
-        self.celery.send_task(
-            "freight.scan_dropfolder", args=[folder_id], queue=FINALIZE_QUEUE, expires=expires
-        )
+        self._send("freight.scan_dropfolder", folder_id, expires=expires)
 
     def deliver_dropfolder_object(self, object_id: int, expires: float) -> None:
-        self.celery.send_task(
-            "freight.deliver_dropfolder_object", args=[object_id], queue=FINALIZE_QUEUE, expires=expires
-        )
+        self._send("freight.deliver_dropfolder_object", object_id, expires=expires)
 
     def deliver_webhook(self, delivery_id: int, expires: float) -> None:
         """One attempt of a webhook delivery. ``expires`` (epoch seconds): a message that waited
         past it is dropped, the tick having sent a fresh one meanwhile."""
-        self.celery.send_task(
-            "freight.deliver_webhook", args=[delivery_id], queue=WEBHOOK_QUEUE, expires=expires
-        )
+        self._send("freight.deliver_webhook", delivery_id, expires=expires)

@@ -64,9 +64,7 @@ def run_control_role(settings: Settings, role: str, name: str | None) -> None:
     # webhook attempts wait on the network, each within its own deadline: threads wait cheaper
     pool = "threads" if role == "webhook" else "prefork"
     if pool == "threads":  # the threads share one runtime and connection pool, made before they run
-        from workers.tasks import runtime_of
-
-        runtime_of(app).db  # noqa: B018 (built now: a cached property is not safe to race on)
+        app.runtime.db  # noqa: B018 (built now: a cached property is not safe to race on)
     argv = ["worker", "-P", pool, "-c", str(concurrency), "-Q", queues, "-n", role_name(name, role)]
     run_then_exit(
         app,
@@ -151,7 +149,6 @@ def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
     from workers.engine_metrics import EngineMetricsUnavailable, serve_engine_metrics
     from workers.execution import PackRunner
     from workers.identity import node_name
-    from workers.tasks import runtime_of
 
     worker = node_name(name, model)
     configure_settings(settings, worker=worker)  # every line of this process names the worker
@@ -188,9 +185,9 @@ def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
     except (EngineUnsupported, EngineStartFailed) as exc:  # the queue keeps the model's work
         raise BootstrapError(str(exc)) from exc
     runner = PackRunner(
-        runtime_of(app), engine, model, worker, price_per_hour=entry.price_per_hour(settings)
+        app.runtime, engine, model, worker, price_per_hour=entry.price_per_hour(settings)
     ).start()
-    app.freight_runner = runner
+    app.runner = runner
 
     @signals.worker_shutdown.connect(weak=False)
     def drain(**_: object) -> None:  # warm shutdown (SIGTERM): finish or hand back, then stop

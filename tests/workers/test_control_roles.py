@@ -69,7 +69,7 @@ def test_a_tenant_at_its_validation_cap_waits_while_others_validate(settings, re
             s.execute(update(Batch).where(Batch.id.in_(running)).values(validation_heartbeat_at=t))
 
         app = make_celery(settings)
-        app.freight_runtime = rt
+        app.runtime = rt
         result = app.tasks["freight.validate_batch"].apply(args=[waiting])
         assert result.successful()
         row = batch_row(rt, waiting)

@@ -27,7 +27,7 @@ LINES = [chat_line("a"), chat_line("b")]
 def worker_app(rt: Runtime):
     """A worker process's Celery app, its tasks run in-process (``apply``: retries run at once)."""
     app = make_celery(rt.settings)
-    app.freight_runtime = rt
+    app.runtime = rt
     return app
 
 
@@ -84,7 +84,7 @@ def test_an_object_store_outage_retries_validation_then_leaves_it_to_the_lease(
     assert dispatcher.tick(runtime, row.validation_due_at + lease - 1).revalidated == []
     assert dispatcher.tick(runtime, row.validation_due_at + lease + 1).revalidated == [batch.id]
     # and with the store back, that delivery validates it
-    app.freight_runtime = runtime
+    app.runtime = runtime
     app.tasks["freight.validate_batch"].apply(args=[batch.id])
     assert batch_row(runtime, batch.id).status == BatchStatus.IN_PROGRESS
 
@@ -245,7 +245,7 @@ def test_past_the_soft_limit_a_wrapped_error_is_still_the_time_limits() -> None:
 
     from celery.exceptions import SoftTimeLimitExceeded
 
-    from workers.tasks import TaskTimeLimit, _time_limited
+    from workers.task_policy import TaskTimeLimit, time_limited
 
     def load_tokenizer() -> None:
         try:
@@ -259,9 +259,9 @@ def test_past_the_soft_limit_a_wrapped_error_is_still_the_time_limits() -> None:
 
     setting = "FREIGHT_VALIDATION_TIME_LIMIT_SECONDS"
     with pytest.raises(TaskTimeLimit, match=rf"ran past its time limit of 0.5s \({setting}\)"):
-        _time_limited(load_tokenizer, seconds=0.5, setting=setting)()
+        time_limited(load_tokenizer, 0.5, setting)()
     with pytest.raises(RuntimeError, match="could not be loaded"):  # no limit reached: its own error
-        _time_limited(unrelated, seconds=0.5, setting=setting)()
+        time_limited(unrelated, 0.5, setting)()
 
 
 def test_the_hard_limits_handler_does_not_wait_for_the_killed_process_rows(settings, runtime, tenant):
@@ -273,14 +273,13 @@ def test_the_hard_limits_handler_does_not_wait_for_the_killed_process_rows(setti
 
     from sqlalchemy import create_engine, text
 
-    from workers import tasks
-
     if not settings.database_url.startswith("postgresql"):
         pytest.skip("SQLite has no row locks: its one writer holds them all")
     batch_id = upload_and_create(runtime, tenant, LINES).id
     error = "internal error in step validate_batch: TaskTimeLimit: ran past its time limit and was killed"
+    task = worker_app(runtime).tasks["freight.validate_batch"]  # its fault: the batch fails
     record = functools.partial(
-        tasks.record_killed, settings, task_policy.fail_validation, error, "validate_batch", (batch_id,)
+        task_policy.record_killed, task, task.fault, error, "validate_batch", (batch_id,)
     )
     stuck = create_engine(settings.database_url)
     try:
@@ -288,10 +287,10 @@ def test_the_hard_limits_handler_does_not_wait_for_the_killed_process_rows(setti
             conn.execute(text("SELECT id FROM batches WHERE id = :id FOR UPDATE"), {"id": batch_id})
             started = time.monotonic()
             assert record() is False  # it did not wait for the holder
-            assert time.monotonic() - started < tasks.KILLED_LOCK_WAIT_MS / 1000 + 3
+            assert time.monotonic() - started < task_policy.KILLED_LOCK_WAIT_MS / 1000 + 3
             assert batch_row(runtime, batch_id).status == BatchStatus.VALIDATING
             retrying = threading.Thread(
-                target=tasks.retry_killed, args=(record, "validate_batch", (batch_id,))
+                target=task_policy.retry_killed, args=(record, "validate_batch", (batch_id,))
             )
             retrying.start()
             time.sleep(1.5)
