@@ -3,9 +3,9 @@ processes that each drive many simulated engine workers.
 
 A simulated worker does an engine worker's database and broker work and nothing else (its state is
 modelled by the process's clock thread, its operations run on a small pool of threads): it takes pack messages off its model's real Redis queue (the ones ``enqueue_units`` sent),
-claims their units with ``workers.execution.claim_unit``, "runs" them for a modelled time (a unit's
+claims their units with ``workers.unit_claims.claim_unit``, "runs" them for a modelled time (a unit's
 requests at ``worker_rps``, one unit after another), records each through
-``workers.execution.record_unit`` and ``unit_recorded`` (which refills the queue, as an engine
+``workers.unit_claims.record_unit`` and ``unit_recorded`` (which refills the queue, as an engine
 worker does), and asks for the next pack while one pack's worth of requests is still ahead of it
 (the feed's look-ahead). Per process, one thread renews the claims (``heartbeat``) every
 ``FREIGHT_HEARTBEAT_SECONDS`` and writes each busy worker's ``engine_samples`` row every
@@ -41,7 +41,7 @@ from storage.models import EngineSample, UnitStatus, WorkUnit
 from storage.runtime import Runtime
 from storage.settings import Settings
 from workers import dispatcher
-from workers.execution import Claim, UnitTally, claim_unit, heartbeat, record_unit, unit_recorded
+from workers.unit_claims import Claim, UnitTally, claim_unit, heartbeat, record_unit, unit_recorded
 
 
 def runtime(config: dict[str, Any]) -> Runtime:
@@ -412,7 +412,7 @@ class Fleet:
                 self.errors.append(f"heartbeat: {exc!r}")
 
     def renew(self, w: SimWorker, now: float) -> None:
-        """As ``PackRunner._ask(renewal=True)``: the ask of a worker still waiting is renewed, or
+        """As ``PackFeed.ask(renewal=True)``: the ask of a worker still waiting is renewed, or
         made again if it lapsed (counted: a lapse means this process fell behind its heartbeats)."""
         with w.ask_lock:
             if not w.asking:

@@ -49,3 +49,19 @@ def mbu(steps: int, work: TokenWork, seconds: float, model: ModelShape, acc: Acc
         return None
     weights = steps * model.parameters * model.bytes_per_parameter
     return (weights + work.kv_tokens_read * model.kv_bytes_per_token) / (seconds * acc.memory_bandwidth)
+
+
+def utilization_columns(
+    work: TokenWork, seconds: float, steps: int, model: ModelShape | None, acc: Accelerator
+) -> dict[str, float | int | None]:
+    """The MFU and MBU estimates of a recorded unit or an engine sample, with the model size they
+    assume (every one None without the model's shape; MFU or MBU None without the accelerator's
+    figures)."""
+    if model is None:
+        return {"model_parameters": None, "bytes_per_parameter": None, "mfu": None, "mbu": None}
+    return {
+        "model_parameters": model.parameters,
+        "bytes_per_parameter": model.bytes_per_parameter,
+        "mfu": mfu(work, seconds, model, acc),
+        "mbu": mbu(steps, work, seconds, model, acc),
+    }

@@ -486,7 +486,7 @@ def enqueue_units(
         urgency = current_urgency(rt, now, model)
     with rt.db.read() as s:
         # models of the batches still validating (None: not known yet, it could be any): a pack of
-        # one of them tells its worker more may come (see PackRunner._gathering)
+        # one of them tells its worker more may come (see PackFeed.gathering)
         validating = set(
             s.scalars(select(Batch.model).where(Batch.status == BatchStatus.VALIDATING).distinct()).all()
         )

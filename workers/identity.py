@@ -12,7 +12,7 @@ predecessor claimed are still marked with the predecessor's claims, until their 
 the dispatcher queues them again; the new process must not mistake them for its own. So each
 process draws an **incarnation** (its pid and a random part: pids repeat, in containers often
 exactly), and every claim token is ``<name>:<incarnation>:<nonce>``. A worker's writes are fenced on
-the whole token (``workers.execution.held``) or on its own ``<name>:<incarnation>`` holder id
+the whole token (``workers.unit_claims.held``) or on its own ``<name>:<incarnation>`` holder id
 (``workers.task_policy.fail_pack``), never on the name alone.
 """
 

@@ -94,10 +94,10 @@ U = UnitStatus
 UNIT_MOVES = {
     (U.PENDING, U.QUEUED),  # dispatcher.enqueue_units: packed and sent
     (U.QUEUED, U.PENDING),  # dispatcher.requeue_lost: the pack message was lost
-    (U.PENDING, U.RUNNING),  # execution.claim_unit
-    (U.QUEUED, U.RUNNING),  # execution.claim_unit
-    (U.RUNNING, U.DONE),  # execution._record
-    (U.RUNNING, U.PENDING),  # execution._release at shutdown; dispatcher.redeliver_stale
+    (U.PENDING, U.RUNNING),  # unit_claims.claim_unit
+    (U.QUEUED, U.RUNNING),  # unit_claims.claim_unit
+    (U.RUNNING, U.DONE),  # unit_recorder (unit_claims.record_unit)
+    (U.RUNNING, U.PENDING),  # unit_claims.release_unit at shutdown; dispatcher.redeliver_stale
     (U.RUNNING, U.FAILED),  # dispatcher.redeliver_stale: lost too often
     (U.PENDING, U.SKIPPED),  # lifecycle.stop_batch: cancelled or expired
     (U.QUEUED, U.SKIPPED),  # lifecycle.stop_batch

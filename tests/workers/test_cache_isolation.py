@@ -18,8 +18,9 @@ from storage.settings import Settings
 from tests.conftest import now
 from tests.factories import batch_units, chat_line, validated_batch, wait_units_done
 from workers.engine import Engine, EngineRequest
-from workers.execution import PackRunner, claim_unit
+from workers.execution import PackRunner
 from workers.request_bodies import RequestError, parse_body
+from workers.unit_claims import claim_unit
 
 CHAT = "/v1/chat/completions"
 

@@ -19,7 +19,7 @@ from storage.runtime import Runtime
 from tests.conftest import now
 from tests.factories import chat_line, create, upload, upload_and_create, validated_batch
 from workers import dispatcher
-from workers.execution import claim_unit
+from workers.unit_claims import claim_unit
 
 
 def submit(rt: Runtime, tenant_id: str, n: int, tag: str) -> str:
@@ -134,7 +134,7 @@ def test_a_lost_units_live_counts_are_cleared(settings):
     """Heartbeats write a running unit's results so far (requests, input and output tokens); when
     its worker is lost those results are gone, so redelivery (and giving up) must not leave them in
     request_counts', the console's or finalization's sums."""
-    from workers.execution import UnitTally, heartbeat
+    from workers.unit_claims import UnitTally, heartbeat
 
     rt = Runtime(replace(settings, unit_size=4, lease_seconds=30, max_unit_attempts=2))
     try:

@@ -11,7 +11,7 @@ from storage.models import WorkUnit
 from storage.runtime import Runtime
 from storage.status import UnitStatus
 from tests.conftest import now
-from workers.execution import UnitTally, claim_unit, heartbeat
+from workers.unit_claims import UnitTally, claim_unit, heartbeat
 
 
 def test_a_heartbeat_renews_the_claims_still_held_with_their_counts(settings):

@@ -214,7 +214,7 @@ def test_a_worker_asks_for_a_pack_only_while_it_waits_for_one_and_again_after_th
     ask is renewed while it waits, so it outlives its lifetime, and comes back within a heartbeat
     after the broker lost it; a closed worker asks for nothing."""
     from storage.broker import ASKS_KEY
-    from workers import execution
+    from workers import pack_feed
 
     # the watcher renews once a check (1 s) at most: a lifetime of 2.5 s must be renewed twice
     rt = Runtime(replace(settings, heartbeat_seconds=0.25, ask_lifetime_seconds=2.5))
@@ -226,13 +226,13 @@ def test_a_worker_asks_for_a_pack_only_while_it_waits_for_one_and_again_after_th
 
         assert asking()
         seen_in_claims: list[bool] = []
-        real_claim = execution.claim_unit
+        real_claim = pack_feed.claim_unit
 
         def claim(*args, **kwargs):  # the real claim, noting whether the worker was asking
             seen_in_claims.append(asking())
             return real_claim(*args, **kwargs)
 
-        monkeypatch.setattr(execution, "claim_unit", claim)
+        monkeypatch.setattr(pack_feed, "claim_unit", claim)
         tenant, _ = create_tenant(rt.db, "t", now())
         batch_id = validated_batch(rt, tenant.id, lines("asks", 4))
         ids = [u.id for u in batch_units(rt, batch_id)]

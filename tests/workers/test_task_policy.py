@@ -17,7 +17,7 @@ from storage.runtime import Runtime
 from storage.status import BatchStatus
 from tests.conftest import now
 from tests.factories import chat_line, upload_and_create, validated_batch
-from workers import dispatcher, execution, finalize, task_policy, validation
+from workers import dispatcher, finalize, task_policy, unit_claims, validation
 from workers.celery_app import make_celery
 from workers.identity import holder_id
 
@@ -211,7 +211,7 @@ def test_a_failed_pack_fails_only_the_units_this_process_holds(settings, tenant)
         lookalike = holder_id("engineX%@gpu7", "7-9f8e7d6c")  # `_` as a wildcard would match it
         holders = [dead, alive, alive, lookalike]
         t = float(now())
-        claims = [execution.claim_unit(rt, u, t, h) for u, h in zip(unit_ids, holders, strict=True)]
+        claims = [unit_claims.claim_unit(rt, u, t, h) for u, h in zip(unit_ids, holders, strict=True)]
         assert all(claims)
         with rt.db.write() as s:
             s.execute(update(WorkUnit).where(WorkUnit.id.in_(unit_ids)).values(pack_id="pack-1"))

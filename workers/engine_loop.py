@@ -1,0 +1,259 @@
+"""The engine loop: the one thread that drives vLLM, and the only code on it.
+
+Each pass applies the stops the watcher or ``close`` asked for, tops the engine up to its window
+from the feed (``workers/pack_feed.py``), steps it, writes each result to its unit's spool files,
+and accounts the step's busy time and fill to the units in the engine and to the engine sample.
+A unit whose every request has an outcome goes to the recorder once its share of the engine's
+time is settled (``workers/cost_meter.py``).
+
+Everything here runs per request or per step: it takes the runner's lock only to pop from or
+prune the feed, the sample's lock only to add to the sample, and makes no database or store call.
+The engine is anything with ``SteppedEngine``'s surface (``workers.engine.Engine`` in a worker).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from scheduler.cost import TokenWork, kv_reads
+from workers.cost_meter import CostMeter
+from workers.engine import ABORTED_STATUS, EngineRequest, EngineResult, EngineStats
+from workers.pack_feed import IDLE_WAIT_SECONDS, PackFeed
+from workers.results import encode, request_error_line, stopped_line, success_line
+from workers.runner_state import ActiveUnit, RunnerState
+
+log = logging.getLogger(__name__)
+
+GATHER_LOGGED_SECONDS = 0.01  # an idle start that waited this long for more packs says so in the log
+
+
+class _EngineConfig(Protocol):
+    @property
+    def max_num_seqs(self) -> int: ...
+
+
+class SteppedEngine(Protocol):
+    """What the loop uses of an engine (``workers.engine.Engine`` has it all)."""
+
+    @property
+    def config(self) -> _EngineConfig: ...
+    @property
+    def load(self) -> int: ...
+    @property
+    def window(self) -> int: ...
+    @property
+    def stats(self) -> EngineStats: ...
+    def add(self, request: EngineRequest) -> EngineResult | None: ...
+    def step(self) -> list[EngineResult]: ...
+    def abort(self, keys: Iterable[str]) -> list[EngineResult]: ...
+
+
+@dataclass
+class StepSample:
+    """The engine's steps and finished requests since the watcher last wrote a sample."""
+
+    started_at: float = field(default_factory=time.time)
+    seconds: float = 0.0
+    steps: int = 0
+    running: float = 0.0  # time-weighted sums
+    waiting: float = 0.0
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    kv_tokens_read: int = 0
+
+    @property
+    def work(self) -> TokenWork:
+        return TokenWork(
+            self.prompt_tokens, self.cached_tokens, self.output_tokens, self.requests, self.kv_tokens_read
+        )
+
+
+class EngineLoop:
+    """See the module docstring. ``run`` is the thread's body; ``failed`` is called on the same
+    thread with what ended it (the engine died: nothing more runs in this process)."""
+
+    def __init__(
+        self,
+        engine: SteppedEngine,
+        state: RunnerState,
+        feed: PackFeed,
+        finished: queue.Queue[ActiveUnit | None],  # the recorder's
+        meter: CostMeter,
+        failed: Callable[[BaseException], None],
+    ) -> None:
+        self.engine = engine
+        self._stopped = state.stopped
+        self._lock = state.lock
+        self._pack_feed = feed
+        self._feed = feed.requests  # popped under _lock
+        self._high_water = feed.high_water
+        self._finished = finished
+        self._failed = failed
+        self._keys: dict[str, tuple[ActiveUnit, str]] = {}  # engine key -> (unit, custom_id)
+        self.stops: queue.SimpleQueue[ActiveUnit] = queue.SimpleQueue()  # units to abort and drop
+        self._sample = StepSample()
+        self._sample_lock = threading.Lock()
+        self._meter = meter
+        self._done: list[ActiveUnit] = []  # finished units, handed on once their share is settled
+        self._gather_since: float | None = None  # an idle engine began waiting for packs (monotonic)
+
+    def take_sample(self) -> StepSample:
+        """The sample so far, a new one begun (the watcher's, every ``sample_seconds``)."""
+        with self._sample_lock:
+            sample, self._sample = self._sample, StepSample()
+        return sample
+
+    def run(self) -> None:
+        engine = self.engine
+        gathering = self._pack_feed.gathering
+        # busy time runs on from the last step's end while the engine has work: vLLM's engine core
+        # (a process of its own) computes the next step while this thread delivers the last one's
+        # results, so a step's time alone undercounted the engine's (MFU past 1 was seen)
+        busy_since: float | None = None
+        try:
+            while not self._stopped.is_set():
+                started = time.monotonic() if busy_since is None else busy_since
+                busy_since = None
+                self._apply_stops()
+                if engine.load == 0:
+                    waited, self._gather_since = gathering(self._gather_since)
+                    if waited:
+                        continue
+                self._top_up()
+                self._settle()
+                if engine.load == 0:
+                    with self._lock:
+                        if not self._feed and not self._stopped.is_set():
+                            self._lock.wait(IDLE_WAIT_SECONDS)
+                    continue
+                if self._gather_since is not None:  # an idle start: busy now; the next one gathers afresh
+                    waited_for = time.monotonic() - self._gather_since
+                    if waited_for >= GATHER_LOGGED_SECONDS:
+                        log.info(
+                            "engine starting: %d requests in after gathering packs for %.2f s",
+                            engine.load,
+                            waited_for,
+                        )
+                    self._gather_since = None
+                results = engine.step()
+                busy_since = time.monotonic()
+                self._account(busy_since - started)  # busy time: the last delivery, top-up and step
+                for result in results:
+                    self._deliver(result)
+                self._settle()
+        except BaseException as exc:  # the engine died: nothing more runs in this process
+            log.exception("engine loop failed; giving this worker's units back")
+            self._failed(exc)
+
+    def _top_up(self) -> None:
+        engine = self.engine
+        while engine.load < engine.window:
+            with self._lock:
+                if not self._feed:
+                    self._lock.notify_all()
+                    return
+                unit, row = self._feed.pop()
+                if len(self._feed) <= self._high_water:
+                    self._lock.notify_all()  # run_pack may return: the next pack is wanted
+            if unit.stopping:
+                self._deliver_to(unit, row.custom_id, None)
+                continue
+            # unique per claim: a lost attempt's requests may still be in the engine when this
+            # process claims the unit again
+            key = f"{unit.claim.token}/{row.line}"
+            request = EngineRequest(
+                key=key,
+                endpoint=unit.claim.endpoint,
+                body=row.body,
+                prompt_token_ids=row.prompt_token_ids,
+                validated=True,
+                cache_salt=unit.claim.cache_salt,
+            )
+            rejected = engine.add(request)
+            if rejected is not None:
+                self._deliver_to(unit, row.custom_id, rejected)
+            else:
+                self._keys[key] = (unit, row.custom_id)
+                unit.in_engine += 1
+
+    def _apply_stops(self) -> None:
+        while True:
+            try:
+                unit = self.stops.get_nowait()
+            except queue.Empty:
+                return
+            keys = [k for k, (u, _) in self._keys.items() if u is unit]
+            for result in self.engine.abort(keys):
+                self._deliver(result)
+            with self._lock:
+                mine = self._feed.remove_if(lambda entry, stopped=unit: entry[0] is stopped)
+            for _, row in mine:
+                self._deliver_to(unit, row.custom_id, None)
+
+    def _account(self, elapsed: float) -> None:
+        stats = self.engine.stats
+        fill = min(1.0, stats.running / max(1, self.engine.config.max_num_seqs))
+        with self._sample_lock:
+            sample = self._sample
+            sample.seconds += elapsed
+            sample.steps += 1
+            sample.running += stats.running * elapsed
+            sample.waiting += stats.waiting * elapsed
+        self._meter.busy(elapsed)
+        for unit in {u for u, _ in self._keys.values()}:
+            if unit.in_engine:
+                unit.fill_seconds += fill * elapsed
+                unit.seconds += elapsed
+
+    def _deliver(self, result: EngineResult) -> None:
+        """A result out of the engine (finished or aborted)."""
+        unit, custom_id = self._keys.pop(result.key)
+        unit.in_engine -= 1
+        self._deliver_to(unit, custom_id, result)
+
+    def _deliver_to(self, unit: ActiveUnit, custom_id: str, result: EngineResult | None) -> None:
+        """Write one request's outcome to its unit's spool (None: stopped before it ran)."""
+        tally = unit.tally
+        if result is not None and result.ok and result.body is not None:
+            tally.completed += 1
+            tally.prompt_tokens += result.prompt_tokens
+            tally.cached_tokens += result.cached_tokens
+            tally.completion_tokens += result.completion_tokens
+            unit.out.write(encode(success_line(custom_id, result.body)))
+            reads = kv_reads(result.prompt_tokens, result.completion_tokens)
+            work = TokenWork(result.prompt_tokens, result.cached_tokens, result.completion_tokens, 1, reads)
+            self._meter.finished(unit.claim.unit_id, unit.meter, work)
+            with self._sample_lock:
+                self._sample.requests += 1
+                self._sample.prompt_tokens += result.prompt_tokens
+                self._sample.cached_tokens += result.cached_tokens
+                self._sample.output_tokens += result.completion_tokens
+                self._sample.kv_tokens_read += reads
+        elif result is None or result.status_code == ABORTED_STATUS:
+            tally.failed += 1
+            unit.err.write(encode(stopped_line(custom_id, unit.reason or "batch_cancelled")))
+        else:
+            tally.failed += 1
+            unit.err.write(
+                encode(request_error_line(custom_id, result.status_code or 500, result.error or {}))
+            )
+        unit.results += 1
+        if unit.done:
+            self._done.append(unit)
+
+    def _settle(self) -> None:
+        """Close the metering period when a unit finished or it is due, then hand finished units
+        to the recorder: a unit's share of the engine's time is settled before it is recorded."""
+        if self._done or self._meter.due:
+            self._meter.close()
+        done, self._done = self._done, []
+        for unit in done:
+            self._finished.put(unit)
