@@ -23,6 +23,7 @@ from api.cli_settings import (
 )
 from api.client_cli import CLIENT_COMMANDS
 from api.estimate_cli import estimate
+from api.formatting import when
 from api.models_cli import models
 from api.webhooks_cli import webhooks
 from storage.broker import CONTROL_ROLES
@@ -170,10 +171,6 @@ tenant.add_command(click.Command("key", callback=tenant_new_key.callback, params
                                  help="Same as new-key.", hidden=True))  # fmt: skip
 
 
-def _when(epoch: int | None) -> str:
-    return "-" if epoch is None else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch))
-
-
 @tenant.command("keys")
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="print the keys (never the keys themselves) as JSON")
@@ -188,7 +185,7 @@ def tenant_keys(name: str, as_json: bool) -> None:
         echo_json({"object": "list", "data": [{f: getattr(k, f) for f in fields} for k in keys]})
         return
     rows = [("id", "prefix", "created", "revoked")]
-    rows += [(str(k.id), k.prefix + "...", _when(k.created_at), _when(k.revoked_at)) for k in keys]
+    rows += [(str(k.id), k.prefix + "...", when(k.created_at), when(k.revoked_at)) for k in keys]
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for row in rows:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
@@ -203,7 +200,7 @@ def tenant_revoke_key(key_id: int) -> None:
 
     with command_runtime(_settings()) as rt:
         name, key = revoke_key(rt.db, key_id, int(time.time()))
-    click.echo(f"revoked key {key.id} ({key.prefix}...) of tenant {name} at {_when(key.revoked_at)}")
+    click.echo(f"revoked key {key.id} ({key.prefix}...) of tenant {name} at {when(key.revoked_at)}")
 
 
 @tenant.command("disable")
@@ -214,7 +211,7 @@ def tenant_disable(name: str) -> None:
 
     with command_runtime(_settings()) as rt:
         disabled = disable_tenant(rt.db, name, int(time.time()))
-    click.echo(f"disabled tenant {disabled.name} ({disabled.id}) at {_when(disabled.disabled_at)}")
+    click.echo(f"disabled tenant {disabled.name} ({disabled.id}) at {when(disabled.disabled_at)}")
 
 
 @tenant.command("quota")

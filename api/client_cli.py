@@ -19,7 +19,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from functools import wraps
 from pathlib import Path
 from typing import IO, Any
@@ -33,6 +32,7 @@ from api.cli_settings import (
     echo_json,
     invocation_settings,
 )
+from api.formatting import duration, money, when
 
 FINAL = ("completed", "failed", "expired", "cancelled")
 STATUSES = ("validating", "in_progress", "finalizing", "cancelling", *FINAL)
@@ -112,23 +112,6 @@ def api_errors(base: str) -> Iterator[None]:
 
 
 # --- formatting ---------------------------------------------------------------------------------
-
-
-def when(ts: float | None) -> str:
-    return "-" if ts is None else datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def duration(seconds: float) -> str:
-    s = int(max(0, seconds))
-    if s >= 86400:
-        return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-    if s >= 3600:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
-
-
-def money(value: float | None) -> str:
-    return "-" if value is None else f"${value:,.6f}".rstrip("0").rstrip(".")
 
 
 def bar(done: int, total: int) -> str:

@@ -1,61 +1,25 @@
-"""How the console shows numbers and times, and the geometry of its throughput chart.
-
-Pure functions: the Jinja filters the console's templates use, and the chart as numbers that the
-template draws as inline SVG (nothing is fetched from anywhere, so the console works offline).
+"""The console's Jinja filters (``api.formatting``'s formatters, as the CLI and the report use
+them) and the geometry of its throughput chart: numbers that the template draws as inline SVG
+(nothing is fetched from anywhere, so the console works offline).
 """
 
 from __future__ import annotations
 
 import math
-from datetime import UTC, datetime
 from typing import Any
 
 from flask import Flask
 
+from api.formatting import count, duration, money, percent, relative, when
 from api.services.console import Throughput
+
+# the Jinja filter names the templates use -> the shared formatters
+FILTERS = {"when": when, "relative": relative, "money": money, "pct": percent, "count": count}
 
 
 def register_filters(app: Flask) -> None:
-    for name in ("when", "relative", "money", "pct", "count"):
-        app.add_template_filter(globals()[name], name)
-
-
-def when(ts: float | None) -> str:
-    return "—" if ts is None else datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def duration(seconds: float) -> str:
-    s = int(abs(seconds))
-    if s >= 86400:
-        return f"{s // 86400}d {s % 86400 // 3600}h"
-    if s >= 3600:
-        return f"{s // 3600}h {s % 3600 // 60:02d}m"
-    if s >= 60:
-        return f"{s // 60}m {s % 60:02d}s"
-    return f"{s}s"
-
-
-def relative(ts: float | None, now: float) -> str:
-    if ts is None:
-        return "—"
-    return f"in {duration(ts - now)}" if ts >= now else f"{duration(now - ts)} ago"
-
-
-def money(value: float | None) -> str:
-    if value is None:
-        return "—"
-    if value >= 100 or value == 0:
-        return f"${value:,.2f}"
-    text = f"{value:,.6f}".rstrip("0")
-    return "$" + (text + "0" if len(text.partition(".")[2]) < 2 else text)
-
-
-def pct(value: float | None) -> str:
-    return "—" if value is None else f"{value * 100:.1f}%"
-
-
-def count(value: float | None) -> str:
-    return "—" if value is None else f"{value:,.0f}"
+    for name, fn in FILTERS.items():
+        app.add_template_filter(fn, name)
 
 
 def _ceiling(value: float) -> float:

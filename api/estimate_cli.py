@@ -17,7 +17,8 @@ from typing import Any
 import click
 
 from api.cli_settings import echo_json
-from api.client_cli import ClientError, connection, duration, metadata_pairs, money, show_errors, upload
+from api.client_cli import ClientError, connection, metadata_pairs, show_errors, upload
+from api.formatting import duration, money
 
 
 @click.command()

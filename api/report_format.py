@@ -5,10 +5,10 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, fields
 
+from api.formatting import count, money, number, percent
 from api.services.reports import ALL, ReportRow
 
 FORMATS = ("table", "csv", "json", "parquet")
@@ -18,29 +18,6 @@ FIELDS = tuple(f.name for f in fields(ReportRow))
 # injection through a tenant or model name): such text cells get a leading apostrophe, which
 # spreadsheets show as text. Numbers are never text cells, so a negative saving stays a number
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
-
-
-def dollars(value: float | None) -> str:
-    """At least 4 decimals, and as many more (up to 10) as 4 significant digits of a small amount
-    need: 12.5 -> "12.5000", 0.012257 -> "0.01226", 0.000123 -> "0.0001230"."""
-    if value is None:
-        return "-"
-    decimals = 4
-    if 0 < abs(value) < 0.1:
-        decimals = min(10, 3 - math.floor(math.log10(abs(value))))
-    return f"{value:,.{decimals}f}"
-
-
-def percent(value: float | None) -> str:
-    return "-" if value is None else f"{value * 100:.1f}%"
-
-
-def number(value: float | None, decimals: int = 1) -> str:
-    return "-" if value is None else f"{value:,.{decimals}f}"
-
-
-def count(value: int) -> str:
-    return f"{value:,}"
 
 
 # (header, cell, right-aligned)
@@ -54,12 +31,12 @@ _COLUMNS: tuple[tuple[str, Callable[[ReportRow], str], bool], ...] = (
     ("cached tok", lambda r: count(r.cached_tokens), True),
     ("output tok", lambda r: count(r.output_tokens), True),
     ("engine s", lambda r: number(r.engine_seconds), True),
-    ("cost $", lambda r: dollars(r.cost), True),
-    ("$/1M tok", lambda r: dollars(r.cost_per_1m_tokens), True),
-    ("$/1M in", lambda r: dollars(r.cost_per_1m_input), True),
-    ("$/1M cached", lambda r: dollars(r.cost_per_1m_cached_input), True),
-    ("$/1M out", lambda r: dollars(r.cost_per_1m_output), True),
-    ("list $", lambda r: dollars(r.list_price), True),
+    ("cost", lambda r: money(r.cost), True),
+    ("$/1M tok", lambda r: money(r.cost_per_1m_tokens), True),
+    ("$/1M in", lambda r: money(r.cost_per_1m_input), True),
+    ("$/1M cached", lambda r: money(r.cost_per_1m_cached_input), True),
+    ("$/1M out", lambda r: money(r.cost_per_1m_output), True),
+    ("list price", lambda r: money(r.list_price), True),
     ("saving", lambda r: percent(r.saving), True),
     ("cache hit", lambda r: percent(r.cache_hit_rate), True),
     ("plan hit", lambda r: percent(r.planned_cache_hit_rate), True),

@@ -7,15 +7,11 @@ Imported by ``api/cli.py``: nothing here may import Flask (see ``api/models_cli.
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
 
 import click
 
 from api.cli_settings import command_runtime, command_settings, echo_json
-
-
-def _when(epoch: float | None) -> str:
-    return "-" if epoch is None else datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M:%S")
+from api.formatting import when
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
@@ -113,7 +109,7 @@ def rotate_secret(endpoint_id: str, tenant: str) -> None:
     click.echo(f"rotated the signing secret of webhook endpoint {endpoint_id}")
     click.echo(f"signing secret (shown once): {endpoint.secret}")
     if endpoint.previous_secret_until is not None:
-        click.echo(f"the old secret also signs until {_when(endpoint.previous_secret_until)} UTC")
+        click.echo(f"the old secret also signs until {when(endpoint.previous_secret_until)}")
 
 
 @webhooks.command("remove")
@@ -146,7 +142,7 @@ def deliveries(tenant: str, batch_id: str | None, endpoint_id: str | None, as_js
         echo_json({"object": "list", "data": [webhook_delivery_object(d) for d in log]})
         return
     rows = [
-        (d.event_type, d.batch_id, d.endpoint_id, d.status, str(d.attempts), _when(d.last_attempt_at),
+        (d.event_type, d.batch_id, d.endpoint_id, d.status, str(d.attempts), when(d.last_attempt_at),
          d.last_error or ("" if d.last_status_code is None else f"HTTP {d.last_status_code}"))
         for d in log
     ]  # fmt: skip

@@ -119,7 +119,7 @@ def test_the_models_page_shows_each_models_task_and_an_embedding_models_dimensio
     assert '<td class="task">embeddings</td>' in emb
     assert '<td class="dimensions">256 (on request: 64, 128, 256)</td>' in emb
     demo = re.search(r'<tr id="model-demo">(.*?)</tr>', page, re.S).group(1)
-    assert '<td class="task">text</td>' in demo and '<td class="dimensions">—</td>' in demo
+    assert '<td class="task">text</td>' in demo and '<td class="dimensions">-</td>' in demo
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from api.cli import main
-from api.report_format import dollars, format_csv, format_json, format_parquet, format_table
+from api.report_format import format_csv, format_json, format_parquet, format_table
 from api.services.reports import ReportRow, parse_since, usage_report
 from api.services.tenants import create_tenant
 from storage.models import Batch, StoredFile, WorkUnit
@@ -226,12 +226,6 @@ def test_parse_since_refuses(text: str) -> None:
     assert repr(text) in str(err.value)
 
 
-def test_dollars_keep_four_significant_decimals() -> None:
-    assert [dollars(x) for x in (12.5, 1234.56789, 0.012257, 0.006007, 0.000123, 0.0, None)] == [
-        "12.5000", "1,234.5679", "0.01226", "0.006007", "0.0001230", "0.0000", "-",
-    ]  # fmt: skip
-
-
 def test_formats(seeded):
     rows = usage_report(seeded, T, UNTIL, None, None)
 
@@ -262,10 +256,10 @@ def test_formats(seeded):
         ["*", "*", "6"],
     ]  # fmt: skip
     assert set(lines[-2]) == {"-", " "}  # a rule above the total
-    assert "0.006007" in body[1] and "25.0%" in body[1] and "1/2" in body[1] and "50.0%" in body[1]
+    assert "$0.006007" in body[1] and "25.0%" in body[1] and "1/2" in body[1] and "50.0%" in body[1]
     assert "plan hit" in lines[0]  # the planned hit rate, right after the reported one
     assert body[1][body[1].index("25.0%") + 1] == "60.0%"
-    assert "0.01226" in body[-1] and "3/4" in body[-1] and "75.0%" in body[-1]
+    assert "$0.01226" in body[-1] and "3/4" in body[-1] and "75.0%" in body[-1]
 
 
 def test_cli_report(seeded, monkeypatch):
