@@ -23,7 +23,7 @@ from scheduler.cost import (
     work_weight,
 )
 from scheduler.sla import BatchOutcome, SlaSummary, SlaTier, admit, eta, parse_tiers, sla_met, sla_summary
-from scheduler.utilization import Accelerator, ModelShape, mbu, mfu, model_flops
+from scheduler.utilization import Accelerator, ModelShape, mbu, mfu, model_flops, utilization_columns
 
 # --- token work -------------------------------------------------------------------------------
 
@@ -286,6 +286,21 @@ def test_mbu_hand_computed():
     assert mbu(100, work, 0.5, model, acc) == pytest.approx(0.2)
     assert mbu(100, work, -1.0, model, acc) is None
     assert mbu(100, work, 1.0, model, Accelerator(1e15, 0.0, 1)) is None
+
+
+def test_utilization_columns_of_a_unit_or_sample():
+    """What the recorder writes on a unit and the watcher on a sample: both estimates with the
+    model size they assume; all None when the model's shape is unknown."""
+    model = ModelShape(parameters=1_000_000_000, bytes_per_parameter=2, kv_bytes_per_token=100_000)
+    acc = Accelerator(peak_flops=1e15, memory_bandwidth=3e12, memory_bytes=80 * 2**30)
+    work = TokenWork(prompt_tokens=1000, output_tokens=500, kv_tokens_read=1_000_000)
+    assert utilization_columns(work, 1.0, 100, model, acc) == {
+        "model_parameters": 1_000_000_000,
+        "bytes_per_parameter": 2,
+        "mfu": mfu(work, 1.0, model, acc),
+        "mbu": pytest.approx(0.1),
+    }
+    assert set(utilization_columns(work, 1.0, 100, None, acc).values()) == {None}
 
 
 # --- SLA tiers and admission ------------------------------------------------------------------
