@@ -27,11 +27,6 @@ EVIL = "<img src=x onerror=alert(1)>"
 
 
 @pytest.fixture
-def app(runtime):
-    return create_app(runtime=runtime)
-
-
-@pytest.fixture
 def keys(runtime):
     _, a = create_tenant(runtime.db, "alpha", now())
     _, b = create_tenant(runtime.db, "beta", now())

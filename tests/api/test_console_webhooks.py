@@ -6,18 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from api.app import create_app
 from api.services import webhooks
 from api.services.tenants import create_tenant
 from tests.api.test_console import CSRF, EVIL, sign_in
 from tests.conftest import now
 from tests.factories import chat_line, upload_and_create
 from workers.task_policy import fail_validation
-
-
-@pytest.fixture
-def app(runtime):
-    return create_app(runtime=runtime)
 
 
 @pytest.fixture

@@ -17,7 +17,6 @@ from click.testing import CliRunner
 from sqlalchemy import select
 from werkzeug.serving import make_server
 
-from api.app import create_app
 from api.cli import main as freight_cli
 from api.services.tenants import create_tenant
 from scheduler.ordering import common_prefix_tokens, prompt_key
@@ -42,16 +41,6 @@ from workers import estimates
 def settings(settings):
     """A priced deployment: $3.60 an engine hour, and a 1h tier at twice the 24h price."""
     return dataclasses.replace(settings, instance_price_per_hour=3.6, completion_windows=("24h", "1h:2"))
-
-
-@pytest.fixture
-def app(runtime):
-    return create_app(runtime=runtime)
-
-
-@pytest.fixture
-def client(app):
-    return app.test_client()
 
 
 @pytest.fixture

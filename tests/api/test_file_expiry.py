@@ -18,9 +18,9 @@ from tests.factories import chat_line, http_create, jsonl
 
 
 @pytest.fixture
-def client_and_headers(runtime):
+def client_and_headers(runtime, client):
     _, key = create_tenant(runtime.db, "alpha", now())
-    return create_app(runtime=runtime).test_client(), {"Authorization": f"Bearer {key}"}
+    return client, {"Authorization": f"Bearer {key}"}
 
 
 def post_file(client, headers, fields: dict, file_first: bool = False):

@@ -27,11 +27,6 @@ CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 
 
 @pytest.fixture
-def app(runtime):
-    return create_app(runtime=runtime)
-
-
-@pytest.fixture
 def alpha_key(runtime) -> str:
     return create_tenant(runtime.db, "alpha", now())[1]
 

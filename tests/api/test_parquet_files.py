@@ -11,17 +11,11 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from api.app import create_app
 from api.services.tenants import create_tenant
 from storage.models import StoredFile, new_id
 from tests.conftest import now
 from tests.factories import http_upload, parquet_bytes
 from workers.results import encode, stopped_line, success_line
-
-
-@pytest.fixture
-def client(runtime):
-    return create_app(runtime=runtime).test_client()
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from werkzeug.test import EnvironBuilder, run_wsgi_app
 
-from api.app import create_app
 from api.services.tenants import create_tenant
 from tests.conftest import now
 from tests.factories import OMIT, chat_line, http_upload, jsonl
@@ -67,11 +66,6 @@ def raw_request(app, path: str, body: io.RawIOBase, content_type: str, length: i
         environ["CONTENT_LENGTH"] = str(length)
     body_iter, status, response_headers = run_wsgi_app(app, environ, buffered=True)
     return app.response_class(body_iter, status=status, headers=response_headers)
-
-
-@pytest.fixture
-def app(runtime):
-    return create_app(runtime=runtime)
 
 
 @pytest.fixture

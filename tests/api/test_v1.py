@@ -24,16 +24,6 @@ BATCH_FIELDS = {
 
 
 @pytest.fixture
-def app(runtime):
-    return create_app(runtime=runtime)
-
-
-@pytest.fixture
-def client(app):
-    return app.test_client()
-
-
-@pytest.fixture
 def keys(runtime):
     _, a = create_tenant(runtime.db, "alpha", now())
     _, b = create_tenant(runtime.db, "beta", now())
