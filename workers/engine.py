@@ -366,6 +366,14 @@ class _Counters:
     aborted: int = 0
     advanced: int = 0  # requests the engine core advanced in its last step
 
+    def count(self, result: EngineResult) -> None:
+        if result.ok:
+            self.finished += 1
+        elif result.status_code == ABORTED_STATUS:
+            self.aborted += 1
+        else:
+            self.failed += 1
+
 
 def _count_step_outputs(llm: LLMEngine, counters: _Counters) -> None:
     """Count the requests each engine step advanced, from the core's own outputs.
@@ -416,6 +424,14 @@ class Engine:
         self._running = False
         self._parsers: ModelParsers | None = None  # the model's tool-call and reasoning parsers, if any
         self._shapes = ParsedShapes()  # lines of a shape seen before are not parsed again
+        self.inline = False  # vLLM's engine core runs inside this process (`core_inline`; see start)
+        # the running engine's own configuration (vLLM's VllmConfig): what it was started with, the
+        # model's engine arguments applied
+        self.vllm_config: Any = llm.vllm_config
+        # whether vLLM keeps a prefix cache for this engine (its own decision: see ``start``)
+        self.prefix_caching = bool(llm.vllm_config.cache_config.enable_prefix_caching)
+        self.tokenizer: Any = llm.get_tokenizer()  # a Hugging Face tokenizer as wrapped by vLLM
+        self.max_model_len = int(llm.model_config.max_model_len)
 
     @classmethod
     def start(cls, config: EngineConfig) -> Engine:
@@ -455,6 +471,7 @@ class Engine:
         if inline:
             global _inline_engine
             _inline_engine = engine
+            engine.inline = True
         try:  # checked against the engine's tokenizer, as `vllm serve` checks it at start
             engine._parsers = ModelParsers.load(
                 config.tool_call_parser,
@@ -486,31 +503,6 @@ class Engine:
         return engine
 
     # ------------------------------------------------------------------ properties
-
-    @property
-    def inline(self) -> bool:
-        """Whether vLLM's engine core runs inside this process (`core_inline`)."""
-        return _inline_engine is self
-
-    @property
-    def prefix_caching(self) -> bool:
-        """Whether vLLM keeps a prefix cache for this engine (its own decision: see ``start``)."""
-        return bool(self._llm.vllm_config.cache_config.enable_prefix_caching)
-
-    @property
-    def tokenizer(self) -> Any:
-        """The engine's tokenizer (a Hugging Face tokenizer as wrapped by vLLM)."""
-        return self._llm.get_tokenizer()
-
-    @property
-    def vllm_config(self) -> Any:
-        """The running engine's own configuration (vLLM's VllmConfig): what it was started with,
-        the model's engine arguments applied."""
-        return self._llm.vllm_config
-
-    @property
-    def max_model_len(self) -> int:
-        return int(self._llm.model_config.max_model_len)
 
     @property
     def stats(self) -> EngineStats:
@@ -578,7 +570,7 @@ class Engine:
             raise ValueError(f"request key {request.key!r} is already in the engine")
         submitted = self._submit(request)
         if isinstance(submitted, EngineResult):
-            self._count(submitted)
+            self._counters.count(submitted)
             return submitted
         entry = submitted
         rendered = entry.rendered
@@ -608,8 +600,8 @@ class Engine:
             if isinstance(entry.rendered, PooledLine) and not entry.rendered.collect(output):
                 continue  # an embeddings line ends with its last input
             self._forget(entry)
-            result = self._finish(entry, output)
-            self._count(result)
+            result = _finish(entry, output, self.config.served_name, self.tokenizer, self._parsers)
+            self._counters.count(result)
             results.append(result)
         # the requests still running, and whether vLLM left some waiting with sequence slots free:
         # then its KV cache, not max_num_seqs, is what bounds the batch (see ``window``)
@@ -754,58 +746,11 @@ class Engine:
             )
         return _InFlight(key, rendered, rendered.parsed.n, [request_id])
 
-    def _finish_embeddings(self, key: str, line: PooledLine) -> EngineResult:
-        try:
-            body, cached = line.response(self.config.served_name)
-        except EmbeddingFailed as exc:
-            return _error(key, 500, "internal_error", str(exc))
-        except Exception as exc:
-            log.exception("response for %r could not be built", key)
-            return _error(key, 500, "internal_error", f"The response could not be built: {exc}"[:1000])
-        return EngineResult(key, 200, body, prompt_tokens=line.prompt_tokens, cached_tokens=cached)
-
-    def _finish(self, entry: _InFlight, output: Any) -> EngineResult:
-        if isinstance(entry.rendered, PooledLine):
-            return self._finish_embeddings(entry.key, entry.rendered)
-        failed = [c for c in output.outputs if c.finish_reason == "error"]
-        if failed or not output.outputs:
-            return _error(
-                entry.key, 500, "internal_error", "The engine failed while generating this request."
-            )
-        try:
-            body = build_response_body(
-                entry.rendered,
-                output,
-                model=self.config.served_name,
-                tokenizer=self._llm.get_tokenizer(),
-                parsers=self._parsers,
-            )
-        except Exception as exc:
-            log.exception("response for %r could not be built", entry.key)
-            return _error(entry.key, 500, "internal_error", f"The response could not be built: {exc}"[:1000])
-        prompt, cached, completion = token_counts(body)
-        return EngineResult(
-            key=entry.key,
-            status_code=200,
-            body=body,
-            prompt_tokens=prompt,
-            cached_tokens=cached,
-            completion_tokens=completion,
-        )
-
     def _abort_in_engine(self, request_ids: list[str]) -> None:
         try:
             self._llm.abort_request(request_ids)
         except Exception:
             log.exception("aborting %d requests in vLLM failed", len(request_ids))
-
-    def _count(self, result: EngineResult) -> None:
-        if result.ok:
-            self._counters.finished += 1
-        elif result.status_code == ABORTED_STATUS:
-            self._counters.aborted += 1
-        else:
-            self._counters.failed += 1
 
     def shutdown(self) -> None:
         """Stop vLLM's engine (and its processes); the engine is unusable afterwards."""
@@ -815,6 +760,7 @@ class Engine:
             return
         if _inline_engine is self:
             _inline_engine = None
+        self.inline = False
         try:
             # vLLM waits 5 s for its engine process to exit on SIGTERM and it always took them all
             # (the engine core waits on its model-runner process); by now every unit was recorded
@@ -825,6 +771,48 @@ class Engine:
                 llm.renderer.shutdown()
             except Exception:
                 log.debug("renderer shutdown failed", exc_info=True)
+
+
+def _finish_embeddings(key: str, line: PooledLine, served_name: str) -> EngineResult:
+    try:
+        body, cached = line.response(served_name)
+    except EmbeddingFailed as exc:
+        return _error(key, 500, "internal_error", str(exc))
+    except Exception as exc:
+        log.exception("response for %r could not be built", key)
+        return _error(key, 500, "internal_error", f"The response could not be built: {exc}"[:1000])
+    return EngineResult(key, 200, body, prompt_tokens=line.prompt_tokens, cached_tokens=cached)
+
+
+def _finish(
+    entry: _InFlight, output: Any, served_name: str, tokenizer: Any, parsers: ModelParsers | None
+) -> EngineResult:
+    """The result of a request the engine finished: its response body in OpenAI's shape."""
+    if isinstance(entry.rendered, PooledLine):
+        return _finish_embeddings(entry.key, entry.rendered, served_name)
+    failed = [c for c in output.outputs if c.finish_reason == "error"]
+    if failed or not output.outputs:
+        return _error(entry.key, 500, "internal_error", "The engine failed while generating this request.")
+    try:
+        body = build_response_body(
+            entry.rendered,
+            output,
+            model=served_name,
+            tokenizer=tokenizer,
+            parsers=parsers,
+        )
+    except Exception as exc:
+        log.exception("response for %r could not be built", entry.key)
+        return _error(entry.key, 500, "internal_error", f"The response could not be built: {exc}"[:1000])
+    prompt, cached, completion = token_counts(body)
+    return EngineResult(
+        key=entry.key,
+        status_code=200,
+        body=body,
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        completion_tokens=completion,
+    )
 
 
 def _read_and_remove(path: str) -> str:

@@ -200,9 +200,11 @@ def check(values: Mapping[str, Any], model_path: str | None = None) -> None:
     they are stored; the machine-dependent checks are the worker's."""
     from vllm.engine.arg_utils import EngineArgs
 
-    kwargs = {k: v for k, v in values.items() if k != MAX_MODEL_LEN}
+    kwargs: dict[str, Any] = {k: v for k, v in values.items() if k != MAX_MODEL_LEN}
+    if model_path:
+        kwargs["model"] = model_path
     try:
-        EngineArgs(**({"model": model_path} if model_path else {}), **kwargs)
+        EngineArgs(**kwargs)
     except Exception as exc:  # vLLM raises what it likes here (ValueError, pydantic's, TypeError)
         cause = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise EngineArgError(f"vLLM refuses engine args {describe(values)}: {cause[:300]}") from None
