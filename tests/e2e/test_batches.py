@@ -3,7 +3,6 @@ vLLM engine, output and error files, all tracked in the database."""
 
 from __future__ import annotations
 
-import io
 import json
 import time
 
@@ -11,36 +10,10 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from tests import factories
+from tests.e2e.batch_client import CHAT, COMPLETIONS, chat_line, long_lines, read_jsonl, run_batch, upload
 from tests.e2e.conftest import wait_final
 
 pytestmark = pytest.mark.stack
-
-CHAT = "/v1/chat/completions"
-COMPLETIONS = "/v1/completions"
-
-
-def chat_line(custom_id: str, content: str, **body: object) -> dict:
-    """A chat line for the demo model, 8 tokens unless ``max_tokens`` says otherwise."""
-    return factories.chat_line(custom_id, content, **{"max_tokens": 8, **body})
-
-
-def upload(client: openai.OpenAI, lines: list[dict] | bytes, name: str = "requests.jsonl") -> str:
-    data = lines if isinstance(lines, bytes) else factories.jsonl(lines)
-    return client.files.create(file=(name, io.BytesIO(data)), purpose="batch").id
-
-
-def read_jsonl(client: openai.OpenAI, file_id: str | None) -> list[dict]:
-    if file_id is None:
-        return []
-    return [json.loads(x) for x in client.files.content(file_id).text.splitlines() if x.strip()]
-
-
-def run_batch(client, lines, endpoint=CHAT, window="24h", **kw):
-    batch = client.batches.create(
-        input_file_id=upload(client, lines), endpoint=endpoint, completion_window=window, **kw
-    )
-    return wait_final(client, batch.id)
 
 
 def test_chat_batch_end_to_end(live):
@@ -204,16 +177,9 @@ def test_auth_and_tenant_isolation_over_http(live):
     assert file_id not in [f.id for f in alpha.files.list()]
 
 
-def _long_lines(n: int, tokens: int, prefix: str) -> list[dict]:
-    return [
-        chat_line(f"{prefix}-{i}", f"Item {i} of the long job", max_tokens=tokens, min_tokens=tokens)
-        for i in range(n)
-    ]
-
-
 def test_cancel_mid_run(live):
     client = live.client()
-    lines = _long_lines(400, 64, "cancel")
+    lines = long_lines("cancel", 400, tokens=64)
     batch = client.batches.create(input_file_id=upload(client, lines), endpoint=CHAT, completion_window="24h")
     deadline = time.monotonic() + 240
     while client.batches.retrieve(batch.id).request_counts.completed == 0:
@@ -235,7 +201,7 @@ def test_cancel_mid_run(live):
 
 def test_expiry_keeps_done_results(live):
     client = live.client("beta")
-    lines = _long_lines(600, 96, "exp")
+    lines = long_lines("exp", 600, tokens=96)
     batch = client.batches.create(input_file_id=upload(client, lines), endpoint=CHAT, completion_window="8s")
     final = wait_final(client, batch.id, timeout=120)
     assert final.status == "expired" and final.expired_at and final.expires_at - final.created_at == 8

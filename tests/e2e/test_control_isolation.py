@@ -24,8 +24,8 @@ from sqlalchemy import func, select
 from storage.db import Database
 from storage.models import Batch, Tenant
 from storage.status import BatchStatus
+from tests.e2e.batch_client import chat_line, upload
 from tests.e2e.conftest import CHAT, LiveStack, keep_logs, start_live
-from tests.e2e.test_batches import chat_line, upload
 
 pytestmark = pytest.mark.stack
 

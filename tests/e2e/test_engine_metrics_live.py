@@ -12,8 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from tests.e2e.batch_client import CHAT, chat_line, upload
 from tests.e2e.conftest import LiveStack, wait_final
-from tests.e2e.test_batches import CHAT, chat_line, upload
 
 pytestmark = pytest.mark.stack
 

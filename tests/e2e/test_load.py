@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.e2e.batch_client import chat_line, read_jsonl, upload
 from tests.e2e.conftest import CHAT, api_worker_pids, peak_rss_mb, peak_rss_reset, wait_final
-from tests.e2e.test_batches import chat_line, read_jsonl, upload
 
 pytestmark = [pytest.mark.stack, pytest.mark.reliability]
 

@@ -10,7 +10,7 @@ from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
 from storage.models import Batch, WorkUnit
-from tests.e2e.test_batches import chat_line, read_jsonl, run_batch
+from tests.e2e.batch_client import chat_line, read_jsonl, run_batch
 from workers.engine import native_half_precision, serving_dtype
 from workers.identity import Holder, holder_of
 

@@ -39,9 +39,8 @@ from storage.db import Database
 from storage.migrate import upgrade
 from storage.models import UnitStatus, WorkUnit
 from tests.conftest import ARTIFACTS
+from tests.e2e.batch_client import CHAT, long_lines, read_jsonl, tally, upload
 from tests.e2e.conftest import DEMO_ENGINE, wait_final
-from tests.e2e.test_batches import CHAT, read_jsonl, upload
-from tests.e2e.test_worker_faults import long_lines, tally
 from workers.identity import holder_of
 
 pytestmark = [pytest.mark.stack, pytest.mark.reliability]

@@ -17,8 +17,8 @@ import pytest
 from openai.types.responses import Response
 from transformers import AutoTokenizer
 
+from tests.e2e.batch_client import read_jsonl, upload
 from tests.e2e.conftest import wait_final
-from tests.e2e.test_batches import read_jsonl, upload
 from tests.factories import responses_line
 
 pytestmark = pytest.mark.stack

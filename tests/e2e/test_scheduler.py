@@ -18,6 +18,7 @@ from infra.processes import engine_names
 from storage.broker import make_producer, model_queue
 from storage.db import Database
 from storage.models import EngineSample, UnitStatus, WorkUnit
+from tests.e2e.batch_client import CHAT, chat_line, read_jsonl, upload
 from tests.e2e.conftest import (
     HUGE,
     LiveStack,
@@ -27,7 +28,6 @@ from tests.e2e.conftest import (
     peak_rss_reset,
     wait_final,
 )
-from tests.e2e.test_batches import CHAT, chat_line, read_jsonl, upload
 from workers.identity import holder_of
 
 pytestmark = pytest.mark.stack

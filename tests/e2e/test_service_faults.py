@@ -26,8 +26,8 @@ from infra import daemons as services
 from infra.processes import up
 from storage.db import Database
 from storage.models import EngineSample, UnitStatus, WorkUnit
+from tests.e2e.batch_client import CHAT, chat_line, read_jsonl, upload
 from tests.e2e.conftest import LiveStack, keep_logs, start_live, wait_final
-from tests.e2e.test_batches import CHAT, chat_line, read_jsonl, upload
 
 pytestmark = [pytest.mark.stack, pytest.mark.reliability]
 

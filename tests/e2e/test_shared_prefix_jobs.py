@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.batch_client import CHAT, upload
 from tests.e2e.conftest import LiveStack, keep_logs, start_live, wait_final
-from tests.e2e.test_batches import CHAT, upload
 
 pytestmark = pytest.mark.stack
 

@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 from openai.types.chat import ChatCompletion
 
-from tests.e2e.test_batches import read_jsonl, run_batch
+from tests.e2e.batch_client import read_jsonl, run_batch
 from tests.factories import chat_line
 
 pytestmark = pytest.mark.stack

@@ -23,8 +23,8 @@ from sqlalchemy import select
 
 from storage.db import Database
 from storage.models import Batch, UnitStatus, WorkUnit
+from tests.e2e.batch_client import CHAT, chat_line, upload
 from tests.e2e.conftest import LiveStack, keep_logs, start_live, wait_final
-from tests.e2e.test_batches import CHAT, chat_line, upload
 
 pytestmark = pytest.mark.stack
 

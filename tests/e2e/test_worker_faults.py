@@ -29,8 +29,8 @@ from infra.processes import engine_names
 from storage.db import Database
 from storage.models import Batch, EngineSample, UnitStatus, WorkUnit
 from storage.runtime import Runtime
+from tests.e2e.batch_client import CHAT, chat_line, long_lines, read_jsonl, tally, upload
 from tests.e2e.conftest import LiveStack, keep_logs, start_live, wait_final
-from tests.e2e.test_batches import CHAT, chat_line, read_jsonl, upload
 from workers.identity import Holder, holder_of
 
 pytestmark = [pytest.mark.stack, pytest.mark.reliability]
@@ -147,20 +147,6 @@ def wait_held_by(f: Faults, batch_id: str, pid: int, timeout: float = 300) -> Ho
             return holder
         assert time.monotonic() < deadline, f"worker {pid} never took a unit of {batch_id}"
         time.sleep(0.2)
-
-
-def tally(output: list[dict], errors: list[dict], expected: list[str]) -> dict[str, int]:
-    """lost/duplicated over the output and error files together."""
-    ids = [x["custom_id"] for x in output + errors]
-    seen = set(ids)
-    return {"lost": len(set(expected) - seen), "duplicated": len(ids) - len(seen)}
-
-
-def long_lines(prefix: str, n: int, tokens: int = 48) -> list[dict]:
-    return [
-        chat_line(f"{prefix}-{i}", f"Row {i} of {prefix}", max_tokens=tokens, min_tokens=tokens)
-        for i in range(n)
-    ]
 
 
 def check_usage_and_cost(f: Faults, final, output: list[dict]) -> None:
