@@ -11,7 +11,7 @@ import hmac
 import ipaddress
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -283,7 +283,21 @@ class Settings:
         return cls(**values).resolved()
 
     def resolved(self) -> Settings:
-        """Fill the defaults that depend on other settings, and check the whole."""
+        """Fill the defaults that depend on other settings, and check the whole.
+
+        The checks run in a fixed order (the first broken setting is the one refused): the SLA
+        windows and prices, then the rules of _WORK_AND_SERVICE_RULES, the trusted proxies, and
+        the rules of _ROLE_AND_LOG_RULES."""
+        changes = self._derived_defaults()
+        self._check_windows_and_prices()
+        _refuse_broken(self, _WORK_AND_SERVICE_RULES)
+        self._check_trusted_proxies()
+        _refuse_broken(self, _ROLE_AND_LOG_RULES)
+        changes["log_level"] = self.log_level.strip().upper()
+        return replace(self, **changes)
+
+    def _derived_defaults(self) -> dict[str, Any]:
+        """The data directory made absolute, and the locations that default to places inside it."""
         data_dir = Path(self.data_dir).absolute()
         changes: dict[str, Any] = {"data_dir": data_dir}
         if not self.database_url:
@@ -296,6 +310,10 @@ class Settings:
             ("quantize_env", "llmcompressor-env"),
         ):
             changes[name] = str(Path(getattr(self, name) or data_dir / leaf).absolute())
+        return changes
+
+    def _check_windows_and_prices(self) -> None:
+        """The completion windows parse, the admission policy is known, the prices are prices."""
         if not self.completion_windows:
             raise SettingsError("FREIGHT_COMPLETION_WINDOWS needs at least one window")
         try:
@@ -307,76 +325,8 @@ class Settings:
         if self.instance_price_per_hour < 0:
             raise SettingsError("FREIGHT_INSTANCE_PRICE_PER_HOUR cannot be negative")
         parse_list_prices(self.list_prices)
-        if self.unit_size < 1:
-            raise SettingsError("FREIGHT_UNIT_SIZE must be at least 1")
-        if self.unit_tokens < 0:
-            raise SettingsError("FREIGHT_UNIT_TOKENS cannot be negative")
-        if self.feed_requests < 0:
-            raise SettingsError("FREIGHT_FEED_REQUESTS cannot be negative")
-        if not 0 < self.urgent_share <= 1:
-            raise SettingsError("FREIGHT_URGENT_SHARE must be above 0 and at most 1")
-        if not 0 <= self.feed_merge_seconds <= 60:
-            raise SettingsError("FREIGHT_FEED_MERGE_SECONDS must be between 0 and 60")
-        if not 0 <= self.feed_settle_seconds <= 60:
-            raise SettingsError("FREIGHT_FEED_SETTLE_SECONDS must be between 0 and 60")
-        if self.prefix_cache_sharing not in CACHE_SHARING:
-            raise SettingsError(f"FREIGHT_PREFIX_CACHE_SHARING must be one of {', '.join(CACHE_SHARING)}")
-        if self.control_role_restarts < 0 or self.control_role_restart_window_seconds <= 0:
-            raise SettingsError(
-                "FREIGHT_CONTROL_ROLE_RESTARTS cannot be negative and"
-                " FREIGHT_CONTROL_ROLE_RESTART_WINDOW_SECONDS must be above 0"
-            )
-        if self.pack_requests < 1 or self.queue_depth < 0:
-            raise SettingsError("FREIGHT_PACK_REQUESTS must be at least 1 and FREIGHT_QUEUE_DEPTH at least 0")
-        if self.ask_lifetime_seconds <= self.heartbeat_seconds:
-            raise SettingsError(
-                "FREIGHT_ASK_LIFETIME_SECONDS must exceed FREIGHT_HEARTBEAT_SECONDS (asks are renewed with heartbeats)"
-            )
-        if self.dropfolder_poll_seconds <= 0 or self.dropfolder_max_backoff_seconds <= 0:
-            raise SettingsError(
-                "FREIGHT_DROPFOLDER_POLL_SECONDS and FREIGHT_DROPFOLDER_MAX_BACKOFF_SECONDS must be positive"
-            )
-        if min(self.rate_limit_rps, self.rate_limit_anonymous_rps) < 0 or (
-            (self.rate_limit_rps > 0 and self.rate_limit_burst < 1)
-            or (self.rate_limit_anonymous_rps > 0 and self.rate_limit_anonymous_burst < 1)
-        ):
-            raise SettingsError(
-                "FREIGHT_RATE_LIMIT_*_RPS cannot be negative, and a limit that is on needs a burst of at least 1"
-            )
-        if self.max_json_body_bytes < 1024:
-            raise SettingsError("FREIGHT_MAX_JSON_BODY_BYTES must be at least 1024")
-        if self.object_store_retry_seconds < 0 or self.drain_seconds < 0:
-            raise SettingsError(
-                "FREIGHT_OBJECT_STORE_RETRY_SECONDS and FREIGHT_DRAIN_SECONDS cannot be negative"
-            )
-        if self.engine_block_size < 0 or self.engine_block_size % 16:
-            raise SettingsError("FREIGHT_ENGINE_BLOCK_SIZE must be 0 (vLLM's default) or a multiple of 16")
-        if min(self.quota_stored_bytes, self.quota_open_batches, self.quota_queued_requests) < 0:
-            raise SettingsError("FREIGHT_QUOTA_* cannot be negative (0 is unlimited)")
-        if (
-            min(self.file_retention_seconds, self.batch_data_retention_seconds) < 0
-            or self.cleanup_seconds <= 0
-        ):
-            raise SettingsError(
-                "FREIGHT_FILE_RETENTION_SECONDS and FREIGHT_BATCH_DATA_RETENTION_SECONDS cannot be negative,"
-                " FREIGHT_CLEANUP_SECONDS must be positive"
-            )
-        # the dispatcher's throughput window and the console's and /metrics' worker figures read
-        # the recent samples: they must outlive both
-        if self.sample_retention_seconds < max(self.throughput_window_seconds, 3600):
-            raise SettingsError(
-                "FREIGHT_SAMPLE_RETENTION_SECONDS must be at least 3600 and FREIGHT_THROUGHPUT_WINDOW_SECONDS"
-            )
-        if self.engine_dtype not in ENGINE_DTYPES:
-            raise SettingsError(f"FREIGHT_ENGINE_DTYPE must be one of {', '.join(ENGINE_DTYPES)}")
-        if self.engine_core not in ENGINE_CORES:
-            raise SettingsError(f"FREIGHT_ENGINE_CORE must be one of {', '.join(ENGINE_CORES)}")
-        if self.engine_metrics_bind and metrics_port(self.engine_metrics_bind) is None:
-            raise SettingsError("FREIGHT_ENGINE_METRICS_BIND must be HOST:PORT")
-        if self.metrics_bind and metrics_port(self.metrics_bind) in (None, self.api_port):
-            raise SettingsError(
-                "FREIGHT_METRICS_BIND must be HOST:PORT with a port other than FREIGHT_API_PORT's"
-            )
+
+    def _check_trusted_proxies(self) -> None:
         for proxy in self.trusted_proxies:
             try:
                 ipaddress.ip_network(proxy, strict=False)
@@ -384,40 +334,6 @@ class Settings:
                 raise SettingsError(
                     f"FREIGHT_TRUSTED_PROXIES entries are addresses or CIDRs, got {proxy!r}"
                 ) from None
-        if self.validation_chunk_bytes < 0:
-            raise SettingsError("FREIGHT_VALIDATION_CHUNK_BYTES cannot be negative (0: never split)")
-        if self.validation_chunks_in_flight < 1:
-            raise SettingsError("FREIGHT_VALIDATION_CHUNKS_IN_FLIGHT must be at least 1")
-        if min(self.validation_concurrency, self.finalize_concurrency, self.tenant_validations) < 1:
-            raise SettingsError(
-                "FREIGHT_VALIDATION_CONCURRENCY, FREIGHT_FINALIZE_CONCURRENCY and FREIGHT_TENANT_VALIDATIONS"
-                " must be at least 1"
-            )
-        if (
-            min(
-                self.validation_time_limit_seconds,
-                self.finalize_time_limit_seconds,
-                self.tick_time_limit_seconds,
-            )
-            <= 0
-        ):
-            raise SettingsError("FREIGHT_*_TIME_LIMIT_SECONDS must be positive")
-        if self.webhook_concurrency < 1 or self.webhook_max_endpoints < 1:
-            raise SettingsError(
-                "FREIGHT_WEBHOOK_CONCURRENCY and FREIGHT_WEBHOOK_MAX_ENDPOINTS must be at least 1"
-            )
-        if not 0 < self.webhook_timeout_seconds <= 60:
-            raise SettingsError("FREIGHT_WEBHOOK_TIMEOUT_SECONDS must be above 0 and at most 60")
-        if self.webhook_secret_grace_seconds < 0:
-            raise SettingsError("FREIGHT_WEBHOOK_SECRET_GRACE_SECONDS must be 0 or more")
-        changes["log_level"] = self.log_level.strip().upper()
-        if changes["log_level"] not in LOG_LEVELS:
-            raise SettingsError(f"FREIGHT_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}")
-        if self.log_format not in LOG_FORMATS:
-            raise SettingsError(f"FREIGHT_LOG_FORMAT must be one of {', '.join(LOG_FORMATS)}")
-        if not 60 <= self.session_seconds <= 90 * 86400:
-            raise SettingsError("FREIGHT_SESSION_SECONDS must be from 60 to 7776000 (90 days)")
-        return replace(self, **changes)
 
     @property
     def sla_tiers(self) -> tuple[SlaTier, ...]:
@@ -442,6 +358,151 @@ class Settings:
             memory_bandwidth=self.accelerator_bandwidth_gbs * 1e9,
             memory_bytes=int(self.accelerator_memory_gib * 1024**3),
         )
+
+
+# A rule: (is_broken(settings), the refusal). Settings.resolved refuses the first broken rule of
+# each table, in the tables' order.
+_Rule = tuple[Callable[[Settings], bool], str]
+
+# work units, the feed, packs and asks, drop folders, request limits, the object store, the
+# engine, quotas, retention and the metrics listeners
+_WORK_AND_SERVICE_RULES: tuple[_Rule, ...] = (
+    (lambda s: s.unit_size < 1, "FREIGHT_UNIT_SIZE must be at least 1"),
+    (lambda s: s.unit_tokens < 0, "FREIGHT_UNIT_TOKENS cannot be negative"),
+    (lambda s: s.feed_requests < 0, "FREIGHT_FEED_REQUESTS cannot be negative"),
+    (lambda s: not 0 < s.urgent_share <= 1, "FREIGHT_URGENT_SHARE must be above 0 and at most 1"),
+    (
+        lambda s: not 0 <= s.feed_merge_seconds <= 60,
+        "FREIGHT_FEED_MERGE_SECONDS must be between 0 and 60",
+    ),
+    (
+        lambda s: not 0 <= s.feed_settle_seconds <= 60,
+        "FREIGHT_FEED_SETTLE_SECONDS must be between 0 and 60",
+    ),
+    (
+        lambda s: s.prefix_cache_sharing not in CACHE_SHARING,
+        f"FREIGHT_PREFIX_CACHE_SHARING must be one of {', '.join(CACHE_SHARING)}",
+    ),
+    (
+        lambda s: s.control_role_restarts < 0 or s.control_role_restart_window_seconds <= 0,
+        "FREIGHT_CONTROL_ROLE_RESTARTS cannot be negative and"
+        " FREIGHT_CONTROL_ROLE_RESTART_WINDOW_SECONDS must be above 0",
+    ),
+    (
+        lambda s: s.pack_requests < 1 or s.queue_depth < 0,
+        "FREIGHT_PACK_REQUESTS must be at least 1 and FREIGHT_QUEUE_DEPTH at least 0",
+    ),
+    (
+        lambda s: s.ask_lifetime_seconds <= s.heartbeat_seconds,
+        "FREIGHT_ASK_LIFETIME_SECONDS must exceed FREIGHT_HEARTBEAT_SECONDS (asks are renewed with heartbeats)",
+    ),
+    (
+        lambda s: s.dropfolder_poll_seconds <= 0 or s.dropfolder_max_backoff_seconds <= 0,
+        "FREIGHT_DROPFOLDER_POLL_SECONDS and FREIGHT_DROPFOLDER_MAX_BACKOFF_SECONDS must be positive",
+    ),
+    (
+        lambda s: (
+            min(s.rate_limit_rps, s.rate_limit_anonymous_rps) < 0
+            or (s.rate_limit_rps > 0 and s.rate_limit_burst < 1)
+            or (s.rate_limit_anonymous_rps > 0 and s.rate_limit_anonymous_burst < 1)
+        ),
+        "FREIGHT_RATE_LIMIT_*_RPS cannot be negative, and a limit that is on needs a burst of at least 1",
+    ),
+    (lambda s: s.max_json_body_bytes < 1024, "FREIGHT_MAX_JSON_BODY_BYTES must be at least 1024"),
+    (
+        lambda s: s.object_store_retry_seconds < 0 or s.drain_seconds < 0,
+        "FREIGHT_OBJECT_STORE_RETRY_SECONDS and FREIGHT_DRAIN_SECONDS cannot be negative",
+    ),
+    (
+        lambda s: s.engine_block_size < 0 or s.engine_block_size % 16 != 0,
+        "FREIGHT_ENGINE_BLOCK_SIZE must be 0 (vLLM's default) or a multiple of 16",
+    ),
+    (
+        lambda s: min(s.quota_stored_bytes, s.quota_open_batches, s.quota_queued_requests) < 0,
+        "FREIGHT_QUOTA_* cannot be negative (0 is unlimited)",
+    ),
+    (
+        lambda s: min(s.file_retention_seconds, s.batch_data_retention_seconds) < 0 or s.cleanup_seconds <= 0,
+        "FREIGHT_FILE_RETENTION_SECONDS and FREIGHT_BATCH_DATA_RETENTION_SECONDS cannot be negative,"
+        " FREIGHT_CLEANUP_SECONDS must be positive",
+    ),
+    # the dispatcher's throughput window and the console's and /metrics' worker figures read
+    # the recent samples: they must outlive both
+    (
+        lambda s: s.sample_retention_seconds < max(s.throughput_window_seconds, 3600),
+        "FREIGHT_SAMPLE_RETENTION_SECONDS must be at least 3600 and FREIGHT_THROUGHPUT_WINDOW_SECONDS",
+    ),
+    (
+        lambda s: s.engine_dtype not in ENGINE_DTYPES,
+        f"FREIGHT_ENGINE_DTYPE must be one of {', '.join(ENGINE_DTYPES)}",
+    ),
+    (
+        lambda s: s.engine_core not in ENGINE_CORES,
+        f"FREIGHT_ENGINE_CORE must be one of {', '.join(ENGINE_CORES)}",
+    ),
+    (
+        lambda s: bool(s.engine_metrics_bind) and metrics_port(s.engine_metrics_bind) is None,
+        "FREIGHT_ENGINE_METRICS_BIND must be HOST:PORT",
+    ),
+    (
+        lambda s: bool(s.metrics_bind) and metrics_port(s.metrics_bind) in (None, s.api_port),
+        "FREIGHT_METRICS_BIND must be HOST:PORT with a port other than FREIGHT_API_PORT's",
+    ),
+)
+
+# validation chunks, the control roles' pools and time limits, webhooks, logging and sessions
+_ROLE_AND_LOG_RULES: tuple[_Rule, ...] = (
+    (
+        lambda s: s.validation_chunk_bytes < 0,
+        "FREIGHT_VALIDATION_CHUNK_BYTES cannot be negative (0: never split)",
+    ),
+    (
+        lambda s: s.validation_chunks_in_flight < 1,
+        "FREIGHT_VALIDATION_CHUNKS_IN_FLIGHT must be at least 1",
+    ),
+    (
+        lambda s: min(s.validation_concurrency, s.finalize_concurrency, s.tenant_validations) < 1,
+        "FREIGHT_VALIDATION_CONCURRENCY, FREIGHT_FINALIZE_CONCURRENCY and FREIGHT_TENANT_VALIDATIONS"
+        " must be at least 1",
+    ),
+    (
+        lambda s: (
+            min(s.validation_time_limit_seconds, s.finalize_time_limit_seconds, s.tick_time_limit_seconds)
+            <= 0
+        ),
+        "FREIGHT_*_TIME_LIMIT_SECONDS must be positive",
+    ),
+    (
+        lambda s: s.webhook_concurrency < 1 or s.webhook_max_endpoints < 1,
+        "FREIGHT_WEBHOOK_CONCURRENCY and FREIGHT_WEBHOOK_MAX_ENDPOINTS must be at least 1",
+    ),
+    (
+        lambda s: not 0 < s.webhook_timeout_seconds <= 60,
+        "FREIGHT_WEBHOOK_TIMEOUT_SECONDS must be above 0 and at most 60",
+    ),
+    (
+        lambda s: s.webhook_secret_grace_seconds < 0,
+        "FREIGHT_WEBHOOK_SECRET_GRACE_SECONDS must be 0 or more",
+    ),
+    (
+        lambda s: s.log_level.strip().upper() not in LOG_LEVELS,
+        f"FREIGHT_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}",
+    ),
+    (
+        lambda s: s.log_format not in LOG_FORMATS,
+        f"FREIGHT_LOG_FORMAT must be one of {', '.join(LOG_FORMATS)}",
+    ),
+    (
+        lambda s: not 60 <= s.session_seconds <= 90 * 86400,
+        "FREIGHT_SESSION_SECONDS must be from 60 to 7776000 (90 days)",
+    ),
+)
+
+
+def _refuse_broken(settings: Settings, rules: tuple[_Rule, ...]) -> None:
+    for is_broken, refusal in rules:
+        if is_broken(settings):
+            raise SettingsError(refusal)
 
 
 def _convert(name: str, type_name: object, raw: str) -> object:
