@@ -13,7 +13,6 @@ Units: tokens; seconds; money in integer micro-dollars (``scheduler.cost``), sho
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,16 +62,6 @@ class PlanTotals:
             self.kv_reads_typical += kv_reads(prompt_len, typical)
         if not exact:
             self.lower_bound_requests += 1
-
-
-def plan_totals(
-    rows: Iterable[tuple[bytes, int, int]], block_size: int, typical_output: float | None = None
-) -> PlanTotals:
-    """``(key, prompt_len, budget)`` rows in prefix-sorted order, summed."""
-    totals = PlanTotals(block_size, typical_output)
-    for key, prompt_len, budget in rows:
-        totals.add(key, prompt_len, budget)
-    return totals
 
 
 @dataclass(frozen=True)

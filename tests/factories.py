@@ -229,3 +229,15 @@ def mixed_engine_samples(n: int, model: EngineModel = TRUE_ENGINE) -> list[tuple
         u, o, k = u * (1 + i / 50), o * (1 - i / 90), k * (1 + i / 70)  # no two samples alike
         out.append((u, o, k, model.seconds(u, o, k)))
     return out
+
+
+def decode_base64_embedding(text: str) -> list[float]:
+    """The float32 values of a base64 embedding: what a client does with OpenAI's base64."""
+    import base64
+    from array import array
+
+    floats = array("f")
+    floats.frombytes(base64.b64decode(text, validate=True))
+    if sys.byteorder != "little":
+        floats.byteswap()
+    return floats.tolist()

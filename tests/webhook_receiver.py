@@ -6,10 +6,20 @@ answering. Every request is recorded (path, headers, body, when it arrived and w
 
 from __future__ import annotations
 
+import hmac
 import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from scheduler.webhooks import signature
+
+
+def verify(secret: str, sent: dict[str, str], body: bytes) -> bool:
+    """What a receiver does with a delivery (Standard Webhooks): it is genuine if any ``v1,``
+    signature of the header is the one ``secret`` makes of its id, timestamp and body."""
+    expected = signature(secret, sent["webhook-id"], int(sent["webhook-timestamp"]), body)
+    return any(hmac.compare_digest(expected, candidate) for candidate in sent["webhook-signature"].split())
 
 
 @dataclass

@@ -325,15 +325,6 @@ def encode_embedding(values: Sequence[float], encoding_format: str) -> list[floa
     return floats.tolist()
 
 
-def decode_base64_embedding(text: str) -> list[float]:
-    """The float32 values of a base64 embedding (what a client does with OpenAI's base64)."""
-    floats = array("f")
-    floats.frombytes(base64.b64decode(text, validate=True))
-    if sys.byteorder != "little":
-        floats.byteswap()
-    return floats.tolist()
-
-
 def embeddings_body(
     vectors: Sequence[Sequence[float]], encoding_format: str, model: str, prompt_tokens: int
 ) -> dict[str, Any]:

@@ -20,8 +20,7 @@ import pytest
 
 from infra.processes import FREIGHT, REPO, _log_has, spawn, wait_for
 from tests.e2e.conftest import LiveStack, wait_final
-from tests.factories import chat_line, embedding_line, jsonl
-from workers.embeddings import decode_base64_embedding
+from tests.factories import chat_line, decode_base64_embedding, embedding_line, jsonl
 
 pytestmark = pytest.mark.stack
 

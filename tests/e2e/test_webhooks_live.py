@@ -11,9 +11,9 @@ import json
 import httpx
 import pytest
 
-from scheduler.webhooks import verify
 from tests import factories, webhook_receiver
 from tests.e2e.conftest import wait_final
+from tests.webhook_receiver import verify
 
 pytestmark = pytest.mark.stack
 

@@ -14,7 +14,6 @@ from scheduler.estimate import (
     SampleMoments,
     engine_rate,
     fit_engine_model,
-    plan_totals,
     summary,
     typical_output,
 )
@@ -23,6 +22,16 @@ from tests.factories import TRUE_ENGINE, mixed_engine_samples
 
 SHARED = list(range(1, 301))  # a 300-token system prompt
 PROMPTS = [SHARED + [1000 + i] * 10 for i in range(3)]  # 310 tokens each, sorted by their last ids
+
+
+def plan_totals(
+    rows: list[tuple[bytes, int, int]], block_size: int, typical_output: float | None = None
+) -> PlanTotals:
+    """``(key, prompt_len, budget)`` rows in prefix-sorted order, summed as validation sums them."""
+    totals = PlanTotals(block_size, typical_output)
+    for key, prompt_len, budget in rows:
+        totals.add(key, prompt_len, budget)
+    return totals
 
 
 def rows(budgets: list[int]) -> list[tuple[bytes, int, int]]:

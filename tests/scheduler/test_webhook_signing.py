@@ -21,8 +21,8 @@ from scheduler.webhooks import (
     parse_events,
     retry_delay,
     signature,
-    verify,
 )
+from tests.webhook_receiver import verify
 
 
 def test_signature_is_standard_webhooks_test_vector():

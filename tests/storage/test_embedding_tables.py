@@ -16,7 +16,8 @@ from storage import embedding_tables
 from storage.parquet_limits import DecodeLimits
 from storage.request_tables import request_lines
 from storage.result_tables import RESULT_SCHEMA, write_results
-from workers.embeddings import decode_base64_embedding, embeddings_body
+from tests.factories import decode_base64_embedding
+from workers.embeddings import embeddings_body
 from workers.request_bodies import EMBEDDINGS, parse_body
 from workers.results import encode, request_error_line, success_line
 

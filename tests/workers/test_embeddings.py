@@ -9,6 +9,7 @@ import struct
 
 import pytest
 
+from tests.factories import decode_base64_embedding
 from workers.embeddings import (
     MAX_INPUT_TOKENS,
     MAX_INPUTS,
@@ -16,7 +17,6 @@ from workers.embeddings import (
     EmbeddingFailed,
     PooledLine,
     RenderedEmbeddings,
-    decode_base64_embedding,
     embeddings_body,
     encode_embedding,
 )

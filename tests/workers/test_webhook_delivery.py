@@ -19,7 +19,7 @@ from sqlalchemy import func, select, text
 
 from api.services import webhooks as service
 from api.services.tenants import create_tenant, disable_tenant
-from scheduler.webhooks import ATTEMPTS, RETRY_SCHEDULE, verify
+from scheduler.webhooks import ATTEMPTS, RETRY_SCHEDULE
 from storage.broker import WEBHOOK_QUEUE
 from storage.lifecycle import finish_if_done, stop_batch
 from storage.models import Batch, Tenant, WebhookDelivery, WebhookEndpoint
@@ -28,7 +28,7 @@ from storage.status import BatchStatus, DeliveryStatus, EndpointStatus, transiti
 from tests import factories, webhook_receiver
 from tests.conftest import now
 from tests.factories import chat_line
-from tests.webhook_receiver import Behaviour, Receiver
+from tests.webhook_receiver import Behaviour, Receiver, verify
 from workers import cleanup
 from workers.celery_app import make_celery
 from workers.finalize import finalize_batch
