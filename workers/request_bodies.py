@@ -135,6 +135,29 @@ def parse_body(
 
 
 def _parse_body(endpoint: str, body: Any, validated: bool = False, auto_tools: bool = False) -> ParsedRequest:
+    data = _body_data(endpoint, body, validated)
+    if endpoint == EMBEDDINGS:  # served by embedding models only (workers/embeddings.py)
+        model, embedding = parse_embedding_body(data)
+        return ParsedRequest(endpoint=endpoint, model=model, request=embedding, max_tokens=0)
+    model = _check_generation_fields(data)
+    model_cls = _chat_request_class(data, auto_tools) if endpoint == CHAT else _completion_request_class(data)
+    _refuse_unknown_fields(data, model_cls)
+    request = _validate(model_cls, data)
+    _check_batch_options(request)
+    if endpoint == CHAT:
+        tool_calls.constrain(request)  # "required" / a named function: the call's JSON schema
+
+    max_tokens = _requested_max_tokens(endpoint, request, data)
+    if validated:
+        return ParsedRequest(endpoint=endpoint, model=model, request=request, max_tokens=max_tokens)
+    # Build sampling params once now, so that bad values (temperature, top_p, stop, min_tokens,
+    # response_format...) are reported at validation time rather than in the engine.
+    sampling_params_of(request, max_tokens if max_tokens is not None else max(1, request.min_tokens or 1), {})
+    return ParsedRequest(endpoint=endpoint, model=model, request=request, max_tokens=max_tokens)
+
+
+def _body_data(endpoint: str, body: Any, validated: bool) -> dict:
+    """The body of a known endpoint as a JSON object: a deep copy unless it was ``validated``."""
     if endpoint not in ENDPOINTS:
         raise RequestError(
             "invalid_request",
@@ -146,15 +169,15 @@ def _parse_body(endpoint: str, body: Any, validated: bool = False, auto_tools: b
     try:
         # A JSON round trip is a deep copy (vLLM's validators mutate messages) that also
         # rejects what no JSON line can hold (NaN, sets, non-string keys, objects).
-        data = body if validated else json.loads(json.dumps(body, allow_nan=False))
+        return body if validated else json.loads(json.dumps(body, allow_nan=False))
     except (TypeError, ValueError, RecursionError) as exc:
         raise RequestError(
             "invalid_request", clip_message(f"The body is not valid JSON data: {exc}"), "body"
         ) from None
 
-    if endpoint == EMBEDDINGS:  # served by embedding models only (workers/embeddings.py)
-        model, embedding = parse_embedding_body(data)
-        return ParsedRequest(endpoint=endpoint, model=model, request=embedding, max_tokens=0)
+
+def _check_generation_fields(data: dict) -> str | None:
+    """What a chat or completions body must not hold before vLLM sees it; its model name."""
     if data.get("stream") is True:  # other spellings ("true", 1) are caught after validation
         raise RequestError("unsupported_parameter", "Streaming is not available in batch requests.", "stream")
     for name, why in _UNSUPPORTED_FIELDS.items():
@@ -166,27 +189,40 @@ def _parse_body(endpoint: str, body: Any, validated: bool = False, auto_tools: b
     model = data.get("model")
     if model is not None and (not isinstance(model, str) or not model):
         raise RequestError("invalid_request", "`model` must be a non-empty string.", "model")
+    return model
 
-    if endpoint == CHAT:
-        _check_messages(data.get("messages"))
-        if tool_calls.check_tools(data) == tool_calls.AUTO and not auto_tools:
-            raise tool_calls.auto_tools_error()
-        kwargs = data.get("chat_template_kwargs")
-        if isinstance(kwargs, dict) and kwargs.get("chat_template") is not None:
-            raise RequestError(
-                "unsupported_parameter",
-                "Request-supplied chat templates are not trusted; the model's template is used.",
-                "chat_template_kwargs.chat_template",
-            )
-        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest as model_cls
-    else:
-        data["prompt"] = _single_prompt(data.get("prompt"))
-        if data.get("suffix") is not None:
-            raise RequestError(
-                "unsupported_parameter", "`suffix` (fill-in-the-middle) is not supported.", "suffix"
-            )
-        from vllm.entrypoints.openai.completion.protocol import CompletionRequest as model_cls
 
+def _chat_request_class(data: dict, auto_tools: bool) -> Any:
+    """vLLM's ChatCompletionRequest, once the messages, tools and template arguments pass."""
+    _check_messages(data.get("messages"))
+    if tool_calls.check_tools(data) == tool_calls.AUTO and not auto_tools:
+        raise tool_calls.auto_tools_error()
+    kwargs = data.get("chat_template_kwargs")
+    if isinstance(kwargs, dict) and kwargs.get("chat_template") is not None:
+        raise RequestError(
+            "unsupported_parameter",
+            "Request-supplied chat templates are not trusted; the model's template is used.",
+            "chat_template_kwargs.chat_template",
+        )
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    return ChatCompletionRequest
+
+
+def _completion_request_class(data: dict) -> Any:
+    """vLLM's CompletionRequest, once the body holds one prompt (set back as ``data["prompt"]``)
+    and no suffix."""
+    data["prompt"] = _single_prompt(data.get("prompt"))
+    if data.get("suffix") is not None:
+        raise RequestError(
+            "unsupported_parameter", "`suffix` (fill-in-the-middle) is not supported.", "suffix"
+        )
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    return CompletionRequest
+
+
+def _refuse_unknown_fields(data: dict, model_cls: Any) -> None:
     unknown = sorted(set(data) - set(model_cls.model_fields))
     if unknown:  # OpenAI refuses these too; silently ignoring a misspelt parameter hides bugs
         raise RequestError(
@@ -194,8 +230,11 @@ def _parse_body(endpoint: str, body: Any, validated: bool = False, auto_tools: b
             clip_message(f"Unrecognized request argument supplied: {unknown[0]}"),
             unknown[0],
         )
-    request = _validate(model_cls, data)
 
+
+def _check_batch_options(request: Any) -> None:
+    """What vLLM accepts but a batch line cannot honour: streaming, beam search, n past MAX_N,
+    a priority."""
     if request.stream:
         raise RequestError("unsupported_parameter", "Streaming is not available in batch requests.", "stream")
     if request.use_beam_search:
@@ -209,16 +248,6 @@ def _parse_body(endpoint: str, body: Any, validated: bool = False, auto_tools: b
             "Per-request `priority` is not supported; jobs are scheduled as a whole.",
             "priority",
         )
-    if endpoint == CHAT:
-        tool_calls.constrain(request)  # "required" / a named function: the call's JSON schema
-
-    max_tokens = _requested_max_tokens(endpoint, request, data)
-    if validated:
-        return ParsedRequest(endpoint=endpoint, model=model, request=request, max_tokens=max_tokens)
-    # Build sampling params once now, so that bad values (temperature, top_p, stop, min_tokens,
-    # response_format...) are reported at validation time rather than in the engine.
-    sampling_params_of(request, max_tokens if max_tokens is not None else max(1, request.min_tokens or 1), {})
-    return ParsedRequest(endpoint=endpoint, model=model, request=request, max_tokens=max_tokens)
 
 
 def _parse_responses(body: dict, validated: bool, auto_tools: bool, reasoning: bool) -> ParsedRequest:
