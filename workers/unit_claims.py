@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 from sqlalchemy import ColumnElement, and_, bindparam, select, update
 
-from storage.leases import take_lease
+from storage.leases import UNIT_LEASE
 from storage.lifecycle import NO_LIVE_COUNTS, finish_if_done, move_units
 from storage.models import Batch, UnitStatus, WorkUnit
 from storage.runtime import Runtime
-from storage.status import BatchStatus, unit_sources
+from storage.status import BatchStatus
 from workers.identity import claim_token
 
 log = logging.getLogger(__name__)
@@ -66,17 +66,15 @@ def claim_unit(
         # compare-and-set: a pending or queued unit has no worker (every move back to pending clears
         # it); a running one is a live worker's (if it dies, the dispatcher's lease redelivers), a
         # finished one is done with, and a stopping batch skips its unstarted units itself
-        taken = take_lease(
+        taken = UNIT_LEASE.take(
             s,
-            WorkUnit,
             unit_id,
-            "worker",
             token,
-            WorkUnit.status.in_(unit_sources((UnitStatus.PENDING, UnitStatus.QUEUED), UnitStatus.RUNNING)),
             select(Batch.id)
             .where(Batch.id == WorkUnit.batch_id, Batch.status == BatchStatus.IN_PROGRESS)
             .exists(),
-            status=UnitStatus.RUNNING,
+            from_=(UnitStatus.PENDING, UnitStatus.QUEUED),
+            to=UnitStatus.RUNNING,
             attempts=WorkUnit.attempts + 1,
             started_at=now,
             heartbeat_at=now,
@@ -234,12 +232,12 @@ def heartbeat(rt: Runtime, beats: Iterable[tuple[Claim, UnitTally]], now: float)
 def release_unit(rt: Runtime, claim: Claim, why: str = "unfinished at shutdown") -> None:
     """Give a unit back to pending, unrecorded and its attempt not counted."""
     with rt.db.write() as s:
-        move_units(
+        UNIT_LEASE.release(
             s,
-            held(claim),
+            claim.unit_id,
+            claim.token,
             from_=UnitStatus.RUNNING,
             to=UnitStatus.PENDING,
-            worker=None,
             pack_id=None,
             attempts=WorkUnit.attempts - 1,
             **NO_LIVE_COUNTS,  # its live counts: these results are given back unrecorded
