@@ -130,6 +130,31 @@ def check_line(raw: bytes, line_no: int, rules: FileRules) -> ValidLine | LineEr
 
 def check_fields(raw: bytes, line_no: int, rules: FileRules) -> CheckedLine | LineError:
     """``check_line`` but for the prompt: scanners render a block of lines at a time."""
+    obj = _line_object(raw, line_no, rules)
+    if isinstance(obj, LineError):
+        return obj
+    custom_id = _envelope_custom_id(obj, line_no, rules)
+    if isinstance(custom_id, LineError):
+        return custom_id
+    body: Any = obj.get("body")
+    body_json = _stored_body(body, line_no)
+    if isinstance(body_json, LineError):
+        return body_json
+    model = body.get("model")
+    if not isinstance(model, str) or model not in rules.served_models:
+        return LineError(
+            line_no, "model_not_found", f"model {str(model)[:200]!r} is not served here", "body.model"
+        )
+    if (rules.endpoint == EMBEDDINGS) != (model in rules.embed_models):
+        return LineError(line_no, "invalid_model", endpoint_mismatch(model, rules.endpoint), "body.model")
+    max_tokens = _body_max_tokens(body, model, line_no, rules)
+    if isinstance(max_tokens, LineError):
+        return max_tokens
+    return CheckedLine(line_no, custom_id, body_json, body, model, max_tokens)
+
+
+def _line_object(raw: bytes, line_no: int, rules: FileRules) -> dict | LineError:
+    """The line decoded: within the size limit, UTF-8, JSON, an object."""
     if len(raw) > rules.max_line_bytes:
         return LineError(
             line_no, "line_too_large", f"line is {len(raw)} bytes; the limit is {rules.max_line_bytes}"
@@ -146,6 +171,11 @@ def check_fields(raw: bytes, line_no: int, rules: FileRules) -> CheckedLine | Li
         return LineError(line_no, "invalid_json_line", f"line is not valid JSON: {getattr(exc, 'msg', exc)}")
     if not isinstance(obj, dict):
         return LineError(line_no, "invalid_json_line", "line must be a JSON object")
+    return obj
+
+
+def _envelope_custom_id(obj: dict, line_no: int, rules: FileRules) -> str | LineError:
+    """The batch line's own fields (custom_id, method, url, nothing else but body): its custom_id."""
     custom_id = obj.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         return LineError(line_no, "missing_custom_id", "custom_id must be a non-empty string", "custom_id")
@@ -165,7 +195,11 @@ def check_fields(raw: bytes, line_no: int, rules: FileRules) -> CheckedLine | Li
     extra = set(obj) - {"custom_id", "method", "url", "body"}
     if extra:
         return LineError(line_no, "invalid_request", f"unknown field(s): {', '.join(sorted(extra))[:200]}")
-    body = obj.get("body")
+    return custom_id
+
+
+def _stored_body(body: Any, line_no: int) -> str | LineError:
+    """The body as the compact JSON text the request store keeps."""
     if not isinstance(body, dict):
         return LineError(line_no, "invalid_body", "body must be a JSON object", "body")
     try:
@@ -174,13 +208,11 @@ def check_fields(raw: bytes, line_no: int, rules: FileRules) -> CheckedLine | Li
         return LineError(line_no, "invalid_body", f"body cannot be stored: {exc}", "body")
     if not _is_utf8(body_json):
         return LineError(line_no, "invalid_body", f"body {SURROGATE}", "body")
-    model = body.get("model")
-    if not isinstance(model, str) or model not in rules.served_models:
-        return LineError(
-            line_no, "model_not_found", f"model {str(model)[:200]!r} is not served here", "body.model"
-        )
-    if (rules.endpoint == EMBEDDINGS) != (model in rules.embed_models):
-        return LineError(line_no, "invalid_model", endpoint_mismatch(model, rules.endpoint), "body.model")
+    return body_json
+
+
+def _body_max_tokens(body: dict, model: str, line_no: int, rules: FileRules) -> int | LineError | None:
+    """The output budget the body asks for (None: the engine's default), once its shape passes."""
     max_tokens = None
     try:
         max_tokens = rules.shapes.max_tokens(
@@ -196,7 +228,7 @@ def check_fields(raw: bytes, line_no: int, rules: FileRules) -> CheckedLine | Li
         return LineError(
             line_no, "invalid_request", f"max_tokens must be at most {MAX_OUTPUT_TOKENS}", "body.max_tokens"
         )
-    return CheckedLine(line_no, custom_id, body_json, body, model, max_tokens)
+    return max_tokens
 
 
 @dataclass
