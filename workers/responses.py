@@ -136,6 +136,29 @@ def to_chat(data: dict[str, Any], *, reasoning: bool = False) -> ResponsesReques
     """A Responses body (a JSON object) -> the chat body Freight runs, or RequestError naming the
     Responses field. ``reasoning``: the model reads reasoning back (see the module), so
     `reasoning` can be honoured."""
+    _refuse_unservable(data)
+    messages, origins = _messages(data.get("instructions"), data.get("input"))
+    chat = _chat_body(data, messages, reasoning)
+    for name in ("user", "safety_identifier"):
+        if data.get(name) is not None and not isinstance(data[name], str):
+            raise _error(name, f"`{name}` must be a string.")
+    _check_metadata(data.get("metadata"))
+    echo: dict[str, Any] = {}
+    for name in _ECHOED:
+        if data.get(name) is not None:
+            echo[name] = data[name]
+    return ResponsesRequest(chat, echo, tuple(origins))
+
+
+# the Responses fields a Response object repeats, in its order
+_ECHOED = (
+    "instructions", "max_output_tokens", "temperature", "top_p", "text", "tools", "tool_choice",
+    "parallel_tool_calls", "metadata", "user", "safety_identifier", "reasoning",
+)  # fmt: skip
+
+
+def _refuse_unservable(data: dict[str, Any]) -> None:
+    """What a batch cannot honour (the _REFUSED fields, `store: true`) and fields Responses does not have."""
     for name, why in _REFUSED.items():
         value = data.get(name)
         if value is not None and not any(
@@ -153,9 +176,11 @@ def to_chat(data: dict[str, Any], *, reasoning: bool = False) -> ResponsesReques
     unknown = sorted((str(k) for k in set(data) - FIELDS), key=str)
     if unknown:  # as for chat: a misspelt parameter silently ignored hides bugs
         raise _error(unknown[0][:100], f"Unrecognized request argument supplied: {unknown[0][:100]}")
-    messages, origins = _messages(data.get("instructions"), data.get("input"))
+
+
+def _chat_body(data: dict[str, Any], messages: list[dict[str, Any]], reasoning: bool) -> dict[str, Any]:
+    """The chat body of the translated messages and the Responses fields chat has a name for."""
     chat: dict[str, Any] = {"messages": messages}
-    echo: dict[str, Any] = {}
     for name in ("model", "temperature", "top_p", "parallel_tool_calls", "user"):
         if data.get(name) is not None:
             chat[name] = data[name]
@@ -175,17 +200,7 @@ def to_chat(data: dict[str, Any], *, reasoning: bool = False) -> ResponsesReques
     effort = _reasoning(data.get("reasoning"), reasoning)
     if effort is not None:
         chat["reasoning_effort"] = effort
-    for name in ("user", "safety_identifier"):
-        if data.get(name) is not None and not isinstance(data[name], str):
-            raise _error(name, f"`{name}` must be a string.")
-    _check_metadata(data.get("metadata"))
-    for name in (
-        "instructions", "max_output_tokens", "temperature", "top_p", "text", "tools", "tool_choice",
-        "parallel_tool_calls", "metadata", "user", "safety_identifier", "reasoning",
-    ):  # fmt: skip
-        if data.get(name) is not None:
-            echo[name] = data[name]
-    return ResponsesRequest(chat, echo, tuple(origins))
+    return chat
 
 
 def _messages(instructions: Any, given: Any) -> tuple[list[dict[str, Any]], list[str]]:
