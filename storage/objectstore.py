@@ -112,7 +112,38 @@ class ChunkReader(io.RawIOBase):
         return n
 
 
-class LocalObjectStore:
+class DerivedOperations:
+    """The operations every store derives the same way from its own ``put_stream``, ``stat`` and
+    ``list_info`` (a store may do them better itself, as the local one does)."""
+
+    def put_stream(self, key: str, stream: IO[bytes]) -> int:
+        raise NotImplementedError
+
+    def stat(self, key: str) -> ObjectInfo:
+        raise NotImplementedError
+
+    def list_info(self, prefix: str) -> Iterator[ObjectInfo]:
+        raise NotImplementedError
+
+    def put_chunks(self, key: str, chunks: Iterable[bytes]) -> int:
+        return self.put_stream(key, io.BufferedReader(ChunkReader(chunks), CHUNK))
+
+    def size(self, key: str) -> int:
+        return self.stat(key).size
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.size(key)
+        except ObjectNotFound:
+            return False
+        return True
+
+    def list(self, prefix: str) -> Iterator[str]:
+        for info in self.list_info(prefix):
+            yield info.key
+
+
+class LocalObjectStore(DerivedOperations):
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self.url = f"file://{self.root}"
@@ -136,9 +167,6 @@ class LocalObjectStore:
         finally:
             tmp.unlink(missing_ok=True)
         return total
-
-    def put_chunks(self, key: str, chunks: Iterable[bytes]) -> int:
-        return self.put_stream(key, io.BufferedReader(ChunkReader(chunks), CHUNK))
 
     def open(self, key: str) -> IO[bytes]:
         try:
@@ -222,7 +250,7 @@ def s3_errors(what: str, missing: str | None = None) -> Iterator[None]:
         raise ObjectStoreError(f"{what} failed: {exc}") from exc
 
 
-class S3ObjectStore:
+class S3ObjectStore(DerivedOperations):
     """``s3://bucket/prefix``; endpoint and credentials from boto3's chain unless given."""
 
     def __init__(
@@ -305,9 +333,6 @@ class S3ObjectStore:
             raise
         return total
 
-    def put_chunks(self, key: str, chunks: Iterable[bytes]) -> int:
-        return self.put_stream(key, io.BufferedReader(ChunkReader(chunks), CHUNK))
-
     def open(self, key: str) -> IO[bytes]:
         return self._get(key)
 
@@ -323,24 +348,10 @@ class S3ObjectStore:
             )
         return response["Body"]
 
-    def size(self, key: str) -> int:
-        return self.stat(key).size
-
-    def exists(self, key: str) -> bool:
-        try:
-            self.size(key)
-        except ObjectNotFound:
-            return False
-        return True
-
     def delete(self, key: str) -> None:
         with s3_errors(f"delete of {key} in {self.url}"):
             target = self._key(key)
             self._call(f"delete {key}", lambda: self._client.delete_object(Bucket=self.bucket, Key=target))
-
-    def list(self, prefix: str) -> Iterator[str]:
-        for info in self.list_info(prefix):
-            yield info.key
 
     def list_info(self, prefix: str) -> Iterator[ObjectInfo]:
         if prefix:
