@@ -375,6 +375,24 @@ class _Counters:
             self.failed += 1
 
 
+class _AbortPoll:
+    """A run's ``should_abort``, asked at most every ABORT_POLL_SECONDS (False in between, and
+    always when there is none)."""
+
+    __slots__ = ("_last_poll", "_should_abort")
+
+    def __init__(self, should_abort: Callable[[], bool] | None) -> None:
+        self._should_abort = should_abort
+        self._last_poll = float("-inf")
+
+    def __call__(self) -> bool:
+        should_abort = self._should_abort
+        if should_abort is None or time.monotonic() - self._last_poll < ABORT_POLL_SECONDS:
+            return False
+        self._last_poll = time.monotonic()
+        return bool(should_abort())
+
+
 def _count_step_outputs(llm: LLMEngine, counters: _Counters) -> None:
     """Count the requests each engine step advanced, from the core's own outputs.
 
@@ -649,14 +667,7 @@ class Engine:
         pending = iter(requests)
         mine: set[str] = set()
         exhausted = False
-        last_poll = float("-inf")
-
-        def abort_requested() -> bool:
-            nonlocal last_poll
-            if should_abort is None or time.monotonic() - last_poll < ABORT_POLL_SECONDS:
-                return False
-            last_poll = time.monotonic()
-            return bool(should_abort())
+        abort_requested = _AbortPoll(should_abort)
 
         def stop_everything() -> Iterator[EngineResult]:
             yield from self.abort(list(mine))
