@@ -103,30 +103,66 @@ def supervise(
     """Run every role, each in its own process, restarting one that exits on its own within
     ``RestartBudget(restarts, restart_window)``; returns the exit status (1: a role's budget ran
     out, and every other role was stopped)."""
-    children: dict[str, subprocess.Popen] = {}  # the roles running (or exiting) now
-    pending: dict[int, str] = {}  # read end of a role's ready pipe -> role
-    restart_at: dict[str, float] = {}  # roles waiting to start again -> when (monotonic)
-    budget = RestartBudget(restarts, restart_window)
-    stopping = False
+    return _Supervisor(name, roles, restarts, restart_window).run()
 
-    def stop_all(*_: object) -> None:
-        nonlocal stopping
-        stopping = True
-        restart_at.clear()
-        for child in children.values():
+
+class _Supervisor:
+    """One `supervise` run: the roles' processes, their ready pipes and their restarts."""
+
+    def __init__(
+        self, name: str | None, roles: tuple[str, ...], restarts: int, restart_window: float
+    ) -> None:
+        self.name, self.roles = name, roles
+        self.restarts, self.restart_window = restarts, restart_window
+        self.children: dict[str, subprocess.Popen] = {}  # the roles running (or exiting) now
+        self.pending: dict[int, str] = {}  # read end of a role's ready pipe -> role
+        self.restart_at: dict[str, float] = {}  # roles waiting to start again -> when (monotonic)
+        self.budget = RestartBudget(restarts, restart_window)
+        self.stopping = False
+        self.ready: set[str] = set()
+        self.all_ready = False
+        self.status = 0
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self.on_signal)
+        signal.signal(signal.SIGINT, self.on_signal)
+        for role in self.roles:
+            self.start(role)
+        while True:
+            if self.pending:
+                self.read_ready()
+            else:
+                time.sleep(0.5)
+            children = self.children
+            exited = {role: child.returncode for role, child in children.items() if child.poll() is not None}
+            if self.stopping:
+                if len(exited) == len(children):
+                    break
+                continue
+            now = time.monotonic()
+            self.schedule_restarts(exited, now)
+            self.start_due(now)
+        for fd in self.pending:
+            os.close(fd)
+        return self.status
+
+    def stop_all(self) -> None:
+        self.stopping = True
+        self.restart_at.clear()
+        for child in self.children.values():
             if child.poll() is None:
                 # SIGTERM even for SIGINT: a second SIGINT would make Celery's shutdown a cold one
                 child.send_signal(signal.SIGTERM)
 
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
+    def on_signal(self, signum: int, _frame: FrameType | None) -> None:
         log.info("control worker: %s, warm shutdown of every role", signal.Signals(signum).name)
-        stop_all()
+        self.stop_all()
 
-    def start(role: str) -> None:
+    def start(self, role: str) -> None:
         read_end, write_end = os.pipe()
         argv = [sys.executable, "-m", "workers.bootstrap", "worker", "--control", "--role", role]
-        children[role] = subprocess.Popen(
-            [*argv, *(["--name", name] if name else [])],
+        self.children[role] = subprocess.Popen(
+            [*argv, *(["--name", self.name] if self.name else [])],
             env={**os.environ, READY_FD_ENV: str(write_end)},
             pass_fds=(write_end,),
             # its own process group: a signal to the supervisor's group (make stop) must not reach
@@ -136,62 +172,51 @@ def supervise(
             preexec_fn=die_with_parent,
         )
         os.close(write_end)
-        pending[read_end] = role
+        self.pending[read_end] = role
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    for role in roles:
-        start(role)
-    ready: set[str] = set()
-    all_ready = False
-    status = 0
-    while True:
-        if pending:
-            readable = select.select(list(pending), [], [], 0.5)[0]  # a signal: retried (PEP 475)
-            for fd in readable:
-                said = os.read(fd, 64)
-                os.close(fd)
-                role = pending.pop(fd)
-                if said and not stopping:
-                    ready.add(role)
-                    log.info("control worker: role %s ready", role)
-                    if ready == set(roles) and not all_ready:  # once: what infra.processes waits for
-                        all_ready = True
-                        log.info("%s ready.", name or f"control@{os.uname().nodename}")
-        else:
-            time.sleep(0.5)
-        exited = {role: child.returncode for role, child in children.items() if child.poll() is not None}
-        if stopping:
-            if len(exited) == len(children):
-                break
-            continue
-        now = time.monotonic()
+    def read_ready(self) -> None:
+        """Wait up to 0.5 s for roles' ready lines; once every role is ready, say so once."""
+        readable = select.select(list(self.pending), [], [], 0.5)[0]  # a signal: retried (PEP 475)
+        for fd in readable:
+            said = os.read(fd, 64)
+            os.close(fd)
+            role = self.pending.pop(fd)
+            if said and not self.stopping:
+                self.ready.add(role)
+                log.info("control worker: role %s ready", role)
+                # once: what infra.processes waits for
+                if self.ready == set(self.roles) and not self.all_ready:
+                    self.all_ready = True
+                    log.info("%s ready.", self.name or f"control@{os.uname().nodename}")
+
+    def schedule_restarts(self, exited: dict[str, int], now: float) -> None:
+        """Each role that exited on its own starts again when its budget says; when a budget is
+        spent, every role is stopped and the exit status is 1."""
         for role, code in exited.items():
-            del children[role]
-            ready.discard(role)
-            when = budget.next_start(role, now)
+            del self.children[role]
+            self.ready.discard(role)
+            when = self.budget.next_start(role, now)
             if when is None:
                 log.error(
                     "control worker: role %s exited on its own (status %s) after %d restarts in %.0f s;"
                     " stopping the others",
-                    role, code, restarts, restart_window,
+                    role, code, self.restarts, self.restart_window,
                 )  # fmt: skip
-                status = 1
-                stop_all()
+                self.status = 1
+                self.stop_all()
                 break
             log.error(
                 "control worker: role %s exited on its own (status %s); starting it again in %.0f s"
                 " (restart %d of at most %d in %.0f s)",
-                role, code, when - now, budget.used(role), restarts, restart_window,
+                role, code, when - now, self.budget.used(role), self.restarts, self.restart_window,
             )  # fmt: skip
-            restart_at[role] = when
-        for role, when in list(restart_at.items()):
+            self.restart_at[role] = when
+
+    def start_due(self, now: float) -> None:
+        for role, when in list(self.restart_at.items()):
             if when <= now:
-                del restart_at[role]
-                start(role)
-    for fd in pending:
-        os.close(fd)
-    return status
+                del self.restart_at[role]
+                self.start(role)
 
 
 def supervised_ready(on_ready_fd: int) -> None:
