@@ -145,18 +145,7 @@ def add(rt: Runtime, req: AddRequest, *, echo: Echo = print, progress: Progress 
     _check(req)
     if not req.source.startswith("s3://"):  # workers may start elsewhere in the tree
         req = replace(req, source=str(Path(req.source).absolute()))
-    args: dict[str, Any] = {}
-    if req.engine_args:  # refused before anything is downloaded or quantized
-        model_path = None if req.source.startswith("s3://") else req.source
-        args = engine_args(req.engine_args, quantization=req.quantization, model_path=model_path)
-        if MAX_MODEL_LEN in args:
-            given = args.pop(MAX_MODEL_LEN)
-            if req.max_model_len is not None and req.max_model_len != given:
-                raise ServiceError(
-                    "invalid_request",
-                    f"--max-model-len {req.max_model_len} and engine arg max_model_len={given} disagree",
-                )
-            req = replace(req, max_model_len=given)
+    req, args = _requested_engine_args(req)
     if req.tool_call_parser is not None or args.get("reasoning_parser"):
         parsers_check(req.tool_call_parser, args)
     with rt.db.read() as s:
@@ -169,43 +158,8 @@ def add(rt: Runtime, req: AddRequest, *, echo: Echo = print, progress: Progress 
     detected = local_quantization(str(local))
     task = local_task(str(local)) if req.task == "auto" else req.task
     if task == EMBED and detected == "none":
-        # Freight's INT4 copy and its probe measure text generation: an embedding model is served
-        # as it is (or as a checkpoint already quantized elsewhere)
-        if req.quantization == "w4a16":
-            raise ServiceError(
-                "invalid_request",
-                "--quantization w4a16 is for text-generation models; serve an embedding model with "
-                "--quantization none, or register a checkpoint already quantized",
-            )
-        req = replace(req, quantization="none")
-    checkpoint, served, served_dir, probe = req.source, detected, local, None
-    if req.quantization in ("awq", "gptq") and detected != req.quantization:
-        raise ServiceError(
-            "invalid_request",
-            f"{req.source} is not a {req.quantization.upper()} checkpoint (it is {detected}); make one with "
-            f"`freight models quantize SRC DST --calibration FILE.jsonl --method {req.quantization}`",
-        )
-    if req.quantization in ("w4a16", "auto") and detected == "none":
-        int4_dir = Path(rt.settings.quantized_dir) / f"{_slug(req.name)}-w4a16-{int(time.time())}"
-        echo(f"quantizing {req.source} to W4A16 (round-to-nearest) into {int4_dir}")
-        _quantize(QuantizeRequest(source=local, destination=int4_dir), progress)
-        served = "w4a16"
-        if req.quantization == "auto":
-            echo("probing BF16 against INT4 on this machine (one engine each)")
-            try:
-                probe = run_probe(local, int4_dir, eager=rt.settings.engine_enforce_eager, now=time.time())
-            except ProbeError as exc:
-                shutil.rmtree(int4_dir, ignore_errors=True)
-                raise ServiceError("invalid_request", str(exc)) from exc
-            probe["chosen"] = choose(probe, rt.settings.int4_min_speedup)
-            echo(f"probe: INT4/BF16 output tok/s {probe['int4_over_bf16']} -> serving {probe['chosen']}")
-            if probe["chosen"] == "none":
-                shutil.rmtree(int4_dir, ignore_errors=True)
-                served = "none"
-        if served == "w4a16":  # workers on other machines load it from the object store
-            checkpoint, served_dir = publish(int4_dir, rt.settings.object_store_url, rt.store), int4_dir
-    elif req.quantization == "w4a16" and detected not in ("w4a16", "gptq", "awq"):
-        raise ServiceError("invalid_request", f"{req.source} is quantized as {detected}, not INT4")
+        req = _served_as_is(req)
+    checkpoint, served, served_dir, probe = _served_checkpoint(rt, req, local, detected, echo, progress)
     parameters, size = weights(served_dir)
     row = Model(
         name=req.name,
@@ -231,6 +185,80 @@ def add(rt: Runtime, req: AddRequest, *, echo: Echo = print, progress: Progress 
     entry = lookup(rt.db, rt.settings, req.name)
     assert entry is not None
     return entry
+
+
+def _requested_engine_args(req: AddRequest) -> tuple[AddRequest, dict[str, Any]]:
+    """The request's engine args, checked before anything is downloaded or quantized; an engine
+    arg max_model_len moves to the request's own (and must agree with it)."""
+    if not req.engine_args:
+        return req, {}
+    model_path = None if req.source.startswith("s3://") else req.source
+    args = engine_args(req.engine_args, quantization=req.quantization, model_path=model_path)
+    if MAX_MODEL_LEN in args:
+        given = args.pop(MAX_MODEL_LEN)
+        if req.max_model_len is not None and req.max_model_len != given:
+            raise ServiceError(
+                "invalid_request",
+                f"--max-model-len {req.max_model_len} and engine arg max_model_len={given} disagree",
+            )
+        req = replace(req, max_model_len=given)
+    return req, args
+
+
+def _served_as_is(req: AddRequest) -> AddRequest:
+    """An unquantized embedding model is served as it is: Freight's INT4 copy and its probe measure
+    text generation (a checkpoint already quantized elsewhere is served as that)."""
+    if req.quantization == "w4a16":
+        raise ServiceError(
+            "invalid_request",
+            "--quantization w4a16 is for text-generation models; serve an embedding model with "
+            "--quantization none, or register a checkpoint already quantized",
+        )
+    return replace(req, quantization="none")
+
+
+def _served_checkpoint(
+    rt: Runtime, req: AddRequest, local: Path, detected: str, echo: Echo, progress: Progress | None
+) -> tuple[str, str, Path, dict[str, Any] | None]:
+    """What the model serves: (checkpoint location, quantization, local directory, probe): the
+    checkpoint as it is, or an INT4 copy made here (published to the object store) when asked
+    for, or chosen by the probe."""
+    checkpoint, served, served_dir, probe = req.source, detected, local, None
+    if req.quantization in ("awq", "gptq") and detected != req.quantization:
+        raise ServiceError(
+            "invalid_request",
+            f"{req.source} is not a {req.quantization.upper()} checkpoint (it is {detected}); make one with "
+            f"`freight models quantize SRC DST --calibration FILE.jsonl --method {req.quantization}`",
+        )
+    if req.quantization in ("w4a16", "auto") and detected == "none":
+        int4_dir = Path(rt.settings.quantized_dir) / f"{_slug(req.name)}-w4a16-{int(time.time())}"
+        echo(f"quantizing {req.source} to W4A16 (round-to-nearest) into {int4_dir}")
+        _quantize(QuantizeRequest(source=local, destination=int4_dir), progress)
+        served = "w4a16"
+        if req.quantization == "auto":
+            probe = _probe_int4(rt, local, int4_dir, echo)
+            if probe["chosen"] == "none":
+                shutil.rmtree(int4_dir, ignore_errors=True)
+                served = "none"
+        if served == "w4a16":  # workers on other machines load it from the object store
+            checkpoint, served_dir = publish(int4_dir, rt.settings.object_store_url, rt.store), int4_dir
+    elif req.quantization == "w4a16" and detected not in ("w4a16", "gptq", "awq"):
+        raise ServiceError("invalid_request", f"{req.source} is quantized as {detected}, not INT4")
+    return checkpoint, served, served_dir, probe
+
+
+def _probe_int4(rt: Runtime, local: Path, int4_dir: Path, echo: Echo) -> dict[str, Any]:
+    """BF16 against the INT4 copy on this machine, with the choice (``probe["chosen"]``) made;
+    the copy is deleted if the probe fails."""
+    echo("probing BF16 against INT4 on this machine (one engine each)")
+    try:
+        probe = run_probe(local, int4_dir, eager=rt.settings.engine_enforce_eager, now=time.time())
+    except ProbeError as exc:
+        shutil.rmtree(int4_dir, ignore_errors=True)
+        raise ServiceError("invalid_request", str(exc)) from exc
+    probe["chosen"] = choose(probe, rt.settings.int4_min_speedup)
+    echo(f"probe: INT4/BF16 output tok/s {probe['int4_over_bf16']} -> serving {probe['chosen']}")
+    return probe
 
 
 def _s3_factory(rt: Runtime):
