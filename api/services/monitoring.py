@@ -8,7 +8,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import case, func, select
+from sqlalchemy import ColumnElement, Row, case, func, select
 from sqlalchemy.orm import Session
 
 from api.services.reports import (
@@ -91,13 +91,7 @@ def metrics_snapshot(rt: Runtime, now: float) -> MetricsSnapshot:
             select(BatchRollup, Tenant.name).join(Tenant, Tenant.id == BatchRollup.tenant_id)
         ).all()
         live = Batch.rolled_up_at.is_(None)
-        batch_counts: dict[tuple[str, str], int] = defaultdict(int)
-        for status, model, n in s.execute(
-            select(Batch.status, Batch.model, func.count()).where(live).group_by(Batch.status, Batch.model)
-        ):
-            batch_counts[(status, model or NO_MODEL)] += int(n)
-        for r, _ in rolled:
-            batch_counts[(r.status, r.model or NO_MODEL)] += r.batches
+        batch_counts = _batch_counts(s, live, rolled)
         active = (Batch.status == BatchStatus.IN_PROGRESS.value,)
         remaining = func.sum(
             case(
@@ -120,74 +114,10 @@ def metrics_snapshot(rt: Runtime, now: float) -> MetricsSnapshot:
                 .group_by(Batch.model)
             )
         }
-        unit_counts: dict[tuple[str, str], int] = defaultdict(int)
-        for model, status, n in s.execute(
-            select(WorkUnit.model, WorkUnit.status, func.count())
-            .where(WorkUnit.batch_id.in_(select(Batch.id).where(live)))
-            .group_by(WorkUnit.model, WorkUnit.status)
-        ):
-            unit_counts[(model, status)] += int(n)
-        for r, _ in rolled:  # the units of a rolled-up batch carry its model (validation sets both)
-            for status, column in UNIT_COLUMNS.items():
-                if n := getattr(r, column):
-                    unit_counts[(r.model, status)] += n
+        unit_counts = _unit_counts(s, live, rolled)
         latest = {(r.worker, r.model): r for r in live_samples(s, now)}  # ordered: the last one wins
-        busy: dict[tuple[str, str], float] = {}
-        engine_cost: dict[tuple[str, str], float] = {}
-        tokens: dict[tuple[str, str, str], int] = {}
-        cached_tokens: dict[tuple[str, str], int] = {}
-        cost_micros: dict[tuple[str, str], int] = {}
-        # the counters: the sums of the samples the cleanup pruned, plus the samples it keeps
-        # (FREIGHT_SAMPLE_RETENTION_SECONDS of them), so pruning changes no total
-        kept = select(
-            EngineSample.worker,
-            EngineSample.model,
-            func.sum(EngineSample.seconds),
-            func.sum(EngineSample.cost_micros),
-            func.sum(EngineSample.prompt_tokens),
-            func.sum(EngineSample.cached_tokens),
-            func.sum(EngineSample.output_tokens),
-        ).group_by(EngineSample.worker, EngineSample.model)
-        pruned = select(
-            EngineSampleTotal.worker,
-            EngineSampleTotal.model,
-            EngineSampleTotal.seconds,
-            EngineSampleTotal.cost_micros,
-            EngineSampleTotal.prompt_tokens,
-            EngineSampleTotal.cached_tokens,
-            EngineSampleTotal.output_tokens,
-        )
-        for query in (pruned, kept):
-            for row in s.execute(query):
-                key, (secs, cost, prompt, cached, output) = (row[0], row[1]), row[2:]
-                busy[key] = busy.get(key, 0.0) + float(secs or 0.0)
-                cost_micros[key] = cost_micros.get(key, 0) + as_int(cost)
-                for kind, n in (("prompt", prompt), ("output", output)):
-                    tokens[(*key, kind)] = tokens.get((*key, kind), 0) + as_int(n)
-                cached_tokens[key] = cached_tokens.get(key, 0) + as_int(cached)
-        for key, micros in cost_micros.items():
-            engine_cost[key] = micros / MICROS_PER_DOLLAR
-        # the charge is rounded per batch; batches that cost nothing charge nothing
-        charged: dict[tuple[str, str], int] = defaultdict(int)
-        for tenant, model, cost, mult in s.execute(
-            select(Tenant.name, Batch.model, Batch.cost_micros, Batch.price_multiplier)
-            .join(Tenant, Tenant.id == Batch.tenant_id)
-            .where(live, Batch.status.in_(BatchStatus.FINAL), Batch.cost_micros > 0)
-        ):
-            charged[(tenant, model or NO_MODEL)] += charged_micros(cost, mult)
-        sla_batches: dict[tuple[str, str, str], int] = defaultdict(int)
-        for tenant, model, met, n in s.execute(
-            select(Tenant.name, Batch.model, Batch.sla_met, func.count())
-            .join(Tenant, Tenant.id == Batch.tenant_id)
-            .where(live, Batch.sla_met.is_not(None))
-            .group_by(Tenant.name, Batch.model, Batch.sla_met)
-        ):
-            sla_batches[(tenant, model or NO_MODEL, "true" if met else "false")] += int(n)
-        for r, tenant in rolled:
-            if r.charged_batches:
-                charged[(tenant, r.model or NO_MODEL)] += r.charged_micros
-            if r.sla:
-                sla_batches[(tenant, r.model or NO_MODEL, r.sla)] += r.batches
+        busy, engine_cost, tokens, cached_tokens = _engine_totals(s)
+        charged, sla_batches = _charges_and_sla(s, live, rolled)
         since = now - SLA_WINDOW_SECONDS
         until = math.floor(now) + 1  # stamps are whole seconds: take the current one in
         outcomes = [
@@ -232,3 +162,112 @@ def _worker_gauges(sample: EngineSample) -> WorkerGauges:
         mfu=sample.mfu,
         mbu=sample.mbu,
     )
+
+
+def _batch_counts(
+    s: Session, live: ColumnElement[bool], rolled: Sequence[Row[BatchRollup, str]]
+) -> dict[tuple[str, str], int]:
+    """(status, model) -> batches: the batches not rolled up yet, and the rollup's."""
+    batch_counts: dict[tuple[str, str], int] = defaultdict(int)
+    for status, model, n in s.execute(
+        select(Batch.status, Batch.model, func.count()).where(live).group_by(Batch.status, Batch.model)
+    ):
+        batch_counts[(status, model or NO_MODEL)] += int(n)
+    for r, _ in rolled:
+        batch_counts[(r.status, r.model or NO_MODEL)] += r.batches
+    return batch_counts
+
+
+def _unit_counts(
+    s: Session, live: ColumnElement[bool], rolled: Sequence[Row[BatchRollup, str]]
+) -> dict[tuple[str, str], int]:
+    """(model, status) -> units: those of the batches not rolled up yet, and the rollup's."""
+    unit_counts: dict[tuple[str, str], int] = defaultdict(int)
+    for model, status, n in s.execute(
+        select(WorkUnit.model, WorkUnit.status, func.count())
+        .where(WorkUnit.batch_id.in_(select(Batch.id).where(live)))
+        .group_by(WorkUnit.model, WorkUnit.status)
+    ):
+        unit_counts[(model, status)] += int(n)
+    for r, _ in rolled:  # the units of a rolled-up batch carry its model (validation sets both)
+        for status, column in UNIT_COLUMNS.items():
+            if n := getattr(r, column):
+                unit_counts[(r.model, status)] += n
+    return unit_counts
+
+
+def _engine_totals(
+    s: Session,
+) -> tuple[
+    dict[tuple[str, str], float],
+    dict[tuple[str, str], float],
+    dict[tuple[str, str, str], int],
+    dict[tuple[str, str], int],
+]:
+    """The engine counters of every (worker, model): busy seconds, cost in dollars, tokens by
+    kind, cached prompt tokens."""
+    busy: dict[tuple[str, str], float] = {}
+    engine_cost: dict[tuple[str, str], float] = {}
+    tokens: dict[tuple[str, str, str], int] = {}
+    cached_tokens: dict[tuple[str, str], int] = {}
+    cost_micros: dict[tuple[str, str], int] = {}
+    # the counters: the sums of the samples the cleanup pruned, plus the samples it keeps
+    # (FREIGHT_SAMPLE_RETENTION_SECONDS of them), so pruning changes no total
+    kept = select(
+        EngineSample.worker,
+        EngineSample.model,
+        func.sum(EngineSample.seconds),
+        func.sum(EngineSample.cost_micros),
+        func.sum(EngineSample.prompt_tokens),
+        func.sum(EngineSample.cached_tokens),
+        func.sum(EngineSample.output_tokens),
+    ).group_by(EngineSample.worker, EngineSample.model)
+    pruned = select(
+        EngineSampleTotal.worker,
+        EngineSampleTotal.model,
+        EngineSampleTotal.seconds,
+        EngineSampleTotal.cost_micros,
+        EngineSampleTotal.prompt_tokens,
+        EngineSampleTotal.cached_tokens,
+        EngineSampleTotal.output_tokens,
+    )
+    for query in (pruned, kept):
+        for row in s.execute(query):
+            key, (secs, cost, prompt, cached, output) = (row[0], row[1]), row[2:]
+            busy[key] = busy.get(key, 0.0) + float(secs or 0.0)
+            cost_micros[key] = cost_micros.get(key, 0) + as_int(cost)
+            for kind, n in (("prompt", prompt), ("output", output)):
+                tokens[(*key, kind)] = tokens.get((*key, kind), 0) + as_int(n)
+            cached_tokens[key] = cached_tokens.get(key, 0) + as_int(cached)
+    for key, micros in cost_micros.items():
+        engine_cost[key] = micros / MICROS_PER_DOLLAR
+    return busy, engine_cost, tokens, cached_tokens
+
+
+def _charges_and_sla(
+    s: Session, live: ColumnElement[bool], rolled: Sequence[Row[BatchRollup, str]]
+) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str, str], int]]:
+    """(tenant, model) -> micro-dollars charged, and (tenant, model, met) -> batches with an SLA
+    outcome, of the final batches (rolled up or not)."""
+    # the charge is rounded per batch; batches that cost nothing charge nothing
+    charged: dict[tuple[str, str], int] = defaultdict(int)
+    for tenant, model, cost, mult in s.execute(
+        select(Tenant.name, Batch.model, Batch.cost_micros, Batch.price_multiplier)
+        .join(Tenant, Tenant.id == Batch.tenant_id)
+        .where(live, Batch.status.in_(BatchStatus.FINAL), Batch.cost_micros > 0)
+    ):
+        charged[(tenant, model or NO_MODEL)] += charged_micros(cost, mult)
+    sla_batches: dict[tuple[str, str, str], int] = defaultdict(int)
+    for tenant, model, met, n in s.execute(
+        select(Tenant.name, Batch.model, Batch.sla_met, func.count())
+        .join(Tenant, Tenant.id == Batch.tenant_id)
+        .where(live, Batch.sla_met.is_not(None))
+        .group_by(Tenant.name, Batch.model, Batch.sla_met)
+    ):
+        sla_batches[(tenant, model or NO_MODEL, "true" if met else "false")] += int(n)
+    for r, tenant in rolled:
+        if r.charged_batches:
+            charged[(tenant, r.model or NO_MODEL)] += r.charged_micros
+        if r.sla:
+            sla_batches[(tenant, r.model or NO_MODEL, r.sla)] += r.batches
+    return charged, sla_batches
