@@ -89,34 +89,45 @@ class _Check:
                 return _COLLECTION
             return _MESSAGE if node.name in self.targets else None
         if isinstance(node, nodes.Getitem):
-            base = self.kind(node.node)
-            if base == _COLLECTION:
-                return _COLLECTION if isinstance(node.arg, nodes.Slice) else _MESSAGE
-            if base == _MESSAGE:
-                if not (isinstance(node.arg, nodes.Const) and isinstance(node.arg.value, str)):
-                    raise _Refused("a message field by a computed name")
-                return _CONTENT if node.arg.value == "content" else None
-            return None
+            return self.item_kind(node)
         if isinstance(node, nodes.Getattr):
-            base = self.kind(node.node)
-            if base == _COLLECTION:  # a list method (pop, copy, ...) could hand out a message
-                raise _Refused(f"messages.{node.attr}")
-            if base == _MESSAGE:
-                if node.attr == "content":
-                    return _CONTENT
-                if node.attr == "get":
-                    return _GET
-                if node.attr in _DICT_METHODS or node.attr.startswith("_"):
-                    raise _Refused(f"message.{node.attr}")
-                return None
-            loop = isinstance(node.node, nodes.Name) and node.node.name == "loop"
-            if loop and node.attr in ("previtem", "nextitem"):
-                raise _Refused("loop." + node.attr)
-            return None
+            return self.attribute_kind(node)
         if isinstance(node, nodes.Call) and self.kind(node.node) == _GET:
             if not node.args or not isinstance(node.args[0], nodes.Const):
                 raise _Refused("message.get of a computed name")
             return _CONTENT if node.args[0].value == "content" else None
+        return None
+
+    def item_kind(self, node: Any) -> str | None:
+        """``x[...]``: a slice of the message list, one message, or a message's content."""
+        nodes = self.nodes
+        base = self.kind(node.node)
+        if base == _COLLECTION:
+            return _COLLECTION if isinstance(node.arg, nodes.Slice) else _MESSAGE
+        if base == _MESSAGE:
+            if not (isinstance(node.arg, nodes.Const) and isinstance(node.arg.value, str)):
+                raise _Refused("a message field by a computed name")
+            return _CONTENT if node.arg.value == "content" else None
+        return None
+
+    def attribute_kind(self, node: Any) -> str | None:
+        """``x.attr``: a message's content or its ``get``; a method that could hand out a message
+        or its text (and ``loop.previtem``/``nextitem``) is refused."""
+        nodes = self.nodes
+        base = self.kind(node.node)
+        if base == _COLLECTION:  # a list method (pop, copy, ...) could hand out a message
+            raise _Refused(f"messages.{node.attr}")
+        if base == _MESSAGE:
+            if node.attr == "content":
+                return _CONTENT
+            if node.attr == "get":
+                return _GET
+            if node.attr in _DICT_METHODS or node.attr.startswith("_"):
+                raise _Refused(f"message.{node.attr}")
+            return None
+        loop = isinstance(node.node, nodes.Name) and node.node.name == "loop"
+        if loop and node.attr in ("previtem", "nextitem"):
+            raise _Refused("loop." + node.attr)
         return None
 
     def visit(self, node: Any, ancestors: tuple[tuple[Any, str], ...]) -> None:
