@@ -2,15 +2,16 @@
 
 A lease is a column holding its holder's token: a worker's claim on a work unit (``worker``), or
 the time a time lease was taken or last renewed (``finalizer_heartbeat_at``, ``scan_lease_at``,
-``delivery_lease_at``). It is free while the column is NULL and, for a time lease, once the token
-is older than ``lease_seconds``. Taking, renewing and releasing each name the row and check the
-lease in the WHERE, so of two writers racing only one wins, and a holder whose lease was taken
-over changes nothing.
+``delivery_lease_at``, a webhook attempt's ``lease_at`` and ``busy_at``, ...). It is free while
+the column is NULL and, for a time lease, once the token is older than ``lease_seconds``. Taking,
+renewing and releasing each name the row and check the lease in the WHERE, so of two writers
+racing only one wins, and a holder whose lease was taken over changes nothing.
 
 Every write of a lease column goes through this module: through the ``LeaseKeeper`` of each lease
-of the schema (``KEEPERS``), or the functions it is built on (``tests/storage/test_row_leases.py``
-reads the product source for any other). A work unit's lease moves the unit's status with it, and
-then the keeper writes through ``storage.lifecycle.move_units``, the one mover of unit status.
+of the schema (``KEEPERS``), built on this module's private functions
+(``tests/storage/test_row_leases.py`` reads the product source for any other write). A work unit's
+lease moves the unit's status with it, and then the keeper writes through
+``storage.lifecycle.move_units``, the one mover of unit status.
 """
 
 from __future__ import annotations
@@ -24,7 +25,15 @@ from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from scheduler.leases import lease_cutoff
 from storage.lifecycle import IDS_PER_STATEMENT, move_units, move_units_by_id
-from storage.models import Batch, DropFolder, DropObject, WorkUnit
+from storage.models import (
+    Batch,
+    DropFolder,
+    DropObject,
+    ValidationChunk,
+    WebhookDelivery,
+    WebhookEndpoint,
+    WorkUnit,
+)
 
 
 def _column(model: type[Any], column: str) -> InstrumentedAttribute[Any]:
@@ -53,7 +62,7 @@ def _set(s: Session, model: type[Any], *where: Any, **values: Any) -> bool:
     return bool(_update(s, model, *where, **values))
 
 
-def take_lease(
+def _take_lease(
     s: Session,
     model: type[Any],
     row_id: object,
@@ -77,7 +86,7 @@ def take_lease(
     )
 
 
-def renew_lease(
+def _renew_lease(
     s: Session, model: type[Any], row_id: object, column: str, token: object, new_token: object
 ) -> bool:
     """Replace the token of a lease still held under ``token``; False (nothing changed) if it was
@@ -85,7 +94,7 @@ def renew_lease(
     return _set(s, model, model.id == row_id, _column(model, column) == token, **{column: new_token})
 
 
-def release_lease(
+def _release_lease(
     s: Session, model: type[Any], row_id: object, column: str, token: object, **values: Any
 ) -> bool:
     """Give back a lease still held under ``token``, setting ``values`` with it; False (nothing
@@ -124,7 +133,7 @@ class LeaseKeeper:
         """Hold the row's lease under ``token`` if it is free (see ``lease_free``) and ``where``
         holds; True if this call took it."""
         if to is None:
-            return take_lease(s, self.model, row_id, self.column, token, *where, now=now,
+            return _take_lease(s, self.model, row_id, self.column, token, *where, now=now,
                               lease_seconds=lease_seconds, **values)  # fmt: skip
         assert from_ is not None, "a unit move needs its source states"
         free = self.free(now, lease_seconds)
@@ -134,7 +143,7 @@ class LeaseKeeper:
     def renew(self, s: Session, row_id: object, token: object, new_token: object) -> bool:
         """Move a lease still held under ``token`` to ``new_token`` (a time lease: the time of the
         renewal); False, and nothing changed, if it was taken over or released meanwhile."""
-        return renew_lease(s, self.model, row_id, self.column, token, new_token)
+        return _renew_lease(s, self.model, row_id, self.column, token, new_token)
 
     def release(
         self,
@@ -149,7 +158,7 @@ class LeaseKeeper:
         """Give back a lease still held under ``token``, setting ``values`` with it; False, and
         nothing changed, if it was taken over or released meanwhile."""
         if to is None and not where:
-            return release_lease(s, self.model, row_id, self.column, token, **values)
+            return _release_lease(s, self.model, row_id, self.column, token, **values)
         held = (self.model.id == row_id, _column(self.model, self.column) == token, *where)
         if to is None:
             return _set(s, self.model, *held, **{self.column: None}, **values)
@@ -180,11 +189,25 @@ class LeaseKeeper:
 
 
 # every lease of the schema: a worker process's claim on a work unit (its token: a claim token,
-# workers/identity.py), and the time leases of a batch's finalizer and validation, a drop folder's
-# scan and a drop object's delivery (their token: the time they were taken or last renewed)
+# workers/identity.py), and the time leases (their token: the time they were taken or last
+# renewed) of a batch's finalizer and validation, a validation chunk's, a drop folder's scan, a
+# drop object's delivery, and a webhook attempt's two: its delivery's (one attempt of a delivery at
+# a time) and its endpoint's (one attempt in flight to an endpoint at a time)
 UNIT_LEASE = LeaseKeeper(WorkUnit, "worker")
 FINALIZER_LEASE = LeaseKeeper(Batch, "finalizer_heartbeat_at")
 VALIDATION_LEASE = LeaseKeeper(Batch, "validation_heartbeat_at")
+VALIDATION_CHUNK_LEASE = LeaseKeeper(ValidationChunk, "lease_at")
 SCAN_LEASE = LeaseKeeper(DropFolder, "scan_lease_at")
 DELIVERY_LEASE = LeaseKeeper(DropObject, "delivery_lease_at")
-KEEPERS = (UNIT_LEASE, FINALIZER_LEASE, VALIDATION_LEASE, SCAN_LEASE, DELIVERY_LEASE)
+WEBHOOK_DELIVERY_LEASE = LeaseKeeper(WebhookDelivery, "lease_at")
+WEBHOOK_ENDPOINT_LEASE = LeaseKeeper(WebhookEndpoint, "busy_at")
+KEEPERS = (
+    UNIT_LEASE,
+    FINALIZER_LEASE,
+    VALIDATION_LEASE,
+    VALIDATION_CHUNK_LEASE,
+    SCAN_LEASE,
+    DELIVERY_LEASE,
+    WEBHOOK_DELIVERY_LEASE,
+    WEBHOOK_ENDPOINT_LEASE,
+)

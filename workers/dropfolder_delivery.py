@@ -29,7 +29,7 @@ from scheduler.dropfolder_plan import (
     moved_key,
     sidecar_key,
 )
-from storage.leases import release_lease, take_lease
+from storage.leases import DELIVERY_LEASE
 from storage.models import Batch, DropFolder, DropObject, StoredFile
 from storage.objectstore import ObjectNotFound, ObjectStore, ObjectStoreError, iter_lines
 from storage.result_tables import write_results
@@ -68,7 +68,7 @@ def deliver(rt: Runtime, object_id: int, now: float) -> bool:
                 else:
                     with rt.store.open(source) as stream:
                         store.put_stream(target, stream)  # multipart above 8 MiB
-                lease = renew_lease(rt, DropObject, object_id, "delivery_lease_at", lease)
+                lease = renew_lease(rt, DELIVERY_LEASE, object_id, lease)
         store.put_chunks(keys.manifest, [manifest_bytes(build_manifest(d))])
         move_input(store, d.key, d.etag, d.archive)
         side = sidecar_key(d.name)
@@ -78,11 +78,9 @@ def deliver(rt: Runtime, object_id: int, now: float) -> bool:
         _delivery_failed(rt, object_id, lease, exc, time.time())
         return False
     with rt.db.write() as s:
-        release_lease(
+        DELIVERY_LEASE.release(
             s,
-            DropObject,
             object_id,
-            "delivery_lease_at",
             lease,
             delivered_at=time.time(),
             last_error=None,
@@ -142,11 +140,9 @@ def _claim_delivery(rt: Runtime, object_id: int, now: float) -> _Job | None:
     """Take the object's delivery lease (compare-and-set) if its results are due to go out."""
     try:
         with rt.db.write() as s:
-            claimed = take_lease(
+            claimed = DELIVERY_LEASE.take(
                 s,
-                DropObject,
                 object_id,
-                "delivery_lease_at",
                 now,
                 DropObject.delivered_at.is_(None),
                 or_(DropObject.next_delivery_at.is_(None), DropObject.next_delivery_at <= now),
@@ -228,11 +224,9 @@ def _delivery_failed(rt: Runtime, object_id: int, lease: float, exc: Exception, 
         exc_info=not isinstance(exc, ObjectStoreError | OSError),
     )
     with rt.db.write() as s:
-        release_lease(
+        DELIVERY_LEASE.release(
             s,
-            DropObject,
             object_id,
-            "delivery_lease_at",
             lease,
             next_delivery_at=now + pause,
             delivery_attempts=attempts,

@@ -49,8 +49,8 @@ from scheduler.dropfolder_plan import (
     refusal,
 )
 from scheduler.leases import lease_cutoff, renewal_due
-from storage import leases
 from storage.errors import ServiceError
+from storage.leases import SCAN_LEASE, LeaseKeeper
 from storage.models import Batch, DropFolder, DropObject, StoredFile
 from storage.objectstore import (
     ObjectChanged,
@@ -222,7 +222,7 @@ def scan_folder(rt: Runtime, folder_id: str, now: float) -> ScanReport:
                 report.refused.append(inbox_file.key)
             elif created:
                 report.created.append(created)
-            lease = renew_lease(rt, DropFolder, folder.id, "scan_lease_at", lease)
+            lease = renew_lease(rt, SCAN_LEASE, folder.id, lease)
     except Exception as exc:
         report.failed = _scan_failed(rt, folder, lease, exc, time.time())
         return report
@@ -381,11 +381,9 @@ def _read_small(store: ObjectStore, key: str) -> bytes:
 
 def _claim_scan(rt: Runtime, folder_id: str, now: float) -> tuple[FolderConfig, float] | None:
     with rt.db.write() as s:
-        claimed = leases.take_lease(
+        claimed = SCAN_LEASE.take(
             s,
-            DropFolder,
             folder_id,
-            "scan_lease_at",
             now,
             DropFolder.removed_at.is_(None),
             or_(DropFolder.next_scan_at.is_(None), DropFolder.next_scan_at <= now),
@@ -397,23 +395,21 @@ def _claim_scan(rt: Runtime, folder_id: str, now: float) -> tuple[FolderConfig, 
         return FolderConfig.of(s.get(DropFolder, folder_id)), now  # type: ignore[arg-type]
 
 
-def renew_lease(rt: Runtime, model: type, row_id: object, column: str, lease: float) -> float:
-    """Extend a lease this process holds (the lease value is its token); the new token."""
+def renew_lease(rt: Runtime, keeper: LeaseKeeper, row_id: object, lease: float) -> float:
+    """Extend a time lease this process holds (the lease value is its token); the new token."""
     renewed = time.time()
     if renewal_due(lease, renewed, rt.settings.lease_seconds):
         with rt.db.write() as s:
-            leases.renew_lease(s, model, row_id, column, lease, renewed)
+            keeper.renew(s, row_id, lease, renewed)
         return renewed
     return lease
 
 
 def _release_scan(rt: Runtime, folder_id: str, lease: float, now: float) -> None:
     with rt.db.write() as s:
-        leases.release_lease(
+        SCAN_LEASE.release(
             s,
-            DropFolder,
             folder_id,
-            "scan_lease_at",
             lease,
             next_scan_at=None,
             last_scan_at=now,
@@ -437,11 +433,9 @@ def _scan_failed(rt: Runtime, folder: FolderConfig, lease: float, exc: Exception
         exc_info=not isinstance(exc, ObjectStoreError | OSError),
     )
     with rt.db.write() as s:
-        leases.release_lease(
+        SCAN_LEASE.release(
             s,
-            DropFolder,
             folder.id,
-            "scan_lease_at",
             lease,
             next_scan_at=now + pause,
             scan_failures=failures,

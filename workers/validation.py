@@ -37,7 +37,7 @@ from scheduler.leases import validation_wait
 from scheduler.ordering import SortStats, common_prefix_tokens, sort_records
 from scheduler.unit_plan import kv_block_size
 from storage.checkpoint_cache import CheckpointError
-from storage.leases import lease_free, release_lease, renew_lease, take_lease
+from storage.leases import VALIDATION_CHUNK_LEASE, VALIDATION_LEASE, LeaseKeeper
 from storage.lifecycle import finish_batch
 from storage.models import Batch, StoredFile, Tenant, ValidationChunk, WorkUnit
 from storage.quotas import queued_refusal
@@ -59,7 +59,6 @@ from workers.request_shapes import RequestShapes
 
 log = logging.getLogger(__name__)
 
-VALIDATION_LEASE = "validation_heartbeat_at"  # Batch's column: the lease's token is its time
 BOM = b"\xef\xbb\xbf"
 UNSUPPORTED = "unsupported_parameter"
 MAX_OUTPUT_TOKENS = 2**31 - 1
@@ -549,15 +548,19 @@ class _LeaseKeeper:
     outcome: a validation that failed on an outage is free to run again at once."""
 
     def __init__(
-        self, rt: Runtime, batch_id: str, token: float, model: type[Any] = Batch, row_id: object = None
+        self,
+        rt: Runtime,
+        batch_id: str,
+        token: float,
+        keeper: LeaseKeeper = VALIDATION_LEASE,
+        row_id: object = None,
     ) -> None:
         self.rt = rt
         self.batch_id = batch_id
         self.token = token
-        # whose lease: the batch's validation, or (``model=ValidationChunk``) one of its chunks
-        self.model = model
+        # whose lease: the batch's validation, or (``VALIDATION_CHUNK_LEASE``) one of its chunks
+        self.keeper = keeper
         self.row_id = batch_id if row_id is None else row_id
-        self.column = VALIDATION_LEASE if model is Batch else "lease_at"
         self._stop = threading.Event()
         # in a copy of this context: its lines carry the batch id the task bound (storage/logs.py)
         self._thread = threading.Thread(
@@ -573,7 +576,7 @@ class _LeaseKeeper:
         self._thread.join(timeout=30)
         try:
             with self.rt.db.write() as s:
-                release_lease(s, self.model, self.row_id, self.column, self.token)
+                self.keeper.release(s, self.row_id, self.token)
         except Exception as exc:  # the database is down: the lease runs out instead
             log.warning("batch %s: could not give back the validation lease: %s", self.batch_id, exc)
 
@@ -582,7 +585,7 @@ class _LeaseKeeper:
             renewed = time.time()
             try:
                 with self.rt.db.write() as s:
-                    held = renew_lease(s, self.model, self.row_id, self.column, self.token, renewed)
+                    held = self.keeper.renew(s, self.row_id, self.token, renewed)
             except Exception as exc:  # a blip: the next beat tries again, well within the lease
                 log.warning("batch %s: renewing the validation lease failed: %s", self.batch_id, exc)
                 continue
@@ -599,7 +602,7 @@ def _tenant_wait(s: Session, settings: Settings, batch_id: str, now: float) -> f
     validation takes them in): two validations of one tenant never both take the last turn."""
     batch = s.get(Batch, batch_id, with_for_update=True)
     if batch is None or batch.status != BatchStatus.VALIDATING:
-        return None  # nothing to validate: take_lease says so
+        return None  # nothing to validate: VALIDATION_LEASE.take says so
     s.get(Tenant, batch.tenant_id, with_for_update=True)
     running = s.scalar(
         select(func.count())
@@ -609,11 +612,11 @@ def _tenant_wait(s: Session, settings: Settings, batch_id: str, now: float) -> f
             Batch.status == BatchStatus.VALIDATING,
             Batch.id != batch_id,
             or_(
-                ~lease_free(Batch, VALIDATION_LEASE, now, settings.lease_seconds),
+                ~VALIDATION_LEASE.free(now, settings.lease_seconds),
                 # a batch validated in chunks holds its lease only while it sends them and merges
                 exists().where(
                     ValidationChunk.batch_id == Batch.id,
-                    ~lease_free(ValidationChunk, "lease_at", now, settings.lease_seconds),
+                    ~VALIDATION_CHUNK_LEASE.free(now, settings.lease_seconds),
                 ),
             ),
         )
@@ -645,8 +648,8 @@ def validate_batch(rt: Runtime, batch_id: str, in_chunks: InChunks | None = None
         wait = _tenant_wait(s, settings, batch_id, now)
         if wait is not None:
             return wait
-        taken = take_lease(s, Batch, batch_id, VALIDATION_LEASE, now, Batch.status == BatchStatus.VALIDATING,
-                           now=now, lease_seconds=settings.lease_seconds)  # fmt: skip
+        taken = VALIDATION_LEASE.take(s, batch_id, now, Batch.status == BatchStatus.VALIDATING,
+                                      now=now, lease_seconds=settings.lease_seconds)  # fmt: skip
         if not taken:
             return None  # validated already (task re-delivered), cancelled, or another validation runs
         batch = s.get(Batch, batch_id)

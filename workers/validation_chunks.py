@@ -45,7 +45,7 @@ from sqlalchemy.orm import Session
 
 from scheduler.chunk_window import share_slots
 from scheduler.ordering import Record, dump_records, load_records, sort_records
-from storage.leases import lease_free, take_lease
+from storage.leases import VALIDATION_CHUNK_LEASE
 from storage.models import Batch, StoredFile, Tenant, ValidationChunk
 from storage.request_tables import RowError, decode_limits, is_parquet, metadata_defaults, row_group_runs
 from storage.runtime import Runtime
@@ -74,7 +74,6 @@ from workers.validation import (
 
 log = logging.getLogger(__name__)
 
-CHUNK_LEASE = "lease_at"  # ValidationChunk's column: the lease's token is its time
 # one event per line: kind, model index, custom_id length; then the custom_id's UTF-8 bytes
 EVENT = struct.Struct(">BHH")
 BLANK, BAD_ROW, BAD_LINE, VALID = range(4)  # BAD_ROW: a Parquet row that made no line
@@ -165,7 +164,7 @@ def resend_lost_chunks(rt: Runtime, batch_id: str, now: float) -> list[int]:
                     ValidationChunk.batch_id == batch_id,
                     ValidationChunk.status == ChunkStatus.PENDING,
                     ValidationChunk.sent_at.is_not(None),  # unsent: waiting for the window
-                    lease_free(ValidationChunk, CHUNK_LEASE, now, lease),
+                    VALIDATION_CHUNK_LEASE.free(now, lease),
                     ValidationChunk.sent_at < now - lease,
                 )
             )
@@ -258,8 +257,8 @@ def validate_chunk(rt: Runtime, batch_id: str, chunk_id: int) -> bool:
         if batch is None or batch.status != BatchStatus.VALIDATING:
             return False
         pending = ValidationChunk.status == ChunkStatus.PENDING
-        taken = take_lease(s, ValidationChunk, chunk_id, CHUNK_LEASE, now, pending,
-                           now=now, lease_seconds=settings.lease_seconds)  # fmt: skip
+        taken = VALIDATION_CHUNK_LEASE.take(s, chunk_id, now, pending, now=now,
+                                            lease_seconds=settings.lease_seconds)  # fmt: skip
         if not taken:
             return False
         chunk = s.get(ValidationChunk, chunk_id)
@@ -267,7 +266,7 @@ def validate_chunk(rt: Runtime, batch_id: str, chunk_id: int) -> bool:
         seq, start, stop = chunk.seq, chunk.start, chunk.stop
         input_key = s.get(StoredFile, batch.input_file_id).object_key  # type: ignore[union-attr]
         endpoint, defaults = batch.endpoint, metadata_defaults(batch.metadata_)
-    with _LeaseKeeper(rt, batch_id, now, ValidationChunk, chunk_id):
+    with _LeaseKeeper(rt, batch_id, now, VALIDATION_CHUNK_LEASE, chunk_id):
         lines, summary = scan_chunk(rt, batch_id, seq, input_key, endpoint, defaults, start, stop)
         with rt.db.write() as s:
             batch = s.get(Batch, batch_id, with_for_update=True)  # chunks finishing together count in turn

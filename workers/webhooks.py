@@ -5,10 +5,11 @@ that made the batch final sends it after the commit (``send_due``), and the disp
 whatever is due and not in flight (a first attempt whose message was lost, a retry whose time has
 come), so a lost message or a dead process only delays it: at least once.
 
-An attempt holds two leases: the delivery's (one attempt of it at a time) and its endpoint's (one
-attempt per endpoint at a time, and FREIGHT_WEBHOOK_TENANT_CONCURRENCY per tenant, so a tenant's
-slow or failing receivers hold that many threads of the webhook role, never the pool: the other
-tenants' deliveries go on). One tenant's claims are serialized on its row, so two workers cannot
+An attempt holds two time leases (their keepers in ``storage.leases``, the claim's time their
+token): the delivery's (one attempt of it at a time) and its endpoint's (one attempt per endpoint
+at a time, and FREIGHT_WEBHOOK_TENANT_CONCURRENCY per tenant, so a tenant's slow or failing
+receivers hold that many threads of the webhook role, never the pool: the other tenants'
+deliveries go on). One tenant's claims are serialized on its row, so two workers cannot
 both take its last place. When an attempt ends it sends the next due ones.
 
 The receiver is a tenant's input: the host is resolved, every address checked
@@ -35,6 +36,7 @@ from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from scheduler.webhooks import event_body, headers, retry_delay, signing_secrets
+from storage.leases import WEBHOOK_DELIVERY_LEASE, WEBHOOK_ENDPOINT_LEASE
 from storage.models import Tenant, WebhookDelivery, WebhookEndpoint
 from storage.runtime import Runtime
 from storage.status import DeliveryStatus, EndpointStatus
@@ -68,7 +70,7 @@ def send_due(rt: Runtime, now: float, batch_id: str | None = None) -> list[int]:
             WebhookDelivery.next_attempt_at <= now,
             WebhookEndpoint.status == EndpointStatus.ACTIVE,
             WebhookEndpoint.removed_at.is_(None),
-            or_(WebhookEndpoint.busy_at.is_(None), WebhookEndpoint.busy_at < free),
+            WEBHOOK_ENDPOINT_LEASE.free(now, lease_seconds(rt)),
         )
         .group_by(WebhookDelivery.endpoint_id)
     )
@@ -86,7 +88,7 @@ def send_due(rt: Runtime, now: float, batch_id: str | None = None) -> list[int]:
                 .where(
                     WebhookDelivery.id == delivery_id,
                     or_(WebhookDelivery.sent_at.is_(None), WebhookDelivery.sent_at < free),
-                    or_(WebhookDelivery.lease_at.is_(None), WebhookDelivery.lease_at < free),
+                    WEBHOOK_DELIVERY_LEASE.free(now, lease_seconds(rt)),
                 )
                 .values(sent_at=now)
             ).rowcount  # type: ignore[attr-defined]
@@ -183,8 +185,10 @@ def _claim(rt: Runtime, delivery_id: int, now: float) -> _Attempt | None:
             # counts, so that one sends it at once
             delivery.sent_at = None
             return None
-        delivery.lease_at = now
-        endpoint.busy_at = now
+        # both leases were seen free under the rows' locks: these compare-and-sets take them
+        for keeper, row_id in ((WEBHOOK_DELIVERY_LEASE, delivery_id), (WEBHOOK_ENDPOINT_LEASE, endpoint.id)):
+            if not keeper.take(s, row_id, now, now=now, lease_seconds=lease_seconds(rt)):
+                raise RuntimeError(f"{keeper.column} of {row_id}: seen free under its lock, yet taken")
         return _Attempt(
             endpoint.id,
             endpoint.url,
@@ -219,13 +223,13 @@ def _record(
         "last_attempt_at": time.time(),
         "last_status_code": status,
         "last_error": error,
-        "lease_at": None,
         "sent_at": None,
     }
     with rt.db.write() as s:
-        s.execute(
-            update(WebhookEndpoint).where(WebhookEndpoint.id == attempt.endpoint_id).values(busy_at=None)
-        )
+        # the claim's time is both leases' token: an attempt whose lease ran out and was taken over
+        # gives back neither, and still records its outcome (the status moves are compare-and-set)
+        WEBHOOK_ENDPOINT_LEASE.release(s, attempt.endpoint_id, now)
+        WEBHOOK_DELIVERY_LEASE.release(s, delivery_id, now)
         if error is None:
             move_delivery(s, delivery_id, DeliveryStatus.DELIVERED, int(now), **seen)
             return DeliveryStatus.DELIVERED

@@ -12,10 +12,12 @@ from __future__ import annotations
 import ipaddress
 from urllib.parse import urlsplit
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from scheduler.webhooks import WebhookConfigError, address_allowed, check_url, parse_events
 from storage.errors import ServiceError
+from storage.leases import WEBHOOK_ENDPOINT_LEASE
 from storage.models import Batch, Tenant, WebhookDelivery, WebhookEndpoint
 from storage.runtime import Runtime
 from storage.status import DeliveryStatus, EndpointStatus
@@ -132,7 +134,7 @@ def remove(rt: Runtime, tenant_id: str, endpoint_id: str, now: int) -> str:
         ).all()
         for delivery_id in pending:
             move_delivery(s, delivery_id, DeliveryStatus.FAILED, now, last_error="endpoint removed")
-        s.execute(update(WebhookEndpoint).where(WebhookEndpoint.id == endpoint_id).values(busy_at=None))
+        WEBHOOK_ENDPOINT_LEASE.revoke(s, [endpoint_id])  # an attempt in flight to it holds it no more
     return endpoint_id
 
 
@@ -157,7 +159,7 @@ def recent_deliveries(rt: Runtime, tenant_id: str) -> list[WebhookDelivery]:
     return deliveries(rt, tenant_id)
 
 
-def _own(s, tenant_id: str, endpoint_id: str) -> WebhookEndpoint:  # type: ignore[no-untyped-def]
+def _own(s: Session, tenant_id: str, endpoint_id: str) -> WebhookEndpoint:
     endpoint = s.get(WebhookEndpoint, endpoint_id)
     if endpoint is None or endpoint.tenant_id != tenant_id or endpoint.removed_at is not None:
         raise ServiceError(

@@ -1,6 +1,7 @@
-"""The lease helper (storage/leases.py) on each database Freight supports: of two claims racing
+"""The lease keepers (storage/leases.py) on each database Freight supports: of two claims racing
 exactly one wins, a lease that ran out can be taken over, and a holder whose lease was taken over
-can neither renew nor release it; and no product code writes a lease column but through it."""
+can neither renew nor release it, for every keeper; and no product code writes a lease column but
+through one."""
 
 from __future__ import annotations
 
@@ -16,13 +17,27 @@ from storage.db import Database
 from storage.leases import (
     FINALIZER_LEASE,
     KEEPERS,
+    SCAN_LEASE,
     UNIT_LEASE,
+    VALIDATION_CHUNK_LEASE,
     VALIDATION_LEASE,
-    release_lease,
-    renew_lease,
-    take_lease,
+    WEBHOOK_DELIVERY_LEASE,
+    WEBHOOK_ENDPOINT_LEASE,
+    LeaseKeeper,
 )
-from storage.models import Batch, DropFolder, StoredFile, Tenant, UnitStatus, WorkUnit
+from storage.models import (
+    Base,
+    Batch,
+    DropFolder,
+    DropObject,
+    StoredFile,
+    Tenant,
+    UnitStatus,
+    ValidationChunk,
+    WebhookDelivery,
+    WebhookEndpoint,
+    WorkUnit,
+)
 from storage.status import BatchStatus
 
 LEASE = 30.0
@@ -53,9 +68,7 @@ def folder_id(db: Database) -> str:
 
 def take(db: Database, folder_id: str, now: float, *extra) -> bool:
     with db.write() as s:
-        return take_lease(
-            s, DropFolder, folder_id, "scan_lease_at", now, *extra, now=now, lease_seconds=LEASE
-        )
+        return SCAN_LEASE.take(s, folder_id, now, *extra, now=now, lease_seconds=LEASE)
 
 
 def lease_of(db: Database, folder_id: str) -> float | None:
@@ -100,28 +113,29 @@ def test_a_stale_token_renews_and_releases_nothing(db, folder_id):
     assert take(db, folder_id, T0)
     assert take(db, folder_id, T0 + LEASE + 1)  # another holder took the lease over
     with db.write() as s:
-        assert not renew_lease(s, DropFolder, folder_id, "scan_lease_at", T0, T0 + 40)
-        assert not release_lease(s, DropFolder, folder_id, "scan_lease_at", T0, last_error="x")
+        assert not SCAN_LEASE.renew(s, folder_id, T0, T0 + 40)
+        assert not SCAN_LEASE.release(s, folder_id, T0, last_error="x")
     assert lease_of(db, folder_id) == T0 + LEASE + 1
     with db.read() as s:
         assert s.get(DropFolder, folder_id).last_error is None
     # the holder's own token does renew, then release
     with db.write() as s:
-        assert renew_lease(s, DropFolder, folder_id, "scan_lease_at", T0 + LEASE + 1, T0 + LEASE + 5)
+        assert SCAN_LEASE.renew(s, folder_id, T0 + LEASE + 1, T0 + LEASE + 5)
     assert lease_of(db, folder_id) == T0 + LEASE + 5
     with db.write() as s:
-        assert release_lease(s, DropFolder, folder_id, "scan_lease_at", T0 + LEASE + 5, scan_failures=0)
+        assert SCAN_LEASE.release(s, folder_id, T0 + LEASE + 5, scan_failures=0)
     assert lease_of(db, folder_id) is None
     assert take(db, folder_id, T0 + LEASE + 6)  # free again at once
 
 
 def test_a_lease_without_expiry_is_free_only_when_null(db, folder_id):
     """The work-unit claim's form: the token is a worker's, and only a NULL column is free."""
+    keeper = LeaseKeeper(DropFolder, "last_error")
     with db.write() as s:
-        assert take_lease(s, DropFolder, folder_id, "last_error", "w1")
-        assert not take_lease(s, DropFolder, folder_id, "last_error", "w2")
-        assert release_lease(s, DropFolder, folder_id, "last_error", "w1")
-        assert take_lease(s, DropFolder, folder_id, "last_error", "w2")
+        assert keeper.take(s, folder_id, "w1")
+        assert not keeper.take(s, folder_id, "w2")
+        assert keeper.release(s, folder_id, "w1")
+        assert keeper.take(s, folder_id, "w2")
 
 
 @pytest.fixture
@@ -188,34 +202,130 @@ def test_a_unit_lease_moves_the_units_status_and_refuses_a_stale_holder(db, batc
     assert [tuple(r) for r in rows] == [(UnitStatus.RUNNING, "w2"), (UnitStatus.PENDING, None)]
 
 
+TIME_LEASES = [k for k in KEEPERS if k is not UNIT_LEASE]
+
+
+@pytest.fixture
+def lease_rows(db: Database, batch_id: str, folder_id: str) -> dict[type, object]:
+    """A row of each table with a time lease: the batch, a chunk, the folder, a drop object, a
+    webhook endpoint and a pending delivery to it."""
+    with db.write() as s:
+        batch = s.get(Batch, batch_id)
+        assert batch is not None
+        tenant_id = batch.tenant_id
+        chunk = ValidationChunk(batch_id=batch_id, seq=0, start=0, stop=10)
+        obj = DropObject(folder_id=folder_id, bucket="b", key="p/inbox/a.jsonl", etag="e", size=1,
+                         created_at=T0)  # fmt: skip
+        endpoint = WebhookEndpoint(tenant_id=tenant_id, url="https://example.com/h",
+                                   events=["batch.completed"], secret="whsec_x", status_at=int(T0),
+                                   created_at=int(T0))  # fmt: skip
+        s.add_all([chunk, obj, endpoint])
+        s.flush()
+        delivery = WebhookDelivery(endpoint_id=endpoint.id, tenant_id=tenant_id, batch_id=batch_id,
+                                   event_id="evt_1", event_type="batch.completed", created_at=int(T0),
+                                   status_at=int(T0), next_attempt_at=T0)  # fmt: skip
+        s.add(delivery)
+        s.flush()
+        return {Batch: batch_id, ValidationChunk: chunk.id, DropFolder: folder_id, DropObject: obj.id,
+                WebhookEndpoint: endpoint.id, WebhookDelivery: delivery.id}  # fmt: skip
+
+
+def token_of(db: Database, keeper: LeaseKeeper, row_id: object) -> object:
+    with db.read() as s:
+        return s.scalar(select(getattr(keeper.model, keeper.column)).where(keeper.model.id == row_id))
+
+
+@pytest.mark.parametrize("keeper", TIME_LEASES, ids=lambda k: f"{k.model.__name__}.{k.column}")
+def test_every_time_lease_refuses_a_stale_holders_renewal_and_release(db, lease_rows, keeper):
+    """A holder whose time lease ran out and was taken over (a validation chunk's, a webhook
+    attempt's delivery and endpoint leases, and the others alike) neither renews nor releases the
+    new holder's; the new holder does both, and a revoke ends it whoever holds it."""
+    row_id = lease_rows[keeper.model]
+    held = {"lease_seconds": LEASE}
+    with db.write() as s:
+        assert keeper.take(s, row_id, T0, now=T0, **held)
+        assert not keeper.take(s, row_id, T0 + 1, now=T0 + 1, **held)  # held: a second holder waits
+        assert keeper.renew(s, row_id, T0, T0 + 10)
+        assert not keeper.take(s, row_id, T0 + 10 + LEASE, now=T0 + 10 + LEASE, **held)  # renewed: held
+        assert keeper.take(s, row_id, T0 + 11 + LEASE, now=T0 + 11 + LEASE, **held)  # ran out: taken over
+        assert not keeper.renew(s, row_id, T0 + 10, T0 + 60)  # the stale holder's
+        assert not keeper.release(s, row_id, T0 + 10)
+    assert token_of(db, keeper, row_id) == T0 + 11 + LEASE
+    with db.write() as s:
+        assert keeper.renew(s, row_id, T0 + 11 + LEASE, T0 + 12 + LEASE)
+        assert keeper.release(s, row_id, T0 + 12 + LEASE)
+        assert not keeper.release(s, row_id, T0 + 12 + LEASE)  # released once
+    assert token_of(db, keeper, row_id) is None
+    with db.write() as s:
+        assert keeper.take(s, row_id, T0 + 13 + LEASE, now=T0 + 13 + LEASE, **held)  # free at once
+        assert keeper.revoke(s, [row_id]) == 1
+    assert token_of(db, keeper, row_id) is None
+
+
 # -- no lease column is written but through storage/leases.py -------------------------------------
 
 REPO = Path(__file__).resolve().parents[2]
 LEASE_COLUMNS = {keeper.column for keeper in KEEPERS}
-WRITES = {"values", "move_units", "move_units_by_id"}  # calls whose keywords are column writes
-LEASE_CALLS = {"take_lease", "renew_lease", "release_lease"}  # a status move there bypasses move_units
+TIME_LEASE_COLUMNS = {keeper.column for keeper in KEEPERS if keeper is not UNIT_LEASE}
+# calls whose keywords are column writes: an UPDATE's values and the status movers that take extra
+# columns with the move
+WRITES = {"values", "move_units", "move_units_by_id", "move_delivery", "move_estimates"}
+LEASE_CALLS = {"take", "renew", "release", "revoke"}  # a keeper's: a status move there bypasses move_units
+
+# the leases of the schema, each with its keeper (a lease column added later names itself below)
+SCHEMA_LEASES = {
+    (WorkUnit, "worker"),
+    (Batch, "finalizer_heartbeat_at"),
+    (Batch, "validation_heartbeat_at"),
+    (ValidationChunk, "lease_at"),
+    (DropFolder, "scan_lease_at"),
+    (DropObject, "delivery_lease_at"),
+    (WebhookDelivery, "lease_at"),
+    (WebhookEndpoint, "busy_at"),
+}
+
+
+def test_every_lease_of_the_schema_has_a_keeper():
+    assert {(k.model, k.column) for k in KEEPERS} == SCHEMA_LEASES
+    keepers = (VALIDATION_CHUNK_LEASE, WEBHOOK_DELIVERY_LEASE, WEBHOOK_ENDPOINT_LEASE)
+    assert [(k.model, k.column) for k in keepers] == [
+        (ValidationChunk, "lease_at"),
+        (WebhookDelivery, "lease_at"),
+        (WebhookEndpoint, "busy_at"),
+    ]
+    # a column named as a lease is one of them
+    named = {(m.class_, c.key) for m in Base.registry.mappers for c in m.columns if "lease" in c.key}
+    assert named <= SCHEMA_LEASES
 
 
 def _name(func: ast.expr) -> str:
     return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
 
 
+def _keys(node: ast.Dict) -> list[str]:
+    return [k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+
+
 def written(node: ast.AST) -> list[str]:
-    """The lease columns ``node`` writes: a keyword of an UPDATE's ``.values(...)`` or of
-    ``move_units``, a key of a dict passed to one, an assignment to a row's attribute
+    """The lease columns ``node`` writes: a keyword of an UPDATE's ``.values(...)`` or of a status
+    mover's (``move_units``, ``move_delivery``, ...), a key of a dict passed to one, a time lease's
+    column as a key of any dict (values to splat into a write later: ``seen = {"lease_at": None}``;
+    not "worker", a key of log fields and metric labels too), an assignment to a row's attribute
     (``batch.finalizer_heartbeat_at = None``), a ``setattr`` naming one; and "status" for a status
-    move made inside a lease call (it belongs to ``move_units``)."""
+    move made inside a keeper's call (it belongs to ``move_units``)."""
     columns: list[str] = []
+    if isinstance(node, ast.Dict):
+        return [c for c in _keys(node) if c in TIME_LEASE_COLUMNS]
     if isinstance(node, ast.Call) and _name(node.func) in WRITES:
         columns += [k.arg for k in node.keywords if k.arg]
         for arg in [*node.args, *(k.value for k in node.keywords if k.arg is None)]:
-            if isinstance(arg, ast.Dict):
-                columns += [k.value for k in arg.keys if isinstance(k, ast.Constant)]
+            if isinstance(arg, ast.Dict):  # its time lease keys: the dict itself counts them
+                columns += [c for c in _keys(arg) if c not in TIME_LEASE_COLUMNS]
     elif isinstance(node, ast.Call) and _name(node.func) in LEASE_CALLS:
         return ["status"] if any(k.arg == "status" for k in node.keywords) else []
     elif isinstance(node, ast.Call) and _name(node.func) == "setattr" and len(node.args) > 1:
         if isinstance(node.args[1], ast.Constant):
-            columns.append(node.args[1].value)
+            columns.append(str(node.args[1].value))
     elif isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
         columns += [t.attr for t in targets if isinstance(t, ast.Attribute)
@@ -223,12 +333,12 @@ def written(node: ast.AST) -> list[str]:
     return [c for c in columns if c in LEASE_COLUMNS]
 
 
-def raw_lease_writes() -> list[str]:
+def raw_lease_writes(root: Path = REPO) -> list[str]:
     """Every write of a lease column (``written``) in the product code outside storage/leases.py."""
     found = []
     for folder in ("storage", "workers", "api"):
-        for path in sorted((REPO / folder).rglob("*.py")):
-            where = str(path.relative_to(REPO))
+        for path in sorted((root / folder).rglob("*.py")):
+            where = str(path.relative_to(root))
             if where == "storage/leases.py":
                 continue
             for node in ast.walk(ast.parse(path.read_text())):
@@ -248,7 +358,13 @@ def test_no_lease_column_is_written_but_through_the_keeper():
         ("move_units(s, w, from_=a, to=b, worker=None)", "worker"),
         ("s.execute(update(T).values({'delivery_lease_at': None}))", "delivery_lease_at"),
         ("setattr(batch, 'validation_heartbeat_at', None)", "validation_heartbeat_at"),
-        ("take_lease(s, WorkUnit, 1, 'worker', 't', status=RUNNING)", "status"),
+        ("UNIT_LEASE.take(s, 1, 't', status=RUNNING)", "status"),
+        ("delivery.lease_at = now", "lease_at"),
+        ("s.execute(update(WebhookEndpoint).values(busy_at=None))", "busy_at"),
+        ("move_delivery(s, i, FAILED, now, lease_at=None)", "lease_at"),
+        ("s.execute(update(ValidationChunk).where(w).values(lease_at=now, sent_at=now))", "lease_at"),
+        ("seen = {'attempts': 1, 'lease_at': None}\nmove_delivery(s, i, DONE, now, **seen)", "lease_at"),
+        ("s.execute(update(WorkUnit).values({'worker': None, 'status': PENDING}))", "worker"),
     ],
 )
 def test_the_source_scan_sees_each_form_of_a_raw_lease_write(sample, column):
@@ -257,5 +373,24 @@ def test_the_source_scan_sees_each_form_of_a_raw_lease_write(sample, column):
 
 
 def test_the_source_scan_passes_what_is_not_a_lease_write():
-    harmless = "self.worker = worker\nconfigure(worker=name)\nEngineSample(worker=w)\nrow.status = 'x'"
+    harmless = (
+        "self.worker = worker\nconfigure(worker=name)\nEngineSample(worker=w)\nrow.status = 'x'\n"
+        "fields = {'worker': name, 'batch_id': b}\nmove_delivery(s, i, DONE, now, attempts=1)"
+    )
     assert [c for node in ast.walk(ast.parse(harmless)) for c in written(node)] == []
+
+
+def test_the_source_scan_finds_a_raw_write_planted_in_the_product_code(tmp_path):
+    """The scan over a tree: a raw write anywhere in storage/, workers/ or api/ is found, with
+    where it is; storage/leases.py itself may write."""
+    for where, text in [
+        ("storage/leases.py", "row.busy_at = now\n"),
+        ("workers/webhooks.py", "x = 1\n\ndelivery.lease_at = now\n"),
+        ("api/services/webhooks.py", "s.execute(update(WebhookEndpoint).values(busy_at=None))\n"),
+    ]:
+        (tmp_path / where).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / where).write_text(text)
+    assert raw_lease_writes(tmp_path) == [
+        "workers/webhooks.py:3 lease_at",
+        "api/services/webhooks.py:1 busy_at",
+    ]
