@@ -33,7 +33,7 @@ from workers import cleanup
 from workers.celery_app import make_celery
 from workers.finalize import finalize_batch
 from workers.task_policy import fail_validation
-from workers.webhooks import TENANT_DISABLED, _claim, deliver, lease_seconds, post, send_due
+from workers.webhooks import TENANT_DISABLED, _claim, _record, deliver, lease_seconds, post, send_due
 
 ALL = "batch.completed,batch.failed,batch.cancelled,batch.expired"
 
@@ -320,6 +320,32 @@ def test_a_receiver_answering_410_gone_disables_its_endpoint_at_once(rt, receive
     later = t + sum(RETRY_SCHEDULE) + 1
     assert send_due(rt, later) == [] and deliver(rt, waiting.id, later) is None
     assert len(receiver.at("/gone")) == 1
+
+
+def test_an_attempt_whose_leases_were_taken_over_leaves_them_to_the_new_holder(rt, receiver):
+    """The delivery's and the endpoint's leases are released under the claim's time: an attempt
+    that outlived its lease records its outcome but frees neither lease of the attempt that took
+    them over, which holds the endpoint until it ends."""
+    tenant, _ = create_tenant(rt.db, "t", now())
+    hook = service.add(rt, tenant.id, receiver.url("/t"), ALL, now())
+    final_batch(rt, tenant.id, "completed")
+    [delivery_id] = pending(rt, time.time())
+    t0 = time.time()
+    stale = _claim(rt, delivery_id, t0)
+    assert stale is not None and _claim(rt, delivery_id, t0 + 1) is None  # held
+    t1 = t0 + lease_seconds(rt) + 1
+    fresh = _claim(rt, delivery_id, t1)  # the first ran out: taken over
+    assert fresh is not None
+
+    def leases() -> tuple[float | None, float | None, int]:
+        with rt.db.read() as s:
+            delivery = s.get(WebhookDelivery, delivery_id)
+            return delivery.lease_at, s.get(WebhookEndpoint, hook.id).busy_at, delivery.attempts
+
+    assert _record(rt, delivery_id, stale, t0, 500, "HTTP 500") == "retry"
+    assert leases() == (t1, t1, 1)  # its outcome counted, the new holder's leases kept
+    assert _record(rt, delivery_id, fresh, t1, 200, None) == "delivered"
+    assert leases() == (None, None, 1)
 
 
 def test_a_disabled_tenants_deliveries_end_unsent_with_the_reason(rt, receiver):
