@@ -48,9 +48,9 @@ from scheduler.dropfolder_plan import (
     plan_scan,
     refusal,
 )
-from scheduler.leases import lease_cutoff, renewal_due
+from scheduler.leases import renewal_due
 from storage.errors import ServiceError
-from storage.leases import SCAN_LEASE, LeaseKeeper
+from storage.leases import DELIVERY_LEASE, SCAN_LEASE, LeaseKeeper
 from storage.models import Batch, DropFolder, DropObject, StoredFile
 from storage.objectstore import (
     ObjectChanged,
@@ -146,14 +146,14 @@ class PollReport:
 
 def poll(rt: Runtime, now: float) -> PollReport:
     report = PollReport()
-    free = lease_cutoff(now, rt.settings.lease_seconds)
+    lease = rt.settings.lease_seconds
     with rt.db.read() as s:
         report.scans = list(
             s.scalars(
                 select(DropFolder.id).where(
                     DropFolder.removed_at.is_(None),
                     or_(DropFolder.next_scan_at.is_(None), DropFolder.next_scan_at <= now),
-                    or_(DropFolder.scan_lease_at.is_(None), DropFolder.scan_lease_at < free),
+                    SCAN_LEASE.free(now, lease),
                 )
             ).all()
         )
@@ -161,7 +161,7 @@ def poll(rt: Runtime, now: float) -> PollReport:
             s.scalars(
                 select(DropObject.id)
                 .outerjoin(Batch, Batch.id == DropObject.batch_id)
-                .where(*_deliverable(now, free))
+                .where(*_deliverable(now, lease))
                 .order_by(DropObject.id)
                 .limit(DELIVERIES_PER_POLL)
             ).all()
@@ -174,13 +174,13 @@ def poll(rt: Runtime, now: float) -> PollReport:
     return report
 
 
-def _deliverable(now: float, free: float) -> list[Any]:
+def _deliverable(now: float, lease_seconds: float) -> list[Any]:
     """Conditions (with Batch outer-joined) for a drop object whose results are due to go out."""
     return [
         DropObject.delivered_at.is_(None),
         or_(DropObject.batch_id.is_(None), Batch.status.in_(BatchStatus.FINAL)),
         or_(DropObject.next_delivery_at.is_(None), DropObject.next_delivery_at <= now),
-        or_(DropObject.delivery_lease_at.is_(None), DropObject.delivery_lease_at < free),
+        DELIVERY_LEASE.free(now, lease_seconds),
     ]
 
 
