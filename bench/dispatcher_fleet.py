@@ -296,7 +296,7 @@ class Fleet:
 
     def ask(self, w: SimWorker) -> None:
         """The feed's look-ahead: a worker asks for a pack while no more than one pack's requests
-        wait on it. As ``PackRunner.run_pack`` ends: the ask (``TaskQueue.ask_for_pack``), then the
+        wait on it. As ``PackRunner.run_pack`` ends: the ask (``PackAsks.add``), then the
         refill that makes its pack (``tasks.run_pack``'s poke), then the wait on the queue."""
         with self.lock:
             if w.asked or w.waiting() > self.look_ahead:
@@ -307,7 +307,7 @@ class Fleet:
     def ask_and_refill(self, w: SimWorker) -> None:
         with w.ask_lock:
             w.asking = True
-            self.rt.queue.ask_for_pack(w.model, w.name, time.time(), self.rt.settings.ask_lifetime_seconds)
+            self.rt.queue.asks.add(w.model, w.name, time.time(), self.rt.settings.ask_lifetime_seconds)
         self.hungry[w.model].put(w)
         t0 = time.perf_counter()
         dispatcher.enqueue_units(self.rt, time.time(), dispatcher.TickReport(), model=w.model)  # tasks.poke
@@ -338,7 +338,7 @@ class Fleet:
                 w.idle_from = None
         with w.ask_lock:  # before the claims, as PackRunner.run_pack
             w.asking = False
-            self.rt.queue.withdraw_ask(w.model, w.name)
+            self.rt.queue.asks.withdraw(w.model, w.name)
         urgent = set(message.urgent)
         claims = []
         for unit_id in message.unit_ids:
@@ -417,7 +417,7 @@ class Fleet:
         with w.ask_lock:
             if not w.asking:
                 return
-            if self.rt.queue.keep_ask(w.model, w.name, now, self.rt.settings.ask_lifetime_seconds):
+            if self.rt.queue.asks.keep(w.model, w.name, now, self.rt.settings.ask_lifetime_seconds):
                 with self.lock:
                     self.asks_lapsed += 1
 

@@ -378,7 +378,7 @@ def quiet_ticks(rt: Runtime, n: int) -> list[float]:
     for _ in range(n):
         for model in models:
             for k in range(QUIET_ASKS):
-                rt.queue.ask_for_pack(model, f"quiet-{k}", time.time(), 3600)
+                rt.queue.asks.add(model, f"quiet-{k}", time.time(), 3600)
         t0 = time.perf_counter()
         dispatcher.tick(rt, time.time())
         out.append(round(time.perf_counter() - t0, 4))
@@ -578,7 +578,7 @@ def build(
             "packs per model for two asks, the packs undone between ticks): its own cost, apart from "
             "the fleet's load",
             "packs are made on ask (FREIGHT_QUEUE_DEPTH 0): a worker whose look-ahead runs short asks "
-            "(TaskQueue.ask_for_pack) and refills its model (refill_after_ask_s), then waits on the queue",
+            "(PackAsks.add) and refills its model (refill_after_ask_s), then waits on the queue",
             "runnable-to-claim: pack message sent (enqueued_at) to claim_unit (started_at); worker_idle_wait: "
             "a worker with nothing claimed, until its next pack arrived; ask_to_claim: a worker asking for "
             "its next pack (its look-ahead running short) until it holds that pack's first claim",

@@ -12,7 +12,7 @@ receivers, which may be slow: nothing else waits behind them). ``freight.control
 one queue of them all before, is still consumed by the validation role so that messages left in it
 by an upgrade run. Each served model has its own queue ``freight.model.<name>`` consumed by engine
 workers (``-P solo``, one warm vLLM engine per process), which take packs of work units from it.
-A pack is sent when a worker waiting on that queue has asked for one (``TaskQueue.ask_for_pack``),
+A pack is sent when a worker waiting on that queue has asked for one (``PackAsks.add``),
 so it is taken as soon as it is sent (``workers.dispatcher.enqueue_units``).
 """
 
@@ -106,46 +106,42 @@ def make_producer(settings: Settings) -> Celery:
     return app
 
 
-class TaskQueue:
-    """Sends tasks by name, so producers (the API) need not import the task modules."""
+@contextmanager
+def _redis(celery: Celery) -> Iterator[Any]:
+    """The broker's Redis client on a pooled connection (the dispatcher and every engine worker ask
+    several times a second: a new connection each would cost a connect), or None on a broker
+    other than Redis."""
+    with celery.pool.acquire(block=True) as conn:
+        client = getattr(conn.default_channel, "client", None)
+        yield client if client is not None and hasattr(client, "zadd") else None
+
+
+class PackAsks:
+    """The engine workers waiting for a pack, per model, kept in the broker's Redis (one sorted set
+    a model: member the worker process, its holder id; score when its ask lapses unless renewed).
+    The dispatcher makes one pack per ask (``workers.dispatcher.enqueue_units``), so a pack is taken
+    as soon as it is sent."""
 
     def __init__(self, celery: Celery) -> None:
         self.celery = celery
 
-    @contextmanager
-    def _redis(self) -> Iterator[Any]:
-        """The broker's Redis client on a pooled connection (the dispatcher and every engine worker
-        ask several times a second: a new connection each would cost a connect), or None on a
-        broker other than Redis."""
-        with self.celery.pool.acquire(block=True) as conn:
-            client = getattr(conn.default_channel, "client", None)
-            yield client if client is not None and hasattr(client, "zadd") else None
-
-    def broker_was_reset(self) -> bool:
-        """True once after the broker lost everything it held (Redis restarted without persistence,
-        or a new one): the marker this sets is missing. Then every queued message is gone too and
-        the database, not the broker, says what must be sent again. False on brokers other than
-        Redis (nothing to check)."""
-        with self._redis() as client:
-            return client is not None and bool(client.set(BROKER_MARKER_KEY, "1", nx=True))
-
-    def ask_for_pack(self, model: str, holder: str, now: float, lifetime: float) -> None:
+    def add(self, model: str, holder: str, now: float, lifetime: float) -> None:
         """``holder`` (an engine worker process) will take a pack of ``model`` off its queue next;
         the ask lapses ``lifetime`` seconds after ``now`` unless asked again (a worker that died
         stops asking). Asks that lapsed are dropped here, so the set stays the live fleet's size."""
-        with self._redis() as client:
+        with _redis(self.celery) as client:
             if client is not None:
                 pipe = client.pipeline()
                 pipe.zremrangebyscore(ASKS_KEY + model, "-inf", now)
                 pipe.zadd(ASKS_KEY + model, {holder: now + lifetime})
                 pipe.execute()
 
-    def renew_ask(self, model: str, holder: str, now: float, lifetime: float) -> bool:
+    def renew(self, model: str, holder: str, now: float, lifetime: float) -> bool:
         """Push back the lapse of ``holder``'s ask, if it still has one (False if not: withdrawn,
         lapsed, or lost with the broker's data). Never adds one: a renewal racing the withdrawal
         that taking a pack makes cannot bring the ask back (Redis's ZADD XX). True on a broker
         other than Redis, which keeps no asks to renew."""
-        with self._redis() as client:
+        with _redis(self.celery) as client:
             if client is None:
                 return True
             pipe = client.pipeline()  # lapsed asks go first: one of them is not renewed
@@ -153,28 +149,45 @@ class TaskQueue:
             pipe.zadd(ASKS_KEY + model, {holder: now + lifetime}, xx=True, ch=True)
             return bool(pipe.execute()[-1])
 
-    def keep_ask(self, model: str, holder: str, now: float, lifetime: float) -> bool:
+    def keep(self, model: str, holder: str, now: float, lifetime: float) -> bool:
         """What a worker still waiting for a pack does with its heartbeats: renew its ask, or
         make it again if the broker no longer has it (it lapsed, or Redis lost its data). True if
         it had to be made again. Only for a worker that has not taken its pack since it asked (the
-        caller's lock orders this with `withdraw_ask`): for one that has, it would bring back the
+        caller's lock orders this with `withdraw`): for one that has, it would bring back the
         ask the take withdrew."""
-        if self.renew_ask(model, holder, now, lifetime):
+        if self.renew(model, holder, now, lifetime):
             return False
-        self.ask_for_pack(model, holder, now, lifetime)
+        self.add(model, holder, now, lifetime)
         return True
 
-    def withdraw_ask(self, model: str, holder: str) -> None:
+    def withdraw(self, model: str, holder: str) -> None:
         """``holder`` took a pack (or is stopping): it no longer waits for one."""
-        with self._redis() as client:
+        with _redis(self.celery) as client:
             if client is not None:
                 client.zrem(ASKS_KEY + model, holder)
 
-    def asks(self, model: str, now: float) -> int | None:
+    def count(self, model: str, now: float) -> int | None:
         """Engine workers of ``model`` waiting for a pack: the asks not lapsed at ``now``. None on a
         broker other than Redis, which cannot say (the dispatcher then keeps a standing queue)."""
-        with self._redis() as client:
+        with _redis(self.celery) as client:
             return None if client is None else int(client.zcount(ASKS_KEY + model, now, "+inf"))
+
+
+class TaskQueue:
+    """Sends tasks by name, so producers (the API) need not import the task modules; ``asks``,
+    the engine workers waiting for a pack."""
+
+    def __init__(self, celery: Celery) -> None:
+        self.celery = celery
+        self.asks = PackAsks(celery)
+
+    def broker_was_reset(self) -> bool:
+        """True once after the broker lost everything it held (Redis restarted without persistence,
+        or a new one): the marker this sets is missing. Then every queued message is gone too and
+        the database, not the broker, says what must be sent again. False on brokers other than
+        Redis (nothing to check)."""
+        with _redis(self.celery) as client:
+            return client is not None and bool(client.set(BROKER_MARKER_KEY, "1", nx=True))
 
     def _send(self, name: str, *args: Any, queue: str | None = None, **options: Any) -> None:
         """Send task ``name`` with its positional ``args`` (``TASKS`` names them), to its queue

@@ -164,7 +164,7 @@ class PackFeed:
                 return
             self._asking = True
             try:
-                ask = self.rt.queue.keep_ask if renewal else self.rt.queue.ask_for_pack
+                ask = self.rt.queue.asks.keep if renewal else self.rt.queue.asks.add
                 ask(self.model, self.holder, time.time(), settings.ask_lifetime_seconds)
             except Exception:
                 log.warning("asking for a pack failed; asking again with the next heartbeat", exc_info=True)
@@ -173,7 +173,7 @@ class PackFeed:
         with self._ask_lock:
             self._asking = False
             try:
-                self.rt.queue.withdraw_ask(self.model, self.holder)
+                self.rt.queue.asks.withdraw(self.model, self.holder)
             except Exception:  # the ask lapses by itself: at worst one pack is made that waits
                 log.warning("withdrawing the ask for a pack failed", exc_info=True)
 

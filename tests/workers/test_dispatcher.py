@@ -361,32 +361,32 @@ def test_packs_are_made_for_the_workers_that_ask_and_no_more(settings):
         assert dispatcher.tick(rt, t0).packs == [] and queued_packs() == []  # nobody asked
         assert not dispatcher.queue_has_room(rt, model, t0)
         for holder in holders[:2]:
-            rt.queue.ask_for_pack(model, holder, t0, 30)
-        assert rt.queue.asks(model, t0) == 2
+            rt.queue.asks.add(model, holder, t0, 30)
+        assert rt.queue.asks.count(model, t0) == 2
         report = dispatcher.tick(rt, t0)
         assert len(report.packs) == 2 and queued_packs() == sorted(report.packs)
         assert dispatcher.tick(rt, t0 + 1).packs == []  # each ask has its pack
         # the first worker takes a pack: its ask goes before its claims, and nothing more is made
-        rt.queue.withdraw_ask(model, holders[0])
+        rt.queue.asks.withdraw(model, holders[0])
         taken = [u.id for u in units(rt) if u.pack_id == report.packs[0]]
         assert all(claim_unit(rt, u, t0 + 2, holders[0], pack_id=report.packs[0]) for u in taken)
         assert queued_packs() == [report.packs[1]]
         # a renewal racing that withdrawal does not bring the ask back; a live ask's is renewed
-        assert not rt.queue.renew_ask(model, holders[0], t0 + 2, 30)
-        assert rt.queue.renew_ask(model, holders[1], t0 + 2, 30)
+        assert not rt.queue.asks.renew(model, holders[0], t0 + 2, 30)
+        assert rt.queue.asks.renew(model, holders[1], t0 + 2, 30)
         assert dispatcher.tick(rt, t0 + 2).packs == []
         # it asks again when its feed runs short: one pack, for it
-        rt.queue.ask_for_pack(model, holders[0], t0 + 3, 30)
+        rt.queue.asks.add(model, holders[0], t0 + 3, 30)
         assert len(dispatcher.tick(rt, t0 + 3).packs) == 1
         # asks lapse: a third worker asks, the two others stop asking (they died); 31 s on, only the
         # third's ask counts, and the two packs already queued cover it
-        rt.queue.ask_for_pack(model, holders[2], t0 + 20, 30)
-        assert rt.queue.asks(model, t0 + 34) == 1
+        rt.queue.asks.add(model, holders[2], t0 + 20, 30)
+        assert rt.queue.asks.count(model, t0 + 34) == 1
         # a waiting worker's watcher keeps its ask: renewed while the broker has it, else made again
-        assert rt.queue.keep_ask(model, holders[2], t0 + 34, 30) is False
-        assert rt.queue.keep_ask(model, holders[0], t0 + 34, 30) is True  # its ask had lapsed
-        assert rt.queue.asks(model, t0 + 60) == 2  # both good for 30 s from t0 + 34
-        rt.queue.withdraw_ask(model, holders[0])
+        assert rt.queue.asks.keep(model, holders[2], t0 + 34, 30) is False
+        assert rt.queue.asks.keep(model, holders[0], t0 + 34, 30) is True  # its ask had lapsed
+        assert rt.queue.asks.count(model, t0 + 60) == 2  # both good for 30 s from t0 + 34
+        rt.queue.asks.withdraw(model, holders[0])
         assert not dispatcher.queue_has_room(rt, model, t0 + 34)
         # a standing queue on top of the asks, if configured
         deeper = Runtime(replace(rt.settings, queue_depth=2))
@@ -396,7 +396,7 @@ def test_packs_are_made_for_the_workers_that_ask_and_no_more(settings):
             deeper.db.dispose()
     finally:
         for holder in holders:
-            rt.queue.withdraw_ask(model, holder)
+            rt.queue.asks.withdraw(model, holder)
         rt.db.dispose()
 
 

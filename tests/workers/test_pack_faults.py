@@ -222,7 +222,7 @@ def test_a_worker_asks_for_a_pack_only_while_it_waits_for_one_and_again_after_th
         runner = runner_of(rt, vllm_engine)
 
         def asking() -> bool:
-            return rt.queue.asks("demo", time.time()) == 1
+            return rt.queue.asks.count("demo", time.time()) == 1
 
         assert asking()
         seen_in_claims: list[bool] = []
@@ -254,6 +254,6 @@ def test_a_worker_asks_for_a_pack_only_while_it_waits_for_one_and_again_after_th
             assert time.monotonic() < deadline, "the ask did not come back"
             time.sleep(0.05)
         runner.close(5)
-        assert rt.queue.asks("demo", time.time()) == 0
+        assert rt.queue.asks.count("demo", time.time()) == 0
     finally:
         rt.db.dispose()

@@ -60,7 +60,7 @@ def test_a_pack_is_claimed_and_merged_onto_the_feed_urgent_first_then_in_prefix_
         ids = [u.id for u in batch_units(rt, batch_id)]
         feed, state, finished = feed_on(rt)
         assert feed.run_pack("pack-1", ids, urgent=[ids[-1]]) == 3
-        assert rt.queue.asks(feed.model, time.time()) == 1  # the task ends: it asks for the next
+        assert rt.queue.asks.count(feed.model, time.time()) == 1  # the task ends: it asks for the next
         held = sorted(state.held(), key=lambda u: u.claim.unit_id)
         assert [u.claim.unit_id for u in held] == ids
         assert all(u.claim.token.startswith(HOLDER) and u.total == 2 for u in held)
@@ -90,7 +90,7 @@ def test_a_closing_worker_takes_no_pack_and_asks_for_none(settings: Settings) ->
         feed, state, _ = feed_on(rt)
         state.closing.set()
         assert feed.run_pack("pack-c", ids) == 0
-        assert rt.queue.asks(feed.model, time.time()) == 0
+        assert rt.queue.asks.count(feed.model, time.time()) == 0
         assert not state.busy()
         assert all(u.status != UnitStatus.RUNNING for u in batch_units(rt, batch_id))
     finally:
@@ -115,7 +115,7 @@ def test_a_pack_whose_rows_are_gone_is_dropped_from_the_books_and_left_claimed_f
             feed.run_pack("pack-g", [u.id for u in units])
         assert not state.busy() and not feed.requests
         assert [u.status for u in batch_units(rt, batch_id)] == [UnitStatus.RUNNING] * len(units)
-        assert rt.queue.asks(feed.model, time.time()) == 1  # it takes the next message all the same
+        assert rt.queue.asks.count(feed.model, time.time()) == 1  # it takes the next message all the same
     finally:
         rt.db.dispose()
 

@@ -67,7 +67,7 @@ def test_the_watcher_stops_what_must_stop_heartbeats_the_rest_renews_the_ask_and
         feed.ask()
         with rt.queue.celery.pool.acquire(block=True) as conn:  # the broker lost its data
             conn.default_channel.client.delete(ASKS_KEY + feed.model)
-        assert rt.queue.asks(feed.model, time.time()) == 0
+        assert rt.queue.asks.count(feed.model, time.time()) == 0
         watcher = PackWatcher(rt, state, loop, feed, worker, "demo", None, 3.6, 8)
         thread = threading.Thread(target=watcher.run)
         thread.start()
@@ -87,7 +87,7 @@ def test_the_watcher_stops_what_must_stop_heartbeats_the_rest_renews_the_ask_and
                 row = s.get(WorkUnit, kept.claim.unit_id)
                 assert row is not None and (row.prompt_tokens, row.completion_tokens) == (10, 3)
                 assert s.get(WorkUnit, taken.claim.unit_id).completed == 0  # type: ignore[union-attr]
-            until(lambda: rt.queue.asks(feed.model, time.time()) == 1)  # asked again
+            until(lambda: rt.queue.asks.count(feed.model, time.time()) == 1)  # asked again
         finally:
             state.stopped.set()
             thread.join(timeout=10)
