@@ -374,7 +374,7 @@ def report(since: str, until: str | None, tenant: str | None, model: str | None,
     if fmt == "parquet":
         from api.report_format import format_parquet
 
-        out = click.get_binary_stream("stdout")
+        out = sys.stdout.buffer
         if out.isatty():
             raise click.UsageError("--format parquet writes binary: redirect it, e.g. > report.parquet")
         out.write(format_parquet(rows))

@@ -27,7 +27,7 @@ class CommandError(click.ClickException):
 
     def __init__(self, message: str, exit_code: int = 1) -> None:
         super().__init__(message)
-        self.exit_code = exit_code
+        self.exit_code = exit_code  # type: ignore[misc]  # click reads it from the instance
 
 
 # where a command invocation keeps its one load of the settings (the root click context's meta)

@@ -6,6 +6,7 @@ them) and the geometry of its throughput chart: numbers that the template draws 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from flask import Flask
@@ -14,7 +15,13 @@ from api.formatting import count, duration, money, percent, relative, when
 from api.services.console import Throughput
 
 # the Jinja filter names the templates use -> the shared formatters
-FILTERS = {"when": when, "relative": relative, "money": money, "pct": percent, "count": count}
+FILTERS: dict[str, Callable[..., str]] = {
+    "when": when,
+    "relative": relative,
+    "money": money,
+    "pct": percent,
+    "count": count,
+}
 
 
 def register_filters(app: Flask) -> None:

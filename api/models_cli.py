@@ -8,7 +8,9 @@ at module level (vLLM walks the loaded modules at start-up and trips over Flask'
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -23,12 +25,12 @@ class _Bar:
 
     def __init__(self, label: str) -> None:
         self.label = label
-        self.bar = None
+        self.bar: Any = None  # click's ProgressBar, once the total is known
         self.done = 0
 
     def __call__(self, done: int, total: int) -> None:
         if self.bar is None:
-            self.bar = click.progressbar(length=total, label=self.label, file=click.get_text_stream("stderr"))
+            self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr)
             self.bar.__enter__()
         self.bar.update(done - self.done)
         self.done = done

@@ -64,7 +64,7 @@ class RequestIds:
         if isinstance(file_wrapper, type) and isinstance(body, file_wrapper):
             # the server sends a file it recognises with sendfile(): no log line comes of that
             set_current("request_id", previous)
-            return body
+            return body  # type: ignore[return-value]  # the server's own wrapper, sent as it is
         return _Finished(body, lambda: set_current("request_id", previous))
 
 

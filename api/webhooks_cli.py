@@ -7,6 +7,7 @@ Imported by ``api/cli.py``: nothing here may import Flask (see ``api/models_cli.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import click
 
@@ -14,7 +15,7 @@ from api.cli_settings import command_runtime, command_settings, echo_json
 from api.formatting import when
 
 
-def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())

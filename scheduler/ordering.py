@@ -15,7 +15,7 @@ import struct
 import sys
 import tempfile
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -123,7 +123,7 @@ def sort_records(
     spill_dir: str | Path | None = None,
     stats: SortStats | None = None,
     max_open_runs: int = _DEFAULT_FAN_IN,
-) -> Iterator[Record]:
+) -> Generator[Record, None, None]:
     """Yield ``(key, line_number, payload)`` records sorted by ``(key, line_number)``, in bounded memory.
 
     Records are buffered until their estimated size exceeds ``memory_bytes``; each full buffer is

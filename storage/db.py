@@ -14,8 +14,9 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import Any, cast
 
-from sqlalchemy import Engine, create_engine, event, func, select
+from sqlalchemy import CursorResult, Engine, Executable, create_engine, event, func, select
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -73,6 +74,11 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def changed_rows(s: Session, statement: Executable) -> int:
+    """Run an UPDATE or DELETE in ``s``; the rows it changed (what every compare-and-set reads)."""
+    return int(cast(CursorResult[Any], s.execute(statement)).rowcount)
 
 
 def transaction_lock(s: Session, name: str, wait: bool = True) -> bool:

@@ -5,11 +5,12 @@ through ``move_estimates``."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import ColumnElement, CursorResult, func, select, update
+from sqlalchemy import ColumnElement, func, select, update
 from sqlalchemy.orm import Session
 
+from storage.db import changed_rows
 from storage.models import Batch, Estimate, UnitStatus, WorkUnit
 from storage.rollup import roll_up
 from storage.status import BatchStatus, EstimateStatus, estimate_sources, transition, unit_sources
@@ -66,7 +67,7 @@ def move_units(
     ``UNIT_TRANSITIONS`` does not allow. Returns how many units moved."""
     sources = unit_sources(from_, to)
     statement = update(WorkUnit).where(*where, WorkUnit.status.in_(sources)).values(status=to, **values)
-    return int(cast(CursorResult[Any], s.execute(statement)).rowcount)
+    return changed_rows(s, statement)
 
 
 def move_estimates(
@@ -92,7 +93,7 @@ def move_estimates(
         .where(*where, Estimate.status.in_(sources))
         .values(status=to, finished_at=now, **values)
     )
-    return int(cast(CursorResult[Any], s.execute(statement)).rowcount)
+    return changed_rows(s, statement)
 
 
 # unit ids per statement of the passes that lock and move many units by id: PostgreSQL takes at

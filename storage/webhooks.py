@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import base64
 import secrets
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import CursorResult, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from scheduler.webhooks import SECRET_PREFIX, event_type
+from storage.db import changed_rows
 from storage.models import Batch, WebhookDelivery, WebhookEndpoint, new_id
 from storage.status import (
     DELIVERY_TRANSITIONS,
@@ -73,7 +74,7 @@ def move_delivery(s: Session, delivery_id: int, to: str, now: int, **values: Any
         .where(WebhookDelivery.id == delivery_id, WebhookDelivery.status.in_(sources))
         .values(status=to, status_at=now, **values)
     )
-    return bool(cast(CursorResult[Any], s.execute(statement)).rowcount)
+    return bool(changed_rows(s, statement))
 
 
 def move_endpoint(s: Session, endpoint_id: str, to: str, now: int, reason: str | None = None) -> bool:
@@ -85,4 +86,4 @@ def move_endpoint(s: Session, endpoint_id: str, to: str, now: int, reason: str |
         .where(WebhookEndpoint.id == endpoint_id, WebhookEndpoint.status.in_(sources))
         .values(status=to, status_at=now, disabled_reason=reason)
     )
-    return bool(cast(CursorResult[Any], s.execute(statement)).rowcount)
+    return bool(changed_rows(s, statement))

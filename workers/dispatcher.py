@@ -11,15 +11,16 @@ import logging
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import cast
 
-from sqlalchemy import Row, bindparam, distinct, exists, func, or_, select, update
+from sqlalchemy import Row, Table, bindparam, distinct, exists, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from scheduler.deadlines import BatchLoad, Sample, assess, eta_moved, etas, measured_rates
 from scheduler.leases import QueuedUnit, RunningUnit, plan_redelivery, plan_requeue
 from scheduler.packing import Candidate, plan_packs
 from scheduler.sla import AdmissionDecision, admit, eta
-from storage.db import transaction_lock
+from storage.db import changed_rows, transaction_lock
 from storage.leases import UNIT_LEASE, lease_free
 from storage.lifecycle import (
     NO_LIVE_COUNTS,
@@ -175,9 +176,9 @@ def resend_lost_validations(rt: Runtime, now: float, report: TickReport) -> None
         if batch_id in report.revalidated:  # sent already: the broker had lost its data
             continue
         with rt.db.write() as s:
-            claimed = s.execute(
-                update(Batch).where(Batch.id == batch_id, *lost).values(validation_due_at=now)
-            ).rowcount
+            claimed = changed_rows(
+                s, update(Batch).where(Batch.id == batch_id, *lost).values(validation_due_at=now)
+            )
         if claimed:
             rt.queue.validate(batch_id)
             report.revalidated.append(batch_id)
@@ -230,7 +231,8 @@ def assess_deadlines(
         changes = []
         flagged = []
         for row in rows:
-            eta_at = None if finish[row.id] is None else math.ceil(finish[row.id])
+            at = finish[row.id]
+            eta_at = None if at is None else math.ceil(at)
             since = row.at_risk_since
             if verdicts[row.id][1] and since is None:
                 since = int(now)
@@ -255,7 +257,7 @@ def assess_deadlines(
             changes = [c for c in changes if c["batch"] in free]
             report.at_risk.extend(b for b in flagged if b in free)
         if changes:
-            table = Batch.__table__  # Core: an executemany, not the ORM's bulk update by key
+            table = cast(Table, Batch.__table__)  # Core: an executemany, not the ORM's bulk update by key
             s.execute(
                 update(table)
                 .where(table.c.id == bindparam("batch"), table.c.status == BatchStatus.IN_PROGRESS)
@@ -637,7 +639,7 @@ def pack_depth(rt: Runtime, model: str, now: float) -> int:
     """Packs of ``model`` to have queued now: one per engine worker waiting for a pack (its ask not
     lapsed), plus ``queue_depth``. On a broker that cannot count asks (not Redis), a standing queue
     of ``STANDING_DEPTH`` packs as before asks existed."""
-    asks = rt.queue.asks(model, now)
+    asks = rt.queue.asks.count(model, now)
     return rt.settings.queue_depth + (STANDING_DEPTH if asks is None else asks)
 
 

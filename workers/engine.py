@@ -408,7 +408,7 @@ def _count_step_outputs(llm: LLMEngine, counters: _Counters) -> None:
         counters.advanced = len(outputs.outputs)
         return outputs
 
-    core.get_output = counted  # type: ignore[method-assign]
+    core.get_output = counted
 
 
 def stats_registry() -> CollectorRegistry:
@@ -766,7 +766,7 @@ class Engine:
     def shutdown(self) -> None:
         """Stop vLLM's engine (and its processes); the engine is unusable afterwards."""
         global _inline_engine
-        llm, self._llm = self._llm, None  # type: ignore[assignment]
+        llm, self._llm = self._llm, None
         if llm is None:
             return
         if _inline_engine is self:

@@ -13,6 +13,7 @@ The engine is anything with ``SteppedEngine``'s surface (``workers.engine.Engine
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from scheduler.cost import TokenWork, kv_reads
+from storage.shards import ShardRow
 from workers.cost_meter import CostMeter
 from workers.engine import ABORTED_STATUS, EngineRequest, EngineResult, EngineStats
 from workers.pack_feed import IDLE_WAIT_SECONDS, PackFeed
@@ -194,7 +196,7 @@ class EngineLoop:
             for result in self.engine.abort(keys):
                 self._deliver(result)
             with self._lock:
-                mine = self._feed.remove_if(lambda entry, stopped=unit: entry[0] is stopped)
+                mine = self._feed.remove_if(functools.partial(_of_unit, unit))
             for _, row in mine:
                 self._deliver_to(unit, row.custom_id, None)
 
@@ -257,3 +259,8 @@ class EngineLoop:
         done, self._done = self._done, []
         for unit in done:
             self._finished.put(unit)
+
+
+def _of_unit(unit: ActiveUnit, entry: tuple[ActiveUnit, ShardRow]) -> bool:
+    """A feed entry of ``unit`` (the requests of a stopped unit are taken off the feed)."""
+    return entry[0] is unit

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO
 
@@ -166,7 +166,7 @@ def finalize_batch(rt: Runtime, batch_id: str) -> str | None:
 
 
 def _assemble(
-    rt: Runtime, lease: _Lease, units: list[WorkUnit], kind: str, stop_code: str, counts: dict[str, int]
+    rt: Runtime, lease: _Lease, units: Sequence[WorkUnit], kind: str, stop_code: str, counts: dict[str, int]
 ) -> Iterator[bytes]:
     """The bytes of one result file, unit by unit in file order; counts lines as it goes and
     renews the finalizer lease when it is due."""
@@ -206,7 +206,7 @@ class _ShardIds:
         return self.ids[unit.row_start : unit.row_start + unit.n_requests]
 
 
-def _opened(rt: Runtime, units: list[WorkUnit], kind: str) -> Iterator[tuple[WorkUnit, IO[bytes] | None]]:
+def _opened(rt: Runtime, units: Sequence[WorkUnit], kind: str) -> Iterator[tuple[WorkUnit, IO[bytes] | None]]:
     """Each unit with its result object of ``kind`` opened (None for a unit that did not run),
     in order, the next ``PREFETCH_UNITS`` opened ahead by a small pool.
 
@@ -220,10 +220,14 @@ def _opened(rt: Runtime, units: list[WorkUnit], kind: str) -> Iterator[tuple[Wor
 
         def refill() -> None:
             while len(ahead) < PREFETCH_UNITS and (unit := next(todo, None)) is not None:
+                if unit.status != UnitStatus.DONE:
+                    ahead.append((unit, None))
+                    continue
                 key = unit.output_key if kind == "output" else unit.error_key
-                ahead.append(
-                    (unit, pool.submit(rt.store.open, key) if unit.status == UnitStatus.DONE else None)
-                )
+                assert key is not None, (
+                    f"unit {unit.id} is done without its {kind} file"
+                )  # record_unit writes both
+                ahead.append((unit, pool.submit(rt.store.open, key)))
 
         try:
             refill()

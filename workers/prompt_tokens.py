@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import sys
 from array import array
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, cast
@@ -124,7 +124,7 @@ class PromptRenderer:
         Responses body's prompt is its chat translation's (`workers.responses`), as the engine's is."""
         return self._finish(self._job(endpoint, body))
 
-    def render_many(self, endpoint: str, bodies: list[Mapping[str, Any]]) -> list[RenderedPrompt]:
+    def render_many(self, endpoint: str, bodies: Sequence[Mapping[str, Any]]) -> list[RenderedPrompt]:
         """``render`` of each body, with the texts to tokenize tokenized together (the tokenizer's
         batch API, `PromptKeyer.text_keys`); the same results, line for line."""
         jobs = [self._job(endpoint, body) for body in bodies]

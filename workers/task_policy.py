@@ -130,7 +130,7 @@ def _retry(task: Task, step: str, args: tuple, exc: Exception, on_retry: OnRetry
     log.warning("task %s%r: %s; retry %d in %.0fs", step, args, describe(step, exc), retries + 1, countdown)
     if on_retry is not None:
         try:
-            on_retry(task.rt, time.time() + countdown, *args)  # type: ignore[attr-defined]
+            on_retry(task.rt, time.time() + countdown, *args)
         except Exception as second:  # the database may be what is down: the lease decides instead
             log.warning("task %s%r: could not note when its retry is due: %s", step, args, second)
     raise task.retry(exc=exc, countdown=countdown, max_retries=None)
@@ -138,7 +138,7 @@ def _retry(task: Task, step: str, args: tuple, exc: Exception, on_retry: OnRetry
 
 def _end(task: Task, step: str, args: tuple, exc: Exception, on_fault: OnFault) -> None:
     try:
-        on_fault(task, task.rt, describe(step, exc), *args)  # type: ignore[attr-defined]
+        on_fault(task, task.rt, describe(step, exc), *args)
     except Exception as second:
         if is_transient(second):  # could not record the failure: try the whole task again later
             _retry(task, step, args, second)
@@ -275,7 +275,7 @@ def killed(task: Task, exc: BaseException, args: Any) -> None:
     handled as the policy would have, from a runtime of its own (the main process holds none:
     the pool processes it forks must not share its connections)."""
     fault = getattr(task, "fault", None)
-    limit = soft_limit(task.app.settings, task.name)  # type: ignore[attr-defined]
+    limit = soft_limit(task.app.settings, task.name)
     if not isinstance(exc, TimeLimitExceeded) or fault is None or limit is None:
         return
     step = task.name.rpartition(".")[2]
@@ -298,7 +298,7 @@ def record_killed(task: Task, on_fault: OnFault, error: str, step: str, args: An
     pool process, and that process may be stopped inside a transaction holding the very batch
     row this writes. Waiting for the lock then waited for a kill that came only after the wait:
     the validation role's main process hung with the batch left ``validating``."""
-    rt = Runtime(task.app.settings)  # type: ignore[attr-defined]
+    rt = Runtime(task.app.settings)
     if rt.db.engine.dialect.name == "postgresql":
 
         @event.listens_for(rt.db.engine, "connect")

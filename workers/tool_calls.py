@@ -361,6 +361,8 @@ def shape_choice(
     finish = finish_reason or "stop"
     if kind == NONE and parser is None:
         return None
+    reasoning: str | None
+    content: str | None
     if kind in FORCED:
         reasoning, content = None, text
         if parser is not None and parser.reasoning_parser is not None:

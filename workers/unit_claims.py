@@ -13,8 +13,10 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from operator import itemgetter
+from typing import Any, cast
 
-from sqlalchemy import ColumnElement, and_, bindparam, select, update
+from sqlalchemy import ColumnElement, Table, and_, bindparam, select, update
 
 from storage.leases import UNIT_LEASE
 from storage.lifecycle import NO_LIVE_COUNTS, finish_if_done, move_units
@@ -61,7 +63,7 @@ def claim_unit(
     again after its message waited too long (back to pending, its pack cleared) may still be taken
     by that late message, and then that is the pack it ran in."""
     token = claim_token(holder)
-    delivered = {"pack_id": pack_id} if pack_id is not None else {}
+    delivered: dict[str, Any] = {"pack_id": pack_id} if pack_id is not None else {}
     with rt.db.write() as s:
         # compare-and-set: a pending or queued unit has no worker (every move back to pending clears
         # it); a running one is a live worker's (if it dies, the dispatcher's lease redelivers), a
@@ -205,11 +207,11 @@ def heartbeat(rt: Runtime, beats: Iterable[tuple[Claim, UnitTally]], now: float)
             }
             for c, tally in beats
         ),
-        key=lambda row: row["unit"],
+        key=itemgetter("unit"),
     )
     if not rows:
         return
-    table = WorkUnit.__table__  # Core: an executemany, not the ORM's bulk update by key
+    table = cast(Table, WorkUnit.__table__)  # Core: an executemany, not the ORM's bulk update by key
     with rt.db.write() as s:
         s.execute(
             update(table)

@@ -135,7 +135,7 @@ def jobs(
 def tenant_models(rt: Runtime, tenant_id: str) -> list[str]:
     """Models to filter by: those the tenant's batches ran on and those served now."""
     with rt.db.read() as s:
-        used = set(
+        used: set[str] = set(  # the model column, not NULL
             s.scalars(
                 select(Batch.model).where(Batch.tenant_id == tenant_id, Batch.model.is_not(None)).distinct()
             )
@@ -368,7 +368,7 @@ def queues(rt: Runtime) -> list[QueueView]:
     open_units = (UnitStatus.PENDING, UnitStatus.QUEUED, UnitStatus.RUNNING)
     with rt.db.read() as s:
         running = {
-            model: (int(n), as_int(rest))
+            str(model): (int(n), as_int(rest))  # model: not NULL (the WHERE)
             for model, n, rest in s.execute(
                 select(Batch.model, func.count(), func.sum(waiting))
                 .where(Batch.status == BatchStatus.IN_PROGRESS.value, Batch.model.is_not(None))

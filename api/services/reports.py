@@ -82,6 +82,9 @@ class ReportRow:
     goodput_requests_per_hour: float
 
 
+_UNIT_METRICS = ("mean_fill", "mfu", "mbu")  # weighted by engine seconds over work units
+
+
 @dataclass
 class _Sums:
     """Exact sums of one group; added group by group into the total."""
@@ -119,9 +122,6 @@ class _Sums:
         for m in _UNIT_METRICS:
             self.weighted[m] += other.weighted[m]
             self.weights[m] += other.weights[m]
-
-
-_UNIT_METRICS = ("mean_fill", "mfu", "mbu")
 
 
 def in_window(since: float, until: float):

@@ -17,7 +17,7 @@ import logging
 import secrets
 import time
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 from flask import (
     Blueprint,
@@ -89,7 +89,7 @@ class SessionCookies(SecureCookieSessionInterface):
 
 @bp.record_once
 def _setup(state: BlueprintSetupState) -> None:
-    app: Flask = state.app
+    app = cast(Flask, state.app)  # the blueprint is registered on Freight's Flask app
     settings = app.extensions["freight"].settings
     if not app.secret_key:
         app.secret_key = console.session_secret(settings)
