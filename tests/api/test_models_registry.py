@@ -194,7 +194,9 @@ def test_tool_call_parser_is_checked_stored_set_and_unset(runtime, headers) -> N
     with pytest.raises(
         ServiceError, match=r"vLLM has no tool-call parser 'hermez' \(did you mean hermes\?\)"
     ):
-        registration.add(runtime, AddRequest("t", str(DEMO_MODEL), "none", tool_call_parser="hermez"), echo=_quiet)
+        registration.add(
+            runtime, AddRequest("t", str(DEMO_MODEL), "none", tool_call_parser="hermez"), echo=_quiet
+        )
     with pytest.raises(ServiceError, match="vLLM has no reasoning parser 'qwen9'") as info:
         registration.add(runtime, AddRequest("t", str(DEMO_MODEL), "none", engine_args=("reasoning_parser=qwen9",),
                                        tool_call_parser="hermes"), echo=_quiet)  # fmt: skip
