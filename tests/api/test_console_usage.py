@@ -9,7 +9,7 @@ import io
 from api.report_format import format_report
 from api.services.reports import usage_report
 from storage.models import Batch
-from tests.api.test_console import alpha, api_batch, app, html, keys  # noqa: F401 (fixtures)
+from tests.api.test_console import alpha, api_batch, html, keys  # noqa: F401 (fixtures)
 from tests.conftest import now
 
 

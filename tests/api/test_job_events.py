@@ -10,7 +10,7 @@ from sqlalchemy import event, insert
 
 from api.services import job_events
 from storage.models import Batch, UnitStatus, WorkUnit
-from tests.api.test_console import alpha, api_batch, app, html, keys  # noqa: F401 (fixtures)
+from tests.api.test_console import alpha, api_batch, html, keys  # noqa: F401 (fixtures)
 from tests.conftest import now
 
 T0 = 1_800_000_000  # a fixed start, so every offset below is exact
