@@ -176,8 +176,12 @@ def up(
 
         from storage.migrate import upgrade
 
-        if control_plane:
+        if control_plane and Path(code_dir).resolve() == REPO.resolve():
             upgrade(settings.database_url)
+        elif control_plane:  # another revision (an A/B's baseline): its schema, by its migrations
+            subprocess.run(
+                [*FREIGHT, "db", "upgrade"], cwd=code_dir, env=env, check=True, capture_output=True
+            )
         from storage.db import Database
         from storage.registry import served_names
 
