@@ -1,5 +1,5 @@
 """``freight models``: the model registry from the command line (add, list, set-engine, remove,
-quantize).
+quantize; add-adapter and remove-adapter for LoRA adapters of a base model).
 
 Imported by ``api/cli.py``, which vLLM's engine processes re-import: nothing here may import Flask
 at module level (vLLM walks the loaded modules at start-up and trips over Flask's context globals).
@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import click
 
 from api.cli_settings import command_runtime, command_settings
+from storage.adapters import AdapterEntry, adapters
 from storage.registry import EMBED, REQUESTED, TASKS, ModelEntry
 from workers.engine_args import describe
 from workers.quantize import METHODS, SCHEMES
@@ -69,7 +71,8 @@ def models() -> None:
               help='vLLM\'s tool-call parser for this model (as `vllm serve --tool-call-parser`, e.g. hermes): '
               'serves tool_choice "auto"')  # fmt: skip
 @click.option("--task", type=click.Choice(("auto", *TASKS)), default="auto", show_default=True,
-              help="generate (chat, completions) or embed (/v1/embeddings); auto: from the checkpoint's architecture")  # fmt: skip
+              help="generate (chat, completions), embed (/v1/embeddings, and scores by cosine) or score (a cross-encoder: "
+              "/v1/score, /v1/rerank); auto: from the checkpoint's architecture")  # fmt: skip
 def models_add(
     name: str,
     source: str,
@@ -106,7 +109,10 @@ def models_add(
             )
     finally:
         bar.close()
-    served = " (an embedding model: it serves /v1/embeddings)" if entry.task == EMBED else ""
+    served = {
+        EMBED: " (an embedding model: it serves /v1/embeddings, /v1/score and /v1/rerank)",
+        "score": " (a cross-encoder: it serves /v1/score and /v1/rerank)",
+    }.get(entry.task, "")
     click.echo(f"registered {entry.name}: {entry.quantization} from {entry.checkpoint}{served}")
     if entry.engine_args or entry.max_model_len:
         click.echo(f"engine args: {describe(_engine_args(entry))}")
@@ -147,16 +153,20 @@ def _engine_args(e: ModelEntry) -> dict:
 
 
 @models.command("list")
-@click.option("--json", "as_json", is_flag=True, help="one JSON object per model")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per model and per adapter")
 def models_list(as_json: bool) -> None:
-    """The served models: registry rows and FREIGHT_MODELS declarations."""
-    from api.services.models import list_models
+    """The served models: registry rows and FREIGHT_MODELS declarations, then LoRA adapters."""
+    from api.services.models import list_adapters, list_models, tenant_names
 
     with command_runtime(command_settings()[0]) as rt:
         rows = list_models(rt)
+        loras = list_adapters(rt, None)
+        names = tenant_names(rt)
     if as_json:
         for e in rows:
             click.echo(json.dumps(_as_dict(e)))
+        for a in loras:
+            click.echo(json.dumps(_adapter_dict(a, names)))
         return
     if not rows:
         click.echo("no models (add one with `freight models add NAME --path DIR`)")
@@ -164,10 +174,38 @@ def models_list(as_json: bool) -> None:
     header = (
         "NAME", "QUANT", "REQUESTED", "SOURCE", "WEIGHTS", "$/H", "LIST IN/OUT", "PROBE INT4/BF16", "TASK", "ENGINE ARGS"
     )  # fmt: skip
-    table = [header] + [_row(e) for e in rows]
+    _table(header, [_row(e) for e in rows])
+    if loras:
+        click.echo("")
+        adapter_rows = [
+            (a.name, a.base, str(a.rank), ",".join(a.target_modules), _tenants(a, names), a.path)
+            for a in loras
+        ]
+        _table(("ADAPTER", "BASE", "RANK", "TARGET MODULES", "TENANTS", "PATH"), adapter_rows)
+
+
+def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
+    table = [header, *rows]
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     for r in table:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
+
+
+def _tenants(a: AdapterEntry, names: dict[str, str]) -> str:
+    return "all" if a.tenants is None else ",".join(sorted(names.get(t, t) for t in a.tenants))
+
+
+def _adapter_dict(a: AdapterEntry, names: dict[str, str]) -> dict:
+    return {
+        "name": a.name,
+        "adapter": True,
+        "base": a.base,
+        "path": a.path,
+        "rank": a.rank,
+        "target_modules": list(a.target_modules),
+        "tenants": None if a.tenants is None else sorted(names.get(t, t) for t in a.tenants),
+        "lora_int_id": a.id,
+    }
 
 
 def _row(e: ModelEntry) -> tuple[str, ...]:
@@ -224,6 +262,38 @@ def models_remove(name: str) -> None:
     with command_runtime(command_settings()[0]) as rt:
         entry = remove(rt, name)
     click.echo(f"removed {entry.name} (checkpoint {entry.checkpoint} left in place)")
+
+
+@models.command("add-adapter")
+@click.argument("base")
+@click.argument("name")
+@click.option(
+    "--path", required=True, help="the adapter's directory (adapter_config.json, adapter_model.safetensors)"
+)
+@click.option("--tenants", default="", metavar="T1,T2",
+              help="only these tenants may use it (by name); default: every tenant")  # fmt: skip
+def models_add_adapter(base: str, name: str, path: str, tenants: str) -> None:
+    """Register NAME, a LoRA adapter of BASE, served as the model id NAME by BASE's workers."""
+    from workers.adapter_registration import add_adapter
+
+    with command_runtime(command_settings()[0]) as rt:
+        first = not adapters(rt.db, base)
+        entry = add_adapter(rt, base, name, path, tenants.split(",") if tenants else ())
+    who = "every tenant" if entry.tenants is None else f"tenants {tenants}"
+    click.echo(f"registered adapter {entry.name} of {entry.base} (rank {entry.rank}, for {who})")
+    if first:
+        click.echo(f"{base}'s first adapter: restart {base}'s workers to serve it (they start with LoRA on)")
+
+
+@models.command("remove-adapter")
+@click.argument("name")
+def models_remove_adapter(name: str) -> None:
+    """Unregister the adapter NAME (refused while its base has open batches). Its files are left alone."""
+    from workers.adapter_registration import remove_adapter
+
+    with command_runtime(command_settings()[0]) as rt:
+        entry = remove_adapter(rt, name)
+    click.echo(f"removed adapter {entry.name} of {entry.base} ({entry.path} left in place)")
 
 
 @models.command("quantize")

@@ -226,6 +226,22 @@ MODEL = obj(
     }
 )
 
+# a LoRA adapter, served as a model id of its own (storage/adapters.py): `parent` is its base model,
+# as vLLM's server lists adapters
+ADAPTER = obj(
+    {
+        "id": STR,
+        "object": {"const": "model"},
+        "created": INT,
+        "owned_by": STR,
+        "parent": STR,
+        "x_freight": obj(
+            {"task": {"const": "generate"}, "adapter": {"const": True}, "base": STR, "lora_rank": INT}
+        ),
+    }
+)
+MODEL_OR_ADAPTER = {"anyOf": [ref("Model"), ref("Adapter")]}
+
 
 WEBHOOK_EVENTS = ["batch.completed", "batch.failed", "batch.cancelled", "batch.expired"]
 WEBHOOK_ENDPOINT = obj(
@@ -501,12 +517,14 @@ def paths(settings: Settings) -> Schema:
         "/v1/models": {
             "get": operation(
                 "listModels",
-                "The served models.",
-                ok(obj({"object": {"const": "list"}, "data": {"type": "array", "items": ref("Model")}})),
+                "The served models, then the LoRA adapters the tenant may use.",
+                ok(obj({"object": {"const": "list"}, "data": {"type": "array", "items": MODEL_OR_ADAPTER}})),
             ),
         },
         "/v1/models/{model}": {
-            "get": operation("retrieveModel", "One served model.", ok(ref("Model")), 404, params=(MODEL_ID,)),
+            "get": operation(
+                "retrieveModel", "One served model or adapter.", ok(MODEL_OR_ADAPTER), 404, params=(MODEL_ID,)
+            ),
         },
         **webhook_paths(),
         "/healthz": {
@@ -652,6 +670,7 @@ def openapi_document(settings: Settings) -> Schema:
                 "Estimate": ESTIMATE,
                 "Cost": COST,
                 "Model": MODEL,
+                "Adapter": ADAPTER,
                 "WebhookEndpoint": WEBHOOK_ENDPOINT,
                 "WebhookDelivery": WEBHOOK_DELIVERY,
             },

@@ -7,8 +7,9 @@ from typing import Any
 from api.services.paging import Page
 from api.services.readiness import Readiness
 from scheduler.cost import cost_summary
+from storage.adapters import AdapterEntry
 from storage.models import Batch, Estimate, StoredFile, WebhookDelivery, WebhookEndpoint
-from storage.registry import ModelEntry
+from storage.registry import GENERATE, ModelEntry
 from storage.status import BatchStatus, EstimateStatus
 
 
@@ -140,6 +141,20 @@ def model_object(e: ModelEntry) -> dict[str, Any]:
             if price is None
             else {"input": price.input, "cached_input": price.cached_input, "output": price.output},
         },
+    }
+
+
+def adapter_object(a: AdapterEntry) -> dict[str, Any]:
+    """A LoRA adapter as the model id it is served as: OpenAI's model object with vLLM's
+    ``parent`` (the base model), as ``vllm serve --lora-modules`` lists adapters; its path on the
+    servers is not shown to tenants."""
+    return {
+        "id": a.name,
+        "object": "model",
+        "created": a.created_at,
+        "owned_by": "freight",
+        "parent": a.base,
+        "x_freight": {"task": GENERATE, "adapter": True, "base": a.base, "lora_rank": a.rank},
     }
 
 

@@ -332,6 +332,9 @@ class WorkUnit(Base):
     bytes_per_parameter: Mapped[float | None] = mapped_column(Float)
     mfu: Mapped[float | None] = mapped_column(Float)
     mbu: Mapped[float | None] = mapped_column(Float)
+    # the unit's lines that named a LoRA adapter, per adapter: {name: [requests, prompt tokens,
+    # cached tokens, completion tokens]} (the rest ran on the base); NULL: none did
+    adapter_usage: Mapped[dict[str, list[int]] | None] = mapped_column(JSON)
 
 
 class EngineSample(Base):
@@ -470,6 +473,28 @@ class Model(Base):
     # what the model serves: "generate" (chat, completions) or "embed" (embeddings, on vLLM's
     # pooling runner); NULL: generate, as every model registered before tasks existed
     task: Mapped[str | None] = mapped_column(String(16))
+    created_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class Adapter(Base):
+    """A LoRA adapter of a served base model (``freight models add-adapter``): served as a model
+    id of its own by the base's engine workers. ``id`` is vLLM's ``lora_int_id`` for it, stable for
+    the row's life and never reused (AUTOINCREMENT on SQLite too): a worker's engine caches loaded
+    adapters by that id. ``base`` is a model name, a row of ``models`` or a FREIGHT_MODELS
+    declaration (hence no foreign key)."""
+
+    __tablename__ = "adapters"
+    __table_args__ = {"sqlite_autoincrement": True}
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    base: Mapped[str] = mapped_column(String(200), index=True)
+    path: Mapped[str] = mapped_column(String(1024))  # a local directory holding adapter_config.json
+    rank: Mapped[int] = mapped_column(Integer)  # the largest LoRA rank of any module
+    target_modules: Mapped[list[str]] = mapped_column(JSON)
+    # the tenants that may use it; NULL: every tenant (another tenant's line naming it gets the
+    # error of an unknown model: it does not learn the adapter exists)
+    tenants: Mapped[list[str] | None] = mapped_column(JSON)
     created_at: Mapped[int] = mapped_column(BigInteger)
 
 

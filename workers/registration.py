@@ -26,9 +26,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import select
+
 from storage.checkpoint_cache import CheckpointError, local_checkpoint, publish
 from storage.errors import ServiceError
-from storage.models import Model
+from storage.models import Adapter, Model
 from storage.objectstore import s3_client
 from storage.registry import (
     EMBED,
@@ -151,6 +153,8 @@ def add(rt: Runtime, req: AddRequest, *, echo: Echo = print, progress: Progress 
     with rt.db.read() as s:
         if s.get(Model, req.name) is not None:
             raise ServiceError("conflict", f"model {req.name!r} is already registered: remove it first")
+        if s.scalar(select(Adapter.id).where(Adapter.name == req.name)) is not None:
+            raise ServiceError("conflict", f"{req.name!r} is the name of a LoRA adapter: remove it first")
     try:
         local = local_checkpoint(req.source, Path(rt.settings.model_cache_dir), _s3_factory(rt))
     except CheckpointError as exc:

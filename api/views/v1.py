@@ -6,9 +6,17 @@ from flask import Blueprint, Response, current_app, g, jsonify, request
 
 from api.auth import require_tenant
 from api.multipart import open_upload
-from api.serializers import batch_object, estimate_object, file_object, list_object, model_object
+from api.serializers import (
+    adapter_object,
+    batch_object,
+    estimate_object,
+    file_object,
+    list_object,
+    model_object,
+)
 from api.services import batches, estimates, files, models
 from api.services.paging import parse_limit
+from storage.adapters import AdapterEntry
 from storage.errors import ServiceError
 from storage.runtime import Runtime
 from workers import intake
@@ -124,10 +132,13 @@ def cancel_batch(batch_id: str) -> Response:
 @bp.get("/models")
 @require_tenant
 def list_models() -> Response:
-    return jsonify({"object": "list", "data": [model_object(e) for e in models.list_models(rt())]})
+    served = [model_object(e) for e in models.list_models(rt())]
+    loras = [adapter_object(a) for a in models.list_adapters(rt(), g.tenant_id)]
+    return jsonify({"object": "list", "data": served + loras})
 
 
 @bp.get("/models/<path:model>")
 @require_tenant
 def get_model(model: str) -> Response:
-    return jsonify(model_object(models.get(rt(), model)))
+    entry = models.get(rt(), model, g.tenant_id)
+    return jsonify(adapter_object(entry) if isinstance(entry, AdapterEntry) else model_object(entry))
