@@ -7,7 +7,7 @@ MODEL_DIR := models/demo
 EMBED_MODEL_DIR := models/embed
 BENCH_MODEL_DIR := models/bench
 
-.PHONY: run stop test lint install model embed-model bench-model bench bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-embeddings bench-estimates bench-validation bench-finalization int4-model clean quantize-env
+.PHONY: run stop test lint install model embed-model score-model bench-model bench bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-embeddings bench-estimates bench-validation bench-finalization int4-model clean quantize-env
 
 install:
 	@bash infra/install.sh
@@ -18,6 +18,10 @@ model: install
 # the demo embedding model (/v1/embeddings): a tiny LlamaModel with the demo model's tokenizer
 embed-model: install
 	@$(PY) infra/build_embed_model.py $(EMBED_MODEL_DIR)
+
+# the demo cross-encoder (/v1/score, /v1/rerank): a tiny LlamaForSequenceClassification, one label
+score-model: install
+	@$(PY) infra/build_score_model.py models/score
 
 # the benchmark model: the demo model's tokenizer and layout at 4x the per-token compute
 bench-model: install
@@ -41,7 +45,7 @@ quantize-env: install
 	@$(PY) -m workers.quantize_env .venv-quantize
 
 # two processes, grouped so that live stacks never overlap (tests/conftest.py, README "Tests")
-test: model embed-model lint quantize-env
+test: model embed-model score-model lint quantize-env
 	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m pytest -p no:cacheprovider -q -n 2 --dist loadgroup
 
 # the scheduler benchmark (bench/README.md): writes bench/results/scheduler.json; BENCH_ARGS=--quick for a smoke run

@@ -23,9 +23,10 @@ from storage.settings import Settings
 # what `freight models add --quantization` accepts, and what a served checkpoint can be
 REQUESTED = ("auto", "none", "w4a16", "awq", "gptq")
 SERVED = ("none", "w4a16", "awq", "gptq", "other")
-# what a model serves: text generation (chat, completions) or embeddings (vLLM's pooling runner)
-GENERATE, EMBED = "generate", "embed"
-TASKS = (GENERATE, EMBED)
+# what a model serves: text generation (chat, completions), embeddings (vLLM's pooling runner; they
+# score too, by cosine), or scores of query-document pairs (a cross-encoder: /v1/score, /v1/rerank)
+GENERATE, EMBED, SCORE = "generate", "embed", "score"
+TASKS = (GENERATE, EMBED, SCORE)
 
 
 class RegistryError(Exception):
@@ -93,9 +94,17 @@ def local_quantization(path: str) -> str:
 def task_of(config: dict[str, Any]) -> str:
     """What a checkpoint's config.json says it is for: a bare encoder (``LlamaModel``,
     ``BertModel``, ``XLMRobertaModel``: an architecture without a task head) or one built for
-    embeddings (``...ForEmbedding``) is an embedding model; every other (``...ForCausalLM``...)
-    generates."""
+    embeddings (``...ForEmbedding``) is an embedding model; a sequence classifier with one label
+    (``BertForSequenceClassification``, ``LlamaForSequenceClassification``...: what vLLM runs as a
+    cross-encoder) scores; every other (``...ForCausalLM``...) generates."""
     architectures = config.get("architectures") or []
+    labels = config.get("num_labels") or len(config.get("id2label") or {}) or None
+    if (
+        architectures
+        and labels == 1
+        and all(isinstance(a, str) and a.endswith("ForSequenceClassification") for a in architectures)
+    ):
+        return SCORE
     if architectures and all(
         isinstance(a, str) and ("For" not in a or a.endswith("ForEmbedding")) for a in architectures
     ):
@@ -193,6 +202,11 @@ def reasoning_models(db: Database) -> frozenset[str]:
 def embedding_names(db: Database, settings: Settings) -> frozenset[str]:
     """The served models whose task is embeddings (they serve /v1/embeddings and nothing else)."""
     return frozenset(e.name for e in entries(db, settings) if e.task == EMBED)
+
+
+def score_names(db: Database, settings: Settings) -> frozenset[str]:
+    """The served cross-encoders (they serve /v1/score and /v1/rerank and nothing else)."""
+    return frozenset(e.name for e in entries(db, settings) if e.task == SCORE)
 
 
 def served_names(db: Database, settings: Settings) -> frozenset[str]:

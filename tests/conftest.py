@@ -32,6 +32,7 @@ from storage.settings import Settings
 REPO = Path(__file__).resolve().parent.parent
 DEMO_MODEL = REPO / "models" / "demo"
 EMBED_MODEL = REPO / "models" / "embed"
+SCORE_MODEL = REPO / "models" / "score"
 ARTIFACTS = REPO / "test-artifacts"
 
 
@@ -209,6 +210,17 @@ def embed_model() -> Path:
 
         build(EMBED_MODEL)
     return EMBED_MODEL
+
+
+@pytest.fixture(scope="session")
+def score_model() -> Path:
+    """The small random cross-encoder (a LlamaForSequenceClassification with one label and the
+    demo tokenizer), built locally once: about 5 s."""
+    if not (SCORE_MODEL / "config.json").exists():
+        from infra.build_score_model import build
+
+        build(SCORE_MODEL)
+    return SCORE_MODEL
 
 
 @pytest.fixture(scope="session")

@@ -36,8 +36,9 @@ from scheduler.engine_window import engine_window
 from workers.embeddings import EmbeddingFailed, PooledLine, submit_embeddings
 from workers.engine_lifetime import PARENT_ENV, START_ERROR_ENV
 from workers.rendering import RenderedRequest, build_response_body, render_request, token_counts
-from workers.request_bodies import EMBEDDINGS, ParsedRequest, RequestError, parse_body
+from workers.request_bodies import EMBEDDINGS, ParsedRequest, RequestError, parse_body, serves
 from workers.request_shapes import ParsedShapes
+from workers.scoring import SCORING_ENDPOINTS, ScoredLine, ScoringFailed, cross_encoder, submit_scoring
 from workers.tool_calls import ModelParsers
 
 if TYPE_CHECKING:
@@ -82,7 +83,9 @@ class EngineConfig:
     stats: bool = False
     core: str = "auto"  # where vLLM's engine core runs: FREIGHT_ENGINE_CORE (see `core_inline`)
     tool_call_parser: str | None = None  # the registry's: serves tool_choice "auto" (workers/tool_calls.py)
-    task: str = "generate"  # "embed": vLLM's pooling runner, /v1/embeddings requests only
+    # "embed": vLLM's pooling runner, /v1/embeddings (and scores by cosine); "score": a cross-encoder
+    # on the pooling runner, /v1/score and /v1/rerank only (storage/registry.py: TASKS)
+    task: str = "generate"
 
 
 # Structured outputs (response_format's schemas, forced tool calls) write JSON without optional
@@ -124,7 +127,7 @@ def engine_arguments(config: EngineConfig, stored: str | None, quantized: bool) 
         "disable_log_stats": not config.stats,  # off unless its metrics are served: see _count_step_outputs
         "dtype": serving_dtype(config.dtype, stored, quantized, native_half=native_half_precision()),
     }
-    if config.task == "embed":  # vLLM's pooling runner; a *ForCausalLM checkpoint is converted
+    if config.task in ("embed", "score"):  # vLLM's pooling runner; a *ForCausalLM checkpoint is converted
         base["runner"] = "pooling"
     else:
         base["structured_outputs_config"] = dict(STRUCTURED_OUTPUTS)
@@ -353,7 +356,9 @@ def _error(key: str, status: int, code: str, message: str, param: str | None = N
 @dataclass
 class _InFlight:
     key: str
-    rendered: RenderedRequest | PooledLine  # PooledLine: an embeddings line (workers/embeddings.py)
+    # PooledLine: an embeddings line (workers/embeddings.py); ScoredLine: a score or rerank line
+    # (workers/scoring.py); each is several vLLM requests
+    rendered: RenderedRequest | PooledLine | ScoredLine
     seqs: int
     # vLLM's ids of the request: one, or one per input of an embeddings request
     request_ids: list[str] = field(default_factory=list)
@@ -442,6 +447,7 @@ class Engine:
         self._running = False
         self._parsers: ModelParsers | None = None  # the model's tool-call and reasoning parsers, if any
         self._shapes = ParsedShapes()  # lines of a shape seen before are not parsed again
+        self._cross_encoder: Any = None  # vLLM's pair renderer of a "score" model, made at its first line
         self.inline = False  # vLLM's engine core runs inside this process (`core_inline`; see start)
         # the running engine's own configuration (vLLM's VllmConfig): what it was started with, the
         # model's engine arguments applied
@@ -592,7 +598,7 @@ class Engine:
             return submitted
         entry = submitted
         rendered = entry.rendered
-        if isinstance(rendered, PooledLine):  # tokens per sequence: one per input
+        if isinstance(rendered, (PooledLine, ScoredLine)):  # tokens per sequence: one per input
             prompt = rendered.prompt_tokens // max(1, entry.seqs)
         else:
             prompt = len(rendered.prompt_token_ids)
@@ -615,8 +621,8 @@ class Engine:
             entry = self._live.pop(output.request_id, None)
             if entry is None:
                 continue  # aborted meanwhile
-            if isinstance(entry.rendered, PooledLine) and not entry.rendered.collect(output):
-                continue  # an embeddings line ends with its last input
+            if isinstance(entry.rendered, (PooledLine, ScoredLine)) and not entry.rendered.collect(output):
+                continue  # an embeddings or scoring line ends with its last sequence
             self._forget(entry)
             result = _finish(entry, output, self.config.served_name, self.tokenizer, self._parsers)
             self._counters.count(result)
@@ -710,8 +716,10 @@ class Engine:
 
     def _submit(self, request: EngineRequest) -> _InFlight | EngineResult:
         key = request.key
-        if (request.endpoint == EMBEDDINGS) != (self.config.task == "embed"):
-            what = "an embedding model" if self.config.task == "embed" else "a text-generation model"
+        if not serves(self.config.task, request.endpoint):
+            what = {"embed": "an embedding model", "score": "a cross-encoder"}.get(
+                self.config.task, "a text-generation model"
+            )
             return _error(
                 key,
                 400,
@@ -735,6 +743,8 @@ class Engine:
                     self._abort_in_engine,
                 )
                 return _InFlight(key, pooled, len(pooled.request_ids), pooled.request_ids)
+            if request.endpoint in SCORING_ENDPOINTS:  # one pooling request per pair (or text)
+                return self._submit_scoring(request)
             rendered = self.render(request)
             request_id = f"freight-{self._next_id}"
             self._next_id += 1
@@ -756,6 +766,19 @@ class Engine:
                 key, 500, "internal_error", f"The engine could not accept the request: {exc}"[:1000]
             )
         return _InFlight(key, rendered, rendered.parsed.n, [request_id])
+
+    def _submit_scoring(self, request: EngineRequest) -> _InFlight:
+        """A score or rerank line into the engine: pairs on a cross-encoder, texts on an embedding
+        model (workers/scoring.py); raises RequestError for the line's fault."""
+        parsed = request.parsed or parse_body(request.endpoint, request.body, validated=request.validated)
+        if self.config.task == "score" and self._cross_encoder is None:
+            self._cross_encoder = cross_encoder(self._llm)
+        prefix = f"freight-{self._next_id}"
+        self._next_id += 1
+        scored = submit_scoring(
+            self._llm, parsed.request, prefix, request.cache_salt, self._abort_in_engine, self._cross_encoder
+        )
+        return _InFlight(request.key, scored, len(scored.request_ids), scored.request_ids)
 
     def _abort_in_engine(self, request_ids: list[str]) -> None:
         try:
@@ -784,10 +807,11 @@ class Engine:
                 log.debug("renderer shutdown failed", exc_info=True)
 
 
-def _finish_embeddings(key: str, line: PooledLine, served_name: str) -> EngineResult:
+def _finish_embeddings(key: str, line: PooledLine | ScoredLine, served_name: str) -> EngineResult:
+    """An embeddings or scoring line's result: prompt tokens only, as a pooling line writes none."""
     try:
         body, cached = line.response(served_name)
-    except EmbeddingFailed as exc:
+    except (EmbeddingFailed, ScoringFailed) as exc:
         return _error(key, 500, "internal_error", str(exc))
     except Exception as exc:
         log.exception("response for %r could not be built", key)
@@ -799,7 +823,7 @@ def _finish(
     entry: _InFlight, output: Any, served_name: str, tokenizer: Any, parsers: ModelParsers | None
 ) -> EngineResult:
     """The result of a request the engine finished: its response body in OpenAI's shape."""
-    if isinstance(entry.rendered, PooledLine):
+    if isinstance(entry.rendered, (PooledLine, ScoredLine)):
         return _finish_embeddings(entry.key, entry.rendered, served_name)
     failed = [c for c in output.outputs if c.finish_reason == "error"]
     if failed or not output.outputs:

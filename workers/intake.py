@@ -33,12 +33,18 @@ from storage.errors import ServiceError
 from storage.models import Batch, DropObject, StoredFile, new_id
 from storage.objectstore import CHUNK, ObjectStoreError
 from storage.quotas import bytes_left, check_new_batch, check_stored, exceeded, quota_of, stored_bytes
-from storage.registry import EMBED, GENERATE, entries, lookup
+from storage.registry import EMBED, GENERATE, TASKS, entries, lookup
 from storage.retention import expiry, live
 from storage.runtime import Runtime
 from storage.settings import Settings
 from storage.status import BatchStatus
-from workers.request_bodies import EMBEDDINGS, ENDPOINTS, endpoint_mismatch
+from workers.request_bodies import (
+    EMBEDDINGS,
+    ENDPOINTS,
+    UNSUPPORTED_ENDPOINTS,
+    endpoint_mismatch,
+    serves,
+)
 
 PURPOSES = ("batch",)
 MAX_FILENAME = 255
@@ -136,13 +142,7 @@ def check_request(rt: Runtime, payload: Any) -> BatchRequest:
         raise ServiceError(
             "not_found", f"No such File object: {input_file_id[:100]!r}", param="input_file_id"
         )
-    if endpoint not in ENDPOINTS:
-        raise ServiceError(
-            "invalid_request",
-            f"endpoint must be one of {', '.join(ENDPOINTS)}",
-            param="endpoint",
-            code="invalid_endpoint",
-        )
+    endpoint = check_endpoint(endpoint)
     unserved = endpoint_unserved(rt, endpoint)
     if unserved is not None:
         raise ServiceError("invalid_request", unserved, param="endpoint", code="endpoint_not_served")
@@ -162,29 +162,56 @@ def check_request(rt: Runtime, payload: Any) -> BatchRequest:
     return BatchRequest(input_file_id, endpoint, window, tier, metadata, priority, output_expires_after)
 
 
+def check_endpoint(endpoint: Any) -> str:
+    """``endpoint`` if Freight runs it; else refused: one vLLM's run-batch takes but Freight does
+    not yet (audio: ``UNSUPPORTED_ENDPOINTS``, with the reason), or any other."""
+    if isinstance(endpoint, str) and endpoint in UNSUPPORTED_ENDPOINTS:
+        raise ServiceError(
+            "invalid_request",
+            f"endpoint {endpoint} is not supported yet: {UNSUPPORTED_ENDPOINTS[endpoint]}; "
+            f"endpoint must be one of {', '.join(ENDPOINTS)}",
+            param="endpoint",
+            code="unsupported_endpoint",
+        )
+    if endpoint not in ENDPOINTS:
+        raise ServiceError(
+            "invalid_request",
+            f"endpoint must be one of {', '.join(ENDPOINTS)}",
+            param="endpoint",
+            code="invalid_endpoint",
+        )
+    return str(endpoint)
+
+
 def endpoint_unserved(rt: Runtime, endpoint: str) -> str | None:
     """Why no model of the deployment can serve ``endpoint``, or None if one can.
 
     Which model a line names is known only once the file is read; what can be known at create is
-    whether any model serves the endpoint at all: an embedding model serves /v1/embeddings only, a
-    text-generation model every other endpoint (``storage.registry``: a model's task). A batch no
-    model could run is refused here, before its file is read; a line naming a model of the other
+    whether any model serves the endpoint at all: an embedding model serves /v1/embeddings (and
+    scores), a cross-encoder /v1/score and /v1/rerank, a text-generation model every other endpoint
+    (``storage.registry``: a model's task; ``workers.request_bodies.TASK_ENDPOINTS``). A batch no
+    model could run is refused here, before its file is read; a line naming a model of another
     task is that line's error at validation (``workers.request_bodies.endpoint_mismatch``)."""
-    task = EMBED if endpoint == EMBEDDINGS else GENERATE
     models = entries(rt.db, rt.settings)
-    if any(entry.task == task for entry in models):
+    if any(serves(entry.task, endpoint) for entry in models):
         return None
     if not models:
         return f"no model of this deployment serves {endpoint}: none is registered (`freight models add`)"
     names = ", ".join(entry.name for entry in models[:20])
+    task = next(t for t in TASKS if serves(t, endpoint))
+    if task != GENERATE and endpoint != EMBEDDINGS:
+        return (
+            f"no model of this deployment serves {endpoint}: none of its models ({names}) is a"
+            " cross-encoder or an embedding model (`freight models add NAME --path DIR --task score`)"
+        )
     if task == EMBED:
         return (
             f"no model of this deployment serves {endpoint}: its models ({names}) generate text;"
             " an embedding model serves it (`freight models add NAME --path DIR --task embed`)"
         )
     return (
-        f"no model of this deployment serves {endpoint}: its models ({names}) are embedding models,"
-        f" which serve {EMBEDDINGS} only"
+        f"no model of this deployment serves {endpoint}: its models ({names}) are embedding models"
+        " or cross-encoders, which generate no text"
     )
 
 
@@ -192,9 +219,9 @@ def model_unfit(rt: Runtime, model: str, endpoint: str) -> str | None:
     """Why the served ``model`` cannot serve ``endpoint`` (its task is the other one), or None: a
     drop folder's or the console's chosen model is known before any line is read."""
     entry = lookup(rt.db, rt.settings, model)
-    if entry is None or (endpoint == EMBEDDINGS) == (entry.task == EMBED):
+    if entry is None or serves(entry.task, endpoint):
         return None
-    return endpoint_mismatch(model, endpoint)
+    return endpoint_mismatch(model, endpoint, entry.task)
 
 
 def input_file(s: Session, tenant_id: str, file_id: str, now: float) -> StoredFile:

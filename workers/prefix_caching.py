@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from storage.checkpoint_cache import CheckpointError
-from storage.registry import EMBED, lookup
+from storage.registry import EMBED, SCORE, lookup
 from storage.runtime import Runtime
 from workers.checkpoint import checkpoint_dir
 
@@ -44,7 +44,7 @@ def _supported(path: str, task: str, fields_json: str) -> bool:
     """vLLM's answer, remembered: a failure too (logged once per checkpoint and arguments)."""
     from vllm.config import ModelConfig
 
-    runner = "pooling" if task == EMBED else "generate"
+    runner = "pooling" if task in (EMBED, SCORE) else "generate"
     try:
         config = ModelConfig(model=path, runner=runner, **json.loads(fields_json))
         return bool(config.is_prefix_caching_supported)

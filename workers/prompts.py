@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.ordering import KEY_TOKEN_BYTES, prompt_key
-from workers.request_bodies import CHAT, COMPLETIONS, EMBEDDINGS
+from workers.request_bodies import CHAT, COMPLETIONS, EMBEDDINGS, RERANK, SCORE
 
 _NO_LIMIT = 1 << 62
 _MAX_CACHED_PIECE = 64 * 1024  # characters: longer pieces are tokenized every time
@@ -44,6 +44,15 @@ def _text_content(content: Any) -> str | None:
             for part in content
             if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
         )
+    return None
+
+
+def _score_query(body: dict) -> Any:
+    """A score body's first query, whichever pair of fields holds it (``workers.scoring``)."""
+    for name in ("queries", "data_1", "text_1"):
+        value = body.get(name)
+        if value is not None:
+            return value[0] if isinstance(value, list) and value else value
     return None
 
 
@@ -163,6 +172,10 @@ class PromptKeyer:
                 return prompt, True
             if isinstance(prompt, list) and all(type(t) is int for t in prompt):
                 return prompt
+        if endpoint in (SCORE, RERANK):  # by the (first) query: a query's pairs run together
+            query = _score_query(body) if endpoint == SCORE else body.get("query")
+            if isinstance(query, str):
+                return query, True
         return None
 
     def _chat(self, messages: list) -> list[int] | tuple[str, bool]:

@@ -30,23 +30,51 @@ from workers import tool_calls
 from workers.embeddings import EMBEDDINGS, parse_embedding_body
 from workers.request_errors import RequestError, clip_message
 from workers.responses import RESPONSES, to_chat
+from workers.scoring import RERANK, SCORE, SCORING_ENDPOINTS, scoring_body, scoring_request_class
 
 if TYPE_CHECKING:  # vLLM is imported lazily: importing it costs seconds.
     from vllm.sampling_params import SamplingParams
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
-ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES)
+ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, SCORE, RERANK)
+# what a model of each registry task serves (storage.registry: a model's task): an embedding model
+# also scores, by the cosine of its vectors, as vLLM's bi-encoder scoring does
+TASK_ENDPOINTS = {
+    "generate": (CHAT, COMPLETIONS, RESPONSES),
+    "embed": (EMBEDDINGS, SCORE, RERANK),
+    "score": (SCORE, RERANK),
+}
+# endpoints vLLM's run-batch takes that Freight refuses at batch creation, and why
+UNSUPPORTED_ENDPOINTS = {
+    "/v1/audio/transcriptions": "audio transcription batches are not supported yet",
+    "/v1/audio/translations": "audio translation batches are not supported yet",
+}
 
 
-def endpoint_mismatch(model: str, endpoint: str) -> str:
-    """Why ``model`` cannot serve ``endpoint``: an embedding model writes no text, a text model
-    makes no embeddings (a model's task is in its registry entry: ``freight models list``)."""
-    if endpoint == EMBEDDINGS:
-        return (
-            f"model {model[:200]!r} generates text; it does not serve {EMBEDDINGS} (use an embedding model)"
-        )
-    return f"model {model[:200]!r} is an embedding model; it serves {EMBEDDINGS} only, not {endpoint}"
+def serves(task: str, endpoint: str) -> bool:
+    """Whether a model of registry task ``task`` serves ``endpoint``."""
+    return endpoint in TASK_ENDPOINTS.get(task, ())
+
+
+def endpoint_mismatch(model: str, endpoint: str, task: str | None = None) -> str:
+    """Why ``model`` (of registry task ``task``; None: an embedding model for any endpoint but
+    /v1/embeddings, a text model for that) cannot serve ``endpoint``: an embedding model writes no
+    text, a text model makes no embeddings and scores nothing, a cross-encoder only scores (a
+    model's task is in its registry entry: ``freight models list``)."""
+    if task is None:
+        task = "generate" if endpoint == EMBEDDINGS else "embed"
+    name = f"model {model[:200]!r}"
+    if task == "generate":
+        if endpoint in SCORING_ENDPOINTS:
+            return (
+                f"{name} generates text; it does not serve {endpoint} "
+                "(use a cross-encoder or an embedding model)"
+            )
+        return f"{name} generates text; it does not serve {EMBEDDINGS} (use an embedding model)"
+    if task == "score":
+        return f"{name} is a cross-encoder (a scoring model); it serves {SCORE} and {RERANK} only, not {endpoint}"
+    return f"{name} is an embedding model; it serves {EMBEDDINGS}, {SCORE} and {RERANK} only, not {endpoint}"
 
 
 MAX_N = 128  # OpenAI's own limit on choices per request; n fans out into n sequences.
@@ -139,6 +167,11 @@ def _parse_body(endpoint: str, body: Any, validated: bool = False, auto_tools: b
     if endpoint == EMBEDDINGS:  # served by embedding models only (workers/embeddings.py)
         model, embedding = parse_embedding_body(data)
         return ParsedRequest(endpoint=endpoint, model=model, request=embedding, max_tokens=0)
+    if endpoint in SCORING_ENDPOINTS:  # cross-encoders and embedding models (workers/scoring.py)
+        model_cls, model = scoring_request_class(endpoint, data)
+        _refuse_unknown_fields(data, model_cls)
+        scoring = scoring_body(endpoint, _validate(model_cls, data))
+        return ParsedRequest(endpoint=endpoint, model=model, request=scoring, max_tokens=0)
     model = _check_generation_fields(data)
     model_cls = _chat_request_class(data, auto_tools) if endpoint == CHAT else _completion_request_class(data)
     _refuse_unknown_fields(data, model_cls)

@@ -41,7 +41,16 @@ from storage.leases import VALIDATION_CHUNK_LEASE, VALIDATION_LEASE, LeaseKeeper
 from storage.lifecycle import finish_batch
 from storage.models import Batch, StoredFile, Tenant, ValidationChunk, WorkUnit
 from storage.quotas import queued_refusal
-from storage.registry import auto_tool_models, embedding_names, reasoning_models, served_names
+from storage.registry import (
+    EMBED,
+    GENERATE,
+    SCORE,
+    auto_tool_models,
+    embedding_names,
+    reasoning_models,
+    score_names,
+    served_names,
+)
 from storage.request_tables import RowError, column_of, decode_limits, metadata_defaults
 from storage.runtime import Runtime
 from storage.settings import Settings
@@ -54,7 +63,7 @@ from workers.planning import plan_batch
 from workers.prefix_caching import prediction_block_size
 from workers.prompt_tokens import PromptRenderer, RenderedPrompt, TokenizerUnavailable, renderer_for
 from workers.render_blocks import CheckedLine, PromptFn, PromptsFn, RenderBlock
-from workers.request_bodies import EMBEDDINGS, RequestError, endpoint_mismatch
+from workers.request_bodies import RequestError, endpoint_mismatch, serves
 from workers.request_shapes import RequestShapes
 
 log = logging.getLogger(__name__)
@@ -114,6 +123,8 @@ class FileRules:
     reasoning_models: frozenset[str] = frozenset()  # they read reasoning back (Responses `reasoning`)
     # the served models whose task is embeddings: they serve /v1/embeddings, and only that
     embed_models: frozenset[str] = frozenset()
+    # the served cross-encoders: they serve /v1/score and /v1/rerank, and only those
+    score_models: frozenset[str] = frozenset()
     # the file's accepted request shapes: vLLM's request model runs once per shape, not per line
     shapes: RequestShapes = field(default_factory=RequestShapes, compare=False)
 
@@ -144,8 +155,11 @@ def check_fields(raw: bytes, line_no: int, rules: FileRules) -> CheckedLine | Li
         return LineError(
             line_no, "model_not_found", f"model {str(model)[:200]!r} is not served here", "body.model"
         )
-    if (rules.endpoint == EMBEDDINGS) != (model in rules.embed_models):
-        return LineError(line_no, "invalid_model", endpoint_mismatch(model, rules.endpoint), "body.model")
+    task = EMBED if model in rules.embed_models else SCORE if model in rules.score_models else GENERATE
+    if not serves(task, rules.endpoint):
+        return LineError(
+            line_no, "invalid_model", endpoint_mismatch(model, rules.endpoint, task), "body.model"
+        )
     max_tokens = _body_max_tokens(body, model, line_no, rules)
     if isinstance(max_tokens, LineError):
         return max_tokens
@@ -670,6 +684,7 @@ def file_rules(rt: Runtime, endpoint: str) -> FileRules:
         endpoint=endpoint,
         served_models=served_names(rt.db, settings),
         embed_models=embedding_names(rt.db, settings),
+        score_models=score_names(rt.db, settings),
         max_requests=settings.max_requests_per_file,
         max_line_bytes=settings.max_line_bytes,
         render=renders.one,

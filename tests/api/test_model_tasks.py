@@ -13,7 +13,7 @@ import pytest
 from api.app import create_app
 from api.services.tenants import create_tenant
 from storage.errors import ServiceError
-from storage.registry import EMBED, GENERATE, embedding_names, lookup, task_of
+from storage.registry import EMBED, GENERATE, SCORE, embedding_names, lookup, score_names, task_of
 from storage.runtime import Runtime
 from tests.conftest import DEMO_MODEL, now
 from tests.factories import chat_line, embedding_line, http_create, http_upload
@@ -40,6 +40,67 @@ def _quiet(_: str) -> None:
 )
 def test_the_task_a_checkpoint_config_declares(architectures, task) -> None:
     assert task_of({"architectures": architectures}) == task
+
+
+def test_a_sequence_classifier_with_one_label_is_a_cross_encoder() -> None:
+    """What vLLM runs as a cross-encoder (its "classify" task with one logit) scores; a classifier
+    of several labels is not a scorer."""
+    for arch in ("BertForSequenceClassification", "LlamaForSequenceClassification"):
+        assert task_of({"architectures": [arch], "num_labels": 1}) == SCORE
+        assert task_of({"architectures": [arch], "id2label": {"0": "LABEL_0"}}) == SCORE
+        assert task_of({"architectures": [arch], "id2label": {"0": "no", "1": "yes"}}) == GENERATE
+    assert task_of({"architectures": ["LlamaForCausalLM"], "num_labels": 1}) == GENERATE
+
+
+def test_a_cross_encoder_is_registered_unquantized_and_scores(
+    runtime, score_model: Path, embed_model: Path
+) -> None:
+    """The demo cross-encoder's task is found from its architecture; /v1/score and /v1/rerank are
+    served by it or by an embedding model, and refused at create while neither is registered."""
+    _, key = create_tenant(runtime.db, "alpha", now())
+    headers = {"Authorization": f"Bearer {key}"}
+    client = create_app(runtime=runtime).test_client()
+    line = {"custom_id": "s1", "method": "POST", "url": "/v1/rerank",
+            "body": {"model": "rank", "query": "q", "documents": ["a", "b"]}}  # fmt: skip
+    rerank_file = http_upload(client, headers, [line]).get_json()["id"]
+    for endpoint in ("/v1/score", "/v1/rerank"):
+        message = _refused_endpoint(http_create(client, headers, rerank_file, endpoint=endpoint), endpoint)
+        assert "cross-encoder or an embedding model" in message and "--task score" in message
+    rank = registration.add(runtime, AddRequest("rank", str(score_model)), echo=_quiet)
+    assert (rank.task, rank.quantization, rank.requested_quantization) == (SCORE, "none", "none")
+    assert score_names(runtime.db, runtime.settings) == {"rank"}
+    made = http_create(client, headers, rerank_file, endpoint="/v1/rerank")
+    assert made.status_code == 200 and made.get_json()["status"] == "validating", made.get_json()
+    listed = client.get("/v1/models", headers=headers).get_json()
+    assert {m["id"]: m["x_freight"]["task"] for m in listed["data"]} == {"demo": "generate", "rank": "score"}
+
+    # without the cross-encoder, an embedding model serves them (by the cosine of its vectors)
+    from api.services.models import remove
+
+    remove(runtime, "rank")
+    assert _refused_endpoint(http_create(client, headers, rerank_file, endpoint="/v1/score"), "/v1/score")
+    registration.add(runtime, AddRequest("emb", str(embed_model)), echo=_quiet)
+    assert http_create(client, headers, rerank_file, endpoint="/v1/score").status_code == 200
+
+
+@pytest.mark.parametrize("endpoint", ["/v1/audio/transcriptions", "/v1/audio/translations"])
+def test_audio_batches_are_refused_at_create_with_the_reason(runtime, endpoint: str) -> None:
+    """vLLM's run-batch takes them; Freight does not run them yet, and says so."""
+    _, key = create_tenant(runtime.db, "alpha", now())
+    headers = {"Authorization": f"Bearer {key}"}
+    client = create_app(runtime=runtime).test_client()
+    file_id = http_upload(client, headers, [chat_line("c1")]).get_json()["id"]
+    for dry_run in (False, True):
+        response = http_create(client, headers, file_id, endpoint=endpoint, dry_run=dry_run)
+        assert response.status_code == 400, response.get_data(as_text=True)
+        error = response.get_json()["error"]
+        assert (error["param"], error["code"], error["type"]) == (
+            "endpoint", "unsupported_endpoint", "invalid_request_error"
+        ), error  # fmt: skip
+        assert f"endpoint {endpoint} is not supported yet" in error["message"], error
+    documented = client.get("/openapi.json").get_json()["paths"]["/v1/batches"]["post"]["responses"]
+    assert "`unsupported_endpoint`" in documented["400"]["description"]
+    assert client.get("/v1/batches", headers=headers).get_json()["data"] == []
 
 
 def test_tasks_are_found_given_stored_and_served(runtime, embed_model: Path) -> None:

@@ -39,7 +39,10 @@ def test_a_line_for_a_model_of_the_other_task_is_refused_naming_both() -> None:
     assert "'demo' generates text; it does not serve /v1/embeddings" in to_chat_model.message
     to_embed_model = check_line(raw(chat_line("c", model="embed")), 4, CHAT_RULES)
     assert isinstance(to_embed_model, LineError) and to_embed_model.code == "invalid_model"
-    assert "'embed' is an embedding model; it serves /v1/embeddings only" in to_embed_model.message
+    assert (
+        "'embed' is an embedding model; it serves /v1/embeddings, /v1/score and /v1/rerank only"
+        in to_embed_model.message
+    )
 
 
 @pytest.mark.parametrize(

@@ -115,7 +115,8 @@ def test_lines_at_validation_carry_their_line_numbers_and_responses_params() -> 
     to_embed = check_line(raw(responses_line("e", "hi", model="embed")), 7, RULES)
     assert isinstance(to_embed, LineError) and to_embed.code == "invalid_model"
     assert (
-        "'embed' is an embedding model; it serves /v1/embeddings only, not /v1/responses" in to_embed.message
+        "'embed' is an embedding model; it serves /v1/embeddings, /v1/score and /v1/rerank only, not /v1/responses"
+        in to_embed.message
     )
     chat_in_file = check_line(raw(chat_line("f")), 8, RULES)
     assert isinstance(chat_in_file, LineError) and chat_in_file.code == "mismatched_url"
