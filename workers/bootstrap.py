@@ -139,6 +139,7 @@ def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
     after a restart (workers/identity.py)."""
     from celery import signals
 
+    from storage.adapters import adapters
     from storage.broker import model_queue
     from storage.checkpoint_cache import CheckpointError, local_checkpoint
     from storage.objectstore import s3_client
@@ -149,6 +150,7 @@ def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
     from workers.engine_metrics import EngineMetricsUnavailable, serve_engine_metrics
     from workers.execution import PackRunner
     from workers.identity import node_name
+    from workers.lora import LoraAdapters, lora_engine_args
 
     worker = node_name(name, model)
     configure_settings(settings, worker=worker)  # every line of this process names the worker
@@ -168,6 +170,9 @@ def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
             serve_engine_metrics(settings.engine_metrics_bind, stats_registry(), worker)
         except EngineMetricsUnavailable as exc:
             raise BootstrapError(str(exc)) from exc
+    # the base's LoRA adapters turn LoRA on, its own engine args over their limits (workers/lora.py)
+    db = app.runtime.db
+    args = {**lora_engine_args(adapters(db, model)), **entry.engine_args}
     # load once, before consuming: every task this process runs finds the engine warm
     try:
         with vllm_logs_through_freight(settings, worker):
@@ -177,13 +182,14 @@ def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
                     model,
                     str(local),
                     entry.max_model_len,
-                    entry.engine_args,
+                    args,
                     entry.tool_call_parser,
                     task=entry.task,
                 )
             )
     except (EngineUnsupported, EngineStartFailed) as exc:  # the queue keeps the model's work
         raise BootstrapError(str(exc)) from exc
+    engine.loras = LoraAdapters(model, lambda: adapters(db, model), args)
     runner = PackRunner(
         app.runtime, engine, model, worker, price_per_hour=entry.price_per_hour(settings)
     ).start()

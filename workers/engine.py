@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from scheduler.engine_window import engine_window
 from workers.embeddings import EmbeddingFailed, PooledLine, submit_embeddings
 from workers.engine_lifetime import PARENT_ENV, START_ERROR_ENV
+from workers.lora import LoraAdapters
 from workers.rendering import RenderedRequest, build_response_body, render_request, token_counts
 from workers.request_bodies import EMBEDDINGS, ParsedRequest, RequestError, parse_body, serves
 from workers.request_shapes import ParsedShapes
@@ -161,6 +162,7 @@ class EngineResult:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    adapter: str | None = None  # the LoRA adapter that served it (workers/lora.py); None: the base
 
     @property
     def ok(self) -> bool:
@@ -362,6 +364,7 @@ class _InFlight:
     seqs: int
     # vLLM's ids of the request: one, or one per input of an embeddings request
     request_ids: list[str] = field(default_factory=list)
+    model: str | None = None  # the LoRA adapter that serves it (its response's model); None: the base
 
 
 @dataclass
@@ -447,6 +450,9 @@ class Engine:
         self._running = False
         self._parsers: ModelParsers | None = None  # the model's tool-call and reasoning parsers, if any
         self._shapes = ParsedShapes()  # lines of a shape seen before are not parsed again
+        # the base's LoRA adapters, each line's LoRARequest (workers/lora.py); None: a line's model
+        # is not read (the worker's start sets it when the registry is at hand)
+        self.loras: LoraAdapters | None = None
         self._cross_encoder: Any = None  # vLLM's pair renderer of a "score" model, made at its first line
         self.inline = False  # vLLM's engine core runs inside this process (`core_inline`; see start)
         # the running engine's own configuration (vLLM's VllmConfig): what it was started with, the
@@ -624,7 +630,9 @@ class Engine:
             if isinstance(entry.rendered, (PooledLine, ScoredLine)) and not entry.rendered.collect(output):
                 continue  # an embeddings or scoring line ends with its last sequence
             self._forget(entry)
-            result = _finish(entry, output, self.config.served_name, self.tokenizer, self._parsers)
+            result = _finish(
+                entry, output, entry.model or self.config.served_name, self.tokenizer, self._parsers
+            )
             self._counters.count(result)
             results.append(result)
         # the requests still running, and whether vLLM left some waiting with sequence slots free:
@@ -745,13 +753,14 @@ class Engine:
                 return _InFlight(key, pooled, len(pooled.request_ids), pooled.request_ids)
             if request.endpoint in SCORING_ENDPOINTS:  # one pooling request per pair (or text)
                 return self._submit_scoring(request)
+            lora = None if self.loras is None else self.loras.request_for(request.body.get("model"))
             rendered = self.render(request)
             request_id = f"freight-{self._next_id}"
             self._next_id += 1
             engine_input = rendered.engine_input
             if request.cache_salt:
                 engine_input = {**engine_input, "cache_salt": request.cache_salt}
-            self._llm.add_request(request_id, engine_input, rendered.sampling_params)
+            self._llm.add_request(request_id, engine_input, rendered.sampling_params, lora_request=lora)
         except RequestError as exc:
             return _error(key, exc.status_code, exc.code, exc.message, exc.param)
         except Exception as exc:
@@ -765,7 +774,7 @@ class Engine:
             return _error(
                 key, 500, "internal_error", f"The engine could not accept the request: {exc}"[:1000]
             )
-        return _InFlight(key, rendered, rendered.parsed.n, [request_id])
+        return _InFlight(key, rendered, rendered.parsed.n, [request_id], lora and lora.lora_name)
 
     def _submit_scoring(self, request: EngineRequest) -> _InFlight:
         """A score or rerank line into the engine: pairs on a cross-encoder, texts on an embedding
@@ -847,6 +856,7 @@ def _finish(
         prompt_tokens=prompt,
         cached_tokens=cached,
         completion_tokens=completion,
+        adapter=entry.model,
     )
 
 

@@ -152,7 +152,7 @@ def estimate_file(
         return _ROW.pack(item.prompt_len, budget, exact)
 
     with sorted_input(
-        settings, rt.store, input_key, file_rules(rt, endpoint), defaults, payload
+        settings, rt.store, input_key, file_rules(rt, endpoint, tenant_id), defaults, payload
     ) as sorted_file:
         scanned = sorted_file.summary
         if scanned.error_count or sorted_file.empty:

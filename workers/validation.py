@@ -25,7 +25,7 @@ import logging
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +36,7 @@ from scheduler import json_text
 from scheduler.leases import validation_wait
 from scheduler.ordering import SortStats, common_prefix_tokens, sort_records
 from scheduler.unit_plan import kv_block_size
+from storage.adapters import usable_adapters
 from storage.checkpoint_cache import CheckpointError
 from storage.leases import VALIDATION_CHUNK_LEASE, VALIDATION_LEASE, LeaseKeeper
 from storage.lifecycle import finish_batch
@@ -127,6 +128,10 @@ class FileRules:
     score_models: frozenset[str] = frozenset()
     # the file's accepted request shapes: vLLM's request model runs once per shape, not per line
     shapes: RequestShapes = field(default_factory=RequestShapes, compare=False)
+    # the LoRA adapters the batch's tenant may name, {adapter: its base}: a line naming one is a
+    # line of its base (rendered with the base's tokenizer, one base per file); its body keeps the
+    # adapter's name, which the engine worker serves it with (storage/adapters.py)
+    adapters: Mapping[str, str] = field(default_factory=dict, compare=False)
 
 
 def check_line(raw: bytes, line_no: int, rules: FileRules) -> ValidLine | LineError:
@@ -151,6 +156,8 @@ def check_fields(raw: bytes, line_no: int, rules: FileRules) -> CheckedLine | Li
     if isinstance(body_json, LineError):
         return body_json
     model = body.get("model")
+    if isinstance(model, str) and model in rules.adapters:
+        model = rules.adapters[model]
     if not isinstance(model, str) or model not in rules.served_models:
         return LineError(
             line_no, "model_not_found", f"model {str(model)[:200]!r} is not served here", "body.model"
@@ -677,7 +684,8 @@ def validate_batch(rt: Runtime, batch_id: str, in_chunks: InChunks | None = None
     return None
 
 
-def file_rules(rt: Runtime, endpoint: str) -> FileRules:
+def file_rules(rt: Runtime, endpoint: str, tenant_id: str | None = None) -> FileRules:
+    """The rules of a file of ``tenant_id`` (None: no tenant, so no adapter restricted to some)."""
     settings: Settings = rt.settings
     renders = PromptRenders(rt)
     return FileRules(
@@ -691,7 +699,14 @@ def file_rules(rt: Runtime, endpoint: str) -> FileRules:
         render_many=renders.many,
         auto_tool_models=auto_tool_models(rt.db),
         reasoning_models=reasoning_models(rt.db),
+        adapters=usable_adapters(rt.db, tenant_id),
     )
+
+
+def batch_tenant(rt: Runtime, batch_id: str) -> str | None:
+    """The tenant of a batch: whose adapters its lines may name."""
+    with rt.db.read() as s:
+        return s.scalar(select(Batch.tenant_id).where(Batch.id == batch_id))
 
 
 def tokenizer_failure(batch_id: str, message: str) -> ScanResult:
@@ -706,7 +721,8 @@ def tokenizer_failure(batch_id: str, message: str) -> ScanResult:
 def _validate(rt: Runtime, batch_id: str, input_key: str, endpoint: str, defaults: dict) -> None:
     started = time.monotonic()
     try:
-        summary, shard_keys = write_store(rt, batch_id, input_key, file_rules(rt, endpoint), defaults)
+        rules = file_rules(rt, endpoint, batch_tenant(rt, batch_id))
+        summary, shard_keys = write_store(rt, batch_id, input_key, rules, defaults)
     except TokenizerUnavailable as exc:
         summary, shard_keys = tokenizer_failure(batch_id, str(exc)), []
     conclude(rt, batch_id, summary, shard_keys, started)

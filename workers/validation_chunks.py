@@ -60,6 +60,7 @@ from workers.validation import (
     ScanResult,
     _LeaseKeeper,
     _payload,
+    batch_tenant,
     check_fields,
     conclude,
     file_rules,
@@ -298,7 +299,7 @@ def scan_chunk(
     and decoded bytes, or the fatal error that fails the whole file)."""
     settings: Settings = rt.settings
     spill = spill_dir(settings)
-    rules = file_rules(rt, endpoint)
+    rules = file_rules(rt, endpoint, batch_tenant(rt, batch_id))
     max_listed = settings.max_listed_errors
     models: dict[str, int] = {}
     errors: list[dict[str, Any]] = []
@@ -399,7 +400,8 @@ def merge(rt: Runtime, batch_id: str, input_key: str, endpoint: str, defaults: d
         # past the decoded limit of a Parquet file, where the file stops being read depends on
         # the bytes of every chunk before: the one-task validation says it exactly
         log.info("batch %s: past the decoded limit; validated again in one task", batch_id)
-        summary, shard_keys = write_store(rt, batch_id, input_key, file_rules(rt, endpoint), defaults)
+        rules = file_rules(rt, endpoint, batch_tenant(rt, batch_id))
+        summary, shard_keys = write_store(rt, batch_id, input_key, rules, defaults)
     else:
         summary = replay(rt, batch_id, chunks)
         if chunks and chunks[0].summary.get("parquet"):  # errors name the row and the column

@@ -117,3 +117,30 @@ def test_completions_endpoint_lines():
     assert not isinstance(check_line(raw(line), 1, rules), LineError)
     line["body"] = {"model": "demo", "max_tokens": 3}
     assert isinstance(check_line(raw(line), 1, rules), LineError)
+
+
+def test_a_line_may_name_an_adapter_of_the_files_model() -> None:
+    """LoRA adapters (storage/adapters.py): a line naming one the tenant may use is a line of its
+    base (one base per file, so base and adapters mix); its body keeps the adapter's name, which
+    the engine serves it with. An adapter the tenant may not use is not in ``adapters`` at all:
+    its line gets an unknown model's error, word for word."""
+    rules = FileRules(
+        "/v1/chat/completions",
+        frozenset({"demo", "other"}),
+        max_requests=50,
+        max_line_bytes=4096,
+        adapters={"demo-a": "demo", "demo-b": "demo", "other-a": "other"},
+    )
+    rows, result = scan(
+        [raw(good("1")), raw(good("2", model="demo-a")), raw(good("3", model="demo-b"))], rules
+    )
+    assert (result.model, result.rows, result.errors) == ("demo", 3, [])
+    assert [json.loads(r.body_json)["model"] for r in rows] == ["demo", "demo-a", "demo-b"]
+    # an adapter of another base in the same file: mixed models, named by its base
+    _, mixed = scan([raw(good("1", model="demo-a")), raw(good("2", model="other-a"))], rules)
+    assert [(e.line, e.code) for e in mixed.errors] == [(2, "mixed_models")]
+    assert "'other' differs from 'demo'" in mixed.errors[0].message
+    unknown, hidden = (check_line(raw(good(model=m)), 1, rules) for m in ("demo-z", "restricted"))
+    assert isinstance(unknown, LineError) and isinstance(hidden, LineError)
+    assert (unknown.code, unknown.param) == (hidden.code, hidden.param) == ("model_not_found", "body.model")
+    assert unknown.message.replace("demo-z", "X") == hidden.message.replace("restricted", "X")

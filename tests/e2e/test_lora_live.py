@@ -1,0 +1,134 @@
+"""LoRA adapters end to end on the live stack: a base model registered with the CLI and two demo
+adapters of it (infra/build_lora_adapters.py: ``alpha`` answers "alpha", ``beta`` "beta"), one
+restricted to tenant alpha; its engine worker started from the registry with LoRA on; one batch
+whose lines name the base and both adapters, run through the official client, each line answered
+by its own adapter (its answer and its response's model say which). ``/v1/models`` lists each
+tenant's adapters with their base; an unknown adapter, and the restricted adapter named by another
+tenant, get the error of an unknown model at validation, with the same message."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from infra.build_lora_adapters import PROMPT
+from infra.processes import FREIGHT, REPO, _log_has, spawn, wait_for
+from tests.e2e.conftest import LiveStack, wait_final
+from tests.factories import chat_line, jsonl
+
+pytestmark = pytest.mark.stack
+
+BASE = "demo-lora"
+ALPHA, BETA = "lora-alpha", "lora-beta"  # BETA: tenant alpha's only
+
+
+@pytest.fixture(scope="module")
+def adapters_dir(demo_model: Path) -> Path:
+    from infra.build_lora_adapters import build
+
+    out = REPO / "models" / "adapters"
+    build(demo_model, out)
+    return out
+
+
+def _freight(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*FREIGHT, *argv], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _line(custom_id: str, model: str) -> dict:
+    return chat_line(custom_id, PROMPT, model=model, max_tokens=6, temperature=0)
+
+
+def test_lines_of_two_adapters_and_their_base_run_in_one_batch(live: LiveStack, adapters_dir: Path) -> None:
+    env = live.worker_env  # it starts a second engine worker
+    added = _freight(env, "models", "add", BASE, "--path", str(live.model_dir), "--quantization", "none")
+    assert added.returncode == 0, added.stderr[-2000:]
+    registered = []
+    try:
+        for name, word, tenants in ((ALPHA, "alpha", ()), (BETA, "beta", ("--tenants", "alpha"))):
+            out = _freight(
+                env, "models", "add-adapter", BASE, name, "--path", str(adapters_dir / word), *tenants
+            )
+            assert out.returncode == 0, out.stderr[-2000:]
+            registered.append(name)
+        listed = {
+            m["name"]: m
+            for m in map(json.loads, _freight(env, "models", "list", "--json").stdout.splitlines())
+        }
+        assert (listed[ALPHA]["base"], listed[ALPHA]["tenants"], listed[ALPHA]["rank"]) == (BASE, None, 8)
+        assert listed[BETA]["tenants"] == ["alpha"]
+        assert listed[ALPHA]["lora_int_id"] != listed[BETA]["lora_int_id"]
+        for tenant, expected in (("alpha", {ALPHA, BETA}), ("beta", {ALPHA})):
+            served = {m.id: m for m in live.client(tenant).models.list().data}
+            assert {k for k in served if k.startswith("lora-")} == expected
+            assert served[ALPHA].model_extra["parent"] == BASE
+        _unknown_and_restricted_fail_at_validation(live)
+        _run(live, env)
+    finally:
+        for name in registered:
+            removed = _freight(env, "models", "remove-adapter", name)
+            assert removed.returncode == 0, removed.stderr
+        removed = _freight(env, "models", "remove", BASE)
+        assert removed.returncode == 0, removed.stderr
+
+
+def _unknown_and_restricted_fail_at_validation(live: LiveStack) -> None:
+    """An adapter no one registered, and tenant alpha's adapter named by tenant beta: each fails
+    its file at validation with the error (code and message) of an unknown model."""
+    messages = []
+    for tenant, model in (("alpha", "lora-gamma"), ("beta", BETA), ("beta", "no-such-model")):
+        client = live.client(tenant)
+        lines = [_line("base", BASE), _line("named", model)]
+        upload = client.files.create(file=("bad.jsonl", jsonl(lines)), purpose="batch")
+        batch = client.batches.create(
+            input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        final = wait_final(client, batch.id, timeout=120)
+        assert final.status == "failed", final
+        (error,) = final.errors.data
+        assert (error.code, error.line, error.param) == ("model_not_found", 2, "body.model"), error
+        messages.append(error.message.replace(model, "X"))
+    assert len(set(messages)) == 1, messages  # nothing tells a restricted adapter from no adapter
+
+
+def _run(live: LiveStack, env: dict[str, str]) -> None:
+    client = live.client("alpha")
+    models = [BASE, ALPHA, BETA]
+    lines = [_line(f"{model}-{i}", model) for i in range(4) for model in models]
+    upload = client.files.create(file=("lora.jsonl", jsonl(lines)), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+
+    name = "engine-lora-live"
+    proc = spawn(live.stack.run_dir, name, [*FREIGHT, "worker", "--model", BASE, "--name", f"{name}@%h"], env)
+    try:
+        log = live.stack.log(name)
+        wait_for(lambda: _log_has(log, " ready."), "LoRA engine worker", 300, proc, log)
+        final = wait_final(client, batch.id, timeout=300)
+    finally:  # its own process group: the engine's children go with it
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=90)
+    assert final.status == "completed", final
+    assert (final.request_counts.completed, final.request_counts.failed) == (12, 0), final.request_counts
+    out = {
+        r["custom_id"]: r["response"]["body"]
+        for r in map(json.loads, client.files.content(final.output_file_id).text.splitlines())
+    }
+    for custom_id, body in out.items():
+        model = custom_id.rsplit("-", 1)[0]
+        answer = body["choices"][0]["message"]["content"].strip()
+        assert body["model"] == model, (custom_id, body["model"])
+        if model == ALPHA:
+            assert answer.startswith("alpha"), (custom_id, answer)
+        elif model == BETA:
+            assert answer.startswith("beta"), (custom_id, answer)
+        else:
+            assert not answer.startswith(("alpha", "beta")), (custom_id, answer)
