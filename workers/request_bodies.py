@@ -45,6 +45,8 @@ TASK_ENDPOINTS = {
     "embed": (EMBEDDINGS, SCORE, RERANK),
     "score": (SCORE, RERANK),
 }
+# the endpoints of vLLM's pooling runner: their lines write no tokens (input is the whole cost)
+POOLING_ENDPOINTS = (EMBEDDINGS, SCORE, RERANK)
 # endpoints vLLM's run-batch takes that Freight refuses at batch creation, and why
 UNSUPPORTED_ENDPOINTS = {
     "/v1/audio/transcriptions": "audio transcription batches are not supported yet",

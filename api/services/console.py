@@ -34,7 +34,7 @@ from storage.status import BatchStatus
 from workers import intake
 from workers.dropfolder_input import InvalidInput, request_stream
 from workers.identity import holder_of
-from workers.request_bodies import EMBEDDINGS
+from workers.request_bodies import POOLING_ENDPOINTS
 
 ACTIVE = "active"  # the status filter for every batch that is not final yet
 ACTIVE_STATUSES = tuple(s.value for s in BatchStatus if not s.is_terminal)
@@ -242,8 +242,8 @@ def job(rt: Runtime, tenant_id: str, batch_id: str, now: float) -> JobDetail:
         batch = batches.owned(s, tenant_id, batch_id)
         source = s.get(StoredFile, batch.input_file_id)
         # a finished unit over its run; a running one up to its latest heartbeat. An embeddings
-        # batch writes no tokens: its chart is input tokens (heartbeats carry both)
-        embeddings = batch.endpoint == EMBEDDINGS
+        # (or score, rerank) batch writes no tokens: its chart is input tokens (heartbeats carry both)
+        embeddings = batch.endpoint in POOLING_ENDPOINTS
         tokens = WorkUnit.prompt_tokens if embeddings else WorkUnit.completion_tokens
         runs = _unit_runs(s, batch.id, UnitStatus.DONE, WorkUnit.finished_at, tokens)
         runs += _unit_runs(s, batch.id, UnitStatus.RUNNING, WorkUnit.heartbeat_at, tokens)

@@ -49,7 +49,7 @@ from storage.errors import ServiceError
 from storage.objectstore import ObjectStoreError
 from storage.runtime import Runtime
 from storage.status import BatchStatus
-from workers.request_bodies import EMBEDDINGS, ENDPOINTS
+from workers.request_bodies import ENDPOINTS, POOLING_ENDPOINTS
 
 log = logging.getLogger(__name__)
 bp = Blueprint("console", __name__, url_prefix="/console")
@@ -265,7 +265,8 @@ def job_view(
     )
     view["final"] = BatchStatus(b.status).is_terminal
     view["cancellable"] = b.status in (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS)
-    view["embeddings"] = b.endpoint == EMBEDDINGS  # it writes no tokens: input is the whole cost
+    # embeddings, scores: it writes no tokens, input is the whole cost
+    view["embeddings"] = b.endpoint in POOLING_ENDPOINTS
     return view
 
 
