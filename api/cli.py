@@ -355,9 +355,15 @@ def tick() -> None:
     show_default=True,
     help="parquet writes binary to stdout: redirect it to a file",
 )
-def report(since: str, until: str | None, tenant: str | None, model: str | None, fmt: str) -> None:
+@click.option(
+    "--by-adapter", is_flag=True, help="per LoRA adapter instead: its lines' requests, tokens and cost"
+)
+def report(
+    since: str, until: str | None, tenant: str | None, model: str | None, fmt: str, by_adapter: bool
+) -> None:
     """Usage, cost and SLA per tenant and model of the batches that finished in a window."""
-    from api.report_format import format_report
+    from api.report_format import format_adapter_report, format_report
+    from api.services.adapter_usage import adapter_report
     from api.services.reports import parse_since, usage_report
 
     now = time.time()
@@ -369,6 +375,13 @@ def report(since: str, until: str | None, tenant: str | None, model: str | None,
             raise click.BadParameter(str(exc), param_hint=name) from exc
     if times["--until"] <= times["--since"]:
         raise click.BadParameter("must be later than --since", param_hint="--until")
+    if by_adapter:
+        if fmt == "parquet":
+            raise click.UsageError("--by-adapter writes table, csv or json")
+        with command_runtime(_settings()) as rt:
+            lines = adapter_report(rt, times["--since"], times["--until"], tenant, model)
+        click.echo(format_adapter_report(lines, fmt), nl=False)
+        return
     with command_runtime(_settings()) as rt:
         rows = usage_report(rt, times["--since"], times["--until"], tenant, model)
     if fmt == "parquet":

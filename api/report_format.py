@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, fields
 
 from api.formatting import count, money, number, percent
+from api.services.adapter_usage import AdapterRow
 from api.services.reports import ALL, ReportRow
 
 FORMATS = ("table", "csv", "json", "parquet")
@@ -105,6 +106,35 @@ def format_report(rows: Sequence[ReportRow], fmt: str) -> str:
     if fmt not in formatters:
         raise ValueError(f"unknown text report format {fmt!r} (expected {', '.join(TEXT_FORMATS)})")
     return formatters[fmt](rows)
+
+
+def format_adapter_report(rows: Sequence[AdapterRow], fmt: str) -> str:
+    """``--by-adapter``'s rows: an aligned table, CSV (text cells escaped as above) or JSON."""
+    if fmt == "json":
+        return json.dumps([asdict(r) for r in rows], indent=2) + "\n"
+    if fmt == "csv":
+        buffer = io.StringIO()
+        writer = csv.DictWriter(
+            buffer, fieldnames=[f.name for f in fields(AdapterRow)], lineterminator="\r\n"
+        )
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({k: csv_cell(v) for k, v in asdict(r).items()})
+        return buffer.getvalue()
+    header = ["tenant", "base", "adapter", "requests", "prompt tok", "cached tok", "output tok", "cost"]
+    cells = [
+        [r.tenant, r.base, r.adapter, count(r.requests), count(r.prompt_tokens), count(r.cached_tokens),
+         count(r.output_tokens), money(r.cost)]
+        for r in rows
+    ]  # fmt: skip
+    widths = [max(len(c) for c in column) for column in zip(header, *cells, strict=True)]
+    out = [
+        "  ".join(
+            v.ljust(w) if i < 3 else v.rjust(w) for i, (v, w) in enumerate(zip(values, widths, strict=True))
+        ).rstrip()
+        for values in [header, ["-" * w for w in widths], *cells]
+    ]
+    return "\n".join(out) + "\n"
 
 
 def _arrow_type(annotation: object) -> object:

@@ -229,6 +229,10 @@ class EngineLoop:
             tally.prompt_tokens += result.prompt_tokens
             tally.cached_tokens += result.cached_tokens
             tally.completion_tokens += result.completion_tokens
+            if result.adapter is not None:  # a LoRA adapter's line: its usage apart (workers/lora.py)
+                tally.count_adapter(
+                    result.adapter, result.prompt_tokens, result.cached_tokens, result.completion_tokens
+                )
             unit.out.write(encode(success_line(custom_id, result.body)))
             reads = kv_reads(result.prompt_tokens, result.completion_tokens)
             work = TokenWork(result.prompt_tokens, result.cached_tokens, result.completion_tokens, 1, reads)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any, cast
 
@@ -124,6 +124,14 @@ class UnitTally:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    # the completed lines a LoRA adapter served, per adapter: [requests, prompt, cached, completion
+    # tokens] (counted in the figures above too); recorded as the unit's adapter_usage
+    adapters: dict[str, list[int]] = field(default_factory=dict)
+
+    def count_adapter(self, adapter: str, prompt: int, cached: int, completion: int) -> None:
+        usage = self.adapters.setdefault(adapter, [0, 0, 0, 0])
+        for i, n in enumerate((1, prompt, cached, completion)):
+            usage[i] += n
 
 
 def record_unit(
@@ -152,6 +160,7 @@ def record_unit(
             prompt_tokens=tally.prompt_tokens,
             cached_tokens=tally.cached_tokens,
             completion_tokens=tally.completion_tokens,
+            adapter_usage=tally.adapters or None,
             **metering,
             **values,
         )

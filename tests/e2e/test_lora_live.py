@@ -132,3 +132,14 @@ def _run(live: LiveStack, env: dict[str, str]) -> None:
             assert answer.startswith("beta"), (custom_id, answer)
         else:
             assert not answer.startswith(("alpha", "beta")), (custom_id, answer)
+    # usage per adapter: each adapter's four lines, their tokens, a share of the charge
+    report = _freight(env, "report", "--by-adapter", "--tenant", "alpha", "--format", "json")
+    assert report.returncode == 0, report.stderr[-2000:]
+    rows = {r["adapter"]: r for r in json.loads(report.stdout)}
+    assert set(rows) == {ALPHA, BETA} and all(r["base"] == BASE for r in rows.values())
+    for name, row in rows.items():
+        lines = [b for c, b in out.items() if c.rsplit("-", 1)[0] == name]
+        assert row["requests"] == 4
+        assert row["prompt_tokens"] == sum(b["usage"]["prompt_tokens"] for b in lines)
+        assert row["output_tokens"] == sum(b["usage"]["completion_tokens"] for b in lines)
+        assert row["cost"] > 0
