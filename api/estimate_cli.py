@@ -19,6 +19,7 @@ import click
 from api.cli_settings import echo_json
 from api.client_cli import ClientError, connection, metadata_pairs, show_errors, upload
 from api.formatting import duration, money
+from workers.request_bodies import POOLING_ENDPOINTS
 
 
 @click.command()
@@ -104,8 +105,10 @@ def table(answer: dict) -> str:
         f"cache hits     {e['cached_input_tokens']:,} tokens predicted cached"
         f" ({100 * (e['cache_hit_rate'] or 0):.1f}% of input; prefix-sorted, {e['kv_block_size']}-token blocks)",
         f"output tokens  at most {out['max']:,} (max_tokens); {typical}"
-        if answer["endpoint"] != "/v1/embeddings"
-        else "output tokens  none (an embedding writes no tokens: priced by input tokens only)",
+        if answer["endpoint"] not in POOLING_ENDPOINTS
+        else "output tokens  none (an embedding writes no tokens: priced by input tokens only)"
+        if answer["endpoint"] == "/v1/embeddings"
+        else "output tokens  none (a score writes no tokens: priced by input tokens only)",
         f"throughput     {speed}",
         f"ETA            {_span(eta, duration)}{engines} (work queued ahead not counted)",
         f"cost           {_span(cost['total'], money)} ({tier})",

@@ -45,7 +45,7 @@ from scheduler.estimate import (
 from scheduler.unit_plan import kv_block_size
 from storage.lifecycle import move_estimates
 from storage.models import Batch, EngineSample, Estimate, StoredFile, WorkUnit
-from storage.registry import lookup
+from storage.registry import EMBED, lookup
 from storage.request_tables import metadata_defaults
 from storage.retention import live
 from storage.runtime import Runtime
@@ -56,6 +56,7 @@ from workers.embeddings import input_tokens, parse_inputs
 from workers.prefix_caching import prediction_block_size
 from workers.prompt_tokens import TokenizerUnavailable, renderer_for
 from workers.request_bodies import EMBEDDINGS
+from workers.scoring import SCORING_ENDPOINTS, scoring_input_tokens
 from workers.task_policy import one_error
 from workers.validation import (
     ScanResult,
@@ -142,7 +143,7 @@ def estimate_file(
     """
     settings: Settings = rt.settings
     default_budget = settings.engine_default_max_tokens
-    count_inputs = embedding_line_tokens(rt) if endpoint == EMBEDDINGS else None
+    count_inputs = pooling_line_tokens(rt, endpoint) if endpoint in (EMBEDDINGS, *SCORING_ENDPOINTS) else None
 
     def payload(item: Any) -> bytes:
         budget = default_budget if item.max_tokens is None else item.max_tokens
@@ -169,14 +170,18 @@ def estimate_file(
     return scanned, summary(totals, history, price_multiplier, price_per_hour, list_price)
 
 
-def embedding_line_tokens(rt: Runtime) -> Callable[[dict], int]:
-    """An embeddings body's input tokens, every input counted as the engine will count it.
+def pooling_line_tokens(rt: Runtime, endpoint: str) -> Callable[[dict], int]:
+    """An embeddings, score or rerank body's input tokens, every text counted as the engine will
+    count it (a score or rerank line's pairs as ``workers.scoring.scoring_input_tokens`` counts them,
+    by the model's task).
 
-    Validation gives a line of one input its exact token ids, but keys a line of several by its
-    first (the engine tokenizes each input itself), so its length there is a lower bound; a price
-    is by input tokens, so the estimate counts them all, with the tokenizer validation loaded."""
+    Validation gives an embeddings line of one input its exact token ids, but keys a line of several
+    (and any scoring line) by its first text (the engine tokenizes each itself), so its length there
+    is a lower bound; a price is by input tokens, so the estimate counts them all, with the
+    tokenizer validation loaded."""
 
     tokenizers: dict[str, Any] = {}  # model -> its tokenizer, looked up once
+    bi_encoders: dict[str, bool] = {}  # model -> whether it scores by cosine (an embedding model)
 
     def count(body: dict) -> int:
         model = str(body.get("model"))
@@ -187,7 +192,12 @@ def embedding_line_tokens(rt: Runtime) -> Callable[[dict], int]:
                 tokenizer = tokenizers[model] = renderer_for(str(path), rt.settings.sort_key_tokens).tokenizer
             except Exception as exc:
                 raise TokenizerUnavailable(model, "its checkpoint", exc) from exc
-        return input_tokens(parse_inputs(body.get("input")), tokenizer)
+        if endpoint == EMBEDDINGS:
+            return input_tokens(parse_inputs(body.get("input")), tokenizer)
+        if model not in bi_encoders:
+            entry = lookup(rt.db, rt.settings, model)
+            bi_encoders[model] = entry is not None and entry.task == EMBED
+        return scoring_input_tokens(endpoint, body, tokenizer, bi_encoders[model])
 
     return count
 

@@ -192,6 +192,25 @@ def _as_tuple(value: Any) -> tuple[str, ...]:
     return (value,) if isinstance(value, str) else tuple(value)
 
 
+def scoring_input_tokens(endpoint: str, body: dict, tokenizer: Any, bi_encoder: bool) -> int:
+    """A valid score or rerank body's input tokens as the engine counts them (a dry run's price):
+    on a cross-encoder each pair as the tokenizer encodes a text pair, on an embedding model
+    (``bi_encoder``) each query and document once with the model's special tokens. Texts are
+    counted whole: `truncate_prompt_tokens` and the per-text limits only lower the figure."""
+    if endpoint == RERANK:
+        queries, documents = (
+            _texts(body.get("query"), "query", single=True),
+            _texts(body.get("documents"), "documents"),
+        )
+    else:
+        first, second = _score_fields(body)
+        queries, documents = _texts(body.get(first), first), _texts(body.get(second), second)
+    if bi_encoder:
+        return sum(len(tokenizer.encode(t, add_special_tokens=True)) for t in (*queries, *documents))
+    pairs = zip(queries * len(documents) if len(queries) == 1 else queries, documents, strict=True)
+    return sum(len(tokenizer(text=q, text_pair=d)["input_ids"]) for q, d in pairs)
+
+
 # --------------------------------------------------------------------------- engine stage
 
 
