@@ -42,7 +42,7 @@ from api.auth import console_session
 from api.console_format import chart, register_filters
 from api.errors import DB_RETRY_AFTER_SECONDS, status_of
 from api.serializers import batch_object
-from api.services import batches, console, files, sessions, webhooks
+from api.services import batches, console, files, models, sessions, webhooks
 from api.services.tenants import authenticate_key
 from storage.broker import BROKER_ERRORS
 from storage.errors import ServiceError
@@ -398,6 +398,7 @@ def models_page() -> str:
     return render_template(
         "console/models.html",
         models=console.served_models(rt()),
+        adapters=models.list_adapters(rt(), g.tenant_id),  # the LoRA adapters this tenant may use
         queues=queues,
         workers=workers,
         refresh=REFRESH_SECONDS if busy else None,

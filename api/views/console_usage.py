@@ -1,5 +1,6 @@
 """The console's usage page: the signed-in tenant's ``freight report`` (cost, tokens, SLA
-attainment, goodput per model, and the total) over a window, and the same rows as CSV.
+attainment, goodput per model, and the total) over a window, and the same rows as CSV; below it,
+its LoRA adapters' lines (``freight report --by-adapter``), when it has any.
 
 One use case, one function: the rows are ``api.services.reports.usage_report``'s, as the CLI
 prints them, always filtered to this tenant (by its name, which is unique), and the CSV is
@@ -15,6 +16,7 @@ import time
 from flask import Response, g, render_template, request
 
 from api.report_format import format_report
+from api.services.adapter_usage import adapter_report
 from api.services.reports import ALL, ReportRow, parse_since, usage_report
 from api.views.console import ConsoleError, bp, rt
 
@@ -49,6 +51,7 @@ def usage_page() -> str:
         "console/usage.html",
         rows=rows[:-1],
         total=total,
+        adapters=adapter_report(rt(), start, end, tenant=g.tenant_name),  # `report --by-adapter`'s
         since=since,
         until=until,
         start=start,

@@ -489,3 +489,21 @@ def test_search_by_id_file_name_and_metadata_within_the_tenant(app, keys, alpha)
     assert 'id="search" value="jsonl"' in page and "q=jsonl" in page and "page 1 of 4" in page
     too_long = alpha.get("/console/jobs", query_string={"q": "x" * 201})
     assert too_long.status_code == 400 and "at most 200 characters" in html(too_long)
+
+
+def test_the_models_page_lists_the_adapters_the_tenant_may_use(runtime, keys, alpha):
+    """LoRA adapters (storage/adapters.py): every tenant's and this tenant's own; one restricted to
+    another tenant is not on its page, as /v1/models does not list it."""
+    from sqlalchemy import select
+
+    from storage.models import Adapter, Tenant
+
+    with runtime.db.write() as s:
+        beta = s.scalars(select(Tenant.id).where(Tenant.name == "beta")).one()
+        for name, tenants in (("demo-shared", None), ("demo-beta-only", [beta])):
+            s.add(Adapter(name=name, base="demo", path="/srv/a", rank=8, target_modules=["q_proj"],
+                          tenants=tenants, created_at=1))  # fmt: skip
+    page = html(alpha.get("/console/models"))
+    shared = re.search(r'<tr id="adapter-demo-shared">(.*?)</tr>', page, re.S).group(1)
+    assert ">demo<" in shared and ">8<" in shared
+    assert "demo-beta-only" not in page and "/srv/a" not in page

@@ -63,3 +63,25 @@ def test_usage_page_and_csv_are_the_tenants_report(app, runtime, keys, alpha):  
         assert response.status_code == 400 and html(response), bad
     assert alpha.get("/console/usage.csv?since=bogus").status_code == 400
     assert app.test_client().get("/console/usage.csv").status_code == 302  # signed out: to sign-in
+
+
+def test_the_usage_page_lists_the_tenants_adapters_only(app, runtime, keys, alpha):  # noqa: F811
+    """LoRA adapters' lines (``adapter_report``, as ``freight report --by-adapter``): the tenant's
+    own, under their base; another tenant's adapter usage is not on the page."""
+    from storage.models import WorkUnit
+
+    mine, theirs = api_batch(app, keys["a"])["id"], api_batch(app, keys["b"])["id"]
+    for batch_id, adapter in ((mine, "demo-mine"), (theirs, "demo-theirs")):
+        finish(runtime, batch_id, 3, 9_000, True)
+        with runtime.db.write() as s:
+            s.add(WorkUnit(batch_id=batch_id, seq=0, model="demo", shard_key="x", first_line=0, n_requests=3,
+                           status="done", prompt_tokens=3000, cached_tokens=1200, completion_tokens=150,
+                           cost_input_micros=4500, cost_output_micros=4500,
+                           adapter_usage={adapter: [2, 2000, 800, 100]}))  # fmt: skip
+    page = html(alpha.get("/console/usage"))
+    row = page[page.index('id="adapter-usage-demo-mine"') :].split("</tr>")[0]
+    assert ">demo-mine<" in row and ">demo<" in row and ">2<" in row and ">2,000<" in row
+    assert (
+        "$0.006" in row
+    )  # 2/3 of each kind of the unit's charge: (1,200 of 1,800 uncached) and (100 of 150 output)
+    assert "demo-theirs" not in page
