@@ -6,9 +6,11 @@ Two input shapes, told apart by their columns:
 * **OpenAI batch columns**: ``custom_id``, ``body`` (JSON text, or a struct), and optionally
   ``method`` and ``url`` (default ``POST`` and the batch's endpoint).
 * **Simple**: ``custom_id`` and ``prompt`` (``/v1/completions``), ``messages`` (chat; a list of
-  ``{role, content}`` structs or JSON text) or ``input`` (``/v1/embeddings``: a string, a list of
-  strings or of token ids), every other column being a body field of that name (``model``,
-  ``max_tokens``, ``temperature``, …; nulls are left out).
+  ``{role, content}`` structs or JSON text), ``input`` (``/v1/embeddings``: a string, a list of
+  strings or of token ids), ``query`` (``/v1/rerank``, beside ``documents``) or ``queries``,
+  ``text_1`` or ``data_1`` (``/v1/score``, beside their documents column), every other column
+  being a body field of that name (``model``, ``max_tokens``, ``temperature``, ``documents``, …;
+  nulls are left out).
 
 Batch-level defaults (``defaults``) fill the body fields a row does not set, for both shapes: the
 caller merges them from the file's Parquet key-value metadata ``freight.defaults`` (a JSON object)
@@ -93,10 +95,22 @@ def decode_limits(settings: Settings) -> DecodeLimits:
     return DecodeLimits(settings.max_requests_per_file, settings.max_line_bytes, settings.max_file_bytes)
 
 
+# the simple shape's request columns, each with the endpoint it implies for a file not in a batch
+SIMPLE_COLUMNS = {
+    "messages": "/v1/chat/completions",
+    "prompt": "/v1/completions",
+    "input": "/v1/embeddings",
+    "query": "/v1/rerank",
+    "queries": "/v1/score",
+    "text_1": "/v1/score",
+    "data_1": "/v1/score",
+}
+
+
 def _shape(names: list[str]) -> str | None:
     if "body" in names:
         return "openai"
-    if "prompt" in names or "messages" in names or "input" in names:
+    if any(name in SIMPLE_COLUMNS for name in names):
         return "simple"
     return None
 
@@ -156,19 +170,13 @@ def _open(
             1,
             "invalid_parquet_columns",
             "a Parquet batch file needs a custom_id column and either body (OpenAI batch columns) "
-            f"or prompt / messages / input (simple shape); it has {', '.join(names)[:300]}",
+            f"or prompt / messages / input / query / queries (simple shape); it has {', '.join(names)[:300]}",
         )
     if shape == "openai" and set(names) - OPENAI_COLUMNS:
         extra = ", ".join(sorted(set(names) - OPENAI_COLUMNS))[:200]
         return RowError(1, "invalid_parquet_columns", f"unknown column(s) beside body: {extra}", extra)
     if endpoint is None:  # a download's JSONL view: the batch's endpoint is not at hand
-        endpoint = (
-            "/v1/chat/completions"
-            if "messages" in names
-            else "/v1/completions"
-            if "prompt" in names
-            else "/v1/embeddings"
-        )
+        endpoint = next((url for name, url in SIMPLE_COLUMNS.items() if name in names), "/v1/embeddings")
     opened = _Opened(pf, shape, endpoint, merged)
     if limits is None:
         return opened
