@@ -22,6 +22,7 @@ from api.services.tenants import create_tenant
 from infra.daemons import free_port
 from scheduler.dropfolder_plan import InboxFile
 from storage.broker import VALIDATE_QUEUE
+from storage.errors import ServiceError
 from storage.models import Batch, DropFolder, DropObject, StoredFile, UnitStatus, WorkUnit
 from storage.objectstore import CHUNK
 from storage.runtime import Runtime
@@ -484,3 +485,36 @@ def test_an_embeddings_file_runs_like_a_chat_file(runtime, s3, bucket, embed_mod
     assert table.schema.field("embedding").type == pa.list_(pa.float32(), 4)
     got = {r["custom_id"]: r["embedding"] for r in table.select(["custom_id", "embedding"]).to_pylist()}
     assert got == vectors
+
+
+def test_a_rerank_folder_makes_batches_for_its_cross_encoder(runtime, s3, bucket, score_model):
+    """A folder for /v1/rerank on the demo cross-encoder: its file becomes a batch of that endpoint
+    with the folder's model filled in, and validates on the cross-encoder's tokenizer; a folder for
+    a text model is refused (it scores nothing)."""
+    registration.add(runtime, AddRequest("rank", str(score_model)), echo=lambda _: None)
+    create_tenant(runtime.db, "alpha", now())
+    options = dict(s3_endpoint_url=s3.endpoint_url, region="us-east-1", access_key_id="freight",
+                   secret_access_key=SECRET)  # fmt: skip
+    with pytest.raises(ServiceError, match="'demo' generates text; it does not serve /v1/rerank"):
+        folders_service.add(
+            runtime, f"s3://{bucket}/team/bad", "alpha", "/v1/rerank", now=now(), model="demo", **options
+        )
+    folder = folders_service.add(
+        runtime, f"s3://{bucket}/team/evals", "alpha", "/v1/rerank", now=now(), model="rank", **options
+    ).id
+    lines = [
+        {"custom_id": f"q-{i}", "method": "POST", "url": "/v1/rerank",
+         "body": {"query": f"question {i % 2}", "documents": ["one answer", "another answer"]}}
+        for i in range(4)
+    ]  # fmt: skip
+    put(s3, bucket, "inbox/pairs.jsonl", jsonl(lines))
+    [batch_id] = dropfolders.scan_folder(runtime, folder, later()).created
+    validate_batch(runtime, batch_id)
+    with runtime.db.read() as s:
+        batch = s.get(Batch, batch_id)
+        assert (batch.endpoint, batch.model, batch.status, batch.request_total) == (
+            "/v1/rerank",
+            "rank",
+            "in_progress",
+            4,
+        )
