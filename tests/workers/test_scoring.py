@@ -278,3 +278,22 @@ def test_a_failed_sequence_fails_the_line() -> None:
     line.collect(_Output("f.0", None, error="boom"))
     with pytest.raises(ScoringFailed):
         line.response("rank")
+
+
+def test_lines_are_keyed_by_their_query_so_one_querys_pairs_sort_together(score_model) -> None:
+    from scheduler.ordering import prompt_key
+    from workers.prompt_tokens import PromptRenderer
+
+    renderer = PromptRenderer.load(score_model, 64)
+    query = "How is freight shipped across the sea?"
+    expected = prompt_key(renderer.tokenizer.encode(query, add_special_tokens=True), 64)
+    bodies = [
+        (RERANK, {"model": "rank", "query": query, "documents": ["by ship", "by rail"]}),
+        (RERANK, {"model": "rank", "query": query, "documents": ["by plane"], "top_n": 1}),
+        (SCORE, {"model": "rank", "queries": [query, "other"], "documents": ["a", "b"]}),
+        (SCORE, {"model": "rank", "text_1": query, "text_2": "a"}),
+    ]
+    keys = [renderer.render(endpoint, body) for endpoint, body in bodies]
+    assert all(k.key == expected and not k.exact for k in keys)
+    other = renderer.render(RERANK, {"model": "rank", "query": "Another question", "documents": ["a"]})
+    assert other.key != expected
