@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from storage.embedding_tables import embeddings_body, write_embedding_results
+from storage.score_tables import scores_body, write_score_results
 
 WRITE_ROWS = 4096
 
@@ -101,11 +102,14 @@ def _line_fields(line: dict[str, Any], response: Any, error: dict, body: dict) -
 def write_results(lines: Iterable[bytes], sink: IO[bytes] | str) -> int:
     """Result JSONL lines -> Parquet at ``sink``; returns the rows written. An embeddings output
     (its first line an embeddings response) is written a row per vector, the vector a float32 list
-    column (``storage.embedding_tables``)."""
+    column (``storage.embedding_tables``); a score or rerank output a row per score
+    (``storage.score_tables``)."""
     decoded = (json.loads(raw) for raw in lines if raw.strip())
     head = list(itertools.islice(decoded, 1))
     if head and embeddings_body(head[0]) is not None:
         return write_embedding_results(itertools.chain(head, decoded), sink, RESULT_SCHEMA, result_record)
+    if head and scores_body(head[0]) is not None:
+        return write_score_results(itertools.chain(head, decoded), sink, RESULT_SCHEMA, result_record)
     rows = 0
     buffer: list[dict[str, Any]] = []
     with pq.ParquetWriter(sink, RESULT_SCHEMA, compression="zstd") as writer:
