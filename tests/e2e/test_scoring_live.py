@@ -10,6 +10,7 @@ an audio batch is refused at create with the reason."""
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import openai
+import pyarrow.parquet as pq
 import pytest
 
 from infra.processes import FREIGHT, REPO, _log_has, spawn, wait_for
@@ -155,3 +157,14 @@ def _run(live: LiveStack, env: dict[str, str], score_model: Path) -> None:
     assert (rerank.request_counts.completed, rerank.request_counts.failed) == (2, 1)
     cost = rerank.model_extra["x_freight"]["cost"]
     assert cost["engine_seconds"] > 0
+
+    # Parquet out: a row per ranked document, with its rank, index, text and score
+    raw = client.files.with_raw_response.content(rerank.output_file_id, extra_query={"format": "parquet"})
+    assert raw.headers["content-type"] == "application/vnd.apache.parquet"
+    table = pq.read_table(io.BytesIO(raw.content)).to_pylist()
+    by_line = {key: [r for r in table if r["custom_id"] == key] for key in ("all", "top-2")}
+    assert [(r["rank"], r["score_index"], r["document"]) for r in by_line["all"]] == [
+        (position, r["index"], DOCS[r["index"]]) for position, r in enumerate(ranked)
+    ]
+    assert [r["score"] for r in by_line["all"]] == [r["relevance_score"] for r in ranked]
+    assert len(by_line["top-2"]) == 2 and sum(r["prompt_tokens"] or 0 for r in table) == 2 * sum(pair_tokens)
