@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from scheduler.ordering import adapter_key
 from storage.shards import ShardRow
 from workers.prompt_tokens import RenderedPrompt
 
@@ -41,8 +42,11 @@ class CheckedLine:
     def row(self, rendered: RenderedPrompt | None) -> ShardRow:
         if rendered is None:  # no rendering: no ids, no ordering key (rows keep file order)
             return ShardRow(self.line, self.custom_id, self.body_json, b"", None, 0, self.max_tokens)
+        key = rendered.key
+        if self.body.get("model") != self.model:  # a LoRA adapter's line: its adapter's group
+            key = adapter_key(self.body["model"], key)
         return ShardRow(
-            self.line, self.custom_id, self.body_json, rendered.key, rendered.id_bytes,
+            self.line, self.custom_id, self.body_json, key, rendered.id_bytes,
             rendered.prompt_len, self.max_tokens,
         )  # fmt: skip
 

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from scheduler.ordering import (
     KEY_TOKEN_BYTES,
     SortStats,
+    adapter_key,
     common_prefix_tokens,
     prompt_key,
     sort_records,
@@ -46,7 +47,14 @@ def test_ids_past_one_byte_compare_numerically():
     assert prompt_key([1, 70_000], 2) < prompt_key([2], 2)
 
 
-@given(sequences, sequences, st.integers(1, 20))
+# a real prompt's ids: vLLM holds token ids as int32, so a key's first byte is below 0x80 (the
+# marker of an adapter's keys is 2**31 and above: test_adapter_keys_group_and_share_nothing_across)
+prompt_sequences = st.lists(
+    st.one_of(st.integers(0, 70_000), st.sampled_from([65_536, 2**31 - 1])), max_size=12
+)
+
+
+@given(prompt_sequences, prompt_sequences, st.integers(1, 20))
 def test_common_prefix_tokens(a, b, max_tokens):
     expected = 0
     for x, y in zip(a[:max_tokens], b[:max_tokens], strict=False):
@@ -54,6 +62,19 @@ def test_common_prefix_tokens(a, b, max_tokens):
             break
         expected += 1
     assert common_prefix_tokens(prompt_key(a, max_tokens), prompt_key(b, max_tokens)) == expected
+
+
+@given(prompt_sequences, prompt_sequences)
+def test_adapter_keys_group_and_share_nothing_across(a, b):
+    """A LoRA adapter's lines (vLLM's prefix cache is per adapter): after the base's, grouped by
+    adapter, in prompt order within the group; shared tokens only within one adapter, the marker
+    not counted."""
+    ka, kb = prompt_key(a, 64), prompt_key(b, 64)
+    x_a, x_b, y_a = adapter_key("x", ka), adapter_key("x", kb), adapter_key("y", ka)
+    assert (x_a < x_b) == (ka < kb) and ka < x_a and kb < y_a
+    assert common_prefix_tokens(x_a, x_b) == common_prefix_tokens(ka, kb)
+    assert common_prefix_tokens(x_a, y_a) == common_prefix_tokens(ka, y_a) == 0
+    assert adapter_key("x", b"") != adapter_key("y", b"") and len(adapter_key("x", ka)) == len(ka) + 4
 
 
 def test_common_prefix_tokens_of_long_keys():

@@ -56,7 +56,8 @@ def test_predicted_hits_are_whole_blocks_of_at_most_the_prompt_but_its_last_toke
     assert hit + block > min(max(0, shared), max(0, prompt_len - 1))  # no whole block left out
 
 
-@given(ids=st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=600), block=sizes)
+# token ids: vLLM holds them as int32 (2**31 and above mark a LoRA adapter's keys: adapter_key)
+@given(ids=st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=600), block=sizes)
 def test_identical_prompts_predict_all_but_the_last_partial_block(ids, block):
     key = prompt_key(ids, len(ids))
     shared = shared_prefix_tokens([key, key])

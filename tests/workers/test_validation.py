@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -144,3 +145,33 @@ def test_a_line_may_name_an_adapter_of_the_files_model() -> None:
     assert isinstance(unknown, LineError) and isinstance(hidden, LineError)
     assert (unknown.code, unknown.param) == (hidden.code, hidden.param) == ("model_not_found", "body.model")
     assert unknown.message.replace("demo-z", "X") == hidden.message.replace("restricted", "X")
+
+
+def test_an_adapters_lines_sort_together_and_share_no_prefix_with_others() -> None:
+    """vLLM's prefix cache is per adapter: the prompt key of an adapter's line starts with its
+    adapter's marker (scheduler.ordering.adapter_key), so sorted, the base's lines come first and
+    each adapter's run together in prompt order; the predicted cache hit of a line after another
+    adapter's is nothing."""
+    from scheduler.ordering import common_prefix_tokens, prompt_key
+    from workers.prompt_tokens import RenderedPrompt
+
+    def render(model: str, endpoint: str, body: dict) -> RenderedPrompt:
+        ids = [7, 8, 9, len(body["messages"][0]["content"])]  # a shared prefix, then the text
+        return RenderedPrompt(prompt_key(ids, 64), True, 4)
+
+    rules = FileRules(
+        "/v1/chat/completions", frozenset({"demo"}), max_requests=50, max_line_bytes=4096, render=render,
+        adapters={"demo-a": "demo", "demo-b": "demo"},
+    )  # fmt: skip
+    models = ["demo-b", "demo", "demo-a", "demo-b", "demo", "demo-a"]
+    lines = [raw(chat_line(str(i), "x" * (i + 1), model=m)) for i, m in enumerate(models)]
+    rows, result = scan(lines, rules)
+    assert result.rows == 6 and [r.prompt_token_ids for r in rows] == [
+        prompt_key([7, 8, 9, i + 1], 64) for i in range(6)
+    ]
+    ordered = sorted(rows, key=lambda r: (r.key, r.line))
+    groups = [m for m, _ in itertools.groupby(json.loads(r.body_json)["model"] for r in ordered)]
+    # each model's lines together, the base's first
+    assert groups[0] == "demo" and sorted(groups) == ["demo", "demo-a", "demo-b"]
+    shared = [common_prefix_tokens(a.key, b.key) for a, b in itertools.pairwise(ordered)]
+    assert shared == [3, 0, 3, 0, 3]  # the prefix within the base and each adapter; nothing across
