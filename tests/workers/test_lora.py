@@ -142,3 +142,25 @@ def test_the_prefix_cache_is_per_adapter_and_per_tenant(lora_engine) -> None:
     assert cached("c3", "demo-beta", "tenant-a") == 0  # another adapter: vLLM hashes the adapter in
     assert cached("c4", "demo", "tenant-a") == 0  # the base is not an adapter's cache either
     assert cached("c5", "demo-alpha", "tenant-b") == 0  # another tenant's salt: nothing shared
+
+
+def test_completions_and_responses_lines_name_adapters_too(lora_engine) -> None:
+    engine, _ = lora_engine
+    requests = [
+        EngineRequest("c", "/v1/completions", {"model": "demo-alpha", "prompt": PROMPT, "max_tokens": 2}),
+        EngineRequest(
+            "r",
+            "/v1/responses",
+            {"model": "demo-beta", "input": PROMPT, "max_output_tokens": 6, "temperature": 0},
+        ),
+    ]
+    results = {r.key: r for r in engine.run(requests)}
+    assert (
+        results["c"].ok
+        and results["c"].body["model"] == "demo-alpha"
+        and results["c"].adapter == "demo-alpha"
+    )
+    assert (
+        results["r"].ok and results["r"].body["model"] == "demo-beta" and results["r"].adapter == "demo-beta"
+    )
+    assert results["r"].body["output"][0]["content"][0]["text"].strip().startswith("beta")
