@@ -40,6 +40,8 @@ ARGV = {
     "models remove": ["models", "remove", "m"],
     "models set-engine": ["models", "set-engine", "m", "--engine-arg", "max_num_seqs=2"],
     "models quantize": ["models", "quantize", "ckpt", "out"],
+    "models add-adapter": ["models", "add-adapter", "m", "a", "--path", "ckpt"],
+    "models remove-adapter": ["models", "remove-adapter", "a"],
     "webhooks add": ["webhooks", "add", "https://hooks.example.com/", "--tenant", "alice"],
     "webhooks list": ["webhooks", "list", "--tenant", "alice"],
     "webhooks disable": ["webhooks", "disable", "whep_1", "--tenant", "alice"],

@@ -24,7 +24,7 @@ def completion(**fields: object) -> dict:
 
 
 def test_endpoints() -> None:
-    assert ENDPOINTS == (CHAT, COMPLETIONS, EMBEDDINGS, "/v1/responses")
+    assert ENDPOINTS == (CHAT, COMPLETIONS, EMBEDDINGS, "/v1/responses", "/v1/score", "/v1/rerank")
 
 
 def test_valid_chat_body_parses() -> None:
