@@ -299,6 +299,40 @@ def build_atomically(out_dir: Path, force: bool, fill: Callable[[Path], None]) -
     return True
 
 
+def build_on_demo_tokenizer(
+    out_dir: Path, force: bool, build_weights: Callable[[Path, dict[str, int]], None], readme: str
+) -> bool:
+    """A small model of random weights beside the demo tokenizer (the demo embedding model's and
+    cross-encoder's recipe): ``build_weights(dir, special token ids)`` writes the weights, and
+    ``readme`` says what it is. False when an existing build was kept."""
+
+    def fill(tmp: Path) -> None:
+        build_tokenizer(tmp)
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(tmp / "tokenizer.json"))
+        build_weights(tmp, {t: tok.token_to_id(t) for t in SPECIAL_TOKENS})
+        (tmp / "README.md").write_text(readme)
+
+    return build_atomically(Path(out_dir), force, fill)
+
+
+def build_command(
+    argv: list[str] | None, description: str, default_dir: str, what: str, build: Callable[[Path, bool], bool]
+) -> int:
+    """The command line of a model builder: ``OUT_DIR [--force]``, and a line saying what it did."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("out_dir", nargs="?", default=default_dir, help="output directory")
+    parser.add_argument("--force", action="store_true", help="rebuild even if it exists")
+    args = parser.parse_args(argv)
+    start = time.monotonic()
+    if build(Path(args.out_dir), args.force):
+        print(f"built {what} in {args.out_dir} ({time.monotonic() - start:.1f} s)")
+    else:
+        print(f"{args.out_dir}/config.json exists; kept it (use --force to rebuild)")
+    return 0
+
+
 def build(out_dir: Path, force: bool = False, shape: Shape = Shape(), train: bool = False) -> bool:
     """Build into out_dir; returns False when an existing build was kept. The default shape
     copies the committed trained checkpoint unless ``train`` asks to train it again."""

@@ -21,10 +21,8 @@ vocab 4096, 2048 positions, bf16 safetensors. Matryoshka dimensions: 64, 128, 25
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `infra` importable
@@ -32,10 +30,9 @@ if __package__ in (None, ""):  # run as a script: make `infra` importable
 
 from infra.build_demo_model import (
     SEED,
-    SPECIAL_TOKENS,
     Shape,
-    build_atomically,
-    build_tokenizer,
+    build_command,
+    build_on_demo_tokenizer,
     llama_config,
 )
 
@@ -67,33 +64,17 @@ def build_weights(out_dir: Path, ids: dict[str, int]) -> None:
 
 def build(out_dir: Path, force: bool = False) -> bool:
     """Build into out_dir; returns False when an existing build was kept."""
-
-    def fill(tmp: Path) -> None:
-        build_tokenizer(tmp)
-        from tokenizers import Tokenizer
-
-        tok = Tokenizer.from_file(str(tmp / "tokenizer.json"))
-        ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
-        build_weights(tmp, ids)
-        (tmp / "README.md").write_text(
-            "Freight demo embedding model: random LlamaModel weights (seed 0), the demo tokenizer.\n"
-            "Built by infra/build_embed_model.py; its vectors are noise by design.\n"
-        )
-
-    return build_atomically(Path(out_dir), force, fill)
+    return build_on_demo_tokenizer(
+        out_dir,
+        force,
+        build_weights,
+        "Freight demo embedding model: random LlamaModel weights (seed 0), the demo tokenizer.\n"
+        "Built by infra/build_embed_model.py; its vectors are noise by design.\n",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out_dir", nargs="?", default="models/embed", help="output directory")
-    parser.add_argument("--force", action="store_true", help="rebuild even if it exists")
-    args = parser.parse_args(argv)
-    start = time.monotonic()
-    if build(Path(args.out_dir), force=args.force):
-        print(f"built demo embedding model in {args.out_dir} ({time.monotonic() - start:.1f} s)")
-    else:
-        print(f"{args.out_dir}/config.json exists; kept it (use --force to rebuild)")
-    return 0
+    return build_command(argv, __doc__.split("\n\n")[0], "models/embed", "demo embedding model", build)
 
 
 if __name__ == "__main__":

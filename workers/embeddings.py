@@ -199,16 +199,7 @@ def render_embeddings(
         ]
     total = 0
     for i, ids in enumerate(inputs):
-        where = "input" if len(inputs) == 1 else f"input.{i}"
-        if not ids:
-            raise RequestError("invalid_request", f"`{where}` has no tokens.", where)
-        if len(ids) > max_len:
-            raise RequestError(
-                "context_length_exceeded",
-                f"This model's maximum context length is {max_len} tokens. However, `{where}` has "
-                f"{len(ids)} tokens. Please shorten it.",
-                where,
-            )
+        check_token_count(ids, "input" if len(inputs) == 1 else f"input.{i}", max_len)
         total += len(ids)
     if total > MAX_INPUT_TOKENS:
         raise RequestError(
@@ -219,8 +210,43 @@ def render_embeddings(
     return RenderedEmbeddings(body, inputs, PoolingParams(task="embed", dimensions=body.dimensions))
 
 
+def check_token_count(ids: list[int], where: str, max_len: int, remedy: str = "shorten it") -> None:
+    """Refuse a pooled input (``where``: its param) with no tokens or more than the context holds."""
+    if not ids:
+        raise RequestError("invalid_request", f"`{where}` has no tokens.", where)
+    if len(ids) > max_len:
+        raise RequestError(
+            "context_length_exceeded",
+            f"This model's maximum context length is {max_len} tokens. However, `{where}` has "
+            f"{len(ids)} tokens. Please {remedy}.",
+            where,
+        )
+
+
+class PooledOutputs:
+    """A line that ran as several vLLM pooling requests (``request_ids``, one per input, pair or
+    text), whose outputs are kept by request id until every one is in: an embeddings line's and
+    a scoring line's."""
+
+    request_ids: list[str]
+    outputs: dict[str, Any]
+
+    def collect(self, output: Any) -> bool:
+        """Keep one request's finished output; True once every one is in (the line is done)."""
+        self.outputs[output.request_id] = output
+        return len(self.outputs) >= len(self.request_ids)
+
+    def finished(self, failed: Exception) -> tuple[list[Any], int]:
+        """The outputs in request order and their cached prompt tokens; raises ``failed`` if vLLM
+        failed any of them."""
+        outputs = [self.outputs[i] for i in self.request_ids]
+        if any(getattr(o, "error", None) is not None or o.outputs is None for o in outputs):
+            raise failed
+        return outputs, sum(int(o.num_cached_tokens or 0) for o in outputs)
+
+
 @dataclass
-class PooledLine:
+class PooledLine(PooledOutputs):
     """One embeddings line in the engine: one vLLM pooling request per input (``request_ids``, in
     input order), and the outputs of those that finished."""
 
@@ -232,20 +258,12 @@ class PooledLine:
     def prompt_tokens(self) -> int:
         return self.rendered.prompt_tokens
 
-    def collect(self, output: Any) -> bool:
-        """Keep one input's finished output; True once every input's is in (the line is done)."""
-        self.outputs[output.request_id] = output
-        return len(self.outputs) >= len(self.request_ids)
-
     def response(self, model: str) -> tuple[dict[str, Any], int]:
         """The line's response body and its cached prompt tokens. Raises EmbeddingFailed if vLLM
         failed an input; any other exception means the body could not be built."""
-        outputs = [self.outputs[i] for i in self.request_ids]
-        if any(getattr(o, "error", None) is not None or o.outputs is None for o in outputs):
-            raise EmbeddingFailed("The engine failed while embedding this request.")
+        outputs, cached = self.finished(EmbeddingFailed("The engine failed while embedding this request."))
         vectors = [o.outputs.data.float().tolist() for o in outputs]
-        body = embeddings_body(vectors, self.rendered.body.encoding_format, model, self.prompt_tokens)
-        return body, sum(int(o.num_cached_tokens or 0) for o in outputs)
+        return embeddings_body(vectors, self.rendered.body.encoding_format, model, self.prompt_tokens), cached
 
 
 class EmbeddingFailed(RuntimeError):

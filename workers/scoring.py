@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from workers.embeddings import PooledOutputs, check_token_count
 from workers.request_errors import RequestError
 
 SCORE = "/v1/score"
@@ -219,7 +220,7 @@ class ScoringFailed(RuntimeError):
 
 
 @dataclass
-class ScoredLine:
+class ScoredLine(PooledOutputs):
     """One score or rerank line in the engine: its vLLM request ids (one per pair on a
     cross-encoder; on an embedding model one per query, then one per document) and the outputs of
     those that finished."""
@@ -230,19 +231,11 @@ class ScoredLine:
     bi_encoder: bool
     outputs: dict[str, Any] = field(default_factory=dict)
 
-    def collect(self, output: Any) -> bool:
-        """Keep one sequence's finished output; True once every one is in (the line is done)."""
-        self.outputs[output.request_id] = output
-        return len(self.outputs) >= len(self.request_ids)
-
     def response(self, model: str) -> tuple[dict[str, Any], int]:
         """The line's response body and its cached prompt tokens. Raises ScoringFailed if vLLM
         failed a sequence; any other exception means the body could not be built."""
-        outputs = [self.outputs[i] for i in self.request_ids]
-        if any(getattr(o, "error", None) is not None or o.outputs is None for o in outputs):
-            raise ScoringFailed("The engine failed while scoring this request.")
+        outputs, cached = self.finished(ScoringFailed("The engine failed while scoring this request."))
         scores = self._bi_encoder_scores(outputs) if self.bi_encoder else self._cross_encoder_scores(outputs)
-        cached = sum(int(o.num_cached_tokens or 0) for o in outputs)
         if self.body.endpoint == RERANK:
             return rerank_body(scores, self.body, model, self.prompt_tokens), cached
         return score_body(scores, model, self.prompt_tokens), cached
@@ -424,15 +417,7 @@ def _bi_encoder_inputs(llm: Any, body: ScoringBody, cache_salt: str | None) -> l
         where = (
             name if len(body.queries if name == body.query_param else body.documents) == 1 else f"{name}.{i}"
         )
-        if not ids:
-            raise RequestError("invalid_request", f"`{where}` has no tokens.", where)
-        if len(ids) > max_len:
-            raise RequestError(
-                "context_length_exceeded",
-                f"This model's maximum context length is {max_len} tokens. However, `{where}` has "
-                f"{len(ids)} tokens. Please shorten it (or set `truncate_prompt_tokens`).",
-                where,
-            )
+        check_token_count(ids, where, max_len, "shorten it (or set `truncate_prompt_tokens`)")
         engine_input: dict[str, Any] = {"prompt_token_ids": ids}
         if cache_salt:
             engine_input["cache_salt"] = cache_salt
