@@ -5,7 +5,9 @@ that use it and stopped right after the last of them (see PACKAGE_STACKS), so it
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterator
@@ -16,7 +18,7 @@ import pytest
 from openai import OpenAI
 
 from infra import daemons as services
-from infra.processes import REPO, Stack, create_tenant, up
+from infra.processes import FREIGHT, REPO, Stack, _log_has, create_tenant, spawn, up, wait_for
 from tests.factories import OMIT, chat_line, jsonl
 
 HUGE = 1_000_000  # lines of the largest batch the tests submit
@@ -283,3 +285,21 @@ def control_worker_pids(stack: Stack) -> list[int]:
         return [pid, *(p for child in children for p in below(int(child)))]
 
     return below(int((stack.run_dir / "control.pid").read_text()))
+
+
+@contextlib.contextmanager
+def engine_worker(live: LiveStack, model: str, name: str, env: dict[str, str], what: str) -> Iterator[None]:
+    """An engine worker of ``model`` of the test's own (a model the live stack does not serve),
+    ready (its log says so) before the body runs, and stopped after with its process group: the
+    engine's children go with it."""
+    proc = spawn(
+        live.stack.run_dir, name, [*FREIGHT, "worker", "--model", model, "--name", f"{name}@%h"], env
+    )
+    try:
+        log = live.stack.log(name)
+        wait_for(lambda: _log_has(log, " ready."), what, 300, proc, log)
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=90)

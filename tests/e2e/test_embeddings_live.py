@@ -8,18 +8,15 @@ fails at validation, naming the line."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
-import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from infra.processes import FREIGHT, REPO, _log_has, spawn, wait_for
-from tests.e2e.conftest import LiveStack, wait_final
+from infra.processes import FREIGHT, REPO
+from tests.e2e.conftest import LiveStack, engine_worker, wait_final
 from tests.factories import chat_line, decode_base64_embedding, embedding_line, jsonl
 
 pytestmark = pytest.mark.stack
@@ -88,18 +85,8 @@ def _run(live: LiveStack, env: dict[str, str], embed_model: Path) -> None:
     upload = client.files.create(file=("embed.jsonl", jsonl(lines)), purpose="batch")
     batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/embeddings", completion_window="24h")
 
-    name = "engine-embed-live"
-    proc = spawn(
-        live.stack.run_dir, name, [*FREIGHT, "worker", "--model", MODEL, "--name", f"{name}@%h"], env
-    )
-    try:
-        log = live.stack.log(name)
-        wait_for(lambda: _log_has(log, " ready."), "embedding engine worker", 300, proc, log)
+    with engine_worker(live, MODEL, "engine-embed-live", env, "embedding engine worker"):
         final = wait_final(client, batch.id, timeout=300)
-    finally:  # its own process group: the engine's children go with it
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=90)
     assert final.status == "completed", final
     assert (final.request_counts.completed, final.request_counts.failed) == (6, 3), final.request_counts
 

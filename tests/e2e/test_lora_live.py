@@ -8,18 +8,15 @@ tenant, get the error of an unknown model at validation, with the same message."
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from infra.build_lora_adapters import PROMPT
-from infra.processes import FREIGHT, REPO, _log_has, spawn, wait_for
-from tests.e2e.conftest import LiveStack, wait_final
+from infra.processes import FREIGHT, REPO
+from tests.e2e.conftest import LiveStack, engine_worker, wait_final
 from tests.factories import chat_line, jsonl
 
 pytestmark = pytest.mark.stack
@@ -106,16 +103,8 @@ def _run(live: LiveStack, env: dict[str, str]) -> None:
         input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
     )
 
-    name = "engine-lora-live"
-    proc = spawn(live.stack.run_dir, name, [*FREIGHT, "worker", "--model", BASE, "--name", f"{name}@%h"], env)
-    try:
-        log = live.stack.log(name)
-        wait_for(lambda: _log_has(log, " ready."), "LoRA engine worker", 300, proc, log)
+    with engine_worker(live, BASE, "engine-lora-live", env, "LoRA engine worker"):
         final = wait_final(client, batch.id, timeout=300)
-    finally:  # its own process group: the engine's children go with it
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=90)
     assert final.status == "completed", final
     assert (final.request_counts.completed, final.request_counts.failed) == (12, 0), final.request_counts
     out = {

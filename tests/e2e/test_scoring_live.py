@@ -9,11 +9,8 @@ an audio batch is refused at create with the reason."""
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
-import os
-import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -22,8 +19,8 @@ import openai
 import pyarrow.parquet as pq
 import pytest
 
-from infra.processes import FREIGHT, REPO, _log_has, spawn, wait_for
-from tests.e2e.conftest import LiveStack, wait_final
+from infra.processes import FREIGHT, REPO
+from tests.e2e.conftest import LiveStack, engine_worker, wait_final
 from tests.factories import jsonl
 
 pytestmark = pytest.mark.stack
@@ -97,18 +94,8 @@ def _run(live: LiveStack, env: dict[str, str], score_model: Path) -> None:
             completion_window="24h",
         )
 
-    name = "engine-rank-live"
-    proc = spawn(
-        live.stack.run_dir, name, [*FREIGHT, "worker", "--model", MODEL, "--name", f"{name}@%h"], env
-    )
-    try:
-        log = live.stack.log(name)
-        wait_for(lambda: _log_has(log, " ready."), "cross-encoder engine worker", 300, proc, log)
+    with engine_worker(live, MODEL, "engine-rank-live", env, "cross-encoder engine worker"):
         finals = {endpoint: wait_final(client, b.id, timeout=300) for endpoint, b in batches.items()}
-    finally:  # its own process group: the engine's children go with it
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=90)
 
     def files(final: Any) -> tuple[dict[str, dict], dict[str, dict]]:
         assert final.status == "completed", final
