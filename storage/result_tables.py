@@ -16,12 +16,10 @@ from collections.abc import Iterable
 from typing import IO, Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from storage.embedding_tables import embeddings_body, write_embedding_results
+from storage.parquet_records import write_records
 from storage.score_tables import scores_body, write_score_results
-
-WRITE_ROWS = 4096
 
 RESULT_SCHEMA = pa.schema(
     [
@@ -110,15 +108,4 @@ def write_results(lines: Iterable[bytes], sink: IO[bytes] | str) -> int:
         return write_embedding_results(itertools.chain(head, decoded), sink, RESULT_SCHEMA, result_record)
     if head and scores_body(head[0]) is not None:
         return write_score_results(itertools.chain(head, decoded), sink, RESULT_SCHEMA, result_record)
-    rows = 0
-    buffer: list[dict[str, Any]] = []
-    with pq.ParquetWriter(sink, RESULT_SCHEMA, compression="zstd") as writer:
-        for line in itertools.chain(head, decoded):
-            buffer.append(result_record(line))
-            rows += 1
-            if len(buffer) >= WRITE_ROWS:
-                writer.write_table(pa.Table.from_pylist(buffer, schema=RESULT_SCHEMA))
-                buffer = []
-        if buffer or not rows:
-            writer.write_table(pa.Table.from_pylist(buffer, schema=RESULT_SCHEMA))
-    return rows
+    return write_records(map(result_record, itertools.chain(head, decoded)), sink, RESULT_SCHEMA)

@@ -25,11 +25,11 @@ from collections.abc import Callable, Iterable
 from typing import IO, Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
+
+from storage.parquet_records import write_records
 
 Record = Callable[[dict[str, Any]], dict[str, Any]]  # one result line -> its result columns
 
-WRITE_ROWS = 4096  # rows in one record batch at most
 SCORE_COLUMNS = (
     ("score_index", pa.int32()),
     ("score", pa.float64()),
@@ -102,17 +102,5 @@ def write_score_results(
     lines: Iterable[dict[str, Any]], sink: IO[bytes] | str, base: pa.Schema, result_record: Record
 ) -> int:
     """Decoded result lines -> Parquet at ``sink``; returns the rows written (one per score)."""
-    schema = score_schema(base)
-    rows = 0
-    buffer: list[dict[str, Any]] = []
-    with pq.ParquetWriter(sink, schema, compression="zstd") as writer:
-        for line in lines:
-            for row in score_records(line, result_record):
-                buffer.append(row)
-                rows += 1
-                if len(buffer) >= WRITE_ROWS:
-                    writer.write_table(pa.Table.from_pylist(buffer, schema=schema))
-                    buffer = []
-        if buffer or not rows:
-            writer.write_table(pa.Table.from_pylist(buffer, schema=schema))
-    return rows
+    rows = (row for line in lines for row in score_records(line, result_record))
+    return write_records(rows, sink, score_schema(base))
