@@ -77,6 +77,9 @@ def start() -> Receiver:
             if behaviour.wait:
                 time.sleep(behaviour.wait)
             status = 500 if seen <= behaviour.fail_first else behaviour.status
+            # recorded before the answer goes out: the sender may read it back the moment it has
+            # the answer, before this thread runs again
+            entry.status = status
             try:
                 self.send_response(status)
                 self.send_header("content-length", str(behaviour.body_bytes))
@@ -87,7 +90,7 @@ def start() -> Receiver:
                     self.wfile.write(b"x" * min(65536, behaviour.body_bytes))
             except OSError:  # the sender gave up on us
                 pass
-            entry.answered, entry.status = time.time(), status
+            entry.answered = time.time()
 
         def log_message(self, *args: object) -> None:
             pass

@@ -46,7 +46,10 @@ def test_the_live_stack_delivers_signed_events(live):
             event = json.loads(request.body)
             events[event["data"]["id"]] = event["type"]
         assert events == {done.id: "batch.completed", failed.id: "batch.failed"}
-        [entry] = api.get(f"/batches/{done.id}/webhook_deliveries").json()["data"]
+        # the receiver has the event before the worker records its answer
+        log = f"/batches/{done.id}/webhook_deliveries"
+        receiver.wait_for(lambda: api.get(log).json()["data"][0]["status"] == "delivered", timeout=30)
+        [entry] = api.get(log).json()["data"]
         assert (entry["status"], entry["attempts"], entry["last_status_code"]) == ("delivered", 1, 200)
     finally:
         receiver.server.shutdown()
