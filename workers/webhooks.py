@@ -12,25 +12,17 @@ receivers hold that many threads of the webhook role, never the pool: the other 
 deliveries go on). One tenant's claims are serialized on its row, so two workers cannot
 both take its last place. When an attempt ends it sends the next due ones.
 
-The receiver is a tenant's input: the host is resolved, every address checked
-(``scheduler.webhooks.address_allowed``), and the connection made to the checked address (so a DNS
-answer that changes between the check and the connect cannot redirect it); redirects are not
+The receiver is a tenant's input: the host is resolved, every address checked and the connection
+made to the checked address (``workers.outbound_http``, shared with image URLs); redirects are not
 followed, the whole attempt is cut off at FREIGHT_WEBHOOK_TIMEOUT_SECONDS, and at most 64 KiB of
 the response is read.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
-import http.client
 import logging
-import socket
-import ssl
-import threading
 import time
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
@@ -41,13 +33,14 @@ from storage.models import Tenant, WebhookDelivery, WebhookEndpoint
 from storage.runtime import Runtime
 from storage.status import DeliveryStatus, EndpointStatus
 from storage.webhooks import move_delivery, move_endpoint
+from workers.outbound_http import Call, send
 
 log = logging.getLogger(__name__)
 
 MAX_RESPONSE_BYTES = 64 * 1024  # of a receiver's answer, read and dropped
 USER_AGENT = "Freight-Webhooks/1"
 TENANT_DISABLED = "not sent: its tenant is disabled"
-_RESOLVER = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="webhook-dns")
+PRIVATE_SETTING = "FREIGHT_WEBHOOK_ALLOW_PRIVATE_TARGETS"
 
 
 def lease_seconds(rt: Runtime) -> float:
@@ -260,88 +253,18 @@ def _record(
 # -- the HTTP call ----------------------------------------------------------------------------
 
 
-class _PinnedHTTPConnection(http.client.HTTPConnection):
-    """Connects to the address that was checked, whatever the name resolves to by then."""
-
-    def __init__(self, host: str, port: int, address: str, timeout: float) -> None:
-        super().__init__(host, port, timeout=timeout)
-        self.address = address
-
-    def connect(self) -> None:
-        self.sock = socket.create_connection((self.address, self.port), self.timeout)
-
-
-class _PinnedHTTPSConnection(http.client.HTTPSConnection):
-    """The same over TLS; the certificate is checked against the host name (SNI too)."""
-
-    def __init__(self, host: str, port: int, address: str, timeout: float) -> None:
-        super().__init__(host, port, timeout=timeout, context=ssl.create_default_context())
-        self.address = address
-
-    def connect(self) -> None:
-        sock = socket.create_connection((self.address, self.port), self.timeout)
-        self.sock = self._context.wrap_socket(sock, server_hostname=self.host)  # type: ignore[attr-defined]
-
-
-def resolve(host: str, port: int, timeout: float, allow_private: bool) -> str:
-    """The address to connect to: the first the host resolves to, when every one is allowed.
-    Raises OSError saying why not."""
-    from scheduler.webhooks import address_allowed
-
-    future = _RESOLVER.submit(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
-    try:
-        infos = future.result(timeout=timeout)
-    except concurrent.futures.TimeoutError:
-        raise OSError(f"resolving {host} timed out") from None
-    addresses = [str(info[4][0]) for info in infos]
-    refused = [a for a in addresses if not address_allowed(a, allow_private)]
-    if refused or not addresses:
-        raise OSError(
-            f"refused: {host} resolves to {refused[0] if refused else 'nothing'}, not a public address"
-            " (FREIGHT_WEBHOOK_ALLOW_PRIVATE_TARGETS is off)"
-        )
-    return addresses[0]
-
-
 def post(
     url: str, sent: dict[str, str], body: bytes, timeout: float, allow_private: bool
 ) -> tuple[int | None, str | None]:
     """POST ``body`` to ``url``: (HTTP status or None, None on a 2xx else why it failed). The whole
-    call, resolving included, ends within ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    conn: http.client.HTTPConnection | None = None
-    cut_off = threading.Event()
-
-    def cut() -> None:  # the deadline: a receiver that trickles bytes is cut off too
-        cut_off.set()
-        if conn is not None and conn.sock is not None:
-            with contextlib.suppress(OSError):
-                conn.sock.shutdown(socket.SHUT_RDWR)
-
-    watchdog = threading.Timer(timeout, cut)
-    watchdog.daemon = True
-    watchdog.start()
+    call, resolving included, ends within ``timeout`` seconds (``workers.outbound_http``)."""
+    call = Call(timeout, MAX_RESPONSE_BYTES, allow_private, PRIVATE_SETTING, USER_AGENT, refuse_larger=False)
     try:
-        address = resolve(host, port, timeout, allow_private)
-        left = max(0.1, deadline - time.monotonic())
-        kind = _PinnedHTTPSConnection if parts.scheme == "https" else _PinnedHTTPConnection
-        conn = kind(host, port, address, left)
-        conn.request("POST", path, body=body, headers={**sent, "user-agent": USER_AGENT})
-        response = conn.getresponse()
-        response.read(MAX_RESPONSE_BYTES)
-        status = response.status
-    except (OSError, http.client.HTTPException, ValueError) as exc:
-        if cut_off.is_set() or isinstance(exc, TimeoutError):
-            return None, f"no answer within {timeout:g} s (FREIGHT_WEBHOOK_TIMEOUT_SECONDS)"
-        return None, f"{type(exc).__name__}: {exc}"[:500]
-    finally:
-        watchdog.cancel()
-        if conn is not None:
-            conn.close()
-    if 200 <= status < 300:
-        return status, None
-    return status, f"HTTP {status}"
+        answer = send("POST", url, call, sent, body)
+    except TimeoutError:
+        return None, f"no answer within {timeout:g} s (FREIGHT_WEBHOOK_TIMEOUT_SECONDS)"
+    except OSError as exc:
+        return None, str(exc)[:500]
+    if 200 <= answer.status < 300:
+        return answer.status, None
+    return answer.status, f"HTTP {answer.status}"
