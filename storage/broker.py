@@ -116,6 +116,42 @@ def _redis(celery: Celery) -> Iterator[Any]:
         yield client if client is not None and hasattr(client, "zadd") else None
 
 
+class TenantSlots:
+    """At most ``limit`` of one tenant's outbound fetches in flight across every process, kept in
+    the broker's Redis (one sorted set a tenant: member a fetch's token, score when its slot lapses
+    even if never given back, so a process killed mid-fetch holds its slot for one lifetime only).
+    A broker other than Redis keeps no count: every take succeeds (one process's own pool still
+    bounds it)."""
+
+    def __init__(self, celery: Celery, kind: str) -> None:
+        self.celery = celery
+        self.prefix = f"freight:slots:{kind}:"
+
+    def take(self, tenant_id: str, token: str, now: float, lifetime: float, limit: int) -> bool:
+        """Take a slot for ``token`` if fewer than ``limit`` of the tenant's are held (lapsed ones
+        dropped first). Two takers racing for the last slot: both add, and the later one by lapse
+        time finds itself past the limit and gives its slot back."""
+        with _redis(self.celery) as client:
+            if client is None:
+                return True
+            key = self.prefix + tenant_id
+            pipe = client.pipeline()
+            pipe.zremrangebyscore(key, "-inf", now)
+            pipe.zadd(key, {token: now + lifetime})
+            pipe.zrank(key, token)
+            pipe.expire(key, int(lifetime) + 60)
+            rank = pipe.execute()[2]
+            if rank is not None and rank < limit:
+                return True
+            client.zrem(key, token)
+            return False
+
+    def give_back(self, tenant_id: str, token: str) -> None:
+        with _redis(self.celery) as client:
+            if client is not None:
+                client.zrem(self.prefix + tenant_id, token)
+
+
 class PackAsks:
     """The engine workers waiting for a pack, per model, kept in the broker's Redis (one sorted set
     a model: member the worker process, its holder id; score when its ask lapses unless renewed).
@@ -175,11 +211,12 @@ class PackAsks:
 
 class TaskQueue:
     """Sends tasks by name, so producers (the API) need not import the task modules; ``asks``,
-    the engine workers waiting for a pack."""
+    the engine workers waiting for a pack; ``image_fetches``, each tenant's image fetches in flight."""
 
     def __init__(self, celery: Celery) -> None:
         self.celery = celery
         self.asks = PackAsks(celery)
+        self.image_fetches = TenantSlots(celery, "image-fetches")
 
     def broker_was_reset(self) -> bool:
         """True once after the broker lost everything it held (Redis restarted without persistence,

@@ -33,9 +33,15 @@ def expiry(settings: Settings, created_at: int, expires_after: int | None) -> in
 
 def batch_data_prefixes(batch_id: str) -> tuple[str, ...]:
     """Where validation writes a batch's shards (and a chunked validation its chunks' runs, which
-    its merge deletes unless it was interrupted) and engine workers its unit results; the output
+    its merge deletes unless it was interrupted, and the images of its lines) and engine workers
+    its unit results; the output
     and error files under ``batches/<id>/`` are files of their own, with their own expiry."""
-    return (f"batches/{batch_id}/shards/", f"batches/{batch_id}/units/", f"batches/{batch_id}/validation/")
+    return (
+        f"batches/{batch_id}/shards/",
+        f"batches/{batch_id}/units/",
+        f"batches/{batch_id}/validation/",
+        f"batches/{batch_id}/images/",  # the images of its chat lines (workers/images.py)
+    )
 
 
 def delete_file_objects(rt: Runtime, record: StoredFile) -> None:

@@ -247,6 +247,16 @@ class Settings:
     webhook_max_endpoints: int = 10
     webhook_allow_private_targets: bool = False
     webhook_secret_grace_seconds: int = 86400
+    # images in chat lines (workers/images.py): one image's bytes as sent and its pixels (width x
+    # height, checked from its header before it is decoded); whether http(s) image URLs are fetched
+    # (off: only data: URLs), one fetch's whole time (seconds), how many of one tenant's fetches run
+    # at once across every control process, and whether fetches may reach private addresses
+    image_max_bytes: int = 20 * 1024 * 1024
+    image_max_pixels: int = 4096 * 4096
+    image_fetch: bool = True
+    image_fetch_timeout_seconds: float = 10.0
+    image_tenant_fetches: int = 4
+    image_fetch_allow_private_targets: bool = False
     # logging of every process (API, workers, beat, the CLI, vLLM's engine): the root level, one of
     # DEBUG, INFO, WARNING, ERROR, CRITICAL; and "text" lines or "json", one JSON object a line
     # (storage/logs.py)
@@ -483,6 +493,14 @@ _ROLE_AND_LOG_RULES: tuple[_Rule, ...] = (
     (
         lambda s: s.webhook_secret_grace_seconds < 0,
         "FREIGHT_WEBHOOK_SECRET_GRACE_SECONDS must be 0 or more",
+    ),
+    (
+        lambda s: min(s.image_max_bytes, s.image_max_pixels, s.image_tenant_fetches) < 1,
+        "FREIGHT_IMAGE_MAX_BYTES, FREIGHT_IMAGE_MAX_PIXELS and FREIGHT_IMAGE_TENANT_FETCHES must be at least 1",
+    ),
+    (
+        lambda s: not 0 < s.image_fetch_timeout_seconds <= 120,
+        "FREIGHT_IMAGE_FETCH_TIMEOUT_SECONDS must be above 0 and at most 120",
     ),
     (
         lambda s: s.log_level.strip().upper() not in LOG_LEVELS,

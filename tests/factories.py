@@ -51,6 +51,31 @@ def chat_line(
     return {"custom_id": custom_id, "method": "POST", "url": CHAT, "body": merged}
 
 
+def image_bytes(
+    width: int = 32, height: int = 32, color: tuple[int, int, int] = (200, 30, 30), fmt: str = "PNG"
+) -> bytes:
+    """An image of one colour, encoded (PNG, JPEG, WEBP, GIF...)."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (width, height), color).save(out, format=fmt)
+    return out.getvalue()
+
+
+def data_url(data: bytes, mime: str = "image/png") -> str:
+    import base64
+
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+def image_line(
+    custom_id: str, url: str, text: str = "What is in this image?", *, model: str = "vlm", **body: Any
+) -> dict:
+    """A chat line whose user message is an image (``url``: a data: URL or a link) then a text."""
+    parts = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}]
+    return chat_line(custom_id, model=model, messages=[{"role": "user", "content": parts}], **body)
+
+
 def embedding_line(custom_id: str = "e1", text: Any = "hello", *, model: str = "embed", **body: Any) -> dict:
     """One /v1/embeddings line: ``input`` (a text, or any value given) for ``model``, then any other
     ``body`` fields (encoding_format, dimensions...)."""

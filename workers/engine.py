@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from scheduler.engine_window import engine_window
 from workers.embeddings import EmbeddingFailed, PooledLine, submit_embeddings
 from workers.engine_lifetime import PARENT_ENV, START_ERROR_ENV
+from workers.images import inline_images
 from workers.lora import LoraAdapters
 from workers.rendering import RenderedRequest, build_response_body, render_request, token_counts
 from workers.request_bodies import EMBEDDINGS, ParsedRequest, RequestError, parse_body, serves
@@ -149,6 +150,8 @@ class EngineRequest:
     # prefix-cache isolation: requests share cached blocks only with requests of the same salt
     # (vLLM hashes it into the first block); None shares with every unsalted request
     cache_salt: str | None = None
+    # the decoded images of the body's image references, by digest (workers/images.py); None: none
+    images: Callable[[str], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -561,6 +564,8 @@ class Engine:
         )
         if parsed.endpoint != request.endpoint:
             raise RequestError("invalid_request", "The parsed request is for another endpoint.", "url")
+        if request.images is not None and parsed.is_chat:
+            inline_images(parsed.request.messages, request.images)
         return render_request(
             parsed,
             self._llm.renderer,

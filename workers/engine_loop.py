@@ -26,6 +26,7 @@ from scheduler.cost import TokenWork, kv_reads
 from storage.shards import ShardRow
 from workers.cost_meter import CostMeter
 from workers.engine import ABORTED_STATUS, EngineRequest, EngineResult, EngineStats
+from workers.images import images_in
 from workers.pack_feed import IDLE_WAIT_SECONDS, PackFeed
 from workers.results import encode, request_error_line, stopped_line, success_line
 from workers.runner_state import ActiveUnit, RunnerState
@@ -95,6 +96,7 @@ class EngineLoop:
         self._stopped = state.stopped
         self._lock = state.lock
         self._pack_feed = feed
+        self._images = feed.images  # decoded once per worker, read ahead with each pack
         self._feed = feed.requests  # popped under _lock
         self._high_water = feed.high_water
         self._finished = finished
@@ -178,6 +180,7 @@ class EngineLoop:
                 prompt_token_ids=row.prompt_token_ids,
                 validated=True,
                 cache_salt=unit.claim.cache_salt,
+                images=self._images.lookup(unit.claim.batch_id) if images_in(row.body_json) else None,
             )
             rejected = engine.add(request)
             if rejected is not None:

@@ -155,7 +155,10 @@ def get_following(url: str, call: Call, redirects: int) -> Answer:
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError(f"no answer within {call.timeout:g} s")
-        answer = send("GET", url, dataclasses.replace(call, timeout=left))
+        try:
+            answer = send("GET", url, dataclasses.replace(call, timeout=left))
+        except TimeoutError:
+            raise TimeoutError(f"no answer within {call.timeout:g} s") from None
         location = answer.headers.get("location")
         if answer.status not in REDIRECTS or not location:
             return answer

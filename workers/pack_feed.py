@@ -20,6 +20,7 @@ from scheduler.feed_order import ElevatorFeed, gather_deadline
 from storage.runtime import Runtime
 from storage.shards import ShardRow, read_rows
 from workers import task_policy
+from workers.images import ImageCache
 from workers.runner_state import ActiveUnit, RunnerState, new_spool
 from workers.unit_claims import claim_unit, release_unit
 
@@ -48,6 +49,7 @@ class PackFeed:
         max_num_seqs: int,
     ) -> None:
         self.rt = rt
+        self.images = ImageCache(rt)  # the images of chat lines, decoded once (workers/images.py)
         self.model = model
         self.holder = holder
         self._state = state
@@ -104,6 +106,8 @@ class PackFeed:
                 list(read_rows(self.rt.store, u.claim.shard_key, u.claim.row_start, u.claim.n_requests))
                 for u in units
             ]
+            for unit, unit_rows in zip(units, rows, strict=True):  # off the engine loop's thread
+                self.images.prefetch(unit.claim.batch_id, (row.body_json for row in unit_rows))
         except Exception as exc:
             self._give_back_unread(units, exc)
             raise

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.ordering import KEY_TOKEN_BYTES, prompt_key
+from workers.images import IMAGE_REF, is_image_ref, part_url
 from workers.request_bodies import CHAT, COMPLETIONS, EMBEDDINGS, RERANK, SCORE
 
 _NO_LIMIT = 1 << 62
@@ -35,15 +36,25 @@ _DEFAULT_CACHE_BYTES = 32 * 1024 * 1024
 
 
 def _text_content(content: Any) -> str | None:
-    """Message content as one string: text parts joined by newlines, as vLLM's string format does."""
+    """Message content as one string: text parts joined by newlines, as vLLM's string format does;
+    an image validation stored (``workers.images``) stands as its digest, so lines are ordered by
+    the image as by the text around it and lines with one image and one prefix run together."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "\n".join(
-            part["text"]
-            for part in content
-            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
-        )
+        return "\n".join(text for part in content if (text := _part_text(part)) is not None)
+    return None
+
+
+def _part_text(part: Any) -> str | None:
+    if not isinstance(part, dict):
+        return None
+    if part.get("type") == "text" and isinstance(part.get("text"), str):
+        return str(part["text"])
+    if part.get("type") == "image_url":
+        url = part_url(part)
+        if is_image_ref(url):
+            return f"<image {url[len(IMAGE_REF) : len(IMAGE_REF) + 16]}>"
     return None
 
 

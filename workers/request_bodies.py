@@ -10,7 +10,7 @@ given. The engine stage (rendering with the engine's renderer, building response
 Deliberate differences from `vllm serve`, because a batch line cannot honour them:
 streaming, beam search, `tool_choice: "auto"` on a model whose registry entry names no
 tool-call parser (forced calls work on any model: `workers.tool_calls`), request-supplied chat templates,
-non-text content parts, prompt embeddings, FIM `suffix`, several prompts in one
+content parts other than text and images (`workers.images`), prompt embeddings, FIM `suffix`, several prompts in one
 completions body (put each on its own line), disaggregated-serving transfer parameters,
 non-zero `priority` (Freight schedules by job) and `cache_salt` (Freight salts each tenant's
 prefix cache itself; a salt of the body's choosing could name another tenant's). When a body
@@ -175,7 +175,11 @@ def _parse_body(endpoint: str, body: Any, validated: bool = False, auto_tools: b
         scoring = scoring_body(endpoint, _validate(model_cls, data))
         return ParsedRequest(endpoint=endpoint, model=model, request=scoring, max_tokens=0)
     model = _check_generation_fields(data)
-    model_cls = _chat_request_class(data, auto_tools) if endpoint == CHAT else _completion_request_class(data)
+    model_cls = (
+        _chat_request_class(data, auto_tools, validated)
+        if endpoint == CHAT
+        else _completion_request_class(data)
+    )
     _refuse_unknown_fields(data, model_cls)
     request = _validate(model_cls, data)
     _check_batch_options(request)
@@ -227,9 +231,9 @@ def _check_generation_fields(data: dict) -> str | None:
     return model
 
 
-def _chat_request_class(data: dict, auto_tools: bool) -> Any:
+def _chat_request_class(data: dict, auto_tools: bool, validated: bool = False) -> Any:
     """vLLM's ChatCompletionRequest, once the messages, tools and template arguments pass."""
-    _check_messages(data.get("messages"))
+    _check_messages(data.get("messages"), validated)
     if tool_calls.check_tools(data) == tool_calls.AUTO and not auto_tools:
         raise tool_calls.auto_tools_error()
     kwargs = data.get("chat_template_kwargs")
@@ -295,7 +299,7 @@ def _parse_responses(body: dict, validated: bool, auto_tools: bool, reasoning: b
     return dataclasses.replace(parsed, endpoint=RESPONSES, responses=translated.echo)
 
 
-def _check_messages(messages: Any) -> None:
+def _check_messages(messages: Any, validated: bool = False) -> None:
     """Clear errors for the message shapes OpenAI accepts (pydantic's union errors are not)."""
     if not isinstance(messages, list) or not messages:
         raise RequestError("invalid_request", "`messages` must be a non-empty array of messages.", "messages")
@@ -326,16 +330,60 @@ def _check_messages(messages: Any) -> None:
             )
         for j, part in enumerate(content):
             part_where = f"{where}.content.{j}"
+            if isinstance(part, dict) and part.get("type") == "image_url":
+                _check_image_part(part, part_where, validated)
+                continue
             if not isinstance(part, dict) or part.get("type") != "text":
                 raise RequestError(
                     "unsupported_parameter",
-                    f"`{part_where}`: only text content parts are supported.",
+                    f"`{part_where}`: only text and image_url content parts are supported.",
                     part_where,
                 )
             if not isinstance(part.get("text"), str):
                 raise RequestError(
                     "invalid_request", f"`{part_where}.text` must be a string.", f"{part_where}.text"
                 )
+
+
+def _check_image_part(part: dict, where: str, validated: bool) -> None:
+    """An ``image_url`` part: ``{"type": "image_url", "image_url": {"url": ..., "detail": ...}}``.
+    In a tenant's body the URL is only checked to be a string here: what it holds (a data: URL, a
+    link, an image at all) is ``workers.images``' to judge, line by line. In a body validation
+    stored (``validated``), it is the reference validation wrote: an image it stored, or the
+    refusal that is this line's error."""
+    from workers.images import REFUSED_REF, is_image_ref, refusal
+
+    image_url = part.get("image_url")
+    url = image_url.get("url") if isinstance(image_url, dict) else None
+    if validated:
+        if url == REFUSED_REF:
+            raise refusal(part)
+        if is_image_ref(url):
+            return
+        raise RequestError("invalid_request", f"`{where}` holds no image validation stored.", where)
+    extra = sorted(set(part) - {"type", "image_url"})
+    if extra:
+        raise RequestError(
+            "invalid_request", f"`{where}`: unknown field {extra[0][:64]!r}.", f"{where}.{extra[0][:64]}"
+        )
+    if not isinstance(url, str) or not url:
+        raise RequestError(
+            "invalid_request",
+            f"`{where}.image_url` must be an object with a non-empty string `url`.",
+            f"{where}.image_url",
+        )
+    assert isinstance(image_url, dict)
+    extra = sorted(set(image_url) - {"url", "detail"})
+    if extra:
+        raise RequestError(
+            "invalid_request", f"`{where}.image_url`: unknown field {extra[0][:64]!r}.", f"{where}.image_url"
+        )
+    if image_url.get("detail", "auto") not in ("auto", "low", "high"):
+        raise RequestError(
+            "invalid_request",
+            f"`{where}.image_url.detail` must be auto, low or high.",
+            f"{where}.image_url.detail",
+        )
 
 
 def _check_tool_calls(tool_calls: Any, where: str) -> None:

@@ -60,11 +60,12 @@ from storage.status import BatchStatus, transition
 from workers.batch_input import open_requests
 from workers.checkpoint import checkpoint_dir
 from workers.dispatcher import admit_batch, measured_throughput
+from workers.images import ImageResolver, checkpoint_takes_images
 from workers.planning import plan_batch
 from workers.prefix_caching import prediction_block_size
 from workers.prompt_tokens import PromptRenderer, RenderedPrompt, TokenizerUnavailable, renderer_for
 from workers.render_blocks import CheckedLine, PromptFn, PromptsFn, RenderBlock
-from workers.request_bodies import RequestError, endpoint_mismatch, serves
+from workers.request_bodies import CHAT, RequestError, endpoint_mismatch, serves
 from workers.request_shapes import RequestShapes
 
 log = logging.getLogger(__name__)
@@ -132,6 +133,9 @@ class FileRules:
     # line of its base (rendered with the base's tokenizer, one base per file); its body keeps the
     # adapter's name, which the engine worker serves it with (storage/adapters.py)
     adapters: Mapping[str, str] = field(default_factory=dict, compare=False)
+    # the batch's image checks and store (workers/images.py); None: image parts stay as given
+    # (a dry-run estimate, which stores nothing)
+    images: ImageResolver | None = field(default=None, compare=False)
 
 
 def check_line(raw: bytes, line_no: int, rules: FileRules) -> ValidLine | LineError:
@@ -170,6 +174,12 @@ def check_fields(raw: bytes, line_no: int, rules: FileRules) -> CheckedLine | Li
     max_tokens = _body_max_tokens(body, model, line_no, rules)
     if isinstance(max_tokens, LineError):
         return max_tokens
+    # image parts become references to the images stored, or the refusal that is the line's error
+    # when it runs (checked after the body's shape: a malformed part fails the file like any field)
+    if rules.images is not None and b'"image_url"' in raw and rules.images.resolve(model, body):
+        body_json = _stored_body(body, line_no)
+        if isinstance(body_json, LineError):
+            return body_json
     return CheckedLine(line_no, custom_id, body_json, body, model, max_tokens)
 
 
@@ -407,16 +417,28 @@ class PromptRenders:
         self.paths: dict[str, str] = {}  # model -> checkpoint directory, asked of the registry once
 
     def renderer(self, model: str) -> PromptRenderer:
+        path = self.renderer_path(model)
+        try:
+            return renderer_for(str(path), self.rt.settings.sort_key_tokens)
+        except Exception as exc:
+            raise TokenizerUnavailable(model, str(path), exc) from exc
+
+    def takes_images(self, model: str) -> bool:
+        """Whether the model has a vision encoder (its config.json); False if its files are missing
+        (the tokenizer's failure says so for the file)."""
+        try:
+            return checkpoint_takes_images(self.renderer_path(model))
+        except TokenizerUnavailable:
+            return False
+
+    def renderer_path(self, model: str) -> str:
         path = self.paths.get(model)
         if path is None:
             try:
                 path = self.paths[model] = checkpoint_dir(self.rt, model)
             except CheckpointError as exc:  # served, but its files are missing or unreachable
                 raise TokenizerUnavailable(model, str(exc.args[0]).split(":")[0], exc) from exc
-        try:
-            return renderer_for(str(path), self.rt.settings.sort_key_tokens)
-        except Exception as exc:
-            raise TokenizerUnavailable(model, str(path), exc) from exc
+        return path
 
     def one(self, model: str, endpoint: str, body: dict) -> RenderedPrompt:
         return self.renderer(model).render(endpoint, body)
@@ -684,11 +706,18 @@ def validate_batch(rt: Runtime, batch_id: str, in_chunks: InChunks | None = None
     return None
 
 
-def file_rules(rt: Runtime, endpoint: str, tenant_id: str | None = None) -> FileRules:
-    """The rules of a file of ``tenant_id`` (None: no tenant, so no adapter restricted to some)."""
+def file_rules(
+    rt: Runtime, endpoint: str, tenant_id: str | None = None, batch_id: str | None = None
+) -> FileRules:
+    """The rules of a file of ``tenant_id`` (None: no tenant, so no adapter restricted to some);
+    with ``batch_id`` too, the images of its chat lines are checked and stored for that batch."""
     settings: Settings = rt.settings
     renders = PromptRenders(rt)
+    images = None
+    if batch_id is not None and tenant_id is not None and endpoint == CHAT:
+        images = ImageResolver(rt, batch_id, tenant_id, renders.takes_images)
     return FileRules(
+        images=images,
         endpoint=endpoint,
         served_models=served_names(rt.db, settings),
         embed_models=embedding_names(rt.db, settings),
@@ -701,6 +730,11 @@ def file_rules(rt: Runtime, endpoint: str, tenant_id: str | None = None) -> File
         reasoning_models=reasoning_models(rt.db),
         adapters=usable_adapters(rt.db, tenant_id),
     )
+
+
+def batch_rules(rt: Runtime, endpoint: str, batch_id: str) -> FileRules:
+    """The rules of a batch's input file: its tenant's adapters, its own image store."""
+    return file_rules(rt, endpoint, batch_tenant(rt, batch_id), batch_id)
 
 
 def batch_tenant(rt: Runtime, batch_id: str) -> str | None:
@@ -721,7 +755,7 @@ def tokenizer_failure(batch_id: str, message: str) -> ScanResult:
 def _validate(rt: Runtime, batch_id: str, input_key: str, endpoint: str, defaults: dict) -> None:
     started = time.monotonic()
     try:
-        rules = file_rules(rt, endpoint, batch_tenant(rt, batch_id))
+        rules = batch_rules(rt, endpoint, batch_id)
         summary, shard_keys = write_store(rt, batch_id, input_key, rules, defaults)
     except TokenizerUnavailable as exc:
         summary, shard_keys = tokenizer_failure(batch_id, str(exc)), []

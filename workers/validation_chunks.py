@@ -60,10 +60,9 @@ from workers.validation import (
     ScanResult,
     _LeaseKeeper,
     _payload,
-    batch_tenant,
+    batch_rules,
     check_fields,
     conclude,
-    file_rules,
     line_content,
     line_error,
     name_columns,
@@ -299,7 +298,7 @@ def scan_chunk(
     and decoded bytes, or the fatal error that fails the whole file)."""
     settings: Settings = rt.settings
     spill = spill_dir(settings)
-    rules = file_rules(rt, endpoint, batch_tenant(rt, batch_id))
+    rules = batch_rules(rt, endpoint, batch_id)
     max_listed = settings.max_listed_errors
     models: dict[str, int] = {}
     errors: list[dict[str, Any]] = []
@@ -400,7 +399,7 @@ def merge(rt: Runtime, batch_id: str, input_key: str, endpoint: str, defaults: d
         # past the decoded limit of a Parquet file, where the file stops being read depends on
         # the bytes of every chunk before: the one-task validation says it exactly
         log.info("batch %s: past the decoded limit; validated again in one task", batch_id)
-        rules = file_rules(rt, endpoint, batch_tenant(rt, batch_id))
+        rules = batch_rules(rt, endpoint, batch_id)
         summary, shard_keys = write_store(rt, batch_id, input_key, rules, defaults)
     else:
         summary = replay(rt, batch_id, chunks)

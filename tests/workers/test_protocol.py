@@ -132,11 +132,17 @@ def test_text_content_parts_are_accepted() -> None:
             CHAT,
             chat(
                 messages=[
-                    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}
+                    {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "x"}}]}
                 ]
             ),
             "unsupported_parameter",
             "messages.0.content.0",
+        ),
+        (  # image parts are workers/images.py's (tests/workers/test_images.py); their shape is checked here
+            CHAT,
+            chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": 5}}]}]),
+            "invalid_request",
+            "messages.0.content.0.image_url",
         ),
         (CHAT, chat(stream=True), "unsupported_parameter", "stream"),
         (CHAT, chat(stream="true"), "unsupported_parameter", "stream"),
