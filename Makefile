@@ -7,7 +7,7 @@ MODEL_DIR := models/demo
 EMBED_MODEL_DIR := models/embed
 BENCH_MODEL_DIR := models/bench
 
-.PHONY: run stop test lint install model embed-model score-model vlm-model adapters bench-model bench bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-embeddings bench-estimates bench-validation bench-finalization int4-model clean quantize-env
+.PHONY: run stop test lint install model embed-model score-model whisper-model vlm-model adapters bench-model bench bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-embeddings bench-estimates bench-validation bench-finalization int4-model clean quantize-env
 
 install:
 	@bash infra/install.sh
@@ -22,6 +22,10 @@ embed-model: install
 # the demo cross-encoder (/v1/score, /v1/rerank): a tiny LlamaForSequenceClassification, one label
 score-model: install
 	@$(PY) infra/build_score_model.py models/score
+
+# the demo speech model (/v1/audio/transcriptions, /v1/audio/translations): a tiny random Whisper
+whisper-model: install
+	@$(PY) infra/build_whisper_model.py models/whisper
 
 # the demo vision-language model (images in chat): a tiny Idefics3 with the demo model's tokenizer
 vlm-model: install
@@ -53,7 +57,7 @@ quantize-env: install
 	@$(PY) -m workers.quantize_env .venv-quantize
 
 # two processes, grouped so that live stacks never overlap (tests/conftest.py, README "Tests")
-test: model embed-model score-model vlm-model adapters lint quantize-env
+test: model embed-model score-model whisper-model vlm-model adapters lint quantize-env
 	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m pytest -p no:cacheprovider -q -n 2 --dist loadgroup
 
 # the scheduler benchmark (bench/README.md): writes bench/results/scheduler.json; BENCH_ARGS=--quick for a smoke run

@@ -112,6 +112,7 @@ def models_add(
     served = {
         EMBED: " (an embedding model: it serves /v1/embeddings, /v1/score and /v1/rerank)",
         "score": " (a cross-encoder: it serves /v1/score and /v1/rerank)",
+        "transcribe": " (a speech model: it serves /v1/audio/transcriptions and /v1/audio/translations)",
     }.get(entry.task, "")
     click.echo(f"registered {entry.name}: {entry.quantization} from {entry.checkpoint}{served}")
     if entry.engine_args or entry.max_model_len:

@@ -213,7 +213,8 @@ MODEL = obj(
         "x_freight": obj(
             {
                 "quantization": STR,
-                "task": {"enum": ["generate", "embed", "score"]},  # its engine's task (storage/registry.py)
+                # its engine's task (storage/registry.py)
+                "task": {"enum": ["generate", "embed", "score", "transcribe"]},
                 "max_model_len": nullable(INT),
                 "parameters": nullable(INT),
                 "weight_bytes": nullable(INT),
@@ -347,10 +348,9 @@ def operation(
 
 CREATE_BATCH_400 = (
     "Its `error.code` says which: `invalid_endpoint` (not one of the endpoint enum), "
-    "`unsupported_endpoint` (one vLLM's run-batch takes that Freight does not yet: "
-    "/v1/audio/transcriptions, /v1/audio/translations; the message says so), "
     "`endpoint_not_served` (no model of this deployment serves the endpoint: an embedding model "
     "serves /v1/embeddings, /v1/score and /v1/rerank, a cross-encoder /v1/score and /v1/rerank, "
+    "a speech model /v1/audio/transcriptions and /v1/audio/translations, "
     "a text-generation model every other endpoint; the message names "
     "the models there are), else none, with `param` naming the field. A line of "
     "the file that is wrong is not an error here: the file is read after create, and its errors "

@@ -24,9 +24,10 @@ from storage.settings import Settings
 REQUESTED = ("auto", "none", "w4a16", "awq", "gptq")
 SERVED = ("none", "w4a16", "awq", "gptq", "other")
 # what a model serves: text generation (chat, completions), embeddings (vLLM's pooling runner; they
-# score too, by cosine), or scores of query-document pairs (a cross-encoder: /v1/score, /v1/rerank)
-GENERATE, EMBED, SCORE = "generate", "embed", "score"
-TASKS = (GENERATE, EMBED, SCORE)
+# score too, by cosine), scores of query-document pairs (a cross-encoder: /v1/score, /v1/rerank), or
+# text from audio (a Whisper model: /v1/audio/transcriptions, /v1/audio/translations)
+GENERATE, EMBED, SCORE, TRANSCRIBE = "generate", "embed", "score", "transcribe"
+TASKS = (GENERATE, EMBED, SCORE, TRANSCRIBE)
 
 
 class RegistryError(Exception):
@@ -96,8 +97,11 @@ def task_of(config: dict[str, Any]) -> str:
     ``BertModel``, ``XLMRobertaModel``: an architecture without a task head) or one built for
     embeddings (``...ForEmbedding``) is an embedding model; a sequence classifier with one label
     (``BertForSequenceClassification``, ``LlamaForSequenceClassification``...: what vLLM runs as a
-    cross-encoder) scores; every other (``...ForCausalLM``...) generates."""
+    cross-encoder) scores; a Whisper encoder-decoder (``WhisperForConditionalGeneration``)
+    transcribes; every other (``...ForCausalLM``...) generates."""
     architectures = config.get("architectures") or []
+    if architectures and all(isinstance(a, str) and a.startswith("Whisper") for a in architectures):
+        return TRANSCRIBE
     labels = config.get("num_labels") or len(config.get("id2label") or {}) or None
     if (
         architectures
@@ -207,6 +211,11 @@ def embedding_names(db: Database, settings: Settings) -> frozenset[str]:
 def score_names(db: Database, settings: Settings) -> frozenset[str]:
     """The served cross-encoders (they serve /v1/score and /v1/rerank and nothing else)."""
     return frozenset(e.name for e in entries(db, settings) if e.task == SCORE)
+
+
+def speech_names(db: Database, settings: Settings) -> frozenset[str]:
+    """The served speech models (they serve the two audio endpoints and nothing else)."""
+    return frozenset(e.name for e in entries(db, settings) if e.task == TRANSCRIBE)
 
 
 def served_names(db: Database, settings: Settings) -> frozenset[str]:

@@ -105,6 +105,8 @@ class Settings:
     max_requests_per_file: int = 50_000
     max_file_bytes: int = 200 * 1024 * 1024
     max_line_bytes: int = 8 * 1024 * 1024
+    # an audio line's longest audio (seconds): Whisper's window, as Freight does not split audio
+    max_audio_seconds: float = 30.0
     max_listed_errors: int = 100  # validation errors listed on a failed batch
     unit_size: int = 256  # requests per work unit (a row range of one Parquet shard of one batch)
     unit_tokens: int = 0  # also cut units at this many planned tokens (prompt + output budget); 0: off
@@ -378,6 +380,7 @@ _Rule = tuple[Callable[[Settings], bool], str]
 # engine, quotas, retention and the metrics listeners
 _WORK_AND_SERVICE_RULES: tuple[_Rule, ...] = (
     (lambda s: s.unit_size < 1, "FREIGHT_UNIT_SIZE must be at least 1"),
+    (lambda s: not s.max_audio_seconds > 0, "FREIGHT_MAX_AUDIO_SECONDS must be above 0"),
     (lambda s: s.unit_tokens < 0, "FREIGHT_UNIT_TOKENS cannot be negative"),
     (lambda s: s.feed_requests < 0, "FREIGHT_FEED_REQUESTS cannot be negative"),
     (lambda s: not 0 < s.urgent_share <= 1, "FREIGHT_URGENT_SHARE must be above 0 and at most 1"),

@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 DEMO_MODEL = REPO / "models" / "demo"
 EMBED_MODEL = REPO / "models" / "embed"
 SCORE_MODEL = REPO / "models" / "score"
+WHISPER_MODEL = REPO / "models" / "whisper"
 ARTIFACTS = REPO / "test-artifacts"
 
 
@@ -221,6 +222,17 @@ def score_model() -> Path:
 
         build(SCORE_MODEL)
     return SCORE_MODEL
+
+
+@pytest.fixture(scope="session")
+def whisper_model() -> Path:
+    """The small random speech model (a WhisperForConditionalGeneration with a byte-level Whisper
+    tokenizer), built locally once: about 5 s."""
+    if not (WHISPER_MODEL / "config.json").exists():
+        from infra.build_whisper_model import build
+
+        build(WHISPER_MODEL)
+    return WHISPER_MODEL
 
 
 @pytest.fixture(scope="session")

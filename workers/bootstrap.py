@@ -281,6 +281,7 @@ def engine_config(
         served_name=model,
         max_model_len=max_model_len or settings.engine_max_model_len or None,
         default_max_tokens=settings.engine_default_max_tokens or None,
+        max_audio_seconds=settings.max_audio_seconds,
         engine_args=extra,
         tool_call_parser=tool_call_parser,
         task=task,

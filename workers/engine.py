@@ -42,6 +42,7 @@ from workers.request_bodies import EMBEDDINGS, ParsedRequest, RequestError, pars
 from workers.request_shapes import ParsedShapes
 from workers.scoring import SCORING_ENDPOINTS, ScoredLine, ScoringFailed, cross_encoder, submit_scoring
 from workers.tool_calls import ModelParsers
+from workers.transcription import AUDIO_ENDPOINTS, SpeechModel, TranscribedLine, TranscriptionFailed
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -88,6 +89,7 @@ class EngineConfig:
     # "embed": vLLM's pooling runner, /v1/embeddings (and scores by cosine); "score": a cross-encoder
     # on the pooling runner, /v1/score and /v1/rerank only (storage/registry.py: TASKS)
     task: str = "generate"
+    max_audio_seconds: float = 30.0  # an audio line's longest audio (FREIGHT_MAX_AUDIO_SECONDS)
 
 
 # Structured outputs (response_format's schemas, forced tool calls) write JSON without optional
@@ -362,8 +364,9 @@ def _error(key: str, status: int, code: str, message: str, param: str | None = N
 class _InFlight:
     key: str
     # PooledLine: an embeddings line (workers/embeddings.py); ScoredLine: a score or rerank line
-    # (workers/scoring.py); each is several vLLM requests
-    rendered: RenderedRequest | PooledLine | ScoredLine
+    # (workers/scoring.py); each is several vLLM requests; TranscribedLine: an audio line (a
+    # language detection, then the transcription: workers/transcription.py)
+    rendered: RenderedRequest | PooledLine | ScoredLine | TranscribedLine
     seqs: int
     # vLLM's ids of the request: one, or one per input of an embeddings request
     request_ids: list[str] = field(default_factory=list)
@@ -457,6 +460,7 @@ class Engine:
         # is not read (the worker's start sets it when the registry is at hand)
         self.loras: LoraAdapters | None = None
         self._cross_encoder: Any = None  # vLLM's pair renderer of a "score" model, made at its first line
+        self._speech: SpeechModel | None = None  # a "transcribe" model's class and config, at its first line
         self.inline = False  # vLLM's engine core runs inside this process (`core_inline`; see start)
         # the running engine's own configuration (vLLM's VllmConfig): what it was started with, the
         # model's engine arguments applied
@@ -609,7 +613,7 @@ class Engine:
             return submitted
         entry = submitted
         rendered = entry.rendered
-        if isinstance(rendered, (PooledLine, ScoredLine)):  # tokens per sequence: one per input
+        if isinstance(rendered, (PooledLine, ScoredLine, TranscribedLine)):  # tokens per sequence
             prompt = rendered.prompt_tokens // max(1, entry.seqs)
         else:
             prompt = len(rendered.prompt_token_ids)
@@ -634,10 +638,18 @@ class Engine:
                 continue  # aborted meanwhile
             if isinstance(entry.rendered, (PooledLine, ScoredLine)) and not entry.rendered.collect(output):
                 continue  # an embeddings or scoring line ends with its last sequence
+            if isinstance(entry.rendered, TranscribedLine) and entry.rendered.language is None:
+                failed = self._transcribe(entry, output)  # its language detected: now the audio
+                if failed is None:
+                    continue
+                result = failed
+            else:
+                result = None
             self._forget(entry)
-            result = _finish(
-                entry, output, entry.model or self.config.served_name, self.tokenizer, self._parsers
-            )
+            if result is None:
+                result = _finish(
+                    entry, output, entry.model or self.config.served_name, self.tokenizer, self._parsers
+                )
             self._counters.count(result)
             results.append(result)
         # the requests still running, and whether vLLM left some waiting with sequence slots free:
@@ -730,9 +742,11 @@ class Engine:
     def _submit(self, request: EngineRequest) -> _InFlight | EngineResult:
         key = request.key
         if not serves(self.config.task, request.endpoint):
-            what = {"embed": "an embedding model", "score": "a cross-encoder"}.get(
-                self.config.task, "a text-generation model"
-            )
+            what = {
+                "embed": "an embedding model",
+                "score": "a cross-encoder",
+                "transcribe": "a speech model",
+            }.get(self.config.task, "a text-generation model")
             return _error(
                 key,
                 400,
@@ -758,6 +772,8 @@ class Engine:
                 return _InFlight(key, pooled, len(pooled.request_ids), pooled.request_ids)
             if request.endpoint in SCORING_ENDPOINTS:  # one pooling request per pair (or text)
                 return self._submit_scoring(request)
+            if request.endpoint in AUDIO_ENDPOINTS:  # Whisper: the audio in the encoder's input
+                return self._submit_audio(request)
             lora = None if self.loras is None else self.loras.request_for(request.body.get("model"))
             rendered = self.render(request)
             request_id = f"freight-{self._next_id}"
@@ -793,6 +809,55 @@ class Engine:
             self._llm, parsed.request, prefix, request.cache_salt, self._abort_in_engine, self._cross_encoder
         )
         return _InFlight(request.key, scored, len(scored.request_ids), scored.request_ids)
+
+    def _submit_audio(self, request: EngineRequest) -> _InFlight:
+        """A transcription or translation line into the engine: its audio decoded (a bad one is the
+        line's 400), then vLLM's language detection if the line names no language, else the
+        transcription itself (workers/transcription.py); raises RequestError for the line's fault."""
+        from workers.transcription import check_language, load_audio
+
+        parsed = request.parsed or parse_body(request.endpoint, request.body, validated=request.validated)
+        if self._speech is None:
+            self._speech = SpeechModel.of(self._llm)
+        check_language(parsed.request, self._speech)
+        audio = load_audio(parsed.request, self.config.max_audio_seconds)
+        request_id = f"freight-{self._next_id}"
+        self._next_id += 1
+        line = TranscribedLine(
+            parsed.request, audio, self._speech, self.config.default_max_tokens, self._default_sampling, []
+        )
+        line.language = parsed.request.request.language
+        detects = getattr(self._speech.model_cls, "supports_explicit_language_detection", False)
+        if line.language is None and detects:
+            prompt, params = line.detection(self._llm.renderer)
+            request_id += "-language"
+        else:
+            prompt, params = line.transcription(self._llm.renderer, self.max_model_len)
+        self._llm.add_request(request_id, prompt, params)
+        line.request_ids.append(request_id)
+        return _InFlight(request.key, line, 1, line.request_ids)
+
+    def _transcribe(self, entry: _InFlight, output: Any) -> EngineResult | None:
+        """An audio line whose language was detected: its transcription into the engine (None), or
+        the line's error result."""
+        line = entry.rendered
+        assert isinstance(line, TranscribedLine)
+        try:
+            line.detected(output)
+            prompt, params = line.transcription(self._llm.renderer, self.max_model_len)
+            request_id = f"freight-{self._next_id}"
+            self._next_id += 1
+            self._llm.add_request(request_id, prompt, params)
+        except RequestError as exc:
+            return _error(entry.key, exc.status_code, exc.code, exc.message, exc.param)
+        except Exception as exc:
+            log.exception("the transcription of %r could not be submitted", entry.key)
+            message = f"The engine could not accept the request: {exc}"[:1000]
+            return _error(entry.key, 500, "internal_error", message)
+        line.request_ids.append(request_id)
+        self._live[request_id] = entry
+        self._in_flight = len(self._live)
+        return None
 
     def _abort_in_engine(self, request_ids: list[str]) -> None:
         try:
@@ -833,12 +898,27 @@ def _finish_embeddings(key: str, line: PooledLine | ScoredLine, served_name: str
     return EngineResult(key, 200, body, prompt_tokens=line.prompt_tokens, cached_tokens=cached)
 
 
+def _finish_audio(key: str, line: TranscribedLine, output: Any) -> EngineResult:
+    """An audio line's result: the text, usage by the audio's duration (workers/transcription.py)."""
+    line.output = output
+    try:
+        body, completion = line.response()
+    except TranscriptionFailed as exc:
+        return _error(key, 500, "internal_error", str(exc))
+    except Exception as exc:
+        log.exception("response for %r could not be built", key)
+        return _error(key, 500, "internal_error", f"The response could not be built: {exc}"[:1000])
+    return EngineResult(key, 200, body, prompt_tokens=line.prompt_tokens, completion_tokens=completion)
+
+
 def _finish(
     entry: _InFlight, output: Any, served_name: str, tokenizer: Any, parsers: ModelParsers | None
 ) -> EngineResult:
     """The result of a request the engine finished: its response body in OpenAI's shape."""
     if isinstance(entry.rendered, (PooledLine, ScoredLine)):
         return _finish_embeddings(entry.key, entry.rendered, served_name)
+    if isinstance(entry.rendered, TranscribedLine):
+        return _finish_audio(entry.key, entry.rendered, output)
     failed = [c for c in output.outputs if c.finish_reason == "error"]
     if failed or not output.outputs:
         return _error(entry.key, 500, "internal_error", "The engine failed while generating this request.")

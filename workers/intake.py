@@ -33,7 +33,7 @@ from storage.errors import ServiceError
 from storage.models import Batch, DropObject, StoredFile, new_id
 from storage.objectstore import CHUNK, ObjectStoreError
 from storage.quotas import bytes_left, check_new_batch, check_stored, exceeded, quota_of, stored_bytes
-from storage.registry import EMBED, GENERATE, TASKS, entries, lookup
+from storage.registry import EMBED, GENERATE, TASKS, TRANSCRIBE, entries, lookup
 from storage.retention import expiry, live
 from storage.runtime import Runtime
 from storage.settings import Settings
@@ -199,6 +199,11 @@ def endpoint_unserved(rt: Runtime, endpoint: str) -> str | None:
         return f"no model of this deployment serves {endpoint}: none is registered (`freight models add`)"
     names = ", ".join(entry.name for entry in models[:20])
     task = next(t for t in TASKS if serves(t, endpoint))
+    if task == TRANSCRIBE:
+        return (
+            f"no model of this deployment serves {endpoint}: none of its models ({names}) is a speech"
+            " model (a Whisper checkpoint: `freight models add NAME --path DIR`)"
+        )
     if task != GENERATE and endpoint != EMBEDDINGS:
         return (
             f"no model of this deployment serves {endpoint}: none of its models ({names}) is a"

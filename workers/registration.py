@@ -37,6 +37,7 @@ from storage.registry import (
     REQUESTED,
     SCORE,
     TASKS,
+    TRANSCRIBE,
     ModelEntry,
     local_quantization,
     local_task,
@@ -162,7 +163,7 @@ def add(rt: Runtime, req: AddRequest, *, echo: Echo = print, progress: Progress 
         raise ServiceError("invalid_request", str(exc), param="path") from exc
     detected = local_quantization(str(local))
     task = local_task(str(local)) if req.task == "auto" else req.task
-    if task in (EMBED, SCORE) and detected == "none":
+    if task in (EMBED, SCORE, TRANSCRIBE) and detected == "none":
         req = _served_as_is(req)
     checkpoint, served, served_dir, probe = _served_checkpoint(rt, req, local, detected, echo, progress)
     parameters, size = weights(served_dir)
@@ -211,8 +212,8 @@ def _requested_engine_args(req: AddRequest) -> tuple[AddRequest, dict[str, Any]]
 
 
 def _served_as_is(req: AddRequest) -> AddRequest:
-    """An unquantized embedding model or cross-encoder is served as it is: Freight's INT4 copy and
-    its probe measure text generation (a checkpoint already quantized elsewhere is served as that)."""
+    """An unquantized embedding model, cross-encoder or speech model is served as it is: Freight's
+    INT4 copy and its probe measure text generation (a checkpoint already quantized elsewhere is served as that)."""
     if req.quantization == "w4a16":
         raise ServiceError(
             "invalid_request",

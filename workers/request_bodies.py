@@ -31,27 +31,32 @@ from workers.embeddings import EMBEDDINGS, parse_embedding_body
 from workers.request_errors import RequestError, clip_message
 from workers.responses import RESPONSES, to_chat
 from workers.scoring import RERANK, SCORE, SCORING_ENDPOINTS, scoring_body, scoring_request_class
+from workers.transcription import (
+    AUDIO_ENDPOINTS,
+    TRANSCRIPTIONS,
+    TRANSLATIONS,
+    audio_body,
+    audio_request_class,
+)
 
 if TYPE_CHECKING:  # vLLM is imported lazily: importing it costs seconds.
     from vllm.sampling_params import SamplingParams
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
-ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, SCORE, RERANK)
+ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, SCORE, RERANK, TRANSCRIPTIONS, TRANSLATIONS)
 # what a model of each registry task serves (storage.registry: a model's task): an embedding model
 # also scores, by the cosine of its vectors, as vLLM's bi-encoder scoring does
 TASK_ENDPOINTS = {
     "generate": (CHAT, COMPLETIONS, RESPONSES),
     "embed": (EMBEDDINGS, SCORE, RERANK),
     "score": (SCORE, RERANK),
+    "transcribe": (TRANSCRIPTIONS, TRANSLATIONS),  # a Whisper model (workers/transcription.py)
 }
 # the endpoints of vLLM's pooling runner: their lines write no tokens (input is the whole cost)
 POOLING_ENDPOINTS = (EMBEDDINGS, SCORE, RERANK)
-# endpoints vLLM's run-batch takes that Freight refuses at batch creation, and why
-UNSUPPORTED_ENDPOINTS = {
-    "/v1/audio/transcriptions": "audio transcription batches are not supported yet",
-    "/v1/audio/translations": "audio translation batches are not supported yet",
-}
+# endpoints vLLM's run-batch takes that Freight refuses at batch creation, and why (none now)
+UNSUPPORTED_ENDPOINTS: dict[str, str] = {}
 
 
 def serves(task: str, endpoint: str) -> bool:
@@ -67,6 +72,8 @@ def endpoint_mismatch(model: str, endpoint: str, task: str | None = None) -> str
     if task is None:
         task = "generate" if endpoint == EMBEDDINGS else "embed"
     name = f"model {model[:200]!r}"
+    if endpoint in AUDIO_ENDPOINTS and task != "transcribe":
+        return f"{name} is not a speech model; it does not serve {endpoint} (use a Whisper model)"
     if task == "generate":
         if endpoint in SCORING_ENDPOINTS:
             return (
@@ -76,6 +83,8 @@ def endpoint_mismatch(model: str, endpoint: str, task: str | None = None) -> str
         return f"{name} generates text; it does not serve {EMBEDDINGS} (use an embedding model)"
     if task == "score":
         return f"{name} is a cross-encoder (a scoring model); it serves {SCORE} and {RERANK} only, not {endpoint}"
+    if task == "transcribe":
+        return f"{name} is a speech model; it serves {TRANSCRIPTIONS} and {TRANSLATIONS} only, not {endpoint}"
     return f"{name} is an embedding model; it serves {EMBEDDINGS}, {SCORE} and {RERANK} only, not {endpoint}"
 
 
@@ -174,6 +183,12 @@ def _parse_body(endpoint: str, body: Any, validated: bool = False, auto_tools: b
         _refuse_unknown_fields(data, model_cls)
         scoring = scoring_body(endpoint, _validate(model_cls, data))
         return ParsedRequest(endpoint=endpoint, model=model, request=scoring, max_tokens=0)
+    if endpoint in AUDIO_ENDPOINTS:  # Whisper models (workers/transcription.py)
+        model_cls, model = audio_request_class(endpoint, data)
+        _refuse_unknown_fields(data, model_cls)
+        audio = audio_body(endpoint, _validate(model_cls, data))
+        max_tokens = audio.request.max_completion_tokens
+        return ParsedRequest(endpoint=endpoint, model=model, request=audio, max_tokens=max_tokens)
     model = _check_generation_fields(data)
     model_cls = (
         _chat_request_class(data, auto_tools, validated)

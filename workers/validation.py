@@ -46,11 +46,13 @@ from storage.registry import (
     EMBED,
     GENERATE,
     SCORE,
+    TRANSCRIBE,
     auto_tool_models,
     embedding_names,
     reasoning_models,
     score_names,
     served_names,
+    speech_names,
 )
 from storage.request_tables import RowError, column_of, decode_limits, metadata_defaults
 from storage.runtime import Runtime
@@ -127,6 +129,8 @@ class FileRules:
     embed_models: frozenset[str] = frozenset()
     # the served cross-encoders: they serve /v1/score and /v1/rerank, and only those
     score_models: frozenset[str] = frozenset()
+    # the served speech models: they serve the two audio endpoints, and only those
+    speech_models: frozenset[str] = frozenset()
     # the file's accepted request shapes: vLLM's request model runs once per shape, not per line
     shapes: RequestShapes = field(default_factory=RequestShapes, compare=False)
     # the LoRA adapters the batch's tenant may name, {adapter: its base}: a line naming one is a
@@ -166,7 +170,15 @@ def check_fields(raw: bytes, line_no: int, rules: FileRules) -> CheckedLine | Li
         return LineError(
             line_no, "model_not_found", f"model {str(model)[:200]!r} is not served here", "body.model"
         )
-    task = EMBED if model in rules.embed_models else SCORE if model in rules.score_models else GENERATE
+    task = (
+        EMBED
+        if model in rules.embed_models
+        else SCORE
+        if model in rules.score_models
+        else TRANSCRIBE
+        if model in rules.speech_models
+        else GENERATE
+    )
     if not serves(task, rules.endpoint):
         return LineError(
             line_no, "invalid_model", endpoint_mismatch(model, rules.endpoint, task), "body.model"
@@ -722,6 +734,7 @@ def file_rules(
         served_models=served_names(rt.db, settings),
         embed_models=embedding_names(rt.db, settings),
         score_models=score_names(rt.db, settings),
+        speech_models=speech_names(rt.db, settings),
         max_requests=settings.max_requests_per_file,
         max_line_bytes=settings.max_line_bytes,
         render=renders.one,

@@ -13,7 +13,17 @@ import pytest
 from api.app import create_app
 from api.services.tenants import create_tenant
 from storage.errors import ServiceError
-from storage.registry import EMBED, GENERATE, SCORE, embedding_names, lookup, score_names, task_of
+from storage.registry import (
+    EMBED,
+    GENERATE,
+    SCORE,
+    TRANSCRIBE,
+    embedding_names,
+    lookup,
+    score_names,
+    speech_names,
+    task_of,
+)
 from storage.runtime import Runtime
 from tests.conftest import DEMO_MODEL, now
 from tests.factories import chat_line, embedding_line, http_create, http_upload
@@ -33,6 +43,7 @@ def _quiet(_: str) -> None:
         (["XLMRobertaModel"], EMBED),
         (["Qwen3ForEmbedding"], EMBED),
         (["LlamaForCausalLM"], GENERATE),
+        (["WhisperForConditionalGeneration"], TRANSCRIBE),
         (["BertForSequenceClassification"], GENERATE),
         ([], GENERATE),
         (None, GENERATE),
@@ -83,24 +94,29 @@ def test_a_cross_encoder_is_registered_unquantized_and_scores(
     assert http_create(client, headers, rerank_file, endpoint="/v1/score").status_code == 200
 
 
-@pytest.mark.parametrize("endpoint", ["/v1/audio/transcriptions", "/v1/audio/translations"])
-def test_audio_batches_are_refused_at_create_with_the_reason(runtime, endpoint: str) -> None:
-    """vLLM's run-batch takes them; Freight does not run them yet, and says so."""
+def test_audio_batches_need_a_speech_model(runtime, whisper_model: Path) -> None:
+    """Audio batches are refused at create while no speech model is served, naming why; the demo
+    Whisper's task ("transcribe") is found from its architecture, it is served as it is, and both
+    audio endpoints are then taken."""
     _, key = create_tenant(runtime.db, "alpha", now())
     headers = {"Authorization": f"Bearer {key}"}
     client = create_app(runtime=runtime).test_client()
     file_id = http_upload(client, headers, [chat_line("c1")]).get_json()["id"]
-    for dry_run in (False, True):
-        response = http_create(client, headers, file_id, endpoint=endpoint, dry_run=dry_run)
-        assert response.status_code == 400, response.get_data(as_text=True)
-        error = response.get_json()["error"]
-        assert (error["param"], error["code"], error["type"]) == (
-            "endpoint", "unsupported_endpoint", "invalid_request_error"
-        ), error  # fmt: skip
-        assert f"endpoint {endpoint} is not supported yet" in error["message"], error
-    documented = client.get("/openapi.json").get_json()["paths"]["/v1/batches"]["post"]["responses"]
-    assert "`unsupported_endpoint`" in documented["400"]["description"]
-    assert client.get("/v1/batches", headers=headers).get_json()["data"] == []
+    endpoints = ("/v1/audio/transcriptions", "/v1/audio/translations")
+    for endpoint in endpoints:
+        for dry_run in (False, True):
+            response = http_create(client, headers, file_id, endpoint=endpoint, dry_run=dry_run)
+            assert "none of its models (demo) is a speech model" in _refused_endpoint(response, endpoint)
+    whisper = registration.add(runtime, AddRequest("whisper", str(whisper_model)), echo=_quiet)
+    assert (whisper.task, whisper.quantization) == (TRANSCRIBE, "none")
+    assert whisper.requested_quantization == "none"
+    assert speech_names(runtime.db, runtime.settings) == {"whisper"}
+    for endpoint in endpoints:
+        made = http_create(client, headers, file_id, endpoint=endpoint)
+        assert made.status_code == 200 and made.get_json()["status"] == "validating", made.get_json()
+    listed = client.get("/v1/models", headers=headers).get_json()
+    tasks = {m["id"]: m["x_freight"]["task"] for m in listed["data"]}
+    assert tasks == {"demo": "generate", "whisper": "transcribe"}
 
 
 def test_tasks_are_found_given_stored_and_served(runtime, embed_model: Path) -> None:

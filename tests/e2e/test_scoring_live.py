@@ -5,7 +5,7 @@ at once. Every line ends once in the output or the error file: the good ones in 
 ScoreResponse and RerankResponse shapes with usage counting the pairs' tokens, what the engine
 refuses (a pair past the context, a token limit past it, multimodal content) as that line's 400
 while the rest runs. A file naming a text-generation model fails at validation, naming the line;
-an audio batch is refused at create with the reason."""
+an audio batch is refused at create while no speech model is served."""
 
 from __future__ import annotations
 
@@ -63,10 +63,10 @@ def _refused_before_running(live: LiveStack) -> None:
     (error,) = final.errors.data
     assert (error.code, error.line, error.param) == ("invalid_model", 1, "body.model"), error
     assert "'demo' generates text; it does not serve /v1/rerank" in error.message
-    for endpoint in ("/v1/audio/transcriptions", "/v1/audio/translations"):
+    for endpoint in ("/v1/audio/transcriptions", "/v1/audio/translations"):  # no speech model here
         with pytest.raises(openai.BadRequestError) as refused:
             client.batches.create(input_file_id=upload.id, endpoint=endpoint, completion_window="24h")  # type: ignore[arg-type]
-        assert refused.value.code == "unsupported_endpoint" and "not supported yet" in refused.value.message
+        assert refused.value.code == "endpoint_not_served" and "speech model" in refused.value.message
 
 
 def _run(live: LiveStack, env: dict[str, str], score_model: Path) -> None:

@@ -24,7 +24,16 @@ def completion(**fields: object) -> dict:
 
 
 def test_endpoints() -> None:
-    assert ENDPOINTS == (CHAT, COMPLETIONS, EMBEDDINGS, "/v1/responses", "/v1/score", "/v1/rerank")
+    assert ENDPOINTS == (
+        CHAT,
+        COMPLETIONS,
+        EMBEDDINGS,
+        "/v1/responses",
+        "/v1/score",
+        "/v1/rerank",
+        "/v1/audio/transcriptions",
+        "/v1/audio/translations",
+    )
 
 
 def test_valid_chat_body_parses() -> None:

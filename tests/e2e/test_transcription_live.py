@@ -1,0 +1,103 @@
+"""Transcription and translation batches end to end on the live stack: the demo speech model (a
+random Whisper) registered with the CLI (its task, "transcribe", found from its architecture), its
+engine worker started from the registry entry, a batch of WAV lines of each endpoint run through
+the official client. The good lines answer in OpenAI's shapes (the client's Transcription and
+Translation types parse them), usage by duration; an undecodable audio and one past the duration
+limit are each that line's 400 while the rest runs. Random weights: the path is checked, not the
+text."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openai.types.audio import Transcription, Translation
+
+from infra.processes import FREIGHT, REPO
+from tests.audio_factories import TRANSCRIPTIONS, TRANSLATIONS, audio_line, tone
+from tests.e2e.conftest import LiveStack, engine_worker, wait_final
+from tests.factories import jsonl
+
+pytestmark = pytest.mark.stack
+
+MODEL = "whisper-live"
+
+
+def _freight(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*FREIGHT, *argv], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _line(custom_id: str, data: bytes, url: str = TRANSCRIPTIONS, **body: Any) -> dict:
+    return audio_line(custom_id, data, url=url, model=MODEL, max_completion_tokens=8, **body)
+
+
+def test_transcription_and_translation_batches_run_on_a_whisper_model(
+    live: LiveStack, whisper_model: Path
+) -> None:
+    env = {**live.worker_env, "FREIGHT_MAX_AUDIO_SECONDS": "5"}
+    added = _freight(env, "models", "add", MODEL, "--path", str(whisper_model))
+    assert added.returncode == 0, added.stderr[-2000:]
+    assert "a speech model: it serves /v1/audio/transcriptions" in added.stdout
+    try:
+        client = live.client("alpha")
+        served = {m.id: m.model_extra["x_freight"] for m in client.models.list().data}
+        assert (served[MODEL]["task"], served[MODEL]["quantization"]) == ("transcribe", "none")
+        lines = {
+            TRANSCRIPTIONS: [
+                _line("en", tone(2.2), language="en"),
+                _line("detected", tone(1.0, rate=22_050)),
+                _line("text", tone(1.0), language="en", response_format="text"),
+                _line("noise", b"this is not audio", language="en"),
+                _line("too-long", tone(6.0), language="en"),
+            ],
+            TRANSLATIONS: [_line("fr", tone(1.5), url=TRANSLATIONS, language="fr")],
+        }
+        batches = {}
+        for endpoint, batch_lines in lines.items():
+            upload = client.files.create(file=("audio.jsonl", jsonl(batch_lines)), purpose="batch")
+            batches[endpoint] = client.batches.create(
+                input_file_id=upload.id,
+                endpoint=endpoint,
+                completion_window="24h",  # type: ignore[arg-type]
+            )
+        with engine_worker(live, MODEL, "engine-whisper-live", env, "speech engine worker"):
+            finals = {endpoint: wait_final(client, b.id, timeout=300) for endpoint, b in batches.items()}
+    finally:
+        removed = _freight(env, "models", "remove", MODEL)
+        assert removed.returncode == 0, removed.stderr
+
+    def files(final: Any) -> tuple[dict[str, dict], dict[str, dict]]:
+        assert final.status == "completed", final
+        out = [json.loads(x) for x in client.files.content(final.output_file_id).text.splitlines()]
+        err = []
+        if final.error_file_id:
+            err = [json.loads(x) for x in client.files.content(final.error_file_id).text.splitlines()]
+        ids = [r["custom_id"] for r in out + err]
+        assert len(ids) == len(set(ids)), ids  # every line once
+        return {r["custom_id"]: r for r in out}, {r["custom_id"]: r for r in err}
+
+    out, err = files(finals[TRANSCRIPTIONS])
+    assert set(out) == {"en", "detected", "text"} and set(err) == {"noise", "too-long"}
+    for key, seconds in (("en", 3), ("detected", 1), ("text", 1)):
+        response = out[key]["response"]
+        assert response["status_code"] == 200
+        parsed = Transcription.model_validate(response["body"])
+        assert isinstance(parsed.text, str)
+        assert response["body"]["usage"] == {"type": "duration", "seconds": seconds}
+    for key, code in (("noise", "invalid_audio"), ("too-long", "audio_too_long")):
+        response = err[key]["response"]
+        assert response["status_code"] == 400, response
+        assert (response["body"]["error"]["code"], response["body"]["error"]["param"]) == (code, "file_url")
+    assert "the limit is 5 s" in err["too-long"]["response"]["body"]["error"]["message"]
+    transcribed = finals[TRANSCRIPTIONS]
+    assert (transcribed.request_counts.completed, transcribed.request_counts.failed) == (3, 2)
+    # input: each line's decoder prompt and its audio's log-mel frames (100 a second)
+    assert transcribed.usage.input_tokens >= 220 + 100 + 100
+    assert 3 <= transcribed.usage.output_tokens <= 3 * 8
+
+    out, err = files(finals[TRANSLATIONS])
+    assert set(out) == {"fr"} and not err
+    assert isinstance(Translation.model_validate(out["fr"]["response"]["body"]).text, str)

@@ -1,0 +1,76 @@
+"""Transcription and translation lines on vLLM's engine with the demo speech model (a random
+Whisper): the decoder prompt vLLM's serving builds over the audio as the encoder's input, language
+detection when a line names none, usage by the audio's duration, and each bad audio its own 400
+while the other lines run. Random weights: the path is checked, not the text."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from tests.audio_factories import TRANSCRIPTIONS, TRANSLATIONS, audio_url, tone
+from workers.engine import Engine, EngineConfig, EngineRequest
+
+
+def _engine(path: Path) -> Engine:
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    return Engine.start(
+        EngineConfig(
+            model_path=str(path),
+            served_name="whisper",
+            max_num_seqs=8,
+            kv_cache_bytes=16 * 1024 * 1024,
+            enforce_eager=True,
+            task="transcribe",
+            max_audio_seconds=5,
+        )
+    )
+
+
+def _body(data: bytes | str, **fields: Any) -> dict:
+    url = data if isinstance(data, str) else audio_url(data)
+    return {"model": "whisper", "file_url": url, "max_completion_tokens": 8, **fields}
+
+
+def test_audio_lines_run_on_a_whisper_model(whisper_model: Path) -> None:
+    engine = _engine(whisper_model)
+    lines = {
+        "en": (TRANSCRIPTIONS, _body(tone(2.2), language="en")),
+        "detected": (TRANSCRIPTIONS, _body(tone(1.0, rate=44_100, channels=2, fmt="FLAC"))),
+        "text": (TRANSCRIPTIONS, _body(tone(1.0), language="de", response_format="text", prompt="hello")),
+        "translate": (TRANSLATIONS, _body(tone(1.0), language="fr")),
+        "too-long": (TRANSCRIPTIONS, _body(tone(6.0), language="en")),
+        "noise": (TRANSCRIPTIONS, _body(b"not audio at all", language="en")),
+        "bad-language": (TRANSCRIPTIONS, _body(tone(1.0), language="xx")),
+        "to-chat": (
+            "/v1/chat/completions",
+            {"model": "whisper", "messages": [{"role": "user", "content": "hi"}]},
+        ),
+    }
+    try:
+        results = {r.key: r for r in engine.run(EngineRequest(k, e, b) for k, (e, b) in lines.items())}
+    finally:
+        engine.shutdown()
+    assert set(results) == set(lines)
+    for key in ("en", "detected", "text"):
+        result = results[key]
+        assert result.ok, (key, result.error)
+        assert set(result.body) == {"text", "usage"} and isinstance(result.body["text"], str)
+        assert 1 <= result.completion_tokens <= 8
+    assert results["en"].body["usage"] == {"type": "duration", "seconds": 3}  # 2.2 s, rounded up
+    assert results["detected"].body["usage"] == {"type": "duration", "seconds": 1}
+    # the decoder prompt (<|startoftranscript|><|en|><|transcribe|><|notimestamps|>) and 100 log-mel
+    # frames a second, as vLLM's streaming usage counts them
+    assert results["en"].prompt_tokens == 4 + 220
+    assert results["text"].prompt_tokens > 4 + 100  # the prompt's <|prev|> text comes first
+    translated = results["translate"]
+    assert translated.ok and set(translated.body) == {"text"}, translated
+    errors = {k: (r.status_code, r.error["code"], r.error["param"]) for k, r in results.items() if not r.ok}
+    assert errors == {
+        "too-long": (400, "audio_too_long", "file_url"),
+        "noise": (400, "invalid_audio", "file_url"),
+        "bad-language": (400, "invalid_request", "language"),
+        "to-chat": (400, "invalid_model", "model"),
+    }
+    assert "6.0 s long; the limit is 5 s" in results["too-long"].error["message"]
