@@ -66,6 +66,11 @@ class QuantizeRequest:
         return "gptq" if self.calibration else "rtn"
 
 
+
+def quantizable(config: dict) -> bool:
+    """Whether round-to-nearest INT4 here covers a checkpoint of this config.json (its architecture)."""
+    return any(a in ARCHITECTURES for a in config.get("architectures") or [])
+
 def linear_weights(source: Path) -> Iterator[tuple[str, list[int]]]:
     """(name, shape) of every 2-D weight that will be quantized, from the safetensors headers."""
     for file in sorted(source.glob("*.safetensors")):
@@ -101,7 +106,7 @@ def check(request: QuantizeRequest) -> dict:
     if existing != "none":
         raise QuantizeError(f"{request.source}: already quantized ({existing}); register it as it is")
     architectures = config.get("architectures") or []
-    if not any(a in ARCHITECTURES for a in architectures):
+    if not quantizable(config):
         raise QuantizeError(
             f"{request.source}: architecture {', '.join(architectures) or 'unknown'} is not supported "
             f"(supported: {', '.join(ARCHITECTURES)})"

@@ -55,7 +55,7 @@ from workers.engine_args import (
     parse_assignments,
 )
 from workers.probe import ProbeError, choose, run_probe
-from workers.quantize import QuantizeError, QuantizeRequest, quantize
+from workers.quantize import QuantizeError, QuantizeRequest, quantizable, quantize, read_config
 from workers.quantize_env import ensure
 from workers.tool_calls import check_parser_names
 
@@ -236,7 +236,10 @@ def _served_checkpoint(
             f"{req.source} is not a {req.quantization.upper()} checkpoint (it is {detected}); make one with "
             f"`freight models quantize SRC DST --calibration FILE.jsonl --method {req.quantization}`",
         )
-    if req.quantization in ("w4a16", "auto") and detected == "none":
+    if req.quantization == "auto" and detected == "none" and not quantizable(read_config(local)):
+        # a vision-language model, say: Freight's round-to-nearest INT4 covers text decoders only
+        echo(f"not quantized: {req.source} is not an architecture Freight's INT4 covers; served as it is")
+    elif req.quantization in ("w4a16", "auto") and detected == "none":
         int4_dir = Path(rt.settings.quantized_dir) / f"{_slug(req.name)}-w4a16-{int(time.time())}"
         echo(f"quantizing {req.source} to W4A16 (round-to-nearest) into {int4_dir}")
         _quantize(QuantizeRequest(source=local, destination=int4_dir), progress)

@@ -188,6 +188,7 @@ def live(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator
         "FREIGHT_UNIT_SIZE": "8",
         "FREIGHT_MAX_FILE_BYTES": str(1024 * 1024),
         "FREIGHT_WEBHOOK_ALLOW_PRIVATE_TARGETS": "true",  # the tests' receivers are on 127.0.0.1
+        "FREIGHT_IMAGE_FETCH_ALLOW_PRIVATE_TARGETS": "true",  # test_images_live serves its images there
         # test_dropfolder_live: a drop folder's latency is held to the default poll (5 s)
         "FREIGHT_DROPFOLDER_MAX_BACKOFF_SECONDS": "4",
         # test_engine_metrics_live: the one engine worker serves vLLM's metrics (stat logging on)
