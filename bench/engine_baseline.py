@@ -198,12 +198,18 @@ class EngineServer:
     """A warm `--serve` engine in a subprocess: `run(path)` measures one file; `pause`/`resume`
     stop it from taking CPU while another system is measured (bench/freeze.py)."""
 
-    def __init__(self, argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        argv: list[str],
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        module: str = "bench.engine_baseline",  # or another module of this protocol (bench.lora_engine)
+    ) -> None:
         import subprocess
 
         self.log = open(log_path, "ab")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.engine_baseline", "--serve", *argv],
+            [sys.executable, "-m", module, "--serve", *argv],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log,
