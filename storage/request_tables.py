@@ -10,7 +10,8 @@ Two input shapes, told apart by their columns:
   strings or of token ids), ``query`` (``/v1/rerank``, beside ``documents``) or ``queries``,
   ``text_1`` or ``data_1`` (``/v1/score``, beside their documents column), every other column
   being a body field of that name (``model``, ``max_tokens``, ``temperature``, ``documents``, …;
-  nulls are left out).
+  nulls are left out). A chat file may add ``image`` (binary, or a URL string) or ``images`` (a
+  list of them): each becomes an ``image_url`` part before the text of the row's last user message.
 
 Batch-level defaults (``defaults``) fill the body fields a row does not set, for both shapes: the
 caller merges them from the file's Parquet key-value metadata ``freight.defaults`` (a JSON object)
@@ -20,6 +21,7 @@ naming the row (1-based) and the column. Reading streams record batches: memory 
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -49,6 +51,15 @@ READ_ROWS = 512
 WRITE_ROWS = 4096
 OPENAI_COLUMNS = frozenset({"custom_id", "method", "url", "body"})
 JSON_TEXT_FIELDS = frozenset({"messages", "response_format", "structured_outputs", "logit_bias", "stop"})
+CHAT = "/v1/chat/completions"
+# a chat file's image columns (simple shape): binary images or URL strings, one or a list a row
+IMAGE_COLUMNS = frozenset({"image", "images"})
+_IMAGE_MAGIC = (
+    (b"\x89PNG\r\n\x1a\n", "image/png"),
+    (b"\xff\xd8\xff", "image/jpeg"),
+    (b"GIF8", "image/gif"),
+    (b"RIFF", "image/webp"),
+)
 
 REQUEST_SCHEMA = pa.schema(
     [("custom_id", pa.string()), ("method", pa.string()), ("url", pa.string()), ("body", pa.string())]
@@ -335,20 +346,10 @@ def _line(
             "body": body,
         }
     else:
-        body = dict(defaults)
-        for name, value in record.items():
-            if name == "custom_id" or value is None:
-                continue
-            if name in JSON_TEXT_FIELDS and isinstance(value, str) and value[:1] in ("[", "{"):
-                try:
-                    value = json_text.loads(value)
-                except ValueError as exc:
-                    return RowError(
-                        row, "invalid_value", f"row {row}, column '{name}': not valid JSON ({exc})", name
-                    )
-            if name == "messages" and isinstance(value, list):
-                value = [_drop_nulls(m) if isinstance(m, dict) else m for m in value]
-            body[name] = value
+        simple = _simple_body(record, row, endpoint, defaults)
+        if isinstance(simple, RowError):
+            return simple
+        body = simple
         line = {"custom_id": record.get("custom_id"), "method": "POST", "url": endpoint, "body": body}
     try:
         return json_text.dumps(line, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
@@ -366,6 +367,81 @@ def _line(
                     name,
                 )
         return RowError(row, "invalid_value", f"row {row}: the row cannot be made a request")
+
+
+def _simple_body(
+    record: dict[str, Any], row: int, endpoint: str, defaults: Mapping[str, Any]
+) -> dict[str, Any] | RowError:
+    """A simple-shape row's body: its columns as body fields, images as parts of its messages."""
+    body = dict(defaults)
+    images: list[Any] = []
+    for name, value in record.items():
+        if name == "custom_id" or value is None:
+            continue
+        if name in IMAGE_COLUMNS and endpoint == CHAT:
+            images.extend(value if name == "images" and isinstance(value, list) else [value])
+            continue
+        if name in JSON_TEXT_FIELDS and isinstance(value, str) and value[:1] in ("[", "{"):
+            try:
+                value = json_text.loads(value)
+            except ValueError as exc:
+                return RowError(
+                    row, "invalid_value", f"row {row}, column '{name}': not valid JSON ({exc})", name
+                )
+        if name == "messages" and isinstance(value, list):
+            value = [_drop_nulls(m) if isinstance(m, dict) else m for m in value]
+        body[name] = value
+    if images:
+        error = _attach_images(body, images, row)
+        if error is not None:
+            return error
+    return body
+
+
+def _image_url(value: Any) -> str | None:
+    """An image column's value as an image URL: bytes become a base64 ``data:`` URL of the type
+    their first bytes say (checked again, like any image, at validation); a string is a URL as it
+    is. None for anything else."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, bytes):
+        return None
+    mime = next((m for magic, m in _IMAGE_MAGIC if value.startswith(magic)), "application/octet-stream")
+    if mime == "image/webp" and value[8:12] != b"WEBP":
+        mime = "application/octet-stream"
+    return f"data:{mime};base64,{base64.b64encode(value).decode()}"
+
+
+def _attach_images(body: dict[str, Any], images: list[Any], row: int) -> RowError | None:
+    """The row's images as ``image_url`` parts before the text of its last user message."""
+    messages = body.get("messages")
+    users = (
+        [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+        if isinstance(messages, list)
+        else []
+    )
+    if not users:
+        return RowError(
+            row,
+            "invalid_value",
+            f"row {row}: an image column needs a messages column with a user message",
+            "image",
+        )
+    parts = []
+    for value in images:
+        url = _image_url(value)
+        if url is None:
+            return RowError(
+                row,
+                "invalid_value",
+                f"row {row}, column 'image': an image is binary or a URL string",
+                "image",
+            )
+        parts.append({"type": "image_url", "image_url": {"url": url}})
+    content = users[-1].get("content")
+    text = [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
+    users[-1]["content"] = parts + text
+    return None
 
 
 def _drop_nulls(value: dict[str, Any]) -> dict[str, Any]:

@@ -3,6 +3,8 @@ outside Freight (DuckDB) reads what Freight writes."""
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 
 import duckdb
@@ -175,3 +177,45 @@ def test_a_response_objects_text_status_and_usage_fill_the_typed_columns(tmp_pat
     )
     assert row[:9] == ("resp-parquet-1", 200, "Par", None, "incomplete", 12, 8, 3, None)
     assert json.loads(row[9]) == body
+
+
+def test_a_chat_files_image_columns_become_image_parts_of_the_last_user_message() -> None:
+    from tests.factories import image_bytes
+
+    png, jpeg = image_bytes(8, 8), image_bytes(8, 8, fmt="JPEG")
+    messages = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+    table = pa.table(
+        {
+            "custom_id": ["one", "two", "link", "none", "alone"],
+            "messages": pa.array(
+                [
+                    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Describe it."}],
+                    [{"role": "user", "content": "Compare them."}],
+                    [{"role": "user", "content": "And this?"}],
+                    [{"role": "user", "content": "No image."}],
+                    [{"role": "system", "content": "No user."}],
+                ],
+                messages,
+            ),
+            "images": pa.array([[png], [png, jpeg], None, None, [png]], pa.list_(pa.binary())),
+            "image": pa.array([None, None, "https://example.com/a.png", None, None], pa.string()),
+        }
+    )
+    out = io.BytesIO()
+    pq.write_table(table, out)
+    lines = list(request_lines(io.BytesIO(out.getvalue()), "/v1/chat/completions"))
+    bodies = [json.loads(line)["body"] for line in lines[:4]]
+
+    def urls(body: dict) -> list[str]:
+        return [p["image_url"]["url"] for p in body["messages"][-1]["content"] if p["type"] == "image_url"]
+
+    assert urls(bodies[0])[0].startswith("data:image/png;base64,")
+    assert base64.b64decode(urls(bodies[0])[0].split(",", 1)[1]) == png
+    assert bodies[0]["messages"][0] == {"role": "system", "content": "Be brief."}
+    assert bodies[0]["messages"][1]["content"][-1] == {"type": "text", "text": "Describe it."}
+    assert [u.split(";")[0] for u in urls(bodies[1])] == ["data:image/png", "data:image/jpeg"]
+    assert urls(bodies[2]) == ["https://example.com/a.png"]  # a string is a URL as it is
+    assert bodies[3]["messages"] == [{"role": "user", "content": "No image."}]
+    error = lines[4]
+    assert isinstance(error, RowError) and error.row == 5 and error.column == "image"
+    assert "needs a messages column with a user message" in error.message
