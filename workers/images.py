@@ -69,20 +69,27 @@ def is_image_ref(url: object) -> bool:
 
 
 def image_parts(body: Any) -> Iterator[tuple[str, dict]]:
-    """Each ``image_url`` content part of a chat body's messages, with the param naming it."""
-    messages = body.get("messages") if isinstance(body, dict) else None
-    if not isinstance(messages, list):
+    """Each image part of a body, with the param naming it: chat's ``image_url`` parts of its
+    ``messages``, and a Responses body's ``input_image`` parts of its ``input`` items."""
+    if not isinstance(body, dict):
         return
-    for i, message in enumerate(messages):
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list):
-            for j, part in enumerate(content):
-                if isinstance(part, dict) and part.get("type") == "image_url":
-                    yield f"messages.{i}.content.{j}", part
+    for field, kind in (("messages", "image_url"), ("input", "input_image")):
+        items = body.get(field)
+        if not isinstance(items, list):
+            continue
+        for i, item in enumerate(items):
+            content = item.get("content") if isinstance(item, dict) else None
+            if isinstance(content, list):
+                for j, part in enumerate(content):
+                    if isinstance(part, dict) and part.get("type") == kind:
+                        yield f"{field}.{i}.content.{j}", part
 
 
 def part_url(part: dict) -> Any:
+    """An image part's URL: chat's ``image_url.url``, or Responses' ``image_url`` string."""
     image_url = part.get("image_url")
+    if part.get("type") == "input_image":
+        return image_url
     return image_url.get("url") if isinstance(image_url, dict) else None
 
 
@@ -203,13 +210,13 @@ class ImageResolver:
             else:
                 outcome = self._outcome(part_url(part))
             code, message = outcome
+            kind = part.get("type")
             part.clear()
-            part["type"] = "image_url"
-            if code.startswith(IMAGE_REF):
-                part["image_url"] = {"url": code}
-            else:
+            part["type"] = kind
+            url = code if code.startswith(IMAGE_REF) else REFUSED_REF
+            part["image_url"] = url if kind == "input_image" else {"url": url}
+            if url == REFUSED_REF:
                 self.refused += 1
-                part["image_url"] = {"url": REFUSED_REF}
                 part["refused"] = {"code": code, "message": f"`{param}`: {message}", "param": param}
         return True
 

@@ -267,16 +267,43 @@ def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
         kind = part.get("type") if isinstance(part, dict) else None
         if not isinstance(kind, str):
             raise _error(at, f"`{at}` must be a content part: an object with a string `type`.")
+        if kind == "input_image":
+            parts.append(_input_image(part, at))
+            continue
         if kind not in _TEXT_PARTS:
             raise _error(
                 at,
-                f"`{at}`: only text parts (input_text, output_text) are supported ({kind[:64]!r}).",
+                f"`{at}`: only text and image parts (input_text, output_text, input_image) are supported"
+                f" ({kind[:64]!r}).",
                 UNSUPPORTED,
             )
         if not isinstance(part.get("text"), str):
             raise _error(f"{at}.text", f"`{at}.text` must be a string.")
         parts.append({"type": "text", "text": part["text"]})
     return {"role": _ROLES[role], "content": parts}
+
+
+def _input_image(part: dict[str, Any], at: str) -> dict[str, Any]:
+    """An ``input_image`` part as chat's ``image_url`` part (``workers.images`` checks, stores and
+    refuses images the same way for both); an image by ``file_id`` is not taken."""
+    if part.get("file_id") is not None:
+        raise _error(
+            f"{at}.file_id", f"`{at}`: images by file_id are not supported; give `image_url`.", UNSUPPORTED
+        )
+    extra = sorted(str(k) for k in set(part) - {"type", "image_url", "detail", "file_id", "refused"})
+    if extra:
+        raise _error(f"{at}.{extra[0][:64]}", f"Unrecognized field in `{at}`: {extra[0][:64]}")
+    url = part.get("image_url")
+    if not isinstance(url, str) or not url:
+        raise _error(
+            f"{at}.image_url", f"`{at}.image_url` must be a non-empty string (a data: URL or a link)."
+        )
+    if part.get("detail", "auto") not in ("auto", "low", "high"):
+        raise _error(f"{at}.detail", f"`{at}.detail` must be auto, low or high.")
+    chat: dict[str, Any] = {"type": "image_url", "image_url": {"url": url}}
+    if "refused" in part:  # validation refused the image: the line's error when it runs
+        chat["refused"] = part["refused"]
+    return chat
 
 
 def _function_call(item: dict[str, Any], where: str) -> dict[str, Any]:

@@ -69,6 +69,7 @@ from workers.prompt_tokens import PromptRenderer, RenderedPrompt, TokenizerUnava
 from workers.render_blocks import CheckedLine, PromptFn, PromptsFn, RenderBlock
 from workers.request_bodies import CHAT, RequestError, endpoint_mismatch, serves
 from workers.request_shapes import RequestShapes
+from workers.responses import RESPONSES
 
 log = logging.getLogger(__name__)
 
@@ -726,7 +727,7 @@ def file_rules(
     settings: Settings = rt.settings
     renders = PromptRenders(rt)
     images = None
-    if batch_id is not None and tenant_id is not None and endpoint == CHAT:
+    if batch_id is not None and tenant_id is not None and endpoint in (CHAT, RESPONSES):
         images = ImageResolver(rt, batch_id, tenant_id, renders.takes_images)
     return FileRules(
         images=images,

@@ -311,3 +311,33 @@ def test_a_batch_with_bad_images_validates_and_only_those_lines_carry_errors(rt)
             parse_body(factories.CHAT, rows[custom_id], validated=True)
         assert at_run_time.value.param == "messages.0.content.0"
     assert list(rt.store.list(f"batches/{batch_id}/images/")) == []
+
+
+def test_a_responses_lines_input_image_is_taken_like_a_chat_image_part(rt) -> None:
+    resolver = ImageResolver(rt, "batch_responses", "tenant_a", lambda model: True)
+    body = {
+        "model": "vlm",
+        "input": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "input_image", "image_url": data_url(RED)},
+                    {"type": "input_text", "text": "What colour is it?"},
+                    {"type": "input_image", "image_url": "data:image/png;base64,@@"},
+                ],
+            }
+        ],
+    }
+    parse_body("/v1/responses", body)  # the tenant's body passes its shape checks
+    assert resolver.resolve("vlm", body)
+    good, _, bad = body["input"][0]["content"]
+    assert good == {"type": "input_image", "image_url": IMAGE_REF + hashlib.sha256(RED).hexdigest()}
+    assert bad["image_url"] == REFUSED_REF and bad["refused"]["code"] == "invalid_image"
+    assert bad["refused"]["param"] == "input.0.content.2"
+    # when it runs: the refusal is the line's error, naming the Responses part
+    with pytest.raises(RequestError) as error:
+        parse_body("/v1/responses", body, validated=True)
+    assert (error.value.code, error.value.param) == ("invalid_image", "input.0.content.2")
+    body["input"][0]["content"].pop()
+    parsed = parse_body("/v1/responses", body, validated=True)
+    assert parsed.request.messages[0]["content"][0]["image_url"]["url"] == good["image_url"]
