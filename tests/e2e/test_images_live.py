@@ -101,8 +101,19 @@ def test_a_batch_of_image_lines_runs_on_a_vision_model(live: LiveStack, image_ho
             input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
         )
 
+        # a /v1/responses line with an input_image part runs on the same engine
+        given = [{"role": "user", "content": [
+            {"type": "input_image", "image_url": data_url(RED)}, {"type": "input_text", "text": "Colour?"}]}]  # fmt: skip
+        line = {"custom_id": "resp", "method": "POST", "url": "/v1/responses",
+                "body": {"model": MODEL, "input": given, "max_output_tokens": 4, "store": False}}  # fmt: skip
+        upload = client.files.create(file=("responses.jsonl", jsonl([line])), purpose="batch")
+        responses = client.batches.create(
+            input_file_id=upload.id, endpoint="/v1/responses", completion_window="24h"
+        )
+
         with engine_worker(live, MODEL, "engine-vlm-live", env, "vision-language engine worker"):
             final = wait_final(client, vision.id, timeout=300)
+            answered, _ = _files(client, wait_final(client, responses.id, timeout=300))
         out, err = _files(client, final)
     finally:
         removed = _freight(env, "models", "remove", MODEL)
@@ -119,6 +130,9 @@ def test_a_batch_of_image_lines_runs_on_a_vision_model(live: LiveStack, image_ho
     assert usage["blue-link"]["prompt_tokens"] >= text_tokens + 50, usage
     assert final.usage.input_tokens == sum(u["prompt_tokens"] for u in usage.values())
     assert final.request_counts.completed == 4 and final.request_counts.failed == 3
+    response = answered["resp"]["response"]
+    assert response["status_code"] == 200 and response["body"]["object"] == "response"
+    assert response["body"]["usage"]["input_tokens"] >= 80  # the image's tokens
 
     def error(key: str) -> dict:
         assert err[key]["response"]["status_code"] == 400
