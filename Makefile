@@ -7,7 +7,7 @@ MODEL_DIR := models/demo
 EMBED_MODEL_DIR := models/embed
 BENCH_MODEL_DIR := models/bench
 
-.PHONY: run stop test lint install model embed-model score-model whisper-model vlm-model adapters bench-model bench bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-embeddings bench-lora bench-estimates bench-validation bench-finalization int4-model clean quantize-env
+.PHONY: run stop test lint install model embed-model score-model whisper-model vlm-model adapters bench-model bench bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-embeddings bench-lora bench-images bench-estimates bench-validation bench-finalization int4-model clean quantize-env
 
 install:
 	@bash infra/install.sh
@@ -61,7 +61,7 @@ test: model embed-model score-model whisper-model vlm-model adapters lint quanti
 	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m pytest -p no:cacheprovider -q -n 2 --dist loadgroup
 
 # the scheduler benchmark (bench/README.md): writes bench/results/scheduler.json; BENCH_ARGS=--quick for a smoke run
-bench: model bench-model bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-embeddings bench-lora bench-estimates bench-validation bench-finalization
+bench: model bench-model bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-embeddings bench-lora bench-images bench-estimates bench-validation bench-finalization
 	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m bench.scheduler $(BENCH_ARGS)
 
 # validation + planning of a 1,000,000-line batch, JSON-only vs columnar: bench/results/parquet.json
@@ -92,6 +92,11 @@ bench-embeddings: embed-model
 # per adapter (issue #47): bench/results/lora.json
 bench-lora: adapters
 	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m bench.lora $(LORA_BENCH_ARGS)
+
+# 2,000 chat lines over 50 images: Freight vs vLLM's LLM.chat on Freight's order and vs run_batch
+# on the file as written (issue #47): bench/results/images.json
+bench-images: model vlm-model
+	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m bench.images $(IMAGES_BENCH_ARGS)
 
 # dry-run estimates against the batches they priced, on the scheduler workloads (issue #22 s5):
 # bench/results/estimates.json
