@@ -66,10 +66,10 @@ class QuantizeRequest:
         return "gptq" if self.calibration else "rtn"
 
 
-
 def quantizable(config: dict) -> bool:
     """Whether round-to-nearest INT4 here covers a checkpoint of this config.json (its architecture)."""
     return any(a in ARCHITECTURES for a in config.get("architectures") or [])
+
 
 def linear_weights(source: Path) -> Iterator[tuple[str, list[int]]]:
     """(name, shape) of every 2-D weight that will be quantized, from the safetensors headers."""
