@@ -184,7 +184,22 @@ ESTIMATE_RESULT = obj(
                 "list_price": nullable(RANGE),
             }
         ),
-    }
+        # what images and audio add to input_tokens (workers/media_tokens.py); only when a line has any
+        "media": obj(
+            {
+                "images": {**INT, "description": "image parts counted by their size"},
+                "image_links": {**INT, "description": "links (not fetched): the model's largest image each"},
+                "images_refused": {**INT, "description": "parts the batch would refuse: counted as nothing"},
+                "images_not_counted": {**INT, "description": "parts of a model whose processor failed here"},
+                "image_tokens": INT,
+                "audio_lines": INT,
+                "audio_refused": {**INT, "description": "audio the engine would refuse: counted as nothing"},
+                "audio_seconds": NUM,
+                "audio_tokens": INT,
+            }
+        ),
+    },
+    optional=("media",),
 )
 ESTIMATE = obj(
     {

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sqlalchemy import Float, cast, func, select
@@ -53,6 +53,7 @@ from storage.settings import Settings
 from storage.status import EstimateStatus, UnitStatus
 from workers.checkpoint import checkpoint_dir
 from workers.embeddings import input_tokens, parse_inputs
+from workers.media_tokens import MediaCounter
 from workers.prefix_caching import prediction_block_size
 from workers.prompt_tokens import TokenizerUnavailable, renderer_for
 from workers.request_bodies import EMBEDDINGS
@@ -144,17 +145,19 @@ def estimate_file(
     settings: Settings = rt.settings
     default_budget = settings.engine_default_max_tokens
     count_inputs = pooling_line_tokens(rt, endpoint) if endpoint in (EMBEDDINGS, *SCORING_ENDPOINTS) else None
+    rules = file_rules(rt, endpoint, tenant_id)
+    media = media_counter(rt, endpoint, rules.adapters)
 
     def payload(item: Any) -> bytes:
         budget = default_budget if item.max_tokens is None else item.max_tokens
         exact = item.prompt_token_ids is not None
         if count_inputs is not None and not exact:  # several inputs: validation keyed the first only
             return _ROW.pack(count_inputs(item.body), budget, True)
-        return _ROW.pack(item.prompt_len, budget, exact)
+        if media.audio:  # validation renders no audio prompt: the count is the engine's
+            return _ROW.pack(media.count(item.body_json), budget, True)
+        return _ROW.pack(item.prompt_len + media.count(item.body_json), budget, exact)
 
-    with sorted_input(
-        settings, rt.store, input_key, file_rules(rt, endpoint, tenant_id), defaults, payload
-    ) as sorted_file:
+    with sorted_input(settings, rt.store, input_key, rules, defaults, payload) as sorted_file:
         scanned = sorted_file.summary
         if scanned.error_count or sorted_file.empty:
             return scanned, None
@@ -167,7 +170,38 @@ def estimate_file(
     entry = lookup(rt.db, settings, scanned.model or "")
     price_per_hour = entry.price_per_hour(settings) if entry else settings.instance_price_per_hour
     list_price = entry.list_price_or_default(settings) if entry else settings.list_price(scanned.model or "")
-    return scanned, summary(totals, history, price_multiplier, price_per_hour, list_price)
+    result = summary(totals, history, price_multiplier, price_per_hour, list_price)
+    counted = media.tally.as_dict()
+    if counted is not None:
+        result["media"] = counted
+    return scanned, result
+
+
+def media_counter(rt: Runtime, endpoint: str, adapters: Mapping[str, str]) -> MediaCounter:
+    """The file's image and audio tokens (``workers.media_tokens``), with the checkpoints and
+    tokenizers validation loads and the limits a batch's lines are held to."""
+    settings: Settings = rt.settings
+
+    def checkpoint(model: str) -> str:
+        try:
+            return checkpoint_dir(rt, model)
+        except Exception as exc:
+            raise TokenizerUnavailable(model, "its checkpoint", exc) from exc
+
+    def engine_args(model: str) -> Mapping[str, Any]:
+        entry = lookup(rt.db, settings, model)
+        return entry.engine_args if entry is not None else {}
+
+    return MediaCounter(
+        endpoint,
+        checkpoint,
+        engine_args,
+        lambda path: renderer_for(path, settings.sort_key_tokens).tokenizer,
+        adapters,
+        max_image_bytes=settings.image_max_bytes,
+        max_pixels=settings.image_max_pixels,
+        max_audio_seconds=settings.max_audio_seconds,
+    )
 
 
 def pooling_line_tokens(rt: Runtime, endpoint: str) -> Callable[[dict], int]:
