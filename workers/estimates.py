@@ -63,6 +63,7 @@ from workers.validation import (
     ScanResult,
     error_list,
     file_rules,
+    is_refused,
     sorted_input,
     tokenizer_failure,
 )
@@ -149,6 +150,8 @@ def estimate_file(
     media = media_counter(rt, endpoint, rules.adapters)
 
     def payload(item: Any) -> bytes:
+        if is_refused(item):  # a line naming a model not served here: it runs as its error, free
+            return _ROW.pack(0, 0, True)
         budget = default_budget if item.max_tokens is None else item.max_tokens
         exact = item.prompt_token_ids is not None
         if count_inputs is not None and not exact:  # several inputs: validation keyed the first only

@@ -10,9 +10,11 @@ the prefix once. Planning then cuts the shards into work units from their column
 (``workers/planning.py``). Memory is bounded by the sort buffer (``FREIGHT_SORT_MEMORY_MB``), one
 row group, and a 16-byte digest per custom_id, whatever the file size. A file with any bad line
 fails the batch with every bad line listed (up to a cap, which is said); Parquet errors name the
-row and the column. An input past FREIGHT_VALIDATION_CHUNK_BYTES is validated in chunks across
-control processes with these same line rules, then merged into the same shards
-(``workers/validation_chunks.py``).
+row and the column. A well-formed line naming a model not served here (a typo, an adapter of
+another base or of other tenants) is not such a bad line: it is a row of the file whose run is its
+``model_not_found`` error (``RefusedLine``), unless no line of the file names a served model. An
+input past FREIGHT_VALIDATION_CHUNK_BYTES is validated in chunks across control processes with
+these same line rules, then merged into the same shards (``workers/validation_chunks.py``).
 """
 
 from __future__ import annotations
@@ -67,7 +69,14 @@ from workers.planning import plan_batch
 from workers.prefix_caching import prediction_block_size
 from workers.prompt_tokens import PromptRenderer, RenderedPrompt, TokenizerUnavailable, renderer_for
 from workers.render_blocks import CheckedLine, PromptFn, PromptsFn, RenderBlock
-from workers.request_bodies import CHAT, RequestError, endpoint_mismatch, serves
+from workers.request_bodies import (
+    CHAT,
+    REFUSED_LINE,
+    RequestError,
+    endpoint_mismatch,
+    refused_line_json,
+    serves,
+)
 from workers.request_shapes import RequestShapes
 from workers.responses import RESPONSES
 
@@ -110,6 +119,35 @@ class LineError:
         return {"code": self.code, "message": self.message, "param": self.param, "line": self.line}
 
 
+@dataclass(frozen=True, slots=True)
+class RefusedLine:
+    """A well-formed line whose ``body.model`` is a model not served here, nor an adapter its
+    tenant may use (one of another base, or restricted to other tenants, reads the same, so no
+    tenant learns another's adapter exists). It is refused alone: a row of the file, joining the
+    model its other lines name, that runs as its ``error`` (a 400 ``model_not_found`` in the error
+    file) while they run; its body is not kept, the stored one is the refusal
+    (``request_bodies.REFUSED_LINE``, raised by ``parse_body`` on the engine worker). A file in
+    which no line names a served model fails as a whole with these errors (``FileChecks``)."""
+
+    line: int
+    custom_id: str
+    error: LineError
+
+    def row(self) -> ShardRow:
+        """Its row: the refusal as its body, a fixed prompt key, no prompt, no output budget."""
+        e = self.error
+        body = refused_line_json(e.code, e.message, "model")  # OpenAI's param: the body's field
+        return ShardRow(self.line, self.custom_id, body, b"", None, 0, None)
+
+
+REFUSED_PREFIX = '{"' + REFUSED_LINE + '":'
+
+
+def is_refused(row: ShardRow) -> bool:
+    """Whether a row is a ``RefusedLine``'s (a tenant's body with that field fails validation)."""
+    return row.body_json.startswith(REFUSED_PREFIX)
+
+
 @dataclass(frozen=True)
 class ValidLine:
     row: ShardRow
@@ -144,16 +182,21 @@ class FileRules:
 
 
 def check_line(raw: bytes, line_no: int, rules: FileRules) -> ValidLine | LineError:
-    """One line of an OpenAI batch file -> a validated row or the reason it is not one."""
+    """One line of an OpenAI batch file -> a validated row or the reason it is not one (a
+    ``RefusedLine``'s error: whether the file runs it as its error row is the file's to say)."""
     checked = check_fields(raw, line_no, rules)
     if isinstance(checked, LineError):
         return checked
+    if isinstance(checked, RefusedLine):
+        return checked.error
     rendered = None if rules.render is None else rules.render(checked.model, rules.endpoint, checked.body)
     return ValidLine(checked.row(rendered), checked.model)
 
 
-def check_fields(raw: bytes, line_no: int, rules: FileRules) -> CheckedLine | LineError:
-    """``check_line`` but for the prompt: scanners render a block of lines at a time."""
+def check_fields(raw: bytes, line_no: int, rules: FileRules) -> CheckedLine | RefusedLine | LineError:
+    """``check_line`` but for the prompt: scanners render a block of lines at a time. A line that
+    names (a string) a model not served here is a ``RefusedLine``; one naming none, or not as a
+    string, is malformed and a ``LineError`` as before."""
     obj = _line_object(raw, line_no, rules)
     if isinstance(obj, LineError):
         return obj
@@ -168,9 +211,10 @@ def check_fields(raw: bytes, line_no: int, rules: FileRules) -> CheckedLine | Li
     if isinstance(model, str) and model in rules.adapters:
         model = rules.adapters[model]
     if not isinstance(model, str) or model not in rules.served_models:
-        return LineError(
+        error = LineError(
             line_no, "model_not_found", f"model {str(model)[:200]!r} is not served here", "body.model"
         )
+        return RefusedLine(line_no, custom_id, error) if isinstance(model, str) else error
     task = (
         EMBED
         if model in rules.embed_models
@@ -289,9 +333,18 @@ class FileChecks:
     lines it checks in place, the chunked validation's merge (``validation_chunks.replay``) with the
     chunks' events of the same lines: both say the same errors, messages and line numbers because
     there is one copy of the rules. On the hot path (a call for each line of up to a million):
-    ``__slots__``, and a valid line costs what the inline code it replaced did."""
+    ``__slots__``, and a valid line costs what the inline code it replaced did.
 
-    __slots__ = ("_blank_from", "_max_listed", "_max_requests", "_seen", "full", "result")
+    A ``RefusedLine`` (``refuse``) is a row like an accepted line (its custom_id unique, counted
+    in the request limit, of the file's model), but until a line names a served model the file's
+    outcome is open: if none ever does, the file fails as it did before refused lines were rows,
+    each listed as its ``model_not_found`` (``_unnamed``); the errors that only a file with a
+    served model has (a refused line's duplicate custom_id, ``_held``) are listed only then."""
+
+    __slots__ = (
+        "_blank_from", "_held", "_held_count", "_max_listed", "_max_requests", "_named", "_seen",
+        "_unnamed", "_unnamed_count", "full", "result",
+    )  # fmt: skip
 
     def __init__(self, max_requests: int, max_listed: int) -> None:
         self.result = ScanResult()
@@ -300,6 +353,11 @@ class FileChecks:
         self._blank_from = 0  # the first line of the run of blank lines just read; 0: none
         self._max_requests = max_requests
         self._max_listed = max_listed
+        self._named = False  # a line passed its own checks naming a served model
+        self._unnamed: list[LineError] = []  # refused lines' errors while none had (the first listed)
+        self._unnamed_count = 0
+        self._held: list[LineError] = []  # a refused line's file-rule errors while none had
+        self._held_count = 0
 
     def failed(self, error: LineError | None) -> None:
         """Count one error, listed while fewer than the cap are. None: an error the caller did not
@@ -333,10 +391,10 @@ class FileChecks:
         its request limit and no later line counts."""
         if self._blank_from:
             self._blank_run_ends()
+        self._named = True
         digest = hashlib.blake2b(custom_id, digest_size=16).digest()
         if digest in self._seen:
-            message = f"custom_id {custom_id.decode()[:200]!r} appears more than once"
-            self.failed(LineError(line_no, "duplicate_custom_id", message, "custom_id"))
+            self.failed(_duplicate(line_no, custom_id))
             return False
         self._seen.add(digest)
         result = self.result
@@ -348,18 +406,68 @@ class FileChecks:
             return False
         result.rows += 1
         if result.rows > self._max_requests:
-            message = f"the file has more than {self._max_requests} requests"
-            self.failed(LineError(line_no, "too_many_requests", message))
-            self.full = True
+            self.failed(self._past_limit(line_no))
+            return False
+        return True
+
+    def _past_limit(self, line_no: int) -> LineError:
+        """The line past the request limit: its error; no later line counts."""
+        self.full = True
+        return LineError(
+            line_no, "too_many_requests", f"the file has more than {self._max_requests} requests"
+        )
+
+    def refuse(self, line_no: int, custom_id: bytes, error: LineError | None) -> bool:
+        """A ``RefusedLine`` (its custom_id's UTF-8 bytes, its error; None: one the caller did not
+        keep, as for ``failed``): True if it is a row of the file (whose run is its error) for
+        as long as some line names a served model; False as ``accept``'s."""
+        if self._blank_from:
+            self._blank_run_ends()
+        named = self._named
+        if not named:  # the file fails with this error if no line ever names a served model
+            self._unnamed_count += 1
+            if len(self._unnamed) < self._max_listed:
+                assert error is not None, "a listed error a chunk did not keep"
+                self._unnamed.append(error)
+        digest = hashlib.blake2b(custom_id, digest_size=16).digest()
+        if digest in self._seen:
+            duplicate = _duplicate(line_no, custom_id)
+            if named:
+                self.failed(duplicate)
+            else:
+                self._held_count += 1
+                if len(self._held) < self._max_listed:
+                    self._held.append(duplicate)
+            return False
+        self._seen.add(digest)
+        result = self.result
+        result.rows += 1
+        if result.rows > self._max_requests:
+            # the file fails whichever way it ends: at this line if a served model was named,
+            # else at the next line naming one, or with its lines' model_not_found if none does
+            if named:
+                self.failed(self._past_limit(line_no))
             return False
         return True
 
     def finish(self, last_line: int) -> ScanResult:
         """The file's summary, its lines all given (``last_line``: the number of the last one)."""
         result = self.result
+        extra, count = (self._held, self._held_count) if self._named else (self._unnamed, self._unnamed_count)
+        if not self._named:
+            result.rows = 0  # refused lines only: none is a row
+        if count:  # each list is the first of its kind in file order: merged, the first of all
+            merged = sorted([*result.errors, *extra], key=lambda e: e.line)
+            result.errors = merged[: self._max_listed]
+            result.error_count += count
         if result.rows == 0 and result.error_count == 0:
             self.failed(LineError(max(last_line, 1), "empty_file", "the file contains no requests"))
         return result
+
+
+def _duplicate(line_no: int, custom_id: bytes) -> LineError:
+    message = f"custom_id {custom_id.decode()[:200]!r} appears more than once"
+    return LineError(line_no, "duplicate_custom_id", message, "custom_id")
 
 
 def scan_lines(
@@ -368,7 +476,10 @@ def scan_lines(
     """Yield valid rows in file order, then one ScanResult summarising the whole file.
 
     The file's encoding is read here (a BOM on line 1, CRLF, blank lines), each line checked by
-    ``check_line`` and the file-wide rules applied by ``FileChecks``.
+    ``check_line`` and the file-wide rules applied by ``FileChecks``. A ``RefusedLine``'s row is
+    yielded as soon as it is read (before the rendered rows of the lines waiting in the block): if
+    no line of the file names a served model, the summary lists it as an error instead and counts
+    no rows (a failed file's rows are not stored).
     """
     checks = FileChecks(rules.max_requests, max_listed)
     accept = checks.accept  # bound once: called for every valid line
@@ -385,6 +496,12 @@ def scan_lines(
         checked = check_fields(raw, line_no, rules)
         if isinstance(checked, LineError):
             checks.bad(checked)
+            continue
+        if isinstance(checked, RefusedLine):  # not rendered: its row runs as its error
+            if checks.refuse(line_no, checked.custom_id.encode(), checked.error):
+                yield checked.row()
+            elif checks.full:
+                break
             continue
         if not accept(line_no, checked.custom_id.encode(), checked.model):
             if checks.full:

@@ -6,9 +6,11 @@ ranges, a line belonging to the chunk it starts in, so no pre-pass reads the fil
 row groups), each validated by a task of its own on the freight.validate queue, which any process
 of any control worker takes. A chunk checks its lines with the one-task validation's own
 ``check_line`` and writes two objects: the sorted run of its valid rows (the one-task sort's
-records) and one event per line (blank, bad, or valid with its model and custom_id); its row keeps
-its line count and its first errors. Lines are numbered within the chunk; the merge adds the
-lines of the chunks before, so no chunk needs to know where it starts.
+records) and one event per line (blank, bad, valid with its model and custom_id, or refused with
+its custom_id: a line naming a model not served here, ``validation.RefusedLine``, whose row is in
+the run); its row keeps its line count, its first errors and its refused lines' first errors.
+Lines are numbered within the chunk; the merge adds the lines of the chunks before, so no chunk
+needs to know where it starts.
 
 The chunk that finds itself the last one done (the batch row locked, its move pending -> done a
 compare-and-set, the others counted) sends the batch's validation again; under the batch's
@@ -57,6 +59,7 @@ from workers.render_blocks import RenderBlock
 from workers.validation import (
     FileChecks,
     LineError,
+    RefusedLine,
     ScanResult,
     _LeaseKeeper,
     _payload,
@@ -76,7 +79,8 @@ log = logging.getLogger(__name__)
 
 # one event per line: kind, model index, custom_id length; then the custom_id's UTF-8 bytes
 EVENT = struct.Struct(">BHH")
-BLANK, BAD_ROW, BAD_LINE, VALID = range(4)  # BAD_ROW: a Parquet row that made no line
+# BAD_ROW: a Parquet row that made no line; REFUSED: a ``RefusedLine`` (its row in the run)
+BLANK, BAD_ROW, BAD_LINE, VALID, REFUSED = range(5)
 # a Parquet row error after which the file's rows end (request_tables._limited_lines)
 ENDS_ROWS = frozenset({"too_many_requests", "file_too_large"})
 
@@ -294,15 +298,16 @@ def scan_chunk(
     rt: Runtime, batch_id: str, seq: int, input_key: str, endpoint: str, defaults: dict, start: int, stop: int
 ) -> tuple[int, dict[str, Any]]:
     """Check the chunk's lines and write its run and events; its line count and summary (the
-    models its valid lines name, its first errors and its count of bad lines, Parquet columns
-    and decoded bytes, or the fatal error that fails the whole file)."""
+    models its valid lines name, its first errors and its count of bad lines, its refused lines'
+    first errors, Parquet columns and decoded bytes, or the fatal error that fails the whole file)."""
     settings: Settings = rt.settings
     spill = spill_dir(settings)
     rules = batch_rules(rt, endpoint, batch_id)
     max_listed = settings.max_listed_errors
     models: dict[str, int] = {}
     errors: list[dict[str, Any]] = []
-    summary: dict[str, Any] = {"models": [], "errors": errors, "bad": 0}
+    refused: list[dict[str, Any]] = []  # the errors of the all-refused file (FileChecks.refuse)
+    summary: dict[str, Any] = {"models": [], "errors": errors, "bad": 0, "refused": refused}
     run_key, events_key = _objects(batch_id, seq)
     lines = 0
     with contextlib.ExitStack() as stack:
@@ -337,6 +342,18 @@ def scan_chunk(
                 checked = check_fields(raw, pos, rules)
                 if isinstance(checked, LineError):
                     bad(BAD_LINE, checked)
+                    continue
+                if isinstance(checked, RefusedLine):  # the file's rules decide if its row is one
+                    custom_id = checked.custom_id.encode()
+                    events.write(EVENT.pack(REFUSED, 0, len(custom_id)))
+                    events.write(custom_id)
+                    if len(refused) < max_listed:
+                        e = checked.error
+                        refused.append(
+                            {"line": e.line, "code": e.code, "message": e.message, "param": e.param}
+                        )
+                    row = checked.row()
+                    yield row.key, row.line, _payload(row)
                     continue
                 custom_id = checked.custom_id.encode()
                 model = models.setdefault(checked.model, len(models))
@@ -433,13 +450,21 @@ def replay(rt: Runtime, batch_id: str, chunks: list[_Done]) -> ScanResult:
     for chunk in chunks:
         listed = [LineError(e["line"] + offset, e["code"], e["message"], e["param"])
                   for e in chunk.summary.get("errors", [])]  # fmt: skip
+        refused = [LineError(e["line"] + offset, e["code"], e["message"], e["param"])
+                   for e in chunk.summary.get("refused", [])]  # fmt: skip
         models = chunk.summary.get("models", [])
         bad = 0  # the chunk's bad lines so far: its listed errors are its first ones, in order
+        n_refused = 0  # the same for its refused lines
         with _local(rt, _objects(batch_id, chunk.seq)[1], spill_dir(settings)) as stream:
             for pos, (kind, model_index, custom_id) in enumerate(_events(stream), start=1):
                 line_no = offset + pos
                 if kind == VALID:
                     if not checks.accept(line_no, custom_id, models[model_index]) and checks.full:
+                        return checks.finish(line_no)
+                elif kind == REFUSED:
+                    error = refused[n_refused] if n_refused < len(refused) else None
+                    n_refused += 1
+                    if not checks.refuse(line_no, custom_id, error) and checks.full:
                         return checks.finish(line_no)
                 elif kind == BLANK:
                     checks.blank(line_no)

@@ -58,6 +58,7 @@ def test_embeddings_are_priced_by_their_input_tokens_only(runtime, embed_model: 
         embedding_line("several", [DOC + "two", "a short text", DOC + "three"], model="emb"),
         embedding_line("ids", [[1, 5, 9], [1, 7]], model="emb"),
         embedding_line("b64", DOC + "four", model="emb", encoding_format="base64", dimensions=64),
+        embedding_line("typo", DOC + "five", model="emb-typo"),  # refused alone: runs as its error
     ]
     file_id = http_upload(client, headers, lines, "corpus.jsonl").get_json()["id"]
     add_history(runtime, tenant.id, file_id)
@@ -76,7 +77,8 @@ def test_embeddings_are_priced_by_their_input_tokens_only(runtime, embed_model: 
 
     expected = tokens(DOC + "one") + tokens(DOC + "two") + tokens("a short text") + tokens(DOC + "three")
     expected += 5 + tokens(DOC + "four")
-    assert (e["requests"], e["input_tokens"], e["input_tokens_lower_bound_requests"]) == (4, expected, 0)
+    # the line naming a model not served here is a request that costs nothing
+    assert (e["requests"], e["input_tokens"], e["input_tokens_lower_bound_requests"]) == (5, expected, 0)
     # no output: every budget is 0, and the model's history (its units wrote none) agrees
     assert e["output_tokens"] == {"max": 0, "typical": 0, "typical_per_request": 0.0}
     # engine seconds are the uncached input tokens at the model's rate: one figure, no range
@@ -86,7 +88,7 @@ def test_embeddings_are_priced_by_their_input_tokens_only(runtime, embed_model: 
     assert e["cost"]["total"]["low"] == pytest.approx(uncached / 200 * 3.6 / 3600, abs=2e-6)
 
     printed = table(answer)
-    assert f"requests       4 for emb ({EMBEDDINGS})" in printed
+    assert f"requests       5 for emb ({EMBEDDINGS})" in printed
     assert "output tokens  none (an embedding writes no tokens" in printed and "max_tokens" not in printed
 
 

@@ -231,6 +231,37 @@ def test_invalid_lines_are_reported_as_validation_reports_them(client, runtime, 
     assert all(e["message"] for e in answer["errors"]["data"])
 
 
+def test_a_line_naming_an_unknown_model_costs_nothing(client, runtime, tenants):
+    """A line naming a model not served here runs as its error (refused alone at validation): a
+    request of the estimate with no input and no output tokens; a file of nothing else fails as
+    its batch would, each line listed."""
+    _, alpha = tenants["alpha"]
+    lines = document_lines()
+    base = estimated(client, runtime, alpha, http_upload(client, alpha, lines).get_json()["id"])["estimate"]
+    typos = [chat_line("typo-1", "x" * 400, model="gpt-9"), chat_line("typo-2", "y", model="demo-lora-x")]
+    answer = estimated(
+        client, runtime, alpha, http_upload(client, alpha, [typos[0], *lines, typos[1]]).get_json()["id"]
+    )
+    assert answer["status"] == "completed" and answer["model"] == "demo", answer
+    e = answer["estimate"]
+    assert e["requests"] == base["requests"] + 2 == 8
+    assert (e["input_tokens"], e["cached_input_tokens"]) == (
+        base["input_tokens"],
+        base["cached_input_tokens"],
+    )
+    assert (
+        e["output_tokens"]
+        == base["output_tokens"]
+        == {"max": 300, "typical": None, "typical_per_request": None}
+    )
+    only = estimated(client, runtime, alpha, http_upload(client, alpha, typos).get_json()["id"])
+    assert only["status"] == "failed" and only["estimate"] is None
+    assert [(x["line"], x["code"]) for x in only["errors"]["data"]] == [
+        (1, "model_not_found"),
+        (2, "model_not_found"),
+    ]
+
+
 def test_bad_dry_runs_get_clear_4xx(client, runtime, tenants):
     _, alpha = tenants["alpha"]
     _, beta = tenants["beta"]

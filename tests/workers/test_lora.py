@@ -7,6 +7,7 @@ arguments come from the registry's adapters."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from infra.build_lora_adapters import PROMPT
 from storage.adapters import AdapterEntry
 from workers.engine import Engine, EngineConfig, EngineRequest
 from workers.lora import LoraAdapters, lora_engine_args
+from workers.request_bodies import refused_line_json
 
 CHAT = "/v1/chat/completions"
 REPO = Path(__file__).resolve().parents[2]
@@ -110,14 +112,22 @@ def _chat(
 def test_lines_of_two_adapters_and_the_base_share_one_engine(lora_engine) -> None:
     engine, words = lora_engine
     models = ["demo", "demo-alpha", "demo-beta"]
+    # a line validation refused alone (naming an adapter its tenant may not use) runs as its error
+    refused = json.loads(
+        refused_line_json("model_not_found", "model 'demo-gamma' is not served here", "model")
+    )
     requests = [_chat(f"{m}/{i}", m) for i in range(3) for m in models] + [
-        _chat("demo-ghost/0", "demo-ghost")
+        _chat("demo-ghost/0", "demo-ghost"),
+        EngineRequest("demo-gamma/0", CHAT, refused, validated=True),
     ]
     results = {r.key: r for r in engine.run(requests)}
     for key, result in results.items():
         model = key.split("/")[0]
         if model == "demo-ghost":
             assert (result.status_code, result.error["code"]) == (404, "model_not_found")
+            continue
+        if model == "demo-gamma":
+            assert (result.status_code, result.error) == (400, refused["x_freight_refused"])
             continue
         assert result.ok, result
         answer = result.body["choices"][0]["message"]["content"].strip()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -289,3 +290,24 @@ def test_a_validated_body_leaves_the_sampling_check_to_rendering() -> None:
     assert err.value.code == "invalid_request"
     # a body that reached the worker passed that check at validation; render_request repeats it
     assert parse_body(CHAT, body, validated=True).max_tokens == 4
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+def test_a_refused_lines_stored_body_raises_its_error_on_every_endpoint(endpoint: str) -> None:
+    """What validation stores for a line it refused alone (a model not served here) is that
+    line's error when it runs: on each endpoint's path (parse_body for embeddings, scoring and
+    audio; ParsedShapes for chat, completions and Responses), never a request."""
+    from workers.request_bodies import refused_line_json
+    from workers.request_shapes import ParsedShapes
+
+    stored = refused_line_json("model_not_found", "model 'gpt-9' is not served here", "model")
+    for parse in (parse_body, ParsedShapes().parse):
+        with pytest.raises(RequestError) as raised:
+            parse(endpoint, json.loads(stored), validated=True)
+        error = raised.value
+        assert (error.code, error.param, error.status_code) == ("model_not_found", "model", 400)
+        assert error.message == "model 'gpt-9' is not served here"
+    # a tenant's body holding the field is an unknown field, as any misspelt parameter
+    with pytest.raises(RequestError) as tenants:
+        parse_body(CHAT, chat(**json.loads(stored)))
+    assert (tenants.value.code, tenants.value.param) == ("invalid_request", "x_freight_refused")

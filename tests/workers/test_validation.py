@@ -7,8 +7,18 @@ import json
 
 import pytest
 
-from tests.factories import chat_line
-from workers.validation import FileRules, LineError, ScanResult, check_line, scan_lines
+from tests.factories import chat_line, embedding_line, responses_line
+from workers.request_bodies import RequestError, parse_body
+from workers.validation import (
+    FileRules,
+    LineError,
+    ScanResult,
+    _payload,
+    _row,
+    check_line,
+    is_refused,
+    scan_lines,
+)
 
 RULES = FileRules("/v1/chat/completions", frozenset({"demo"}), max_requests=50, max_line_bytes=4096)
 
@@ -175,3 +185,129 @@ def test_an_adapters_lines_sort_together_and_share_no_prefix_with_others() -> No
     assert groups[0] == "demo" and sorted(groups) == ["demo", "demo-a", "demo-b"]
     shared = [common_prefix_tokens(a.key, b.key) for a, b in itertools.pairwise(ordered)]
     assert shared == [3, 0, 3, 0, 3]  # the prefix within the base and each adapter; nothing across
+
+
+# -- a line naming a model not served here is refused alone --------------------------------------
+
+ADAPTER_RULES = FileRules(
+    "/v1/chat/completions", frozenset({"demo", "other"}), max_requests=50, max_line_bytes=4096,
+    adapters={"demo-a": "demo", "other-a": "other"},
+)  # fmt: skip
+
+
+def _run_time_error(row) -> RequestError:
+    """What the engine worker's parse of a stored row raises (request_bodies.parse_body)."""
+    with pytest.raises(RequestError) as raised:
+        parse_body("/v1/chat/completions", json.loads(row.body_json), validated=True)
+    return raised.value
+
+
+def test_a_line_naming_an_unknown_model_is_a_row_that_runs_as_its_error() -> None:
+    """An unknown model, or an adapter the tenant may not use (restricted to others: not in its
+    ``adapters``), is that line's 400 ``model_not_found`` at run time, with the message validation
+    gave, while the file's other lines run; its body is not kept and its row has no prompt."""
+    lines = [raw(good("1")), raw(good("2", model="gpt-9")), raw(good("3", model="demo-a")), raw(good("4"))]
+    rows, result = scan(lines, ADAPTER_RULES)
+    assert (result.model, result.rows, result.errors, result.error_count) == ("demo", 4, [], 0)
+    refused = next(r for r in rows if r.custom_id == "2")
+    assert is_refused(refused) and not any(is_refused(r) for r in rows if r is not refused)
+    assert (refused.line, refused.key, refused.prompt_token_ids, refused.prompt_len, refused.max_tokens) == (
+        2, b"", None, 0, None,
+    )  # fmt: skip
+    assert "héllo" not in refused.body_json  # the body never runs: not stored
+    error = _run_time_error(refused)
+    assert (error.code, error.param, error.status_code) == ("model_not_found", "model", 400)
+    assert error.message == "model 'gpt-9' is not served here"  # validation's own message
+    # the row survives the sort payload's round trip as validation stores it
+    again = _row(refused.key, refused.line, _payload(refused))
+    assert (again.body_json, again.prompt_len, again.max_tokens) == (refused.body_json, 0, None)
+
+
+def test_an_adapter_restricted_to_others_reads_as_an_unknown_model() -> None:
+    """Another tenant's adapter and a name no one registered: the same code, param and message
+    (but for the name) at validation and at run time, so nothing says the adapter exists."""
+    lines = [raw(good("a")), raw(good("b", model="theirs")), raw(good("c", model="nobody"))]
+    rows, result = scan(lines, ADAPTER_RULES)  # "theirs" is registered, for another tenant
+    assert (result.rows, result.errors) == (3, [])
+    theirs, nobody = (_run_time_error(r) for r in rows if r.custom_id in "bc")
+    assert (theirs.code, theirs.param) == (nobody.code, nobody.param) == ("model_not_found", "model")
+    assert theirs.message.replace("theirs", "X") == nobody.message.replace("nobody", "X")
+
+
+def test_an_adapter_of_another_base_is_refused_alone_not_mixed() -> None:
+    """In a file of the base ``demo``, an adapter of ``other`` is a model that file's tenant can
+    use, so it is ``mixed_models`` as before (one base per file); an adapter of a base not served
+    at all is an unknown model, refused alone."""
+    _, mixed = scan([raw(good("1")), raw(good("2", model="other-a"))], ADAPTER_RULES)
+    assert [(e.line, e.code) for e in mixed.errors] == [(2, "mixed_models")]
+    rules = FileRules("/v1/chat/completions", frozenset({"demo"}), 50, 4096, adapters={"demo-a": "demo"})
+    rows, result = scan([raw(good("1")), raw(good("2", model="other-a"))], rules)
+    assert (result.rows, result.errors) == (2, []) and is_refused(rows[1])
+
+
+def test_a_file_naming_no_served_model_fails_as_before() -> None:
+    """Every line unknown: the file fails at validation, each line listed as model_not_found with
+    the other bad lines in line order, capped and counted as before; duplicate custom_ids among
+    them are not what it says (they are not rows)."""
+    lines = [raw(good("a", model="x")), b"{bad", raw(good("a", model="y")), b"", raw(good("c", model="z"))]
+    _, result = scan(lines)
+    assert result.rows == 0 and result.model is None
+    assert [(e.line, e.code, e.param) for e in result.errors] == [
+        (1, "model_not_found", "body.model"), (2, "invalid_json_line", None), (3, "model_not_found", "body.model"),
+        (4, "empty_line", None), (5, "model_not_found", "body.model"),
+    ]  # fmt: skip
+    assert result.errors[0].message == "model 'x' is not served here"
+    _, capped = scan([raw(good(str(i), model="typo")) for i in range(30)], max_listed=5)
+    assert capped.error_count == 30 and [e.line for e in capped.errors] == [1, 2, 3, 4, 5]
+    # past the request limit too, every line is listed as what it is
+    rules = FileRules("/v1/chat/completions", frozenset({"demo"}), max_requests=2, max_line_bytes=4096)
+    _, over = scan([raw(good(str(i), model="typo")) for i in range(4)], rules)
+    assert [e.code for e in over.errors] == ["model_not_found"] * 4
+    # a line naming no model, or not a string, is malformed: it fails the file as before
+    for model in (None, 7):
+        _, result = scan([raw(good("1")), raw(good("2", model=model))])
+        assert [(e.line, e.code) for e in result.errors] == [(2, "model_not_found")]
+
+
+def test_a_refused_line_is_a_row_for_the_files_rules() -> None:
+    """Its custom_id is unique with the others' and it counts in the request limit, wherever it
+    stands before the first line naming a served model."""
+    rules = FileRules("/v1/chat/completions", frozenset({"demo"}), max_requests=2, max_line_bytes=4096)
+    _, dup = scan([raw(good("a", model="x")), raw(good("a", model="y")), raw(good("b"))], rules)
+    assert [(e.line, e.code) for e in dup.errors] == [(2, "duplicate_custom_id")]
+    _, dup = scan([raw(good("a", model="x")), raw(good("a"))], rules)
+    assert [(e.line, e.code) for e in dup.errors] == [(2, "duplicate_custom_id")]
+    _, over = scan([raw(good("a", model="x")), raw(good("b")), raw(good("c", model="y"))], rules)
+    assert [(e.line, e.code) for e in over.errors] == [(3, "too_many_requests")]
+    _, over = scan([raw(good(str(i), model="x")) for i in range(3)] + [raw(good("d"))], rules)
+    assert [(e.line, e.code) for e in over.errors] == [(4, "too_many_requests")]
+
+
+def test_a_refused_line_is_not_rendered_and_sorts_first() -> None:
+    """No prompt is rendered for it (its model has no tokenizer here): its key is empty."""
+    from scheduler.ordering import prompt_key
+    from workers.prompt_tokens import RenderedPrompt
+
+    def render(model: str, endpoint: str, body: dict) -> RenderedPrompt:
+        assert model == "demo", model
+        return RenderedPrompt(prompt_key([5, len(body["messages"][0]["content"])], 64), True, 2)
+
+    rules = FileRules("/v1/chat/completions", frozenset({"demo"}), 50, 4096, render=render)
+    rows, result = scan([raw(good("1")), raw(good("2", model="gpt-9")), raw(good("3"))], rules)
+    assert (result.rows, result.errors) == (3, [])
+    assert sorted(rows, key=lambda r: (r.key, r.line))[0].custom_id == "2"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [good(x_freight_refused={"code": "model_not_found", "message": "m", "param": "model"}),
+     responses_line("p", x_freight_refused={}), embedding_line("e", model="demo", x_freight_refused={})],
+    ids=["chat", "responses", "embeddings"],
+)  # fmt: skip
+def test_a_tenants_body_cannot_pass_as_a_refusal(line) -> None:
+    """The refusal's field in a tenant's own body is an unknown field, failing its file as before."""
+    embed = frozenset({"demo"}) if line["url"] == "/v1/embeddings" else frozenset()
+    rules = FileRules(line["url"], frozenset({"demo"}), 50, 4096, embed_models=embed)
+    error = check_line(raw(line), 1, rules)
+    assert isinstance(error, LineError)
+    assert (error.code, error.param) == ("invalid_request", "body.x_freight_refused")

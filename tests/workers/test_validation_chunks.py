@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import func, select, update
 
@@ -159,8 +160,9 @@ def bad_file() -> tuple[bytes, dict[str, int]]:
     lines[60] = json.dumps(chat_line("q-dup", "first")).encode()
     lines[130] = json.dumps(chat_line("q-dup", "again")).encode()  # chunks apart
     where["duplicate"] = 131
-    lines[90] = json.dumps(chat_line("x", model="other")).encode()
+    lines[90] = json.dumps(chat_line("x", model=None)).encode()  # no model: malformed
     where["model"] = 91
+    lines[100] = json.dumps(chat_line("y", model="other")).encode()  # unknown: a row, refused alone
     # a blank run across a chunk boundary: one error, at its first line
     text = b"\n".join(lines) + b"\n"
     cut = text.rindex(b"\n", 0, 4 * CHUNK - 1) + 1
@@ -194,6 +196,35 @@ def test_errors_across_chunks_have_the_file_line_numbers_in_order(settings, max_
     else:
         assert listed == expected
     assert not many[1] and not many[2]  # no units, no shards
+
+
+def test_lines_naming_unknown_models_are_refused_alone_across_chunks(settings):
+    """Lines naming a model not served here (spread over the chunks, the first before any served
+    line) are rows that run as their error, in both ways the same shards; a file of nothing else
+    fails as it did, each line listed, capped alike."""
+    lines = doc_lines(120)
+    for i, model in ((0, "typo"), (47, "lora-nobody"), (95, "typo")):
+        lines[i] = chat_line(f"unknown-{i}", "x", model=model)
+    one, many, n = both_ways(settings, jsonl(lines), max_file_bytes=1 << 20)
+    assert n >= 5
+    assert one[0].status == many[0].status == "in_progress", (one[0].errors, many[0].errors)
+    assert one[0].request_total == many[0].request_total == 120
+    assert many[1] == one[1] and many[2] == one[2]  # the units, the shards byte for byte
+    stored = [pq.read_table(io.BytesIO(shard)).to_pylist() for shard in one[2]]
+    refused = [r for rows in stored for r in rows if r["custom_id"].startswith("unknown-")]
+    assert [r["line"] for r in refused] == [1, 48, 96]  # first: their prompt key is empty
+    assert [json.loads(r["body"])["x_freight_refused"]["message"] for r in refused] == [
+        "model 'typo' is not served here", "model 'lora-nobody' is not served here",
+        "model 'typo' is not served here",
+    ]  # fmt: skip
+    unknown = [chat_line(f"u{i}", "a question " * 20, model=f"typo-{i % 3}") for i in range(60)]
+    one, many, n = both_ways(settings, jsonl(unknown), max_file_bytes=1 << 20, max_listed_errors=7)
+    assert n >= 2
+    assert one[0].status == many[0].status == "failed"
+    assert many[0].errors == one[0].errors
+    listed = many[0].errors["data"]
+    assert [(e["code"], e["line"]) for e in listed[:-1]] == [("model_not_found", i) for i in range(1, 8)]
+    assert listed[-1]["message"].startswith("60 lines failed validation")
 
 
 def test_file_level_rules_across_chunks(settings):

@@ -5,7 +5,9 @@ Files are split into lines the way validation reads them from the object store (
 scanned by ``scan_lines`` (the file rules) and ``check_line`` (the line rules), and each accepted
 row goes through the sort payload round trip ``write_store`` applies. The contract checked: nothing
 raises; every non-blank line is either accepted or reported once, with its 1-based number, a code
-and a message; a blank run is reported only when a request follows it; valid lines are accepted.
+and a message; a blank run is reported only when a request follows it; valid lines are accepted (a
+line naming a model not served here is a row that runs as its error, or reported when no line of
+its file names a served model).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from hypothesis import strategies as st
 from storage.objectstore import iter_lines
 from tests.factories import chat_line
 from workers.prompt_tokens import renderer_for
-from workers.validation import BOM, FileRules, ScanResult, _payload, _row, scan_lines
+from workers.validation import BOM, FileRules, ScanResult, _payload, _row, is_refused, scan_lines
 
 EXAMPLES = 200
 MAX_LINE_BYTES = 2048
@@ -76,6 +78,8 @@ def validate(data: bytes, rules: FileRules) -> tuple[list, ScanResult, list[byte
         raise
     rows, result = out[:-1], out[-1]
     assert isinstance(result, ScanResult) and all(not isinstance(r, ScanResult) for r in rows)
+    if result.rows == 0:  # no line named a served model: its lines naming others are its errors
+        rows = [r for r in rows if not is_refused(r)]
     for row in rows:  # what write_store does with each accepted row: the sort payload round trip
         again = _row(row.key, row.line, _payload(row))
         assert (again.custom_id, again.body_json, again.max_tokens) == (
@@ -160,6 +164,9 @@ def mutations(draw: st.DrawFn, line: dict) -> tuple[object, bool]:
         obj["body"] = draw(st.sampled_from([None, "text", 3, [body]]))
     elif kind == "model":
         body["model"] = draw(st.sampled_from(["gpt-9", "", None, 3, ["demo"], "demo "]))
+        # a model named but not served here: a row that runs as its error if another line names
+        # a served model, else reported; no model, or not a string: malformed, reported
+        return obj, not isinstance(body["model"], str)
     elif kind == "messages_junk":
         body["messages"] = junk if not isinstance(junk, list) or not junk else [junk]
         return obj, not _plausible_messages(body["messages"])
