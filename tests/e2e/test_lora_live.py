@@ -3,16 +3,20 @@ adapters of it (infra/build_lora_adapters.py: ``alpha`` answers "alpha", ``beta`
 restricted to tenant alpha; its engine worker started from the registry with LoRA on; one batch
 whose lines name the base and both adapters, run through the official client, each line answered
 by its own adapter (its answer and its response's model say which). ``/v1/models`` lists each
-tenant's adapters with their base; an unknown adapter, and the restricted adapter named by another
-tenant, get the error of an unknown model at validation, with the same message."""
+tenant's adapters with their base. A line naming an unknown adapter, or the restricted adapter
+named by another tenant, ends alone in the error file with an unknown model's 400, the same message
+but for the name, while the rest of its batch completes; a file of nothing else fails at
+validation, each line listed."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
+from openai import OpenAI
 
 from infra.build_lora_adapters import PROMPT
 from infra.processes import FREIGHT, REPO
@@ -65,7 +69,7 @@ def test_lines_of_two_adapters_and_their_base_run_in_one_batch(live: LiveStack, 
             served = {m.id: m for m in live.client(tenant).models.list().data}
             assert {k for k in served if k.startswith("lora-")} == expected
             assert served[ALPHA].model_extra["parent"] == BASE
-        _unknown_and_restricted_fail_at_validation(live)
+        _only_unknown_fails_at_validation(live)
         _run(live, env)
     finally:
         for name in registered:
@@ -75,42 +79,72 @@ def test_lines_of_two_adapters_and_their_base_run_in_one_batch(live: LiveStack, 
         assert removed.returncode == 0, removed.stderr
 
 
-def _unknown_and_restricted_fail_at_validation(live: LiveStack) -> None:
-    """An adapter no one registered, and tenant alpha's adapter named by tenant beta: each fails
-    its file at validation with the error (code and message) of an unknown model."""
-    messages = []
-    for tenant, model in (("alpha", "lora-gamma"), ("beta", BETA), ("beta", "no-such-model")):
-        client = live.client(tenant)
-        lines = [_line("base", BASE), _line("named", model)]
-        upload = client.files.create(file=("bad.jsonl", jsonl(lines)), purpose="batch")
-        batch = client.batches.create(
-            input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
-        )
-        final = wait_final(client, batch.id, timeout=120)
-        assert final.status == "failed", final
-        (error,) = final.errors.data
-        assert (error.code, error.line, error.param) == ("model_not_found", 2, "body.model"), error
-        messages.append(error.message.replace(model, "X"))
-    assert len(set(messages)) == 1, messages  # nothing tells a restricted adapter from no adapter
+def _submit(client: OpenAI, lines: list[dict]) -> str:
+    upload = client.files.create(file=("lora.jsonl", jsonl(lines)), purpose="batch")
+    return client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+    ).id
+
+
+def _only_unknown_fails_at_validation(live: LiveStack) -> None:
+    """A file none of whose lines names a model served here (an adapter no one registered, tenant
+    alpha's adapter named by tenant beta, a model no one serves) fails at validation, each line
+    listed with an unknown model's error: nothing tells a restricted adapter from no adapter."""
+    client = live.client("beta")
+    models = ("lora-gamma", BETA, "no-such-model")
+    final = wait_final(client, _submit(client, [_line(f"n{i}", m) for i, m in enumerate(models)]), 120)
+    assert final.status == "failed", final
+    errors = final.errors.data
+    assert [(e.code, e.line, e.param) for e in errors] == [
+        ("model_not_found", i, "body.model") for i in (1, 2, 3)
+    ]
+    assert len({e.message.replace(m, "X") for e, m in zip(errors, models, strict=True)}) == 1, errors
+
+
+def _refused_lines(client: OpenAI, final: Any) -> dict[str, dict]:
+    """The error file's lines, by custom_id: each a 400 whose body is the error."""
+    lines = map(json.loads, client.files.content(final.error_file_id).text.splitlines())
+    out = {}
+    for line in lines:
+        assert line["response"]["status_code"] == 400, line
+        out[line["custom_id"]] = line["response"]["body"]["error"]
+    return out
 
 
 def _run(live: LiveStack, env: dict[str, str]) -> None:
     client = live.client("alpha")
     models = [BASE, ALPHA, BETA]
     lines = [_line(f"{model}-{i}", model) for i in range(4) for model in models]
-    upload = client.files.create(file=("lora.jsonl", jsonl(lines)), purpose="batch")
-    batch = client.batches.create(
-        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
-    )
+    # an unknown adapter's line, refused alone: the rest of its batch runs
+    batch_id = _submit(client, [*lines[:5], _line("typo", "lora-gamma"), *lines[5:]])
+    # tenant beta names alpha's restricted adapter and an unknown one beside a line of the base
+    beta = live.client("beta")
+    theirs = _submit(beta, [_line("base", BASE), _line("restricted", BETA), _line("unknown", "lora-gamma")])
 
     with engine_worker(live, BASE, "engine-lora-live", env, "LoRA engine worker"):
-        final = wait_final(client, batch.id, timeout=300)
+        final = wait_final(client, batch_id, timeout=300)
+        beta_final = wait_final(beta, theirs, timeout=300)
     assert final.status == "completed", final
-    assert (final.request_counts.completed, final.request_counts.failed) == (12, 0), final.request_counts
+    assert (final.request_counts.completed, final.request_counts.failed) == (12, 1), final.request_counts
+    refused = _refused_lines(client, final)
+    assert refused == {
+        "typo": {
+            "code": "model_not_found",
+            "message": "model 'lora-gamma' is not served here",  # validation's words
+            "param": "model",
+            "type": "invalid_request_error",
+        }
+    }, refused
+    assert beta_final.status == "completed", beta_final
+    counts = beta_final.request_counts
+    assert (counts.completed, counts.failed) == (1, 2), counts
+    hidden, unknown = (_refused_lines(beta, beta_final)[k] for k in ("restricted", "unknown"))
+    assert hidden == {**unknown, "message": unknown["message"].replace("lora-gamma", BETA)}
     out = {
         r["custom_id"]: r["response"]["body"]
         for r in map(json.loads, client.files.content(final.output_file_id).text.splitlines())
     }
+    assert "typo" not in out and len(out) == 12
     for custom_id, body in out.items():
         model = custom_id.rsplit("-", 1)[0]
         answer = body["choices"][0]["message"]["content"].strip()
