@@ -106,6 +106,47 @@ class StoredFile(Base):
     expires_at: Mapped[int | None] = mapped_column(BigInteger)
 
 
+class Upload(Base):
+    """A file sent in parts (OpenAI's ``/v1/uploads``): ``pending`` while parts arrive, then
+    ``completed`` (the parts joined in the order the completion named into ``file_id``'s object),
+    ``cancelled``, or ``expired`` an hour after creation if not completed (storage.status.UploadStatus).
+    Once it is not pending its parts' objects are deleted and ``purged_at`` says when."""
+
+    __tablename__ = "uploads"
+    __table_args__ = (
+        Index("ix_uploads_tenant_status", "tenant_id", "status"),  # the quota's parts in flight
+        Index("ix_uploads_status_expires", "status", "expires_at"),  # the cleanup's expiry
+        Index("ix_uploads_purged", "purged_at", "status"),  # the cleanup's parts to delete
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("upload_"))
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    filename: Mapped[str] = mapped_column(String(512))
+    purpose: Mapped[str] = mapped_column(String(32))
+    mime_type: Mapped[str] = mapped_column(String(255))
+    bytes: Mapped[int] = mapped_column(BigInteger)  # what the create declared: completion checks it
+    status: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[int] = mapped_column(BigInteger)  # pending past this: expired
+    # the completed file's expires_after (seconds from its creation; NULL: the deployment's default)
+    file_expires_after: Mapped[int | None] = mapped_column(Integer)
+    file_id: Mapped[str | None] = mapped_column(String(40))  # once completed
+    finished_at: Mapped[int | None] = mapped_column(BigInteger)  # when it left pending
+    purged_at: Mapped[int | None] = mapped_column(BigInteger)  # when its parts' objects were deleted
+
+
+class UploadPart(Base):
+    """One part of an upload, an object of its own until the upload is completed or ends."""
+
+    __tablename__ = "upload_parts"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("part_"))
+    upload_id: Mapped[str] = mapped_column(ForeignKey("uploads.id", ondelete="CASCADE"), index=True)
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    object_key: Mapped[str] = mapped_column(String(1024))
+    created_at: Mapped[int] = mapped_column(BigInteger)
+
+
 class Batch(Base):
     __tablename__ = "batches"
     __table_args__ = (

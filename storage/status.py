@@ -225,3 +225,17 @@ def webhook_source(table: dict[str, frozenset[str]], to: str) -> tuple[str, ...]
     if not sources:
         raise ValueError(f"nothing moves to {to!r}")
     return sources
+
+
+# -- uploads -------------------------------------------------------------------------------------
+
+
+class UploadStatus:
+    """An upload in parts (``storage.models.Upload``), OpenAI's states: ``pending`` while parts
+    arrive; then ``completed`` (its file made), ``cancelled`` by its tenant, or ``expired`` when it
+    was still pending at its ``expires_at``. Only a pending upload takes parts or moves."""
+
+    PENDING = "pending"
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
