@@ -13,7 +13,7 @@ import contextlib
 import io
 import os
 import secrets
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
@@ -23,6 +23,7 @@ from storage.objectstore_retry import Retrier, RetryPolicy
 from storage.private_files import make_private_dir, open_private
 
 CHUNK = 1024 * 1024  # bytes per streamed read
+Observer = Callable[[bytes], None]
 
 
 class ObjectStoreError(RuntimeError):
@@ -80,6 +81,11 @@ class ObjectStore(Protocol):
 
     def copy(self, source: str, target: str) -> None:
         """Server-side copy inside the store (multipart for large S3 objects)."""
+
+    def compose(self, sources: Sequence[str], target: str, observe: Observer | None = None) -> int:
+        """Store the objects ``sources`` end to end under ``target`` (all-or-nothing, as every
+        write); returns the byte count. ``observe`` sees every byte in order (a digest), so given
+        one the bytes stream through this process; without, S3 joins them server-side."""
 
 
 def check_key(key: str) -> str:
@@ -141,6 +147,38 @@ class DerivedOperations:
     def list(self, prefix: str) -> Iterator[str]:
         for info in self.list_info(prefix):
             yield info.key
+
+    def open(self, key: str) -> IO[bytes]:
+        raise NotImplementedError
+
+    def compose(self, sources: Sequence[str], target: str, observe: Observer | None = None) -> int:
+        return self.put_stream(target, _Joined(self, sources, observe))  # type: ignore[arg-type]
+
+
+class _Joined:
+    """``read()`` over several objects end to end, one open at a time, each chunk shown to
+    ``observe``: a composition streamed through bounded memory."""
+
+    def __init__(self, store: DerivedOperations, keys: Sequence[str], observe: Observer | None) -> None:
+        self._store = store
+        self._keys = list(keys)
+        self._observe = observe
+        self._current: IO[bytes] | None = None
+
+    def read(self, size: int = -1) -> bytes:
+        want = CHUNK if size is None or size < 0 else size
+        while True:
+            if self._current is None:
+                if not self._keys:
+                    return b""
+                self._current = self._store.open(self._keys.pop(0))
+            data = self._current.read(want)
+            if data:
+                if self._observe is not None:
+                    self._observe(data)
+                return data
+            self._current.close()
+            self._current = None
 
 
 class LocalObjectStore(DerivedOperations):
@@ -404,8 +442,49 @@ class S3ObjectStore(DerivedOperations):
             else:  # CopyObject stops at 5 GiB: the managed copy does it part by part
                 self._call(f"copy {source}", lambda: self._client.copy(src, self.bucket, dest))
 
+    def compose(self, sources: Sequence[str], target: str, observe: Observer | None = None) -> int:
+        sizes = [self.stat(key).size for key in sources] if observe is None else []
+        # UploadPartCopy: every part but the last at least S3's minimum, at most 10,000 parts
+        if not sizes or len(sizes) > MAX_PARTS or min(sizes[:-1], default=MIN_PART_SIZE) < MIN_PART_SIZE:
+            return super().compose(sources, target, observe)
+        return self._join_server_side(sources, target, sum(sizes))
+
+    def _join_server_side(self, sources: Sequence[str], target: str, total: int) -> int:
+        """A multipart upload whose parts are copies of the sources, made by the store itself: no
+        byte passes through this process. Aborted on failure, so nothing is published half-made."""
+        dest = self._key(target)
+        with s3_errors(f"composition of {target} in {self.url}"):
+            upload_id = self._call(
+                f"start composition of {target}",
+                lambda: self._client.create_multipart_upload(Bucket=self.bucket, Key=dest)["UploadId"],
+            )
+            try:
+                parts = []
+                for number, key in enumerate(sources, start=1):
+                    source = {"Bucket": self.bucket, "Key": self._key(key)}
+                    etag = self._call(
+                        f"part {number} of {target}",
+                        lambda n=number, src=source: self._client.upload_part_copy(
+                            Bucket=self.bucket, Key=dest, UploadId=upload_id, PartNumber=n, CopySource=src
+                        )["CopyPartResult"]["ETag"],
+                    )
+                    parts.append({"ETag": etag, "PartNumber": number})
+                self._call(
+                    f"complete composition of {target}",
+                    lambda: self._client.complete_multipart_upload(
+                        Bucket=self.bucket, Key=dest, UploadId=upload_id, MultipartUpload={"Parts": parts}
+                    ),
+                )
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    self._client.abort_multipart_upload(Bucket=self.bucket, Key=dest, UploadId=upload_id)
+                raise
+        return total
+
 
 COPY_PART_LIMIT = 5 * 1024**3  # the largest object one CopyObject call may copy
+MIN_PART_SIZE = 5 * 1024 * 1024  # S3's smallest part of a multipart upload but the last
+MAX_PARTS = 10_000  # S3's most parts of one multipart upload
 PART_SIZE = 8 * 1024 * 1024  # bytes per multipart part (S3's minimum is 5 MiB); one held at a time
 
 
