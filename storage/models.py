@@ -539,6 +539,27 @@ class Adapter(Base):
     created_at: Mapped[int] = mapped_column(BigInteger)
 
 
+class IdempotencyKey(Base):
+    """An ``Idempotency-Key`` a tenant sent on a create (``api/idempotency.py``): while its
+    request runs, ``in_flight`` under the ``holder`` token of the process running it; then
+    ``done`` with the request's digest and the answer, which a retry of the same request within
+    ``storage.idempotency.KEY_SECONDS`` gets again instead of a second object. Pruned by the
+    periodic cleanup once that long old."""
+
+    __tablename__ = "idempotency_keys"
+    __table_args__ = (Index("ix_idempotency_keys_created", "created_at"),)
+
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    # SHA-256 hex of method, path and body; NULL while in flight (a streamed body's is known at its end)
+    request_digest: Mapped[str | None] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16))  # in_flight | done
+    holder: Mapped[str] = mapped_column(String(32))  # the running request's token
+    response_status: Mapped[int | None] = mapped_column(Integer)
+    response_body: Mapped[str | None] = mapped_column(Text)  # the JSON answered
+    created_at: Mapped[float] = mapped_column(Float)  # epoch seconds: when the key was first sent
+
+
 class WebhookEndpoint(Base):
     """A tenant's webhook receiver: where its batch events go and which ones. The secret signs
     every delivery (``scheduler.webhooks.signature``); it is shown once, when the endpoint is

@@ -21,7 +21,9 @@ several:
   with the broker's data, a worker killed past the limit) and is failed, saying so, so no estimate
   stays ``validating`` for ever (the tenant's count of waiting estimates stops counting it at the
   same age); finished ones are deleted ``FREIGHT_FILE_RETENTION_SECONDS`` after they finished
-  (0: kept).
+  (0: kept);
+- ``Idempotency-Key`` rows (``storage/idempotency.py``) are deleted once past their 24 hours
+  (``KEY_SECONDS``): from then on the key is as if never sent anyway.
 
 Any step may run twice at once (two beats, a manual ``freight cleanup``): deletes are idempotent,
 and a sample row is added to the totals by the transaction that deleted it, so by one only.
@@ -37,6 +39,7 @@ from typing import Any
 from sqlalchemy import delete, exists, or_, select, update
 from sqlalchemy.orm import aliased
 
+from storage.idempotency import prune as prune_idempotency_keys
 from storage.lifecycle import move_estimates
 from storage.models import (
     Batch,
@@ -71,6 +74,7 @@ class CleanupReport:
     deliveries_pruned: int = 0
     estimates_lost: int = 0
     estimates_pruned: int = 0
+    keys_pruned: int = 0
 
 
 def run(rt: Runtime, now: float) -> CleanupReport:
@@ -83,6 +87,8 @@ def run(rt: Runtime, now: float) -> CleanupReport:
     end_sessions(rt, int(now), report)
     prune_deliveries(rt, int(now), report)
     end_estimates(rt, int(now), report)
+    with rt.db.write() as s:
+        report.keys_pruned = prune_idempotency_keys(s, now, PASS_ROWS)
     if report.files_expired or report.batches_purged or report.samples_pruned:
         log.info(
             "cleanup: %d files expired, %d batches' data purged (%d objects), %d engine samples pruned",

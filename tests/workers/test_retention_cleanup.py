@@ -211,3 +211,18 @@ def test_a_lost_estimate_fails_and_finished_ones_go_after_retention(runtime) -> 
     assert "ask again" in lost.errors["data"][0]["message"]
     assert left[ids["young"]].status == EstimateStatus.VALIDATING
     assert cleanup.run(runtime, t).estimates_lost == 0  # nothing twice
+
+
+def test_idempotency_keys_go_once_past_their_24_hours(runtime) -> None:
+    from storage import idempotency
+    from storage.models import IdempotencyKey
+
+    tenant, _ = create_tenant(runtime.db, "alpha", now())
+    t = now()
+    for key, at in [("old", t - idempotency.KEY_SECONDS - 1), ("new", t - 60)]:
+        claimed = idempotency.claim(runtime.db, tenant.id, key, at)
+        assert isinstance(claimed, idempotency.Claim)
+        idempotency.complete(runtime.db, tenant.id, key, claimed, "d" * 64, 200, "{}")
+    assert cleanup.run(runtime, t).keys_pruned == 1
+    with runtime.db.read() as s:
+        assert list(s.scalars(select(IdempotencyKey.key))) == ["new"]
