@@ -297,34 +297,82 @@ def checked_batch_id(batch_id: object) -> str:
     return batch_id
 
 
-def fetch(client: Any, b: dict, output_dir: Path, fmt: str = "jsonl") -> list[Path]:
+INPUT_ORDER_TIMEOUT = 1800  # seconds: the server sorts a whole file before its first byte
+
+
+def fetch(
+    client: Any, b: dict, output_dir: Path, fmt: str = "jsonl", input_order: bool = False
+) -> list[Path]:
     """Download the batch's output and error files as ``<id>.output.<fmt>`` / ``<id>.errors.<fmt>``
     (through a temporary name, so a broken download never looks complete). Parquet is converted
-    by the server (``?format=parquet``). The id is the server's, checked before it names a file."""
+    by the server (``?format=parquet``), and so is the input's line order (``?order=input``). The
+    id is the server's, checked before it names a file."""
     batch_id = checked_batch_id(b.get("id"))
-    try:
-        output_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ClientError(f"cannot create {output_dir}: {exc.strerror or exc}") from None
+    make_dir(output_dir)
     written = []
     for kind, file_id in (("output", b.get("output_file_id")), ("errors", b.get("error_file_id"))):
         if not file_id:
             continue
         path = output_dir / f"{batch_id}.{kind}.{fmt}"
-        part = path.with_name(path.name + ".part")
-        try:
-            query = {"format": fmt} if fmt != "jsonl" else None
-            streamed = client.files.with_streaming_response.content(file_id, extra_query=query)
-            with streamed as response, open(part, "wb") as out:
-                for chunk in response.iter_bytes():
-                    out.write(chunk)
-            os.replace(part, path)
-        except OSError as exc:
-            raise ClientError(f"cannot write {path}: {exc.strerror or exc}") from None
-        finally:
-            part.unlink(missing_ok=True)
+        query = {"format": fmt} if fmt != "jsonl" else {}
+        timeout = INPUT_ORDER_TIMEOUT if input_order else None
+        if input_order:
+            query["order"] = "input"
+        streamed = client.files.with_streaming_response.content(
+            file_id, extra_query=query or None, **({"timeout": timeout} if timeout else {})
+        )
+        with streamed as response:
+            save(path, response.iter_bytes())
         click.echo(str(path))
         written.append(path)
+    return written
+
+
+def make_dir(output_dir: Path) -> None:
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ClientError(f"cannot create {output_dir}: {exc.strerror or exc}") from None
+
+
+def save(path: Path, chunks: Iterator[bytes]) -> None:
+    """Write ``chunks`` to ``path`` through ``path.part``, so a broken download never looks complete."""
+    part = path.with_name(path.name + ".part")
+    try:
+        with open(part, "wb") as out:
+            for chunk in chunks:
+                out.write(chunk)
+        os.replace(part, path)
+    except OSError as exc:
+        raise ClientError(f"cannot write {path}: {exc.strerror or exc}") from None
+    finally:
+        part.unlink(missing_ok=True)
+
+
+def fetch_partial(client: Any, batch_id: str, output_dir: Path, fmt: str, input_order: bool) -> list[Path]:
+    """The output and error lines of the units recorded so far (``GET /v1/batches/{id}/results``,
+    no cursor: all of them) as ``<id>.output.partial.<fmt>`` and ``<id>.errors.partial.<fmt>``."""
+    import httpx2
+
+    make_dir(output_dir)
+    written = []
+    complete = False
+    for kind in ("output", "errors"):
+        query = {"kind": kind, "format": fmt, **({"order": "input"} if input_order else {})}
+        options = {"params": query, **({"timeout": INPUT_ORDER_TIMEOUT} if input_order else {})}
+        path = output_dir / f"{batch_id}.{kind}.partial.{fmt}"
+        response = client.get(
+            f"/batches/{batch_id}/results", cast_to=httpx2.Response, options=options, stream=True
+        )
+        try:
+            complete = response.headers.get("x-freight-results-complete") == "true"
+            save(path, response.iter_bytes())
+        finally:
+            response.close()
+        click.echo(str(path))
+        written.append(path)
+    if not complete:
+        click.echo(f"batch {batch_id} is still running: these are the units recorded so far", err=True)
     return written
 
 
@@ -432,17 +480,28 @@ def cancel(client: Any, batch_id: str, as_json: bool) -> None:
     help="where to save them  [default: .]",
 )  # fmt: skip
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "parquet"]), default="jsonl", show_default=True)
+@click.option(
+    "--partial", is_flag=True,
+    help="while the batch runs: the lines recorded so far, as ID.output.partial.* and ID.errors.partial.*",
+)  # fmt: skip
+@click.option("--input-order", is_flag=True, help="the lines in the input file's line order")
 @connection
-def download(client: Any, batch_id: str, output_dir: Path, fmt: str) -> None:
+def download(
+    client: Any, batch_id: str, output_dir: Path, fmt: str, partial: bool, input_order: bool
+) -> None:
     """Save a batch's output and error files into DIR (the current one by default)."""
+    if partial:
+        fetch_partial(client, checked_batch_id(batch_id), output_dir, fmt, input_order)
+        return
     b = client.batches.retrieve(checked_batch_id(batch_id)).to_dict()
     if not b.get("output_file_id") and not b.get("error_file_id"):
         if b["status"] in FINAL:
             raise ClientError(f"batch {batch_id} ({b['status']}) has no result files")
         raise ClientError(
-            f"batch {batch_id} is {b['status']}: its files come when it ends (try --wait on submit)"
+            f"batch {batch_id} is {b['status']}: its files come when it ends (try --partial, "
+            "or --wait on submit)"
         )
-    fetch(client, b, output_dir, fmt)
+    fetch(client, b, output_dir, fmt, input_order)
 
 
 CLIENT_COMMANDS = (submit, status, list_batches, cancel, download)

@@ -394,6 +394,27 @@ ENDPOINT_ID = path_param("endpoint_id", "A webhook endpoint id (`whep_…`).")
 MODEL_ID = path_param("model", "A served model's name; it may contain `/`.", "^[A-Za-z0-9._:/-]+$")
 
 
+ORDER = query(
+    "order",
+    "input: the lines in the input file's line order (a batch's output and error files); "
+    "left out: the stored order (prompt-sorted).",
+    {"enum": ["input"]},
+)
+RESULTS_HEADERS: Schema = {
+    "x-freight-next-cursor": {
+        "description": "The cursor that covers these lines and every earlier response's: `after` of the next request.",
+        "required": True,
+        "schema": {"type": "string"},
+    },
+    "x-freight-results-complete": {
+        "description": "true once no unit of the batch will be recorded any more (it is finalizing or "
+        "ended): the next request with this cursor returns nothing.",
+        "required": True,
+        "schema": {"enum": ["true", "false"]},
+    },
+}
+
+
 def create_batch_body(settings: Settings) -> Schema:
     return obj(
         {
@@ -488,7 +509,11 @@ def paths(settings: Settings) -> Schema:
                 {"description": "The file's bytes.", "content": content_types},
                 400,
                 404,
-                params=(FILE_ID, query("format", "Convert to this format.", {"enum": ["jsonl", "parquet"]})),
+                params=(
+                    FILE_ID,
+                    query("format", "Convert to this format.", {"enum": ["jsonl", "parquet"]}),
+                    ORDER,
+                ),
             ),
         },
         "/v1/batches": {
@@ -520,6 +545,32 @@ def paths(settings: Settings) -> Schema:
                 ok({"anyOf": [ref("Batch"), ref("Estimate")]}),
                 404,
                 params=(BATCH_ID,),
+            ),
+        },
+        "/v1/batches/{batch_id}/results": {
+            "get": operation(
+                "listBatchResults",
+                "Freight's extension: the output (or error) lines of the batch's units recorded so far, "
+                "while it runs and after; each line as the final file will hold it. Pass the previous "
+                "response's `x-freight-next-cursor` as `after` to get only units recorded since.",
+                {"description": "The lines.", "content": content_types, "headers": RESULTS_HEADERS},
+                400,
+                404,
+                params=(
+                    BATCH_ID,
+                    query(
+                        "kind",
+                        "Which lines: output (default), errors, or all.",
+                        {"enum": ["output", "errors", "all"]},
+                    ),
+                    query(
+                        "after",
+                        "A cursor an earlier results response gave (`x-freight-next-cursor`).",
+                        {"type": "string", "pattern": "^r1\\.[A-Za-z0-9_-]*$"},
+                    ),
+                    query("format", "jsonl (default) or parquet.", {"enum": ["jsonl", "parquet"]}),
+                    ORDER,
+                ),
             ),
         },
         "/v1/batches/{batch_id}/cancel": {

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import or_, select
 
+from api.services import results
 from api.services.paging import Page, page
 from storage.errors import ServiceError
 from storage.models import Batch, StoredFile
@@ -48,7 +49,7 @@ def list_files(rt: Runtime, tenant_id: str, purpose: str | None, after: str | No
 
 @dataclass(frozen=True)
 class Content:
-    size: int
+    size: int | None  # None: streamed as it is made (a file in input order)
     chunks: Iterator[bytes]
     filename: str
     mimetype: str
@@ -67,8 +68,12 @@ def content(rt: Runtime, tenant_id: str, file_id: str) -> tuple[StoredFile, Iter
     return record, chunks()
 
 
-def download(rt: Runtime, tenant_id: str, file_id: str, fmt: str | None = None) -> Content:
-    """A file's bytes as stored, or converted to the other format (``jsonl`` | ``parquet``).
+def download(
+    rt: Runtime, tenant_id: str, file_id: str, fmt: str | None = None, order: str | None = None
+) -> Content:
+    """A file's bytes as stored, or converted to the other format (``jsonl`` | ``parquet``);
+    ``order="input"``: a batch's output or error file in its input's line order
+    (``api.services.results``), made for each download.
 
     A conversion is made once, streaming through a local temporary file, and kept in the object
     store beside the file (``derived/<file id>.<format>``), so a second download is a plain read:
@@ -80,6 +85,9 @@ def download(rt: Runtime, tenant_id: str, file_id: str, fmt: str | None = None) 
             "invalid_request", f"format must be one of {', '.join(FORMATS)}, not {fmt[:50]!r}", param="format"
         )
     record = get(rt, tenant_id, file_id)
+    if results.input_order(order):
+        ordered = results.file_in_input_order(rt, tenant_id, record.id, record.object_key, fmt)
+        return Content(ordered.size, ordered.chunks, ordered.filename, ordered.mimetype)
     with rt.store.open(record.object_key) as stream:
         stored = "parquet" if is_parquet(stream.read(4)) else "jsonl"
     key, size = (record.object_key, record.bytes) if fmt == stored else _converted(rt, record, fmt)

@@ -42,7 +42,7 @@ from api.auth import console_session
 from api.console_format import chart, register_filters
 from api.errors import DB_RETRY_AFTER_SECONDS, status_of
 from api.serializers import batch_object
-from api.services import batches, console, files, models, sessions, webhooks
+from api.services import batches, console, files, models, results, sessions, webhooks
 from api.services.tenants import authenticate_key
 from storage.broker import BROKER_ERRORS
 from storage.errors import ServiceError
@@ -325,6 +325,15 @@ def download(batch_id: str, kind: str) -> Response:
     response = Response(chunks, mimetype="application/jsonl")
     response.headers["Content-Length"] = str(record.bytes)
     response.headers["Content-Disposition"] = f'attachment; filename="{batch.id}.{kind}.jsonl"'
+    return response
+
+
+@bp.get("/jobs/<batch_id>/results")
+def results_so_far(batch_id: str) -> Response:
+    """The output lines of the job's units recorded so far (``GET /v1/batches/{id}/results``)."""
+    found = results.partial(rt(), g.tenant_id, batch_id, kind=request.args.get("kind"))
+    response = Response(found.chunks, mimetype=found.mimetype)
+    response.headers["Content-Disposition"] = f'attachment; filename="{found.filename}"'
     return response
 
 

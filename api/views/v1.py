@@ -14,7 +14,7 @@ from api.serializers import (
     list_object,
     model_object,
 )
-from api.services import batches, estimates, files, models
+from api.services import batches, estimates, files, models, results
 from api.services.paging import parse_limit
 from storage.adapters import AdapterEntry
 from storage.errors import ServiceError
@@ -83,9 +83,12 @@ def get_file(file_id: str) -> Response:
 @bp.get("/files/<file_id>/content")
 @require_tenant
 def file_content(file_id: str) -> Response:
-    content = files.download(rt(), g.tenant_id, file_id, request.args.get("format"))
+    content = files.download(
+        rt(), g.tenant_id, file_id, request.args.get("format"), request.args.get("order")
+    )
     response = Response(content.chunks, mimetype=content.mimetype)
-    response.headers["Content-Length"] = str(content.size)
+    if content.size is not None:
+        response.headers["Content-Length"] = str(content.size)
     response.headers["Content-Disposition"] = f'attachment; filename="{content.filename}"'
     return response
 
@@ -121,6 +124,24 @@ def get_batch(batch_id: str) -> Response:
         return jsonify(estimate_object(estimates.get(rt(), g.tenant_id, batch_id)))
     batch, running = batches.get_with_progress(rt(), g.tenant_id, batch_id)
     return jsonify(batch_object(batch, running))
+
+
+@bp.get("/batches/<batch_id>/results")
+@require_tenant
+def batch_results(batch_id: str) -> Response:
+    """Freight's extension: the lines of the units recorded so far, after the cursor ``after``."""
+    args = request.args
+    found = results.partial(
+        rt(), g.tenant_id, batch_id, kind=args.get("kind"), after=args.get("after"),
+        fmt=args.get("format"), order=args.get("order"),
+    )  # fmt: skip
+    response = Response(found.chunks, mimetype=found.mimetype)
+    if found.size is not None:
+        response.headers["Content-Length"] = str(found.size)
+    response.headers["Content-Disposition"] = f'attachment; filename="{found.filename}"'
+    response.headers[results.CURSOR_HEADER] = found.next_cursor or ""
+    response.headers[results.COMPLETE_HEADER] = "true" if found.complete else "false"
+    return response
 
 
 @bp.post("/batches/<batch_id>/cancel")
