@@ -24,6 +24,7 @@ import copy
 import json
 from collections import OrderedDict
 from dataclasses import replace
+from typing import Any
 
 from workers.request_bodies import CHAT, ParsedRequest, parse_body
 from workers.responses import RESPONSES
@@ -46,11 +47,30 @@ def _message_shape(message: dict) -> dict:
         parts = [
             {**p, "text": _placeholder(p["text"])}
             if isinstance(p, dict) and isinstance(p.get("text"), str)
-            else p
+            else _image_shape(p)
             for p in content
         ]
         return {**message, "content": parts}
     return message
+
+
+def _image_shape(part: Any) -> Any:
+    """An image part with its URL reduced to "empty or not" (what parse_body checks of a tenant's
+    URL: ``workers.images`` judges the rest, line by line), so lines that differ only in their
+    images share a shape (a data: URL alone would make every key too long to remember). The
+    references validation writes (``freight-image:``, ``freight-refused:``) are kept whole: a stored
+    body's parse checks what they name."""
+    if not isinstance(part, dict):
+        return part
+    if part.get("type") == "image_url" and isinstance(part.get("image_url"), dict):
+        url = part["image_url"].get("url")
+        if isinstance(url, str) and not url.startswith("freight-"):
+            return {**part, "image_url": {**part["image_url"], "url": _placeholder(url)}}
+    if part.get("type") == "input_image":
+        url = part.get("image_url")
+        if isinstance(url, str) and not url.startswith("freight-"):
+            return {**part, "image_url": _placeholder(url)}
+    return part
 
 
 def _chat_shape(body: dict) -> dict | None:

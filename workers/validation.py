@@ -204,7 +204,10 @@ def check_fields(raw: bytes, line_no: int, rules: FileRules) -> CheckedLine | Re
     if isinstance(custom_id, LineError):
         return custom_id
     body: Any = obj.get("body")
-    body_json = _stored_body(body, line_no)
+    # a line with image parts is stored once, after they become references (its data: URLs are
+    # most of its bytes); any other body now
+    images = rules.images if rules.images is not None and b'"image_url"' in raw else None
+    body_json = None if images is not None and isinstance(body, dict) else _stored_body(body, line_no)
     if isinstance(body_json, LineError):
         return body_json
     model = body.get("model")
@@ -233,10 +236,12 @@ def check_fields(raw: bytes, line_no: int, rules: FileRules) -> CheckedLine | Re
         return max_tokens
     # image parts become references to the images stored, or the refusal that is the line's error
     # when it runs (checked after the body's shape: a malformed part fails the file like any field)
-    if rules.images is not None and b'"image_url"' in raw and rules.images.resolve(model, body):
+    if images is not None:
+        images.resolve(model, body)
         body_json = _stored_body(body, line_no)
         if isinstance(body_json, LineError):
             return body_json
+    assert body_json is not None  # stored above, or before the checks
     return CheckedLine(line_no, custom_id, body_json, body, model, max_tokens)
 
 
@@ -545,6 +550,7 @@ class PromptRenders:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         self.paths: dict[str, str] = {}  # model -> checkpoint directory, asked of the registry once
+        self.vision: dict[str, bool] = {}  # model -> whether it takes images
 
     def renderer(self, model: str) -> PromptRenderer:
         path = self.renderer_path(model)
@@ -554,12 +560,16 @@ class PromptRenders:
             raise TokenizerUnavailable(model, str(path), exc) from exc
 
     def takes_images(self, model: str) -> bool:
-        """Whether the model has a vision encoder (its config.json); False if its files are missing
-        (the tokenizer's failure says so for the file)."""
-        try:
-            return checkpoint_takes_images(self.renderer_path(model))
-        except TokenizerUnavailable:
-            return False
+        """Whether the model has a vision encoder (its config.json, read once); False if its files
+        are missing (the tokenizer's failure says so for the file)."""
+        known = self.vision.get(model)
+        if known is None:
+            try:
+                known = checkpoint_takes_images(self.renderer_path(model))
+            except TokenizerUnavailable:
+                known = False
+            self.vision[model] = known
+        return known
 
     def renderer_path(self, model: str) -> str:
         path = self.paths.get(model)

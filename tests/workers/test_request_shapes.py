@@ -337,3 +337,29 @@ def test_lines_of_one_shape_are_parsed_once_each_with_its_own_messages_and_id() 
     shapes.parse(CHAT, fresh({**body, "logit_bias": {"5": 1}}), validated=True)
     shapes.parse(CHAT, fresh({**body, "logit_bias": {"5": 1}}), validated=True)
     assert (shapes.misses, shapes.hits) == (5, 19)
+
+
+def test_image_lines_share_a_shape_whatever_their_urls_but_references_keep_theirs() -> None:
+    """A data: URL is most of an image line: reduced to "empty or not" like a text, so a file of
+    image lines is parsed once per shape, not once a line (a 40 KB URL alone made every key too
+    long to remember); the references validation stores are kept whole."""
+
+    def line(url: str) -> dict:
+        parts = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "What is it?"}]
+        return {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": parts}]}
+
+    big = "data:image/png;base64," + "A" * 50_000
+    assert shape_key(CHAT, line(big)) == shape_key(CHAT, line("https://example.com/a.png")) is not None
+    shapes = RequestShapes()
+    for url in (big, "data:image/png;base64,QUJD", "https://example.com/b.png"):
+        assert shapes.max_tokens(CHAT, line(url)) == 4
+    assert (shapes.misses, shapes.hits) == (1, 2)
+    with_ref = shape_key(CHAT, line("freight-image:" + "a" * 64))
+    assert with_ref is not None and "freight-image:" + "a" * 64 in with_ref
+    assert with_ref != shape_key(CHAT, line("freight-image:" + "b" * 64))
+    responses = {
+        "model": "m",
+        "input": [{"role": "user", "content": [{"type": "input_image", "image_url": big}]}],
+    }
+    key = shape_key(RESPONSES, responses)
+    assert key is not None and big not in key
