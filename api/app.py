@@ -6,7 +6,7 @@ from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import NotFound, RequestEntityTooLarge
 
 from api.auth import check_metrics_access, on_metrics_listener
-from api.errors import UPLOAD_ENDPOINTS, register_error_handlers
+from api.errors import PART_ENDPOINT, UPLOAD_ENDPOINTS, register_error_handlers
 from api.metrics import register_metrics
 from api.openapi import openapi_document
 from api.proxies import TrustedProxies
@@ -14,6 +14,7 @@ from api.ratelimit import register_rate_limits
 from api.request_ids import RequestIds
 from api.serializers import readiness_object
 from api.services.readiness import ReadinessProbe
+from api.services.uploads import MAX_PART_BYTES
 from storage.errors import ServiceError
 from storage.runtime import Runtime
 from storage.settings import Settings
@@ -44,7 +45,9 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
         """Before any view or rate limit: hold non-upload bodies to the small limit (werkzeug cuts
         the stream there, declared length or not), refuse NUL in the URL (no database stores it),
         keep /metrics to its scrapers, and the metrics listener to /metrics."""
-        if request.endpoint not in UPLOAD_ENDPOINTS:
+        if request.endpoint == PART_ENDPOINT:
+            request.max_content_length = MAX_PART_BYTES + 1024 * 1024
+        elif request.endpoint not in UPLOAD_ENDPOINTS:
             limit = settings.max_json_body_bytes
             chunked = "chunked" in request.headers.get("Transfer-Encoding", "").lower()
             if chunked and request.content_length is None and "wsgi.input_terminated" in request.environ:

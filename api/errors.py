@@ -34,6 +34,8 @@ TYPES = {401: "authentication_error", 404: "invalid_request_error", 429: "reques
 # routes whose body is a file: they take up to FREIGHT_MAX_FILE_BYTES, every other body is held to
 # FREIGHT_MAX_JSON_BODY_BYTES
 UPLOAD_ENDPOINTS = frozenset({"v1.upload_file", "console.upload_post"})
+# an upload's part: a body of up to one part (64 MiB) and its multipart envelope, whatever the above
+PART_ENDPOINT = "v1.add_upload_part"
 
 
 def status_of(exc: ServiceError) -> int:
@@ -58,6 +60,7 @@ def register_error_handlers(app: Flask) -> None:
     def _http(exc: HTTPException) -> tuple[Response, int]:
         status = exc.code or 500
         too_large = "file_too_large" if request.endpoint in UPLOAD_ENDPOINTS else "request_too_large"
+        too_large = "part_too_large" if request.endpoint == PART_ENDPOINT else too_large
         code = {404: "not_found", 405: "method_not_allowed", 413: too_large, 429: "rate_limit_exceeded"}.get(
             status
         )

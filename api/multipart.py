@@ -78,6 +78,7 @@ class UploadForm:
     """The form as far as it has been read: fields so far, and the file part as a stream."""
 
     _stream: Iterator[object]
+    file_field: str = "file"  # the part that streams: /v1/files' ``file``, an upload part's ``data``
     fields: dict[str, str] = field(default_factory=dict)
     filename: str | None = None
     file: IO[bytes] | None = None
@@ -105,10 +106,12 @@ class UploadForm:
                 return
 
     def _advance(self) -> None:
-        """Read on to the ``file`` part (leaving its data unread) or to the end of the form."""
+        """Read on to the file part (leaving its data unread) or to the end of the form. An upload
+        part's ``data`` streams even when it comes without a filename (a plain field)."""
         for event in self._stream:
-            if isinstance(event, File) and event.name == "file" and self.file is None:
-                self.filename = event.filename
+            named = isinstance(event, (File, Field)) and event.name == self.file_field
+            if named and self.file is None and (isinstance(event, File) or self.file_field != "file"):
+                self.filename = getattr(event, "filename", None)
                 self.file = _PartReader(self)  # type: ignore[assignment]
                 return
             if isinstance(event, Field):
@@ -149,14 +152,18 @@ class UploadForm:
                 self._skip_part()
 
 
-def open_upload(body: IO[bytes], content_type: str | None) -> UploadForm:
-    """Start reading a ``multipart/form-data`` body: returns once the file part starts (or the
-    form ends without one)."""
+def open_upload(body: IO[bytes], content_type: str | None, file_field: str = "file") -> UploadForm:
+    """Start reading a ``multipart/form-data`` body: returns once the part ``file_field`` starts
+    (or the form ends without one)."""
     mimetype, options = parse_options_header(content_type or "")
     if mimetype != "multipart/form-data" or not options.get("boundary"):
-        raise _bad("uploads must be multipart/form-data with a 'file' part")
+        raise ServiceError(
+            "invalid_request",
+            f"uploads must be multipart/form-data with a '{file_field}' part",
+            param=file_field,
+        )
     # fields are bounded by FIELD_LIMIT as they are read; the decoder buffers one chunk at a time
     decoder = MultipartDecoder(options["boundary"].encode("latin-1"), None, max_parts=MAX_PARTS)
-    form = UploadForm(_events(body, decoder))
+    form = UploadForm(_events(body, decoder), file_field)
     form._advance()
     return form

@@ -71,6 +71,21 @@ FILE = obj(
 # OpenAI's expires_after.seconds: an hour to 30 days (workers/intake.py checks the same)
 EXPIRES_SECONDS = {"type": "integer", "minimum": 3600, "maximum": 2592000}
 
+UPLOAD = obj(
+    {
+        "id": STR,
+        "object": {"const": "upload"},
+        "bytes": INT,
+        "created_at": TIME,
+        "expires_at": TIME,
+        "filename": STR,
+        "purpose": {"enum": ["batch"]},
+        "status": {"enum": ["pending", "completed", "cancelled", "expired"]},
+        "file": nullable(ref("File")),
+    }
+)
+UPLOAD_PART = obj({"id": STR, "object": {"const": "upload.part"}, "created_at": TIME, "upload_id": STR})
+
 DELETED_FILE = obj({"id": STR, "object": {"const": "file"}, "deleted": {"const": True}})
 
 LINE_ERROR = obj({"code": nullable(STR), "message": STR, "param": nullable(STR), "line": nullable(INT)})
@@ -314,6 +329,7 @@ def page_of(item: str) -> Schema:
 ERRORS = {
     400: "The request is malformed or names a value Freight does not accept.",
     401: "Missing, malformed or unknown API key.",
+    403: "A quota of the tenant's does not allow it (`quota_exceeded`: stored bytes, parts included).",
     404: "No such object for this tenant (another tenant's ids answer the same), or no such URL.",
     409: "The object's state does not allow this (a running batch's input, a finished batch).",
     413: "The request body or the uploaded file is larger than this deployment accepts.",
@@ -391,6 +407,7 @@ AFTER = query("after", "An object id: list the objects after it (cursor paginati
 FILE_ID = path_param("file_id", "A file id (`file-…`).")
 BATCH_ID = path_param("batch_id", "A batch id (`batch_…`).")
 ENDPOINT_ID = path_param("endpoint_id", "A webhook endpoint id (`whep_…`).")
+UPLOAD_ID = path_param("upload_id", "An upload id (`upload_…`).")
 MODEL_ID = path_param("model", "A served model's name; it may contain `/`.", "^[A-Za-z0-9._:/-]+$")
 
 
@@ -595,6 +612,7 @@ def paths(settings: Settings) -> Schema:
                 "retrieveModel", "One served model or adapter.", ok(MODEL_OR_ADAPTER), 404, params=(MODEL_ID,)
             ),
         },
+        **upload_paths(),
         **webhook_paths(),
         "/healthz": {
             "get": {
@@ -603,6 +621,94 @@ def paths(settings: Settings) -> Schema:
                 "security": [],
                 "responses": {"200": ok(obj({"status": {"const": "ok"}}))},
             }
+        },
+    }
+
+
+UPLOAD_400 = (
+    "Its `error.code` says which: `upload_completed`, `upload_cancelled` or `upload_expired` (the "
+    "upload takes no more parts and cannot be completed), `unknown_part` (a part id not of this "
+    "upload), `bytes_mismatch` (the parts named do not sum to the create's `bytes`), "
+    "`md5_mismatch`, `upload_parts_exceed_bytes`; else none, with `param` naming the field."
+)
+
+
+def upload_paths() -> Schema:
+    """OpenAI's Uploads API: a file of up to FREIGHT_MAX_UPLOAD_BYTES in parts of up to 64 MiB."""
+    part_body = {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": obj(
+                    {"data": {"type": "string", "format": "binary", "description": "at most 64 MiB"}}
+                )
+            }
+        },
+    }
+    create_body = obj(
+        {
+            "bytes": {"type": "integer", "minimum": 1},
+            "filename": {"type": "string", "minLength": 1},
+            "purpose": {"enum": ["batch"]},
+            "mime_type": {"type": "string", "description": "text/jsonl, application/jsonl, ... or Parquet's"},
+            "expires_after": obj({"anchor": {"enum": ["created_at"]}, "seconds": EXPIRES_SECONDS}),
+        },
+        optional=("expires_after",),
+    )
+    complete_body = obj(
+        {
+            "part_ids": {"type": "array", "items": STR, "minItems": 1},
+            "md5": {"type": "string", "pattern": "^[0-9a-fA-F]{32}$"},
+        },
+        optional=("md5",),
+    )
+    return {
+        "/v1/uploads": {
+            "post": operation(
+                "createUpload",
+                "Start a file sent in parts; it expires an hour after creation unless completed.",
+                ok(ref("Upload")),
+                400,
+                403,
+                requestBody={"required": True, "content": {JSON: {"schema": create_body}}},
+            ),
+        },
+        "/v1/uploads/{upload_id}/parts": {
+            "post": operation(
+                "addUploadPart",
+                "Add a part (streamed to the object store).",
+                ok(ref("UploadPart")),
+                400,
+                403,
+                404,
+                notes={400: UPLOAD_400},
+                params=(UPLOAD_ID,),
+                requestBody=part_body,
+            ),
+        },
+        "/v1/uploads/{upload_id}/complete": {
+            "post": operation(
+                "completeUpload",
+                "Join the parts named, in that order, into a file; the upload's `file` is that File.",
+                ok(ref("Upload")),
+                400,
+                403,
+                404,
+                notes={400: UPLOAD_400},
+                params=(UPLOAD_ID,),
+                requestBody={"required": True, "content": {JSON: {"schema": complete_body}}},
+            ),
+        },
+        "/v1/uploads/{upload_id}/cancel": {
+            "post": operation(
+                "cancelUpload",
+                "Cancel a pending upload; its parts are deleted.",
+                ok(ref("Upload")),
+                400,
+                404,
+                notes={400: UPLOAD_400},
+                params=(UPLOAD_ID,),
+            ),
         },
     }
 
@@ -735,6 +841,8 @@ def openapi_document(settings: Settings) -> Schema:
                 "Error": ERROR,
                 "File": FILE,
                 "DeletedFile": DELETED_FILE,
+                "Upload": UPLOAD,
+                "UploadPart": UPLOAD_PART,
                 "Batch": BATCH,
                 "Estimate": ESTIMATE,
                 "Cost": COST,

@@ -8,7 +8,15 @@ from api.services.paging import Page
 from api.services.readiness import Readiness
 from scheduler.cost import cost_summary
 from storage.adapters import AdapterEntry
-from storage.models import Batch, Estimate, StoredFile, WebhookDelivery, WebhookEndpoint
+from storage.models import (
+    Batch,
+    Estimate,
+    StoredFile,
+    Upload,
+    UploadPart,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
 from storage.registry import GENERATE, ModelEntry
 from storage.status import BatchStatus, EstimateStatus
 
@@ -25,6 +33,25 @@ def file_object(f: StoredFile) -> dict[str, Any]:
         "status": "processed",
         "status_details": None,
     }
+
+
+def upload_object(u: Upload, file: StoredFile | None = None) -> dict[str, Any]:
+    """OpenAI's Upload; ``file`` is the File object once it is completed."""
+    return {
+        "id": u.id,
+        "object": "upload",
+        "bytes": u.bytes,
+        "created_at": u.created_at,
+        "expires_at": u.expires_at,
+        "filename": u.filename,
+        "purpose": u.purpose,
+        "status": u.status,
+        "file": file_object(file) if file is not None else None,
+    }
+
+
+def upload_part_object(p: UploadPart) -> dict[str, Any]:
+    return {"id": p.id, "object": "upload.part", "created_at": p.created_at, "upload_id": p.upload_id}
 
 
 def estimate_object(e: Estimate) -> dict[str, Any]:

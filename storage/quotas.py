@@ -15,9 +15,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from storage.errors import ServiceError
-from storage.models import Batch, StoredFile, Tenant
+from storage.models import Batch, StoredFile, Tenant, Upload, UploadPart
 from storage.settings import Settings
-from storage.status import BatchStatus
+from storage.status import BatchStatus, UploadStatus
 
 OPEN_STATUSES = (
     BatchStatus.VALIDATING.value,
@@ -51,13 +51,23 @@ def quota_of(s: Session, settings: Settings, tenant_id: str, *, lock: bool = Tru
 
 
 def stored_bytes(s: Session, tenant_id: str) -> int:
-    """Bytes of the tenant's files not deleted (inputs and results alike)."""
+    """Bytes of the tenant's files not deleted (inputs and results alike), and of the parts of
+    its uploads as they arrive, until the upload's file replaces them or they are deleted."""
     total = s.scalar(
         select(func.sum(StoredFile.bytes)).where(
             StoredFile.tenant_id == tenant_id, StoredFile.deleted_at.is_(None)
         )
     )
-    return int(total or 0)
+    parts = s.scalar(
+        select(func.sum(UploadPart.bytes))
+        .join(Upload, Upload.id == UploadPart.upload_id)
+        .where(
+            Upload.tenant_id == tenant_id,
+            Upload.status != UploadStatus.COMPLETED,
+            Upload.purged_at.is_(None),
+        )
+    )
+    return int(total or 0) + int(parts or 0)
 
 
 def open_batches(s: Session, tenant_id: str) -> int:

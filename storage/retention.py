@@ -1,5 +1,6 @@
 """Deleting what a tenant's data left in the object store, row by row: a file's bytes (and the
-conversions kept beside them), a final batch's Parquet shards and unit results.
+conversions kept beside them), a final batch's Parquet shards and unit results, the parts of an
+upload that is no longer pending.
 
 Objects go first, the row's mark after: a pass that dies in between leaves a row that the next
 pass deletes again (deleting a missing object is no error), never a marked row whose prompts
@@ -10,10 +11,10 @@ from __future__ import annotations
 
 from sqlalchemy import select, update
 
-from storage.models import Batch, StoredFile
+from storage.models import Batch, StoredFile, Upload
 from storage.runtime import Runtime
 from storage.settings import Settings
-from storage.status import BatchStatus
+from storage.status import BatchStatus, UploadStatus
 
 DERIVED_FORMATS = ("jsonl", "parquet")  # api/services/files.py keeps conversions at derived/<id>.<fmt>
 
@@ -82,3 +83,45 @@ def purge_batches_of_file(rt: Runtime, file_id: str, now: int) -> list[str]:
     for batch_id in batch_ids:
         purge_batch_data(rt, batch_id, now)
     return batch_ids
+
+
+def upload_parts_prefix(tenant_id: str, upload_id: str) -> str:
+    """Where an upload's parts are stored, one object each (``api/services/uploads.py``)."""
+    return f"uploads/{tenant_id}/{upload_id}/"
+
+
+def expire_uploads(rt: Runtime, now: int, limit: int) -> list[str]:
+    """Pending uploads past their ``expires_at`` become ``expired`` (up to ``limit``); their ids.
+    A compare-and-set: an upload completed or cancelled meanwhile keeps its state."""
+    with rt.db.write() as s:
+        due = list(
+            s.scalars(
+                select(Upload.id)
+                .where(Upload.status == UploadStatus.PENDING, Upload.expires_at <= now)
+                .limit(limit)
+            )
+        )
+        if due:
+            s.execute(
+                update(Upload)
+                .where(Upload.id.in_(due), Upload.status == UploadStatus.PENDING)
+                .values(status=UploadStatus.EXPIRED, finished_at=now)
+            )
+    return due
+
+
+def purge_upload_parts(rt: Runtime, tenant_id: str, upload_id: str, now: int) -> int:
+    """Delete the part objects of an upload that is no longer pending (whatever is under its
+    prefix, so a part whose row was never written goes too) and mark it purged; the objects
+    deleted. A completed upload's file is an object of its own, elsewhere."""
+    deleted = 0
+    for key in list(rt.store.list(upload_parts_prefix(tenant_id, upload_id))):
+        rt.store.delete(key)
+        deleted += 1
+    with rt.db.write() as s:
+        s.execute(
+            update(Upload)
+            .where(Upload.id == upload_id, Upload.status != UploadStatus.PENDING, Upload.purged_at.is_(None))
+            .values(purged_at=now)
+        )
+    return deleted

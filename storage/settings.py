@@ -104,6 +104,8 @@ class Settings:
     list_prices: str = ""
     max_requests_per_file: int = 50_000
     max_file_bytes: int = 200 * 1024 * 1024
+    # bytes of a file sent in parts through /v1/uploads (OpenAI's 8 GB); /v1/files keeps max_file_bytes
+    max_upload_bytes: int = 8 * 1024**3
     max_line_bytes: int = 8 * 1024 * 1024
     # an audio line's longest audio (seconds): Whisper's window, as Freight does not split audio
     max_audio_seconds: float = 30.0
@@ -381,6 +383,7 @@ _Rule = tuple[Callable[[Settings], bool], str]
 _WORK_AND_SERVICE_RULES: tuple[_Rule, ...] = (
     (lambda s: s.unit_size < 1, "FREIGHT_UNIT_SIZE must be at least 1"),
     (lambda s: not s.max_audio_seconds > 0, "FREIGHT_MAX_AUDIO_SECONDS must be above 0"),
+    (lambda s: s.max_upload_bytes < 1, "FREIGHT_MAX_UPLOAD_BYTES must be at least 1"),
     (lambda s: s.unit_tokens < 0, "FREIGHT_UNIT_TOKENS cannot be negative"),
     (lambda s: s.feed_requests < 0, "FREIGHT_FEED_REQUESTS cannot be negative"),
     (lambda s: not 0 < s.urgent_share <= 1, "FREIGHT_URGENT_SHARE must be above 0 and at most 1"),

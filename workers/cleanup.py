@@ -25,6 +25,10 @@ several:
 - ``Idempotency-Key`` rows (``storage/idempotency.py``) are deleted once past their 24 hours
   (``KEY_SECONDS``): from then on the key is as if never sent anyway.
 
+Uploads (``/v1/uploads``) still pending an hour after their creation become ``expired``, and the
+parts of uploads no longer pending (expired, cancelled, or completed where the request could not
+delete them) are deleted (``storage.retention``), PASS_ROWS a pass.
+
 Any step may run twice at once (two beats, a manual ``freight cleanup``): deletes are idempotent,
 and a sample row is added to the totals by the transaction that deleted it, so by one only.
 """
@@ -48,13 +52,14 @@ from storage.models import (
     EngineSampleTotal,
     Estimate,
     StoredFile,
+    Upload,
     WebhookDelivery,
 )
 from storage.quotas import OPEN_STATUSES
-from storage.retention import delete_file_objects, purge_batch_data
+from storage.retention import delete_file_objects, expire_uploads, purge_batch_data, purge_upload_parts
 from storage.rollup import roll_up_stragglers
 from storage.runtime import Runtime
-from storage.status import BatchStatus, DeliveryStatus, EstimateStatus
+from storage.status import BatchStatus, DeliveryStatus, EstimateStatus, UploadStatus
 from workers.task_policy import one_error
 
 log = logging.getLogger(__name__)
@@ -74,6 +79,8 @@ class CleanupReport:
     deliveries_pruned: int = 0
     estimates_lost: int = 0
     estimates_pruned: int = 0
+    uploads_expired: list[str] = field(default_factory=list)
+    uploads_purged: list[str] = field(default_factory=list)
     keys_pruned: int = 0
 
 
@@ -87,6 +94,7 @@ def run(rt: Runtime, now: float) -> CleanupReport:
     end_sessions(rt, int(now), report)
     prune_deliveries(rt, int(now), report)
     end_estimates(rt, int(now), report)
+    end_uploads(rt, int(now), report)
     with rt.db.write() as s:
         report.keys_pruned = prune_idempotency_keys(s, now, PASS_ROWS)
     if report.files_expired or report.batches_purged or report.samples_pruned:
@@ -155,6 +163,20 @@ def end_estimates(rt: Runtime, now: int, report: CleanupReport) -> None:
         Estimate.status != EstimateStatus.VALIDATING,
         Estimate.finished_at < now - rt.settings.file_retention_seconds,
     )
+
+
+def end_uploads(rt: Runtime, now: int, report: CleanupReport) -> None:
+    """Pending uploads past their hour expire; the parts of those that ended are deleted."""
+    report.uploads_expired = expire_uploads(rt, now, PASS_ROWS)
+    with rt.db.read() as s:
+        ended = s.execute(
+            select(Upload.id, Upload.tenant_id)
+            .where(Upload.purged_at.is_(None), Upload.status != UploadStatus.PENDING)
+            .limit(PASS_ROWS)
+        ).all()
+    for upload_id, tenant_id in ended:
+        report.objects_deleted += purge_upload_parts(rt, tenant_id, upload_id, now)
+        report.uploads_purged.append(upload_id)
 
 
 def expire_files(rt: Runtime, now: int, report: CleanupReport) -> None:

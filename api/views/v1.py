@@ -1,4 +1,4 @@
-"""The OpenAI-compatible /v1 routes: files, batches, models."""
+"""The OpenAI-compatible /v1 routes: files, uploads (a file in parts), batches, models."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ from api.serializers import (
     file_object,
     list_object,
     model_object,
+    upload_object,
+    upload_part_object,
 )
-from api.services import batches, estimates, files, models, results
+from api.services import batches, estimates, files, models, results, uploads
 from api.services.paging import parse_limit
 from storage.adapters import AdapterEntry
 from storage.errors import ServiceError
@@ -98,6 +100,35 @@ def file_content(file_id: str) -> Response:
 def delete_file(file_id: str) -> Response:
     record = files.delete(rt(), g.tenant_id, file_id)
     return jsonify({"id": record.id, "object": "file", "deleted": True})
+
+
+@bp.post("/uploads")
+@require_tenant
+def create_upload() -> Response:
+    return jsonify(upload_object(uploads.create(rt(), g.tenant_id, json_body())))
+
+
+@bp.post("/uploads/<upload_id>/parts")
+@require_tenant
+def add_upload_part(upload_id: str) -> Response:
+    uploads.get(rt(), g.tenant_id, upload_id)  # another tenant's upload: 404 before reading the body
+    form = open_upload(request.stream, request.content_type, "data")  # the part streams to the store
+    part = uploads.add_part(rt(), g.tenant_id, upload_id, form.file)
+    form.finish()
+    return jsonify(upload_part_object(part))
+
+
+@bp.post("/uploads/<upload_id>/complete")
+@require_tenant
+def complete_upload(upload_id: str) -> Response:
+    upload, record = uploads.complete(rt(), g.tenant_id, upload_id, json_body())
+    return jsonify(upload_object(upload, record))
+
+
+@bp.post("/uploads/<upload_id>/cancel")
+@require_tenant
+def cancel_upload(upload_id: str) -> Response:
+    return jsonify(upload_object(uploads.cancel(rt(), g.tenant_id, upload_id)))
 
 
 @bp.post("/batches")

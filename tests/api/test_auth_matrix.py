@@ -53,6 +53,7 @@ class World:
     file_a: str
     batch_a: str
     endpoint_a: str
+    upload_a: str
 
     def secrets(self) -> list[str]:
         """What must never show in a response to anyone but alpha."""
@@ -83,7 +84,13 @@ def world(settings) -> Iterator[World]:
     hook = client.post(
         "/v1/webhooks", headers=bearer(key_a), json={"url": "https://hooks.example.com/a", "events": ["batch.failed"]}
     ).get_json()  # fmt: skip
-    yield World(app, rt, key_a, key_b, revoked, tenant_a.id, uploaded["id"], batch["id"], hook["id"])
+    upload = client.post(
+        "/v1/uploads", headers=bearer(key_a),
+        json={"bytes": 10, "filename": SECRET_NAME, "purpose": "batch", "mime_type": "text/jsonl"},
+    ).get_json()  # fmt: skip
+    yield World(
+        app, rt, key_a, key_b, revoked, tenant_a.id, uploaded["id"], batch["id"], hook["id"], upload["id"]
+    )
     rt.db.dispose()
 
 
@@ -154,12 +161,13 @@ class Tally:
 @pytest.mark.reliability
 def test_every_route_refuses_strangers_and_hides_other_tenants(world: World, reliability) -> None:
     app, tally = world.app, Tally(world)
-    own = {"file_id": world.file_a, "batch_id": world.batch_a, "kind": "input", "model": "demo", "unknown": "nowhere", "filename": "x", "endpoint_id": world.endpoint_a, "action": "disable"}  # fmt: skip
+    own = {"file_id": world.file_a, "batch_id": world.batch_a, "kind": "input", "model": "demo", "unknown": "nowhere", "filename": "x", "endpoint_id": world.endpoint_a, "action": "disable", "upload_id": world.upload_a}  # fmt: skip
     fake = {
         **own,
         "file_id": "file-" + "0" * 24,
         "batch_id": "batch_" + "0" * 24,
         "endpoint_id": "whep_" + "0" * 24,
+        "upload_id": "upload_" + "0" * 24,
     }
     table = routes(app)
     assert {r for _, r, _ in table} >= {
@@ -215,7 +223,7 @@ def test_every_route_refuses_strangers_and_hides_other_tenants(world: World, rel
     # other tenants' ids: beta gets exactly what an id that does not exist gets
     beta_console = sign_in(app, world.key_b)
     for method, rule, werkzeug_rule in table:
-        if not {"file_id", "batch_id", "endpoint_id"} & set(werkzeug_rule.arguments):
+        if not {"file_id", "batch_id", "endpoint_id", "upload_id"} & set(werkzeug_rule.arguments):
             continue
         answers = []
         for values in (own, fake):
@@ -226,7 +234,7 @@ def test_every_route_refuses_strangers_and_hides_other_tenants(world: World, rel
                 response = send(beta_console, method, path, {}, csrf=page_csrf(beta_console))
             tally.check(f"{method} {path} [beta]", response, (404,))
             body = response.get_data(as_text=True)
-            for name in ("file_id", "batch_id", "endpoint_id"):
+            for name in ("file_id", "batch_id", "endpoint_id", "upload_id"):
                 body = body.replace(values[name], "ID")
             answers.append(body)
         assert answers[0] == answers[1], (method, rule)  # no oracle for "exists, but not yours"

@@ -24,7 +24,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from api.app import create_app
-from api.services import batches
+from api.services import batches, uploads
 from api.services import webhooks as webhook_service
 from api.services.tenants import create_tenant
 from tests.conftest import now
@@ -82,11 +82,13 @@ def test_schemathesis_finds_no_server_error_and_no_schema_mismatch(runtime, data
     spare = upload(runtime, tenant.id, [chat_line("b")], "spare.jsonl")
     batch = create(runtime, tenant.id, seeded.id)
     hook = webhook_service.add(runtime, tenant.id, "https://hooks.example.com/f", ["batch.failed"], now())
+    pending = uploads.create(runtime, tenant.id, {"bytes": 10, "filename": "u.jsonl", "purpose": "batch", "mime_type": "text/jsonl"})  # fmt: skip
     real_ids = {
         "file_id": [seeded.id, spare.id],
         "batch_id": [batch.id],
         "model": ["demo"],
         "endpoint_id": [hook.id],
+        "upload_id": [pending.id],
     }
     headers = {"Authorization": f"Bearer {key}"}
 
@@ -120,8 +122,8 @@ def test_schemathesis_finds_no_server_error_and_no_schema_mismatch(runtime, data
     assert not failures, "\n\n".join(failures[:10])
     assert entry["server_errors"] == 0 and entry["schema_failures"] == 0
     assert (
-        len(operations) == 22 and counts["cases"] >= len(operations) * EXAMPLES
-    )  # 22: with POST /v1/webhooks/{id}/rotate_secret and GET /v1/batches/{id}/results
+        len(operations) == 26 and counts["cases"] >= len(operations) * EXAMPLES
+    )  # 26: with POST /v1/webhooks/{id}/rotate_secret, the four of /v1/uploads and GET /v1/batches/{id}/results
     # the fuzzing reached the interesting answers, not only 400s
     assert statuses[200] and statuses[404] and statuses[400], statuses
 
