@@ -407,3 +407,91 @@ def test_sigterm_drains_within_its_bound(faults: Faults, reliability) -> None:
     assert counts == {"lost": 0, "duplicated": 0} and not errors
     assert all(u.attempts == 1 for u in units), [(u.id, u.attempts) for u in units]  # handed back
     check_usage_and_cost(faults, final, output)
+
+
+# ------------------------------------------------------------ results while a batch runs (#48)
+
+
+def poll_results(client, batch_id: str, cursor: str, **query: str) -> tuple[list[bytes], str, bool]:
+    """GET /v1/batches/{id}/results after ``cursor`` with the official client's plain HTTP: the
+    new lines, the next cursor, and whether no more will come."""
+    import httpx2
+
+    response = client.get(
+        f"/batches/{batch_id}/results",
+        cast_to=httpx2.Response,
+        options={"params": {"after": cursor, **query}},
+    )
+    complete = response.headers["x-freight-results-complete"] == "true"
+    return response.content.splitlines(keepends=True), response.headers["x-freight-next-cursor"], complete
+
+
+def poll_until_complete(client, batch_id: str, while_polling=None) -> tuple[list[bytes], int]:
+    """Every output line the results route gives over polls until it says complete; and how many
+    of them were read while the batch was still running."""
+    seen: list[bytes] = []
+    early = 0
+    cursor = ""
+    deadline = time.monotonic() + 600
+    while True:
+        status = client.batches.retrieve(batch_id).status
+        lines, cursor, complete = poll_results(client, batch_id, cursor)
+        seen += lines
+        early += len(lines) if status == "in_progress" else 0
+        if while_polling is not None:
+            while_polling(seen)
+        if complete:
+            return seen, early
+        assert time.monotonic() < deadline, f"results of {batch_id} never complete"
+        time.sleep(0.3)
+
+
+def test_results_polled_while_a_batch_runs_are_its_final_lines(faults: Faults) -> None:
+    """Lines read from the results route while the batch runs are, byte for byte, the lines of its
+    final output file, each once; the input-order download holds the same lines in input order."""
+    faults.ensure_workers()
+    client = faults.live.client()
+    lines = long_lines("partial", 160, tokens=32)
+    batch = client.batches.create(input_file_id=upload(client, lines), endpoint=CHAT, completion_window="24h")
+    seen, early = poll_until_complete(client, batch.id)
+    final = wait_final(client, batch.id, timeout=300)
+    assert final.status == "completed", final.errors
+    output = client.files.content(final.output_file_id).content.splitlines(keepends=True)
+    assert early > 0  # results were read before the batch ended
+    assert sorted(seen) == sorted(output) and len(set(seen)) == len(seen) == len(lines)
+    ordered = client.files.content(final.output_file_id, extra_query={"order": "input"}).content
+    assert ordered.splitlines(keepends=True) == sorted(
+        output, key=lambda x: int(json.loads(x)["custom_id"].rsplit("-", 1)[1])
+    )
+    again, _, complete = poll_results(client, batch.id, "", order="input")
+    assert complete and b"".join(again) == ordered
+
+
+def test_partial_reads_around_a_killed_worker_never_show_a_replaced_line(faults: Faults) -> None:
+    """A worker SIGKILLed mid-run while a client polls for results: its unit runs again on the
+    other worker, and no line read before, during or after is missing from the final file or
+    different there (a lost attempt's lines, with their own ids, are never served)."""
+    faults.ensure_workers()
+    client = faults.live.client()
+    lines = long_lines("kill-partial", 256)
+    batch = client.batches.create(input_file_id=upload(client, lines), endpoint=CHAT, completion_window="24h")
+    victim = WORKERS[1]
+    pid = faults.pid(victim)
+    killed: list[bool] = []
+
+    def kill_once_held(seen: list[bytes]) -> None:
+        if killed:
+            return
+        wait_held_by(faults, batch.id, pid)
+        os.killpg(pid, signal.SIGKILL)  # the worker and vLLM's engine process with it
+        faults.stack.processes[victim].wait(30)
+        killed.append(True)
+
+    seen, _ = poll_until_complete(client, batch.id, kill_once_held)
+    final = wait_final(client, batch.id, timeout=600)
+    assert final.status == "completed" and final.request_counts.completed == len(lines), final
+    output = client.files.content(final.output_file_id).content.splitlines(keepends=True)
+    assert set(seen) <= set(output)  # nothing read was replaced later
+    assert sorted(seen) == sorted(output) and len(set(seen)) == len(seen) == len(lines)
+    redelivered = [u for u in units_of(faults, batch.id) if u.attempts >= 2]
+    assert redelivered and all(holder_pid(u) != pid for u in redelivered)
