@@ -188,14 +188,40 @@ def metadata_pairs(metadata: tuple[str, ...]) -> dict[str, str]:
     return pairs
 
 
-def upload(client: Any, file: Path, model: str) -> Any:
+PART_BYTES = 64 * 1024 * 1024  # a prepared file larger than one part goes through /v1/uploads
+
+
+def upload(client: Any, file: Path, model: str, part_bytes: int = PART_BYTES) -> Any:
     """FILE uploaded for a batch (``prepared``: lines without body.model get ``model``; a .gz is
-    sent decompressed under its name without .gz); what it became is said on stderr."""
+    sent decompressed under its name without .gz); what it became is said on stderr. A file of
+    more than one part goes in parts (``/v1/uploads``, up to FREIGHT_MAX_UPLOAD_BYTES), md5 checked;
+    a smaller one in one request (``/v1/files``)."""
     name = file.name[:-3] if file.name.lower().endswith(".gz") else file.name
     with prepared(file, model) as body:
-        uploaded = client.files.create(file=(name, body), purpose="batch")
+        size = body.seek(0, 2)
+        body.seek(0)
+        if size > part_bytes:
+            uploaded = upload_in_parts(client, name, body, size, part_bytes)
+        else:
+            uploaded = client.files.create(file=(name, body), purpose="batch")
     click.echo(f"uploaded {file} as {uploaded.id} ({uploaded.bytes:,} bytes)", err=True)
     return uploaded
+
+
+def upload_in_parts(client: Any, name: str, body: IO[bytes], size: int, part_bytes: int) -> Any:
+    """OpenAI's Uploads API, a part at a time (one part in memory), the md5 computed on the way."""
+    import hashlib
+
+    mime = "application/vnd.apache.parquet" if body.read(4) == b"PAR1" else "text/jsonl"
+    body.seek(0)
+    started = client.uploads.create(bytes=size, filename=name, purpose="batch", mime_type=mime)
+    digest, part_ids = hashlib.md5(usedforsecurity=False), []
+    while chunk := body.read(part_bytes):
+        digest.update(chunk)
+        part_ids.append(client.uploads.parts.create(upload_id=started.id, data=chunk).id)
+    done = client.uploads.complete(upload_id=started.id, part_ids=part_ids, md5=digest.hexdigest())
+    click.echo(f"sent {name} in {len(part_ids)} parts as {started.id}", err=True)
+    return done.file
 
 
 @click.command()

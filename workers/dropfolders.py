@@ -273,6 +273,7 @@ def ingest(rt: Runtime, folder: FolderConfig, store: ObjectStore, f: InboxFile) 
                 f"{f.name}.{suffix}",
                 raw if parquet else request_stream(raw, f.gzip, wanted.model, rt.settings.max_line_bytes),
                 key=f"dropfolders/{folder.id}/{digest}.{suffix}",
+                limit=rt.settings.max_upload_bytes,  # streamed in bounded memory, as /v1/uploads' parts
             )
     except (ObjectChanged, ObjectNotFound):
         return None  # replaced or removed since the listing: the next scan sees what is there

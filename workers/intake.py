@@ -345,11 +345,14 @@ def store_file(
     stream: IO[bytes],
     key: str | None = None,
     expires_after: int | None = None,
+    limit: int | None = None,
 ) -> StoredFile:
     """Stream an upload into the object store (at ``key``, by default one of its own) and return
     its row, not yet added: the caller commits it, alone or with rows that refer to it, after
     ``quotas.check_stored`` in that transaction (the stream stops once it passes what the tenant's
-    quota left when it began, so a tenant at its limit cannot park a file's worth in the store)."""
+    quota left when it began, so a tenant at its limit cannot park a file's worth in the store).
+    ``limit``: the most bytes it may hold (FREIGHT_MAX_FILE_BYTES unless given: a drop folder's
+    object, already in a bucket, may be as large as an upload in parts)."""
     if purpose not in PURPOSES:
         raise ServiceError(
             "invalid_request", f"purpose must be one of {', '.join(PURPOSES)}", param="purpose"
@@ -358,7 +361,7 @@ def store_file(
     key = key or f"files/{tenant_id}/{file_id}"
     with rt.db.read() as s:
         quota_left = bytes_left(s, rt.settings, tenant_id)
-    limited = _Limited(stream, rt.settings.max_file_bytes, quota_left)
+    limited = _Limited(stream, limit or rt.settings.max_file_bytes, quota_left)
     try:
         size = rt.store.put_stream(key, limited)  # type: ignore[arg-type]
     except QuotaOverrun as exc:

@@ -518,3 +518,15 @@ def test_a_rerank_folder_makes_batches_for_its_cross_encoder(runtime, s3, bucket
             "in_progress",
             4,
         )
+
+
+def test_a_file_over_the_api_upload_limit_is_taken_up_to_the_uploads_limit(runtime, s3, bucket, folder):
+    """A drop folder's object streams into the store as /v1/uploads' parts do, so it may be as
+    large as FREIGHT_MAX_UPLOAD_BYTES, not only FREIGHT_MAX_FILE_BYTES (64 kB in these tests)."""
+    data = jsonl(line(f"r{i}", model="demo") for i in range(1500))
+    assert len(data) > runtime.settings.max_file_bytes
+    put(s3, bucket, "inbox/large.jsonl", data)
+    [batch_id] = dropfolders.scan_folder(runtime, folder, later()).created
+    with runtime.db.read() as s:
+        stored = s.get(StoredFile, s.get(Batch, batch_id).input_file_id)
+    assert stored.bytes == len(data)
