@@ -432,6 +432,34 @@ RESULTS_HEADERS: Schema = {
 }
 
 
+IDEMPOTENCY_KEY = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "description": "Makes the create safe to retry: the same key with the same request (method, path, "
+    "body) within 24 hours answers the first answer again (same ids, `Idempotent-Replayed: true`) "
+    "and makes nothing; with another request, 409 `idempotency_key_reused`; while the first is "
+    "running, 409 `idempotency_key_in_use`. Keys are the tenant's own; a refused request frees its key.",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[^\\x00-\\x1f\\x7f-\\x9f]+$"},
+}
+IDEMPOTENCY_409 = (
+    "With `Idempotency-Key`: `idempotency_key_reused` (the key was used with another request) or "
+    "`idempotency_key_in_use` (a request with the key is still running)."
+)
+REPLAYED = {
+    "Idempotent-Replayed": {
+        "description": "`true` on the answer of a retry with an `Idempotency-Key`: the first answer again.",
+        "required": False,
+        "schema": {"enum": ["true"]},
+    }
+}
+
+
+def replayable(schema: Schema) -> Schema:
+    """A create's 200: it may be the replay of an earlier answer (``Idempotency-Key``)."""
+    return {**ok(schema), "headers": dict(REPLAYED)}
+
+
 def create_batch_body(settings: Settings) -> Schema:
     return obj(
         {
@@ -492,8 +520,11 @@ def paths(settings: Settings) -> Schema:
             "post": operation(
                 "uploadFile",
                 "Upload a batch input file (streamed to the object store).",
-                ok(ref("File")),
+                replayable(ref("File")),
                 400,
+                409,
+                params=(IDEMPOTENCY_KEY,),
+                notes={409: IDEMPOTENCY_409},
                 requestBody=upload_body,
             ),
             "get": operation(
@@ -538,10 +569,12 @@ def paths(settings: Settings) -> Schema:
                 "createBatch",
                 "Create a batch from an uploaded file; it is validated asynchronously. With "
                 "`dry_run: true`, a batch.estimate instead: no batch is made and nothing runs.",
-                ok({"anyOf": [ref("Batch"), ref("Estimate")]}),
+                replayable({"anyOf": [ref("Batch"), ref("Estimate")]}),
                 400,
                 404,
-                notes={400: CREATE_BATCH_400},
+                409,
+                params=(IDEMPOTENCY_KEY,),
+                notes={400: CREATE_BATCH_400, 409: IDEMPOTENCY_409},
                 requestBody={"required": True, "content": {JSON: {"schema": create_batch_body(settings)}}},
             ),
             "get": operation(

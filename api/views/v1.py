@@ -5,6 +5,7 @@ from __future__ import annotations
 from flask import Blueprint, Response, current_app, g, jsonify, request
 
 from api.auth import require_tenant
+from api.idempotency import idempotent
 from api.multipart import open_upload
 from api.serializers import (
     adapter_object,
@@ -44,6 +45,7 @@ def json_body() -> object:
 
 @bp.post("/files")
 @require_tenant
+@idempotent
 def upload_file() -> Response:
     form = open_upload(request.stream, request.content_type)  # the file part streams to the store
     if form.file is None:
@@ -133,6 +135,7 @@ def cancel_upload(upload_id: str) -> Response:
 
 @bp.post("/batches")
 @require_tenant
+@idempotent
 def create_batch() -> Response:
     payload = json_body()
     if estimates.dry_run_requested(payload):  # a price before the run: nothing is made or run

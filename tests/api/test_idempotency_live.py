@@ -1,0 +1,203 @@
+"""``Idempotency-Key`` through the real API process (gunicorn, as ``freight api`` serves it) on
+SQLite and PostgreSQL: the official ``openai`` client's creates with ``extra_headers`` retried;
+a create whose answer is lost (the client sends it whole and closes the connection unread, the
+create commits) retried with its key answers the same object; creates racing with one key make
+one object. No worker runs: only the API is on these paths."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+from openai import ConflictError, OpenAI
+from sqlalchemy import func, select
+
+from api.services.tenants import create_tenant
+from infra import daemons
+from infra.processes import wait_for
+from storage.models import Batch, IdempotencyKey, StoredFile
+from storage.settings import Settings
+from tests.conftest import REPO, now
+from tests.factories import chat_line, jsonl
+
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture
+def api_url(settings: Settings, tmp_path: Path) -> Iterator[str]:
+    """``freight api`` (gunicorn, one worker of four threads) on the test's database and store."""
+    port = daemons.free_port()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("FREIGHT_")},
+        "PYTHONPATH": str(REPO),
+        "FREIGHT_DATA_DIR": str(settings.data_dir),
+        "FREIGHT_DATABASE_URL": settings.database_url,
+        "FREIGHT_BROKER_URL": settings.broker_url,
+        "FREIGHT_MODELS": ",".join(f"{name}={path}" for name, path in settings.models.items()),
+        "FREIGHT_COMPLETION_WINDOWS": "24h,1h",
+    }
+    log = tmp_path / "api.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "api.cli", "api", "--port", str(port), "--workers", "1"],
+            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _answers(base + "/healthz"), "freight api answering", 60, proc, log)
+        yield base
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.fixture
+def key(runtime) -> str:
+    return create_tenant(runtime.db, "alpha", now())[1]
+
+
+def count(runtime, model) -> int:
+    with runtime.db.read() as s:
+        return int(s.scalar(select(func.count()).select_from(model)) or 0)
+
+
+def answered(runtime, idempotency_key: str) -> bool:
+    """Whether the key's request has run to its answer (the API records it once it has one)."""
+    with runtime.db.read() as s:
+        return s.scalar(select(IdempotencyKey.status).where(IdempotencyKey.key == idempotency_key)) == "done"
+
+
+def send_and_hang_up(url: str, request: httpx.Request) -> None:
+    """Send ``request`` whole on a socket of its own and close it without reading a byte of the
+    answer: the client's view of a create whose answer was lost."""
+    parts = urlsplit(url)
+    head = [f"{request.method} {request.url.raw_path.decode()} HTTP/1.1", f"Host: {parts.netloc}"]
+    head += [f"{name}: {value}" for name, value in request.headers.items() if name.lower() != "host"]
+    with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
+        sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + request.read())
+        sock.shutdown(socket.SHUT_WR)
+    # closed: whatever the API answers goes nowhere
+
+
+def test_the_official_clients_creates_with_a_key_are_made_once(api_url, key, runtime):
+    client = OpenAI(base_url=api_url + "/v1", api_key=key, max_retries=2, timeout=30)
+    data = jsonl([chat_line("a"), chat_line("b")])
+    files = [
+        client.files.create(
+            file=("in.jsonl", io.BytesIO(data)), purpose="batch", extra_headers={"Idempotency-Key": "file-1"}
+        )
+        for _ in range(2)
+    ]
+    assert files[0].id == files[1].id and files[0] == files[1] and count(runtime, StoredFile) == 1
+    batches = [
+        client.batches.create(
+            input_file_id=files[0].id, endpoint=CHAT, completion_window="24h",
+            metadata={"job": "nightly"}, extra_headers={"Idempotency-Key": "batch-1"},
+        )
+        for _ in range(2)
+    ]  # fmt: skip
+    assert batches[0].id == batches[1].id and batches[0] == batches[1] and count(runtime, Batch) == 1
+    assert [b.id for b in client.batches.list()] == [batches[0].id]
+    with pytest.raises(ConflictError) as refused:  # the key with another request: a 409, and no batch
+        client.with_options(max_retries=0).batches.create(
+            input_file_id=files[0].id, endpoint=CHAT, completion_window="1h",
+            extra_headers={"Idempotency-Key": "batch-1"},
+        )  # fmt: skip
+    assert refused.value.code == "idempotency_key_reused" and "batch-1" in refused.value.message
+    assert count(runtime, Batch) == 1
+
+
+def test_a_create_whose_answer_was_lost_answers_the_same_object_on_retry(api_url, key, runtime):
+    auth = {"Authorization": f"Bearer {key}"}
+    data = jsonl([chat_line("a")])
+
+    def upload() -> httpx.Request:  # a new multipart boundary each time, as every client draws one
+        return httpx.Request(
+            "POST", api_url + "/v1/files", headers={**auth, "Idempotency-Key": "lost-file"},
+            data={"purpose": "batch"}, files={"file": ("in.jsonl", data, "application/jsonl")},
+        )  # fmt: skip
+
+    send_and_hang_up(api_url, upload())
+    deadline = time.monotonic() + 30
+    while not answered(runtime, "lost-file"):
+        assert time.monotonic() < deadline, "the lost upload never ran"
+        time.sleep(0.05)
+    assert count(runtime, StoredFile) == 1  # made, and the client never heard of it
+    with httpx.Client(timeout=30) as http:
+        retried = http.send(upload())
+        assert retried.status_code == 200 and retried.headers["Idempotent-Replayed"] == "true"
+        with runtime.db.read() as s:
+            assert retried.json()["id"] == s.scalar(select(StoredFile.id))
+        file_id = retried.json()["id"]
+        create = {"input_file_id": file_id, "endpoint": CHAT, "completion_window": "24h"}
+        send_and_hang_up(
+            api_url,
+            httpx.Request(
+                "POST",
+                api_url + "/v1/batches",
+                headers={**auth, "Idempotency-Key": "lost-batch"},
+                json=create,
+            ),
+        )
+        deadline = time.monotonic() + 30
+        while not answered(runtime, "lost-batch"):
+            assert time.monotonic() < deadline, "the lost create never ran"
+            time.sleep(0.05)
+    client = OpenAI(base_url=api_url + "/v1", api_key=key, max_retries=2, timeout=30)
+    batch = client.batches.create(**create, extra_headers={"Idempotency-Key": "lost-batch"})  # type: ignore[arg-type]
+    with runtime.db.read() as s:
+        assert list(s.scalars(select(Batch.id))) == [batch.id]
+    assert batch.input_file_id == file_id and count(runtime, StoredFile) == 1
+
+
+def test_creates_racing_with_one_key_make_one_batch(api_url, key, runtime):
+    auth = {"Authorization": f"Bearer {key}"}
+    file_id = httpx.post(
+        api_url + "/v1/files", headers=auth, data={"purpose": "batch"},
+        files={"file": ("in.jsonl", jsonl([chat_line()]))}, timeout=30,
+    ).json()["id"]  # fmt: skip
+    create = {"input_file_id": file_id, "endpoint": CHAT, "completion_window": "24h"}
+    start = threading.Barrier(4)
+    answers: list[httpx.Response] = []
+
+    def post() -> None:
+        start.wait()
+        answers.append(
+            httpx.post(
+                api_url + "/v1/batches", headers={**auth, "Idempotency-Key": "race"}, json=create, timeout=30
+            )
+        )
+
+    threads = [threading.Thread(target=post) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert count(runtime, Batch) == 1
+    with runtime.db.read() as s:
+        made = s.scalar(select(Batch.id))
+    for answer in answers:
+        assert answer.status_code in (200, 409), answer.text
+        if answer.status_code == 200:
+            assert answer.json()["id"] == made
+        else:
+            assert answer.json()["error"]["code"] == "idempotency_key_in_use"
+    assert any(a.status_code == 200 for a in answers)
