@@ -106,12 +106,14 @@ def delete_file(file_id: str) -> Response:
 
 @bp.post("/uploads")
 @require_tenant
+@idempotent
 def create_upload() -> Response:
     return jsonify(upload_object(uploads.create(rt(), g.tenant_id, json_body())))
 
 
 @bp.post("/uploads/<upload_id>/parts")
 @require_tenant
+@idempotent
 def add_upload_part(upload_id: str) -> Response:
     uploads.get(rt(), g.tenant_id, upload_id)  # another tenant's upload: 404 before reading the body
     form = open_upload(request.stream, request.content_type, "data")  # the part streams to the store
@@ -122,6 +124,7 @@ def add_upload_part(upload_id: str) -> Response:
 
 @bp.post("/uploads/<upload_id>/complete")
 @require_tenant
+@idempotent
 def complete_upload(upload_id: str) -> Response:
     upload, record = uploads.complete(rt(), g.tenant_id, upload_id, json_body())
     return jsonify(upload_object(upload, record))

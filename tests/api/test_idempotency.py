@@ -6,6 +6,7 @@ answers, the official client) is tests/api/test_idempotency_live.py."""
 
 from __future__ import annotations
 
+import io
 import threading
 
 import pytest
@@ -210,3 +211,38 @@ def test_a_json_body_is_compared_as_json(client, keys, runtime):
     ]
     assert answers[0].status_code == answers[1].status_code == 200
     assert answers[1].get_json() == answers[0].get_json() and count(runtime, Batch) == 1
+
+
+def test_an_uploads_create_parts_and_complete_retried_with_their_keys_are_made_once(client, keys, runtime):
+    from storage.models import Upload, UploadPart
+
+    data = jsonl([chat_line(f"r{i}") for i in range(6)])
+    first, second = data[: len(data) // 2], data[len(data) // 2 :]
+    body = {"bytes": len(data), "filename": "big.jsonl", "purpose": "batch", "mime_type": "text/jsonl"}
+    created = [client.post("/v1/uploads", headers=keyed(keys["a"], "up"), json=body) for _ in range(2)]
+    assert created[0].status_code == 200 and created[1].get_json() == created[0].get_json()
+    upload_id = created[0].get_json()["id"]
+    assert count(runtime, Upload) == 1
+
+    def part(key: str, chunk: bytes):
+        return client.post(
+            f"/v1/uploads/{upload_id}/parts", headers=keyed(keys["a"], key),
+            data={"data": (io.BytesIO(chunk), "blob")}, content_type="multipart/form-data",
+        )  # fmt: skip
+
+    parts = [part("part-1", first), part("part-1", first), part("part-2", second)]
+    assert [p.status_code for p in parts] == [200, 200, 200]
+    assert parts[1].get_json() == parts[0].get_json() and parts[1].headers["Idempotent-Replayed"] == "true"
+    conflict(part("part-1", second), "idempotency_key_reused")  # the key with another part's bytes
+    assert count(runtime, UploadPart) == 2
+    ids = [parts[0].get_json()["id"], parts[2].get_json()["id"]]
+    done = [
+        client.post(
+            f"/v1/uploads/{upload_id}/complete", headers=keyed(keys["a"], "done"), json={"part_ids": ids}
+        )
+        for _ in range(2)
+    ]
+    assert done[0].status_code == done[1].status_code == 200
+    assert done[1].get_json() == done[0].get_json() and done[0].get_json()["status"] == "completed"
+    assert count(runtime, StoredFile) == 1
+    assert client.get(f"/v1/files/{done[0].get_json()['file']['id']}/content", headers=keys["a"]).data == data
