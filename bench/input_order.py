@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import queue
 import random
 import resource
 import shutil
@@ -122,6 +123,8 @@ def measure(settings: Any, file_id: str, key: str, requests: int, answer: Any) -
     size = lines = 0
     previous = -1
     in_order = response.status_code == 200
+    if not in_order:
+        raise RuntimeError(f"the download answered {response.status_code}: {response.get_data()[:500]!r}")
     rest = b""
     for chunk in response.response:
         if first is None:
@@ -195,7 +198,13 @@ def run_store(kind: str, work: Path, requests: int) -> dict[str, Any]:
         answer = context.Queue()
         child = context.Process(target=measure, args=(settings, file_id, key, requests, answer))
         child.start()
-        run = answer.get(timeout=3600)
+        run = None
+        while run is None:  # the child's answer, or its death (an error it printed)
+            try:
+                run = answer.get(timeout=5)
+            except queue.Empty:
+                if not child.is_alive():
+                    raise RuntimeError(f"the download process died (exit {child.exitcode})") from None
         child.join(60)
         run["loadavg_1min_after"] = round(os.getloadavg()[0], 2)
         log(f"input_order [{kind}]: {run}")
