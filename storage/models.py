@@ -225,6 +225,11 @@ class Batch(Base):
     # when its final figures were added to batch_rollups (epoch seconds; NULL: not yet), set by
     # the one transaction that added them (storage/rollup.py)
     rolled_up_at: Mapped[int | None] = mapped_column(BigInteger)
+    # a resume (issue #48 part 3): the earlier batch whose lines without a result this one runs
+    # (not a foreign key, as files' ids elsewhere), and, once final, the usage and cost of the
+    # whole chain summed (workers/resume.py); each batch's own columns stay its own
+    resumed_from: Mapped[str | None] = mapped_column(String(40))
+    chain_usage: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     @hybrid_property
     def finished_at(self) -> int | None:
@@ -269,6 +274,7 @@ class Estimate(Base):
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # scheduler.estimate.summary()
     created_at: Mapped[int] = mapped_column(BigInteger)
     finished_at: Mapped[int | None] = mapped_column(BigInteger)
+    resumed_from: Mapped[str | None] = mapped_column(String(40))  # the dry run of a resume: its lines only
 
 
 class BatchRollup(Base):
