@@ -29,6 +29,7 @@ import logging
 import struct
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import Float, cast, func, select
@@ -57,6 +58,7 @@ from workers.media_tokens import MediaCounter
 from workers.prefix_caching import prediction_block_size
 from workers.prompt_tokens import TokenizerUnavailable, renderer_for
 from workers.request_bodies import EMBEDDINGS
+from workers.resume import settled
 from workers.scoring import SCORING_ENDPOINTS, scoring_input_tokens
 from workers.task_policy import one_error
 from workers.validation import (
@@ -96,6 +98,7 @@ def run(rt: Runtime, estimate_id: str) -> None:
             metadata_defaults(row.metadata_),
             row.price_multiplier,
             now,
+            row.resumed_from,
         )
     except TokenizerUnavailable as exc:
         scanned, result = tokenizer_failure(estimate_id, str(exc)), None
@@ -136,9 +139,11 @@ def estimate_file(
     defaults: dict,
     price_multiplier: float,
     now: float,
+    resumed_from: str | None = None,
 ) -> tuple[ScanResult, dict[str, Any] | None]:
     """Validate the stored input as a batch's and, if every line is valid, estimate its run: the
-    file's summary (``scan_lines``'s) and the estimate (None when a line is bad).
+    file's summary (``scan_lines``'s) and the estimate (None when a line is bad). ``resumed_from``:
+    the dry run of a resume of that batch, which prices only the lines it did not settle.
 
     Memory: the sort buffer (FREIGHT_SORT_MEMORY_MB, spilled beyond), a digest per custom_id, one
     record at a time after the sort; each request keeps only its prompt key, length and budget.
@@ -147,6 +152,8 @@ def estimate_file(
     default_budget = settings.engine_default_max_tokens
     count_inputs = pooling_line_tokens(rt, endpoint) if endpoint in (EMBEDDINGS, *SCORING_ENDPOINTS) else None
     rules = file_rules(rt, endpoint, tenant_id)
+    if resumed_from is not None:
+        rules = replace(rules, skip=settled(rt, resumed_from))
     media = media_counter(rt, endpoint, rules.adapters)
 
     def payload(item: Any) -> bytes:

@@ -9,6 +9,7 @@ so live progress counters can never be double counted in the final figures.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import time
 from collections import deque
@@ -30,6 +31,7 @@ from storage.runtime import Runtime
 from storage.shards import custom_ids
 from storage.status import BatchStatus
 from workers.results import encode, stopped_line
+from workers.resume import carried, chain_usage
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +109,10 @@ def finalize_batch(rt: Runtime, batch_id: str) -> str | None:
     keys = {kind: f"batches/{batch_id}/{kind}.jsonl" for kind in counts}
     try:
         for kind in counts:
+            # a resume's files begin with the lines the batch it resumes settled (workers/resume.py)
+            earlier = carried(rt, batch.resumed_from, kind, counts) if batch.resumed_from else iter(())
             sizes[kind] = rt.store.put_chunks(
-                keys[kind], _assemble(rt, lease, units, kind, stop_code, counts)
+                keys[kind], itertools.chain(earlier, _assemble(rt, lease, units, kind, stop_code, counts))
             )
     except Exception:
         lease.release()  # the store gave up (an outage past its retries): the next tick retries
@@ -151,6 +155,7 @@ def finalize_batch(rt: Runtime, batch_id: str) -> str | None:
         )
         work = TokenWork(batch.prompt_tokens, batch.cached_tokens, batch.completion_tokens)
         batch.list_price_micros = list_price_micros(work, price) if price else None
+        batch.chain_usage = chain_usage(s, batch)
         if batch.status == BatchStatus.CANCELLING:
             final = BatchStatus.CANCELLED
         elif batch.final_status == BatchStatus.EXPIRED:

@@ -61,5 +61,26 @@ def stopped_line(custom_id: str, code: str) -> dict[str, Any]:
     }
 
 
+# statuses of an engine's answer that a later run may not repeat: a timeout, a rate limit
+RETRYABLE_STATUSES = frozenset({408, 429})
+
+
+def worth_retrying(line: dict[str, Any]) -> bool:
+    """Whether a line of an error file is one a resume runs again (issue #48 part 3).
+
+    Yes for a line that never ran (``stopped_line``: the batch was cancelled or expired, or its
+    workers died: ``STOP_MESSAGES``) and for an engine error, timeout or rate limit (a response of
+    status 5xx, 408 or 429). No for any other response (a 4xx ``request_error_line``: a bad
+    parameter, a prompt too long, a model not served here): the same request would fail the same
+    way. A line of another shape is retried: what is not known to be final is not left behind."""
+    response = line.get("response")
+    if not isinstance(response, dict):
+        return True
+    status = response.get("status_code")
+    if not isinstance(status, int) or isinstance(status, bool):
+        return True
+    return status >= 500 or status in RETRYABLE_STATUSES
+
+
 def encode(line: dict[str, Any]) -> bytes:
     return json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"

@@ -28,7 +28,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import exists, func, or_, select, update
@@ -79,6 +79,7 @@ from workers.request_bodies import (
 )
 from workers.request_shapes import RequestShapes
 from workers.responses import RESPONSES
+from workers.resume import settled
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +141,15 @@ class RefusedLine:
         return ShardRow(self.line, self.custom_id, body, b"", None, 0, None)
 
 
+@dataclass(frozen=True, slots=True)
+class SkippedLine:
+    """A line whose custom_id the batch this one resumes settled (``FileRules.skip``): not a row,
+    not an error; its body is not checked further (it passed when it ran before)."""
+
+    line: int
+    custom_id: str
+
+
 REFUSED_PREFIX = '{"' + REFUSED_LINE + '":'
 
 
@@ -179,6 +189,9 @@ class FileRules:
     # the batch's image checks and store (workers/images.py); None: image parts stay as given
     # (a dry-run estimate, which stores nothing)
     images: ImageResolver | None = field(default=None, compare=False)
+    # a resume's settled lines (workers/resume.py): the 16-byte digests of the custom_ids the
+    # batch it resumes settled, whose lines are skipped (``SkippedLine``); empty: none is
+    skip: frozenset[bytes] = field(default=frozenset(), compare=False)
 
 
 def check_line(raw: bytes, line_no: int, rules: FileRules) -> ValidLine | LineError:
@@ -189,20 +202,25 @@ def check_line(raw: bytes, line_no: int, rules: FileRules) -> ValidLine | LineEr
         return checked
     if isinstance(checked, RefusedLine):
         return checked.error
+    assert not isinstance(checked, SkippedLine), "check_line is not given a resume's rules"
     rendered = None if rules.render is None else rules.render(checked.model, rules.endpoint, checked.body)
     return ValidLine(checked.row(rendered), checked.model)
 
 
-def check_fields(raw: bytes, line_no: int, rules: FileRules) -> CheckedLine | RefusedLine | LineError:
+def check_fields(
+    raw: bytes, line_no: int, rules: FileRules
+) -> CheckedLine | RefusedLine | SkippedLine | LineError:
     """``check_line`` but for the prompt: scanners render a block of lines at a time. A line that
     names (a string) a model not served here is a ``RefusedLine``; one naming none, or not as a
-    string, is malformed and a ``LineError`` as before."""
+    string, is malformed and a ``LineError`` as before; one a resume skips a ``SkippedLine``."""
     obj = _line_object(raw, line_no, rules)
     if isinstance(obj, LineError):
         return obj
     custom_id = _envelope_custom_id(obj, line_no, rules)
     if isinstance(custom_id, LineError):
         return custom_id
+    if rules.skip and hashlib.blake2b(custom_id.encode(), digest_size=16).digest() in rules.skip:
+        return SkippedLine(line_no, custom_id)
     body: Any = obj.get("body")
     # a line with image parts is stored once, after they become references (its data: URLs are
     # most of its bytes); any other body now
@@ -348,7 +366,7 @@ class FileChecks:
 
     __slots__ = (
         "_blank_from", "_held", "_held_count", "_max_listed", "_max_requests", "_named", "_seen",
-        "_unnamed", "_unnamed_count", "full", "result",
+        "_skipped", "_unnamed", "_unnamed_count", "full", "result",
     )  # fmt: skip
 
     def __init__(self, max_requests: int, max_listed: int) -> None:
@@ -363,6 +381,7 @@ class FileChecks:
         self._unnamed_count = 0
         self._held: list[LineError] = []  # a refused line's file-rule errors while none had
         self._held_count = 0
+        self._skipped = 0  # lines a resume skipped (``SkippedLine``)
 
     def failed(self, error: LineError | None) -> None:
         """Count one error, listed while fewer than the cap are. None: an error the caller did not
@@ -415,6 +434,18 @@ class FileChecks:
             return False
         return True
 
+    def skip(self, line_no: int, custom_id: bytes) -> None:
+        """A ``SkippedLine``: a line with text, but no row and no error. Its custom_id still counts
+        as seen: a later line of the same id is a duplicate, as it was when the file first ran."""
+        if self._blank_from:
+            self._blank_run_ends()
+        self._skipped += 1
+        digest = hashlib.blake2b(custom_id, digest_size=16).digest()
+        if digest in self._seen:
+            self.failed(_duplicate(line_no, custom_id))
+            return
+        self._seen.add(digest)
+
     def _past_limit(self, line_no: int) -> LineError:
         """The line past the request limit: its error; no later line counts."""
         self.full = True
@@ -465,7 +496,10 @@ class FileChecks:
             merged = sorted([*result.errors, *extra], key=lambda e: e.line)
             result.errors = merged[: self._max_listed]
             result.error_count += count
-        if result.rows == 0 and result.error_count == 0:
+        if result.rows == 0 and result.error_count == 0 and self._skipped:
+            message = f"the batch resumed settled all {self._skipped} lines of the file: none is left to run"
+            self.failed(LineError(0, "nothing_to_resume", message))
+        elif result.rows == 0 and result.error_count == 0:
             self.failed(LineError(max(last_line, 1), "empty_file", "the file contains no requests"))
         return result
 
@@ -501,6 +535,9 @@ def scan_lines(
         checked = check_fields(raw, line_no, rules)
         if isinstance(checked, LineError):
             checks.bad(checked)
+            continue
+        if isinstance(checked, SkippedLine):
+            checks.skip(line_no, checked.custom_id.encode())
             continue
         if isinstance(checked, RefusedLine):  # not rendered: its row runs as its error
             if checks.refuse(line_no, checked.custom_id.encode(), checked.error):
@@ -874,8 +911,12 @@ def file_rules(
 
 
 def batch_rules(rt: Runtime, endpoint: str, batch_id: str) -> FileRules:
-    """The rules of a batch's input file: its tenant's adapters, its own image store."""
-    return file_rules(rt, endpoint, batch_tenant(rt, batch_id), batch_id)
+    """The rules of a batch's input file: its tenant's adapters, its own image store, and for a
+    resume the lines the batch it resumes settled, skipped (``workers.resume``)."""
+    rules = file_rules(rt, endpoint, batch_tenant(rt, batch_id), batch_id)
+    with rt.db.read() as s:
+        earlier = s.scalar(select(Batch.resumed_from).where(Batch.id == batch_id))
+    return rules if earlier is None else replace(rules, skip=settled(rt, earlier))
 
 
 def batch_tenant(rt: Runtime, batch_id: str) -> str | None:

@@ -61,6 +61,7 @@ from workers.validation import (
     LineError,
     RefusedLine,
     ScanResult,
+    SkippedLine,
     _LeaseKeeper,
     _payload,
     batch_rules,
@@ -79,8 +80,9 @@ log = logging.getLogger(__name__)
 
 # one event per line: kind, model index, custom_id length; then the custom_id's UTF-8 bytes
 EVENT = struct.Struct(">BHH")
-# BAD_ROW: a Parquet row that made no line; REFUSED: a ``RefusedLine`` (its row in the run)
-BLANK, BAD_ROW, BAD_LINE, VALID, REFUSED = range(5)
+# BAD_ROW: a Parquet row that made no line; REFUSED: a ``RefusedLine`` (its row in the run);
+# SKIPPED: a ``SkippedLine``, settled by the batch a resume resumes (no row)
+BLANK, BAD_ROW, BAD_LINE, VALID, REFUSED, SKIPPED = range(6)
 # a Parquet row error after which the file's rows end (request_tables._limited_lines)
 ENDS_ROWS = frozenset({"too_many_requests", "file_too_large"})
 
@@ -343,17 +345,8 @@ def scan_chunk(
                 if isinstance(checked, LineError):
                     bad(BAD_LINE, checked)
                     continue
-                if isinstance(checked, RefusedLine):  # the file's rules decide if its row is one
-                    custom_id = checked.custom_id.encode()
-                    events.write(EVENT.pack(REFUSED, 0, len(custom_id)))
-                    events.write(custom_id)
-                    if len(refused) < max_listed:
-                        e = checked.error
-                        refused.append(
-                            {"line": e.line, "code": e.code, "message": e.message, "param": e.param}
-                        )
-                    row = checked.row()
-                    yield row.key, row.line, _payload(row)
+                if isinstance(checked, RefusedLine | SkippedLine):  # the file's rules decide
+                    yield from _unrendered(checked, events, refused, max_listed)
                     continue
                 custom_id = checked.custom_id.encode()
                 model = models.setdefault(checked.model, len(models))
@@ -384,6 +377,25 @@ def scan_chunk(
             stream.seek(0)
             rt.store.put_stream(key, stream)
     return lines, summary
+
+
+def _unrendered(
+    checked: RefusedLine | SkippedLine, events: IO[bytes], refused: list[dict[str, Any]], max_listed: int
+) -> Iterator[Record]:
+    """A line the chunk does not render: its event, and a ``RefusedLine``'s row (whether the file
+    keeps it is the merge's ``FileChecks`` to say) with its error among the chunk's first ones."""
+    custom_id = checked.custom_id.encode()
+    if isinstance(checked, SkippedLine):  # settled by the batch a resume resumes: no row
+        events.write(EVENT.pack(SKIPPED, 0, len(custom_id)))
+        events.write(custom_id)
+        return
+    events.write(EVENT.pack(REFUSED, 0, len(custom_id)))
+    events.write(custom_id)
+    if len(refused) < max_listed:
+        e = checked.error
+        refused.append({"line": e.line, "code": e.code, "message": e.message, "param": e.param})
+    row = checked.row()
+    yield row.key, row.line, _payload(row)
 
 
 # -- the merge (the batch's validation, under its lease, once every chunk is done) ---------------
@@ -466,6 +478,8 @@ def replay(rt: Runtime, batch_id: str, chunks: list[_Done]) -> ScanResult:
                     n_refused += 1
                     if not checks.refuse(line_no, custom_id, error) and checks.full:
                         return checks.finish(line_no)
+                elif kind == SKIPPED:
+                    checks.skip(line_no, custom_id)
                 elif kind == BLANK:
                     checks.blank(line_no)
                 else:  # BAD_ROW or BAD_LINE
