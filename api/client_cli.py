@@ -1,4 +1,4 @@
-"""``freight submit | status | list | cancel | download``: batches from a terminal, through the
+"""``freight submit | status | list | cancel | download | resume``: batches from a terminal, through the
 OpenAI-compatible API of any Freight server, with the official ``openai`` client.
 
 The server is ``FREIGHT_API_URL`` (default ``http://127.0.0.1:<FREIGHT_API_PORT>/v1``) and the key
@@ -530,4 +530,45 @@ def download(
     fetch(client, b, output_dir, fmt, input_order)
 
 
-CLIENT_COMMANDS = (submit, status, list_batches, cancel, download)
+@click.command()
+@click.argument("batch_id")
+@click.option("--window", default=None, help="completion window of the new batch (default: the server's)")
+@click.option("--wait", is_flag=True, help="show progress until it ends, then download the merged results")
+@click.option(
+    "-o", "--output-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
+    help="where --wait saves the result files  [default: .]",
+)  # fmt: skip
+@click.option("--poll", type=click.FloatRange(min=0.2), default=2.0, show_default=True, help="seconds")
+@click.option("--json", "as_json", is_flag=True, help="print the API's objects as JSON")
+@connection
+def resume(
+    client: Any, batch_id: str, window: str | None, wait: bool, output_dir: Path, poll: float, as_json: bool
+) -> None:
+    """Run again the lines of an ended batch that have no result worth keeping (not run, or an
+    engine error or timeout), as a new batch whose output file holds the earlier results too; its
+    id goes to stdout."""
+    import openai
+
+    earlier = client.batches.retrieve(checked_batch_id(batch_id))
+    batch = client.batches.create(
+        input_file_id=earlier.input_file_id,
+        endpoint=earlier.endpoint,
+        completion_window=window or openai.omit,
+        extra_body={"resume_from": earlier.id},
+    )
+    click.echo(
+        f"created {batch.id}, resuming {earlier.id}: {batch.status}, deadline {when(batch.expires_at)}",
+        err=True,
+    )
+    if not wait:
+        echo_json(batch.to_dict()) if as_json else click.echo(batch.id)
+        return
+    if not as_json:
+        click.echo(batch.id)
+    final = wait_for(client, batch.id, poll)
+    if as_json:
+        echo_json(final)
+    finish(client, final, output_dir)
+
+
+CLIENT_COMMANDS = (submit, status, list_batches, cancel, download, resume)

@@ -105,6 +105,20 @@ COST = obj(
     }
 )
 
+# workers/resume.py's chain_usage: a resume's figures summed over its chain of batches
+CHAIN_USAGE = obj(
+    {
+        "batches": INT,
+        "request_completed": INT,
+        "input_tokens": INT,
+        "cached_tokens": INT,
+        "output_tokens": INT,
+        "total_tokens": INT,
+        "engine_seconds": NUM,
+        "cost_micros": INT,
+    }
+)
+
 BATCH_STATUS = [
     "validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled",
 ]  # fmt: skip
@@ -158,6 +172,16 @@ BATCH = obj(
                 "cache_hit_rate": nullable(NUM),
                 "planned_cache_hit_rate": nullable(NUM),
                 "cost": ref("Cost"),
+                "resumed_from": {
+                    **nullable(STR),
+                    "description": "the batch this one resumes (`resume_from`): it runs only the lines that "
+                    "one left without a result worth keeping, and its files carry that one's",
+                },
+                "chain_usage": {
+                    **nullable(CHAIN_USAGE),
+                    "description": "a resume's usage and cost summed over it and every batch it resumes, "
+                    "once it has ended (each batch's own usage and cost stay its own)",
+                },
             }
         ),
     }
@@ -383,7 +407,9 @@ CREATE_BATCH_400 = (
     "serves /v1/embeddings, /v1/score and /v1/rerank, a cross-encoder /v1/score and /v1/rerank, "
     "a speech model /v1/audio/transcriptions and /v1/audio/translations, "
     "a text-generation model every other endpoint; the message names "
-    "the models there are), else none, with `param` naming the field. A line of "
+    "the models there are), `batch_not_resumable` (`resume_from` names a batch not ended, or "
+    "whose result files are gone), `nothing_to_resume` (no line of it is worth running again), "
+    "else none, with `param` naming the field. A line of "
     "the file that is wrong is not an error here: the file is read after create, and its errors "
     "fail the batch (`errors.data`) or are that line's error result."
 )
@@ -489,8 +515,23 @@ def create_batch_body(settings: Settings) -> Schema:
                 "description": "true: validate the file and answer a batch.estimate (polled at "
                 "/v1/batches/{id}) instead of making a batch; nothing runs",
             },
+            "resume_from": {
+                "type": "string",
+                "description": "Freight's extension: a batch of yours that has ended, resumed: the new "
+                "batch runs only the lines it left without a result worth keeping (not run, or an "
+                "engine error, timeout or rate limit; not a 4xx), on its input file (input_file_id "
+                "and endpoint may then be omitted); its output file holds the earlier results too. "
+                "400 `batch_not_resumable` or `nothing_to_resume` says why one cannot be",
+            },
         },
-        optional=("completion_window", "metadata", "priority", "output_expires_after", "dry_run"),
+        optional=(
+            "completion_window",
+            "metadata",
+            "priority",
+            "output_expires_after",
+            "dry_run",
+            "resume_from",
+        ),
     )
 
 

@@ -129,6 +129,10 @@ def batch_object(b: Batch, running: tuple[int, int] = (0, 0)) -> dict[str, Any]:
                 else None
             ),
             "cost": cost_summary(b),
+            # a resume (issue #48 part 3): the batch whose unsettled lines this one runs, and once
+            # final the usage and cost of the whole chain summed (each batch's own stay its own)
+            "resumed_from": b.resumed_from,
+            "chain_usage": b.chain_usage,
         },
     }
 

@@ -128,6 +128,7 @@ class BatchRequest:
     metadata: dict[str, str] | None
     priority: int
     output_expires_after: int | None = None  # seconds; None: FREIGHT_FILE_RETENTION_SECONDS
+    resumed_from: str | None = None  # a resume of that batch (checked by api.services.resume)
 
 
 def check_request(rt: Runtime, payload: Any) -> BatchRequest:
@@ -262,6 +263,7 @@ def add(
         metadata_=request.metadata,
         priority=request.priority,
         output_expires_after=request.output_expires_after,
+        resumed_from=request.resumed_from,
         created_at=now,
         expires_at=now + request.tier.seconds,
         price_multiplier=request.tier.price_multiplier,
@@ -390,9 +392,11 @@ class _Refused(Exception):
     """``record`` said no: roll back everything this transaction added."""
 
 
-def create(rt: Runtime, tenant_id: str, payload: Any) -> Batch:
-    """The Batch API's create: a batch over a file the tenant uploaded before."""
-    batch = create_batch(rt, tenant_id, check_request(rt, payload))
+def create(rt: Runtime, tenant_id: str, payload: Any, resumed_from: str | None = None) -> Batch:
+    """The Batch API's create: a batch over a file the tenant uploaded before (``resumed_from``:
+    a resume of that batch, checked by the caller, which runs only the lines it left)."""
+    request = replace(check_request(rt, payload), resumed_from=resumed_from)
+    batch = create_batch(rt, tenant_id, request)
     assert batch is not None  # no ``record`` callback: nothing can refuse it
     return batch
 

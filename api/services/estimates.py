@@ -34,9 +34,10 @@ def dry_run_requested(payload: Any) -> bool:
     return value
 
 
-def create(rt: Runtime, tenant_id: str, payload: Any) -> Estimate:
+def create(rt: Runtime, tenant_id: str, payload: Any, resumed_from: str | None = None) -> Estimate:
     """A dry run of a batch create: the same checks of the request and of the file (the tenant's
-    own, live, purpose ``batch``), then the estimate row, committed, and its task sent."""
+    own, live, purpose ``batch``), then the estimate row, committed, and its task sent.
+    ``resumed_from``: the dry run of a resume of that batch (checked by the caller)."""
     request = intake.check_request(rt, payload)
     settings: Settings = rt.settings
     now = int(time.time())
@@ -68,6 +69,7 @@ def create(rt: Runtime, tenant_id: str, payload: Any) -> Estimate:
             metadata_=request.metadata,
             status=EstimateStatus.VALIDATING,
             created_at=now,
+            resumed_from=resumed_from,
         )
         s.add(row)
         s.flush()

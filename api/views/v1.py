@@ -17,7 +17,7 @@ from api.serializers import (
     upload_object,
     upload_part_object,
 )
-from api.services import batches, estimates, files, models, results, uploads
+from api.services import batches, estimates, files, models, results, resume, uploads
 from api.services.paging import parse_limit
 from storage.adapters import AdapterEntry
 from storage.errors import ServiceError
@@ -141,9 +141,11 @@ def cancel_upload(upload_id: str) -> Response:
 @idempotent
 def create_batch() -> Response:
     payload = json_body()
-    if estimates.dry_run_requested(payload):  # a price before the run: nothing is made or run
-        return jsonify(estimate_object(estimates.create(rt(), g.tenant_id, payload)))
-    return jsonify(batch_object(intake.create(rt(), g.tenant_id, payload)))
+    dry_run = estimates.dry_run_requested(payload)
+    payload, earlier = resume.prepare(rt(), g.tenant_id, payload)  # resume_from: the lines it left
+    if dry_run:  # a price before the run: nothing is made or run
+        return jsonify(estimate_object(estimates.create(rt(), g.tenant_id, payload, earlier)))
+    return jsonify(batch_object(intake.create(rt(), g.tenant_id, payload, earlier)))
 
 
 @bp.get("/batches")

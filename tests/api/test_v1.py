@@ -104,6 +104,7 @@ def test_batch_create_and_object_shape(client, keys):
             "per_1m_tokens": {"input": None, "cached_input": None, "output": None, "all": None},
             "list_price": None, "saving": None,
         },
+        "resumed_from": None, "chain_usage": None,
     }  # fmt: skip
     assert client.get(f"/v1/batches/{batch['id']}", headers=keys["a"]).get_json() == batch
 
