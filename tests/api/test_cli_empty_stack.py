@@ -35,6 +35,7 @@ ARGV = {
     "list": ["list"],
     "cancel": ["cancel", "batch_1"],
     "download": ["download", "batch_1"],
+    "resume": ["resume", "batch_1"],
     "models add": ["models", "add", "m", "--path", "ckpt"],
     "models list": ["models", "list"],
     "models remove": ["models", "remove", "m"],
@@ -88,7 +89,7 @@ def test_a_command_on_an_unmigrated_database_is_one_error_line(empty: CliRunner,
 
 
 DATABASE_COMMANDS = sorted(
-    set(ARGV) - {"submit", "estimate", "status", "list", "cancel", "download", "models quantize"}
+    set(ARGV) - {"submit", "estimate", "status", "list", "cancel", "download", "resume", "models quantize"}
 )
 
 
