@@ -7,7 +7,7 @@ MODEL_DIR := models/demo
 EMBED_MODEL_DIR := models/embed
 BENCH_MODEL_DIR := models/bench
 
-.PHONY: run stop test lint install model embed-model score-model whisper-model vlm-model adapters bench-model bench bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-embeddings bench-lora bench-images bench-estimates bench-validation bench-finalization int4-model clean quantize-env
+.PHONY: run stop test lint install model embed-model score-model whisper-model vlm-model adapters bench-model bench bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-embeddings bench-lora bench-images bench-estimates bench-validation bench-finalization bench-uploads int4-model clean quantize-env
 
 install:
 	@bash infra/install.sh
@@ -61,7 +61,7 @@ test: model embed-model score-model whisper-model vlm-model adapters lint quanti
 	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m pytest -p no:cacheprovider -q -n 2 --dist loadgroup
 
 # the scheduler benchmark (bench/README.md): writes bench/results/scheduler.json; BENCH_ARGS=--quick for a smoke run
-bench: model bench-model bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-embeddings bench-lora bench-images bench-estimates bench-validation bench-finalization
+bench: model bench-model bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-embeddings bench-lora bench-images bench-estimates bench-validation bench-finalization bench-uploads
 	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m bench.scheduler $(BENCH_ARGS)
 
 # validation + planning of a 1,000,000-line batch, JSON-only vs columnar: bench/results/parquet.json
@@ -114,6 +114,12 @@ bench-validation: model
 # bench/results/finalization.json and control_plane.json's finalization_1m_s
 bench-finalization: install
 	$(PY) -m bench.finalization $(FINALIZATION_BENCH_ARGS)
+
+# a 2 GiB batch file sent through /v1/uploads in 64 MiB parts against the live stack, local store
+# and SeaweedFS: time, the API's and control worker's memory, validation (issue #48 part 1):
+# bench/results/uploads.json; UPLOADS_BENCH_ARGS=--quick for a 0.2 GiB smoke run
+bench-uploads: model
+	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m bench.uploads $(UPLOADS_BENCH_ARGS)
 
 # the dispatcher at fleet scale (10M requests, 1,000 simulated workers) on real PostgreSQL and Redis:
 # the "dispatcher" section of bench/results/control_plane.json; DISPATCHER_BENCH_ARGS="--scale 0.01" for a smoke run
