@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.limits import add_engine_arguments
+from bench.limits import add_engine_arguments, llm_arguments
 
 WARMUP_REQUESTS = 8
 RESULT_PREFIX = "ENGINE-RESULT "  # --serve: the line that carries a result (vLLM logs to stdout too)
@@ -125,27 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     from vllm import LLM
 
-    kwargs: dict[str, Any] = {}
-    if args.max_num_batched_tokens:
-        kwargs["max_num_batched_tokens"] = args.max_num_batched_tokens
-    if args.max_model_len:
-        kwargs["max_model_len"] = args.max_model_len
-    if args.kv_cache_bytes:
-        kwargs["kv_cache_memory_bytes"] = args.kv_cache_bytes
-    if args.block_size:
-        kwargs["block_size"] = args.block_size
     started = time.monotonic()
-    llm = LLM(
-        model=args.model,
-        served_model_name=args.served_model_name,
-        max_num_seqs=args.max_num_seqs,
-        enforce_eager=args.enforce_eager,
-        enable_prefix_caching=True,
-        seed=0,
-        disable_log_stats=False,  # the stat-logger manager is where the per-step stats arrive
-        dtype=args.dtype,
-        **kwargs,
-    )
+    # stats logging on: the stat-logger manager is where the per-step stats arrive
+    llm = LLM(**llm_arguments(args, log_stats=True))
     startup = time.monotonic() - started
     recorder = StepRecorder()
     if not recorder.attach(llm):

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.engine_baseline import RESULT_PREFIX, WARMUP_REQUESTS, sampling_params
-from bench.limits import add_engine_arguments
+from bench.limits import add_engine_arguments, llm_arguments
 
 
 def lora_requests(specs: list[str]) -> dict[str, Any]:
@@ -82,29 +82,14 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     from vllm import LLM, SamplingParams
 
-    kwargs: dict[str, Any] = {}
-    for key in ("max_num_batched_tokens", "max_model_len", "block_size"):
-        if getattr(args, key):
-            kwargs[key] = getattr(args, key)
-    if args.kv_cache_bytes:
-        kwargs["kv_cache_memory_bytes"] = args.kv_cache_bytes
+    kwargs = llm_arguments(args)
     if args.lora:
         kwargs["enable_lora"] = True
         for key in ("max_loras", "max_lora_rank", "max_cpu_loras"):
             if getattr(args, key):
                 kwargs[key] = getattr(args, key)
     started = time.monotonic()
-    llm = LLM(
-        model=args.model,
-        served_model_name=args.served_model_name,
-        max_num_seqs=args.max_num_seqs,
-        enforce_eager=args.enforce_eager,
-        enable_prefix_caching=True,
-        seed=0,
-        disable_log_stats=True,  # as Freight's engine runs (workers/engine.py)
-        dtype=args.dtype,
-        **kwargs,
-    )
+    llm = LLM(**kwargs)
     startup = time.monotonic() - started
     loras = lora_requests(args.lora)
 
