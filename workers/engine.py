@@ -22,6 +22,7 @@ If vLLM's engine itself dies, `run` raises: nothing more can run in this process
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import random
@@ -42,7 +43,7 @@ from workers.request_bodies import EMBEDDINGS, ParsedRequest, RequestError, pars
 from workers.request_shapes import ParsedShapes
 from workers.scoring import SCORING_ENDPOINTS, ScoredLine, ScoringFailed, cross_encoder, submit_scoring
 from workers.tool_calls import ModelParsers
-from workers.transcription import AUDIO_ENDPOINTS, SpeechModel, TranscribedLine, TranscriptionFailed
+from workers.transcription import AUDIO_ENDPOINTS, SpeechLines, TranscribedLine, TranscriptionFailed
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -360,6 +361,21 @@ def _error(key: str, status: int, code: str, message: str, param: str | None = N
     return EngineResult(key=key, status_code=status, error={"code": code, "message": message, "param": param})
 
 
+def _refusal(key: str, exc: Exception, what: str) -> EngineResult:
+    """The result of a line the engine could not take (``what``: "the request", "the
+    transcription"): the line's own fault as its 4xx, anything else a 500 (logged)."""
+    from vllm.exceptions import VLLMClientError
+
+    if isinstance(exc, RequestError):
+        return _error(key, exc.status_code, exc.code, exc.message, exc.param)
+    # vLLM's input checks (JSON schema, logprobs limit, vocabulary...) blame the request
+    if isinstance(exc, (VLLMClientError, ValueError, TypeError)):
+        message = str(exc.args[0]) if exc.args else str(exc)
+        return _error(key, 400, "invalid_request", message[:1000], getattr(exc, "parameter", None))
+    log.exception("%s of %r could not be submitted", what, key)
+    return _error(key, 500, "internal_error", f"The engine could not accept {what}: {exc}"[:1000])
+
+
 @dataclass
 class _InFlight:
     key: str
@@ -448,7 +464,7 @@ class Engine:
         scheduler = getattr(getattr(llm, "vllm_config", None), "scheduler_config", None)
         self._token_budget = int(getattr(scheduler, "max_num_batched_tokens", None) or 2048)
         self._default_sampling = dict(llm.model_config.get_diff_sampling_param())
-        self._next_id = 0
+        self._ids = itertools.count()  # vLLM request ids: freight-<n>
         self._live: dict[str, _InFlight] = {}  # vLLM request id -> what it is
         self._by_key: dict[str, _InFlight] = {}  # caller's key -> what it is
         self._load = 0  # sequences in the engine
@@ -460,7 +476,7 @@ class Engine:
         # is not read (the worker's start sets it when the registry is at hand)
         self.loras: LoraAdapters | None = None
         self._cross_encoder: Any = None  # vLLM's pair renderer of a "score" model, made at its first line
-        self._speech: SpeechModel | None = None  # a "transcribe" model's class and config, at its first line
+        self._speech: SpeechLines | None = None  # a "transcribe" model's audio lines, from its first
         self.inline = False  # vLLM's engine core runs inside this process (`core_inline`; see start)
         # the running engine's own configuration (vLLM's VllmConfig): what it was started with, the
         # model's engine arguments applied
@@ -638,13 +654,18 @@ class Engine:
                 continue  # aborted meanwhile
             if isinstance(entry.rendered, (PooledLine, ScoredLine)) and not entry.rendered.collect(output):
                 continue  # an embeddings or scoring line ends with its last sequence
+            result = None
             if isinstance(entry.rendered, TranscribedLine) and entry.rendered.language is None:
-                failed = self._transcribe(entry, output)  # its language detected: now the audio
-                if failed is None:
+                assert self._speech is not None  # it submitted the line
+                request_id = f"freight-{next(self._ids)}"
+                try:  # its language detected: now the audio
+                    self._speech.transcribe(entry.rendered, output, request_id)
+                except Exception as exc:
+                    result = _refusal(entry.key, exc, "the transcription")
+                else:
+                    self._live[request_id] = entry
+                    self._in_flight = len(self._live)
                     continue
-                result = failed
-            else:
-                result = None
             self._forget(entry)
             if result is None:
                 result = _finish(
@@ -759,8 +780,7 @@ class Engine:
                 parsed = request.parsed or parse_body(
                     request.endpoint, request.body, validated=request.validated
                 )
-                prefix = f"freight-{self._next_id}"
-                self._next_id += 1
+                prefix = f"freight-{next(self._ids)}"
                 pooled = submit_embeddings(
                     self._llm,
                     parsed.request,
@@ -773,28 +793,29 @@ class Engine:
             if request.endpoint in SCORING_ENDPOINTS:  # one pooling request per pair (or text)
                 return self._submit_scoring(request)
             if request.endpoint in AUDIO_ENDPOINTS:  # Whisper: the audio in the encoder's input
-                return self._submit_audio(request)
+                parsed = request.parsed or parse_body(
+                    request.endpoint, request.body, validated=request.validated
+                )
+                if self._speech is None:
+                    config = self.config
+                    self._speech = SpeechLines(
+                        self._llm,
+                        config.max_audio_seconds,
+                        config.default_max_tokens,
+                        self._default_sampling,
+                        self.max_model_len,
+                    )
+                line = self._speech.submit(parsed.request, f"freight-{next(self._ids)}")
+                return _InFlight(key, line, 1, line.request_ids)
             lora = None if self.loras is None else self.loras.request_for(request.body.get("model"))
             rendered = self.render(request)
-            request_id = f"freight-{self._next_id}"
-            self._next_id += 1
+            request_id = f"freight-{next(self._ids)}"
             engine_input = rendered.engine_input
             if request.cache_salt:
                 engine_input = {**engine_input, "cache_salt": request.cache_salt}
             self._llm.add_request(request_id, engine_input, rendered.sampling_params, lora_request=lora)
-        except RequestError as exc:
-            return _error(key, exc.status_code, exc.code, exc.message, exc.param)
         except Exception as exc:
-            from vllm.exceptions import VLLMClientError
-
-            # vLLM's input checks (JSON schema, logprobs limit, vocabulary...) blame the request
-            if isinstance(exc, (VLLMClientError, ValueError, TypeError)):
-                message = str(exc.args[0]) if exc.args else str(exc)
-                return _error(key, 400, "invalid_request", message[:1000], getattr(exc, "parameter", None))
-            log.exception("request %r could not be submitted", key)
-            return _error(
-                key, 500, "internal_error", f"The engine could not accept the request: {exc}"[:1000]
-            )
+            return _refusal(key, exc, "the request")
         return _InFlight(key, rendered, rendered.parsed.n, [request_id], lora and lora.lora_name)
 
     def _submit_scoring(self, request: EngineRequest) -> _InFlight:
@@ -803,61 +824,11 @@ class Engine:
         parsed = request.parsed or parse_body(request.endpoint, request.body, validated=request.validated)
         if self.config.task == "score" and self._cross_encoder is None:
             self._cross_encoder = cross_encoder(self._llm)
-        prefix = f"freight-{self._next_id}"
-        self._next_id += 1
+        prefix = f"freight-{next(self._ids)}"
         scored = submit_scoring(
             self._llm, parsed.request, prefix, request.cache_salt, self._abort_in_engine, self._cross_encoder
         )
         return _InFlight(request.key, scored, len(scored.request_ids), scored.request_ids)
-
-    def _submit_audio(self, request: EngineRequest) -> _InFlight:
-        """A transcription or translation line into the engine: its audio decoded (a bad one is the
-        line's 400), then vLLM's language detection if the line names no language, else the
-        transcription itself (workers/transcription.py); raises RequestError for the line's fault."""
-        from workers.transcription import check_language, load_audio
-
-        parsed = request.parsed or parse_body(request.endpoint, request.body, validated=request.validated)
-        if self._speech is None:
-            self._speech = SpeechModel.of(self._llm)
-        check_language(parsed.request, self._speech)
-        audio = load_audio(parsed.request, self.config.max_audio_seconds)
-        request_id = f"freight-{self._next_id}"
-        self._next_id += 1
-        line = TranscribedLine(
-            parsed.request, audio, self._speech, self.config.default_max_tokens, self._default_sampling, []
-        )
-        line.language = parsed.request.request.language
-        detects = getattr(self._speech.model_cls, "supports_explicit_language_detection", False)
-        if line.language is None and detects:
-            prompt, params = line.detection(self._llm.renderer)
-            request_id += "-language"
-        else:
-            prompt, params = line.transcription(self._llm.renderer, self.max_model_len)
-        self._llm.add_request(request_id, prompt, params)
-        line.request_ids.append(request_id)
-        return _InFlight(request.key, line, 1, line.request_ids)
-
-    def _transcribe(self, entry: _InFlight, output: Any) -> EngineResult | None:
-        """An audio line whose language was detected: its transcription into the engine (None), or
-        the line's error result."""
-        line = entry.rendered
-        assert isinstance(line, TranscribedLine)
-        try:
-            line.detected(output)
-            prompt, params = line.transcription(self._llm.renderer, self.max_model_len)
-            request_id = f"freight-{self._next_id}"
-            self._next_id += 1
-            self._llm.add_request(request_id, prompt, params)
-        except RequestError as exc:
-            return _error(entry.key, exc.status_code, exc.code, exc.message, exc.param)
-        except Exception as exc:
-            log.exception("the transcription of %r could not be submitted", entry.key)
-            message = f"The engine could not accept the request: {exc}"[:1000]
-            return _error(entry.key, 500, "internal_error", message)
-        line.request_ids.append(request_id)
-        self._live[request_id] = entry
-        self._in_flight = len(self._live)
-        return None
 
     def _abort_in_engine(self, request_ids: list[str]) -> None:
         try:
@@ -871,6 +842,7 @@ class Engine:
         llm, self._llm = self._llm, None
         if llm is None:
             return
+        self._speech = None  # it holds the engine too
         if _inline_engine is self:
             _inline_engine = None
         self.inline = False

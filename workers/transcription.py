@@ -212,3 +212,55 @@ def check_language(body: AudioBody, speech: SpeechModel) -> None:
             speech.model_cls.validate_language(value)
         except ValueError as exc:
             raise RequestError("invalid_request", clip_message(str(exc)), name) from None
+
+
+class SpeechLines:
+    """A speech engine's audio lines into vLLM: each line's first request (the language
+    detection when the line names no language and the model detects, else the transcription) and,
+    once its language is known, the transcription. The engine keeps its own bookkeeping (request
+    ids, what is in flight); this holds what only audio lines need: the model's speech class, read
+    at the first line, and the engine's limits."""
+
+    def __init__(
+        self,
+        llm: Any,
+        max_seconds: float,
+        max_tokens: int | None,
+        default_sampling: dict[str, Any],
+        max_model_len: int,
+    ) -> None:
+        self._llm = llm
+        self._max_seconds = max_seconds
+        self._max_tokens = max_tokens
+        self._default_sampling = default_sampling
+        self._max_model_len = max_model_len
+        self._speech: SpeechModel | None = None
+
+    def submit(self, body: AudioBody, request_id: str) -> TranscribedLine:
+        """The line's audio decoded (a bad one is the line's fault) and its first request added to
+        the engine as ``request_id`` (``-language`` appended for a detection); raises RequestError
+        for the line's fault."""
+        if self._speech is None:
+            self._speech = SpeechModel.of(self._llm)
+        check_language(body, self._speech)
+        audio = load_audio(body, self._max_seconds)
+        line = TranscribedLine(body, audio, self._speech, self._max_tokens, self._default_sampling, [])
+        line.language = body.request.language
+        detects = getattr(self._speech.model_cls, "supports_explicit_language_detection", False)
+        if line.language is None and detects:
+            prompt, params = line.detection(self._llm.renderer)
+            request_id += "-language"
+        else:
+            prompt, params = line.transcription(self._llm.renderer, self._max_model_len)
+        self._llm.add_request(request_id, prompt, params)
+        line.request_ids.append(request_id)
+        return line
+
+    def transcribe(self, line: TranscribedLine, detection: Any, request_id: str) -> None:
+        """A line whose language detection finished (vLLM's output ``detection``): its
+        transcription added to the engine as ``request_id``; raises RequestError for the line's
+        fault, TranscriptionFailed when the detection answered nothing."""
+        line.detected(detection)
+        prompt, params = line.transcription(self._llm.renderer, self._max_model_len)
+        self._llm.add_request(request_id, prompt, params)
+        line.request_ids.append(request_id)
