@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from flask import Flask, Response, g, request
+from flask import Flask, Response, current_app, g, request
 from werkzeug.exceptions import TooManyRequests
 
 from api.auth import console_session, tenant_or_none
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 FAIL_OPEN_SECONDS = 5.0  # after a Redis error, requests pass unlimited this long before Redis is tried again
 REDIS_TIMEOUT_SECONDS = 0.5
-LIMITED_BLUEPRINTS = ("v1", "console")
+API_PREFIX = "/v1"  # every blueprint under it draws from the tenant's bucket: v1's and the webhooks'
 
 # KEYS[1] the bucket; ARGV rate (tokens/s), burst (capacity). Returns {allowed, tokens left,
 # seconds until a token, seconds until full} (strings: Redis truncates Lua numbers to integers).
@@ -149,10 +149,11 @@ class RateLimiter:
 
     def check(self) -> None:
         """The before-request hook: draw from the request's bucket, raise 429 when it is empty."""
-        if request.blueprint not in LIMITED_BLUEPRINTS:
+        scope = limited_scope()
+        if scope is None:
             return
         s = self.settings
-        if request.blueprint == "v1":
+        if scope == "v1":
             tenant = tenant_or_none()
         else:  # the console: a session the server still knows, not whatever an old cookie says
             signed_in = console_session()
@@ -178,6 +179,18 @@ class RateLimiter:
             if not decision.allowed:
                 response.headers["Retry-After"] = decision.retry_after_header
         return response
+
+
+def limited_scope() -> str | None:
+    """Which limits a request falls under: ``console``, ``v1`` for a route of any blueprint mounted
+    under /v1 (``v1`` and ``webhooks`` today: a blueprint added under /v1 is limited without being
+    named here), None for the rest (health, OpenAPI, metrics, static files, unknown paths)."""
+    if request.blueprint == "console":
+        return "console"
+    blueprint = current_app.blueprints.get(request.blueprint) if request.blueprint else None
+    if blueprint is not None and (blueprint.url_prefix or "").rstrip("/") == API_PREFIX:
+        return "v1"
+    return None
 
 
 def register_rate_limits(app: Flask, settings: Settings) -> RateLimiter:

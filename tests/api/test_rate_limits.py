@@ -125,6 +125,27 @@ def test_failed_keys_are_throttled_per_address(limited) -> None:
     assert codes == [400] * BURST + [429]  # 400: no CSRF token; the throttle comes first
 
 
+def test_webhook_routes_draw_from_the_same_buckets_as_the_rest_of_v1(limited) -> None:
+    """/v1/webhooks* are another blueprint's routes under /v1: a valid key draws from its tenant's
+    bucket (shared with /v1/batches), a wrong one from its address's."""
+    _, key = create_tenant(limited.db, "alpha", now())
+    client = create_app(runtime=limited).test_client()
+    a = {"Authorization": f"Bearer {key}"}
+    statuses, refused = drain(client, a, "/v1/webhooks")
+    assert statuses == [200] * BURST
+    assert refused.get_json()["error"]["code"] == "rate_limit_exceeded"
+    assert int(refused.headers["Retry-After"]) >= 1
+    for path in ("/v1/batches", "/v1/webhooks/we_unknown", "/v1/webhooks/we_unknown/deliveries"):
+        assert client.get(path, headers=a).status_code == 429, path
+    assert client.post("/v1/webhooks", headers=a, json={"url": "https://example.com/h", "events": ["batch.completed"]}).status_code == 429  # fmt: skip
+    guessing = {"REMOTE_ADDR": "198.51.100.17"}
+    statuses, refused = drain(
+        client, {"Authorization": "Bearer fk-guess"}, "/v1/webhooks", environ_base=guessing
+    )
+    assert statuses == [401] * BURST and refused.get_json()["error"]["code"] == "rate_limit_exceeded"
+    assert client.get("/v1/files", environ_base=guessing).status_code == 429  # the same address bucket
+
+
 def test_health_and_static_are_never_limited(limited) -> None:
     client = create_app(runtime=limited).test_client()
     assert {client.get("/healthz").status_code for _ in range(BURST * 3)} == {200}
