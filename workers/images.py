@@ -36,9 +36,9 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
+from storage.checkpoint_config import config_or_empty
 from storage.runtime import Runtime
 from workers.outbound_http import Call, OutboundError, get_following
 from workers.request_errors import RequestError
@@ -169,11 +169,7 @@ def takes_images(config: dict[str, Any]) -> bool:
 
 
 def checkpoint_takes_images(path: str) -> bool:
-    try:
-        config = json.loads((Path(path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and takes_images(config)
+    return takes_images(config_or_empty(path))
 
 
 # --------------------------------------------------------------------------- validation side
