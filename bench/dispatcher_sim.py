@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "data_dir": str(run_dir / "data"),
             "database_url": pg.url,
             "broker_url": redis.url,
-            "secret_key": "dispatcher-sim",
+            "secret_key": "dispatcher-sim-bench-secret-key",
         }
         if args.pack_requests:
             settings["pack_requests"] = args.pack_requests

@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             "data_dir": str(run_dir / "data"),
             "database_url": pg.url,
             "broker_url": redis.url,
-            "secret_key": "refill-pass",
+            "secret_key": "refill-pass-bench-secret-key",
             # two packs a model whoever asks: the standing queue of revisions before packs were
             # made on ask, so every revision's pass does the same work (no worker asks here)
             "queue_depth": 2,

@@ -10,6 +10,7 @@ import hashlib
 import hmac
 import ipaddress
 import os
+import re
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -29,6 +30,17 @@ CACHE_SHARING = ("global", "tenant")  # FREIGHT_PREFIX_CACHE_SHARING
 # keys the per-tenant prefix-cache salts when FREIGHT_SECRET_KEY is unset: drawn once per process,
 # which is enough, since a prefix cache lives and dies with one engine worker's process
 _PROCESS_SALT_KEY = secrets.token_bytes(32)
+
+
+# settings that are secrets: refused when shorter than MIN_SECRET_CHARS (unset is allowed and
+# means the feature's safe default: a generated console key, a /metrics that answers no one)
+SECRET_SETTINGS = ("secret_key", "metrics_token")
+MIN_SECRET_CHARS = 16
+# what deployment files write where a secret goes until someone replaces it (infra/k8s's Secret
+# said CHANGE-ME, and a Freight started on it answered /metrics to `Bearer CHANGE-ME`)
+_PLACEHOLDER = re.compile(r"change[-_ ]?me|replace[-_ ]?me", re.IGNORECASE)
+# not Freight's settings but boto3's, read from the same environment (infra/k8s's Secret sets them)
+_FOREIGN_SECRETS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 
 
 class SettingsError(ValueError):
@@ -287,6 +299,9 @@ class Settings:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
         env = os.environ if environ is None else environ
+        for name in _FOREIGN_SECRETS:
+            if _PLACEHOLDER.search(env.get(name, "")):
+                raise SettingsError(f"{name} is a placeholder ({_PLACEHOLDER_ADVICE})")
         values: dict[str, Any] = {}
         for f in fields(cls):
             raw = env.get(f"FREIGHT_{f.name.upper()}")
@@ -300,12 +315,13 @@ class Settings:
         """Fill the defaults that depend on other settings, and check the whole.
 
         The checks run in a fixed order (the first broken setting is the one refused): the SLA
-        windows and prices, then the rules of _WORK_AND_SERVICE_RULES, the trusted proxies, and
-        the rules of _ROLE_AND_LOG_RULES."""
+        windows and prices, then the rules of _WORK_AND_SERVICE_RULES, the trusted proxies, the
+        secrets, and the rules of _ROLE_AND_LOG_RULES."""
         changes = self._derived_defaults()
         self._check_windows_and_prices()
         _refuse_broken(self, _WORK_AND_SERVICE_RULES)
         self._check_trusted_proxies()
+        self._check_secrets()
         _refuse_broken(self, _ROLE_AND_LOG_RULES)
         changes["log_level"] = self.log_level.strip().upper()
         return replace(self, **changes)
@@ -349,6 +365,22 @@ class Settings:
                     f"FREIGHT_TRUSTED_PROXIES entries are addresses or CIDRs, got {proxy!r}"
                 ) from None
 
+    def _check_secrets(self) -> None:
+        """No setting holds a deployment file's placeholder (a URL's password included), and a
+        secret that is set is long enough not to be guessed. The refusal names the setting, never
+        its value."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, str) and _PLACEHOLDER.search(value):
+                raise SettingsError(f"FREIGHT_{f.name.upper()} holds a placeholder ({_PLACEHOLDER_ADVICE})")
+        for name in SECRET_SETTINGS:
+            value = getattr(self, name)
+            if value and len(value.strip()) < MIN_SECRET_CHARS:
+                raise SettingsError(
+                    f"FREIGHT_{name.upper()} is shorter than {MIN_SECRET_CHARS} characters: "
+                    f"too easy to guess ({_SECRET_ADVICE})"
+                )
+
     @property
     def sla_tiers(self) -> tuple[SlaTier, ...]:
         return parse_tiers(",".join(self.completion_windows))
@@ -373,6 +405,9 @@ class Settings:
             memory_bytes=int(self.accelerator_memory_gib * 1024**3),
         )
 
+
+_SECRET_ADVICE = "make one with: python3 -c 'import secrets; print(secrets.token_urlsafe(32))'"
+_PLACEHOLDER_ADVICE = f"replace the deployment file's CHANGE-ME with the real value; {_SECRET_ADVICE}"
 
 # A rule: (is_broken(settings), the refusal). Settings.resolved refuses the first broken rule of
 # each table, in the tables' order.

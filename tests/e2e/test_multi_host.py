@@ -108,7 +108,7 @@ def hosts(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterato
             "AWS_SECRET_ACCESS_KEY": s3.secret_key,
             "AWS_DEFAULT_REGION": s3.region,
             "FREIGHT_MODELS": f"demo=s3://{BUCKET}/models/demo",
-            "FREIGHT_SECRET_KEY": "multi-host-test",  # hosts share no data folder to draw one in
+            "FREIGHT_SECRET_KEY": "multi-host-test-shared-secret",  # hosts share no data folder to draw one in
             "FREIGHT_API_HOST": svc.address,
             "FREIGHT_API_PORT": str(PORTS["api"]),
             "FREIGHT_COMPLETION_WINDOWS": "24h",

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
-from storage.settings import Settings
+from storage.settings import Settings, SettingsError
 from tests.infra.cli_tree import resolve
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,6 +61,11 @@ def pod_specs(objects: tuple[dict[str, Any], ...]) -> list[tuple[str, dict[str, 
         for o in objects
         if o["kind"] in ("Deployment", "Job")
     ]
+
+
+def filled(env: dict[str, str]) -> dict[str, str]:
+    """The environment once the operator has replaced the Secret's placeholders with real values."""
+    return {name: value.replace("CHANGE-ME", "Zq8vX3m0bq1uW9c-4Jx2Yl7t") for name, value in env.items()}
 
 
 def environment(objects: tuple[dict[str, Any], ...]) -> dict[str, str]:
@@ -157,7 +162,10 @@ def test_every_freight_setting_exists_and_parses(overlay: str) -> None:
                 kind = "ConfigMap" if "configMapRef" in source else "Secret"
                 assert ref["name"] in by_kind(objects, kind), f"{name}: no {kind} {ref['name']}"
     assert used <= SETTINGS_NAMES, f"not settings of storage/settings.py: {sorted(used - SETTINGS_NAMES)}"
-    settings = Settings.from_env(env)  # every value is one Freight accepts
+    # as shipped, the Secret's CHANGE-MEs stop every process before it starts
+    with pytest.raises(SettingsError, match="placeholder"):
+        Settings.from_env(env)
+    settings = Settings.from_env(filled(env))  # every value is one Freight accepts
     assert settings.api_host == "0.0.0.0"  # reachable from the Service
     assert settings.database_url.startswith("postgresql") and settings.object_store_url.startswith("s3://")
     # the URLs and keys are in the Secret, not the ConfigMap
@@ -229,7 +237,7 @@ def registrations(path: Path) -> dict[str, int]:
 
 
 def test_the_demo_model_is_declared() -> None:
-    models = Settings.from_env(environment(render("cpu-demo"))).models
+    models = Settings.from_env(filled(environment(render("cpu-demo")))).models
     assert set(models) == {"demo"}
 
 

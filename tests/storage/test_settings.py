@@ -80,3 +80,46 @@ def test_settings_are_frozen():
 
 def test_no_models_declared():
     assert parse_models("") == {}
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"FREIGHT_METRICS_TOKEN": "CHANGE-ME"}, "FREIGHT_METRICS_TOKEN"),
+        ({"FREIGHT_SECRET_KEY": "changeme"}, "FREIGHT_SECRET_KEY"),
+        ({"FREIGHT_SECRET_KEY": "please-replace_me-before-deploying"}, "FREIGHT_SECRET_KEY"),
+        # a URL's password is a secret too: the k8s Secret's URLs held CHANGE-ME
+        ({"FREIGHT_DATABASE_URL": "postgresql://freight:CHANGE-ME@db:5432/f"}, "FREIGHT_DATABASE_URL"),
+        ({"FREIGHT_BROKER_URL": "redis://:CHANGE-ME@redis:6379/0"}, "FREIGHT_BROKER_URL"),
+        # boto3's credentials come from the same environment (the Secret's AWS_* keys)
+        ({"AWS_SECRET_ACCESS_KEY": "CHANGE-ME"}, "AWS_SECRET_ACCESS_KEY"),
+        ({"AWS_ACCESS_KEY_ID": "Change-Me"}, "AWS_ACCESS_KEY_ID"),
+    ],
+)
+def test_a_placeholder_secret_is_refused_naming_the_setting(env: dict[str, str], named: str) -> None:
+    with pytest.raises(SettingsError, match=named) as refused:
+        Settings.from_env(env)
+    assert "secrets.token_urlsafe" in str(refused.value)  # and says how to make a real one
+
+
+@pytest.mark.parametrize("name", ["FREIGHT_SECRET_KEY", "FREIGHT_METRICS_TOKEN"])
+def test_a_short_secret_is_refused_without_echoing_it(name: str) -> None:
+    short = "sEcr3t-fifteen!"  # 15 characters
+    with pytest.raises(SettingsError, match=f"{name} is shorter than 16 characters") as refused:
+        Settings.from_env({name: short})
+    assert short not in str(refused.value)
+    with pytest.raises(SettingsError, match=name):
+        Settings.from_env({name: "   x   "})  # blanks around one character are one character
+    # the overrides the benchmarks and tests pass are checked the same way
+    with pytest.raises(SettingsError, match=name):
+        Settings.from_env({}, **{name.removeprefix("FREIGHT_").lower(): short})
+
+
+def test_real_secrets_and_unset_ones_are_accepted() -> None:
+    real = "Zq8vX3m0bq1uW9c-4Jx2Yl7t"  # what secrets.token_urlsafe makes, 24 characters
+    s = Settings.from_env({"FREIGHT_SECRET_KEY": real, "FREIGHT_METRICS_TOKEN": real + "x"})
+    assert (s.secret_key, s.metrics_token) == (real, real + "x")
+    # unset keeps its safe default: a generated console key, a /metrics that answers no one
+    unset = Settings.from_env({"FREIGHT_SECRET_KEY": "", "FREIGHT_METRICS_TOKEN": ""})
+    assert (unset.secret_key, unset.metrics_token) == ("", "")
+    assert Settings.from_env({"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE7Q"}).secret_key == ""

@@ -82,15 +82,15 @@ def test_config_masks_secrets(tmp_path: Path) -> None:
     settings = Settings.from_env(
         {
             "FREIGHT_DATA_DIR": str(tmp_path),
-            "FREIGHT_SECRET_KEY": "s3cret",
-            "FREIGHT_METRICS_TOKEN": "tok",
+            "FREIGHT_SECRET_KEY": "s3cret-console-signing-key",
+            "FREIGHT_METRICS_TOKEN": "tok-for-prometheus-scrapes",
             "FREIGHT_DATABASE_URL": "postgresql://freight:hunter2@db:5432/freight",
             "FREIGHT_BROKER_URL": "redis://:pw@127.0.0.1:6390/0",
         }
     )
     rows = dict(shown(settings))
     text = "\n".join(rows.values())
-    for secret in ("s3cret", "tok", "hunter2", "pw@"):
+    for secret in ("s3cret-console-signing-key", "tok-for-prometheus-scrapes", "hunter2", "pw@"):
         assert secret not in text
     assert rows["FREIGHT_DATABASE_URL"] == "postgresql://freight:****@db:5432/freight"
     assert rows["FREIGHT_SECRET_KEY"] == "****"

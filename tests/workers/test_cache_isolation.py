@@ -40,7 +40,7 @@ def test_tenants_get_different_secret_salts_by_default_and_none_in_global_mode()
     assert settings.cache_salt("tenant_a") == a  # stable: a tenant's requests share its entries
     assert "tenant_a" not in a and settings.cache_domain("tenant_a") == "tenant_a"  # not guessable
     # derived from the deployment's secret when it is set: the same in every process
-    k1, k1_again, k2 = (Settings.from_env({"FREIGHT_SECRET_KEY": k}) for k in ("k1", "k1", "k2"))
+    k1, k1_again, k2 = (Settings.from_env({"FREIGHT_SECRET_KEY": k}) for k in ("k1" * 8, "k1" * 8, "k2" * 8))
     assert k1.cache_salt("tenant_a") == k1_again.cache_salt("tenant_a")
     assert len({a, k1.cache_salt("tenant_a"), k2.cache_salt("tenant_a")}) == 3
     shared = Settings.from_env({"FREIGHT_PREFIX_CACHE_SHARING": "global"})
