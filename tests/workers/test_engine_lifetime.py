@@ -6,6 +6,8 @@ killed worker."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import logging
 import os
 import signal
 import subprocess
@@ -18,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from workers.engine_lifetime import PARENT_ENV, die_with_worker
+from workers.engine_lifetime import PARENT_ENV, START_ERROR_ENV, die_with_worker
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -95,14 +97,34 @@ def test_without_the_plugin_the_child_outlives_its_parent(tmp_path: Path) -> Non
             orphan.kill()
 
 
-def test_outside_an_engine_core_the_plugin_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+def _death_signal() -> int:
+    """This process's parent-death signal (prctl PR_GET_PDEATHSIG): 0 when none is asked for."""
+    value = ctypes.c_int(-1)
+    assert ctypes.CDLL(None, use_errno=True).prctl(2, ctypes.byref(value), 0, 0, 0) == 0
+    return value.value
+
+
+def test_outside_an_engine_core_the_plugin_does_nothing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Only vLLM's engine core, spawned by the worker named, asks for a death signal and records
+    start failures: not a process without a worker named, nor the worker itself, nor a process
+    whose parent is named but that vLLM did not spawn (pytest's own)."""
+    assert _death_signal() == 0
+    monkeypatch.setenv(START_ERROR_ENV, str(tmp_path / "start-error"))
+    vllm_logger = logging.getLogger("vllm")
+    handlers = list(vllm_logger.handlers)
     monkeypatch.delenv(PARENT_ENV, raising=False)
     die_with_worker()  # no worker named: not a Freight engine
-    monkeypatch.setenv(PARENT_ENV, str(os.getpid()))
-    die_with_worker()  # the worker itself
-    monkeypatch.setenv(PARENT_ENV, "not a pid")
-    die_with_worker()
-    assert psutil.Process().is_running()
+    for named in (str(os.getpid()), str(os.getppid()), "not a pid"):
+        monkeypatch.setenv(PARENT_ENV, named)
+        die_with_worker()
+    try:
+        assert _death_signal() == 0
+        assert vllm_logger.handlers == handlers
+    finally:  # a failed check must not leave pytest's process killed with its parent
+        ctypes.CDLL(None).prctl(1, 0, 0, 0, 0)
+        vllm_logger.handlers[:] = handlers
 
 
 def test_vllm_finds_the_plugin() -> None:
