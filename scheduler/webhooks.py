@@ -16,6 +16,8 @@ import json
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
+from scheduler.special_addresses import is_public
+
 # OpenAI's batch event types, by the batch state that makes them
 EVENT_OF_STATUS = {
     "completed": "batch.completed",
@@ -92,21 +94,19 @@ def check_url(url: object) -> str:
 
 
 def address_allowed(address: str, allow_private: bool) -> bool:
-    """May a delivery connect to this IP address? Only globally routable ones, unless the operator
-    allows private targets (FREIGHT_WEBHOOK_ALLOW_PRIVATE_TARGETS): never loopback, private,
-    link-local (cloud metadata at 169.254.169.254), shared, reserved, multicast or unspecified
-    ones, also when written as IPv4-mapped or 6to4 IPv6."""
+    """May a delivery connect to this IP address? Only globally routable ones
+    (``scheduler.special_addresses``: none of the IANA special-purpose blocks, loopback, private,
+    link-local such as cloud metadata at 169.254.169.254, shared, documentation, NAT64 local use,
+    site-local, multicast among them; an IPv4 address carried in IPv6, IPv4-mapped, NAT64, 6to4
+    or Teredo, judged as that IPv4 address), unless the operator allows private targets
+    (FREIGHT_WEBHOOK_ALLOW_PRIVATE_TARGETS): then all but multicast and unspecified ones."""
+    if not allow_private:
+        return is_public(address)
     try:
         ip = ipaddress.ip_address(address.split("%", 1)[0])
     except ValueError:
         return False
-    if allow_private:
-        return not ip.is_multicast and not ip.is_unspecified
-    if isinstance(ip, ipaddress.IPv6Address):
-        embedded = ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
-        if embedded is not None and not embedded.is_global:
-            return False
-    return ip.is_global and not ip.is_multicast
+    return not ip.is_multicast and not ip.is_unspecified
 
 
 def retry_delay(attempts: int) -> float | None:
