@@ -45,6 +45,8 @@ command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 have_initdb || missing+=(postgresql)
+# systemd-analyze rates infra/systemd's sandboxes (tests/infra/test_systemd_units.py)
+command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 if [ ! -x "$VENV/bin/python" ] && command -v "$PYTHON" >/dev/null 2>&1 \
     && ! "$PYTHON" -c 'import ensurepip, venv' >/dev/null 2>&1; then
     missing+=(python3-venv)
@@ -60,7 +62,7 @@ elif [ "${#missing[@]}" -gt 0 ]; then
         apt-get install -y -q "${missing[@]}"; } >"$APT_LOG" 2>&1 \
         || { tail -n 20 "$APT_LOG" >&2; die "apt-get failed (see $APT_LOG)"; }
 else
-    say "system packages present (redis-server, chromium, chromium-driver, postgresql)"
+    say "system packages present (redis-server, chromium, chromium-driver, postgresql, systemd)"
 fi
 
 # --- virtualenv -----------------------------------------------------------------------------------

@@ -4,6 +4,9 @@ Freight's processes need: the settings from an EnvironmentFile, a real ``freight
 (``KillMode=mixed``: the default would stop vLLM's engine process at once), a stop timeout that
 leaves an engine worker its drain, and the worker template's GPU from its instance.
 
+Each unit's sandbox is rated by ``systemd-analyze security --offline=true`` at 4.0 or better (all
+four were 8.5, "EXPOSED", before), and the choices the rating cannot see are checked by name.
+
 Then ``systemd-analyze verify`` on copies whose paths point at this machine (the venv's
 ``freight``, temporary environment files), when the binary exists and verifies a known-good unit
 here; where it does not (no systemd in a container), the first part is the whole check.
@@ -155,3 +158,56 @@ def test_systemd_analyze_verify(tmp_path: Path) -> None:
         copies.append(tmp_path / (name.replace("@.", "@0.")))
     done = _verify(tmp_path, copies)
     assert done.returncode == 0 and not done.stderr.strip(), done.stderr
+
+
+MAX_EXPOSURE = 4.0  # systemd-analyze's scale: 0 (locked down) to 10 (unprotected); 8.5 before
+_RATING = re.compile(r"Overall exposure level for \S+: (\d+\.\d+) ")
+
+
+def _analyze() -> str:
+    found = shutil.which("systemd-analyze")
+    if found is None:
+        pytest.fail(
+            "systemd-analyze is not installed (Debian's systemd package; infra/install.sh installs it)"
+        )
+    return found
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_unit_is_rated_4_or_better_by_systemd_analyze_security(name: str) -> None:
+    done = subprocess.run(
+        [_analyze(), "security", "--offline=true", "--no-pager", str(UNITS / name)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "SYSTEMD_LOG_LEVEL": "warning"},
+    )
+    # a misspelled or invalid directive is warned about and ignored: it would rate what is not there
+    assert done.returncode == 0 and not done.stderr.strip(), done.stderr
+    rating = _RATING.search(done.stdout)
+    assert rating, done.stdout[-500:]
+    assert float(rating.group(1)) <= MAX_EXPOSURE, done.stdout
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_sandbox_keeps_what_the_rating_does_not_weigh(name: str) -> None:
+    """The rating is a sum: these are the choices that must hold whatever it adds up to."""
+    unit = parse(UNITS / name)
+    assert one(unit, "Service", "ProtectSystem") == "strict"
+    assert one(unit, "Service", "ReadWritePaths") == "/var/lib/freight"  # the state folder alone
+    assert one(unit, "Service", "CapabilityBoundingSet") == ""  # none: every process runs as freight
+    assert values(unit, "Service", "SystemCallFilter")[0] == "@system-service"
+    assert one(unit, "Service", "UMask") == "0077"
+    assert one(unit, "Service", "NoNewPrivileges") == "yes"
+    if name == "freight-control.service":
+        # the webhook role and image fetches reach tenants' public addresses (outbound_http checks each)
+        assert not values(unit, "Service", "IPAddressDeny")
+    else:
+        assert one(unit, "Service", "IPAddressDeny") == "any"
+    if name == "freight-worker@.service":
+        # GPUs are devices; the engine's CPU pinning needs @resources
+        assert one(unit, "Service", "DevicePolicy") == "closed"
+        assert values(unit, "Service", "SystemCallFilter")[1:] == ["~@privileged"]
+    else:
+        assert one(unit, "Service", "PrivateDevices") == "yes"
+        assert values(unit, "Service", "SystemCallFilter")[1:] == ["~@privileged @resources"]
