@@ -1,6 +1,7 @@
 """An INT4 model end to end: quantize and register it with the CLI, start its engine worker from the
 registry entry, run a batch on it through the official client. On a CPU whose vLLM build has no INT4
-kernel (AVX2-only x86) the worker must refuse at start with the reason instead."""
+kernel (AVX2-only x86) the worker must refuse at start with the reason instead: that is checked, and
+the test then reports a skip, since the batch was not served."""
 
 from __future__ import annotations
 
@@ -41,8 +42,9 @@ def test_an_int4_model_registered_by_the_cli_serves_a_batch(live: LiveStack, tmp
     proc = spawn(
         live.stack.run_dir, name, [*FREIGHT, "worker", "--model", "demo-int4", "--name", f"{name}@%h"], env
     )
+    missing = int4_kernel_missing()
     try:
-        if int4_kernel_missing() is None:
+        if missing is None:
             _serve_a_batch(live, proc, name)
         else:  # an AVX2-only CPU: the worker refuses at start and says why, before loading vLLM's engine
             assert proc.wait(timeout=120) != 0
@@ -58,6 +60,10 @@ def test_an_int4_model_registered_by_the_cli_serves_a_batch(live: LiveStack, tmp
         [*FREIGHT, "models", "remove", "demo-int4"], cwd=REPO, env=env, capture_output=True, text=True
     )
     assert removed.returncode == 0 and "removed demo-int4" in removed.stdout
+    if missing is not None:  # a capability this host lacks is a skip, not a pass
+        pytest.skip(
+            f"registered, then refused at the worker's start as it must be; serving not checked: {missing}"
+        )
 
 
 def _serve_a_batch(live: LiveStack, proc, name: str) -> None:

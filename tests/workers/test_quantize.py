@@ -109,8 +109,7 @@ def test_round_to_nearest_writes_a_checkpoint_vllm_serves(demo_model: Path, tmp_
     _assert_int4(out, demo_model)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".int4")]  # no staging left
     result = _measure_in_child(out, (1, 4), 8, eager=True)  # a real engine loads it and generates
-    if _assert_refused_without_int4_kernel(result, out):
-        return
+    _skip_once_refused_without_int4_kernel(result, out)
     assert result["tok_s"]["1"] > 0 and result["tok_s"]["4"] > 0
 
 
@@ -124,19 +123,23 @@ def test_gptq_with_calibration_prompts_runs_in_llmcompressors_environment(
     out = quantize(QuantizeRequest(demo_model, tmp_path / "gptq", calibration=prompts), env_python=python)
     _assert_int4(out, demo_model)
     result = _measure_in_child(out, (2,), 8, eager=True)
-    if not _assert_refused_without_int4_kernel(result, out):
+    try:
+        _skip_once_refused_without_int4_kernel(result, out)
         assert result["tok_s"]["2"] > 0
-    shutil.rmtree(out)
+    finally:
+        shutil.rmtree(out)
 
 
-def _assert_refused_without_int4_kernel(result: dict, checkpoint: Path) -> bool:
+def _skip_once_refused_without_int4_kernel(result: dict, checkpoint: Path) -> None:
     """On a CPU whose vLLM build has no INT4 kernel (AVX2-only x86) the probe reports why and
-    measures nothing, and an engine refuses the checkpoint before starting; True in that case."""
+    measures nothing, and an engine refuses the checkpoint before starting: checked, then the test
+    is skipped (serving INT4 is a capability this host lacks, not a pass). Returns where INT4 runs."""
     from workers.engine import INT4_KERNEL, Engine, EngineConfig, EngineUnsupported, int4_kernel_missing
 
-    if int4_kernel_missing() is None:
-        return False
+    missing = int4_kernel_missing()
+    if missing is None:
+        return
     assert result["tok_s"] == {} and INT4_KERNEL in result["error"]
     with pytest.raises(EngineUnsupported, match=INT4_KERNEL):
         Engine.start(EngineConfig(model_path=str(checkpoint), served_name="int4", enforce_eager=True))
-    return True
+    pytest.skip(f"the checkpoint was written and refused as it must be; serving it is not checked: {missing}")
