@@ -191,30 +191,41 @@ def metadata_pairs(metadata: tuple[str, ...]) -> dict[str, str]:
 PART_BYTES = 64 * 1024 * 1024  # a prepared file larger than one part goes through /v1/uploads
 
 
-def upload(client: Any, file: Path, model: str, part_bytes: int = PART_BYTES) -> Any:
+def upload(
+    client: Any, file: Path, model: str, part_bytes: int = PART_BYTES, expires_seconds: int | None = None
+) -> Any:
     """FILE uploaded for a batch (``prepared``: lines without body.model get ``model``; a .gz is
     sent decompressed under its name without .gz); what it became is said on stderr. A file of
     more than one part goes in parts (``/v1/uploads``, up to FREIGHT_MAX_UPLOAD_BYTES), md5 checked;
-    a smaller one in one request (``/v1/files``)."""
+    a smaller one in one request (``/v1/files``). ``expires_seconds``: the file expires this long
+    after its upload (OpenAI's ``expires_after``), else the server's retention."""
+    import openai
+
     name = file.name[:-3] if file.name.lower().endswith(".gz") else file.name
+    expires = openai.omit if expires_seconds is None else {"anchor": "created_at", "seconds": expires_seconds}
     with prepared(file, model) as body:
         size = body.seek(0, 2)
         body.seek(0)
         if size > part_bytes:
-            uploaded = upload_in_parts(client, name, body, size, part_bytes)
+            uploaded = upload_in_parts(client, name, body, size, part_bytes, expires)
         else:
-            uploaded = client.files.create(file=(name, body), purpose="batch")
+            uploaded = client.files.create(file=(name, body), purpose="batch", expires_after=expires)
     click.echo(f"uploaded {file} as {uploaded.id} ({uploaded.bytes:,} bytes)", err=True)
     return uploaded
 
 
-def upload_in_parts(client: Any, name: str, body: IO[bytes], size: int, part_bytes: int) -> Any:
+def upload_in_parts(
+    client: Any, name: str, body: IO[bytes], size: int, part_bytes: int, expires_after: Any = None
+) -> Any:
     """OpenAI's Uploads API, a part at a time (one part in memory), the md5 computed on the way."""
     import hashlib
 
+    import openai
+
     mime = "application/vnd.apache.parquet" if body.read(4) == b"PAR1" else "text/jsonl"
     body.seek(0)
-    started = client.uploads.create(bytes=size, filename=name, purpose="batch", mime_type=mime)
+    started = client.uploads.create(bytes=size, filename=name, purpose="batch", mime_type=mime,
+                                    expires_after=openai.omit if expires_after is None else expires_after)  # fmt: skip
     digest, part_ids = hashlib.md5(usedforsecurity=False), []
     while chunk := body.read(part_bytes):
         digest.update(chunk)

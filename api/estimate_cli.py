@@ -1,7 +1,7 @@
 """``freight estimate FILE --model M``: what a batch of FILE would take and cost, before it runs.
 
-A client command like ``freight submit``: it uploads the file (prepared the same way), asks the
-server for a dry run (``POST /v1/batches`` with ``dry_run: true``, the same service behind the API
+A client command like ``freight submit``: it uploads the file (prepared the same way, set to
+expire in an hour, and deleted once the estimate is answered), asks the server for a dry run (``POST /v1/batches`` with ``dry_run: true``, the same service behind the API
 and this command: ``api/services/estimates.py``, the file read by ``workers/estimates.py``),
 polls the estimate until the control worker has read the file, and prints it: a table on stdout,
 or the API's estimate object with ``--json``. A file that would fail validation prints its errors
@@ -21,6 +21,8 @@ from api.client_cli import ClientError, connection, metadata_pairs, show_errors,
 from api.formatting import duration, money
 from workers.request_bodies import POOLING_ENDPOINTS
 
+UPLOAD_EXPIRES_SECONDS = 3600  # the shortest expires_after OpenAI's API (and Freight's) accepts
+
 
 @click.command()
 @click.argument("file", type=click.Path(path_type=Path))
@@ -36,12 +38,32 @@ from workers.request_bodies import POOLING_ENDPOINTS
 def estimate(client: Any, file: Path, model: str, endpoint: str, window: str | None, metadata: tuple[str, ...],
              poll: float, as_json: bool) -> None:  # fmt: skip
     """Validate FILE as a batch and estimate its tokens, cache hits, time and cost; nothing runs."""
-    import openai
 
     pairs = metadata_pairs(metadata)
-    uploaded = upload(client, file, model)
+    # the copy is only the estimate's: deleted once answered, and set to expire within the hour
+    # should this command be stopped before that
+    uploaded = upload(client, file, model, expires_seconds=UPLOAD_EXPIRES_SECONDS)
+    try:
+        answer = _estimated(client, uploaded.id, endpoint, window, pairs, poll)
+    finally:
+        _delete_quietly(client, uploaded.id)
+    if as_json:
+        echo_json(answer)
+    if answer["status"] != "completed":
+        show_errors(answer)
+        raise ClientError(f"{file} would not make a batch: {answer['id']} {answer['status']}")
+    if not as_json:
+        click.echo(table(answer))
+
+
+def _estimated(
+    client: Any, file_id: str, endpoint: str, window: str | None, pairs: dict, poll: float
+) -> dict:
+    """The dry run of a batch of ``file_id``, polled until the control worker has answered."""
+    import openai
+
     made = client.batches.create(
-        input_file_id=uploaded.id,
+        input_file_id=file_id,
         endpoint=endpoint,
         completion_window=window or openai.omit,
         metadata=pairs or openai.omit,
@@ -52,13 +74,19 @@ def estimate(client: Any, file: Path, model: str, endpoint: str, window: str | N
     while answer["status"] == "validating":
         time.sleep(poll)
         answer = client.batches.retrieve(made["id"]).to_dict()
-    if as_json:
-        echo_json(answer)
-    if answer["status"] != "completed":
-        show_errors(answer)
-        raise ClientError(f"{file} would not make a batch: {answer['id']} {answer['status']}")
-    if not as_json:
-        click.echo(table(answer))
+    return answer
+
+
+def _delete_quietly(client: Any, file_id: str) -> None:
+    """The uploaded copy goes; a failure to delete it is said, not raised (it expires anyway)."""
+    import openai
+
+    try:
+        client.files.delete(file_id)
+    except openai.OpenAIError as exc:
+        click.echo(
+            f"could not delete the uploaded copy {file_id} (it expires within the hour): {exc}", err=True
+        )
 
 
 def _span(r: Any, show: Any) -> str:

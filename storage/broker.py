@@ -245,9 +245,10 @@ class TaskQueue:
         """One chunk of a large input: any validation process of any control worker may take it."""
         self._send("freight.validate_chunk", batch_id, chunk_id)
 
-    def estimate(self, estimate_id: str) -> None:
-        """A dry run: its file read as validation reads a batch's, on the validation role."""
-        self._send("freight.estimate", estimate_id)
+    def estimate(self, estimate_id: str, countdown: float | None = None) -> None:
+        """A dry run: its file read as validation reads a batch's, on the validation role.
+        ``countdown``: not before this many seconds (an estimate waiting for its tenant's turn)."""
+        self._send("freight.estimate", estimate_id, countdown=countdown)
 
     def finalize(self, batch_id: str) -> None:
         self._send("freight.finalize_batch", batch_id)

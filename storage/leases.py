@@ -29,6 +29,7 @@ from storage.models import (
     Batch,
     DropFolder,
     DropObject,
+    Estimate,
     ValidationChunk,
     WebhookDelivery,
     WebhookEndpoint,
@@ -190,13 +191,15 @@ class LeaseKeeper:
 
 # every lease of the schema: a worker process's claim on a work unit (its token: a claim token,
 # workers/identity.py), and the time leases (their token: the time they were taken or last
-# renewed) of a batch's finalizer and validation, a validation chunk's, a drop folder's scan, a
-# drop object's delivery, and a webhook attempt's two: its delivery's (one attempt of a delivery at
-# a time) and its endpoint's (one attempt in flight to an endpoint at a time)
+# renewed) of a batch's finalizer and validation, a validation chunk's, an estimate's (its dry
+# run's task reading the file), a drop folder's scan, a drop object's delivery, and a webhook
+# attempt's two: its delivery's (one attempt of a delivery at a time) and its endpoint's (one
+# attempt in flight to an endpoint at a time)
 UNIT_LEASE = LeaseKeeper(WorkUnit, "worker")
 FINALIZER_LEASE = LeaseKeeper(Batch, "finalizer_heartbeat_at")
 VALIDATION_LEASE = LeaseKeeper(Batch, "validation_heartbeat_at")
 VALIDATION_CHUNK_LEASE = LeaseKeeper(ValidationChunk, "lease_at")
+ESTIMATE_LEASE = LeaseKeeper(Estimate, "lease_at")
 SCAN_LEASE = LeaseKeeper(DropFolder, "scan_lease_at")
 DELIVERY_LEASE = LeaseKeeper(DropObject, "delivery_lease_at")
 WEBHOOK_DELIVERY_LEASE = LeaseKeeper(WebhookDelivery, "lease_at")
@@ -206,6 +209,7 @@ KEEPERS = (
     FINALIZER_LEASE,
     VALIDATION_LEASE,
     VALIDATION_CHUNK_LEASE,
+    ESTIMATE_LEASE,
     SCAN_LEASE,
     DELIVERY_LEASE,
     WEBHOOK_DELIVERY_LEASE,

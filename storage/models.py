@@ -275,6 +275,9 @@ class Estimate(Base):
     created_at: Mapped[int] = mapped_column(BigInteger)
     finished_at: Mapped[int | None] = mapped_column(BigInteger)
     resumed_from: Mapped[str | None] = mapped_column(String(40))  # the dry run of a resume: its lines only
+    # the time lease of its task while it reads the file (storage.leases.ESTIMATE_LEASE): a running
+    # estimate holds one of its tenant's FREIGHT_TENANT_VALIDATIONS turns, as a validation does
+    lease_at: Mapped[float | None] = mapped_column(Float)
 
 
 class BatchRollup(Base):

@@ -233,6 +233,8 @@ class Settings:
     file_retention_seconds: int = 30 * 86400
     batch_data_retention_seconds: int = 86400
     sample_retention_seconds: int = 86400
+    # a finished dry run's estimate row is deleted this long after it finished
+    estimate_retention_seconds: int = 86400
     cleanup_seconds: float = 60.0
     # the control worker's roles (workers/control.py), each its own process pool: validation,
     # finalization (with drop-folder scans and deliveries) and the periodic tasks (the tick,
@@ -479,6 +481,7 @@ _WORK_AND_SERVICE_RULES: tuple[_Rule, ...] = (
     ),
     # the dispatcher's throughput window and the console's and /metrics' worker figures read
     # the recent samples: they must outlive both
+    (lambda s: s.estimate_retention_seconds < 0, "FREIGHT_ESTIMATE_RETENTION_SECONDS cannot be negative"),
     (
         lambda s: s.sample_retention_seconds < max(s.throughput_window_seconds, 3600),
         "FREIGHT_SAMPLE_RETENTION_SECONDS must be at least 3600 and FREIGHT_THROUGHPUT_WINDOW_SECONDS",

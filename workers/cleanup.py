@@ -20,8 +20,8 @@ several:
   ``FREIGHT_VALIDATION_TIME_LIMIT_SECONDS`` after it was asked for lost its task (a message lost
   with the broker's data, a worker killed past the limit) and is failed, saying so, so no estimate
   stays ``validating`` for ever (the tenant's count of waiting estimates stops counting it at the
-  same age); finished ones are deleted ``FREIGHT_FILE_RETENTION_SECONDS`` after they finished
-  (0: kept);
+  same age); finished ones are deleted ``FREIGHT_ESTIMATE_RETENTION_SECONDS`` (a day) after they
+  finished (0: kept);
 - ``Idempotency-Key`` rows (``storage/idempotency.py``) are deleted once past their 24 hours
   (``KEY_SECONDS``): from then on the key is as if never sent anyway.
 
@@ -126,10 +126,11 @@ def prune_deliveries(rt: Runtime, now: int, report: CleanupReport) -> None:
     )
 
 
-def _prune_ended(rt: Runtime, id_column: Any, *ended: Any) -> int:
-    """Delete up to PASS_ROWS rows matching ``ended`` (rows that ended a FREIGHT_FILE_RETENTION_SECONDS
-    ago; 0 keeps them); how many went."""
-    if rt.settings.file_retention_seconds <= 0:
+def _prune_ended(rt: Runtime, id_column: Any, *ended: Any, retention_seconds: int | None = None) -> int:
+    """Delete up to PASS_ROWS rows matching ``ended`` (rows that ended a retention ago, by default
+    FREIGHT_FILE_RETENTION_SECONDS; 0 keeps them); how many went."""
+    retention = rt.settings.file_retention_seconds if retention_seconds is None else retention_seconds
+    if retention <= 0:
         return 0
     with rt.db.write() as s:
         old = s.scalars(select(id_column).where(*ended).limit(PASS_ROWS)).all()
@@ -161,7 +162,8 @@ def end_estimates(rt: Runtime, now: int, report: CleanupReport) -> None:
         rt,
         Estimate.id,
         Estimate.status != EstimateStatus.VALIDATING,
-        Estimate.finished_at < now - rt.settings.file_retention_seconds,
+        Estimate.finished_at < now - rt.settings.estimate_retention_seconds,
+        retention_seconds=rt.settings.estimate_retention_seconds,
     )
 
 

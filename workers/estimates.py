@@ -12,15 +12,24 @@ of the API's few processes. So the create answers at once with an estimate objec
 the file once in bounded memory (the same ``scan_lines`` and external sort as validation, the same
 limits: FREIGHT_MAX_REQUESTS_PER_FILE, the upload's byte limit, FREIGHT_SORT_MEMORY_MB), and
 ``GET /v1/batches/{estimate_id}`` (``client.batches.retrieve``) returns it, ``completed`` with the
-estimate or ``failed`` with the file's errors as a batch's would list them. A tenant has at most
-FREIGHT_TENANT_VALIDATIONS estimates waiting at once (then 429), so dry runs cannot crowd the
-validation queue other tenants' batches wait in.
+estimate or ``failed`` with the file's errors as a batch's would list them.
+
+Dry runs share one limit with validations: a tenant's estimates and validations reading files
+at once are at most FREIGHT_TENANT_VALIDATIONS together (``workers.validation.tenant_turns_taken``
+counts the live leases of both, under the tenant's row lock). An estimate's task holds the
+estimate's lease (``storage.leases.ESTIMATE_LEASE``) while it reads the file; one that finds its
+tenant's turns taken does nothing and sends itself again a moment later, as a validation does. So
+a tenant never holds more of the validation pool than that, whatever it asks for. Besides, a
+tenant has at most FREIGHT_TENANT_VALIDATIONS estimates not yet answered (the create answers 429
+past that).
 
 An estimate whose task message is lost (the broker's data lost) or whose worker was killed is not
 sent again: the periodic cleanup (``workers/cleanup.py``) fails it once it is a
 FREIGHT_VALIDATION_TIME_LIMIT_SECONDS old, saying so, the same age at which it stops counting
-against the tenant's waiting estimates; asking again is cheap. Finished estimates are deleted a
-FREIGHT_FILE_RETENTION_SECONDS after they finished.
+against the tenant's waiting estimates; asking again is cheap. Finished estimates are deleted
+FREIGHT_ESTIMATE_RETENTION_SECONDS (a day) after they finished. The estimate keeps no copy of the
+file: the input is the tenant's own file, which ``freight estimate`` deletes once answered (and
+uploads to expire within the hour in any case).
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ import logging
 import struct
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import Float, cast, func, select
@@ -43,9 +52,11 @@ from scheduler.estimate import (
     summary,
     typical_output,
 )
+from scheduler.leases import validation_wait
 from scheduler.unit_plan import kv_block_size
+from storage.leases import ESTIMATE_LEASE
 from storage.lifecycle import move_estimates
-from storage.models import Batch, EngineSample, Estimate, StoredFile, WorkUnit
+from storage.models import Batch, EngineSample, Estimate, StoredFile, Tenant, WorkUnit
 from storage.registry import EMBED, lookup
 from storage.request_tables import metadata_defaults
 from storage.retention import live
@@ -63,10 +74,12 @@ from workers.scoring import SCORING_ENDPOINTS, scoring_input_tokens
 from workers.task_policy import one_error
 from workers.validation import (
     ScanResult,
+    _LeaseKeeper,
     error_list,
     file_rules,
     is_refused,
     sorted_input,
+    tenant_turns_taken,
     tokenizer_failure,
 )
 
@@ -76,29 +89,62 @@ log = logging.getLogger(__name__)
 _ROW = struct.Struct(">IIB")
 
 
-def run(rt: Runtime, estimate_id: str) -> None:
+def run(rt: Runtime, estimate_id: str) -> float | None:
     """The ``freight.estimate`` task: read the file, record the answer. Safe to run twice (only a
-    ``validating`` estimate is worked on, and only one answer is recorded)."""
+    ``validating`` estimate is worked on, under its lease, and only one answer is recorded).
+    Returns the seconds to wait, having done nothing, when the estimate's tenant already holds
+    FREIGHT_TENANT_VALIDATIONS turns of the validation pool (validations and estimates together:
+    ``workers.validation.tenant_turns_taken``); the task sends itself again after that long."""
+    settings: Settings = rt.settings
     now = time.time()
-    with rt.db.read() as s:
-        row = s.get(Estimate, estimate_id)
+    with rt.db.write() as s:
+        # the estimate, then its tenant: the order a validation locks its batch and tenant in
+        row = s.get(Estimate, estimate_id, with_for_update=True)
         if row is None or row.status != EstimateStatus.VALIDATING:
-            return
+            return None
+        s.get(Tenant, row.tenant_id, with_for_update=True)
+        taken = tenant_turns_taken(s, settings, row.tenant_id, now, estimate_id=estimate_id)
+        wait = validation_wait(taken, settings.tenant_validations)
+        if wait is not None:
+            return wait
+        if not ESTIMATE_LEASE.take(s, estimate_id, now, Estimate.status == EstimateStatus.VALIDATING,
+                                   now=now, lease_seconds=settings.lease_seconds):  # fmt: skip
+            return None  # another delivery of its task is reading the file
         source = s.get(StoredFile, row.input_file_id)
         input_key = source.object_key if source is not None and live(source, now) else None
+        request = _Request(row.tenant_id, row.input_file_id, row.endpoint, metadata_defaults(row.metadata_),
+                           row.price_multiplier, row.resumed_from)  # fmt: skip
+    with _LeaseKeeper(rt, estimate_id, now, ESTIMATE_LEASE):
+        _answer(rt, estimate_id, request, input_key, now)
+    return None
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What the estimate's row asks for, read under its lease."""
+
+    tenant_id: str
+    input_file_id: str
+    endpoint: str
+    defaults: dict
+    price_multiplier: float
+    resumed_from: str | None
+
+
+def _answer(rt: Runtime, estimate_id: str, request: _Request, input_key: str | None, now: float) -> None:
     if input_key is None:
-        fail(rt, estimate_id, f"the input file {row.input_file_id} was deleted before it was read")
+        fail(rt, estimate_id, f"the input file {request.input_file_id} was deleted before it was read")
         return
     try:
         scanned, result = estimate_file(
             rt,
-            row.tenant_id,
+            request.tenant_id,
             input_key,
-            row.endpoint,
-            metadata_defaults(row.metadata_),
-            row.price_multiplier,
+            request.endpoint,
+            request.defaults,
+            request.price_multiplier,
             now,
-            row.resumed_from,
+            request.resumed_from,
         )
     except TokenizerUnavailable as exc:
         scanned, result = tokenizer_failure(estimate_id, str(exc)), None

@@ -177,10 +177,13 @@ def validate_chunk(self: FreightTask, batch_id: str, chunk_id: int) -> None:
     validation_chunks.validate_chunk(self.rt, batch_id, chunk_id)
 
 
-# a dry run (workers/estimates.py): the file read as validation reads it, nothing run
+# a dry run (workers/estimates.py): the file read as validation reads it, nothing run; while its
+# tenant's validation turns are taken, asked again later (this one acknowledged)
 @declare("freight.estimate", fault=end_estimate)
 def estimate(self: FreightTask, estimate_id: str) -> None:
-    estimates.run(self.rt, estimate_id)
+    wait = estimates.run(self.rt, estimate_id)
+    if wait is not None:
+        self.rt.queue.estimate(estimate_id, countdown=wait)
 
 
 @declare("freight.run_pack", fault=end_pack)

@@ -40,9 +40,9 @@ from scheduler.ordering import SortStats, common_prefix_tokens, sort_records
 from scheduler.unit_plan import kv_block_size
 from storage.adapters import usable_adapters
 from storage.checkpoint_cache import CheckpointError
-from storage.leases import VALIDATION_CHUNK_LEASE, VALIDATION_LEASE, LeaseKeeper
+from storage.leases import ESTIMATE_LEASE, VALIDATION_CHUNK_LEASE, VALIDATION_LEASE, LeaseKeeper
 from storage.lifecycle import finish_batch
-from storage.models import Batch, StoredFile, Tenant, ValidationChunk, WorkUnit
+from storage.models import Batch, Estimate, StoredFile, Tenant, ValidationChunk, WorkUnit
 from storage.quotas import queued_refusal
 from storage.registry import (
     EMBED,
@@ -60,7 +60,7 @@ from storage.request_tables import RowError, column_of, decode_limits, metadata_
 from storage.runtime import Runtime
 from storage.settings import Settings
 from storage.shards import PREFIX_KEY_BYTES, SHARD_UNITS, ShardRow, ShardWriter
-from storage.status import BatchStatus, transition
+from storage.status import BatchStatus, EstimateStatus, transition
 from workers.batch_input import open_requests
 from workers.checkpoint import checkpoint_dir
 from workers.dispatcher import admit_batch, measured_throughput
@@ -815,25 +815,29 @@ class _LeaseKeeper:
             self.token = renewed
 
 
-def _tenant_wait(s: Session, settings: Settings, batch_id: str, now: float) -> float | None:
-    """None if the batch's tenant may start another validation (FREIGHT_TENANT_VALIDATIONS), else
-    the seconds to wait; the batch then notes the wait as its next delivery due, so the tick sends
-    no copy of its own meanwhile. Locks the batch, then its tenant (the order the commit of a
-    validation takes them in): two validations of one tenant never both take the last turn."""
-    batch = s.get(Batch, batch_id, with_for_update=True)
-    if batch is None or batch.status != BatchStatus.VALIDATING:
-        return None  # nothing to validate: VALIDATION_LEASE.take says so
-    s.get(Tenant, batch.tenant_id, with_for_update=True)
-    running = s.scalar(
+def tenant_turns_taken(
+    s: Session,
+    settings: Settings,
+    tenant_id: str,
+    now: float,
+    batch_id: str | None = None,
+    estimate_id: str | None = None,
+) -> int:
+    """The tenant's turns of the validation pool taken now (at most FREIGHT_TENANT_VALIDATIONS):
+    its batches' validations holding a live lease (a batch validated in chunks holds its own only
+    while it sends them and merges, and a chunk's lease meanwhile) and its dry runs' estimates
+    holding one (``workers.estimates``), other than ``batch_id``'s and ``estimate_id``'s. Both
+    kinds run on the validation role, so one limit covers both. Exact when the caller holds the
+    tenant's row lock, which a racing turn of the same tenant waits for."""
+    validations = s.scalar(
         select(func.count())
         .select_from(Batch)
         .where(
-            Batch.tenant_id == batch.tenant_id,
+            Batch.tenant_id == tenant_id,
             Batch.status == BatchStatus.VALIDATING,
-            Batch.id != batch_id,
+            Batch.id != (batch_id or ""),
             or_(
                 ~VALIDATION_LEASE.free(now, settings.lease_seconds),
-                # a batch validated in chunks holds its lease only while it sends them and merges
                 exists().where(
                     ValidationChunk.batch_id == Batch.id,
                     ~VALIDATION_CHUNK_LEASE.free(now, settings.lease_seconds),
@@ -841,7 +845,31 @@ def _tenant_wait(s: Session, settings: Settings, batch_id: str, now: float) -> f
             ),
         )
     )
-    wait = validation_wait(running or 0, settings.tenant_validations)
+    estimates = s.scalar(
+        select(func.count())
+        .select_from(Estimate)
+        .where(
+            Estimate.tenant_id == tenant_id,
+            Estimate.status == EstimateStatus.VALIDATING,
+            Estimate.id != (estimate_id or ""),
+            ~ESTIMATE_LEASE.free(now, settings.lease_seconds),
+        )
+    )
+    return int(validations or 0) + int(estimates or 0)
+
+
+def _tenant_wait(s: Session, settings: Settings, batch_id: str, now: float) -> float | None:
+    """None if the batch's tenant may start another validation (FREIGHT_TENANT_VALIDATIONS, its
+    running estimates counted too), else the seconds to wait; the batch then notes the wait as its
+    next delivery due, so the tick sends no copy of its own meanwhile. Locks the batch, then its
+    tenant (the order the commit of a validation takes them in): two validations of one tenant
+    never both take the last turn."""
+    batch = s.get(Batch, batch_id, with_for_update=True)
+    if batch is None or batch.status != BatchStatus.VALIDATING:
+        return None  # nothing to validate: VALIDATION_LEASE.take says so
+    s.get(Tenant, batch.tenant_id, with_for_update=True)
+    running = tenant_turns_taken(s, settings, batch.tenant_id, now, batch_id=batch_id)
+    wait = validation_wait(running, settings.tenant_validations)
     if wait is not None:
         s.execute(update(Batch).where(Batch.id == batch_id).values(validation_due_at=now + wait))
     return wait

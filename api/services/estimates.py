@@ -5,6 +5,11 @@ The answer is made off the request path, on the validation role (``workers.estim
 file read, tokenized and sorted as a batch's would be, which needs vLLM's request models and the
 model's tokenizer an API host does not have); this half only checks the request, records the row
 and sends the task, so an API process imports none of validation.
+
+A tenant has at most FREIGHT_TENANT_VALIDATIONS estimates not yet answered (past that, a 429
+``too_many_estimates``), and its estimates being made count with its validations against that one
+limit on the validation pool (``workers.estimates``). An answered estimate is kept
+FREIGHT_ESTIMATE_RETENTION_SECONDS, then deleted by the cleanup (its id then answers 404).
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ from sqlalchemy import delete, func, select
 
 from storage.broker import BROKER_ERRORS
 from storage.errors import ServiceError
-from storage.models import Estimate
+from storage.idempotency import note_created
+from storage.models import Estimate, Tenant
 from storage.runtime import Runtime
 from storage.settings import Settings
 from storage.status import EstimateStatus
@@ -43,6 +49,8 @@ def create(rt: Runtime, tenant_id: str, payload: Any, resumed_from: str | None =
     now = int(time.time())
     with rt.db.write() as s:
         intake.input_file(s, tenant_id, request.input_file_id, now)
+        # the tenant's row first: of creates racing, each counts after the one before committed
+        s.get(Tenant, tenant_id, with_for_update=True)
         waiting = s.scalar(
             select(func.count())
             .select_from(Estimate)
@@ -73,6 +81,7 @@ def create(rt: Runtime, tenant_id: str, payload: Any, resumed_from: str | None =
         )
         s.add(row)
         s.flush()
+        note_created(s, "batch.estimate", row.id)  # a retry after a crash answers this estimate
     try:
         rt.queue.estimate(row.id)  # after the commit that made the row
     except BROKER_ERRORS:

@@ -21,7 +21,7 @@ from api.cli import main as freight_cli
 from api.services.tenants import create_tenant
 from scheduler.ordering import common_prefix_tokens, prompt_key
 from scheduler.unit_plan import predicted_cached_tokens
-from storage.models import Batch, EngineSample, Estimate, WorkUnit
+from storage.models import Batch, EngineSample, Estimate, StoredFile, WorkUnit
 from storage.status import EstimateStatus, UnitStatus
 from tests.conftest import DEMO_MODEL, now
 from tests.factories import (
@@ -314,7 +314,7 @@ def served(app, runtime) -> Iterator[str]:
         server.shutdown()
 
 
-def test_freight_estimate_prints_the_estimate_and_the_errors(served, tenants, tmp_path):
+def test_freight_estimate_prints_the_estimate_and_the_errors(served, runtime, tenants, tmp_path):
     _, alpha = tenants["alpha"]
     key = alpha["Authorization"].removeprefix("Bearer ")
     good = tmp_path / "questions.jsonl"
@@ -335,3 +335,8 @@ def test_freight_estimate_prints_the_estimate_and_the_errors(served, tenants, tm
     failed = CliRunner().invoke(freight_cli, [*args, str(junk)])
     assert failed.exit_code == 1 and "line 1: invalid_method" in failed.output
     assert "would not make a batch" in failed.output
+    # every run uploaded its own copy, set to expire within the hour and deleted once answered
+    with runtime.db.read() as s:
+        copies = s.scalars(select(StoredFile).where(StoredFile.tenant_id == tenants["alpha"][0])).all()
+    assert len(copies) == 3
+    assert all(c.deleted_at is not None and c.expires_at - c.created_at == 3600 for c in copies)

@@ -30,6 +30,7 @@ from storage.models import (
     Batch,
     DropFolder,
     DropObject,
+    Estimate,
     StoredFile,
     Tenant,
     UnitStatus,
@@ -208,7 +209,7 @@ TIME_LEASES = [k for k in KEEPERS if k is not UNIT_LEASE]
 @pytest.fixture
 def lease_rows(db: Database, batch_id: str, folder_id: str) -> dict[type, object]:
     """A row of each table with a time lease: the batch, a chunk, the folder, a drop object, a
-    webhook endpoint and a pending delivery to it."""
+    webhook endpoint and a pending delivery to it, an estimate."""
     with db.write() as s:
         batch = s.get(Batch, batch_id)
         assert batch is not None
@@ -219,7 +220,9 @@ def lease_rows(db: Database, batch_id: str, folder_id: str) -> dict[type, object
         endpoint = WebhookEndpoint(tenant_id=tenant_id, url="https://example.com/h",
                                    events=["batch.completed"], secret="whsec_x", status_at=int(T0),
                                    created_at=int(T0))  # fmt: skip
-        s.add_all([chunk, obj, endpoint])
+        estimate = Estimate(tenant_id=tenant_id, input_file_id="file-x", endpoint="/v1/chat/completions",
+                            completion_window="24h", price_multiplier=1.0, created_at=int(T0))  # fmt: skip
+        s.add_all([chunk, obj, endpoint, estimate])
         s.flush()
         delivery = WebhookDelivery(endpoint_id=endpoint.id, tenant_id=tenant_id, batch_id=batch_id,
                                    event_id="evt_1", event_type="batch.completed", created_at=int(T0),
@@ -227,7 +230,7 @@ def lease_rows(db: Database, batch_id: str, folder_id: str) -> dict[type, object
         s.add(delivery)
         s.flush()
         return {Batch: batch_id, ValidationChunk: chunk.id, DropFolder: folder_id, DropObject: obj.id,
-                WebhookEndpoint: endpoint.id, WebhookDelivery: delivery.id}  # fmt: skip
+                WebhookEndpoint: endpoint.id, WebhookDelivery: delivery.id, Estimate: estimate.id}  # fmt: skip
 
 
 def token_of(db: Database, keeper: LeaseKeeper, row_id: object) -> object:
@@ -278,6 +281,7 @@ SCHEMA_LEASES = {
     (Batch, "finalizer_heartbeat_at"),
     (Batch, "validation_heartbeat_at"),
     (ValidationChunk, "lease_at"),
+    (Estimate, "lease_at"),
     (DropFolder, "scan_lease_at"),
     (DropObject, "delivery_lease_at"),
     (WebhookDelivery, "lease_at"),

@@ -23,20 +23,22 @@ from pathlib import Path
 import pytest
 from sqlalchemy import update
 
+from api.services import estimates as estimate_service
 from api.services.tenants import create_tenant
 from scheduler.leases import TENANT_TURN_WAIT_SECONDS
 from storage.broker import LEGACY_CONTROL_QUEUE, TICK_QUEUE, VALIDATE_QUEUE
-from storage.models import Batch
+from storage.models import Batch, Estimate
 from storage.runtime import Runtime
 from storage.settings import Settings
-from storage.status import BatchStatus
+from storage.status import BatchStatus, EstimateStatus
 from tests.conftest import REPO, now
-from tests.factories import chat_line, upload_and_create
-from workers import validation
+from tests.factories import chat_line, upload, upload_and_create
+from workers import estimates, validation
 from workers.celery_app import make_celery
 from workers.control import RestartBudget
 
 LINES = [chat_line("a"), chat_line("b")]
+CHAT = "/v1/chat/completions"
 
 
 def batch_row(rt: Runtime, batch_id: str) -> Batch:
@@ -93,6 +95,72 @@ def test_a_tenant_at_its_validation_cap_waits_while_others_validate(settings, re
         assert batch_row(rt, waiting).status == BatchStatus.IN_PROGRESS
     finally:
         rt.db.dispose()
+
+
+def test_a_tenants_estimates_and_validations_share_one_cap(settings, redis_service):
+    """Dry runs read files on the validation pool too: a tenant's validations and estimates
+    holding a live lease count together against FREIGHT_TENANT_VALIDATIONS (before, each kind had
+    a cap of 2 of its own, so one tenant held 4 of the pool's 3 processes)."""
+    settings = replace(settings, broker_url=redis_service.url.rsplit("/", 1)[0] + "/9", tenant_validations=2)
+    rt = Runtime(settings)
+    try:
+        with rt.queue.celery.connection_for_write() as conn:
+            conn.default_channel.client.flushdb()
+        busy = create_tenant(rt.db, "busy", now())[0].id
+        other = create_tenant(rt.db, "other", now())[0].id
+
+        def dry_run(tenant: str) -> str:
+            file_id = upload(rt, tenant, LINES, name="d.jsonl").id
+            payload = {"input_file_id": file_id, "endpoint": CHAT, "completion_window": "24h"}
+            return estimate_service.create(rt, tenant, payload).id
+
+        running_batch = upload_and_create(rt, busy, LINES, name="r.jsonl").id
+        running_estimate = dry_run(busy)
+        t = time.time()
+        with rt.db.write() as s:  # one validation and one estimate of the tenant hold live leases
+            s.execute(update(Batch).where(Batch.id == running_batch).values(validation_heartbeat_at=t))
+            s.execute(update(Estimate).where(Estimate.id == running_estimate).values(lease_at=t))
+        app = make_celery(settings)
+        app.runtime = rt
+
+        # a third of either kind waits its turn: sent again with a countdown, untouched
+        waiting_batch = upload_and_create(rt, busy, LINES, name="w.jsonl").id
+        assert app.tasks["freight.validate_batch"].apply(args=[waiting_batch]).successful()
+        assert batch_row(rt, waiting_batch).status == BatchStatus.VALIDATING
+        assert batch_row(rt, waiting_batch).validation_heartbeat_at is None
+        waiting_estimate = dry_run(busy)
+        assert app.tasks["freight.estimate"].apply(args=[waiting_estimate]).successful()
+        row = estimate_row(rt, waiting_estimate)
+        assert row.status == EstimateStatus.VALIDATING and row.lease_at is None and row.errors is None
+        later = {m["task"]: m for m in validation_messages(rt) if m["eta"] is not None}
+        assert later["freight.estimate"]["argsrepr"] == repr([waiting_estimate])
+        assert later["freight.estimate"]["retries"] == 0  # not a retry
+        assert later["freight.validate_batch"]["argsrepr"] == repr([waiting_batch])
+
+        # another tenant's estimate is made meanwhile, and gives its lease back
+        theirs = dry_run(other)
+        assert app.tasks["freight.estimate"].apply(args=[theirs]).successful()
+        assert estimate_row(rt, theirs).status == EstimateStatus.COMPLETED
+        assert estimate_row(rt, theirs).lease_at is None
+
+        # the validation's lease runs out: the waiting estimate takes the turn, then, its lease
+        # given back, the waiting batch
+        with rt.db.write() as s:
+            stale = t - settings.lease_seconds - 1
+            s.execute(update(Batch).where(Batch.id == running_batch).values(validation_heartbeat_at=stale))
+        assert estimates.run(rt, waiting_estimate) is None
+        assert estimate_row(rt, waiting_estimate).status == EstimateStatus.COMPLETED
+        assert validation.validate_batch(rt, waiting_batch) is None
+        assert batch_row(rt, waiting_batch).status == BatchStatus.IN_PROGRESS
+    finally:
+        rt.db.dispose()
+
+
+def estimate_row(rt: Runtime, estimate_id: str) -> Estimate:
+    with rt.db.read() as s:
+        row = s.get(Estimate, estimate_id)
+        assert row is not None
+        return row
 
 
 # -- the control worker, as `freight worker --control` runs it -----------------------------------

@@ -177,13 +177,15 @@ def test_expired_console_sessions_are_deleted_and_live_ones_kept(runtime) -> Non
 def test_a_lost_estimate_fails_and_finished_ones_go_after_retention(runtime) -> None:
     """An estimate whose task never ran is failed once a validation time limit old (it would
     otherwise stay ``validating`` for ever), a young one is left to its task, and finished ones
-    are deleted a file retention after they finished."""
+    are deleted FREIGHT_ESTIMATE_RETENTION_SECONDS (a day, not the files' 30 days) after they
+    finished."""
     from storage.models import Estimate
     from storage.status import EstimateStatus
 
     tenant, _ = create_tenant(runtime.db, "alpha", now())
     limit = runtime.settings.validation_time_limit_seconds
-    keep = runtime.settings.file_retention_seconds
+    keep = runtime.settings.estimate_retention_seconds
+    assert keep == 86400 < runtime.settings.file_retention_seconds
     t = now()
     rows = {
         "lost": (EstimateStatus.VALIDATING, t - limit - 5, None),
