@@ -10,9 +10,11 @@ the prefix once. Planning then cuts the shards into work units from their column
 (``workers/planning.py``). Memory is bounded by the sort buffer (``FREIGHT_SORT_MEMORY_MB``), one
 row group, and a 16-byte digest per custom_id, whatever the file size. A file with any bad line
 fails the batch with every bad line listed (up to a cap, which is said); Parquet errors name the
-row and the column. A well-formed line naming a model not served here (a typo, an adapter of
-another base or of other tenants) is not such a bad line: it is a row of the file whose run is its
-``model_not_found`` error (``RefusedLine``), unless no line of the file names a served model. An
+row and the column. A well-formed line naming a model not served here (a typo, an adapter of a
+base not served or of other tenants), a model whose task does not serve the endpoint, an adapter of
+another base than the file's model, or holding a vision model's image token as text, is not such a
+bad line: it is a row of the file whose run is its error (``RefusedLine``), unless no line of the
+file names a served model. An
 input past FREIGHT_VALIDATION_CHUNK_BYTES is validated in chunks across control processes with
 these same line rules, then merged into the same shards (``workers/validation_chunks.py``).
 """
@@ -64,6 +66,7 @@ from storage.status import BatchStatus, EstimateStatus, transition
 from workers.batch_input import open_requests
 from workers.checkpoint import checkpoint_dir
 from workers.dispatcher import admit_batch, measured_throughput
+from workers.image_tokens import checkpoint_image_tokens, injected_image_token
 from workers.images import ImageResolver, checkpoint_takes_images
 from workers.planning import plan_batch
 from workers.prefix_caching import prediction_block_size
@@ -122,13 +125,17 @@ class LineError:
 
 @dataclass(frozen=True, slots=True)
 class RefusedLine:
-    """A well-formed line whose ``body.model`` is a model not served here, nor an adapter its
-    tenant may use (one of another base, or restricted to other tenants, reads the same, so no
-    tenant learns another's adapter exists). It is refused alone: a row of the file, joining the
-    model its other lines name, that runs as its ``error`` (a 400 ``model_not_found`` in the error
-    file) while they run; its body is not kept, the stored one is the refusal
-    (``request_bodies.REFUSED_LINE``, raised by ``parse_body`` on the engine worker). A file in
-    which no line names a served model fails as a whole with these errors (``FileChecks``)."""
+    """A well-formed line refused alone: its ``body.model`` is a model not served here, nor an
+    adapter its tenant may use (one restricted to other tenants reads the same, so no tenant learns
+    another's adapter exists: ``model_not_found``); or a served model whose task does not serve
+    the batch's endpoint (``invalid_model``: a rerank line for a text model); or a vision model's
+    line holding one of its image tokens as text (``image_token_in_text``); or, found by the file's
+    rules, an adapter of another base than the file's model (``adapter_base_mismatch``,
+    ``FileChecks.accept``). It is a row of the file, joining the model its other lines name, that
+    runs as its ``error`` (a 400 in the error file) while they run; its body is not kept, the
+    stored one is the refusal (``request_bodies.REFUSED_LINE``, raised by ``parse_body`` on the
+    engine worker). A file in which no line passes naming a served model fails as a whole with
+    these errors (``FileChecks``)."""
 
     line: int
     custom_id: str
@@ -137,7 +144,8 @@ class RefusedLine:
     def row(self) -> ShardRow:
         """Its row: the refusal as its body, a fixed prompt key, no prompt, no output budget."""
         e = self.error
-        body = refused_line_json(e.code, e.message, "model")  # OpenAI's param: the body's field
+        param = e.param.removeprefix("body.") if e.param else None  # OpenAI's param: the body's field
+        body = refused_line_json(e.code, e.message, param)
         return ShardRow(self.line, self.custom_id, body, b"", None, 0, None)
 
 
@@ -192,6 +200,9 @@ class FileRules:
     # a resume's settled lines (workers/resume.py): the 16-byte digests of the custom_ids the
     # batch it resumes settled, whose lines are skipped (``SkippedLine``); empty: none is
     skip: frozenset[bytes] = field(default=frozenset(), compare=False)
+    # a served model's image tokens (workers/image_tokens.py; () for a text model): a line holding
+    # one as text is refused alone. None: not checked
+    image_tokens: Callable[[str], tuple[str, ...]] | None = field(default=None, compare=False)
 
 
 def check_line(raw: bytes, line_no: int, rules: FileRules) -> ValidLine | LineError:
@@ -211,8 +222,10 @@ def check_fields(
     raw: bytes, line_no: int, rules: FileRules
 ) -> CheckedLine | RefusedLine | SkippedLine | LineError:
     """``check_line`` but for the prompt: scanners render a block of lines at a time. A line that
-    names (a string) a model not served here is a ``RefusedLine``; one naming none, or not as a
-    string, is malformed and a ``LineError`` as before; one a resume skips a ``SkippedLine``."""
+    names (a string) a model not served here, or one whose task does not serve the endpoint, or a
+    vision model's line holding its image tokens as text, is a ``RefusedLine``; one naming none, or
+    not as a string, is malformed and a ``LineError`` as before; one a resume skips a
+    ``SkippedLine``."""
     obj = _line_object(raw, line_no, rules)
     if isinstance(obj, LineError):
         return obj
@@ -245,10 +258,9 @@ def check_fields(
         if model in rules.speech_models
         else GENERATE
     )
-    if not serves(task, rules.endpoint):
-        return LineError(
-            line_no, "invalid_model", endpoint_mismatch(model, rules.endpoint, task), "body.model"
-        )
+    if not serves(task, rules.endpoint):  # well-formed, for a model of another task: that line's error
+        mismatch = endpoint_mismatch(model, rules.endpoint, task)
+        return RefusedLine(line_no, custom_id, LineError(line_no, "invalid_model", mismatch, "body.model"))
     max_tokens = _body_max_tokens(body, model, line_no, rules)
     if isinstance(max_tokens, LineError):
         return max_tokens
@@ -260,6 +272,11 @@ def check_fields(
         if isinstance(body_json, LineError):
             return body_json
     assert body_json is not None  # stored above, or before the checks
+    if rules.image_tokens is not None:
+        tokens = rules.image_tokens(model)  # () for a text model: nothing more to test
+        injected = injected_image_token(body, body_json, tokens) if tokens else None
+        if injected is not None:
+            return _image_token_refusal(line_no, custom_id, model, *injected)
     return CheckedLine(line_no, custom_id, body_json, body, model, max_tokens)
 
 
@@ -341,6 +358,16 @@ def _body_max_tokens(body: dict, model: str, line_no: int, rules: FileRules) -> 
     return max_tokens
 
 
+def _image_token_refusal(line_no: int, custom_id: str, model: str, where: str, token: str) -> RefusedLine:
+    """A vision model's line with one of its image tokens as text (``workers.image_tokens``)."""
+    message = (
+        f"`{where or 'body'}` holds {token!r}, an image token of model {model[:200]!r}: it would stand "
+        "for an image the line does not have; send images as image_url content parts"
+    )
+    param = f"body.{where}" if where else "body"
+    return RefusedLine(line_no, custom_id, LineError(line_no, "image_token_in_text", message, param))
+
+
 @dataclass
 class ScanResult:
     rows: int = 0
@@ -409,10 +436,15 @@ class FileChecks:
             self._blank_run_ends()
         self.failed(error)
 
-    def accept(self, line_no: int, custom_id: bytes, model: str) -> bool:
-        """A line that passed its own checks (its custom_id's UTF-8 bytes, its model): True if it is
-        a row of the file; False if a file rule failed it, ``full`` then True if the file is past
-        its request limit and no later line counts."""
+    def accept(self, line_no: int, custom_id: bytes, model: str, named: str | None = None) -> bool | LineError:
+        """A line that passed its own checks (its custom_id's UTF-8 bytes, its model, the name its
+        body gives: an adapter's, or None or ``model`` for the base): True if it is a row of the
+        file; False if a file rule failed it, ``full`` then True if the file is past its request
+        limit and no later line counts; a LineError if it is a row that runs as that error.
+
+        The file's model is the model of its first line to get here (a base, or an adapter's base).
+        A later line of another base fails the file (``mixed_models``: one model per file), but one
+        naming an adapter of another base is refused alone (``adapter_base_mismatch``)."""
         if self._blank_from:
             self._blank_run_ends()
         self._named = True
@@ -425,9 +457,16 @@ class FileChecks:
         if result.model is None:
             result.model = model
         elif model != result.model:
-            message = f"model {model!r} differs from {result.model!r}: one model per file"
-            self.failed(LineError(line_no, "mixed_models", message, "body.model"))
-            return False
+            if named is None or named == model:
+                message = f"model {model!r} differs from {result.model!r}: one model per file"
+                self.failed(LineError(line_no, "mixed_models", message, "body.model"))
+                return False
+            refusal = _adapter_mismatch(line_no, named, model, result.model)
+            result.rows += 1
+            if result.rows > self._max_requests:
+                self.failed(self._past_limit(line_no))
+                return False
+            return refusal
         result.rows += 1
         if result.rows > self._max_requests:
             self.failed(self._past_limit(line_no))
@@ -504,6 +543,15 @@ class FileChecks:
         return result
 
 
+def _adapter_mismatch(line_no: int, adapter: str, base: str, file_model: str) -> LineError:
+    """A line naming an adapter of ``base`` in a file of ``file_model``: that line's error."""
+    message = (
+        f"model {adapter[:200]!r} is a LoRA adapter of {base!r}, not of {file_model!r}, this file's "
+        "model (its first line naming a served model): a file's lines name one base model or its adapters"
+    )
+    return LineError(line_no, "adapter_base_mismatch", message, "body.model")
+
+
 def _duplicate(line_no: int, custom_id: bytes) -> LineError:
     message = f"custom_id {custom_id.decode()[:200]!r} appears more than once"
     return LineError(line_no, "duplicate_custom_id", message, "custom_id")
@@ -545,11 +593,13 @@ def scan_lines(
             elif checks.full:
                 break
             continue
-        if not accept(line_no, checked.custom_id.encode(), checked.model):
-            if checks.full:
-                break
-            continue
-        yield from block.add(checked)
+        accepted = accept(line_no, checked.custom_id.encode(), checked.model, checked.body["model"])
+        if accepted is True:
+            yield from block.add(checked)
+        elif accepted is not False:  # an adapter of another base: not rendered, runs as its error
+            yield RefusedLine(line_no, checked.custom_id, accepted).row()
+        elif checks.full:
+            break
     yield from block.flush()
     yield checks.finish(line_no)
 
@@ -588,6 +638,7 @@ class PromptRenders:
         self.rt = rt
         self.paths: dict[str, str] = {}  # model -> checkpoint directory, asked of the registry once
         self.vision: dict[str, bool] = {}  # model -> whether it takes images
+        self.tokens: dict[str, tuple[str, ...]] = {}  # model -> its image tokens (none: a text model)
 
     def renderer(self, model: str) -> PromptRenderer:
         path = self.renderer_path(model)
@@ -606,6 +657,18 @@ class PromptRenders:
             except TokenizerUnavailable:
                 known = False
             self.vision[model] = known
+        return known
+
+    def image_tokens(self, model: str) -> tuple[str, ...]:
+        """The model's image tokens (``workers.image_tokens``, read once); none for a text model,
+        or one whose files are missing (the tokenizer's failure says so for the file)."""
+        known = self.tokens.get(model)
+        if known is None:
+            try:
+                known = checkpoint_image_tokens(self.renderer_path(model))
+            except TokenizerUnavailable:
+                known = ()
+            self.tokens[model] = known
         return known
 
     def renderer_path(self, model: str) -> str:
@@ -935,6 +998,7 @@ def file_rules(
         auto_tool_models=auto_tool_models(rt.db),
         reasoning_models=reasoning_models(rt.db),
         adapters=usable_adapters(rt.db, tenant_id),
+        image_tokens=renders.image_tokens,
     )
 
 

@@ -306,7 +306,7 @@ def scan_chunk(
     spill = spill_dir(settings)
     rules = batch_rules(rt, endpoint, batch_id)
     max_listed = settings.max_listed_errors
-    models: dict[str, int] = {}
+    models: dict[tuple[str, str | None], int] = {}  # (model, the adapter named; None: the model)
     errors: list[dict[str, Any]] = []
     refused: list[dict[str, Any]] = []  # the errors of the all-refused file (FileChecks.refuse)
     summary: dict[str, Any] = {"models": [], "errors": errors, "bad": 0, "refused": refused}
@@ -349,7 +349,9 @@ def scan_chunk(
                     yield from _unrendered(checked, events, refused, max_listed)
                     continue
                 custom_id = checked.custom_id.encode()
-                model = models.setdefault(checked.model, len(models))
+                named = checked.body["model"]
+                adapter = None if named == checked.model else named
+                model = models.setdefault((checked.model, adapter), len(models))
                 events.write(EVENT.pack(VALID, model, len(custom_id)))
                 events.write(custom_id)
                 for row in block.add(checked):
@@ -367,7 +369,8 @@ def scan_chunk(
                 ordered.close()
         except TokenizerUnavailable as exc:  # fails the file as a whole, as in one task
             return 0, {"fatal": str(exc)}
-        summary["models"] = list(models)
+        summary["models"] = [base for base, _ in models]
+        summary["named"] = [adapter for _, adapter in models]  # the adapter each one names, or None
         summary["parquet"] = source.parquet
         summary["columns"] = list(source.columns)
         if parquet is not None:
@@ -431,11 +434,12 @@ def merge(rt: Runtime, batch_id: str, input_key: str, endpoint: str, defaults: d
         rules = batch_rules(rt, endpoint, batch_id)
         summary, shard_keys = write_store(rt, batch_id, input_key, rules, defaults)
     else:
-        summary = replay(rt, batch_id, chunks)
-        if chunks and chunks[0].summary.get("parquet"):  # errors name the row and the column
-            summary.errors = name_columns(summary.errors, tuple(chunks[0].summary["columns"]))
-        if not summary.error_count:
-            shard_keys = merge_runs(rt, batch_id, chunks)
+        with _Diverted(sum(c.lines for c in chunks), spill_dir(settings)) as diverted:
+            summary = replay(rt, batch_id, chunks, diverted)
+            if chunks and chunks[0].summary.get("parquet"):  # errors name the row and the column
+                summary.errors = name_columns(summary.errors, tuple(chunks[0].summary["columns"]))
+            if not summary.error_count:
+                shard_keys = merge_runs(rt, batch_id, chunks, diverted)
     conclude(rt, batch_id, summary, shard_keys, started)
     for chunk in chunks:  # what a merge interrupted here leaves, the batch's retention deletes
         for key in _objects(batch_id, chunk.seq):
@@ -452,10 +456,42 @@ def _events(stream: IO[bytes]) -> Iterator[tuple[int, int, bytes]]:
         yield kind, model, read(n) if n else b""
 
 
-def replay(rt: Runtime, batch_id: str, chunks: list[_Done]) -> ScanResult:
+class _Diverted:
+    """The lines a chunk rendered as rows that the file's rules made refused lines instead (an
+    adapter of another base than the file's model, known only once the chunks before are read):
+    a bit per line of the file, and their refused rows' records in line order in a spilled run,
+    which ``merge_runs`` merges in place of the chunks' rows (as ``scan_lines`` yields them)."""
+
+    def __init__(self, lines: int, spill: str) -> None:
+        self.lines = bytearray(lines // 8 + 1)  # bit n: line n's row is diverted
+        self.count = 0
+        self.run = tempfile.TemporaryFile(dir=spill, buffering=1 << 16)  # noqa: SIM115 (closed on exit)
+
+    def __enter__(self) -> _Diverted:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.run.close()
+
+    def add(self, line_no: int, custom_id: bytes, error: LineError) -> None:
+        self.lines[line_no >> 3] |= 1 << (line_no & 7)
+        self.count += 1
+        row = RefusedLine(line_no, custom_id.decode(), error).row()
+        dump_records([(row.key, row.line, _payload(row))], self.run)
+
+    def holds(self, line_no: int) -> bool:
+        return bool(self.lines[line_no >> 3] & (1 << (line_no & 7)))
+
+    def records(self) -> Iterator[Record]:
+        self.run.flush()
+        self.run.seek(0)
+        return load_records(self.run)
+
+
+def replay(rt: Runtime, batch_id: str, chunks: list[_Done], diverted: _Diverted | None = None) -> ScanResult:
     """The file-level rules over every chunk's events in file order: the ``FileChecks`` that
     ``scan_lines`` drives, given the same lines with the same numbers, the per-line checks' outcome
-    read, not redone."""
+    read, not redone. A valid line that the file's rules make a refused line goes to ``diverted``."""
     settings: Settings = rt.settings
     checks = FileChecks(settings.max_requests_per_file, settings.max_listed_errors)
     line_no = offset = 0
@@ -465,14 +501,18 @@ def replay(rt: Runtime, batch_id: str, chunks: list[_Done]) -> ScanResult:
         refused = [LineError(e["line"] + offset, e["code"], e["message"], e["param"])
                    for e in chunk.summary.get("refused", [])]  # fmt: skip
         models = chunk.summary.get("models", [])
+        named = chunk.summary.get("named") or [None] * len(models)
         bad = 0  # the chunk's bad lines so far: its listed errors are its first ones, in order
         n_refused = 0  # the same for its refused lines
         with _local(rt, _objects(batch_id, chunk.seq)[1], spill_dir(settings)) as stream:
             for pos, (kind, model_index, custom_id) in enumerate(_events(stream), start=1):
                 line_no = offset + pos
                 if kind == VALID:
-                    if not checks.accept(line_no, custom_id, models[model_index]) and checks.full:
+                    accepted = checks.accept(line_no, custom_id, models[model_index], named[model_index])
+                    if accepted is False and checks.full:
                         return checks.finish(line_no)
+                    if isinstance(accepted, LineError) and diverted is not None:
+                        diverted.add(line_no, custom_id, accepted)
                 elif kind == REFUSED:
                     error = refused[n_refused] if n_refused < len(refused) else None
                     n_refused += 1
@@ -506,19 +546,24 @@ def _local(rt: Runtime, key: str, spill: str) -> Iterator[IO[bytes]]:
         yield local
 
 
-def merge_runs(rt: Runtime, batch_id: str, chunks: list[_Done]) -> list[str]:
-    """Every chunk's sorted run, lines made the file's, merged by (key, line) into the shards."""
+def merge_runs(rt: Runtime, batch_id: str, chunks: list[_Done], diverted: _Diverted | None = None) -> list[str]:
+    """Every chunk's sorted run, lines made the file's, merged by (key, line) into the shards;
+    the rows of ``diverted`` lines replaced by their refused rows."""
     spill = spill_dir(rt.settings)
+    skip = diverted if diverted is not None and diverted.count else None
     with contextlib.ExitStack() as stack:
         streams: list[Iterator[Record]] = []
         offset = 0
         for chunk in chunks:
             run = stack.enter_context(_local(rt, _objects(batch_id, chunk.seq)[0], spill))
-            streams.append(_shifted(load_records(run), offset))
+            streams.append(_shifted(load_records(run), offset, skip))
             offset += chunk.lines
+        if skip is not None:
+            streams.append(skip.records())
         return write_shards(rt, batch_id, heapq.merge(*streams))
 
 
-def _shifted(records: Iterator[Record], offset: int) -> Iterator[Record]:
+def _shifted(records: Iterator[Record], offset: int, diverted: _Diverted | None) -> Iterator[Record]:
     for key, line, payload in records:
-        yield key, line + offset, payload
+        if diverted is None or not diverted.holds(line + offset):
+            yield key, line + offset, payload

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -147,10 +148,9 @@ def test_a_line_may_name_an_adapter_of_the_files_model() -> None:
     )
     assert (result.model, result.rows, result.errors) == ("demo", 3, [])
     assert [json.loads(r.body_json)["model"] for r in rows] == ["demo", "demo-a", "demo-b"]
-    # an adapter of another base in the same file: mixed models, named by its base
-    _, mixed = scan([raw(good("1", model="demo-a")), raw(good("2", model="other-a"))], rules)
-    assert [(e.line, e.code) for e in mixed.errors] == [(2, "mixed_models")]
-    assert "'other' differs from 'demo'" in mixed.errors[0].message
+    # an adapter of another base in the same file: refused alone (adapter_base_mismatch below)
+    rows, alone = scan([raw(good("1", model="demo-a")), raw(good("2", model="other-a"))], rules)
+    assert (alone.model, alone.rows, alone.errors) == ("demo", 2, []) and is_refused(rows[1])
     unknown, hidden = (check_line(raw(good(model=m)), 1, rules) for m in ("demo-z", "restricted"))
     assert isinstance(unknown, LineError) and isinstance(hidden, LineError)
     assert (unknown.code, unknown.param) == (hidden.code, hidden.param) == ("model_not_found", "body.model")
@@ -235,14 +235,114 @@ def test_an_adapter_restricted_to_others_reads_as_an_unknown_model() -> None:
 
 
 def test_an_adapter_of_another_base_is_refused_alone_not_mixed() -> None:
-    """In a file of the base ``demo``, an adapter of ``other`` is a model that file's tenant can
-    use, so it is ``mixed_models`` as before (one base per file); an adapter of a base not served
-    at all is an unknown model, refused alone."""
-    _, mixed = scan([raw(good("1")), raw(good("2", model="other-a"))], ADAPTER_RULES)
+    """The file's model is its first line's to pass naming a served model (a base, or an
+    adapter's base). In a file of ``demo``, a line naming ``other-a``, an adapter of the served
+    base ``other``, is that line's 400 ``adapter_base_mismatch`` at run time, naming the adapter,
+    its base and the file's model, while the other lines run; it still counts as a row (unique
+    custom_id, the request limit). A line naming another base itself still fails the file
+    (``mixed_models``: one model per file). An adapter of a base not served at all is an unknown
+    model, refused alone."""
+    lines = [raw(good("1")), raw(good("2", model="other-a")), raw(good("3", model="demo-a")), raw(good("4"))]
+    rows, result = scan(lines, ADAPTER_RULES)
+    assert (result.model, result.rows, result.errors, result.error_count) == ("demo", 4, [], 0)
+    refused = [r for r in rows if is_refused(r)]
+    assert [(r.custom_id, r.line, r.key, r.prompt_len) for r in refused] == [("2", 2, b"", 0)]
+    assert "héllo" not in refused[0].body_json
+    error = _run_time_error(refused[0])
+    assert (error.code, error.param, error.status_code) == ("adapter_base_mismatch", "model", 400)
+    assert error.message.startswith(
+        "model 'other-a' is a LoRA adapter of 'other', not of 'demo', this file's model"
+    )
+    # the first line names the adapter: the file is of its base, and the base's own lines mix in
+    rows, first = scan([raw(good("1", model="other-a")), raw(good("2", model="demo-a"))], ADAPTER_RULES)
+    assert (first.model, first.rows, first.errors) == ("other", 2, []) and is_refused(rows[1])
+    assert "'demo-a' is a LoRA adapter of 'demo', not of 'other'" in _run_time_error(rows[1]).message
+    # a base of its own is not an adapter: the file fails as before
+    _, mixed = scan([raw(good("1")), raw(good("2", model="other"))], ADAPTER_RULES)
     assert [(e.line, e.code) for e in mixed.errors] == [(2, "mixed_models")]
+    assert "'other' differs from 'demo'" in mixed.errors[0].message
+    # the refused adapter line is a row for the file's rules: duplicate ids, the request limit
+    _, dup = scan([raw(good("a")), raw(good("a", model="other-a"))], ADAPTER_RULES)
+    assert [(e.line, e.code) for e in dup.errors] == [(2, "duplicate_custom_id")]
+    limited = replace(ADAPTER_RULES, max_requests=1)
+    _, over = scan([raw(good("a")), raw(good("b", model="other-a"))], limited)
+    assert [(e.line, e.code) for e in over.errors] == [(2, "too_many_requests")]
     rules = FileRules("/v1/chat/completions", frozenset({"demo"}), 50, 4096, adapters={"demo-a": "demo"})
     rows, result = scan([raw(good("1")), raw(good("2", model="other-a"))], rules)
     assert (result.rows, result.errors) == (2, []) and is_refused(rows[1])
+    assert _run_time_error(rows[1]).code == "model_not_found"
+
+
+def test_a_line_for_a_model_of_another_task_is_refused_alone() -> None:
+    """A rerank line naming a text model, a chat line naming an embedding model: that line's 400
+    ``invalid_model`` with the message validation always gave, while the file's other lines run;
+    a file with no line for a model of the endpoint fails as before, each line listed."""
+
+    def rerank_line(custom_id: str, model: str) -> dict:
+        body = {"model": model, "query": "q", "documents": ["a", "b"]}
+        return {"custom_id": custom_id, "method": "POST", "url": "/v1/rerank", "body": body}
+
+    rules = FileRules(
+        "/v1/rerank", frozenset({"demo", "rank"}), 50, 4096, score_models=frozenset({"rank"})
+    )  # fmt: skip
+    lines = [raw(rerank_line("r1", model="rank")), raw(rerank_line("r2", model="demo")),
+             raw(rerank_line("r3", model="rank"))]  # fmt: skip
+    rows, result = scan(lines, rules)
+    assert (result.model, result.rows, result.errors) == ("rank", 3, [])
+    refused = [r for r in rows if is_refused(r)]
+    assert [r.custom_id for r in refused] == ["r2"]
+    with pytest.raises(RequestError) as raised:
+        parse_body("/v1/rerank", json.loads(refused[0].body_json), validated=True)
+    assert (raised.value.code, raised.value.param, raised.value.status_code) == (
+        "invalid_model",
+        "model",
+        400,
+    )
+    assert "'demo' generates text; it does not serve /v1/rerank" in raised.value.message
+    _, alone = scan([raw(rerank_line("x", model="demo"))], rules)
+    assert [(e.line, e.code, e.param) for e in alone.errors] == [(1, "invalid_model", "body.model")]
+    embed = FileRules(
+        RULES.endpoint, frozenset({"demo", "embed"}), 50, 4096, embed_models=frozenset({"embed"})
+    )
+    rows, chat = scan([raw(good("1")), raw(good("2", model="embed"))], embed)
+    assert (chat.model, chat.rows, chat.errors) == ("demo", 2, []) and is_refused(rows[1])
+    assert "'embed' is an embedding model" in _run_time_error(rows[1]).message
+
+
+VISION_RULES = FileRules(
+    "/v1/chat/completions", frozenset({"vlm", "demo"}), 50, 4096,
+    image_tokens=lambda model: ("<fake_token_around_image>", "<image>") if model == "vlm" else (),
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("content", "param"),
+    [
+        ("look: <image> what is it?", "messages.0.content"),
+        ([{"type": "text", "text": "a"}, {"type": "text", "text": "b <image>"}], "messages.0.content.1.text"),
+        ([{"type": "text", "text": "a <ima"}, {"type": "text", "text": "ge> b"}], "messages.0.content"),
+        ("\\u003cfake_token_around_image>", "messages.0.content"),  # escaped in the JSON line
+    ],
+    ids=["string", "part", "split-across-parts", "escaped"],
+)
+def test_a_vision_models_image_token_as_text_is_refused_alone(content, param) -> None:
+    """Text holding one of a vision model's image tokens would stand for an image the line does
+    not have: that line's 400 ``image_token_in_text`` naming where, the file's other lines run.
+    A text model's line may say ``<image>``: it has no such token."""
+    text = content if isinstance(content, list) else "CONTENT"
+    bad = raw(chat_line("2", text, model="vlm"))  # type: ignore[arg-type]
+    if not isinstance(content, list):  # written into the line as it is (an escape stays one)
+        bad = bad.replace(b"CONTENT", content.encode())
+    rows, result = scan([raw(chat_line("1", "plain", model="vlm")), bad], VISION_RULES)
+    assert (result.model, result.rows, result.errors) == ("vlm", 2, [])
+    assert [r.custom_id for r in rows if is_refused(r)] == ["2"]
+    error = _run_time_error(rows[1])
+    assert (error.code, error.param, error.status_code) == ("image_token_in_text", param, 400)
+    assert (
+        error.message.startswith(f"`{param}` holds '<") and "an image token of model 'vlm'" in error.message
+    )
+    rows, text_model = scan([raw(chat_line("1", "say <image>"))], VISION_RULES)
+    assert (text_model.rows, text_model.errors) == (1, []) and not is_refused(rows[0])
 
 
 def test_a_file_naming_no_served_model_fails_as_before() -> None:

@@ -645,3 +645,35 @@ def test_a_cancelled_batch_frees_its_tenants_window(settings, redis_service):
         assert tick_resends(rt, second)  # nothing of it active for a lease: nudged
         assert validate_batch(rt, second) is None
         assert chunks_sent(rt, second) == 2  # the cancelled batch's slots, both
+
+
+def test_an_adapter_of_another_base_is_refused_alone_across_chunks(settings):
+    """A line naming an adapter of another served base than the file's model (the first line's)
+    is refused alone (``adapter_base_mismatch``), though its chunk cannot know the file's model
+    and renders it: the merge puts its refused row in place of the rendered one, so both ways
+    give the same shards and units byte for byte; the adapters of the file's base run as rows."""
+    from storage.models import Adapter
+
+    models = {**settings.models, "demo2": settings.models["demo"]}
+    rt = Runtime(replace(settings, models=models))
+    with rt.db.write() as s:
+        for name, base in (("demo-a", "demo"), ("demo2-a", "demo2")):
+            s.add(Adapter(name=name, base=base, path="/srv/a", rank=8, target_modules=["q_proj"],
+                          tenants=None, created_at=now()))  # fmt: skip
+    rt.db.dispose()
+    lines = doc_lines(120)
+    for i, model in ((30, "demo2-a"), (31, "demo-a"), (100, "demo2-a")):
+        lines[i] = chat_line(f"adapter-{i}", f"x{i}", model=model)
+    one, many, n = both_ways(settings, jsonl(lines), max_file_bytes=1 << 20, models=models)
+    assert n >= 5
+    assert one[0].status == many[0].status == "in_progress", (one[0].errors, many[0].errors)
+    assert one[0].request_total == many[0].request_total == 120
+    assert many[1] == one[1] and many[2] == one[2]  # the units, the shards byte for byte
+    stored = [r for shard in one[2] for r in pq.read_table(io.BytesIO(shard)).to_pylist()]
+    refused = [r for r in stored if "x_freight_refused" in r["body"]]
+    assert [r["line"] for r in refused] == [31, 101]
+    errors = [json.loads(r["body"])["x_freight_refused"] for r in refused]
+    assert {(e["code"], e["param"]) for e in errors} == {("adapter_base_mismatch", "model")}
+    assert errors[0]["message"].startswith("model 'demo2-a' is a LoRA adapter of 'demo2', not of 'demo'")
+    ran = next(r for r in stored if r["custom_id"] == "adapter-31")
+    assert json.loads(ran["body"])["model"] == "demo-a"  # the file's base's adapter: a row that runs
