@@ -7,7 +7,7 @@ MODEL_DIR := models/demo
 EMBED_MODEL_DIR := models/embed
 BENCH_MODEL_DIR := models/bench
 
-.PHONY: run stop test lint install model embed-model score-model whisper-model vlm-model adapters bench-model bench bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-embeddings bench-lora bench-images bench-estimates bench-validation bench-finalization bench-uploads int4-model clean quantize-env
+.PHONY: run stop test lint install model embed-model score-model whisper-model vlm-model adapters bench-model bench bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-embeddings bench-lora bench-images bench-estimates bench-validation bench-finalization bench-uploads int4-model clean quantize-env policy-env
 
 install:
 	@bash infra/install.sh
@@ -45,12 +45,22 @@ run: model
 stop:
 	@if [ -x $(PY) ]; then $(PY) -m infra.daemons stop-all $(RUN_DIR); else echo "nothing to stop"; fi
 
-lint: install
+lint: install policy-env
 	$(PY) -m ruff check --no-cache .
 	$(PY) -m ruff format --no-cache --check api storage scheduler workers infra tests examples migrations
 	$(PY) -m mypy
 	@d=$$(mktemp -d); FREIGHT_DATABASE_URL=sqlite:///$$d/check.db $(PY) -m api.cli db upgrade && \
 	  FREIGHT_DATABASE_URL=sqlite:///$$d/check.db $(PY) -m alembic -c migrations/alembic.ini check
+	@d=$$(mktemp -d); for o in cpu-demo gpu; do kubectl kustomize infra/k8s/overlays/$$o > $$d/$$o.yaml || exit 1; done; \
+	  $(CHECKOV) --config-file infra/k8s/checkov.yaml --skip-download -d $$d; s=$$?; rm -rf $$d; exit $$s
+
+# Checkov, the Kubernetes policy check of `make lint` (infra/k8s/checkov.yaml), in a virtualenv of its
+# own: its dependencies pin other versions than Freight's
+CHECKOV_VERSION := 3.3.30
+CHECKOV := .venv-policy/bin/checkov
+policy-env:
+	@$(CHECKOV) --version 2>/dev/null | grep -qx '$(CHECKOV_VERSION)' || { python3 -m venv .venv-policy && \
+	  .venv-policy/bin/pip install -q 'checkov==$(CHECKOV_VERSION)'; }
 
 # llm-compressor's own virtualenv (GPTQ/AWQ pin other transformers/compressed-tensors than vLLM)
 quantize-env: install

@@ -62,7 +62,7 @@ FILE = obj(
         "created_at": TIME,
         "expires_at": nullable(TIME),
         "filename": STR,
-        "purpose": {"enum": ["batch", "batch_output"]},
+        "purpose": {"enum": ["batch", "batch_output", "vision", "user_data"]},
         "status": {"enum": ["uploaded", "processed", "error"]},
         "status_details": nullable(STR),
     }
@@ -542,8 +542,13 @@ def paths(settings: Settings) -> Schema:
             "multipart/form-data": {
                 "schema": obj(
                     {
-                        "file": {"type": "string", "format": "binary", "description": "JSONL or Parquet"},
-                        "purpose": {"enum": ["batch"]},
+                        "file": {
+                            "type": "string",
+                            "format": "binary",
+                            "description": "JSONL or Parquet (batch); an image or audio a batch line"
+                            " names by file id (vision, user_data)",
+                        },
+                        "purpose": {"enum": ["batch", "vision", "user_data"]},
                         "expires_after[anchor]": {"enum": ["created_at"]},
                         "expires_after[seconds]": EXPIRES_SECONDS,
                     },

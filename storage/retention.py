@@ -16,6 +16,10 @@ from storage.runtime import Runtime
 from storage.settings import Settings
 from storage.status import BatchStatus, UploadStatus
 
+# the purposes of files that are images or audio a batch line names by id (workers/media_files.py):
+# OpenAI's of an image input; the official client's others (assistants, fine-tune, evals) mean
+# nothing here and are refused at upload
+MEDIA_PURPOSES = ("vision", "user_data")
 DERIVED_FORMATS = ("jsonl", "parquet")  # api/services/files.py keeps conversions at derived/<id>.<fmt>
 
 

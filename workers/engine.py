@@ -155,6 +155,9 @@ class EngineRequest:
     cache_salt: str | None = None
     # the decoded images of the body's image references, by digest (workers/images.py); None: none
     images: Callable[[str], Any] | None = None
+    # the stored bytes of an audio line's reference (a file id resolved at validation:
+    # workers/media_files.py); None: it has none
+    audio: Callable[[str], bytes] | None = None
 
 
 @dataclass(frozen=True)
@@ -805,7 +808,7 @@ class Engine:
                         self._default_sampling,
                         self.max_model_len,
                     )
-                line = self._speech.submit(parsed.request, f"freight-{next(self._ids)}")
+                line = self._speech.submit(parsed.request, f"freight-{next(self._ids)}", request.audio)
                 return _InFlight(key, line, 1, line.request_ids)
             lora = None if self.loras is None else self.loras.request_for(request.body.get("model"))
             rendered = self.render(request)

@@ -27,6 +27,7 @@ from storage.shards import ShardRow
 from workers.cost_meter import CostMeter
 from workers.engine import ABORTED_STATUS, EngineRequest, EngineResult, EngineStats
 from workers.images import images_in
+from workers.media_files import AUDIO_REF
 from workers.pack_feed import IDLE_WAIT_SECONDS, PackFeed
 from workers.results import encode, request_error_line, stopped_line, success_line
 from workers.runner_state import ActiveUnit, RunnerState
@@ -181,6 +182,7 @@ class EngineLoop:
                 validated=True,
                 cache_salt=unit.claim.cache_salt,
                 images=self._images.lookup(unit.claim.batch_id) if images_in(row.body_json) else None,
+                audio=self._images.audio(unit.claim.batch_id) if AUDIO_REF in row.body_json else None,
             )
             rejected = engine.add(request)
             if rejected is not None:

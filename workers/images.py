@@ -1,8 +1,10 @@
 """Images in chat lines: checked and stored once at validation, handed to vLLM decoded at run time.
 
 A chat line's content part ``{"type": "image_url", "image_url": {"url": ...}}`` holds a ``data:``
-URL (base64 PNG, JPEG, WebP or GIF) or an ``http(s)://`` link. Validation (``ImageResolver``)
-decodes or fetches each, checks it (bytes, pixels read from the header before decoding, a format
+URL (base64 PNG, JPEG, WebP or GIF), an ``http(s)://`` link or the id of a file the tenant uploaded
+(``file-...``, or a Responses ``input_image``'s ``file_id``: read by ``workers.media_files``, which
+also resolves an audio line's file id for ``ImageResolver``, the batch's one media resolver).
+Validation (``ImageResolver``) decodes or fetches each, checks it (bytes, pixels read from the header before decoding, a format
 Pillow decodes whole, a model that takes images) and rewrites the part in the stored body:
 
 - ``freight-image:<sha256 of the bytes>``: the image is stored once per distinct content beside the
@@ -40,12 +42,14 @@ from typing import Any
 
 from storage.checkpoint_config import config_or_empty
 from storage.runtime import Runtime
+from workers.media_files import AudioFiles, FileRefused, is_file_id, read_audio_ref, read_tenant_file
 from workers.outbound_http import Call, OutboundError, get_following
 from workers.request_errors import RequestError
 
 log = logging.getLogger(__name__)
 
 IMAGE_REF = "freight-image:"  # + the sha256 hex of the stored bytes
+FILE_ID_REFUSED = "\x00file_id"  # an input_image's file_id that is no file id: file_not_found
 REFUSED_REF = "freight-refused:"  # the part's "refused" holds the error of the line
 FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif"}
 USER_AGENT = "Freight-Images/1"
@@ -86,9 +90,13 @@ def image_parts(body: Any) -> Iterator[tuple[str, dict]]:
 
 
 def part_url(part: dict) -> Any:
-    """An image part's URL: chat's ``image_url.url``, or Responses' ``image_url`` string."""
+    """An image part's URL: chat's ``image_url.url``, or Responses' ``image_url`` string (or its
+    ``file_id`` when it has no ``image_url``: a file id is resolved like chat's ``file-...`` URL)."""
     image_url = part.get("image_url")
     if part.get("type") == "input_image":
+        if image_url is None and part.get("file_id") is not None:
+            file_id = part["file_id"]
+            return file_id if is_file_id(file_id) else FILE_ID_REFUSED
         return image_url
     return image_url.get("url") if isinstance(image_url, dict) else None
 
@@ -97,10 +105,12 @@ def refusal(part: dict) -> RequestError:
     """The error validation recorded in a refused part (the line's error at run time)."""
     given = part.get("refused")
     refused: dict = given if isinstance(given, dict) else {}
+    status = refused.get("status")
     return RequestError(
         str(refused.get("code") or "invalid_image"),
         str(refused.get("message") or "The image was refused at validation."),
         str(refused.get("param")) if refused.get("param") else None,
+        status if isinstance(status, int) and 400 <= status < 500 else 400,
     )
 
 
@@ -108,10 +118,11 @@ def refusal(part: dict) -> RequestError:
 
 
 class ImageRefused(Exception):
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, status: int = 400) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.status = status
 
 
 def data_url_bytes(url: str, max_bytes: int) -> bytes:
@@ -177,8 +188,9 @@ def checkpoint_takes_images(path: str) -> bool:
 
 class ImageResolver:
     """Validation's side for one batch (see the module docstring): ``resolve`` rewrites the image
-    parts of one body in place. Each distinct URL is decoded or fetched once per file (a bounded
-    memory of URL digests), each distinct image stored once."""
+    parts of one body in place, and an audio line's file id (``media_files.AudioFiles``). Each
+    distinct URL or file id is decoded, fetched or read once per file (a bounded memory of URL
+    digests), each distinct image stored once."""
 
     def __init__(
         self, rt: Runtime, batch_id: str, tenant_id: str, model_takes_images: Callable[[str], bool]
@@ -187,25 +199,28 @@ class ImageResolver:
         self.batch_id = batch_id
         self.tenant_id = tenant_id
         self.model_takes_images = model_takes_images
-        self._outcomes: OrderedDict[bytes, tuple[str, str]] = (
+        self._outcomes: OrderedDict[bytes, tuple[str, str, int]] = (
             OrderedDict()
-        )  # url digest -> (ref or code, message)
+        )  # url digest -> (ref or code, message, status)
         self._stored: set[str] = set()
         self.fetches = 0
         self.refused = 0
+        self.audio = AudioFiles(rt, batch_id, tenant_id)
 
     def resolve(self, model: str, body: dict) -> bool:
-        """Rewrite every image part of ``body``; True if it held any."""
+        """Rewrite every image part of ``body`` (or an audio line's file id); True if it held any."""
+        if self.audio.resolve(body):
+            return True
         parts = list(image_parts(body))
         if not parts:
             return False
         vision = self.model_takes_images(model)
         for param, part in parts:
             if not vision:
-                outcome = ("image_input_not_supported", f"model {model[:200]!r} does not take images")
+                outcome = ("image_input_not_supported", f"model {model[:200]!r} does not take images", 400)
             else:
                 outcome = self._outcome(part_url(part))
-            code, message = outcome
+            code, message, status = outcome
             kind = part.get("type")
             part.clear()
             part["type"] = kind
@@ -214,11 +229,15 @@ class ImageResolver:
             if url == REFUSED_REF:
                 self.refused += 1
                 part["refused"] = {"code": code, "message": f"`{param}`: {message}", "param": param}
+                if status != 400:
+                    part["refused"]["status"] = status
         return True
 
-    def _outcome(self, url: Any) -> tuple[str, str]:
+    def _outcome(self, url: Any) -> tuple[str, str, int]:
+        if url == FILE_ID_REFUSED:
+            return "file_not_found", "file_id is not the id of a file", 404
         if not isinstance(url, str) or not url:
-            return "invalid_image", "image_url.url must be a non-empty string"
+            return "invalid_image", "image_url.url must be a non-empty string", 400
         digest = hashlib.blake2b(url.encode("utf-8", "surrogatepass"), digest_size=16).digest()
         known = self._outcomes.get(digest)
         if known is not None:
@@ -231,9 +250,9 @@ class ImageResolver:
             if sha not in self._stored:
                 self.rt.store.put_chunks(image_key(self.batch_id, sha), [data])
                 self._stored.add(sha)
-            outcome = (IMAGE_REF + sha, "")
+            outcome = (IMAGE_REF + sha, "", 200)
         except ImageRefused as exc:
-            outcome = (exc.code, exc.message)
+            outcome = (exc.code, exc.message, exc.status)
         self._outcomes[digest] = outcome
         if len(self._outcomes) > _URL_MEMORY:
             self._outcomes.popitem(last=False)
@@ -244,8 +263,17 @@ class ImageResolver:
         scheme = url.split(":", 1)[0].lower() if ":" in url[:10] else ""
         if scheme == "data":
             return data_url_bytes(url, settings.image_max_bytes)
+        if url.startswith("file-"):  # a file the tenant uploaded (workers/media_files.py)
+            try:
+                return read_tenant_file(
+                    self.rt, self.tenant_id, url, settings.image_max_bytes, "image_too_large"
+                )
+            except FileRefused as exc:
+                raise ImageRefused(exc.code, exc.message, exc.status) from None
         if scheme not in ("http", "https"):
-            raise ImageRefused("invalid_image_url", "an image URL must be a data: URL or an http(s):// link")
+            raise ImageRefused(
+                "invalid_image_url", "an image URL must be a data: URL, an http(s):// link or a file id"
+            )
         if not settings.image_fetch:
             raise ImageRefused(
                 "image_fetch_disabled",
@@ -272,6 +300,8 @@ class ImageResolver:
             settings.image_fetch_allow_private_targets,
             "FREIGHT_IMAGE_FETCH_ALLOW_PRIVATE_TARGETS",
             USER_AGENT,
+            tenant=self.tenant_id,  # its host lookups counted against it (outbound_http.TenantLookups)
+            tenant_lookups=settings.image_tenant_fetches,
         )
         try:
             answer = get_following(url, call, REDIRECTS)
@@ -357,6 +387,11 @@ class ImageCache:
     def lookup(self, batch_id: str) -> Callable[[str], Any]:
         """What an EngineRequest of ``batch_id`` carries: digest -> decoded image."""
         return lambda digest: self.get(batch_id, digest)
+
+    def audio(self, batch_id: str) -> Callable[[str], bytes]:
+        """An audio line's reader of ``batch_id``: its reference -> the stored bytes (read when the
+        line is submitted, not kept: an audio file is read by one line in the common case)."""
+        return lambda ref: read_audio_ref(self.rt, batch_id, ref)
 
 
 def inline_images(messages: Any, lookup: Callable[[str], Any]) -> None:

@@ -34,7 +34,7 @@ from storage.models import Batch, DropObject, StoredFile, new_id
 from storage.objectstore import CHUNK, ObjectStoreError
 from storage.quotas import bytes_left, check_new_batch, check_stored, exceeded, quota_of, stored_bytes
 from storage.registry import EMBED, GENERATE, TASKS, TRANSCRIBE, entries, lookup
-from storage.retention import expiry, live
+from storage.retention import MEDIA_PURPOSES, expiry, live
 from storage.runtime import Runtime
 from storage.settings import Settings
 from storage.status import BatchStatus
@@ -46,7 +46,7 @@ from workers.request_bodies import (
     serves,
 )
 
-PURPOSES = ("batch",)
+PURPOSES = ("batch",)  # a batch's input (and the Uploads API's only purpose); or MEDIA_PURPOSES
 MAX_FILENAME = 255
 BIDI_CONTROLS = frozenset("\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 MAX_METADATA_PAIRS = 16
@@ -355,9 +355,11 @@ def store_file(
     quota left when it began, so a tenant at its limit cannot park a file's worth in the store).
     ``limit``: the most bytes it may hold (FREIGHT_MAX_FILE_BYTES unless given: a drop folder's
     object, already in a bucket, may be as large as an upload in parts)."""
-    if purpose not in PURPOSES:
+    if purpose not in PURPOSES + MEDIA_PURPOSES:
         raise ServiceError(
-            "invalid_request", f"purpose must be one of {', '.join(PURPOSES)}", param="purpose"
+            "invalid_request",
+            f"purpose must be one of {', '.join(PURPOSES + MEDIA_PURPOSES)}",
+            param="purpose",
         )
     file_id = new_id("file-")
     key = key or f"files/{tenant_id}/{file_id}"

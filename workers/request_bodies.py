@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from workers import tool_calls
 from workers.embeddings import EMBEDDINGS, parse_embedding_body
-from workers.request_errors import RequestError, clip_message
+from workers.request_errors import REFUSED_LINE, RequestError, clip_message
 from workers.responses import RESPONSES, to_chat
 from workers.scoring import RERANK, SCORE, SCORING_ENDPOINTS, scoring_body, scoring_request_class
 from workers.transcription import (
@@ -57,11 +57,8 @@ TASK_ENDPOINTS = {
 POOLING_ENDPOINTS = (EMBEDDINGS, SCORE, RERANK)
 # endpoints vLLM's run-batch takes that Freight refuses at batch creation, and why (none now)
 UNSUPPORTED_ENDPOINTS: dict[str, str] = {}
-# the one field of the body validation stores for a line it refused alone (a model not served
-# here: ``workers.validation.RefusedLine``): the line's error, raised by `parse_body` when the
-# line runs, so it never reaches the engine. A tenant's own body holding this field fails
-# validation as an unknown field of its endpoint, as any misspelt parameter does.
-REFUSED_LINE = "x_freight_refused"
+# REFUSED_LINE (workers/request_errors.py): the one field of the body validation stores for a
+# line it refused alone, raised by `parse_body` when the line runs
 
 
 def refused_line_json(code: str, message: str, param: str | None) -> str:
@@ -73,10 +70,12 @@ def refused_line_json(code: str, message: str, param: str | None) -> str:
 def _line_refusal(given: Any) -> RequestError:
     """The error validation recorded in a refused line's stored body."""
     refused: dict = given if isinstance(given, dict) else {}
+    status = refused.get("status")  # a file id of no file of the tenant's is a 404 (media_files)
     return RequestError(
         str(refused.get("code") or "invalid_request"),
         str(refused.get("message") or "The line was refused at validation."),
         str(refused["param"]) if refused.get("param") else None,
+        status if isinstance(status, int) and 400 <= status < 500 else 400,
     )
 
 
@@ -208,7 +207,7 @@ def _parse_body(endpoint: str, body: Any, validated: bool = False, auto_tools: b
         scoring = scoring_body(endpoint, _validate(model_cls, data))
         return ParsedRequest(endpoint=endpoint, model=model, request=scoring, max_tokens=0)
     if endpoint in AUDIO_ENDPOINTS:  # Whisper models (workers/transcription.py)
-        model_cls, model = audio_request_class(endpoint, data)
+        model_cls, model = audio_request_class(endpoint, data, validated)
         _refuse_unknown_fields(data, model_cls)
         audio = audio_body(endpoint, _validate(model_cls, data))
         max_tokens = audio.request.max_completion_tokens

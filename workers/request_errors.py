@@ -10,6 +10,13 @@ from typing import Any
 
 _MAX_MESSAGE_CHARS = 1000
 
+# the one field of the body validation stores for a line it refused alone (a model not served
+# here: ``workers.validation.RefusedLine``; a file id of no file of the tenant's:
+# ``workers.media_files``): the line's error, raised by `request_bodies.parse_body` when the line
+# runs, so it never reaches the engine. A tenant's own body holding this field fails validation as
+# an unknown field of its endpoint, as any misspelt parameter does.
+REFUSED_LINE = "x_freight_refused"
+
 
 class RequestError(Exception):
     """A request the platform will not run, with an OpenAI-style error code and param."""

@@ -285,18 +285,23 @@ def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
 
 def _input_image(part: dict[str, Any], at: str) -> dict[str, Any]:
     """An ``input_image`` part as chat's ``image_url`` part (``workers.images`` checks, stores and
-    refuses images the same way for both); an image by ``file_id`` is not taken."""
-    if part.get("file_id") is not None:
-        raise _error(
-            f"{at}.file_id", f"`{at}`: images by file_id are not supported; give `image_url`.", UNSUPPORTED
-        )
+    refuses images the same way for both); an image by ``file_id`` is chat's part whose URL is that
+    id (``workers.media_files`` reads it at validation, which then drops the ``file_id``)."""
     extra = sorted(str(k) for k in set(part) - {"type", "image_url", "detail", "file_id", "refused"})
     if extra:
         raise _error(f"{at}.{extra[0][:64]}", f"Unrecognized field in `{at}`: {extra[0][:64]}")
     url = part.get("image_url")
+    file_id = part.get("file_id")
+    if file_id is not None:
+        if url is not None:
+            raise _error(f"{at}.file_id", f"`{at}`: give one of `image_url` and `file_id`, not both.")
+        if not isinstance(file_id, str) or not file_id:
+            raise _error(f"{at}.file_id", f"`{at}.file_id` must be a non-empty string (a file id).")
+        url = file_id
     if not isinstance(url, str) or not url:
         raise _error(
-            f"{at}.image_url", f"`{at}.image_url` must be a non-empty string (a data: URL or a link)."
+            f"{at}.image_url",
+            f"`{at}.image_url` must be a non-empty string (a data: URL or a link), or `file_id` given.",
         )
     if part.get("detail", "auto") not in ("auto", "low", "high"):
         raise _error(f"{at}.detail", f"`{at}.detail` must be auto, low or high.")

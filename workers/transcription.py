@@ -22,6 +22,7 @@ usage counts them; completion tokens are those generated.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,10 +50,15 @@ class AudioBody:
         return "translate" if self.endpoint == TRANSLATIONS else "transcribe"
 
 
-def audio_request_class(endpoint: str, data: dict) -> tuple[Any, str | None]:
+def audio_request_class(endpoint: str, data: dict, validated: bool = False) -> tuple[Any, str | None]:
     """vLLM's run-batch request class for ``endpoint`` once the fields vLLM would take but a batch
-    line cannot honour are refused; the body's model name."""
+    line cannot honour are refused; the body's model name. ``file_url`` is a data URL or, past
+    vLLM's shape, the id of a file the tenant uploaded (``file-...``, resolved at validation by
+    ``workers.media_files``); in a body validation stored (``validated``) a file id has become the
+    reference to the stored audio."""
     from vllm.entrypoints.launchers.run_batch import BatchTranscriptionRequest, BatchTranslationRequest
+
+    from workers.media_files import is_audio_ref
 
     model = data.get("model")
     if model is not None and (not isinstance(model, str) or not model):
@@ -66,10 +72,16 @@ def audio_request_class(endpoint: str, data: dict) -> tuple[Any, str | None]:
         )
     url = data.get("file_url")
     if not isinstance(url, str) or not url:
-        raise RequestError("invalid_request", "`file_url` (the audio as a data URL) is required.", "file_url")
-    if not url.startswith("data:"):
         raise RequestError(
-            _UNSUPPORTED, "`file_url` must be a data URL; remote audio is not fetched.", "file_url"
+            "invalid_request", "`file_url` (the audio as a data URL or a file id) is required.", "file_url"
+        )
+    by_file = is_audio_ref(url) if validated else url.startswith("file-")
+    if not url.startswith("data:") and not by_file:
+        raise RequestError(
+            _UNSUPPORTED,
+            "`file_url` must be a data URL or the id of a file uploaded with purpose vision or"
+            " user_data; remote audio is not fetched.",
+            "file_url",
         )
     for name in ("stream", "stream_include_usage", "stream_continuous_usage_stats", "use_beam_search"):
         if data.get(name):
@@ -98,10 +110,22 @@ def audio_body(endpoint: str, request: Any) -> AudioBody:
     return AudioBody(endpoint, request, request.file_url)
 
 
-def load_audio(body: AudioBody, max_seconds: float = MAX_SECONDS, max_bytes: int = MAX_BYTES) -> Audio:
+def load_audio(
+    body: AudioBody,
+    max_seconds: float = MAX_SECONDS,
+    max_bytes: int = MAX_BYTES,
+    read: Callable[[str], bytes] | None = None,
+) -> Audio:
     """The line's audio decoded; raises RequestError naming `file_url` (too large, too long,
-    undecodable)."""
+    undecodable). ``read``: the stored bytes of a reference validation wrote for a file id
+    (``workers.media_files.read_audio_ref`` of the line's batch)."""
+    from workers.media_files import is_audio_ref
+
     try:
+        if is_audio_ref(body.file_url):
+            if read is None:
+                raise RequestError("internal_error", "no reader for stored audio", "file_url", 500)
+            return decode(read(body.file_url), max_seconds, max_bytes)
         return decode(data_url_bytes(body.file_url, max_bytes), max_seconds, max_bytes)
     except AudioError as exc:
         raise RequestError(exc.code, clip_message(exc.message), "file_url") from None
@@ -236,14 +260,16 @@ class SpeechLines:
         self._max_model_len = max_model_len
         self._speech: SpeechModel | None = None
 
-    def submit(self, body: AudioBody, request_id: str) -> TranscribedLine:
+    def submit(
+        self, body: AudioBody, request_id: str, read: Callable[[str], bytes] | None = None
+    ) -> TranscribedLine:
         """The line's audio decoded (a bad one is the line's fault) and its first request added to
         the engine as ``request_id`` (``-language`` appended for a detection); raises RequestError
-        for the line's fault."""
+        for the line's fault. ``read``: see ``load_audio``."""
         if self._speech is None:
             self._speech = SpeechModel.of(self._llm)
         check_language(body, self._speech)
-        audio = load_audio(body, self._max_seconds)
+        audio = load_audio(body, self._max_seconds, read=read)
         line = TranscribedLine(body, audio, self._speech, self._max_tokens, self._default_sampling, [])
         line.language = body.request.language
         detects = getattr(self._speech.model_cls, "supports_explicit_language_detection", False)

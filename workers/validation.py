@@ -83,6 +83,7 @@ from workers.request_bodies import (
 from workers.request_shapes import RequestShapes
 from workers.responses import RESPONSES
 from workers.resume import settled
+from workers.transcription import AUDIO_ENDPOINTS
 
 log = logging.getLogger(__name__)
 
@@ -236,8 +237,9 @@ def check_fields(
         return SkippedLine(line_no, custom_id)
     body: Any = obj.get("body")
     # a line with image parts is stored once, after they become references (its data: URLs are
-    # most of its bytes); any other body now
-    images = rules.images if rules.images is not None and b'"image_url"' in raw else None
+    # most of its bytes), as is one naming a file id (an image's or an audio line's:
+    # workers/media_files.py); any other body now
+    images = rules.images if rules.images is not None and _names_media(raw) else None
     body_json = None if images is not None and isinstance(body, dict) else _stored_body(body, line_no)
     if isinstance(body_json, LineError):
         return body_json
@@ -278,6 +280,11 @@ def check_fields(
         if injected is not None:
             return _image_token_refusal(line_no, custom_id, model, *injected)
     return CheckedLine(line_no, custom_id, body_json, body, model, max_tokens)
+
+
+def _names_media(raw: bytes) -> bool:
+    """Whether a line may hold an image part or a file id (cheap: most lines hold neither)."""
+    return b'"image_url"' in raw or b'"input_image"' in raw or b'"file-' in raw
 
 
 def _line_object(raw: bytes, line_no: int, rules: FileRules) -> dict | LineError:
@@ -978,11 +985,12 @@ def file_rules(
     rt: Runtime, endpoint: str, tenant_id: str | None = None, batch_id: str | None = None
 ) -> FileRules:
     """The rules of a file of ``tenant_id`` (None: no tenant, so no adapter restricted to some);
-    with ``batch_id`` too, the images of its chat lines are checked and stored for that batch."""
+    with ``batch_id`` too, the images of its chat lines, and the audio its audio lines name by
+    file id, are checked and stored for that batch."""
     settings: Settings = rt.settings
     renders = PromptRenders(rt)
     images = None
-    if batch_id is not None and tenant_id is not None and endpoint in (CHAT, RESPONSES):
+    if batch_id is not None and tenant_id is not None and endpoint in (CHAT, RESPONSES, *AUDIO_ENDPOINTS):
         images = ImageResolver(rt, batch_id, tenant_id, renders.takes_images)
     return FileRules(
         images=images,

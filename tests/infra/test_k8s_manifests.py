@@ -14,6 +14,7 @@ would pass manifests nobody checked.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import shlex
 import shutil
@@ -69,10 +70,12 @@ def filled(env: dict[str, str]) -> dict[str, str]:
 
 
 def environment(objects: tuple[dict[str, Any], ...]) -> dict[str, str]:
-    """What envFrom gives every container: the ConfigMap's data and the Secret's values."""
+    """Everything envFrom may give a container: the ConfigMap's data and every Secret's values."""
     (config,) = by_kind(objects, "ConfigMap").values()
-    (secret,) = by_kind(objects, "Secret").values()
-    return {**config.get("data", {}), **secret.get("stringData", {})}
+    env = dict(config.get("data", {}))
+    for secret in by_kind(objects, "Secret").values():
+        env.update(secret.get("stringData", {}))
+    return env
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -168,7 +171,7 @@ def test_every_freight_setting_exists_and_parses(overlay: str) -> None:
     settings = Settings.from_env(filled(env))  # every value is one Freight accepts
     assert settings.api_host == "0.0.0.0"  # reachable from the Service
     assert settings.database_url.startswith("postgresql") and settings.object_store_url.startswith("s3://")
-    # the URLs and keys are in the Secret, not the ConfigMap
+    # the URLs and keys are in Secrets, not the ConfigMap
     (config,) = by_kind(objects, "ConfigMap").values()
     secret_names = {
         "FREIGHT_DATABASE_URL",
@@ -316,3 +319,133 @@ def test_the_keda_example_targets_a_worker_and_reads_the_queue_gauge() -> None:
         assert float(trigger["metadata"]["threshold"]) > 0
         assert trigger["metadata"]["serverAddress"].startswith("http")
         assert 0 <= spec["minReplicaCount"] <= spec["maxReplicaCount"]
+
+
+# the Secrets each process is given (secret.yaml): what it reads, nothing more
+SECRETS_OF = {
+    "api": {
+        "freight-database",
+        "freight-broker",
+        "freight-object-store",
+        "freight-secret-key",
+        "freight-metrics-token",
+    },
+    "control": {"freight-database", "freight-broker", "freight-object-store"},
+    "beat": {"freight-database", "freight-broker"},
+    "engine-worker": {"freight-database", "freight-broker", "freight-object-store", "freight-secret-key"},
+    "migration": {"freight-database"},
+}
+
+
+def component(obj: dict[str, Any]) -> str:
+    return obj["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
+
+
+def workloads(objects: tuple[dict[str, Any], ...]) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] in ("Deployment", "Job")]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_container_is_given_only_the_secrets_it_uses(overlay: str) -> None:
+    objects = render(overlay)
+    secrets = by_kind(objects, "Secret")
+    (config,) = by_kind(objects, "ConfigMap").values()
+    assert set(secrets) == set().union(*SECRETS_OF.values())
+    for obj in workloads(objects):
+        for container in obj["spec"]["template"]["spec"]["containers"]:
+            given = {s["secretRef"]["name"] for s in container["envFrom"] if "secretRef" in s}
+            assert given == SECRETS_OF[component(obj)], (obj["metadata"]["name"], given)
+            # and with only those (filled in), its settings are complete and accepted
+            env = dict(config["data"])
+            for name in given:
+                env.update(secrets[name]["stringData"])
+            settings = Settings.from_env(filled(env))
+            assert settings.database_url.startswith("postgresql")
+            if component(obj) not in ("beat", "migration"):
+                assert settings.object_store_url.startswith("s3://")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_pod_is_locked_down(overlay: str) -> None:
+    for name, spec in pod_specs(render(overlay)):
+        assert spec["automountServiceAccountToken"] is False, name  # no process calls the Kubernetes API
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        assert spec["securityContext"]["runAsNonRoot"] is True, name
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        for container in spec.get("initContainers", []) + spec["containers"]:
+            context = container["securityContext"]
+            assert context["readOnlyRootFilesystem"] is True, name
+            assert context["allowPrivilegeEscalation"] is False and context["capabilities"]["drop"] == ["ALL"]
+            # what it writes: the data folder (HOME) and /tmp, each a volume of the pod's own
+            mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+            for path in ("/var/lib/freight", "/tmp"):
+                assert "emptyDir" in volumes[mounts[path]], (name, path)
+
+
+def egress_beyond_private(policy: dict[str, Any]) -> bool:
+    blocks = [
+        peer.get("ipBlock", {}) for rule in policy["spec"].get("egress", []) for peer in rule.get("to", [])
+    ]
+    return any(block.get("cidr") in ("0.0.0.0/0", "::/0") for block in blocks)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_component_has_a_network_policy_and_only_control_reaches_beyond(overlay: str) -> None:
+    objects = render(overlay)
+    policies = by_kind(objects, "NetworkPolicy")
+    deny = policies["freight-default-deny"]["spec"]
+    assert deny["policyTypes"] == ["Ingress", "Egress"] and "ingress" not in deny and "egress" not in deny
+    components = {component(o) for o in workloads(objects)}
+    selected = {
+        p["spec"]["podSelector"].get("matchLabels", {}).get("app.kubernetes.io/component"): p
+        for p in policies.values()
+    }
+    assert components <= set(selected), components - set(selected)
+    for name, policy in selected.items():
+        if name is None:
+            continue
+        assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"], name
+        assert egress_beyond_private(policy) == (name == "control"), name  # the webhook role's
+        if name != "api":
+            assert policy["spec"]["ingress"] == [], name  # nothing connects to it
+    # the API: from the ingress controller and Prometheus only, on its port
+    [rule] = selected["api"]["spec"]["ingress"]
+    assert [p["port"] for p in rule["ports"]] == ["http"]
+    assert all(set(peer) == {"namespaceSelector"} for peer in rule["from"])
+    # the control worker's public egress leaves out private, link-local (cloud metadata) and NAT64
+    [beyond] = [
+        r
+        for r in selected["control"]["spec"]["egress"]
+        if any("ipBlock" in p and p["ipBlock"]["cidr"].endswith("/0") for p in r["to"])
+    ]
+    excepted = {c for peer in beyond["to"] for c in peer["ipBlock"].get("except", [])}
+    assert {"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16", "64:ff9b::/96"} <= excepted
+
+
+def test_the_ingress_is_trusted_so_the_console_cookie_is_secure() -> None:
+    from api.proxies import TrustedProxies
+
+    objects = render("cpu-demo")
+    settings = Settings.from_env(filled(environment(objects)))
+    assert settings.trusted_proxies
+    [ingress] = by_kind(objects, "Ingress").values()
+    assert (
+        ingress["spec"]["tls"]
+        and ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/ssl-redirect"] == "true"
+    )
+    assert ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]["name"] == "freight-api"
+    seen: dict[str, str] = {}
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        seen.update(scheme=environ["wsgi.url_scheme"], client=environ["REMOTE_ADDR"])
+        return []
+
+    proxied = TrustedProxies(app, settings.trusted_proxies)
+    network = ipaddress.ip_network(settings.trusted_proxies[0])
+    controller = str(network[5])  # an ingress controller pod on the pod network
+    forwarded = {"HTTP_X_FORWARDED_PROTO": "https", "HTTP_X_FORWARDED_FOR": "198.51.100.7"}
+    proxied({"REMOTE_ADDR": controller, "wsgi.url_scheme": "http", **forwarded}, lambda *a: None)
+    # the request is HTTPS (Flask's request.is_secure: the session cookie gets Secure) from the real client
+    assert seen == {"scheme": "https", "client": "198.51.100.7"}
+    proxied({"REMOTE_ADDR": "203.0.113.9", "wsgi.url_scheme": "http", **forwarded}, lambda *a: None)
+    assert seen == {"scheme": "http", "client": "203.0.113.9"}  # from anyone else: not believed

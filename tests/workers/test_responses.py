@@ -187,11 +187,6 @@ def test_reasoning_is_effort_where_the_model_reads_reasoning_back() -> None:
         ),
         ({"input": "x", "tool_choice": {"type": "web_search_preview"}}, "tool_choice", "only function"),
         (
-            {"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "file-1"}]}]},
-            "input.0.content.0.file_id",
-            "images by file_id are not supported",
-        ),
-        (
             {"input": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]},
             "input.0.content.0",
             "only text and image parts",

@@ -1,0 +1,221 @@
+"""Images and audio a batch line names by file id (workers/media_files.py), on the real database
+and object store: a file the tenant uploaded with purpose vision or user_data is read at
+validation, stored once per distinct content beside the batch's shards and written back as the
+reference the engine worker reads; another tenant's id, an unknown, deleted or expired one is that
+line's 404 file_not_found (the same words for each), a file over the byte limit or of another
+purpose the line's 400, and the file's other lines go on. The live path (a vision model and a
+Whisper model running lines by file id) is in tests/e2e/test_images_live.py and
+tests/e2e/test_transcription_live.py."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from api.services.files import delete as delete_file
+from api.services.tenants import create_tenant
+from storage.errors import ServiceError
+from storage.runtime import Runtime
+from tests.audio_factories import TRANSCRIPTIONS, audio_line, tone
+from tests.conftest import now
+from tests.factories import data_url, image_bytes, image_line
+from workers import intake
+from workers.images import IMAGE_REF, REFUSED_REF, ImageResolver, image_key
+from workers.media_files import AUDIO_REF, AudioFiles, audio_key, read_audio_ref
+from workers.request_bodies import REFUSED_LINE, RequestError, parse_body
+from workers.transcription import load_audio
+from workers.validation import FileRules, ValidLine, check_line
+
+RED = image_bytes(32, 32, (200, 30, 30))
+WAV = tone(0.5)
+
+
+@pytest.fixture
+def rt(settings) -> Iterator[Runtime]:
+    runtime = Runtime(replace(settings, image_max_bytes=100_000, max_file_bytes=4 * 1024 * 1024))
+    yield runtime
+    runtime.db.dispose()
+
+
+@pytest.fixture
+def tenants(rt) -> tuple[str, str]:
+    alpha, _ = create_tenant(rt.db, "alpha", now())
+    beta, _ = create_tenant(rt.db, "beta", now())
+    return alpha.id, beta.id
+
+
+def _upload(rt: Runtime, tenant_id: str, data: bytes, purpose: str = "vision", name: str = "m.bin") -> str:
+    return intake.upload(rt, tenant_id, purpose, name, io.BytesIO(data)).id
+
+
+def _part(resolver: ImageResolver, url: str) -> dict:
+    body = image_line("x", url)["body"]
+    assert resolver.resolve("vlm", body)
+    return body["messages"][0]["content"][0]
+
+
+def test_uploads_take_the_media_purposes_and_refuse_the_others(rt, tenants) -> None:
+    alpha, _ = tenants
+    for media in ("vision", "user_data"):
+        assert intake.upload(rt, alpha, media, "a.png", io.BytesIO(RED)).purpose == media
+    for purpose in ("assistants", "fine-tune", "evals", None):
+        with pytest.raises(ServiceError) as refused:
+            intake.upload(rt, alpha, purpose, "a.png", io.BytesIO(RED))
+        assert refused.value.param == "purpose" and "vision, user_data" in refused.value.message
+    # a media file is no batch input
+    with pytest.raises(ServiceError) as not_input:
+        intake.create(
+            rt, alpha, {"input_file_id": _upload(rt, alpha, RED), "endpoint": "/v1/chat/completions"}
+        )
+    assert "purpose=batch" in not_input.value.message
+
+
+def test_an_image_by_file_id_is_the_tenants_own_stored_once_per_content(rt, tenants) -> None:
+    alpha, beta = tenants
+    resolver = ImageResolver(rt, "batch_media", alpha, lambda model: True)
+    red_ref = IMAGE_REF + hashlib.sha256(RED).hexdigest()
+    mine = _upload(rt, alpha, RED, "vision")
+    also_mine = _upload(rt, alpha, RED, "user_data")
+    # by id, by another id of the same bytes and as a data URL: one object, one reference
+    for url in (mine, also_mine, data_url(RED)):
+        assert _part(resolver, url) == {"type": "image_url", "image_url": {"url": red_ref}}
+    assert list(rt.store.list("batches/batch_media/images/")) == [image_key("batch_media", red_ref[-64:])]
+
+    def refused(url: str) -> dict:
+        part = _part(resolver, url)
+        assert part["image_url"] == {"url": REFUSED_REF}, part
+        assert part["refused"]["param"] == "messages.0.content.0"
+        return part["refused"]
+
+    theirs = _upload(rt, beta, image_bytes(8, 8, (1, 2, 3)), "vision")
+    unknown = "file-" + "0" * 24
+    gone = _upload(rt, alpha, image_bytes(9, 9), "vision")
+    delete_file(rt, alpha, gone)
+    words = set()
+    for file_id in (theirs, unknown, gone):
+        refusal = refused(file_id)
+        assert (refusal["code"], refusal["status"]) == ("file_not_found", 404)
+        words.add(refusal["message"].replace(file_id, "ID"))
+    assert words == {"`messages.0.content.0`: No such File object: ID"}  # another's id says no more
+    big = _upload(rt, alpha, image_bytes(400, 400, fmt="BMP"), "vision")  # 480 kB > 100 kB
+    refusal = refused(big)
+    assert refusal["code"] == "image_too_large" and "the limit is 100000" in refusal["message"]
+    assert "status" not in refusal  # a 400, as every image refusal
+    batch_input = _upload(rt, alpha, b'{"a": 1}\n', "batch", "in.jsonl")
+    assert refused(batch_input)["code"] == "invalid_file_purpose"
+    assert refused(_upload(rt, alpha, b"not an image", "vision"))["code"] == "invalid_image"
+    assert len(list(rt.store.list("batches/batch_media/images/"))) == 1  # nothing refused was stored
+    # when the line runs: the refusal is its error, with its status
+    body = image_line("x", theirs)["body"]
+    resolver.resolve("vlm", body)
+    with pytest.raises(RequestError) as at_run_time:
+        parse_body("/v1/chat/completions", body, validated=True)
+    assert (at_run_time.value.code, at_run_time.value.status_code) == ("file_not_found", 404)
+
+
+def test_a_responses_input_image_by_file_id(rt, tenants) -> None:
+    alpha, beta = tenants
+    resolver = ImageResolver(rt, "batch_responses", alpha, lambda model: True)
+    mine, theirs = _upload(rt, alpha, RED), _upload(rt, beta, RED)
+    content = [
+        {"type": "input_image", "file_id": mine},
+        {"type": "input_text", "text": "What colour is it?"},
+        {"type": "input_image", "file_id": theirs, "detail": "low"},
+        {"type": "input_image", "file_id": "not-a-file-id"},
+    ]
+    body: dict[str, Any] = {"model": "vlm", "input": [{"role": "user", "content": content}]}
+    parse_body("/v1/responses", body)  # the tenant's body passes its shape checks
+    assert resolver.resolve("vlm", body)
+    good, _, other, junk = body["input"][0]["content"]
+    assert good == {"type": "input_image", "image_url": IMAGE_REF + hashlib.sha256(RED).hexdigest()}
+    for part, param in ((other, "input.0.content.2"), (junk, "input.0.content.3")):
+        assert part["image_url"] == REFUSED_REF and "file_id" not in part
+        assert (part["refused"]["code"], part["refused"]["param"]) == ("file_not_found", param)
+    with pytest.raises(RequestError) as error:
+        parse_body("/v1/responses", body, validated=True)
+    assert (error.value.code, error.value.param, error.value.status_code) == (
+        "file_not_found",
+        "input.0.content.2",
+        404,
+    )
+    both = {"type": "input_image", "file_id": mine, "image_url": data_url(RED)}
+    with pytest.raises(RequestError) as twice:
+        parse_body("/v1/responses", {"model": "vlm", "input": [{"role": "user", "content": [both]}]})
+    assert twice.value.param == "input.0.content.0.file_id"
+
+
+def test_audio_by_file_id_is_stored_for_the_batch_and_read_by_the_engine_side(rt, tenants) -> None:
+    alpha, beta = tenants
+    audio = AudioFiles(rt, "batch_audio", alpha)
+    mine = _upload(rt, alpha, WAV, "user_data", "a.wav")
+    body = audio_line("a", b"", model="whisper", language="en")["body"] | {"file_url": mine}
+    parse_body(TRANSCRIPTIONS, dict(body))  # a file id passes the tenant body's checks
+    assert audio.resolve(body)
+    ref = AUDIO_REF + hashlib.sha256(WAV).hexdigest()
+    assert body["file_url"] == ref
+    assert list(rt.store.list("batches/batch_audio/audio/")) == [audio_key("batch_audio", ref[-64:])]
+    # the engine side: the stored body parses, and its audio is read from the batch's object
+    parsed = parse_body(TRANSCRIPTIONS, body, validated=True)
+    decoded = load_audio(parsed.request, read=lambda r: read_audio_ref(rt, "batch_audio", r))
+    assert decoded.seconds == pytest.approx(0.5)
+    # a tenant cannot name a stored reference itself
+    with pytest.raises(RequestError) as forged:
+        parse_body(TRANSCRIPTIONS, {**body, "file_url": ref})
+    assert forged.value.param == "file_url"
+    # data URLs are untouched
+    assert not audio.resolve(audio_line("d", WAV, model="whisper")["body"])
+
+    def refused(file_id: str, files: AudioFiles = audio) -> RequestError:
+        line = audio_line("x", b"", model="whisper")["body"] | {"file_url": file_id}
+        assert files.resolve(line)
+        assert list(line) == [REFUSED_LINE]  # the stored body is the line's error
+        with pytest.raises(RequestError) as at_run_time:
+            parse_body(TRANSCRIPTIONS, line, validated=True)
+        assert at_run_time.value.param == "file_url"
+        return at_run_time.value
+
+    theirs = _upload(rt, beta, WAV, "user_data", "a.wav")
+    for file_id in (theirs, "file-unknown", "file-../../x"):
+        error = refused(file_id)
+        assert (error.code, error.status_code) == ("file_not_found", 404), error
+    small = AudioFiles(rt, "batch_audio", alpha, max_bytes=len(WAV) - 1)
+    too_large = refused(mine, small)
+    assert (too_large.code, too_large.status_code) == ("audio_too_large", 400)
+    assert parsed.request.file_url == ref
+
+
+def test_validation_resolves_file_ids_line_by_line(rt, tenants) -> None:
+    """Through validation's line check: each line's file id is resolved or refused alone, and the
+    stored body holds the reference or the refusal."""
+    alpha, beta = tenants
+    mine_audio = _upload(rt, alpha, WAV, "user_data", "a.wav")
+    theirs_audio = _upload(rt, beta, WAV, "user_data", "a.wav")
+    rules = FileRules(
+        TRANSCRIPTIONS,
+        frozenset({"whisper", "vlm"}),
+        max_requests=10,
+        max_line_bytes=1 << 20,
+        speech_models=frozenset({"whisper"}),
+        images=ImageResolver(rt, "batch_lines", alpha, lambda model: model == "vlm"),
+    )
+    stored = {}
+    for custom_id, file_id in (("mine", mine_audio), ("theirs", theirs_audio)):
+        line = audio_line(custom_id, b"", model="whisper", language="en")
+        line["body"]["file_url"] = file_id
+        checked = check_line(json.dumps(line).encode(), 1, rules)
+        assert isinstance(checked, ValidLine), checked
+        stored[custom_id] = json.loads(checked.row.body_json)
+    assert stored["mine"]["file_url"] == AUDIO_REF + hashlib.sha256(WAV).hexdigest()
+    assert stored["theirs"][REFUSED_LINE]["code"] == "file_not_found"
+    chat_rules = replace(rules, endpoint="/v1/chat/completions", speech_models=frozenset())
+    image_id = _upload(rt, alpha, RED)
+    checked = check_line(json.dumps(image_line("img", image_id)).encode(), 2, chat_rules)
+    assert isinstance(checked, ValidLine), checked
+    part = json.loads(checked.row.body_json)["messages"][0]["content"][0]
+    assert part["image_url"]["url"] == IMAGE_REF + hashlib.sha256(RED).hexdigest()

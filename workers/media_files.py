@@ -1,0 +1,168 @@
+"""Media given by file id: an image part or an audio line naming a file its tenant uploaded
+through ``/v1/files`` (purpose ``vision`` or ``user_data``, as OpenAI takes image inputs by id),
+read at validation by the control worker and stored beside the batch's shards like a data URL's.
+
+Why at validation and not on the engine worker: the file is the tenant's and may be deleted or
+expire after the batch is created, so validation copies what the line names into the batch's own
+objects (``batches/<id>/images/<sha256>``, ``batches/<id>/audio/<sha256>``: once per distinct
+content however many lines name it) and the line runs with exactly the bytes that were checked; the
+engine worker reads only the batch's objects, never a tenant's files.
+
+A file id is looked up as its tenant's: another tenant's id, an unknown, deleted or expired one
+answer alike, ``file_not_found`` with status 404 as that line's error, so no tenant learns another's
+ids exist. A file of another purpose (a batch input, a batch's output) is ``invalid_file_purpose``.
+The size is refused from the file's row before a byte is read (the image or audio byte limit), and
+at most that many bytes are read in any case.
+
+An audio line's ``file_url`` holding a file id is rewritten to ``freight-audio:<sha256>`` (read by
+``read_audio_ref`` on the engine worker); a refused one makes the stored body the line's refusal
+(``request_bodies.REFUSED_LINE``), raised when the line runs, while the file's other lines go on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from typing import IO
+
+from storage.models import StoredFile
+from storage.objectstore import CHUNK, ObjectNotFound
+from storage.retention import MEDIA_PURPOSES, live
+from storage.runtime import Runtime
+from workers.audio import MAX_BYTES as AUDIO_MAX_BYTES
+from workers.request_errors import REFUSED_LINE, RequestError
+
+FILE_ID = re.compile(r"file-[A-Za-z0-9_-]{1,64}")  # what new_id("file-") makes, and OpenAI's ids
+AUDIO_REF = "freight-audio:"  # + the sha256 hex of the stored bytes
+_HEX = frozenset("0123456789abcdef")
+
+
+def is_file_id(value: object) -> bool:
+    return isinstance(value, str) and FILE_ID.fullmatch(value) is not None
+
+
+class FileRefused(Exception):
+    """A file id a line cannot use: ``code`` and ``status`` are the line's error."""
+
+    def __init__(self, code: str, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.status = status
+
+
+def read_tenant_file(rt: Runtime, tenant_id: str, file_id: str, max_bytes: int, too_large: str) -> bytes:
+    """The bytes of ``tenant_id``'s live media file ``file_id``, at most ``max_bytes`` (else
+    ``too_large``, the code of the kind: image_too_large, audio_too_large); raises FileRefused."""
+    missing = FileRefused("file_not_found", f"No such File object: {file_id[:80]}", 404)
+    if not is_file_id(file_id):
+        raise missing
+    with rt.db.read() as s:
+        record = s.get(StoredFile, file_id)
+        if record is None or record.tenant_id != tenant_id or not live(record, time.time()):
+            raise missing
+        purpose, size, key = record.purpose, record.bytes, record.object_key
+    if purpose not in MEDIA_PURPOSES:
+        raise FileRefused(
+            "invalid_file_purpose",
+            f"file {file_id} has purpose {purpose!r}; media are uploaded with purpose"
+            f" {' or '.join(MEDIA_PURPOSES)}",
+        )
+    if size > max_bytes:
+        raise FileRefused(too_large, f"file {file_id} is {size} bytes; the limit is {max_bytes}")
+    try:
+        with rt.store.open(key) as stream:
+            data = _read_at_most(stream, max_bytes + 1)
+    except ObjectNotFound:  # deleted since the row was read
+        raise missing from None
+    if len(data) > max_bytes:
+        raise FileRefused(too_large, f"file {file_id} is over {max_bytes} bytes; the limit is {max_bytes}")
+    return data
+
+
+def _read_at_most(stream: IO[bytes], limit: int) -> bytes:
+    """Up to ``limit`` bytes of ``stream`` (a store's stream may answer a read with fewer)."""
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit:
+        chunk = stream.read(min(CHUNK, limit - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+# --------------------------------------------------------------------------- audio
+
+
+def audio_key(batch_id: str, digest: str) -> str:
+    return f"batches/{batch_id}/audio/{digest}"
+
+
+def is_audio_ref(url: object) -> bool:
+    """A reference validation wrote (a tenant's own is refused: only file ids are resolved)."""
+    return (
+        isinstance(url, str)
+        and url.startswith(AUDIO_REF)
+        and len(url) == len(AUDIO_REF) + 64
+        and set(url[len(AUDIO_REF) :]) <= _HEX
+    )
+
+
+class AudioFiles:
+    """Validation's side for one batch: an audio line's ``file_url`` file id resolved, each
+    distinct file read once per file of lines and each distinct content stored once."""
+
+    def __init__(self, rt: Runtime, batch_id: str, tenant_id: str, max_bytes: int = AUDIO_MAX_BYTES) -> None:
+        self.rt = rt
+        self.batch_id = batch_id
+        self.tenant_id = tenant_id
+        self.max_bytes = max_bytes
+        self._outcomes: dict[str, str | FileRefused] = {}  # file id -> its ref or its refusal
+        self.refused = 0
+
+    def resolve(self, body: dict) -> bool:
+        """Rewrite ``body`` in place if its ``file_url`` is a file id; True if it was."""
+        file_id = body.get("file_url")
+        if not isinstance(file_id, str) or not file_id.startswith("file-"):
+            return False
+        outcome = self._outcome(file_id)
+        if isinstance(outcome, FileRefused):
+            self.refused += 1
+            body.clear()  # the stored body is the line's error (raised by parse_body when it runs)
+            body[REFUSED_LINE] = {
+                "code": outcome.code,
+                "message": f"`file_url`: {outcome.message}",
+                "param": "file_url",
+                "status": outcome.status,
+            }
+        else:
+            body["file_url"] = outcome
+        return True
+
+    def _outcome(self, file_id: str) -> str | FileRefused:
+        known = self._outcomes.get(file_id)
+        if known is not None:
+            return known
+        try:
+            data = read_tenant_file(self.rt, self.tenant_id, file_id, self.max_bytes, "audio_too_large")
+            digest = hashlib.sha256(data).hexdigest()
+            self.rt.store.put_chunks(audio_key(self.batch_id, digest), [data])
+            outcome: str | FileRefused = AUDIO_REF + digest
+        except FileRefused as exc:
+            outcome = exc
+        if len(self._outcomes) < 65_536:  # distinct ids of one file remembered
+            self._outcomes[file_id] = outcome
+        return outcome
+
+
+def read_audio_ref(rt: Runtime, batch_id: str, ref: str) -> bytes:
+    """The engine worker's read of an audio line's stored bytes, checked against their digest."""
+    digest = ref[len(AUDIO_REF) :]
+    with rt.store.open(audio_key(batch_id, digest)) as stream:
+        data = stream.read()
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise RequestError("internal_error", "stored audio does not match its digest", status_code=500)
+    return data
