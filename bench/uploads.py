@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.scheduler import RESULTS_DIR, WORK_DIR, log, machine_facts, write_report
+from bench.scheduler import REPO, RESULTS_DIR, WORK_DIR, log, machine_facts, write_report
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -287,9 +287,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, default=Path("models/demo"))
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+    from bench.request_rate import revision
+
     gb = 0.2 if args.quick else args.gb
     out = args.out or (WORK_DIR / "uploads-quick.json" if args.quick else RESULTS_DIR / "uploads.json")
     work = WORK_DIR / "uploads"
+    command = " ".join(["python -m bench.uploads", *(sys.argv[1:] if argv is None else argv)])
+    started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     started = time.monotonic()
     stores = {kind: run_store(kind, work, gb, args.model) for kind in args.stores.split(",")}
     shutil.rmtree(work, ignore_errors=True)
@@ -297,7 +301,10 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "benchmark": "a multi-gigabyte batch file uploaded in parts against the live stack (issue #48 part 1)",
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "started_at": started_at,
         "duration_s": round(time.monotonic() - started, 1),
+        "command": command,
+        "code": revision(REPO),
         **({"quick": True} if args.quick else {}),
         "machine": machine_facts(),
         "workload": {
