@@ -1,6 +1,6 @@
 """A million-line output file downloaded in input order (issue #48 part 5): time and peak memory.
 
-    python -m bench.input_order [--requests 1000000] [--stores local,s3] [--out FILE]
+    python -m bench.input_order [--requests 1000000] [--stores s3|local|local,s3] [--out FILE]
 
 ``GET /v1/files/{id}/content?order=input`` reads a batch's output file (prompt-sorted: the units
 in seq order, each unit's lines as its requests finished), finds each line's input line from the
@@ -11,34 +11,38 @@ sizes (``bench.finalization.output_line``: ~790-byte chat completion lines, unit
 shards of 64 units, the input lines in a seeded random order across them: the prompt sort bears
 no relation to the input order, the sort's worst case), and finalized by ``finalize_batch``.
 
-The download runs in a process of its own (spawned: nothing of the set-up in its memory) through
-the Flask app in-process, the client side only counting bytes and checking the order, so its
-peak RSS is the API's for this download. Reported per store: seconds to the first byte and to the
-last, MB/s, the process's RSS before the request and its peak during it, and whether every line
-came once in input order.
+The batch is written and finalized first (on a SQLite database and the local store or a SeaweedFS
+of its own); then the API starts as ``make run`` starts it (``freight api``: gunicorn, 2 workers of
+4 threads) on the same database and store, and the download is an HTTP request from this process,
+which only counts the bytes and checks the order. A thread reads ``VmRSS`` of every process of the
+API every 0.1 s (``bench.uploads.RssSampler``): idle is the mean of the 3 s before the request
+(after four metadata requests of the file, so each worker has served one), the peak runs to the
+last byte; their difference is the target, at most 100 MB, as for uploads (issue #48). Reported
+per store: seconds to the first byte and to the last, MB/s, the API's idle and peak RSS and each
+process's VmHWM, whether every line came once in input order, and the load average. The result
+file records the command, the code's revision and the start and end times.
 """
 
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
-import queue
 import random
-import resource
 import shutil
 import sys
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from bench.finalization import UNIT_SIZE, output_line
-from bench.scheduler import RESULTS_DIR, WORK_DIR, log, machine_facts, write_report
+from bench.scheduler import REPO, RESULTS_DIR, WORK_DIR, log, machine_facts, write_report
 
 REQUESTS = 1_000_000
 PUT_THREADS = 8
+READ_BYTES = 1024 * 1024  # the client's reads of the response
+TARGET_MB = 100.0  # the API's RSS increase over idle while it serves the download
 
 
 def write_batch(rt: Any, tenant_id: str, requests: int) -> str:
@@ -104,64 +108,87 @@ def write_batch(rt: Any, tenant_id: str, requests: int) -> str:
     return batch_id
 
 
-def measure(settings: Any, file_id: str, key: str, requests: int, answer: Any) -> None:
-    """The download, in a spawned process: seconds to the first and last byte, RSS, order."""
-    from api.app import create_app
+def download(base_url: str, file_id: str, key: str, requests: int) -> dict[str, Any]:
+    """GET the file in input order over HTTP, as a client would: seconds to the first and last
+    byte, and whether every line came once in input order (each line's custom_id ``r<line>``)."""
     from storage.result_order import line_custom_id
-    from storage.runtime import Runtime
 
-    rt = Runtime(settings)
-    client = create_app(runtime=rt).test_client()
-    client.get("/healthz")  # imports and first-request set-up before the baseline
-    idle_mb = _rss_now_mb()
+    request = urllib.request.Request(
+        f"{base_url}/v1/files/{file_id}/content?order=input", headers={"Authorization": f"Bearer {key}"}
+    )
     t0 = time.monotonic()
-    response = client.get(
-        f"/v1/files/{file_id}/content", headers={"Authorization": f"Bearer {key}"},
-        query_string={"order": "input"},
-    )  # fmt: skip
     first = None
     size = lines = 0
     previous = -1
-    in_order = response.status_code == 200
-    if not in_order:
-        raise RuntimeError(f"the download answered {response.status_code}: {response.get_data()[:500]!r}")
+    in_order = True
     rest = b""
-    for chunk in response.response:
-        if first is None:
-            first = time.monotonic() - t0
-        size += len(chunk)
-        parts = (rest + chunk).split(b"\n")
-        rest = parts.pop()
-        for raw in parts:
-            n = int(line_custom_id(raw)[1:])
-            in_order = in_order and n == previous + 1
-            previous = n
-            lines += 1
+    with urllib.request.urlopen(request, timeout=3600) as response:
+        while chunk := response.read(READ_BYTES):
+            if first is None:
+                first = time.monotonic() - t0
+            size += len(chunk)
+            parts = (rest + chunk).split(b"\n")
+            rest = parts.pop()
+            for raw in parts:
+                n = int(line_custom_id(raw)[1:])
+                in_order = in_order and n == previous + 1
+                previous = n
+                lines += 1
     seconds = time.monotonic() - t0
-    rt.db.dispose()
-    answer.put(
+    return {
+        "status": response.status,
+        "first_byte_s": round(first or seconds, 2),
+        "seconds": round(seconds, 2),
+        "lines": lines,
+        "output_mb": round(size / 1e6, 1),
+        "mb_per_s": round(size / 1e6 / seconds, 1),
+        "every_line_once_in_input_order": in_order and lines == requests and not rest,
+    }
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def store_env(kind: str, root: Path, services: Any) -> tuple[dict[str, str], Any]:
+    """The API's FREIGHT_* environment (a SQLite database, the local store or a SeaweedFS of its
+    own), and the SeaweedFS to stop (None on the local store)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FREIGHT_")}  # nothing stray
+    api_port = services.free_port()
+    env.update(
         {
-            "status": response.status_code,
-            "first_byte_s": round(first or seconds, 2),
-            "seconds": round(seconds, 2),
-            "lines": lines,
-            "output_mb": round(size / 1e6, 1),
-            "mb_per_s": round(size / 1e6 / seconds, 1),
-            "every_line_once_in_input_order": in_order and lines == requests and not rest,
-            "rss_before_mb": round(idle_mb, 1),
-            "rss_peak_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "FREIGHT_DATA_DIR": str(root / "data"),
+            "FREIGHT_MODELS": f"demo={Path('models/demo').resolve()}",
+            "FREIGHT_API_PORT": str(api_port),
+            "FREIGHT_BROKER_URL": f"redis://127.0.0.1:{services.free_port(exclude=[api_port])}/0",
+            "PYTHONUNBUFFERED": "1",
         }
     )
-
-
-def _rss_now_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+    if kind != "s3":
+        return env, None
+    weed = services.start_seaweedfs(root / "weed", services.free_port())
+    bucket = weed.create_bucket("input-order")
+    env.update(
+        {
+            "FREIGHT_OBJECT_STORE_URL": f"s3://{bucket}/freight",
+            "FREIGHT_S3_ENDPOINT_URL": weed.endpoint_url,
+            "AWS_ACCESS_KEY_ID": weed.access_key,
+            "AWS_SECRET_ACCESS_KEY": weed.secret_key,
+            "AWS_DEFAULT_REGION": weed.region,
+        }
+    )
+    return env, weed
 
 
 def run_store(kind: str, work: Path, requests: int) -> dict[str, Any]:
     from api.services.tenants import create_tenant
+    from bench.uploads import IDLE_S, RssSampler, peaks, reset_peaks
     from infra import daemons as services
+    from infra.processes import FREIGHT, Stack, wait_for
     from storage.migrate import upgrade
     from storage.models import Batch
     from storage.runtime import Runtime
@@ -171,81 +198,133 @@ def run_store(kind: str, work: Path, requests: int) -> dict[str, Any]:
     root = work / kind
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    url = f"sqlite:///{root / 'freight.db'}"
-    upgrade(url)
-    settings = Settings.from_env({}, data_dir=root / "data", database_url=url, models={"demo": "models/demo"})
-    s3 = None
-    if kind == "s3":
-        s3 = services.start_seaweedfs(root / "services", services.free_port())
-        bucket = s3.create_bucket("input-order")
-        os.environ.update(
-            AWS_ACCESS_KEY_ID="freight", AWS_SECRET_ACCESS_KEY="freight", AWS_DEFAULT_REGION="us-east-1"
-        )
-        settings = replace(
-            settings, object_store_url=f"s3://{bucket}/freight", s3_endpoint_url=s3.endpoint_url
-        )
-    rt = Runtime(settings)
+    env, weed = store_env(kind, root, services)
+    saved = dict(os.environ)
+    stack = None
     try:
-        tenant, key = create_tenant(rt.db, "bench", int(time.time()))
-        started = time.monotonic()
-        batch_id = write_batch(rt, tenant.id, requests)
-        assert finalize_batch(rt, batch_id) == "completed"
-        with rt.db.read() as s:
-            file_id = s.get(Batch, batch_id).output_file_id
-        setup_s = time.monotonic() - started
+        os.environ.update({k: v for k, v in env.items() if k.startswith("AWS_")})  # this process's boto3
+        settings = Settings.from_env(env)
+        upgrade(settings.database_url)
+        rt = Runtime(settings)
+        try:
+            tenant, key = create_tenant(rt.db, "bench", int(time.time()))
+            started = time.monotonic()
+            batch_id = write_batch(rt, tenant.id, requests)
+            assert finalize_batch(rt, batch_id) == "completed"
+            with rt.db.read() as s:
+                batch = s.get(Batch, batch_id)
+                file_id = batch.output_file_id if batch is not None else None
+            if not file_id:
+                raise RuntimeError(f"batch {batch_id} was finalized without an output file")
+            setup_s = time.monotonic() - started
+        finally:
+            rt.db.dispose()
         log(f"input_order [{kind}]: batch written and finalized in {setup_s:.0f} s")
-        context = multiprocessing.get_context("spawn")
-        answer = context.Queue()
-        child = context.Process(target=measure, args=(settings, file_id, key, requests, answer))
-        child.start()
-        run = None
-        while run is None:  # the child's answer, or its death (an error it printed)
-            try:
-                run = answer.get(timeout=5)
-            except queue.Empty:
-                if not child.is_alive():
-                    raise RuntimeError(f"the download process died (exit {child.exitcode})") from None
-        child.join(60)
-        run["loadavg_1min_after"] = round(os.getloadavg()[0], 2)
+
+        stack = Stack(root / "run", settings, env)
+        stack.run_dir.mkdir(parents=True)
+        proc = stack.spawn("api", [*FREIGHT, "api"])  # gunicorn, as make run starts it
+        wait_for(lambda: _answers(stack.api_url + "/healthz"), "API", 60, proc, stack.log("api"))
+        for _ in range(4):  # each worker's first request of a file (imports, connections) before idle
+            with urllib.request.urlopen(
+                urllib.request.Request(
+                    f"{stack.api_url}/v1/files/{file_id}", headers={"Authorization": f"Bearer {key}"}
+                ),
+                timeout=60,
+            ) as answer:
+                answer.read()
+        sampler = RssSampler({"api": proc.pid})
+        sampler.start()
+        time.sleep(IDLE_S)
+        reset_peaks(proc.pid)
+        load_before = os.getloadavg()
+        t0 = time.monotonic()
+        try:
+            run = download(stack.api_url, file_id, key, requests)
+        finally:
+            t1 = time.monotonic()
+            sampler.stop()
+        idle = sampler.window("api", t0 - IDLE_S, t0)
+        api_idle = sum(idle) / len(idle)
+        api_peak = max(sampler.window("api", t0, t1))
+        run.update(
+            {
+                "api_rss_idle_mb": round(api_idle, 1),
+                "api_rss_peak_mb": round(api_peak, 1),
+                "api_rss_increase_mb": round(api_peak - api_idle, 1),
+                "api_processes_vmhwm_mb": peaks(proc.pid),
+                "samples": len(sampler.rows),
+                "loadavg_before": [round(x, 2) for x in load_before],
+                "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+            }
+        )
         log(f"input_order [{kind}]: {run}")
         return {"setup_s": round(setup_s, 1), **run}
     finally:
-        rt.db.dispose()
-        if s3 is not None:
-            s3.stop(timeout=0)
+        if stack is not None:
+            stack.stop()
+        if weed is not None:
+            weed.stop(timeout=0)
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=REQUESTS)
-    parser.add_argument("--stores", default="local,s3")
+    parser.add_argument("--stores", default="s3", help="local, s3 or local,s3 (default s3)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "input_order.json")
     args = parser.parse_args(argv)
+    from bench.request_rate import revision
+
+    command = " ".join(["python -m bench.input_order", *(sys.argv[1:] if argv is None else argv)])
+    started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     work = WORK_DIR / "input_order"
     started = time.monotonic()
-    stores = {kind: run_store(kind, work, args.requests) for kind in args.stores.split(",")}
-    shutil.rmtree(work, ignore_errors=True)
+    try:
+        stores = {kind: run_store(kind, work, args.requests) for kind in args.stores.split(",")}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    increase = max(s["api_rss_increase_mb"] for s in stores.values())
+    in_order = all(s["every_line_once_in_input_order"] for s in stores.values())
     report = {
         "benchmark": "a batch's output file downloaded in input order (issue #48 part 5)",
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "started_at": started_at,
         "duration_s": round(time.monotonic() - started, 1),
+        "command": command,
+        "code": revision(REPO),
         "machine": machine_facts(),
         "workload": {
             "requests": args.requests,
             "unit_size": UNIT_SIZE,
             "output_line": "bench.finalization.output_line (~790 bytes); no error lines",
             "input_order": "a seeded random permutation of the stored (prompt) order",
+            "server": "the API under gunicorn as make run starts it (freight api: 2 workers of 4 threads), "
+            "on a SQLite database; the client reads the response in 1 MiB reads in the benchmark's process",
         },
         "stores": stores,
+        "targets": {
+            "api_rss_increase_mb": {
+                "value": increase,
+                "bound": f"<= {TARGET_MB:g}",
+                "pass": increase <= TARGET_MB,
+            },
+            "every_line_once_in_input_order": {"value": in_order, "bound": "true", "pass": in_order},
+        },
         "notes": (
-            "GET /v1/files/{id}/content?order=input through the Flask app in a spawned process; "
-            "rss_peak_mb is that process's peak (the sort holds 64 MB of lines, the rest spills); "
-            "the s3 store is a local SeaweedFS on this machine"
+            "GET /v1/files/{id}/content?order=input over HTTP from a gunicorn API process (no engine, "
+            "control worker or broker: the batch is written and finalized by this benchmark before the API "
+            "starts). RSS: VmRSS summed over the API's processes (gunicorn master and workers) every 0.1 s; "
+            "idle is the mean of the 3 s before the request, after four metadata requests of the file "
+            "(each worker's first request); the increase is the peak during the download minus idle. "
+            "The sort holds 64 MB of lines and spills sorted runs to local disk beyond. The s3 store is a "
+            "SeaweedFS on this machine, which has 2 cores shared with other sessions: see loadavg."
         ),
     }
     write_report(args.out, report)
-    log(f"written {args.out}")
-    return 0
+    log(f"written {args.out}: api_rss_increase_mb {increase}, in order {in_order}")
+    return 0 if increase <= TARGET_MB and in_order else 1
 
 
 if __name__ == "__main__":
