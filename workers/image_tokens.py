@@ -12,6 +12,7 @@ lookup, a vision model's one substring test per token on the stored body.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,7 @@ def injected_image_token(body: dict, body_json: str, tokens: tuple[str, ...]) ->
     one message are written one after the other with nothing between them, so their concatenation
     is tested too ("<ima" + "ge>")."""
     for token in tokens:
-        if json.dumps(token, ensure_ascii=False)[1:-1] in body_json:
+        if _stored_form(token) in body_json:
             return _where(body, token) or "", token
     for field in ("messages", "input"):
         items = body.get(field)
@@ -105,6 +106,12 @@ def injected_image_token(body: dict, body_json: str, tokens: tuple[str, ...]) ->
                 if token in joined:
                     return f"{field}.{i}.content", token
     return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _stored_form(token: str) -> str:
+    """A token as a JSON string of the stored body spells it (a quote or backslash escaped)."""
+    return json.dumps(token, ensure_ascii=False)[1:-1]
 
 
 def _where(value: Any, token: str, path: str = "") -> str | None:
