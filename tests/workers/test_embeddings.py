@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import struct
+from typing import Any
 
 import pytest
 
@@ -123,27 +124,20 @@ def test_response_body_is_openais_shape() -> None:
     assert decode_base64_embedding(encoded["data"][0]["embedding"]) == [1.0, 0.0]
 
 
-class _Vector:
-    """The part of a torch tensor PooledLine reads (``.float().tolist()``)."""
+def _pooled(request_id: str, values: list[float], cached: int = 0, failed: bool = False) -> Any:
+    """vLLM's own output of one finished pooling request, as its output processor builds it: a
+    failed one carries vLLM's RequestError. Built, not run: a request vLLM accepted fails inside
+    its engine only on a fault (a worker crash, an out-of-memory) that no input can cause, so the
+    failure path is reached with vLLM's own object here; the success path also runs on the real
+    engine in tests/workers/test_scoring_engine.py and tests/e2e/test_embeddings_live.py."""
+    import torch
+    from vllm.outputs import PoolingOutput, PoolingRequestOutput
+    from vllm.outputs import RequestError as VllmRequestError
 
-    def __init__(self, values: list[float]) -> None:
-        self.values = values
-
-    def float(self) -> _Vector:
-        return self
-
-    def tolist(self) -> list[float]:
-        return self.values
-
-
-class _PoolingOutput:
-    """The fields of vLLM's PoolingRequestOutput that PooledLine reads (a pure-logic fake)."""
-
-    def __init__(self, request_id: str, values: list[float] | None, cached: int = 0) -> None:
-        self.request_id = request_id
-        self.outputs = None if values is None else type("Pooled", (), {"data": _Vector(values)})()
-        self.num_cached_tokens = cached
-        self.error = None
+    error = VllmRequestError("internal_error", "the engine failed") if failed else None
+    return PoolingRequestOutput(
+        request_id, PoolingOutput(torch.tensor(values)), [1, 2], cached, True, error=error
+    )
 
 
 def _line(encoding: str = "float") -> PooledLine:
@@ -155,8 +149,8 @@ def _line(encoding: str = "float") -> PooledLine:
 def test_a_line_of_several_inputs_ends_with_its_last_and_keeps_input_order() -> None:
     line = _line()
     assert line.prompt_tokens == 5
-    assert not line.collect(_PoolingOutput("freight-7.1", [0.0, 1.0], cached=0))  # finished first
-    assert line.collect(_PoolingOutput("freight-7.0", [1.0, 0.0], cached=3))
+    assert not line.collect(_pooled("freight-7.1", [0.0, 1.0], cached=0))  # finished first
+    assert line.collect(_pooled("freight-7.0", [1.0, 0.0], cached=3))
     body, cached = line.response("embed")
     assert body == embeddings_body([[1.0, 0.0], [0.0, 1.0]], "float", "embed", prompt_tokens=5)
     assert cached == 3
@@ -164,7 +158,7 @@ def test_a_line_of_several_inputs_ends_with_its_last_and_keeps_input_order() -> 
 
 def test_an_input_vllm_failed_fails_the_line() -> None:
     line = _line("base64")
-    line.collect(_PoolingOutput("freight-7.0", [1.0, 0.0]))
-    assert line.collect(_PoolingOutput("freight-7.1", None))
+    line.collect(_pooled("freight-7.0", [1.0, 0.0]))
+    assert line.collect(_pooled("freight-7.1", [0.0, 1.0], failed=True))
     with pytest.raises(EmbeddingFailed, match="failed while embedding"):
         line.response("embed")
