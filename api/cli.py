@@ -206,12 +206,23 @@ def tenant_revoke_key(key_id: int) -> None:
 @tenant.command("disable")
 @click.argument("name")
 def tenant_disable(name: str) -> None:
-    """Disable a tenant: all its keys refused, its console sessions ended; its data is kept."""
+    """Disable a tenant: its keys refused, console sessions ended, drop folders and webhooks stopped."""
     from api.services.tenants import disable_tenant
 
     with command_runtime(_settings()) as rt:
         disabled = disable_tenant(rt.db, name, int(time.time()))
     click.echo(f"disabled tenant {disabled.name} ({disabled.id}) at {when(disabled.disabled_at)}")
+
+
+@tenant.command("enable")
+@click.argument("name")
+def tenant_enable(name: str) -> None:
+    """Enable a disabled tenant again: its keys, drop folders and webhooks work again."""
+    from api.services.tenants import enable_tenant
+
+    with command_runtime(_settings()) as rt:
+        enabled = enable_tenant(rt.db, name)
+    click.echo(f"enabled tenant {enabled.name} ({enabled.id})")
 
 
 @tenant.command("quota")

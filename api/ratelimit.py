@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 FAIL_OPEN_SECONDS = 5.0  # after a Redis error, requests pass unlimited this long before Redis is tried again
 REDIS_TIMEOUT_SECONDS = 0.5
+SIGN_IN_ENDPOINTS = ("console.sign_in_post",)  # every attempt draws from its address's bucket
 API_PREFIX = "/v1"  # every blueprint under it draws from the tenant's bucket: v1's and the webhooks'
 
 # KEYS[1] the bucket; ARGV rate (tokens/s), burst (capacity). Returns {allowed, tokens left,
@@ -155,6 +156,10 @@ class RateLimiter:
         s = self.settings
         if scope == "v1":
             tenant = tenant_or_none()
+        elif request.endpoint in SIGN_IN_ENDPOINTS:
+            # a sign-in is a key guessed until proven: its address's bucket, even from a browser
+            # that holds a session (whose tenant's bucket would let it guess far faster)
+            tenant = None
         else:  # the console: a session the server still knows, not whatever an old cookie says
             signed_in = console_session()
             tenant = signed_in.tenant_id if signed_in else None

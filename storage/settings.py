@@ -221,6 +221,11 @@ class Settings:
     # a console session ends this many seconds after sign-in (and at sign-out, key revocation or
     # the tenant's disabling, whichever comes first)
     session_seconds: int = 12 * 3600
+    # a tenant's live console sessions: a sign-in past this many ends its oldest session
+    max_sessions_per_tenant: int = 20
+    # tenant names whose console sessions see the fleet (the workers' host names and load, every
+    # model's queues); other tenants see only their own queued work (api/services/console.py)
+    console_operators: tuple[str, ...] = ()
     # per-tenant quotas (a tenant's own columns override them; 0: unlimited): bytes of files kept,
     # batches not yet final, requests of those batches not yet finished (storage/quotas.py)
     quota_stored_bytes: int = 100 * 1024**3
@@ -557,6 +562,10 @@ _ROLE_AND_LOG_RULES: tuple[_Rule, ...] = (
     (
         lambda s: not 60 <= s.session_seconds <= 90 * 86400,
         "FREIGHT_SESSION_SECONDS must be from 60 to 7776000 (90 days)",
+    ),
+    (
+        lambda s: s.max_sessions_per_tenant < 1,
+        "FREIGHT_MAX_SESSIONS_PER_TENANT must be at least 1",
     ),
 )
 

@@ -2,7 +2,8 @@
 each final batch's results to ``<prefix>/outbox/`` and its input to ``archive/`` (or ``failed/``).
 
 * ``poll`` (the ``freight.scan_dropfolders`` beat task) sends a scan task per folder that is due
-  and a delivery task per drop object whose batch is final and not yet delivered.
+  and a delivery task per drop object whose batch is final and not yet delivered. The folders of
+  a disabled tenant (``freight tenant disable``) are not scanned until it is enabled again.
 * ``scan_folder`` lists the inbox under a per-folder lease and ingests every new (key, ETag): the
   object is copied into Freight's store (gunzipped, lines without ``body.model`` given the
   folder's model) at a key fixed by its version, then one transaction adds the file row, the
@@ -29,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import ColumnElement, exists, or_, select
 from sqlalchemy.orm import Session
 
 from scheduler.dropfolder_plan import (
@@ -51,7 +52,7 @@ from scheduler.dropfolder_plan import (
 from scheduler.leases import renewal_due
 from storage.errors import ServiceError
 from storage.leases import DELIVERY_LEASE, SCAN_LEASE, LeaseKeeper
-from storage.models import Batch, DropFolder, DropObject, StoredFile
+from storage.models import Batch, DropFolder, DropObject, StoredFile, Tenant
 from storage.objectstore import (
     ObjectChanged,
     ObjectNotFound,
@@ -152,6 +153,7 @@ def poll(rt: Runtime, now: float) -> PollReport:
             s.scalars(
                 select(DropFolder.id).where(
                     DropFolder.removed_at.is_(None),
+                    _tenant_enabled(),
                     or_(DropFolder.next_scan_at.is_(None), DropFolder.next_scan_at <= now),
                     SCAN_LEASE.free(now, lease),
                 )
@@ -172,6 +174,12 @@ def poll(rt: Runtime, now: float) -> PollReport:
     for object_id in report.deliveries:
         rt.queue.deliver_dropfolder_object(object_id, expires)
     return report
+
+
+def _tenant_enabled() -> ColumnElement[bool]:
+    """The folder's tenant is not disabled (``freight tenant disable``): a disabled tenant's
+    folders are not scanned, nor a scan sent before the disabling run, until it is enabled again."""
+    return ~exists().where(Tenant.id == DropFolder.tenant_id, Tenant.disabled_at.is_not(None))
 
 
 def _deliverable(now: float, lease_seconds: float) -> list[Any]:
@@ -387,6 +395,7 @@ def _claim_scan(rt: Runtime, folder_id: str, now: float) -> tuple[FolderConfig, 
             folder_id,
             now,
             DropFolder.removed_at.is_(None),
+            _tenant_enabled(),
             or_(DropFolder.next_scan_at.is_(None), DropFolder.next_scan_at <= now),
             now=now,
             lease_seconds=rt.settings.lease_seconds,

@@ -159,8 +159,9 @@ def _claim(rt: Runtime, delivery_id: int, now: float) -> _Attempt | None:
         ):
             return None
         if tenant is None or tenant.disabled_at is not None:
-            # a disabled tenant hears nothing more from Freight, and nothing re-enables a tenant:
-            # its deliveries end here, with the reason in their log, rather than wait for ever
+            # a disabled tenant hears nothing from Freight while disabled: its deliveries end here,
+            # with the reason in their log, rather than wait for an enabling that may never come
+            # (`freight tenant enable`: the batches that end after it are delivered again)
             move_delivery(
                 s, delivery_id, DeliveryStatus.FAILED, int(now), last_error=TENANT_DISABLED, sent_at=None
             )

@@ -436,6 +436,60 @@ def live_workers(rt: Runtime, now: float) -> list[WorkerView]:
     ]
 
 
+@dataclass(frozen=True)
+class OwnWorkView:
+    """One of a tenant's batches not yet final, as its models page shows it: its own queued work
+    and when it should end, nothing of other tenants' or of the fleet's hosts."""
+
+    batch_id: str
+    model: str | None  # None while validating (known once the lines are read)
+    status: str
+    requests_waiting: int  # not finished yet
+    units: dict[str, int]  # its pending / queued / running work units
+    eta_at: int | None  # the dispatcher's live ETA (x_freight.eta)
+
+
+MAX_OWN_WORK = 100  # rows of a tenant's own queued work on the models page (the oldest first)
+
+
+def is_operator(settings: Settings, tenant_name: str) -> bool:
+    """Whether a console session's tenant sees the fleet (FREIGHT_CONSOLE_OPERATORS names it)."""
+    return tenant_name in settings.console_operators
+
+
+def own_work(rt: Runtime, tenant_id: str) -> list[OwnWorkView]:
+    """The tenant's batches not yet final (up to MAX_OWN_WORK, the oldest first) with their
+    waiting requests, open units and ETA."""
+    waiting = Batch.request_total - Batch.request_completed - Batch.request_failed
+    open_units = (UnitStatus.PENDING, UnitStatus.QUEUED, UnitStatus.RUNNING)
+    with rt.db.read() as s:
+        rows = s.execute(
+            select(Batch.id, Batch.model, Batch.status, waiting, Batch.eta_at)
+            .where(Batch.tenant_id == tenant_id, Batch.status.in_(ACTIVE_STATUSES))
+            .order_by(Batch.created_at, Batch.id)
+            .limit(MAX_OWN_WORK)
+        ).all()
+        units: dict[str, dict[str, int]] = {}
+        if rows:
+            for batch_id, status, n in s.execute(
+                select(WorkUnit.batch_id, WorkUnit.status, func.count())
+                .where(WorkUnit.batch_id.in_([r[0] for r in rows]), WorkUnit.status.in_(open_units))
+                .group_by(WorkUnit.batch_id, WorkUnit.status)
+            ):
+                units.setdefault(batch_id, dict.fromkeys(open_units, 0))[status] = int(n)
+    return [
+        OwnWorkView(
+            batch_id=batch_id,
+            model=model,
+            status=status,
+            requests_waiting=max(0, as_int(rest)),
+            units=units.get(batch_id, dict.fromkeys(open_units, 0)),
+            eta_at=eta_at if status == BatchStatus.IN_PROGRESS.value else None,
+        )
+        for batch_id, model, status, rest, eta_at in rows
+    ]
+
+
 # --- the session signing key --------------------------------------------------------------------
 
 

@@ -91,14 +91,24 @@ def revoke_key(db: Database, key_id: int, now: int) -> tuple[str, KeyView]:
 
 
 def disable_tenant(db: Database, name: str, now: int) -> Tenant:
-    """From now on every key of the tenant is refused and its console sessions are gone. Its
-    files and batches are kept (batches already running run on); its webhook deliveries end
-    unsent (``workers.webhooks``)."""
+    """From now on every key of the tenant is refused and its console sessions are gone; its drop
+    folders are not scanned (``workers.dropfolders``) and its webhook deliveries end unsent
+    (``workers.webhooks``). Its files and batches are kept (batches already running run on)."""
     with db.write() as s:
         tenant = _tenant(s, name)
         if tenant.disabled_at is None:
             tenant.disabled_at = now
         s.execute(delete(ConsoleSession).where(ConsoleSession.tenant_id == tenant.id))
+        return tenant
+
+
+def enable_tenant(db: Database, name: str) -> Tenant:
+    """Undo ``disable_tenant``: the tenant's keys not revoked work again (its console users sign
+    in again), its drop folders are scanned again and its endpoints hear of the batches that end
+    from now on; deliveries ended while it was disabled stay ended."""
+    with db.write() as s:
+        tenant = _tenant(s, name)
+        tenant.disabled_at = None
         return tenant
 
 

@@ -220,7 +220,9 @@ def sign_in_post() -> ResponseReturnValue:
         return page, 401
     target = _next_url()
     tenant_id, key_id = found
-    token = sessions.start(rt().db, tenant_id, key_id, int(time.time()), rt().settings.session_seconds)
+    settings = rt().settings
+    token = sessions.start(rt().db, tenant_id, key_id, int(time.time()), settings.session_seconds,
+                           settings.max_sessions_per_tenant)  # fmt: skip
     session.clear()  # a fresh session (and CSRF token) for the signed-in tenant
     session.update(sid=token, csrf=secrets.token_urlsafe(32))
     session.permanent = True  # the cookie expires with the server's session
@@ -401,15 +403,21 @@ def upload_post() -> ResponseReturnValue:
 
 @bp.get("/models")
 def models_page() -> str:
-    queues = console.queues(rt())
-    workers = console.live_workers(rt(), time.time())
-    busy = any(q.batches or any(q.units.values()) for q in queues)
+    """The served models; for an operator (FREIGHT_CONSOLE_OPERATORS) every model's queues and the
+    engine workers' host names and load, for any other tenant only its own queued work and ETAs."""
+    operator = console.is_operator(rt().settings, g.tenant_name)
+    queues = console.queues(rt()) if operator else []
+    workers = console.live_workers(rt(), time.time()) if operator else []
+    own = [] if operator else console.own_work(rt(), g.tenant_id)
+    busy = any(q.batches or any(q.units.values()) for q in queues) or bool(own)
     return render_template(
         "console/models.html",
         models=console.served_models(rt()),
         adapters=models.list_adapters(rt(), g.tenant_id),  # the LoRA adapters this tenant may use
+        operator=operator,
         queues=queues,
         workers=workers,
+        own=own,
         refresh=REFRESH_SECONDS if busy else None,
     )
 

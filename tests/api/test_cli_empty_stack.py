@@ -19,6 +19,7 @@ ARGV = {
     "tenant keys": ["tenant", "keys", "alice"],
     "tenant revoke-key": ["tenant", "revoke-key", "1"],
     "tenant disable": ["tenant", "disable", "alice"],
+    "tenant enable": ["tenant", "enable", "alice"],
     "tenant quota": ["tenant", "quota", "alice"],
     "api": ["api"],
     "worker": ["worker", "--control"],

@@ -11,6 +11,7 @@ import io
 import json
 import re
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -375,12 +376,13 @@ def test_throughput_spreads_each_unit_over_its_run():
     )
 
 
-def test_models_queues_and_workers(app, runtime, keys, alpha):
-    batch = api_batch(app, keys["a"])
-    t = time.time()
+def add_fleet(runtime, batch_id: str, t: float) -> None:
+    """The batch in progress on demo with a unit done, one running on engine-a@host and one
+    pending; engine samples of engine-a@host and of a worker gone stale."""
     with runtime.db.write() as s:
-        row = s.get(Batch, batch["id"])
+        row = s.get(Batch, batch_id)
         row.status, row.model, row.request_total, row.request_completed = "in_progress", "demo", 24, 8
+        row.eta_at = int(t) + 600
         for seq, status in enumerate([UnitStatus.DONE, UnitStatus.RUNNING, UnitStatus.PENDING]):
             s.add(WorkUnit(
                 batch_id=row.id, seq=seq, model="demo", shard_key=f"k{seq}", first_line=seq * 8, n_requests=8,
@@ -394,6 +396,35 @@ def test_models_queues_and_workers(app, runtime, keys, alpha):
                 waiting_mean=0.0, max_num_seqs=32, prompt_tokens=500, cached_tokens=100, output_tokens=250,
                 requests=4,
             ))  # fmt: skip
+
+
+def test_a_tenant_sees_its_own_queued_work_and_no_hosts_or_fleet_load(app, runtime, keys, alpha):
+    """Only FREIGHT_CONSOLE_OPERATORS see the workers' host names and every model's queues; any
+    other tenant sees its own batches still to run, their work waiting and their ETA."""
+    theirs = api_batch(app, keys["b"], name="beta.jsonl")
+    add_fleet(runtime, theirs["id"], time.time())
+    mine = api_batch(app, keys["a"])  # validating: no model yet, no ETA
+    page = html(alpha.get("/console/models"))
+    assert "engine-a@host" not in page and 'id="workers"' not in page and 'id="queues"' not in page
+    assert theirs["id"] not in page
+    own = re.findall(r'<tr id="own-(batch_\w+)" class="own">(.*?)</tr>', page, re.S)
+    assert [b for b, _ in own] == [mine["id"]] and "validating" in own[0][1]
+    assert 'http-equiv="refresh"' in page  # its work is still running
+    beta = app.test_client()
+    sign_in(beta, keys["b"])
+    page = html(beta.get("/console/models"))
+    [(batch_id, row)] = re.findall(r'<tr id="own-(batch_\w+)" class="own">(.*?)</tr>', page, re.S)
+    assert batch_id == theirs["id"] and "engine-a@host" not in page
+    assert [int(x) for x in re.findall(r'class="num">(\d+)<', row)] == [16, 1, 0, 1]
+    assert re.search(r'class="eta">in (10m 00s|9m 5\ds)<', row), row  # its ETA
+    assert mine["id"] not in page
+
+
+def test_models_queues_and_workers(app, runtime, keys, alpha):
+    runtime.settings = replace(runtime.settings, console_operators=("alpha",))  # alpha operates Freight
+    batch = api_batch(app, keys["a"])
+    t = time.time()
+    add_fleet(runtime, batch["id"], t)
     page = html(alpha.get("/console/models"))
     demo = re.search(r'<tr id="model-demo">(.*?)</tr>', page, re.S).group(1)
     assert "none" in demo  # the demo checkpoint is not quantized

@@ -16,6 +16,7 @@ import pytest
 from sqlalchemy import func, select, update
 
 from api.app import create_app
+from api.services import sessions
 from api.services.tenants import create_tenant, hash_key
 from storage.models import ApiKey, ConsoleSession
 from storage.runtime import Runtime
@@ -115,6 +116,14 @@ def test_disable_stops_every_key_and_session(app, runtime, alpha_key) -> None:
     no_key = cli(runtime, "tenant", "new-key", "alpha")
     assert no_key.exit_code == 1 and "disabled" in no_key.output
     assert cli(runtime, "tenant", "disable", "nobody").exit_code == 1
+    # enabled again: its keys work again and its users sign in again (the old session stays ended)
+    back = cli(runtime, "tenant", "enable", "alpha")
+    assert back.exit_code == 0 and "enabled tenant alpha" in back.output, back.output
+    assert v1_status(app, alpha_key) == 200 and v1_status(app, second) == 200
+    assert not signed_in(console)
+    sign_in(again, alpha_key)
+    assert signed_in(again)
+    assert cli(runtime, "tenant", "enable", "nobody").exit_code == 1
 
 
 # --- sessions ---------------------------------------------------------------------------------
@@ -130,6 +139,36 @@ def test_sign_out_ends_the_session_on_the_server(app, runtime, alpha_key) -> Non
     assert not signed_in(replay(app, kept))  # the old cookie, replayed, no longer works
     with runtime.db.read() as s:
         assert s.scalar(select(func.count()).select_from(ConsoleSession)) == 0
+
+
+def test_a_tenants_sessions_are_capped_and_the_oldest_ends(app, runtime, alpha_key) -> None:
+    """FREIGHT_MAX_SESSIONS_PER_TENANT (3 here): sign-ins past it end the tenant's oldest sessions,
+    so its rows stay at the cap however often it signs in; another tenant's are untouched."""
+    runtime.settings = replace(runtime.settings, max_sessions_per_tenant=3)
+    beta_key = create_tenant(runtime.db, "beta", now())[1]
+    address = {"environ_base": {"REMOTE_ADDR": "198.51.100.60"}}
+    beta = app.test_client()
+    sign_in(beta, beta_key, **address)
+    clients = []
+    for _ in range(12):
+        client = app.test_client()
+        sign_in(client, alpha_key, **address)
+        clients.append(client)
+    with runtime.db.read() as s:
+        per_tenant = dict(
+            s.execute(select(ConsoleSession.tenant_id, func.count()).group_by(ConsoleSession.tenant_id)).all()
+        )
+    assert sorted(per_tenant.values()) == [1, 3]  # alpha at its cap, beta's one kept
+    assert signed_in(clients[-1]) and signed_in(beta)
+    assert sum(signed_in(c) for c in clients) == 3
+    # the oldest end: sessions started a second apart, the cap 3
+    with runtime.db.read() as s:
+        key = s.scalar(select(ApiKey).where(ApiKey.key_hash == hash_key(alpha_key)))
+        alpha_id, key_id = key.tenant_id, key.id
+    t0 = now()
+    tokens = [sessions.start(runtime.db, alpha_id, key_id, t0 + i, 3600, 3) for i in range(5)]
+    live = [sessions.resume(runtime.db, token, t0 + 5) is not None for token in tokens]
+    assert live == [False, False, True, True, True]
 
 
 def test_the_cookie_holds_no_key_material(app, runtime, alpha_key) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -21,6 +22,7 @@ from storage.runtime import Runtime
 from storage.settings import Settings
 from tests.conftest import now
 
+CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 RATE, BURST = 0.25, 3  # one token every 4 s: a slow, loaded machine cannot refill one mid-test
 
 
@@ -123,6 +125,28 @@ def test_failed_keys_are_throttled_per_address(limited) -> None:
         for _ in range(BURST + 1)
     ]
     assert codes == [400] * BURST + [429]  # 400: no CSRF token; the throttle comes first
+
+
+def test_every_sign_in_draws_from_the_address_bucket_even_with_a_session_held(limited) -> None:
+    """A browser signed in as one tenant guessing other keys through the sign-in form: its guesses
+    draw from its address's bucket, not from its tenant's (BURST each here)."""
+    _, key = create_tenant(limited.db, "alpha", now())
+    console = create_app(runtime=limited).test_client()
+    address = {"REMOTE_ADDR": "198.51.100.21"}
+    token = CSRF.search(console.get("/console/sign-in", environ_base=address).get_data(as_text=True))
+    assert token is not None  # the address's first token
+    signed = console.post("/console/sign-in", data={"api_key": key, "csrf_token": token.group(1)},
+                          environ_base=address)  # fmt: skip
+    assert signed.status_code == 302  # its second
+    page = console.get("/console/jobs", environ_base=address)  # the tenant's bucket: signed in
+    assert page.status_code == 200
+    token = CSRF.search(page.get_data(as_text=True))
+    assert token is not None
+    guess = {"api_key": "fk-guess", "csrf_token": token.group(1)}
+    codes = [console.post("/console/sign-in", data=guess, environ_base=address).status_code for _ in range(2)]
+    assert codes == [401, 429]  # the address's third token, then none left
+    # the session's other pages still draw from its tenant's bucket
+    assert console.get("/console/jobs", environ_base=address).status_code == 200
 
 
 def test_webhook_routes_draw_from_the_same_buckets_as_the_rest_of_v1(limited) -> None:

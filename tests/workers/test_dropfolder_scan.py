@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import func, select, update
 
 from api.services import dropfolders as folders_service
-from api.services.tenants import create_tenant
+from api.services.tenants import create_tenant, disable_tenant, enable_tenant
 from infra.daemons import free_port
 from scheduler.dropfolder_plan import InboxFile
 from storage.broker import VALIDATE_QUEUE
@@ -421,6 +421,18 @@ def test_removed_folders_are_not_scanned(runtime, s3, bucket, folder):
     folders_service.remove(runtime, f"s3://{bucket}/team/evals", now())
     assert dropfolders.poll(runtime, later()).scans == []
     assert dropfolders.scan_folder(runtime, folder, later()).created == []
+
+
+def test_a_disabled_tenants_folders_are_not_scanned_until_it_is_enabled(runtime, s3, bucket, folder):
+    put(s3, bucket, "inbox/a.jsonl", jsonl([line("a")]))
+    disable_tenant(runtime.db, "alpha", now())
+    assert dropfolders.poll(runtime, later()).scans == []
+    # a scan sent before the disabling takes no lease and reads nothing
+    assert dropfolders.scan_folder(runtime, folder, later()).created == []
+    assert counts(runtime) == (0, 0, 0)
+    enable_tenant(runtime.db, "alpha")
+    assert dropfolders.poll(runtime, later()).scans == [folder]
+    assert len(dropfolders.scan_folder(runtime, folder, later()).created) == 1
 
 
 def test_an_embeddings_file_runs_like_a_chat_file(runtime, s3, bucket, embed_model):

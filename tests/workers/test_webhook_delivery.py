@@ -18,7 +18,7 @@ from celery.contrib.testing.worker import start_worker
 from sqlalchemy import func, select, text
 
 from api.services import webhooks as service
-from api.services.tenants import create_tenant, disable_tenant
+from api.services.tenants import create_tenant, disable_tenant, enable_tenant
 from scheduler.webhooks import ATTEMPTS, RETRY_SCHEDULE
 from storage.broker import WEBHOOK_QUEUE
 from storage.lifecycle import finish_if_done, stop_batch
@@ -365,6 +365,12 @@ def test_a_disabled_tenants_deliveries_end_unsent_with_the_reason(rt, receiver):
         assert (entry.status, entry.attempts, entry.last_error) == ("failed", 0, TENANT_DISABLED)
     assert pending(rt, t + sum(RETRY_SCHEDULE)) == [] and send_due(rt, t + 10**6) == []
     assert receiver.at("/alpha") == []
+    # enabled again: the batches that end from now on are delivered (those ended meanwhile stay so)
+    enable_tenant(rt.db, "alpha")
+    after = final_batch(rt, alpha.id, "completed")
+    assert [str(x) for x in deliver_due(rt, time.time())] == ["delivered"]
+    [entry] = service.deliveries(rt, alpha.id, batch_id=after)
+    assert entry.status == "delivered" and len(receiver.at("/alpha")) == 1
 
 
 @pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
