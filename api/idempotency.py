@@ -18,6 +18,12 @@ another client is the same request.
 A request that fails (any error answer) keeps nothing and frees its key: the creates make nothing
 when they refuse, so running the request again is what a retry should do.
 
+A process that dies after its create committed and before its answer was recorded: the create's
+own transaction noted the object it made on the key (``storage.idempotency.note_created``), so a
+retry answers that object as it is now (``REPLAYS``), with ``Idempotent-Replayed: true``, instead
+of making another. Its digest is compared over the body bytes the first request had read when it
+committed (all of a JSON body; a file's upload up to the end of its file part, about).
+
 The body's digest: a small body (JSON) is read once, bounded by ``FREIGHT_MAX_JSON_BODY_BYTES``,
 and hashed; a larger one (a file's upload, an upload's part) is hashed as the view streams it to
 the store, never held whole, and a retry's is hashed as it is read and dropped. A multipart
@@ -36,13 +42,26 @@ from typing import IO, Any, cast
 from flask import Response, current_app, g, request
 from werkzeug.http import parse_options_header
 
+from api.serializers import batch_object, estimate_object, file_object, upload_object, upload_part_object
+from api.services import batches, estimates, files, uploads
 from scheduler import json_text
 from storage import idempotency
 from storage.errors import ServiceError
+from storage.runtime import Runtime
 
 HEADER = "Idempotency-Key"
 MAX_KEY_CHARS = 255
 READ_CHUNK = 64 * 1024
+
+# each kind of object a create notes on its key (its OpenAI ``object``), as a create answers it:
+# the first answer of a create whose process died before recording it
+REPLAYS: dict[str, Callable[[Runtime, str, str], dict[str, Any]]] = {
+    "file": lambda rt, tenant, id_: file_object(files.get(rt, tenant, id_)),
+    "batch": lambda rt, tenant, id_: batch_object(*batches.get_with_progress(rt, tenant, id_)),
+    "batch.estimate": lambda rt, tenant, id_: estimate_object(estimates.get(rt, tenant, id_)),
+    "upload": lambda rt, tenant, id_: upload_object(*uploads.get(rt, tenant, id_)),
+    "upload.part": lambda rt, tenant, id_: upload_part_object(uploads.get_part(rt, tenant, id_)),
+}
 
 
 def idempotent(view: Callable[..., Any]) -> Callable[..., Any]:
@@ -55,11 +74,14 @@ def idempotent(view: Callable[..., Any]) -> Callable[..., Any]:
         if key is None:
             return view(*args, **kwargs)
         body = BodyDigest()  # before the claim: reading a small body may refuse it (413)
-        db = current_app.extensions["freight"].db
+        rt = current_app.extensions["freight"]
+        db = rt.db
         tenant_id = g.tenant_id
         claimed = idempotency.claim(db, tenant_id, key, time.time())
         if isinstance(claimed, idempotency.Answer):
             return replay(key, claimed, body.rest())
+        if isinstance(claimed, idempotency.Created):
+            return replay_created(rt, tenant_id, key, claimed, body)
         if not isinstance(claimed, idempotency.Claim):  # in flight
             raise ServiceError(
                 "conflict",
@@ -69,7 +91,8 @@ def idempotent(view: Callable[..., Any]) -> Callable[..., Any]:
                 retry_after=1,  # the official client waits this long, then retries the 409
             )
         try:
-            response = current_app.make_response(view(*args, **kwargs))
+            with idempotency.creating(tenant_id, key, claimed, body.so_far):
+                response = current_app.make_response(view(*args, **kwargs))
             digest = body.rest()
         except BaseException:
             idempotency.release(db, tenant_id, key, claimed)
@@ -107,7 +130,7 @@ def request_key() -> str | None:
     return key
 
 
-def replay(key: str, first: idempotency.Answer, digest: str) -> Response:
+def replay(key: str, first: idempotency.Answer, digest: str | None) -> Response:
     """The first answer again, if this is the same request; else the key's misuse, refused."""
     if digest != first.request_digest:
         raise ServiceError(
@@ -118,6 +141,20 @@ def replay(key: str, first: idempotency.Answer, digest: str) -> Response:
             code="idempotency_key_reused",
         )
     response = Response(first.body, status=first.status, mimetype="application/json")
+    response.headers["Idempotent-Replayed"] = "true"
+    return response
+
+
+def replay_created(
+    rt: Runtime, tenant_id: str, key: str, made: idempotency.Created, body: BodyDigest
+) -> Response:
+    """The object the key's first request made, as it is now, if this is the same request (over
+    the body bytes the first had read when it committed); else the key's misuse, refused."""
+    first = idempotency.Answer(made.request_digest, 200, "")
+    replay(key, first, body.prefix(made.digest_bytes))  # the digest, compared; refuses a mismatch
+    response = Response(
+        json_text.dumps(REPLAYS[made.kind](rt, tenant_id, made.object_id)), mimetype="application/json"
+    )
     response.headers["Idempotent-Replayed"] = "true"
     return response
 
@@ -145,6 +182,24 @@ class BodyDigest:
                 pass
         return self._sha.hexdigest()
 
+    def so_far(self) -> tuple[str, int | None]:
+        """The digest over the body read so far, and how many of its bytes that is (None: a
+        small body, read whole at the start)."""
+        if self._reader is None:
+            return self._sha.hexdigest(), None
+        return self._reader.so_far()
+
+    def prefix(self, size: int | None) -> str | None:
+        """The digest over the first ``size`` bytes of the body as ``so_far`` counts them (None:
+        all of it), reading it all; None if the body is shorter."""
+        if size is None:
+            return self.rest() if self._reader is None else None
+        if self._reader is None:
+            return None  # a small body's digest is always of all of it
+        self._reader.mark(size)
+        self.rest()
+        return self._reader.at_mark
+
 
 def _canonical(body: bytes) -> bytes:
     """A JSON body as the same JSON whatever its spacing and key order (clients serialize alike
@@ -171,15 +226,43 @@ class _HashingReader:
         self._sha = sha
         self._boundary = boundary
         self._held = b""  # the end of what was read, which may be the start of a boundary
+        self.hashed = 0  # bytes hashed (boundaries left out)
+        self._mark: int | None = None
+        self.at_mark: str | None = None  # the digest once ``_mark`` bytes were hashed
+
+    def so_far(self) -> tuple[str, int]:
+        """The digest of what was read, and how many bytes that is (boundaries left out). The
+        bytes held count: they are past the part a create has just read whole (a file's), so a
+        body that goes on differently after it is another request. (Held bytes that begin a
+        boundary would make a retry of the same request a 409: only when a read ended inside the
+        boundary of a part after that one.)"""
+        sha = self._sha.copy()
+        sha.update(self._held)
+        return sha.hexdigest(), self.hashed + len(self._held)
+
+    def mark(self, size: int) -> None:
+        """Keep the digest as it is once ``size`` bytes are hashed, in ``at_mark``."""
+        self._mark = size
+        if size == self.hashed:
+            self.at_mark = self._sha.hexdigest()
 
     def read(self, size: int | None = -1) -> bytes:
         data = self._stream.read(-1 if size is None else size)
         if self._boundary is None:
-            self._sha.update(data)
+            self._hash(data)
             return data
         pending = (self._held + data).replace(self._boundary, b"")
         keep = 0 if not data else len(self._boundary) - 1  # at the end, nothing more can follow
         cut = max(len(pending) - keep, 0)
-        self._sha.update(pending[:cut])
+        self._hash(pending[:cut])
         self._held = pending[cut:]
         return data
+
+    def _hash(self, data: bytes) -> None:
+        if self._mark is not None and self.hashed < self._mark <= self.hashed + len(data):
+            head = self._mark - self.hashed
+            self._sha.update(data[:head])
+            self.at_mark = self._sha.hexdigest()
+            data, self.hashed = data[head:], self._mark
+        self._sha.update(data)
+        self.hashed += len(data)

@@ -5,14 +5,24 @@ A key is claimed before its request runs (one row per tenant and key, inserted i
 transaction, so of two requests racing with one key exactly one runs: the other finds the row
 in flight), and completed with the request's digest and its answer once the request has made
 what it makes. A key's life is ``KEY_SECONDS`` from its first use; after that it is as if never
-sent. A request whose process died leaves its key in flight: after ``ABANDONED_SECONDS`` the key
-is taken over and the request runs again. Completing or releasing a claim names its ``holder``
-token, so a request that was taken over never overwrites its successor's row.
+sent. Completing or releasing a claim names its ``holder`` token, so a request that was taken
+over never overwrites its successor's row.
+
+A process can die between the create's commit and the answer's record. So the create notes what
+it made on its key in its own transaction (``note_created``, one call in each create service,
+under ``creating``, which the API sets around the view): the key is then ``created``, naming the
+object, and a retry answers that object as it is now instead of making another (``Created``); such
+a key is never taken over. A request whose process died before its create committed made nothing:
+its key stays in flight, and after ``ABANDONED_SECONDS`` is taken over and the request runs again.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -21,6 +31,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from storage.db import Database, changed_rows
+from storage.errors import ServiceError
 from storage.models import IdempotencyKey
 
 KEY_SECONDS = 24 * 3600  # a key answers its first answer this long after its first use (Stripe's)
@@ -28,6 +39,7 @@ KEY_SECONDS = 24 * 3600  # a key answers its first answer this long after its fi
 # /v1/files upload at a slow client's pace); the next request with it runs
 ABANDONED_SECONDS = 15 * 60
 IN_FLIGHT: Final = "in_flight"  # a status, and what ``claim`` answers for a key in flight
+CREATED: Final = "created"  # the create committed; its answer is not recorded (yet)
 DONE: Final = "done"
 
 
@@ -47,14 +59,27 @@ class Claim:
     holder: str
 
 
+@dataclass(frozen=True)
+class Created:
+    """The key's first request committed what it made, ``object_id`` (an OpenAI object whose
+    ``object`` is ``kind``), but its answer is not recorded: its process died after the commit, or
+    is answering now. ``request_digest`` is of the request's first ``digest_bytes`` body bytes
+    (those read when the create committed; None: of the whole request)."""
+
+    kind: str
+    object_id: str
+    request_digest: str
+    digest_bytes: int | None
+
+
 InFlight = Literal["in_flight"]
 
 
-def claim(db: Database, tenant_id: str, key: str, now: float) -> Claim | Answer | InFlight:
+def claim(db: Database, tenant_id: str, key: str, now: float) -> Claim | Answer | Created | InFlight:
     """Claim ``key`` for a request of the tenant's: a ``Claim`` (run it), the ``Answer`` of the
-    key's first request (a retry: compare the digests), or ``"in_flight"`` (another request with
-    the key is running). A key past ``KEY_SECONDS``, or in flight past ``ABANDONED_SECONDS``, is
-    replaced by this claim."""
+    key's first request or the object it ``Created`` (a retry: compare the digests), or
+    ``"in_flight"`` (another request with the key is running). A key past ``KEY_SECONDS``, or in
+    flight past ``ABANDONED_SECONDS`` having made nothing, is replaced by this claim."""
     for attempt in range(2):
         try:
             with db.write() as s:
@@ -65,12 +90,16 @@ def claim(db: Database, tenant_id: str, key: str, now: float) -> Claim | Answer 
     raise AssertionError("unreachable")
 
 
-def _claim(s: Session, tenant_id: str, key: str, now: float) -> Claim | Answer | InFlight:
+def _claim(s: Session, tenant_id: str, key: str, now: float) -> Claim | Answer | Created | InFlight:
     row = s.get(IdempotencyKey, (tenant_id, key), with_for_update=True)
     if row is not None and row.created_at > now - KEY_SECONDS:
         if row.status == DONE:
             assert row.request_digest is not None and row.response_status is not None
             return Answer(row.request_digest, row.response_status, row.response_body or "")
+        if row.status == CREATED:  # never taken over: the object exists
+            assert row.request_digest is not None and row.response_body is not None
+            made = json.loads(row.response_body)
+            return Created(made["object"], made["id"], row.request_digest, made["digest_bytes"])
         if row.created_at > now - ABANDONED_SECONDS:
             return IN_FLIGHT
     if row is not None:
@@ -101,7 +130,9 @@ def complete(
 
 
 def release(db: Database, tenant_id: str, key: str, claimed: Claim) -> None:
-    """Forget the claim: its request made nothing (it was refused or failed), so the key may run again."""
+    """Forget the claim: its request was refused or failed, so the key may run again. (A create
+    that committed and then failed took back what it made, as a batch whose validation could not
+    be sent is withdrawn; else it answered.)"""
     with db.write() as s:
         s.execute(delete(IdempotencyKey).where(*_held(tenant_id, key, claimed)))
 
@@ -111,8 +142,54 @@ def _held(tenant_id: str, key: str, claimed: Claim) -> tuple:
         IdempotencyKey.tenant_id == tenant_id,
         IdempotencyKey.key == key,
         IdempotencyKey.holder == claimed.holder,
-        IdempotencyKey.status == IN_FLIGHT,
+        IdempotencyKey.status.in_((IN_FLIGHT, CREATED)),
     )
+
+
+@dataclass(frozen=True)
+class _Creating:
+    tenant_id: str
+    key: str
+    claimed: Claim
+    digest_so_far: Callable[[], tuple[str, int | None]]  # see ``Created.digest_bytes``
+
+
+_creating: ContextVar[_Creating | None] = ContextVar("idempotency_creating", default=None)
+
+
+@contextmanager
+def creating(
+    tenant_id: str, key: str, claimed: Claim, digest_so_far: Callable[[], tuple[str, int | None]]
+) -> Iterator[None]:
+    """While the claim's request runs: a create it makes is noted on its key (``note_created``).
+    ``digest_so_far``: the request's digest over what its body has been read of, and how many
+    body bytes that is (None: all of it)."""
+    token = _creating.set(_Creating(tenant_id, key, claimed, digest_so_far))
+    try:
+        yield
+    finally:
+        _creating.reset(token)
+
+
+def note_created(s: Session, kind: str, object_id: str) -> None:
+    """In the transaction of a create that makes ``object_id`` (its OpenAI ``object`` is
+    ``kind``): record it on the key of the request running it, if it came with one, so that the
+    commit that makes the object also tells a retry what was made. A claim that was taken over
+    meanwhile (a successor runs with the key) refuses the create: the transaction rolls back and
+    nothing is made twice."""
+    running = _creating.get()
+    if running is None:  # no Idempotency-Key, or not a request (a drop folder, the console)
+        return
+    digest, digest_bytes = running.digest_so_far()
+    made = json.dumps({"object": kind, "id": object_id, "digest_bytes": digest_bytes})
+    noted = update(IdempotencyKey).where(*_held(running.tenant_id, running.key, running.claimed))
+    if changed_rows(s, noted.values(status=CREATED, request_digest=digest, response_body=made)) != 1:
+        raise ServiceError(
+            "conflict",
+            f"Idempotency-Key {running.key!r} was taken over by a later request while this one ran",
+            param="Idempotency-Key",
+            code="idempotency_key_in_use",
+        )
 
 
 def prune(s: Session, now: float, limit: int) -> int:

@@ -550,22 +550,25 @@ class Adapter(Base):
 
 class IdempotencyKey(Base):
     """An ``Idempotency-Key`` a tenant sent on a create (``api/idempotency.py``): while its
-    request runs, ``in_flight`` under the ``holder`` token of the process running it; then
+    request runs, ``in_flight`` under the ``holder`` token of the process running it; ``created``
+    from the commit of what it made (in that transaction) until its answer is recorded; then
     ``done`` with the request's digest and the answer, which a retry of the same request within
-    ``storage.idempotency.KEY_SECONDS`` gets again instead of a second object. Pruned by the
-    periodic cleanup once that long old."""
+    ``storage.idempotency.KEY_SECONDS`` gets again instead of a second object (a ``created`` key's
+    retry gets the object made, as it is then). Pruned by the periodic cleanup once that long old."""
 
     __tablename__ = "idempotency_keys"
     __table_args__ = (Index("ix_idempotency_keys_created", "created_at"),)
 
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True)
     key: Mapped[str] = mapped_column(String(255), primary_key=True)
-    # SHA-256 hex of method, path and body; NULL while in flight (a streamed body's is known at its end)
+    # SHA-256 hex of method, path and body; NULL while in flight (a streamed body's is known at its
+    # end); once created, of the body read by the commit (storage.idempotency.Created.digest_bytes)
     request_digest: Mapped[str | None] = mapped_column(String(64))
-    status: Mapped[str] = mapped_column(String(16))  # in_flight | done
+    status: Mapped[str] = mapped_column(String(16))  # in_flight | created | done
     holder: Mapped[str] = mapped_column(String(32))  # the running request's token
     response_status: Mapped[int | None] = mapped_column(Integer)
-    response_body: Mapped[str | None] = mapped_column(Text)  # the JSON answered
+    # the JSON answered; while created, {"object", "id", "digest_bytes"} of the object made
+    response_body: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[float] = mapped_column(Float)  # epoch seconds: when the key was first sent
 
 

@@ -289,6 +289,18 @@ def runtime(settings: Settings) -> Iterator[Runtime]:
     rt.db.dispose()
 
 
+@pytest.fixture(params=["local", "s3"])
+def store_kind(request: pytest.FixtureRequest, runtime: Runtime) -> str:
+    """The test's ``runtime`` on each object store: local disk (as made), or a bucket of its own
+    on the session's SeaweedFS. A test taking it runs once on each."""
+    if request.param == "s3":
+        s3 = request.getfixturevalue("s3_service")
+        bucket = f"u-{uuid.uuid4().hex[:10]}"
+        s3.create_bucket(bucket)
+        runtime.store = S3ObjectStore(bucket, "freight", client=s3.client())
+    return str(request.param)
+
+
 def now() -> int:
     return int(time.time())
 

@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session
 from scheduler.sla import SlaTier
 from storage.broker import BROKER_ERRORS
 from storage.errors import ServiceError
+from storage.idempotency import note_created
 from storage.models import Batch, DropObject, StoredFile, new_id
 from storage.objectstore import CHUNK, ObjectStoreError
 from storage.quotas import bytes_left, check_new_batch, check_stored, exceeded, quota_of, stored_bytes
@@ -323,6 +324,7 @@ def upload(
         with rt.db.write() as s:
             check_stored(s, rt.settings, tenant_id, record.bytes)
             s.add(record)
+            note_created(s, "file", record.id)  # a retry after a crash answers this file
     except ServiceError:
         rt.store.delete(record.object_key)
         raise
@@ -428,6 +430,7 @@ def create_batch(
             s.flush()
             if record is not None and not record(s, batch):
                 raise _Refused
+            note_created(s, "batch", batch.id)  # a retry after a crash answers this batch
     except _Refused:
         return None
     except ServiceError:  # a quota: the file stored for this batch goes with it

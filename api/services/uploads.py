@@ -23,6 +23,7 @@ from sqlalchemy import select
 from werkzeug.http import parse_options_header
 
 from storage.errors import ServiceError
+from storage.idempotency import note_created
 from storage.models import StoredFile, Upload, UploadPart, new_id
 from storage.objectstore import CHUNK
 from storage.quotas import bytes_left, check_stored, exceeded, quota_of, stored_bytes
@@ -113,6 +114,7 @@ def create(rt: Runtime, tenant_id: str, payload: Any) -> Upload:
     )
     with rt.db.write() as s:
         s.add(upload)
+        note_created(s, "upload", upload.id)  # a retry after a crash answers this upload
     return upload
 
 
@@ -124,6 +126,16 @@ def get(rt: Runtime, tenant_id: str, upload_id: str) -> tuple[Upload, StoredFile
             raise _not_found(upload_id)
         record = s.get(StoredFile, upload.file_id) if upload.file_id else None
     return upload, record
+
+
+def get_part(rt: Runtime, tenant_id: str, part_id: str) -> UploadPart:
+    """A part of an upload of the tenant's."""
+    with rt.db.read() as s:
+        part = s.get(UploadPart, part_id)
+        upload = s.get(Upload, part.upload_id) if part is not None else None
+    if part is None or upload is None or upload.tenant_id != tenant_id:
+        raise ServiceError("not_found", f"No such upload part: {part_id[:100]}", param="part_id")
+    return part
 
 
 def _check_pending(upload: Upload, now: float) -> None:
@@ -212,6 +224,7 @@ def add_part(rt: Runtime, tenant_id: str, upload_id: str, stream: IO[bytes] | No
             _check_pending(locked, time.time())  # completed, cancelled or expired meanwhile
             check_stored(s, rt.settings, tenant_id, size)
             s.add(part)
+            note_created(s, "upload.part", part.id)
     except ServiceError:
         rt.store.delete(key)
         raise
@@ -309,6 +322,7 @@ def complete(rt: Runtime, tenant_id: str, upload_id: str, payload: Any) -> tuple
             s.flush()  # its parts stop counting against the quota; the file counts instead
             check_stored(s, rt.settings, tenant_id, size)
             s.add(record)
+            note_created(s, "upload", upload_id)  # a retry after a crash answers it, completed
             upload = locked
     except BaseException:
         rt.store.delete(key)

@@ -1,8 +1,10 @@
 """``Idempotency-Key`` through the real API process (gunicorn, as ``freight api`` serves it) on
 SQLite and PostgreSQL: the official ``openai`` client's creates with ``extra_headers`` retried;
 a create whose answer is lost (the client sends it whole and closes the connection unread, the
-create commits) retried with its key answers the same object; creates racing with one key make
-one object. No worker runs: only the API is on these paths."""
+create commits) retried with its key answers the same object; a create whose API process was
+SIGKILLed between its commit and its answer's record, retried by the official client, answers
+the same object; creates racing with one key make one object. No worker runs: only the API is on
+these paths."""
 
 from __future__ import annotations
 
@@ -12,9 +14,12 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import threading
 import time
+import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -37,6 +42,62 @@ CHAT = "/v1/chat/completions"
 @pytest.fixture
 def api_url(settings: Settings, tmp_path: Path) -> Iterator[str]:
     """``freight api`` (gunicorn, one worker of four threads) on the test's database and store."""
+    with serve(settings, tmp_path) as url:
+        yield url
+
+
+# gunicorn reads ./gunicorn.conf.py: in its worker, the record of a create's answer kills the
+# worker (SIGKILL, as the OOM killer or a host's loss would) the first time for each key
+DIE_AT_THE_ANSWER = """
+import os
+import signal
+
+MARKERS = {markers!r}
+
+
+def post_worker_init(worker):
+    from storage import idempotency
+
+    record = idempotency.complete
+
+    def die_once(db, tenant_id, key, *args):
+        marker = os.path.join(MARKERS, key)
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return record(db, tenant_id, key, *args)
+
+    idempotency.complete = die_once
+"""
+
+
+@pytest.fixture
+def killed_api(request, settings: Settings, tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """``freight api`` whose worker process is SIGKILLed once per key after a create committed,
+    before its answer is recorded (gunicorn starts another), on the store its test's parameter
+    names (local or s3); and the folder naming each key whose request it killed."""
+    markers = tmp_path / "killed"
+    markers.mkdir()
+    (tmp_path / "gunicorn.conf.py").write_text(
+        textwrap.dedent(DIE_AT_THE_ANSWER.format(markers=str(markers)))
+    )
+    store: dict[str, str] = {}
+    if request.param == "s3":
+        s3 = request.getfixturevalue("s3_service")
+        bucket = s3.create_bucket(f"k-{uuid.uuid4().hex[:10]}")
+        store = {
+            "FREIGHT_OBJECT_STORE_URL": f"s3://{bucket}/freight",
+            "FREIGHT_S3_ENDPOINT_URL": s3.endpoint_url,
+            "AWS_ACCESS_KEY_ID": s3.access_key,
+            "AWS_SECRET_ACCESS_KEY": s3.secret_key,
+            "AWS_DEFAULT_REGION": s3.region,
+        }
+    with serve(settings, tmp_path, store) as url:
+        yield url, markers
+
+
+@contextmanager
+def serve(settings: Settings, tmp_path: Path, store: dict[str, str] | None = None) -> Iterator[str]:
     port = daemons.free_port()
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("FREIGHT_")},
@@ -46,6 +107,7 @@ def api_url(settings: Settings, tmp_path: Path) -> Iterator[str]:
         "FREIGHT_BROKER_URL": settings.broker_url,
         "FREIGHT_MODELS": ",".join(f"{name}={path}" for name, path in settings.models.items()),
         "FREIGHT_COMPLETION_WINDOWS": "24h,1h",
+        **(store or {}),
     }
     log = tmp_path / "api.log"
     with log.open("wb") as out:
@@ -166,6 +228,37 @@ def test_a_create_whose_answer_was_lost_answers_the_same_object_on_retry(api_url
     with runtime.db.read() as s:
         assert list(s.scalars(select(Batch.id))) == [batch.id]
     assert batch.input_file_id == file_id and count(runtime, StoredFile) == 1
+
+
+# each database and each store once: the stores are on the path of the file's upload only
+@pytest.mark.parametrize(
+    ("database_url", "killed_api"), [("sqlite", "local"), ("postgresql", "s3")], indirect=True
+)
+def test_creates_whose_api_process_was_killed_after_the_commit_are_made_once(killed_api, key, runtime):
+    url, killed = killed_api
+    client = OpenAI(base_url=url + "/v1", api_key=key, max_retries=2, timeout=30)
+    data = jsonl([chat_line("a"), chat_line("b")])
+    # the client's first attempt loses its connection with the process; its retry, same key, is
+    # answered by the process gunicorn started in its place
+    sent = client.files.with_raw_response.create(
+        file=("in.jsonl", io.BytesIO(data)), purpose="batch", extra_headers={"Idempotency-Key": "file-k"}
+    )
+    assert (killed / "file-k").exists() and sent.headers["Idempotent-Replayed"] == "true"
+    file = sent.parse()
+    with runtime.db.read() as s:
+        assert list(s.scalars(select(StoredFile.id))) == [file.id]
+        assert s.scalar(select(IdempotencyKey.status).where(IdempotencyKey.key == "file-k")) == "created"
+    assert file.bytes == len(data) and client.files.content(file.id).read() == data
+    create = {"input_file_id": file.id, "endpoint": CHAT, "completion_window": "24h"}
+    made = client.batches.with_raw_response.create(**create, extra_headers={"Idempotency-Key": "batch-k"})  # type: ignore[arg-type]
+    assert (killed / "batch-k").exists() and made.headers["Idempotent-Replayed"] == "true"
+    batch = made.parse()
+    again = client.batches.create(**create, extra_headers={"Idempotency-Key": "batch-k"})  # type: ignore[arg-type]
+    assert again.id == batch.id and batch.input_file_id == file.id
+    with runtime.db.read() as s:
+        assert list(s.scalars(select(Batch.id))) == [batch.id]
+        assert list(s.scalars(select(StoredFile.id))) == [file.id]
+    assert "SIGKILL" in (Path(runtime.settings.data_dir) / "api.log").read_text()
 
 
 def test_creates_racing_with_one_key_make_one_batch(api_url, key, runtime):

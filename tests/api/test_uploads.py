@@ -26,16 +26,6 @@ from workers.validation import validate_batch
 MB = 1024 * 1024
 
 
-@pytest.fixture(params=["local", "s3"])
-def store_kind(request, runtime) -> str:
-    if request.param == "s3":
-        s3 = request.getfixturevalue("s3_service")
-        bucket = f"u-{uuid.uuid4().hex[:10]}"
-        s3.create_bucket(bucket)
-        runtime.store = S3ObjectStore(bucket, "freight", client=s3.client())
-    return request.param
-
-
 @pytest.fixture
 def keys(runtime):
     a, key_a = create_tenant(runtime.db, "alpha", now())
