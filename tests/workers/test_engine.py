@@ -7,6 +7,7 @@ shapes, token accounting, errors, aborts and prefix caching.
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from collections import Counter
@@ -368,19 +369,22 @@ def test_feeding_api_aborts_some_requests_and_finishes_the_rest(vllm_engine: Eng
     assert results["keep-1"].completion_tokens == 40 and results["late"].completion_tokens == 3
 
 
-def test_one_process_holds_one_inline_engine(monkeypatch: pytest.MonkeyPatch) -> None:
-    """vLLM's parallel state belongs to the process: beside an inline engine, another one gets a
-    process of its own under "auto", and "inline" is refused with the reason."""
+def test_one_process_holds_one_inline_engine(vllm_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's parallel state belongs to the process: beside an inline engine (the session's real
+    one), another one gets a process of its own under "auto", and "inline" is refused with the
+    reason; with none inline, "auto" is inline on a CPU."""
     import workers.engine as engine_module
 
-    running = type("Running", (), {"config": type("Config", (), {"served_name": "first"})()})()
+    # what this pytest process holds besides (Flask's proxies, say) is another test's business
     monkeypatch.setattr(engine_module, "_unscannable_global", lambda: None)
-    monkeypatch.setattr(engine_module, "_inline_engine", None)  # whatever the session's engine is
-    assert engine_module.core_inline("auto") is True  # a CPU, nothing inline yet
-    monkeypatch.setattr(engine_module, "_inline_engine", running)
+    running = engine_module._inline_engine  # the session's, or a real one started before it
+    assert running is not None and running.inline and (running is vllm_engine) == vllm_engine.inline
     assert engine_module.core_inline("auto") is False and engine_module.core_inline("process") is False
-    with pytest.raises(engine_module.EngineUnsupported, match=r"engine \(first\) already runs inline"):
+    name = re.escape(running.config.served_name)
+    with pytest.raises(engine_module.EngineUnsupported, match=rf"engine \({name}\) already runs inline"):
         engine_module.core_inline("inline")
+    monkeypatch.setattr(engine_module, "_inline_engine", None)  # as if the session's had stopped
+    assert engine_module.core_inline("auto") is True and engine_module.core_inline("inline") is True
 
 
 def test_an_unbound_context_proxy_keeps_the_engine_core_out_of_the_process(
