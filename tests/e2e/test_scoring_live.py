@@ -84,6 +84,8 @@ def _run(live: LiveStack, env: dict[str, str], score_model: Path) -> None:
         _line("top-2", "/v1/rerank", query=QUERY, documents=DOCS, top_n=2),
         _line("all", "/v1/rerank", query=QUERY, documents=DOCS, user="u-7"),
         _line("image", "/v1/rerank", query=QUERY, documents=[{"content": [{"type": "text", "text": "a"}]}]),
+        # a text-generation model's line: refused alone, the rest of its batch runs
+        _line("for-generate", "/v1/rerank", model="demo", query=QUERY, documents=DOCS),
     ]
     batches = {}
     for endpoint, lines in (("/v1/score", score_lines), ("/v1/rerank", rerank_lines)):
@@ -124,7 +126,7 @@ def _run(live: LiveStack, env: dict[str, str], score_model: Path) -> None:
     assert err["limit"]["response"]["body"]["error"]["param"] == "max_tokens_per_doc"
 
     out, err = files(finals["/v1/rerank"])
-    assert set(out) == {"top-2", "all"} and set(err) == {"image"}
+    assert set(out) == {"top-2", "all"} and set(err) == {"image", "for-generate"}
     ranked = out["all"]["response"]["body"]["results"]
     assert [r["index"] for r in ranked] == sorted(range(3), key=lambda i: -scores[i])
     assert all(r["document"]["text"] == DOCS[r["index"]] for r in ranked)
@@ -138,10 +140,14 @@ def _run(live: LiveStack, env: dict[str, str], score_model: Path) -> None:
     image = err["image"]["response"]
     assert image["status_code"] == 400 and image["body"]["error"]["code"] == "unsupported_parameter"
     assert image["body"]["error"]["param"] == "documents.0"
+    wrong = err["for-generate"]["response"]
+    assert wrong["status_code"] == 400, wrong
+    assert (wrong["body"]["error"]["code"], wrong["body"]["error"]["param"]) == ("invalid_model", "model")
+    assert "'demo' generates text; it does not serve /v1/rerank" in wrong["body"]["error"]["message"]
 
     rerank = finals["/v1/rerank"]
     assert rerank.usage.input_tokens == 2 * sum(pair_tokens) and rerank.usage.output_tokens == 0
-    assert (rerank.request_counts.completed, rerank.request_counts.failed) == (2, 1)
+    assert (rerank.request_counts.completed, rerank.request_counts.failed) == (2, 2)
     cost = rerank.model_extra["x_freight"]["cost"]
     assert cost["engine_seconds"] > 0
 
