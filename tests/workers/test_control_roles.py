@@ -6,7 +6,12 @@ batches validate. The control worker itself (``workers.control``), one process p
 ``freight worker --control`` runs it: a validation past its time limit is stopped and its batch
 failed naming the limit; a message left in the queue of releases before the roles still runs;
 SIGTERM stops every role warm; a role that dies is started again, and one that keeps dying takes
-the supervisor down with status 1."""
+the supervisor down with status 1.
+
+The cap's tests run the validation and estimate tasks in this process through Celery's own task
+objects (``apply``): the cap is a decision inside the task (a lease count under the tenant's row
+lock, then a send with a countdown), and the send is read back from the real broker; a worker
+would add a process but no decision. The roles' own tests below run the real supervisor."""
 
 from __future__ import annotations
 

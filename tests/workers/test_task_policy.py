@@ -1,7 +1,15 @@
 """The tasks' exception policy and the validation lease, against a real database (SQLite and
 PostgreSQL) and a real broker; no engine. An outage retries a task, a fault ends its batch
 ``failed`` naming the step, and a validation whose message or worker was lost is sent again by the
-dispatcher's tick once its lease has run out (a fake clock: ``now`` is passed in, nothing sleeps)."""
+dispatcher's tick once its lease has run out (a fake clock: ``now`` is passed in, nothing sleeps).
+
+The tasks run in this process through Celery's own task objects (``apply``), not a worker: the
+same task class, exception policy and retry decisions, with each retry run at once instead of
+after its countdown (up to a minute of real waits for the outage's retries, which is what this
+module counts). A worker running the same policy is tested where time is what matters:
+``freight worker --control`` in tests/workers/test_control_roles.py (a validation past its limit
+failed, a killed one failed from the supervisor) and the live stack's service faults
+(tests/e2e/test_service_faults.py)."""
 
 from __future__ import annotations
 
@@ -25,7 +33,8 @@ LINES = [chat_line("a"), chat_line("b")]
 
 
 def worker_app(rt: Runtime):
-    """A worker process's Celery app, its tasks run in-process (``apply``: retries run at once)."""
+    """A worker process's Celery app, its tasks run in-process (``apply``: retries run at once; see
+    the module's docstring)."""
     app = make_celery(rt.settings)
     app.runtime = rt
     return app
