@@ -283,7 +283,10 @@ def models_add_adapter(base: str, name: str, path: str, tenants: str) -> None:
     who = "every tenant" if entry.tenants is None else f"tenants {tenants}"
     click.echo(f"registered adapter {entry.name} of {entry.base} (rank {entry.rank}, for {who})")
     if first:
-        click.echo(f"{base}'s first adapter: restart {base}'s workers to serve it (they start with LoRA on)")
+        click.echo(
+            f"{base}'s first adapter: {base}'s running workers restart their engines with LoRA on "
+            "before their next pack (no restart by hand)"
+        )
 
 
 @models.command("remove-adapter")

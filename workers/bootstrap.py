@@ -19,7 +19,7 @@ import logging
 import os
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -139,18 +139,19 @@ def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
     after a restart (workers/identity.py)."""
     from celery import signals
 
-    from storage.adapters import adapters
+    from storage.adapters import AdapterEntry, adapters
     from storage.broker import model_queue
     from storage.checkpoint_cache import CheckpointError, local_checkpoint
     from storage.objectstore import s3_client
     from storage.registry import RegistryError, require
     from storage.runtime import Runtime
     from workers.celery_app import make_celery
-    from workers.engine import Engine, EngineStartFailed, EngineUnsupported, stats_registry
+    from workers.engine import Engine, EngineConfig, EngineStartFailed, EngineUnsupported, stats_registry
     from workers.engine_metrics import EngineMetricsUnavailable, serve_engine_metrics
     from workers.execution import PackRunner
     from workers.identity import node_name
     from workers.lora import LoraAdapters, lora_engine_args
+    from workers.lora_refit import LoraRefit
 
     worker = node_name(name, model)
     configure_settings(settings, worker=worker)  # every line of this process names the worker
@@ -170,35 +171,36 @@ def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
             serve_engine_metrics(settings.engine_metrics_bind, stats_registry(), worker)
         except EngineMetricsUnavailable as exc:
             raise BootstrapError(str(exc)) from exc
-    # the base's LoRA adapters turn LoRA on, its own engine args over their limits (workers/lora.py)
     db = app.runtime.db
-    args = {**lora_engine_args(adapters(db, model)), **entry.engine_args}
-    # load once, before consuming: every task this process runs finds the engine warm
-    try:
+
+    def configure(base_adapters: Sequence[AdapterEntry]) -> EngineConfig:
+        """The base's LoRA adapters turn LoRA on, its own engine args over their limits
+        (workers/lora.py); a restart for adapters added since (workers/lora_refit.py) asks again."""
+        args = {**lora_engine_args(base_adapters), **entry.engine_args}
+        return engine_config(
+            settings, model, str(local), entry.max_model_len, args, entry.tool_call_parser, task=entry.task
+        )
+
+    def start(config: EngineConfig) -> Engine:
         with vllm_logs_through_freight(settings, worker):
-            engine = Engine.start(
-                engine_config(
-                    settings,
-                    model,
-                    str(local),
-                    entry.max_model_len,
-                    args,
-                    entry.tool_call_parser,
-                    task=entry.task,
-                )
-            )
+            return Engine.start(config)
+
+    # load once, before consuming: every task this process runs finds the engine warm
+    config = configure(adapters(db, model))
+    try:
+        engine = start(config)
     except (EngineUnsupported, EngineStartFailed) as exc:  # the queue keeps the model's work
         raise BootstrapError(str(exc)) from exc
-    engine.loras = LoraAdapters(model, lambda: adapters(db, model), args)
-    runner = PackRunner(
-        app.runtime, engine, model, worker, price_per_hour=entry.price_per_hour(settings)
-    ).start()
-    app.runner = runner
+    engine.loras = LoraAdapters(model, lambda: adapters(db, model), config.engine_args)
+    runner = PackRunner(app.runtime, engine, model, worker, price_per_hour=entry.price_per_hour(settings))
+    runner.start_engine = start
+    runner.lora_refit = LoraRefit(model, lambda: adapters(db, model), configure)
+    app.runner = runner.start()
 
     @signals.worker_shutdown.connect(weak=False)
     def drain(**_: object) -> None:  # warm shutdown (SIGTERM): finish or hand back, then stop
         runner.close(settings.drain_seconds)
-        engine.shutdown()
+        runner.engine.shutdown()  # the engine it runs now: a restart may have replaced the first
 
     argv = ["worker", "-P", "solo", "-Q", model_queue(model), "-n", worker]
     run_then_exit(

@@ -109,6 +109,10 @@ class EngineLoop:
         self._meter = meter
         self._done: list[ActiveUnit] = []  # finished units, handed on once their share is settled
         self._gather_since: float | None = None  # an idle engine began waiting for packs (monotonic)
+        # ``park``: the loop is asked to hold, and holds, off the engine while it is swapped
+        self._park = threading.Event()
+        self._parked = threading.Event()
+        self._running = threading.Event()  # ``run`` is on its thread
 
     def take_sample(self) -> StepSample:
         """The sample so far, a new one begun (the watcher's, every ``sample_seconds``)."""
@@ -116,7 +120,40 @@ class EngineLoop:
             sample, self._sample = self._sample, StepSample()
         return sample
 
+    def park(self) -> bool:
+        """Hold the loop at the start of its next pass, touching no engine, until ``resume``; on
+        another thread (``PackRunner.restart_engine``, with no unit held). False if the loop has
+        ended instead."""
+        self._park.set()
+        with self._lock:
+            self._lock.notify_all()
+        while not self._parked.wait(IDLE_WAIT_SECONDS):
+            if self._stopped.is_set() or not self._running.is_set():
+                return False
+        return True
+
+    def resume(self, engine: SteppedEngine) -> None:
+        """Let a parked loop go on, driving ``engine`` from now on."""
+        self.engine = engine
+        self._parked.clear()
+        self._park.clear()
+        with self._lock:
+            self._lock.notify_all()
+
+    def _hold(self) -> None:
+        self._parked.set()
+        with self._lock:
+            while self._park.is_set() and not self._stopped.is_set():
+                self._lock.wait(IDLE_WAIT_SECONDS)
+
     def run(self) -> None:
+        self._running.set()
+        try:
+            self._run()
+        finally:
+            self._running.clear()
+
+    def _run(self) -> None:
         engine = self.engine
         gathering = self._pack_feed.gathering
         # busy time runs on from the last step's end while the engine has work: vLLM's engine core
@@ -125,6 +162,10 @@ class EngineLoop:
         busy_since: float | None = None
         try:
             while not self._stopped.is_set():
+                if self._park.is_set():  # the engine is being swapped (nothing is in it)
+                    self._hold()
+                    engine, busy_since = self.engine, None
+                    continue
                 started = time.monotonic() if busy_since is None else busy_since
                 busy_since = None
                 self._apply_stops()

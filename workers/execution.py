@@ -32,18 +32,23 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from storage.runtime import Runtime
 from workers.checkpoint import model_shape
 from workers.cost_meter import CostMeter
-from workers.engine import Engine
+from workers.engine import Engine, EngineConfig
 from workers.engine_loop import EngineLoop
 from workers.identity import holder_id, new_incarnation
+from workers.lora import LoraAdapters
 from workers.pack_feed import PackFeed
 from workers.pack_watcher import PackWatcher
 from workers.runner_state import RunnerState
 from workers.unit_claims import release_unit
 from workers.unit_recorder import UnitRecorder
+
+if TYPE_CHECKING:
+    from workers.lora_refit import LoraRefit
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +91,10 @@ class PackRunner:
         )
         self._threads: list[threading.Thread] = []
         self.on_fatal: Callable[[], None] = _exit_process
+        # how this worker starts an engine (workers.bootstrap's: vLLM's logs through Freight's)
+        self.start_engine: Callable[[EngineConfig], Engine] = Engine.start
+        # restarts the engine for adapters of its base it cannot serve (workers/lora_refit.py)
+        self.lora_refit: LoraRefit | None = None
 
     @property
     def failure(self) -> BaseException | None:
@@ -108,8 +117,57 @@ class PackRunner:
         self, pack_id: str, unit_ids: list[int], more_coming: bool = False, urgent: Iterable[int] = ()
     ) -> int:
         """See ``PackFeed.run_pack``: claims the pack's units, feeds their requests, and returns
-        the units claimed once the engine needs the next pack."""
+        the units claimed once the engine needs the next pack. First, an engine that cannot
+        serve its base's adapters restarts (``workers/lora_refit.py``)."""
+        if self.lora_refit is not None and not self._state.closing.is_set():
+            try:
+                self.lora_refit.before_pack(self)
+            except Exception:
+                if self.failure is not None:  # no engine any more: the pack fails as when it dies
+                    raise
+                # the registry unread (the claims that follow meet the same outage their own way)
+                log.exception("checking %s's adapters before pack %s failed; running it as is", self.model, pack_id)
         return self.feed.run_pack(pack_id, unit_ids, more_coming, urgent)
+
+    def restart_engine(self, config: EngineConfig, loras: LoraAdapters | None, why: str) -> bool:
+        """Replace the engine by one started with ``config`` at a safe point: no ask out, every
+        unit held recorded (or handed back), the engine loop parked. On Celery's thread, the one
+        that started the first engine and lives as long as the worker (workers/engine_lifetime.py).
+        A new engine that does not start is logged and the old configuration started again
+        (False); if that fails too, the worker ends as when its engine dies."""
+        state = self._state
+        self.feed.withdraw_ask()  # no pack is made for this worker meanwhile
+        held = len(state.held())
+        log.info("restarting the engine: %s; first the %d units it holds finish", why, held)
+        waited = time.monotonic()
+        with state.lock:
+            while state.units and state.failure is None and not state.stopped.is_set():
+                state.lock.wait(1.0)
+        if state.failure is not None or state.stopped.is_set() or not self.loop.park():
+            return False
+        old, started = self.engine, time.monotonic()
+        try:
+            old.shutdown()
+            try:
+                engine, restarted = self.start_engine(config), True
+                engine.loras = loras
+            except Exception:
+                log.exception("the engine did not restart with %s; starting it as it was", why)
+                engine, restarted = self.start_engine(old.config), False
+                engine.loras = old.loras
+        except BaseException as exc:  # no engine: as if it died
+            self._engine_failed(exc)
+            raise
+        self.engine = engine
+        self.loop.resume(engine)
+        log.info(
+            "engine %s in %.1f s after %.1f s waiting for its units: %s",
+            "restarted" if restarted else "started again as it was",
+            time.monotonic() - started,
+            started - waited,
+            why,
+        )
+        return restarted
 
     def busy(self) -> bool:
         return self._state.busy()

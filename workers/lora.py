@@ -2,7 +2,8 @@
 ``LoRARequest``.
 
 A base model's engine worker starts with LoRA on when the base has adapters in the registry
-(``storage/adapters.py``); lines naming any of them, and lines of the base itself, run side by
+(``storage/adapters.py``), and restarts its engine before its next pack for adapters added since
+that it cannot serve (``workers/lora_refit.py``: a base's first, say); lines naming any of them, and lines of the base itself, run side by
 side in the one engine (vLLM batches requests of up to ``max_loras`` adapters in a step and keeps
 ``max_cpu_loras`` loaded). The limits come from the registry: ``max_lora_rank`` the smallest vLLM
 takes that holds the largest adapter's rank; ``max_loras`` and ``max_cpu_loras`` one more than the
@@ -24,6 +25,7 @@ the same adapter and tenant.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -66,17 +68,21 @@ class LoraAdapters:
         self._requests: dict[str, Any] = {}
         self._ranks: dict[str, int] = {}
         self._loaded_at = float("-inf")
+        self._lock = threading.Lock()
         self._reload()
 
-    def _reload(self) -> None:
+    def _reload(self, entries: Sequence[AdapterEntry] | None = None) -> None:
         from vllm.lora.request import LoRARequest
 
-        for a in self._load():
-            if a.name not in self._requests:
-                self._requests[a.name] = LoRARequest(a.name, a.id, a.path, base_model_name=self.base)
-                # past the engine's capacity: not served until a restart sizes the engine for it
-                self._ranks[a.name] = a.rank if len(self._ranks) < self.capacity else MAX_LORA_RANKS[-1] + 1
-        self._loaded_at = time.monotonic()
+        loaded = self._load() if entries is None else entries
+        with self._lock:  # the engine loop's reload and the worker's check before a pack
+            for a in loaded:
+                if a.name not in self._requests:
+                    self._requests[a.name] = LoRARequest(a.name, a.id, a.path, base_model_name=self.base)
+                    # past the engine's capacity: not served until a restart sizes the engine for it
+                    # (workers/lora_refit.py restarts it before the next pack)
+                    self._ranks[a.name] = a.rank if len(self._ranks) < self.capacity else MAX_LORA_RANKS[-1] + 1
+            self._loaded_at = time.monotonic()
 
     @property
     def names(self) -> frozenset[str]:
@@ -96,12 +102,29 @@ class LoraAdapters:
             raise RequestError(
                 "model_not_found", f"The model '{str(model)[:200]}' does not exist.", "model", 404
             )
-        if not self.enabled or self._ranks[request.lora_name] > self.max_rank:
+        why = self._why_unserved(request.lora_name)
+        if why is not None:  # the worker's restart for it failed, or cannot help (workers/lora_refit.py)
             raise RequestError(
                 "model_not_available",
-                f"The adapter '{request.lora_name}' was registered after {self.base}'s workers started; "
-                "they serve it once restarted.",
+                f"{self.base}'s engine cannot serve the adapter '{request.lora_name}' ({why}); "
+                "it serves it once restarted with room for it.",
                 "model",
                 503,
             )
         return request
+
+    def unserved(self, entries: Sequence[AdapterEntry]) -> dict[str, str]:
+        """The adapters of ``entries`` (the registry's, read by the caller) this engine cannot
+        serve, each with why: LoRA off, a rank past its max_lora_rank, or no slot left."""
+        self._reload(entries)
+        return {a.name: why for a in entries if (why := self._why_unserved(a.name)) is not None}
+
+    def _why_unserved(self, name: str) -> str | None:
+        if not self.enabled:
+            return "LoRA is off in it"
+        rank = self._ranks[name]
+        if rank > MAX_LORA_RANKS[-1]:
+            return f"its {self.capacity} adapter slots are taken"
+        if rank > self.max_rank:
+            return f"rank {rank} past its max_lora_rank {self.max_rank}"
+        return None

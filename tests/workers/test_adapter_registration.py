@@ -204,7 +204,7 @@ def test_the_cli_adds_lists_and_removes_adapters(runtime, tmp_path: Path) -> Non
     )
     assert added.exit_code == 0, added.output
     assert "registered adapter cli-lora of demo (rank 8, for tenants alpha)" in added.output
-    assert "demo's first adapter: restart demo's workers" in added.output
+    assert "demo's first adapter: demo's running workers restart their engines with LoRA on" in added.output
     table = runner.invoke(main, ["models", "list"], env=env).output.splitlines()
     header = next(i for i, line in enumerate(table) if line.startswith("ADAPTER"))
     assert table[header].split() == ["ADAPTER", "BASE", "RANK", "TARGET", "MODULES", "TENANTS", "PATH"]

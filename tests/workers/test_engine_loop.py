@@ -209,3 +209,26 @@ def test_an_idle_engine_waits_for_the_packs_of_jobs_submitted_together(rig_of) -
         "w:1:t1/0",
         "w:1:t1/1",
     ]  # in key order
+
+
+def test_a_parked_loop_touches_no_engine_and_drives_the_one_it_is_resumed_with(rig_of) -> None:
+    """``PackRunner.restart_engine``'s swap: an idle loop parks (no step, no add while parked, so
+    the engine may be shut down and another started) and, resumed with another engine, runs the
+    next unit's requests on that one alone."""
+    rig = rig_of(ScriptedEngine())
+    first = active(1, rows("a", 2))
+    rig.push(first, rows("a", 2))
+    rig.recorded(1)
+    assert rig.loop.park()
+    old_steps, second_engine = rig.engine.steps, ScriptedEngine()
+    second = active(2, rows("b", 3))
+    rig.push(second, rows("b", 3))  # nothing is pushed while parked in a worker; here it waits
+    time.sleep(0.5)
+    assert rig.engine.steps == old_steps and len(rig.engine.added) == 2 and not second.results
+    rig.loop.resume(second_engine)
+    (done,) = rig.recorded(1)
+    assert done is second and (second.tally.completed, second.tally.failed) == (3, 0)
+    assert len(rig.engine.added) == 2 and sorted(r.key for r in second_engine.added) == [
+        f"w:1:t2/{i}" for i in range(3)
+    ]
+    assert not rig.failures

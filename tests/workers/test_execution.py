@@ -1,7 +1,10 @@
-"""The engine worker's database writes apart from the engine: claim renewal."""
+"""The engine worker's database writes apart from the engine (claim renewal), and its engine's
+restart at a safe point against scripted engines (tests/workers/scripted_engine.py)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import replace
 
 from sqlalchemy import select
@@ -11,7 +14,11 @@ from storage.models import WorkUnit
 from storage.runtime import Runtime
 from storage.status import UnitStatus
 from tests.conftest import now
-from workers.unit_claims import UnitTally, claim_unit, heartbeat
+from tests.workers.scripted_engine import ScriptedEngine
+from workers.engine import EngineConfig, EngineStartFailed
+from workers.execution import PackRunner
+from workers.runner_state import ActiveUnit, new_spool
+from workers.unit_claims import Claim, UnitTally, claim_unit, heartbeat
 
 
 def test_a_heartbeat_renews_the_claims_still_held_with_their_counts(settings):
@@ -66,4 +73,67 @@ def test_a_unit_taken_by_a_late_pack_message_records_that_pack(settings):
         assert rows[late].pack_id == "pack_late" and rows[late].status == UnitStatus.RUNNING
         assert rows[direct].pack_id is None
     finally:
+        rt.db.dispose()
+
+
+class _Restartable(ScriptedEngine):
+    """A scripted engine with what ``PackRunner`` reads of a real one besides the loop's surface."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__(max_num_seqs=config.max_num_seqs)
+        self.config = config  # type: ignore[assignment]
+        self.dtype = "float32"
+        self.loras: object = None
+        self.shut = False
+
+    def shutdown(self) -> None:
+        self.shut = True
+
+
+def test_an_engine_restarts_once_its_units_are_recorded_and_as_it_was_if_the_new_one_fails(
+    settings, demo_model_dir
+):
+    """``PackRunner.restart_engine`` (workers/lora_refit.py's restart): it waits while the worker
+    holds a unit, then shuts the engine down and starts the new one, which the engine loop drives
+    from then on; a new engine that does not start is followed by the old configuration's."""
+    rt = Runtime(settings)
+    first = _Restartable(EngineConfig(model_path=str(demo_model_dir), served_name="demo", max_num_seqs=2))
+    runner = PackRunner(rt, first, "demo", "restart-test")
+    runner.on_fatal = lambda: None
+    loop = threading.Thread(target=runner.loop.run, daemon=True)
+    loop.start()
+    started: list[dict] = []
+
+    def start(config: EngineConfig) -> _Restartable:
+        started.append(config.engine_args)
+        if config.engine_args.get("max_loras") == 99:
+            raise EngineStartFailed("no room for 99 adapters")
+        return _Restartable(config)
+
+    runner.start_engine = start
+    try:
+        held = ActiveUnit(Claim(1, "t", 1, "b", "/v1/chat/completions", "s", 1, 0), new_spool(), new_spool(), 0)
+        runner._state.hold([held])
+        done: list[bool] = []
+        lora_on = replace(first.config, engine_args={"enable_lora": True, "max_loras": 2})
+        restart = threading.Thread(target=lambda: done.append(runner.restart_engine(lora_on, "L", "a test")))
+        restart.start()
+        time.sleep(0.5)
+        assert not first.shut and not started and not done  # a unit is held: no restart yet
+        runner._state.forget(held)
+        restart.join(timeout=10)
+        assert done == [True] and first.shut and started == [lora_on.engine_args]
+        second = runner.engine
+        assert second is not first and second.loras == "L" and runner.loop.engine is second
+        # a new engine that fails to start: the old configuration again, its adapters as they were
+        too_many = replace(first.config, engine_args={"enable_lora": True, "max_loras": 99})
+        assert runner.restart_engine(too_many, "M", "another test") is False
+        third = runner.engine
+        assert second.shut and started[1:] == [too_many.engine_args, lora_on.engine_args]
+        assert third.config == lora_on and third.loras == "L" and runner.loop.engine is third
+        assert runner.failure is None
+    finally:
+        runner._state.stopped.set()
+        runner._state.wake()
+        loop.join(timeout=5)
         rt.db.dispose()

@@ -71,6 +71,56 @@ def test_lines_find_their_adapter_and_late_ones_are_found_or_refused() -> None:
     assert disabled.value.code == "model_not_available"
 
 
+def test_a_restart_is_planned_when_it_serves_adapters_the_engine_cannot() -> None:
+    """workers/lora_refit.py: a worker restarts its engine for its base's adapters only when the
+    running engine cannot serve one and an engine configured from the registry would; a restart
+    that would not help (the base's own max_loras) or that failed is not tried again for the same
+    adapters."""
+    from types import SimpleNamespace
+
+    from workers.lora_refit import LoraRefit
+
+    registry: list[AdapterEntry] = []
+    own: dict[str, int] = {}  # the base's own engine arguments
+
+    def configure(entries):
+        return EngineConfig(model_path="/m", served_name="demo", engine_args={**lora_engine_args(entries), **own})
+
+    refit = LoraRefit("demo", lambda: list(registry), configure)
+    off = LoraAdapters("demo", lambda: list(registry), {})  # started without adapters: LoRA off
+    assert refit.plan(off) is None and refit.plan(None) is None
+    registry.append(_entry(1, "a", "/adapters/a"))
+    config, why, _ = refit.plan(off)
+    assert config.engine_args == lora_engine_args(registry), config
+    assert why == "adapters of demo it cannot serve (a: LoRA is off in it)"
+    on = LoraAdapters("demo", lambda: list(registry), config.engine_args)
+    assert on.unserved(registry) == {} and refit.plan(on) is None  # the restarted engine serves it
+    registry.append(_entry(2, "big", "/adapters/big", rank=64))
+    config, why, _ = refit.plan(on)
+    assert why == "adapters of demo it cannot serve (big: its 1 adapter slots are taken)"
+    assert (config.engine_args["max_lora_rank"], config.engine_args["max_loras"]) == (64, 3)
+    roomy = LoraAdapters("demo", lambda: list(registry), {**lora_engine_args(registry[:1]), "max_loras": 4})
+    assert "big: rank 64 past its max_lora_rank 8" in refit.plan(roomy)[1]
+    # the base's own max_loras holds one adapter: a restart would not serve the second either
+    own["max_loras"] = 2
+    capped = LoraAdapters("demo", lambda: list(registry), {**lora_engine_args(registry[:1]), "max_loras": 2})
+    assert capped.unserved(registry) == {"big": "its 1 adapter slots are taken"}
+    assert refit.plan(capped) is None
+    # a restart that failed is not tried again for the same adapters; a new adapter tries again
+    own.clear()
+    refit = LoraRefit("demo", lambda: list(registry), configure)
+    restarts: list[str] = []
+    runner = SimpleNamespace(
+        engine=SimpleNamespace(loras=off), restart_engine=lambda c, loras, why: restarts.append(why) and False
+    )
+    refit.before_pack(runner)  # type: ignore[arg-type]
+    refit.before_pack(runner)  # type: ignore[arg-type]
+    assert len(restarts) == 1 and "max_lora_rank=64, max_loras=3, max_cpu_loras=3" in restarts[0]
+    registry.append(_entry(3, "c", "/adapters/c"))
+    refit.before_pack(runner)  # type: ignore[arg-type]
+    assert len(restarts) == 2
+
+
 @pytest.fixture(scope="module")
 def lora_engine(demo_model_dir: Path) -> Iterator[tuple[Engine, dict[str, str]]]:
     from infra.build_lora_adapters import build
