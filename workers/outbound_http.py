@@ -8,15 +8,25 @@ metadata at 169.254.169.254, shared or reserved ones unless the operator allows 
 and the connection made to the checked address, so a DNS answer that changes between the check and
 the connect cannot redirect it (the TLS certificate is still checked against the host name). The
 whole call, resolving included, is cut off at its timeout (a server that trickles bytes too), and at
-most ``max_bytes`` of the answer are read.
+most ``max_bytes`` of the answer are read. A refusal tells the tenant that the address is not
+allowed, never which address its host resolved to (that would map the deployment's internal names
+for it); the operator's log names it.
+
+Host lookups are per tenant (``TenantLookups``): ``getaddrinfo`` cannot be cancelled, so a lookup
+its call gave up on runs on in its thread until the system resolver ends it. Each lookup has a
+thread of its own, and at most ``Call.tenant_lookups`` of one tenant's run at once in a process,
+those given up on included: a tenant whose DNS hangs waits for its own lookups, within its calls'
+deadlines, and never occupies a pool the other tenants' lookups need (a shared pool of four threads
+did: a victim's lookup timed out behind an attacker's hung ones).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import dataclasses
 import http.client
+import ipaddress
+import logging
 import socket
 import ssl
 import threading
@@ -24,7 +34,8 @@ import time
 from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
-_RESOLVER = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="outbound-dns")
+log = logging.getLogger(__name__)
+
 REDIRECTS = (301, 302, 303, 307, 308)
 
 
@@ -55,22 +66,81 @@ class _PinnedHTTPSConnection(http.client.HTTPSConnection):
         self.sock = self._context.wrap_socket(sock, server_hostname=self.host)  # type: ignore[attr-defined]
 
 
-def resolve(host: str, port: int, timeout: float, allow_private: bool, setting: str) -> str:
+class TenantLookups:
+    """Host lookups, each in a thread of its own, at most ``limit`` of one tenant's running at once
+    in this process (a lookup whose caller gave up counts until it ends). A tenant's lookup waits
+    for one of its own to end, never for another tenant's."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._running: dict[str, int] = {}  # tenant -> lookups in their threads; no key at 0
+
+    def running(self, tenant: str) -> int:
+        with self._changed:
+            return self._running.get(tenant, 0)
+
+    def lookup(self, host: str, port: int, tenant: str, limit: int, deadline: float) -> list[str]:
+        """The addresses ``host`` resolves to, by ``deadline`` (``time.monotonic()``) or
+        OutboundError; the system resolver's own error (an OSError) as it is."""
+        with self._changed:
+            while self._running.get(tenant, 0) >= max(1, limit):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise OutboundError(f"resolving {host} timed out: the tenant's earlier lookups still run")
+                self._changed.wait(left)
+            self._running[tenant] = self._running.get(tenant, 0) + 1
+        found: list[list[str]] = []
+        failed: list[OSError] = []
+        ended = threading.Event()
+
+        def run() -> None:
+            try:
+                infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+                found.append([str(info[4][0]) for info in infos])
+            except OSError as exc:
+                failed.append(exc)
+            finally:
+                with self._changed:
+                    left_running = self._running[tenant] - 1
+                    if left_running:
+                        self._running[tenant] = left_running
+                    else:
+                        del self._running[tenant]
+                    self._changed.notify_all()
+                ended.set()
+
+        threading.Thread(target=run, name="outbound-dns", daemon=True).start()
+        if not ended.wait(max(0.0, deadline - time.monotonic())):
+            raise OutboundError(f"resolving {host} timed out")
+        if failed:
+            raise failed[0]
+        return found[0]
+
+
+LOOKUPS = TenantLookups()
+
+
+def resolve(host: str, port: int, call: Call, deadline: float) -> str:
     """The address to connect to: the first the host resolves to, when every one is allowed.
-    Raises OSError saying why not (``setting``: the operator setting that would allow it)."""
+    Raises OSError saying why not, naming the operator setting that would allow it but not the
+    address (the operator's log has it)."""
     from scheduler.webhooks import address_allowed
 
-    future = _RESOLVER.submit(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
     try:
-        infos = future.result(timeout=timeout)
-    except concurrent.futures.TimeoutError:
-        raise OutboundError(f"resolving {host} timed out") from None
-    addresses = [str(info[4][0]) for info in infos]
-    refused = [a for a in addresses if not address_allowed(a, allow_private)]
+        ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        addresses = LOOKUPS.lookup(host, port, call.tenant, call.tenant_lookups, deadline)
+    else:  # an address as the host: nothing to look up
+        addresses = [host]
+    refused = [a for a in addresses if not address_allowed(a, call.allow_private)]
     if refused or not addresses:
+        log.warning(
+            "outbound call of tenant %s refused: %s resolves to %s (%s is off)",
+            call.tenant or "-", host, refused[0] if refused else "nothing", call.setting,
+        )  # fmt: skip
+        what = "an address that is not allowed" if refused else "no address"  # the tenant's: none named
         raise OutboundError(
-            f"refused: {host} resolves to {refused[0] if refused else 'nothing'}, not a public address"
-            f" ({setting} is off)"
+            f"refused: {host} resolves to {what}: not a public address ({call.setting} is off)"
         )
     return addresses[0]
 
@@ -93,6 +163,8 @@ class Call:
     setting: str
     user_agent: str
     refuse_larger: bool = True  # False: read max_bytes of a larger answer and drop the rest
+    tenant: str = ""  # whose call: its host lookups are counted against this tenant (TenantLookups)
+    tenant_lookups: int = 2  # of this tenant's lookups running at once in this process, at most
 
 
 def send(
@@ -118,7 +190,7 @@ def send(
     watchdog.daemon = True
     watchdog.start()
     try:
-        address = resolve(host, port, call.timeout, call.allow_private, call.setting)
+        address = resolve(host, port, call, deadline)
         left = max(0.1, deadline - time.monotonic())
         kind = _PinnedHTTPSConnection if parts.scheme == "https" else _PinnedHTTPConnection
         conn = kind(host, port, address, left)

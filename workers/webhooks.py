@@ -13,7 +13,9 @@ deliveries go on). One tenant's claims are serialized on its row, so two workers
 both take its last place. When an attempt ends it sends the next due ones.
 
 The receiver is a tenant's input: the host is resolved, every address checked and the connection
-made to the checked address (``workers.outbound_http``, shared with image URLs); redirects are not
+made to the checked address (``workers.outbound_http``, shared with image URLs). Lookups are counted
+per tenant too (FREIGHT_WEBHOOK_TENANT_CONCURRENCY of one tenant's at once in a process, those that
+outlived their attempt included), so a tenant whose DNS hangs waits for its own; redirects are not
 followed, the whole attempt is cut off at FREIGHT_WEBHOOK_TIMEOUT_SECONDS, and at most 64 KiB of
 the response is read.
 """
@@ -114,6 +116,7 @@ class _Attempt:
     attempts: int  # before this one
     first_at: int  # the event's time: the retry schedule runs from it
     batch_id: str  # whose event: the attempt's log line carries it (storage/logs.py)
+    tenant_id: str  # whose endpoint: its host lookups are counted against it
 
 
 def deliver(rt: Runtime, delivery_id: int, now: float) -> str | None:
@@ -129,6 +132,8 @@ def deliver(rt: Runtime, delivery_id: int, now: float) -> str | None:
         attempt.body,
         rt.settings.webhook_timeout_seconds,
         rt.settings.webhook_allow_private_targets,
+        tenant=attempt.tenant_id,
+        tenant_lookups=rt.settings.webhook_tenant_concurrency,
     )
     outcome = _record(rt, delivery_id, attempt, now, status, error)
     log.info("webhook delivery %d (%s) to endpoint %s: %s%s", delivery_id, attempt.event_id,
@@ -192,6 +197,7 @@ def _claim(rt: Runtime, delivery_id: int, now: float) -> _Attempt | None:
             delivery.attempts,
             delivery.created_at,
             delivery.batch_id,
+            endpoint.tenant_id,
         )
 
 
@@ -255,11 +261,28 @@ def _record(
 
 
 def post(
-    url: str, sent: dict[str, str], body: bytes, timeout: float, allow_private: bool
+    url: str,
+    sent: dict[str, str],
+    body: bytes,
+    timeout: float,
+    allow_private: bool,
+    tenant: str = "",
+    tenant_lookups: int = 2,
 ) -> tuple[int | None, str | None]:
     """POST ``body`` to ``url``: (HTTP status or None, None on a 2xx else why it failed). The whole
-    call, resolving included, ends within ``timeout`` seconds (``workers.outbound_http``)."""
-    call = Call(timeout, MAX_RESPONSE_BYTES, allow_private, PRIVATE_SETTING, USER_AGENT, refuse_larger=False)
+    call, resolving included, ends within ``timeout`` seconds (``workers.outbound_http``), and at
+    most ``tenant_lookups`` of ``tenant``'s host lookups run at once in this process, so a tenant
+    whose DNS hangs waits for its own lookups only."""
+    call = Call(
+        timeout,
+        MAX_RESPONSE_BYTES,
+        allow_private,
+        PRIVATE_SETTING,
+        USER_AGENT,
+        refuse_larger=False,
+        tenant=tenant,
+        tenant_lookups=tenant_lookups,
+    )
     try:
         answer = send("POST", url, call, sent, body)
     except TimeoutError:

@@ -8,6 +8,7 @@ receiver holds one thread of a real webhook worker, and the other tenants' deliv
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -211,10 +212,16 @@ def test_redirects_are_not_followed_and_answers_are_read_bounded(rt, receiver):
     assert time.monotonic() - started < 1.0
 
 
-def test_a_private_target_is_refused_unless_the_operator_allows_it(rt, receiver):
+def test_a_private_target_is_refused_unless_the_operator_allows_it(rt, receiver, caplog):
     body = b"{}"
-    status, error = post(receiver.url("/x").replace("127.0.0.1", "localhost"), {}, body, 2.0, False)
+    with caplog.at_level(logging.WARNING, logger="workers.outbound_http"):
+        status, error = post(receiver.url("/x").replace("127.0.0.1", "localhost"), {}, body, 2.0, False, "t1")
     assert status is None and "refused" in error and "not a public address" in error
+    # the tenant is not told how the deployment's names resolve; the operator's log says
+    assert "localhost resolves to an address that is not allowed" in error
+    assert "127.0.0.1" not in error and "::1" not in error
+    assert any("localhost resolves to" in r.getMessage() and "t1" in r.getMessage() for r in caplog.records)
+    assert any(a in r.getMessage() for r in caplog.records for a in ("127.0.0.1", "::1"))
     assert receiver.at("/x") == []  # not even a connection
     assert post(receiver.url("/x"), {}, body, 2.0, True) == (200, None)
 
