@@ -27,6 +27,7 @@ pytestmark = pytest.mark.stack
 
 BASE = "demo-lora"
 ALPHA, BETA = "lora-alpha", "lora-beta"  # BETA: tenant alpha's only
+OTHER_BASE, OTHER = "demo-lora-2", "lora-other"  # an adapter of another base: no worker needed
 
 
 @pytest.fixture(scope="module")
@@ -48,13 +49,18 @@ def _line(custom_id: str, model: str) -> dict:
 
 def test_lines_of_two_adapters_and_their_base_run_in_one_batch(live: LiveStack, adapters_dir: Path) -> None:
     env = live.worker_env  # it starts a second engine worker
-    added = _freight(env, "models", "add", BASE, "--path", str(live.model_dir), "--quantization", "none")
-    assert added.returncode == 0, added.stderr[-2000:]
+    bases = []
+    for base in (BASE, OTHER_BASE):
+        added = _freight(env, "models", "add", base, "--path", str(live.model_dir), "--quantization", "none")
+        assert added.returncode == 0, added.stderr[-2000:]
+        bases.append(base)
     registered = []
     try:
-        for name, word, tenants in ((ALPHA, "alpha", ()), (BETA, "beta", ("--tenants", "alpha"))):
+        adapters = ((BASE, ALPHA, "alpha", ()), (BASE, BETA, "beta", ("--tenants", "alpha")),
+                    (OTHER_BASE, OTHER, "alpha", ()))  # fmt: skip
+        for base, name, word, tenants in adapters:
             out = _freight(
-                env, "models", "add-adapter", BASE, name, "--path", str(adapters_dir / word), *tenants
+                env, "models", "add-adapter", base, name, "--path", str(adapters_dir / word), *tenants
             )
             assert out.returncode == 0, out.stderr[-2000:]
             registered.append(name)
@@ -67,7 +73,7 @@ def test_lines_of_two_adapters_and_their_base_run_in_one_batch(live: LiveStack, 
         assert listed[ALPHA]["lora_int_id"] != listed[BETA]["lora_int_id"]
         for tenant, expected in (("alpha", {ALPHA, BETA}), ("beta", {ALPHA})):
             served = {m.id: m for m in live.client(tenant).models.list().data}
-            assert {k for k in served if k.startswith("lora-")} == expected
+            assert {k for k in served if k.startswith("lora-")} == {*expected, OTHER}
             assert served[ALPHA].model_extra["parent"] == BASE
         _only_unknown_fails_at_validation(live)
         _run(live, env)
@@ -75,8 +81,9 @@ def test_lines_of_two_adapters_and_their_base_run_in_one_batch(live: LiveStack, 
         for name in registered:
             removed = _freight(env, "models", "remove-adapter", name)
             assert removed.returncode == 0, removed.stderr
-        removed = _freight(env, "models", "remove", BASE)
-        assert removed.returncode == 0, removed.stderr
+        for base in bases:
+            removed = _freight(env, "models", "remove", base)
+            assert removed.returncode == 0, removed.stderr
 
 
 def _submit(client: OpenAI, lines: list[dict]) -> str:
@@ -115,8 +122,10 @@ def _run(live: LiveStack, env: dict[str, str]) -> None:
     client = live.client("alpha")
     models = [BASE, ALPHA, BETA]
     lines = [_line(f"{model}-{i}", model) for i in range(4) for model in models]
-    # an unknown adapter's line, refused alone: the rest of its batch runs
-    batch_id = _submit(client, [*lines[:5], _line("typo", "lora-gamma"), *lines[5:]])
+    # an unknown adapter's line and an adapter of another base, each refused alone: the rest runs
+    batch_id = _submit(
+        client, [*lines[:5], _line("typo", "lora-gamma"), _line("other-base", OTHER), *lines[5:]]
+    )
     # tenant beta names alpha's restricted adapter and an unknown one beside a line of the base
     beta = live.client("beta")
     theirs = _submit(beta, [_line("base", BASE), _line("restricted", BETA), _line("unknown", "lora-gamma")])
@@ -125,7 +134,7 @@ def _run(live: LiveStack, env: dict[str, str]) -> None:
         final = wait_final(client, batch_id, timeout=300)
         beta_final = wait_final(beta, theirs, timeout=300)
     assert final.status == "completed", final
-    assert (final.request_counts.completed, final.request_counts.failed) == (12, 1), final.request_counts
+    assert (final.request_counts.completed, final.request_counts.failed) == (12, 2), final.request_counts
     refused = _refused_lines(client, final)
     assert refused == {
         "typo": {
@@ -133,7 +142,14 @@ def _run(live: LiveStack, env: dict[str, str]) -> None:
             "message": "model 'lora-gamma' is not served here",  # validation's words
             "param": "model",
             "type": "invalid_request_error",
-        }
+        },
+        "other-base": {
+            "code": "adapter_base_mismatch",
+            "message": f"model {OTHER!r} is a LoRA adapter of {OTHER_BASE!r}, not of {BASE!r}, this file's "
+            "model (its first line naming a served model): a file's lines name one base model or its adapters",
+            "param": "model",
+            "type": "invalid_request_error",
+        },
     }, refused
     assert beta_final.status == "completed", beta_final
     counts = beta_final.request_counts
@@ -144,7 +160,7 @@ def _run(live: LiveStack, env: dict[str, str]) -> None:
         r["custom_id"]: r["response"]["body"]
         for r in map(json.loads, client.files.content(final.output_file_id).text.splitlines())
     }
-    assert "typo" not in out and len(out) == 12
+    assert "typo" not in out and "other-base" not in out and len(out) == 12
     for custom_id, body in out.items():
         model = custom_id.rsplit("-", 1)[0]
         answer = body["choices"][0]["message"]["content"].strip()
