@@ -294,11 +294,17 @@ def store_kind(request: pytest.FixtureRequest, runtime: Runtime) -> str:
     """The test's ``runtime`` on each object store: local disk (as made), or a bucket of its own
     on the session's SeaweedFS. A test taking it runs once on each."""
     if request.param == "s3":
-        s3 = request.getfixturevalue("s3_service")
-        bucket = f"u-{uuid.uuid4().hex[:10]}"
-        s3.create_bucket(bucket)
-        runtime.store = S3ObjectStore(bucket, "freight", client=s3.client())
+        on_s3(request, runtime)
     return str(request.param)
+
+
+def on_s3(request: pytest.FixtureRequest, runtime: Runtime) -> None:
+    """Move ``runtime`` (before it stored anything) onto a bucket of its own on the session's
+    SeaweedFS; for a fixture whose runtime is not ``runtime``."""
+    s3 = request.getfixturevalue("s3_service")
+    bucket = f"u-{uuid.uuid4().hex[:10]}"
+    s3.create_bucket(bucket)
+    runtime.store = S3ObjectStore(bucket, "freight", client=s3.client())
 
 
 def now() -> int:

@@ -1,7 +1,9 @@
 """Resuming a batch (POST /v1/batches with ``resume_from``, issue #48 part 3) on both databases:
 batches whose units are claimed and recorded as an engine worker records them (no engine), cancelled
 a third of the way, resumed, and the resume resumed; the merged files hold every line once, the
-error file only what still failed; what cannot be resumed is refused with the reason."""
+error file only what still failed; what cannot be resumed is refused with the reason. The resumes
+themselves run on the local store and on S3 (SeaweedFS): the live stack of
+tests/e2e/test_resume_live.py is on the local store only."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from storage.runtime import Runtime
 from storage.settings import Settings
 from storage.shards import read_rows
 from storage.status import BatchStatus
-from tests.conftest import now
+from tests.conftest import now, on_s3
 from tests.factories import batch_units, chat_line, validated_batch
 from tests.workers.test_unit_recorder import record
 from workers import estimates as estimate_task
@@ -84,10 +86,16 @@ def read(rt: Runtime, batch_id: str) -> Batch:
 
 
 @pytest.fixture
-def rt(settings: Settings):
+def rt(request: pytest.FixtureRequest, settings: Settings):
+    """The test's runtime, on the store its parameter names (``local`` unless given: ``s3``)."""
     runtime = Runtime(replace(settings, unit_size=4))
+    if getattr(request, "param", "local") == "s3":
+        on_s3(request, runtime)
     yield runtime
     runtime.db.dispose()
+
+
+on_each_store = pytest.mark.parametrize("rt", ["local", "s3"], indirect=True)
 
 
 @pytest.fixture
@@ -130,6 +138,7 @@ def every_line_once(rt: Runtime, batch: Batch) -> tuple[list[dict], list[dict]]:
     return output, errors
 
 
+@on_each_store
 def test_a_cancelled_batch_resumed_twice_ends_with_every_line_once(rt: Runtime, client: FlaskClient):
     tenant_id, headers = tenant(rt)
     first_id = cancelled_at_a_third(rt, client, tenant_id, headers)
@@ -194,6 +203,7 @@ def test_a_cancelled_batch_resumed_twice_ends_with_every_line_once(rt: Runtime, 
     assert response.get_json()["error"]["code"] == "nothing_to_resume"
 
 
+@on_each_store
 def test_a_resume_validated_in_chunks_skips_the_same_lines(rt: Runtime, client: FlaskClient):
     from tests.workers.test_validation_chunks import validate_chunked
 
@@ -203,6 +213,7 @@ def test_a_resume_validated_in_chunks_skips_the_same_lines(rt: Runtime, client: 
     many = resume(client, headers, first_id).get_json()["id"]
     validate_batch(rt, one)
     chunked = Runtime(replace(rt.settings, validation_chunk_bytes=512))
+    chunked.store = rt.store
     try:
         assert validate_chunked(chunked, many) > 1
     finally:

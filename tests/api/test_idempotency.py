@@ -1,5 +1,5 @@
 """``Idempotency-Key`` on POST /v1/files and POST /v1/batches through Flask's test client, on
-SQLite and PostgreSQL with a real broker and store: a retry answers the first answer and makes
+SQLite and PostgreSQL with a real broker and store (the uploads' on local disk and on S3): a retry answers the first answer and makes
 nothing, a different request with the key is a 409 naming it, keys are per tenant, a key in flight
 is a 409, a refused request frees its key, and bad keys are 400s. The live API (gunicorn, lost
 answers, the official client) is tests/api/test_idempotency_live.py."""
@@ -86,7 +86,7 @@ def test_keys_are_per_tenant(client, keys, runtime):
     assert count(runtime, Batch) == 2
 
 
-def test_a_retried_upload_answers_the_first_file_and_stores_nothing_more(client, keys, runtime):
+def test_a_retried_upload_answers_the_first_file_and_stores_nothing_more(client, keys, runtime, store_kind):
     data = jsonl([chat_line("a"), chat_line("b")])
     first = http_upload(client, keyed(keys["a"], "up-1"), data)  # each post draws its own boundary
     objects = stored_objects(runtime)
@@ -213,7 +213,9 @@ def test_a_json_body_is_compared_as_json(client, keys, runtime):
     assert answers[1].get_json() == answers[0].get_json() and count(runtime, Batch) == 1
 
 
-def test_an_uploads_create_parts_and_complete_retried_with_their_keys_are_made_once(client, keys, runtime):
+def test_an_uploads_create_parts_and_complete_retried_with_their_keys_are_made_once(
+    client, keys, runtime, store_kind
+):
     from storage.models import Upload, UploadPart
 
     data = jsonl([chat_line(f"r{i}") for i in range(6)])

@@ -224,7 +224,7 @@ def test_a_create_whose_answer_was_lost_answers_the_same_object_on_retry(api_url
             assert time.monotonic() < deadline, "the lost create never ran"
             time.sleep(0.05)
     client = OpenAI(base_url=api_url + "/v1", api_key=key, max_retries=2, timeout=30)
-    batch = client.batches.create(**create, extra_headers={"Idempotency-Key": "lost-batch"})  # type: ignore[arg-type]
+    batch = client.batches.create(**create, extra_headers={"Idempotency-Key": "lost-batch"})
     with runtime.db.read() as s:
         assert list(s.scalars(select(Batch.id))) == [batch.id]
     assert batch.input_file_id == file_id and count(runtime, StoredFile) == 1
@@ -250,10 +250,10 @@ def test_creates_whose_api_process_was_killed_after_the_commit_are_made_once(kil
         assert s.scalar(select(IdempotencyKey.status).where(IdempotencyKey.key == "file-k")) == "created"
     assert file.bytes == len(data) and client.files.content(file.id).read() == data
     create = {"input_file_id": file.id, "endpoint": CHAT, "completion_window": "24h"}
-    made = client.batches.with_raw_response.create(**create, extra_headers={"Idempotency-Key": "batch-k"})  # type: ignore[arg-type]
+    made = client.batches.with_raw_response.create(**create, extra_headers={"Idempotency-Key": "batch-k"})
     assert (killed / "batch-k").exists() and made.headers["Idempotent-Replayed"] == "true"
     batch = made.parse()
-    again = client.batches.create(**create, extra_headers={"Idempotency-Key": "batch-k"})  # type: ignore[arg-type]
+    again = client.batches.create(**create, extra_headers={"Idempotency-Key": "batch-k"})
     assert again.id == batch.id and batch.input_file_id == file.id
     with runtime.db.read() as s:
         assert list(s.scalars(select(Batch.id))) == [batch.id]

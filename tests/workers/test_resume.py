@@ -1,7 +1,7 @@
 """A resume's two halves on the workers' side (issue #48 part 3): the skip filter of validation
 (``FileRules.skip``: the settled lines are neither rows nor errors, a duplicate of one still is)
-and what the earlier batch's files give a resume (``settled``, ``carried``), on a real store and
-both databases."""
+and what the earlier batch's files give a resume (``settled``, ``carried``), on the local store
+and S3 (SeaweedFS) and both databases."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def test_a_file_whose_lines_are_all_settled_has_nothing_to_resume() -> None:
     assert [e.code for e in summary.errors] == ["nothing_to_resume"]
 
 
-def test_settled_and_carried_read_the_earlier_files(runtime: Runtime) -> None:
+def test_settled_and_carried_read_the_earlier_files(runtime: Runtime, store_kind: str) -> None:
     rt = runtime
     tenant, _ = create_tenant(rt.db, f"t{now()}", now())
     output = [encode(success_line(f"ok-{i}", {"n": i})) for i in range(3)]
