@@ -33,12 +33,12 @@ import pytest
 import redis
 import requests
 from openai import OpenAI
-from sqlalchemy import update
+from sqlalchemy import func, select, update
 
 from infra.processes import create_tenant
 from storage.checkpoint_cache import staged_path
 from storage.db import Database
-from storage.models import StoredFile
+from storage.models import ConsoleSession, StoredFile, Tenant
 from storage.runtime import Runtime
 from tests.api.test_parquet_bombs import page_bomb
 from tests.e2e.conftest import LiveStack, peak_rss_mb, peak_rss_reset, wait_final
@@ -503,6 +503,20 @@ def test_a_hostile_tenant_harms_no_one(
         f"no FREIGHT_TRUSTED_PROXIES: the anonymous bucket drawn from is the peer's ({', '.join(named)}), never {forged}",
     )  # fmt: skip
 
+    # -- #49 5. webhook routes under the /v1 rate limits ----------------------------------------------
+    hooks_keyed = attacker.get(f"{api}/v1/webhooks", timeout=30)
+    hooks_guessed = requests.get(
+        f"{api}/v1/webhooks", headers={"Authorization": "Bearer fk-guess"}, timeout=30
+    )
+    for answer in (hooks_keyed, hooks_guessed):
+        seen.add(answer.status_code)
+        assert "x-ratelimit-remaining-requests" in answer.headers, (answer.status_code, dict(answer.headers))
+    assert (hooks_keyed.status_code, hooks_guessed.status_code) == (200, 401)
+    record(
+        "/v1/webhooks with the tenant's key and with a wrong one", hooks_guessed.status_code,
+        error_code(hooks_guessed), "both drew from a bucket (the tenant's, the address's), as every /v1 route does",
+    )  # fmt: skip
+
     # -- 8. keys and sessions -----------------------------------------------------------------------
     made_key = freight("tenant", "new-key", names["a"])
     assert made_key.returncode == 0, made_key.stderr
@@ -576,6 +590,70 @@ def test_a_hostile_tenant_harms_no_one(
             f"unauthenticated 200 MB POST /console/upload ({label})", status, None,
             f"answered in {took * 1000:.0f} ms with 0 of 209,715,200 body bytes sent",
         )  # fmt: skip
+
+    # -- #49 6. sign-ins without end; what the models page shows a tenant ------------------------------
+    sign_ins = 25  # past FREIGHT_MAX_SESSIONS_PER_TENANT (20); each draws from the address's bucket
+    for _ in range(sign_ins):
+        browser = seen.session()
+        form = browser.get(f"{api}/console/sign-in", timeout=30)
+        signed = browser.post(
+            f"{api}/console/sign-in",
+            data={"api_key": keys["a"], "csrf_token": csrf.search(form.text).group(1)},  # type: ignore[union-attr]
+            allow_redirects=False,
+            timeout=30,
+        )
+        assert signed.status_code == 302, signed.text[:200]
+    database = Database(stack.settings.database_url)
+    try:
+        with database.read() as s:
+            live_sessions = s.scalar(
+                select(func.count())
+                .select_from(ConsoleSession)
+                .join(Tenant, Tenant.id == ConsoleSession.tenant_id)
+                .where(Tenant.name == names["a"])
+            )
+    finally:
+        database.dispose()
+    assert live_sessions == stack.settings.max_sessions_per_tenant, live_sessions
+    record(
+        f"{sign_ins} console sign-ins in a row", 302, None,
+        f"{live_sessions} live sessions kept (FREIGHT_MAX_SESSIONS_PER_TENANT), the oldest ended",
+    )  # fmt: skip
+    models_page = browser.get(f"{api}/console/models", allow_redirects=False, timeout=30)
+    assert models_page.status_code == 200 and 'id="own-work"' in models_page.text, models_page.status_code
+    assert 'class="worker"' not in models_page.text and 'id="queues"' not in models_page.text
+    assert socket.gethostname() not in models_page.text
+    record(
+        "console models page", models_page.status_code, None,
+        "the tenant's own queued work and ETAs; no worker host names, no fleet queues",
+    )  # fmt: skip
+
+    # -- #49 3. dry runs inside the validation limit -------------------------------------------------
+    priced = upload(jsonl([chat_line(f"e{i}", max_tokens=1) for i in range(4)]), "price.jsonl").json()["id"]
+    asked = [
+        attacker.post(
+            f"{api}/v1/batches",
+            json={"input_file_id": priced, "endpoint": CHAT, "completion_window": "24h", "dry_run": True},
+            timeout=60,
+        )
+        for _ in range(20)
+    ]
+    made = [r.json()["id"] for r in asked if r.status_code == 200]
+    refused = [r for r in asked if r.status_code != 200]
+    assert len(made) >= 1 and all(r.status_code == 429 for r in refused), [r.status_code for r in asked]
+    assert {error_code(r) for r in refused} <= {"too_many_estimates"}
+
+    def estimated(estimate_id: str) -> dict | None:
+        body = attacker.get(f"{api}/v1/batches/{estimate_id}", timeout=30).json()
+        return body if body["status"] != "validating" else None
+
+    answers = [wait_until(lambda e=e: estimated(e), f"estimate {e}", 120) for e in made]
+    assert all(a["status"] == "completed" for a in answers), answers
+    record(
+        "dry-run flood: 20 asked at once", 429 if refused else 200, "too_many_estimates" if refused else None,
+        f"{len(made)} made, at most FREIGHT_TENANT_VALIDATIONS unanswered at once and read in the"
+        f" validation turns the tenant's batches share; {len(refused)} refused with 429",
+    )  # fmt: skip
 
     # -- 9. names, CSV cells, batch ids; 6. checkpoint keys --------------------------------------------
     for hostile in ('=HYPERLINK("http://evil","x")', "../etc", "-rf"):
