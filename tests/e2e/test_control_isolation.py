@@ -32,10 +32,14 @@ pytestmark = pytest.mark.stack
 FLOOD_BATCHES = 6
 FLOOD_LINES = 40_000  # each validates for about 7 s on this 2-core machine: ~20 s of full pool
 SMALL_LINES = 8
-START_BOUND_S = 15.0  # beta's batch validated (in_progress or later) this soon after it was created
-DONE_BOUND_S = 60.0  # and completed this soon
+# The bounds, about 2-3x what was measured on the 2-core hosts: alone, beta's batch was validated
+# 0.34-1.07 s and completed 3.4-4.7 s after its create; with eight other test runs loading the
+# machine (load average 12), 2.3 s and 5.8 s, with 15 ticks in 15.1 s and no gap past 1.0 s.
+START_BOUND_S = 5.0  # beta's batch validated (in_progress or later) this soon after it was created
+DONE_BOUND_S = 15.0  # and completed this soon
 TICK_SECONDS = 1.0  # start_live's FREIGHT_TICK_SECONDS
-MAX_TICK_GAP_S = 5.0
+MAX_TICK_GAP_S = 2.5  # a tick late by most of a period, never a period missed and the next late too
+MIN_TICK_SHARE = 0.9  # of the periods in the window, each with its tick finished
 TICK_WINDOW_S = 15.0  # the tick's period is checked over at least this long with the pool full
 
 
@@ -149,5 +153,5 @@ def test_a_flood_of_uploads_holds_up_neither_another_tenant_nor_the_tick(iso: Li
     assert flood_states.count("validating") >= 2, flood_states
     assert most_running == 2  # never more than FREIGHT_TENANT_VALIDATIONS of alpha's at once
     # the tick kept its period through the flood
-    assert len(ticks) >= 0.6 * window / TICK_SECONDS, (len(ticks), window)
+    assert len(ticks) >= MIN_TICK_SHARE * window / TICK_SECONDS, (len(ticks), window)
     assert max(gaps) <= MAX_TICK_GAP_S, gaps

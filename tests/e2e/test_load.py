@@ -22,6 +22,7 @@ pytestmark = [pytest.mark.stack, pytest.mark.reliability]
 
 CLIENTS = 100
 POLL_SECONDS = float(os.environ.get("FREIGHT_LOAD_SECONDS", "20"))  # bench/reliability.py runs longer
+MIN_ANSWERS_PER_20_S = 8  # each client's, of the 40 it asks for: see the assert
 POLL_INTERVAL = 0.5  # seconds between one client's requests, as a dashboard or SDK poller would
 UPLOAD_BYTES = 200 * 1024 * 1024
 API_RSS_BOUND_MB = 150  # growth of any one gunicorn worker's peak RSS over an upload
@@ -32,39 +33,46 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def poll(base_url: str, key: str, batch_id: str, until: float, seen: dict[str, list], me: int) -> None:
+async def poll(http: httpx.AsyncClient, batch_id: str, until: float, seen: dict[str, list], me: int) -> None:
     """One client: alternate ``GET /v1/batches/{id}`` and ``GET /v1/batches`` until ``until``."""
-    headers = {"Authorization": f"Bearer {key}"}
-    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=60) as http:
-        paths = (("retrieve", f"/batches/{batch_id}"), ("list", "/batches?limit=20"))
-        turn = 0
-        while time.monotonic() < until:
-            name, path = paths[turn % 2]
-            turn += 1
-            started = time.perf_counter()
-            try:
-                response = await http.get(path)
-            except httpx.HTTPError as exc:
-                seen["failures"].append(f"{name}: {type(exc).__name__}")
+    paths = (("retrieve", f"/batches/{batch_id}"), ("list", "/batches?limit=20"))
+    turn = 0
+    while time.monotonic() < until:
+        name, path = paths[turn % 2]
+        turn += 1
+        started = time.perf_counter()
+        try:
+            response = await http.get(path)
+        except httpx.HTTPError as exc:
+            seen["failures"].append(f"{name}: {type(exc).__name__}")
+        else:
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            if response.status_code == 200:
+                seen[name].append(elapsed_ms)
+                seen["answers"][me] += 1
             else:
-                elapsed_ms = (time.perf_counter() - started) * 1000
-                if response.status_code == 200:
-                    seen[name].append(elapsed_ms)
-                    seen["answers"][me] += 1
-                else:
-                    seen["failures"].append(f"{name}: HTTP {response.status_code}")
-            await asyncio.sleep(POLL_INTERVAL)
+                seen["failures"].append(f"{name}: HTTP {response.status_code}")
+        await asyncio.sleep(POLL_INTERVAL)
 
 
 async def swarm(base_url: str, keys: list[str], batch_ids: list[str]) -> dict[str, list]:
-    seen: dict[str, list] = {"retrieve": [], "list": [], "failures": [], "answers": [0] * CLIENTS}
-    until = time.monotonic() + POLL_SECONDS
-    await asyncio.gather(
-        *(
-            poll(base_url, keys[i % len(keys)], batch_ids[i % len(keys)], until, seen, i)
-            for i in range(CLIENTS)
+    """CLIENTS clients polling for POLL_SECONDS, counted from when every client is made: each
+    loads an SSL context (tens of milliseconds; on a loaded 2-core machine a hundred of them took
+    the whole 20 s, and the window saw one request a client)."""
+    clients = [
+        httpx.AsyncClient(
+            base_url=base_url, headers={"Authorization": f"Bearer {keys[i % len(keys)]}"}, timeout=60
         )
-    )
+        for i in range(CLIENTS)
+    ]
+    seen: dict[str, list] = {"retrieve": [], "list": [], "failures": [], "answers": [0] * CLIENTS}
+    try:
+        until = time.monotonic() + POLL_SECONDS
+        await asyncio.gather(
+            *(poll(http, batch_ids[i % len(batch_ids)], until, seen, i) for i, http in enumerate(clients))
+        )
+    finally:
+        await asyncio.gather(*(http.aclose() for http in clients))
     return seen
 
 
@@ -112,8 +120,10 @@ def test_a_hundred_clients_poll_while_a_job_runs(sched, reliability):
     print(json.dumps(entry))
     assert not seen["failures"], seen["failures"][:10]
     assert lost == duplicated == 0
-    # no client starved: each got answers all along (latency figures go to the benchmark, not asserts)
-    assert min(seen["answers"]) >= 4, sorted(seen["answers"])[:10]
+    # no client starved: each got answers all along (latency figures go to the benchmark, not
+    # asserts). The fewest a client got: 162 in 120 s in the reliability benchmark's run (27 per
+    # 20 s), 10 in 20 s with nine test runs loading the 2 cores (load average 20-26)
+    assert min(seen["answers"]) >= MIN_ANSWERS_PER_20_S * POLL_SECONDS / 20, sorted(seen["answers"])[:10]
 
 
 def write_big_jsonl(path: Path, size: int) -> tuple[int, str]:
