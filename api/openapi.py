@@ -465,7 +465,9 @@ IDEMPOTENCY_KEY = {
     "description": "Makes the create safe to retry: the same key with the same request (method, path, "
     "body) within 24 hours answers the first answer again (same ids, `Idempotent-Replayed: true`) "
     "and makes nothing; with another request, 409 `idempotency_key_reused`; while the first is "
-    "running, 409 `idempotency_key_in_use`. Keys are the tenant's own; a refused request frees its key.",
+    "running, 409 `idempotency_key_in_use`. Keys are the tenant's own; a refused request frees its key. "
+    "If the first request's process died after its create committed, a retry answers the object it "
+    "made as it is now (same ids, `Idempotent-Replayed: true`) and makes nothing.",
     "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[^\\x00-\\x1f\\x7f-\\x9f]+$"},
 }
 IDEMPOTENCY_409 = (
@@ -474,7 +476,8 @@ IDEMPOTENCY_409 = (
 )
 REPLAYED = {
     "Idempotent-Replayed": {
-        "description": "`true` on the answer of a retry with an `Idempotency-Key`: the first answer again.",
+        "description": "`true` on the answer of a retry with an `Idempotency-Key`: the first answer "
+        "again, or the object the first request made, as it is now, if it died before answering.",
         "required": False,
         "schema": {"enum": ["true"]},
     }

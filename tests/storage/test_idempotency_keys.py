@@ -1,6 +1,7 @@
 """The idempotency keys' rows (storage/idempotency.py) on SQLite and PostgreSQL: a claim, its
-answer, a key in flight, one taken over after its process went silent, keys past their 24 hours,
-claims racing, and the cleanup's pruning."""
+answer, a key in flight, one taken over after its process went silent, the object a create noted
+in its own transaction (never taken over), keys past their 24 hours, claims racing, and the
+cleanup's pruning."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from sqlalchemy import func, select
 
 from api.services.tenants import create_tenant
 from storage import idempotency
-from storage.idempotency import ABANDONED_SECONDS, IN_FLIGHT, KEY_SECONDS, Answer, Claim
-from storage.models import IdempotencyKey
+from storage.idempotency import ABANDONED_SECONDS, IN_FLIGHT, KEY_SECONDS, Answer, Claim, Created
+from storage.models import IdempotencyKey, Tenant
 from tests.conftest import now
 
 
@@ -64,6 +65,33 @@ def test_an_abandoned_key_is_taken_over_and_its_old_holder_cannot_complete(runti
     assert idempotency.claim(runtime.db, alpha, "k", t + ABANDONED_SECONDS + 2) == Answer(
         "b" * 64, 200, '{"id": "new"}'
     )
+
+
+def test_a_create_noted_in_its_transaction_is_answered_and_never_taken_over(runtime) -> None:
+    alpha, _ = tenants(runtime)
+    t = 1_000_000.0
+    with runtime.db.write() as s:  # outside a request with a key: nothing to note
+        idempotency.note_created(s, "batch", "batch_x")
+    assert rows(runtime) == 0
+    claimed = idempotency.claim(runtime.db, alpha, "k", t)
+    assert isinstance(claimed, Claim)
+    with idempotency.creating(alpha, "k", claimed, lambda: ("c" * 64, 120)):
+        try:
+            with runtime.db.write() as s:  # a create that rolls back notes nothing
+                idempotency.note_created(s, "batch", "batch_gone")
+                raise RuntimeError("rolled back")
+        except RuntimeError:
+            pass
+        assert idempotency.claim(runtime.db, alpha, "k", t + 1) == IN_FLIGHT
+        with runtime.db.write() as s:
+            s.get(Tenant, alpha)  # the create's own rows would be added here
+            idempotency.note_created(s, "batch", "batch_1")
+    made = Created("batch", "batch_1", "c" * 64, 120)
+    assert idempotency.claim(runtime.db, alpha, "k", t + 1) == made
+    assert idempotency.claim(runtime.db, alpha, "k", t + ABANDONED_SECONDS + 1) == made  # not taken over
+    # the process that made it, alive after all, still records its answer
+    assert idempotency.complete(runtime.db, alpha, "k", claimed, "d" * 64, 200, '{"id": "batch_1"}')
+    assert idempotency.claim(runtime.db, alpha, "k", t + 2) == Answer("d" * 64, 200, '{"id": "batch_1"}')
 
 
 def test_a_key_past_its_24_hours_is_new_again_and_pruned(runtime) -> None:
