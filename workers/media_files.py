@@ -16,7 +16,8 @@ at most that many bytes are read in any case.
 
 An audio line's ``file_url`` holding a file id is rewritten to ``freight-audio:<sha256>`` (read by
 ``read_audio_ref`` on the engine worker); a refused one makes the stored body the line's refusal
-(``request_bodies.REFUSED_LINE``), raised when the line runs, while the file's other lines go on.
+(``request_errors.REFUSED_LINE``, with its model), raised when the line runs, while the file's other
+lines go on.
 """
 
 from __future__ import annotations
@@ -131,13 +132,17 @@ class AudioFiles:
         outcome = self._outcome(file_id)
         if isinstance(outcome, FileRefused):
             self.refused += 1
-            body.clear()  # the stored body is the line's error (raised by parse_body when it runs)
+            # the stored body is the line's error (raised by parse_body when it runs), first as
+            # validation's RefusedLine rows hold theirs; its model stays for the row's checks
+            model = body.get("model")
+            body.clear()
             body[REFUSED_LINE] = {
                 "code": outcome.code,
                 "message": f"`file_url`: {outcome.message}",
                 "param": "file_url",
                 "status": outcome.status,
             }
+            body["model"] = model
         else:
             body["file_url"] = outcome
         return True

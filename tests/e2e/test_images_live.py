@@ -5,7 +5,8 @@ control worker fetches from a server on 127.0.0.1; the same image in several lin
 and counted in every line's prompt tokens as vLLM counts it. Each bad image (undecodable, past the
 pixel limit, a link that answers 404) ends its own line with an error naming the part, and a line
 with an image for the text-only demo model gets the same kind of error while its file's other
-lines run."""
+lines run. An image may be a file the tenant uploaded with purpose vision (chat's URL, a Responses
+input_image's file_id); another tenant's file id is that line's 404."""
 
 from __future__ import annotations
 
@@ -78,6 +79,9 @@ def test_a_batch_of_image_lines_runs_on_a_vision_model(live: LiveStack, image_ho
     added = _freight(env, "models", "add", MODEL, "--path", str(VLM_MODEL))
     assert added.returncode == 0, added.stderr[-2000:]
     client = live.client("alpha")
+    blue_file = client.files.create(file=("blue.jpg", BLUE), purpose="vision")
+    red_file = client.files.create(file=("red.png", RED), purpose="user_data")
+    betas = live.client("beta").files.create(file=("red.png", RED), purpose="vision")
     try:
         lines = [
             image_line("red-colour", data_url(RED), "What colour is it?", model=MODEL, max_tokens=4),
@@ -86,16 +90,24 @@ def test_a_batch_of_image_lines_runs_on_a_vision_model(live: LiveStack, image_ho
                 "blue-link", f"{image_host}/blue.jpg", "What colour is it?", model=MODEL, max_tokens=4
             ),
             chat_line("text-only", "What colour is the sky?", model=MODEL, max_tokens=4),
+            image_line("blue-file", blue_file.id, "What colour is it?", model=MODEL, max_tokens=4),
+            image_line("beta-file", betas.id, model=MODEL),
             image_line("broken", "data:image/png;base64,iVBORw0KGgo=", model=MODEL),
             image_line("too-big", data_url(png_claiming(5_000, 5_000)), model=MODEL),
             image_line("gone", f"{image_host}/missing.png", model=MODEL),
+            # the model's image token typed as text: an image the line does not have, refused alone
+            image_line("token-as-text", data_url(RED), "Is <image> red?", model=MODEL, max_tokens=4),
         ]
         upload = client.files.create(file=("images.jsonl", jsonl(lines)), purpose="batch")
         vision = client.batches.create(
             input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
         )
         # the text-only demo model: its image line is refused alone, its text line runs
-        mixed = [image_line("demo-image", data_url(RED), model="demo"), chat_line("demo-text", "hello")]
+        mixed = [
+            image_line("demo-image", data_url(RED), model="demo"),
+            chat_line("demo-text", "hello"),
+            chat_line("demo-says-image", "Spell <image>."),
+        ]  # a text model has no image token
         upload = client.files.create(file=("mixed.jsonl", jsonl(mixed)), purpose="batch")
         text_only = client.batches.create(
             input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
@@ -106,7 +118,11 @@ def test_a_batch_of_image_lines_runs_on_a_vision_model(live: LiveStack, image_ho
             {"type": "input_image", "image_url": data_url(RED)}, {"type": "input_text", "text": "Colour?"}]}]  # fmt: skip
         line = {"custom_id": "resp", "method": "POST", "url": "/v1/responses",
                 "body": {"model": MODEL, "input": given, "max_output_tokens": 4, "store": False}}  # fmt: skip
-        upload = client.files.create(file=("responses.jsonl", jsonl([line])), purpose="batch")
+        by_file = [{"role": "user", "content": [
+            {"type": "input_image", "file_id": red_file.id}, {"type": "input_text", "text": "Colour?"}]}]  # fmt: skip
+        by_id = {"custom_id": "resp-file", "method": "POST", "url": "/v1/responses",
+                 "body": {"model": MODEL, "input": by_file, "max_output_tokens": 4, "store": False}}  # fmt: skip
+        upload = client.files.create(file=("responses.jsonl", jsonl([line, by_id])), purpose="batch")
         responses = client.batches.create(
             input_file_id=upload.id, endpoint="/v1/responses", completion_window="24h"
         )
@@ -119,7 +135,7 @@ def test_a_batch_of_image_lines_runs_on_a_vision_model(live: LiveStack, image_ho
         removed = _freight(env, "models", "remove", MODEL)
         assert removed.returncode == 0, removed.stderr
 
-    assert set(out) == {"red-colour", "red-shape", "blue-link", "text-only"}, err
+    assert set(out) == {"red-colour", "red-shape", "blue-link", "text-only", "blue-file"}, err
     usage = {key: line["response"]["body"]["usage"] for key, line in out.items()}
     assert all(line["response"]["status_code"] == 200 for line in out.values())
     # an image costs its tokens in the prompt as vLLM counts them (the demo Idefics3: 94 for a
@@ -128,22 +144,40 @@ def test_a_batch_of_image_lines_runs_on_a_vision_model(live: LiveStack, image_ho
     assert usage["red-colour"]["prompt_tokens"] >= text_tokens + 80, usage
     assert usage["red-shape"]["prompt_tokens"] >= text_tokens + 80, usage
     assert usage["blue-link"]["prompt_tokens"] >= text_tokens + 50, usage
+    assert usage["blue-file"]["prompt_tokens"] == usage["blue-link"]["prompt_tokens"]  # the same image
     assert final.usage.input_tokens == sum(u["prompt_tokens"] for u in usage.values())
-    assert final.request_counts.completed == 4 and final.request_counts.failed == 3
-    response = answered["resp"]["response"]
-    assert response["status_code"] == 200 and response["body"]["object"] == "response"
-    assert response["body"]["usage"]["input_tokens"] >= 80  # the image's tokens
+    assert final.request_counts.completed == 5 and final.request_counts.failed == 5
+    for key in ("resp", "resp-file"):
+        response = answered[key]["response"]
+        assert response["status_code"] == 200 and response["body"]["object"] == "response"
+        assert response["body"]["usage"]["input_tokens"] >= 80  # the image's tokens
+    assert (
+        answered["resp"]["response"]["body"]["usage"]["input_tokens"]
+        == answered["resp-file"]["response"]["body"]["usage"]["input_tokens"]
+    )
 
     def error(key: str) -> dict:
-        assert err[key]["response"]["status_code"] == 400
+        assert err[key]["response"]["status_code"] == 400, err[key]
         return err[key]["response"]["body"]["error"]
 
     assert (error("broken")["code"], error("broken")["param"]) == ("invalid_image", "messages.0.content.0")
     assert error("too-big")["code"] == "image_too_large" and "5000x5000" in error("too-big")["message"]
     assert error("gone")["code"] == "image_fetch_failed" and "HTTP 404" in error("gone")["message"]
+    injected = error("token-as-text")
+    assert (injected["code"], injected["param"]) == ("image_token_in_text", "messages.0.content.1.text")
+    assert injected["message"].startswith(
+        "`messages.0.content.1.text` holds '<image>', an image token of model"
+    )
+    # another tenant's file: as an unknown one, a 404 naming the part
+    theirs = err["beta-file"]["response"]
+    assert theirs["status_code"] == 404, theirs
+    assert (theirs["body"]["error"]["code"], theirs["body"]["error"]["param"]) == (
+        "file_not_found",
+        "messages.0.content.0",
+    )
 
     out, err = _files(client, wait_final(client, text_only.id, timeout=300))
-    assert set(out) == {"demo-text"} and set(err) == {"demo-image"}
+    assert set(out) == {"demo-text", "demo-says-image"} and set(err) == {"demo-image"}
     refused = err["demo-image"]["response"]["body"]["error"]
     assert refused["code"] == "image_input_not_supported" and "does not take images" in refused["message"]
     assert refused["param"] == "messages.0.content.0"

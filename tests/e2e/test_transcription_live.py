@@ -3,8 +3,9 @@ random Whisper) registered with the CLI (its task, "transcribe", found from its 
 engine worker started from the registry entry, a batch of WAV lines of each endpoint run through
 the official client. The good lines answer in OpenAI's shapes (the client's Transcription and
 Translation types parse them), usage by duration; an undecodable audio and one past the duration
-limit are each that line's 400 while the rest runs. Random weights: the path is checked, not the
-text."""
+limit are each that line's 400 while the rest runs. Audio may be a file the tenant uploaded (purpose
+user_data) named in file_url; another tenant's file id is that line's 404. Random weights: the path
+is checked, not the text."""
 
 from __future__ import annotations
 
@@ -34,6 +35,13 @@ def _line(custom_id: str, data: bytes, url: str = TRANSCRIPTIONS, **body: Any) -
     return audio_line(custom_id, data, url=url, model=MODEL, max_completion_tokens=8, **body)
 
 
+def _by_file(custom_id: str, file_id: str, **body: Any) -> dict:
+    """A line whose audio is a file uploaded before, named by its id where the data URL goes."""
+    line = _line(custom_id, b"", **body)
+    line["body"]["file_url"] = file_id
+    return line
+
+
 def test_transcription_and_translation_batches_run_on_a_whisper_model(
     live: LiveStack, whisper_model: Path
 ) -> None:
@@ -45,6 +53,8 @@ def test_transcription_and_translation_batches_run_on_a_whisper_model(
         client = live.client("alpha")
         served = {m.id: m.model_extra["x_freight"] for m in client.models.list().data}
         assert (served[MODEL]["task"], served[MODEL]["quantization"]) == ("transcribe", "none")
+        mine = client.files.create(file=("a.wav", tone(2.5, rate=8_000)), purpose="user_data").id
+        theirs = live.client("beta").files.create(file=("a.wav", tone(1.0)), purpose="user_data").id
         lines = {
             TRANSCRIPTIONS: [
                 _line("en", tone(2.2), language="en"),
@@ -52,6 +62,8 @@ def test_transcription_and_translation_batches_run_on_a_whisper_model(
                 _line("text", tone(1.0), language="en", response_format="text"),
                 _line("noise", b"this is not audio", language="en"),
                 _line("too-long", tone(6.0), language="en"),
+                _by_file("by-file", mine, language="en"),
+                _by_file("theirs", theirs, language="en"),
             ],
             TRANSLATIONS: [_line("fr", tone(1.5), url=TRANSLATIONS, language="fr")],
         }
@@ -80,8 +92,8 @@ def test_transcription_and_translation_batches_run_on_a_whisper_model(
         return {r["custom_id"]: r for r in out}, {r["custom_id"]: r for r in err}
 
     out, err = files(finals[TRANSCRIPTIONS])
-    assert set(out) == {"en", "detected", "text"} and set(err) == {"noise", "too-long"}
-    for key, seconds in (("en", 3), ("detected", 1), ("text", 1)):
+    assert set(out) == {"en", "detected", "text", "by-file"} and set(err) == {"noise", "too-long", "theirs"}
+    for key, seconds in (("en", 3), ("detected", 1), ("text", 1), ("by-file", 3)):
         response = out[key]["response"]
         assert response["status_code"] == 200
         parsed = Transcription.model_validate(response["body"])
@@ -92,11 +104,14 @@ def test_transcription_and_translation_batches_run_on_a_whisper_model(
         assert response["status_code"] == 400, response
         assert (response["body"]["error"]["code"], response["body"]["error"]["param"]) == (code, "file_url")
     assert "the limit is 5 s" in err["too-long"]["response"]["body"]["error"]["message"]
+    other = err["theirs"]["response"]  # another tenant's file id: as an unknown one
+    assert other["status_code"] == 404, other
+    assert (other["body"]["error"]["code"], other["body"]["error"]["param"]) == ("file_not_found", "file_url")
     transcribed = finals[TRANSCRIPTIONS]
-    assert (transcribed.request_counts.completed, transcribed.request_counts.failed) == (3, 2)
+    assert (transcribed.request_counts.completed, transcribed.request_counts.failed) == (4, 3)
     # input: each line's decoder prompt and its audio's log-mel frames (100 a second)
-    assert transcribed.usage.input_tokens >= 220 + 100 + 100
-    assert 3 <= transcribed.usage.output_tokens <= 3 * 8
+    assert transcribed.usage.input_tokens >= 220 + 100 + 100 + 250
+    assert 4 <= transcribed.usage.output_tokens <= 4 * 8
 
     out, err = files(finals[TRANSLATIONS])
     assert set(out) == {"fr"} and not err

@@ -21,16 +21,21 @@ import pytest
 from api.services.files import delete as delete_file
 from api.services.tenants import create_tenant
 from storage.errors import ServiceError
+from storage.models import Batch
 from storage.runtime import Runtime
+from storage.shards import read_rows
+from storage.status import BatchStatus
+from tests import factories
 from tests.audio_factories import TRANSCRIPTIONS, audio_line, tone
 from tests.conftest import now
 from tests.factories import data_url, image_bytes, image_line
-from workers import intake
+from workers import intake, registration
 from workers.images import IMAGE_REF, REFUSED_REF, ImageResolver, image_key
 from workers.media_files import AUDIO_REF, AudioFiles, audio_key, read_audio_ref
+from workers.registration import AddRequest
 from workers.request_bodies import REFUSED_LINE, RequestError, parse_body
 from workers.transcription import load_audio
-from workers.validation import FileRules, ValidLine, check_line
+from workers.validation import FileRules, ValidLine, check_line, is_refused, validate_batch
 
 RED = image_bytes(32, 32, (200, 30, 30))
 WAV = tone(0.5)
@@ -174,7 +179,7 @@ def test_audio_by_file_id_is_stored_for_the_batch_and_read_by_the_engine_side(rt
     def refused(file_id: str, files: AudioFiles = audio) -> RequestError:
         line = audio_line("x", b"", model="whisper")["body"] | {"file_url": file_id}
         assert files.resolve(line)
-        assert list(line) == [REFUSED_LINE]  # the stored body is the line's error
+        assert list(line) == [REFUSED_LINE, "model"]  # the stored body is the line's error
         with pytest.raises(RequestError) as at_run_time:
             parse_body(TRANSCRIPTIONS, line, validated=True)
         assert at_run_time.value.param == "file_url"
@@ -219,3 +224,36 @@ def test_validation_resolves_file_ids_line_by_line(rt, tenants) -> None:
     assert isinstance(checked, ValidLine), checked
     part = json.loads(checked.row.body_json)["messages"][0]["content"][0]
     assert part["image_url"]["url"] == IMAGE_REF + hashlib.sha256(RED).hexdigest()
+
+
+def test_a_transcription_batch_naming_files_validates_with_a_row_a_line(rt, tenants, whisper_model) -> None:
+    """The whole validation of an audio batch on a registered Whisper model: the good file id
+    becomes the stored audio's reference, another tenant's is a refused row (free, with its model),
+    the data URL line is untouched; the batch is validated, not failed."""
+    alpha, beta = tenants
+    registration.add(rt, AddRequest("whisper", str(whisper_model)), echo=lambda _: None)
+    mine = _upload(rt, alpha, WAV, "user_data", "a.wav")
+    theirs = _upload(rt, beta, WAV, "user_data", "a.wav")
+    lines = [audio_line("data", WAV, language="en")]
+    for custom_id, file_id in (("mine", mine), ("theirs", theirs)):
+        line = audio_line(custom_id, b"", language="en")
+        line["body"]["file_url"] = file_id
+        lines.append(line)
+    batch_id = factories.upload_and_create(rt, alpha, lines, endpoint=TRANSCRIPTIONS).id
+    validate_batch(rt, batch_id)
+    with rt.db.read() as s:
+        batch = s.get(Batch, batch_id)
+        assert batch is not None and batch.status != BatchStatus.FAILED, batch.errors
+    rows = {}
+    for key in rt.store.list(f"batches/{batch_id}/shards/"):
+        rows.update({row.custom_id: row for row in read_rows(rt.store, key, 0, 100)})
+    assert set(rows) == {"data", "mine", "theirs"}
+    assert json.loads(rows["data"].body_json)["file_url"].startswith("data:audio/wav;base64,")
+    assert json.loads(rows["mine"].body_json)["file_url"] == AUDIO_REF + hashlib.sha256(WAV).hexdigest()
+    assert is_refused(rows["theirs"])
+    with pytest.raises(RequestError) as refused:
+        parse_body(TRANSCRIPTIONS, json.loads(rows["theirs"].body_json), validated=True)
+    assert (refused.value.code, refused.value.status_code) == ("file_not_found", 404)
+    assert list(rt.store.list(f"batches/{batch_id}/audio/")) == [
+        audio_key(batch_id, hashlib.sha256(WAV).hexdigest())
+    ]
