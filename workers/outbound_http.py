@@ -75,10 +75,6 @@ class TenantLookups:
         self._changed = threading.Condition()
         self._running: dict[str, int] = {}  # tenant -> lookups in their threads; no key at 0
 
-    def running(self, tenant: str) -> int:
-        with self._changed:
-            return self._running.get(tenant, 0)
-
     def lookup(self, host: str, port: int, tenant: str, limit: int, deadline: float) -> list[str]:
         """The addresses ``host`` resolves to, by ``deadline`` (``time.monotonic()``) or
         OutboundError; the system resolver's own error (an OSError) as it is."""
