@@ -15,6 +15,11 @@ from tests.e2e.conftest import wait_final
 
 pytestmark = pytest.mark.stack
 
+# from the cancel to the batch cancelled: 1.6 s measured with nine test runs on the 2 cores (load
+# average 18-20); the bound leaves 5x, for the finalization task queued behind the control
+# worker's others
+CANCEL_BOUND_S = 8.0
+
 
 def test_chat_batch_end_to_end(live):
     client = live.client()
@@ -190,7 +195,7 @@ def test_cancel_mid_run(live):
     started = time.monotonic()
     final = wait_final(client, batch.id, timeout=60)
     assert final.status == "cancelled" and final.cancelled_at
-    assert time.monotonic() - started < 30  # mid-unit requests stop within seconds
+    assert time.monotonic() - started < CANCEL_BOUND_S  # mid-unit requests stop within seconds
     output, errors = read_jsonl(client, final.output_file_id), read_jsonl(client, final.error_file_id)
     ids = [x["custom_id"] for x in output + errors]
     assert sorted(ids) == sorted(x["custom_id"] for x in lines) and len(ids) == len(set(ids))
