@@ -65,6 +65,7 @@ from storage.settings import Settings
 from storage.status import EstimateStatus, UnitStatus
 from workers.checkpoint import checkpoint_dir
 from workers.embeddings import input_tokens, parse_inputs
+from workers.media_files import read_tenant_file
 from workers.media_tokens import MediaCounter
 from workers.prefix_caching import prediction_block_size
 from workers.prompt_tokens import TokenizerUnavailable, renderer_for
@@ -200,7 +201,7 @@ def estimate_file(
     rules = file_rules(rt, endpoint, tenant_id)
     if resumed_from is not None:
         rules = replace(rules, skip=settled(rt, resumed_from))
-    media = media_counter(rt, endpoint, rules.adapters)
+    media = media_counter(rt, endpoint, rules.adapters, tenant_id)
 
     def payload(item: Any) -> bytes:
         if is_refused(item):  # a line naming a model not served here: it runs as its error, free
@@ -233,9 +234,12 @@ def estimate_file(
     return scanned, result
 
 
-def media_counter(rt: Runtime, endpoint: str, adapters: Mapping[str, str]) -> MediaCounter:
+def media_counter(
+    rt: Runtime, endpoint: str, adapters: Mapping[str, str], tenant_id: str | None = None
+) -> MediaCounter:
     """The file's image and audio tokens (``workers.media_tokens``), with the checkpoints and
-    tokenizers validation loads and the limits a batch's lines are held to."""
+    tokenizers validation loads and the limits a batch's lines are held to; files named by id
+    are ``tenant_id``'s (None: none is read)."""
     settings: Settings = rt.settings
 
     def checkpoint(model: str) -> str:
@@ -257,6 +261,9 @@ def media_counter(rt: Runtime, endpoint: str, adapters: Mapping[str, str]) -> Me
         max_image_bytes=settings.image_max_bytes,
         max_pixels=settings.image_max_pixels,
         max_audio_seconds=settings.max_audio_seconds,
+        file_bytes=None
+        if tenant_id is None
+        else lambda file_id, limit: read_tenant_file(rt, tenant_id, file_id, limit, "too_large"),
     )
 
 

@@ -18,6 +18,9 @@ How, in bounded memory and without storing anything (a dry run makes no batch):
   ``workers.images.ImageResolver`` remembers its URLs).
 - Links are not fetched in a dry run (no outbound call for a price): each counts as the model's
   largest image (the size vLLM profiles with), an upper bound, and the estimate says how many.
+- An image or audio named by file id is read from the tenant's own files as validation reads it
+  (``workers.media_files.read_tenant_file``, given as ``file_bytes``); another tenant's, an unknown
+  one or one past the byte limit is refused as the batch would refuse it.
 - An image the batch would refuse (undecodable, too large, a text-only model) costs nothing: its
   line ends with an error, not a run; the estimate says how many.
 - Audio: the duration is read from the file's header (libsndfile; no sample decoded), the decoder
@@ -41,9 +44,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workers.audio import MAX_BYTES as AUDIO_MAX_BYTES
 from workers.audio import AudioError
 from workers.audio import data_url_bytes as audio_bytes
 from workers.images import ImageRefused, checkpoint_takes_images, data_url_bytes, image_parts, part_url
+from workers.media_files import FileRefused
 from workers.transcription import AUDIO_ENDPOINTS, TRANSLATIONS
 
 log = logging.getLogger(__name__)
@@ -234,8 +239,12 @@ class MediaCounter:
         max_image_bytes: int,
         max_pixels: int,
         max_audio_seconds: float,
+        file_bytes: Callable[[str, int], bytes] | None = None,
     ) -> None:
+        """``file_bytes(file_id, max_bytes)``: the tenant's media file, or FileRefused (None:
+        every file id is refused)."""
         self.endpoint = endpoint
+        self._file_bytes = file_bytes
         self.audio = endpoint in AUDIO_ENDPOINTS
         self._checkpoint = checkpoint
         self._engine_args = engine_args
@@ -298,15 +307,21 @@ class MediaCounter:
         if scheme in ("http", "https"):
             self.tally.image_links += 1
             return counter.largest()
-        if scheme != "data":
+        by_file = url.startswith("file-")
+        if scheme != "data" and not by_file:
             return -1
         digest = hashlib.blake2b(url.encode("utf-8", "surrogatepass"), digest_size=16).digest()
         known = self._urls.get(digest)
         if known is None:
             try:
-                width, height = header_size(data_url_bytes(url, self.max_image_bytes), self.max_pixels)
+                data = (
+                    self._file(url, self.max_image_bytes)
+                    if by_file
+                    else data_url_bytes(url, self.max_image_bytes)
+                )
+                width, height = header_size(data, self.max_pixels)
                 known = counter.tokens(width, height)
-            except ImageRefused:
+            except (ImageRefused, FileRefused):
                 known = -1
             self._urls[digest] = known
             if len(self._urls) > _URL_MEMORY:
@@ -319,10 +334,11 @@ class MediaCounter:
 
     def _audio(self, body: Mapping[str, Any]) -> int:
         self.tally.audio_lines += 1
+        url = str(body.get("file_url") or "")
         try:
-            data = audio_bytes(str(body.get("file_url") or ""))
+            data = self._file(url, AUDIO_MAX_BYTES) if url.startswith("file-") else audio_bytes(url)
             seconds = header_seconds(data, self.max_audio_seconds)
-        except AudioError:
+        except (AudioError, FileRefused):
             self.tally.audio_refused += 1
             return 0
         speech = self._speech_of(self._base(body))
@@ -330,6 +346,11 @@ class MediaCounter:
         self.tally.audio_seconds += seconds
         self.tally.audio_tokens += tokens
         return tokens
+
+    def _file(self, file_id: str, max_bytes: int) -> bytes:
+        if self._file_bytes is None:
+            raise FileRefused("file_not_found", "file ids are not read here", 404)
+        return self._file_bytes(file_id, max_bytes)
 
     def _speech_of(self, model: str) -> SpeechTokens:
         if model not in self._speech:

@@ -8,6 +8,7 @@ through Flask's test client, on SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import uuid
 from pathlib import Path
@@ -22,7 +23,7 @@ from infra.build_vlm_model import build as build_vlm
 from tests.audio_factories import TRANSCRIPTIONS, TRANSLATIONS, audio_line, tone
 from tests.conftest import REPO, now
 from tests.factories import chat_line, data_url, http_create, http_upload, image_bytes, image_line
-from workers import estimates, registration
+from workers import estimates, intake, registration
 from workers.images import ImageRefused
 from workers.media_tokens import MediaCounter, SpeechTokens, header_seconds, header_size, image_tokens_for
 from workers.prompt_tokens import renderer_for
@@ -48,9 +49,13 @@ def vlm_model() -> Path:
     return VLM_MODEL
 
 
-def _estimate(runtime, lines: list[dict], endpoint: str = "/v1/chat/completions") -> dict:
-    """The dry run of ``lines`` by a new tenant, its task run here: the answer's estimate."""
-    _, key = create_tenant(runtime.db, f"t-{uuid.uuid4().hex[:12]}", now())
+def _estimate(
+    runtime, lines: list[dict], endpoint: str = "/v1/chat/completions", key: str | None = None
+) -> dict:
+    """The dry run of ``lines`` by a new tenant (or the one of API key ``key``), its task run here:
+    the answer's estimate."""
+    if key is None:
+        _, key = create_tenant(runtime.db, f"t-{uuid.uuid4().hex[:12]}", now())
     headers = {"Authorization": f"Bearer {key}"}
     client = create_app(runtime=runtime).test_client()
     file_id = http_upload(client, headers, lines, "media.jsonl").get_json()["id"]
@@ -140,6 +145,29 @@ def test_an_audio_file_is_priced_by_its_durations(runtime, whisper_model: Path) 
     assert e["media"]["audio_seconds"] == pytest.approx(3.2, abs=1e-3)
     assert e["input_tokens"] == e["media"]["audio_tokens"] == (4 + 220) + (4 + 100)
     assert e["input_tokens_lower_bound_requests"] == 0  # counted as the engine counts them
+
+
+def test_images_and_audio_by_file_id_are_read_from_the_tenants_own_files(
+    runtime, vlm_model: Path, whisper_model: Path
+) -> None:
+    """A file id is priced as validation would read it: the tenant's own file by its header, another
+    tenant's as the refused line it will be (free)."""
+    for name, path in (("vlm", vlm_model), ("whisper", whisper_model)):
+        registration.add(runtime, AddRequest(name, str(path)), echo=lambda _: None)
+    tenant, key = create_tenant(runtime.db, "files", now())
+    other, _ = create_tenant(runtime.db, "others", now())
+    mine = intake.upload(runtime, tenant.id, "vision", "a.png", io.BytesIO(image_bytes(64, 64))).id
+    theirs = intake.upload(runtime, other.id, "vision", "a.png", io.BytesIO(image_bytes(64, 64))).id
+    lines = [image_line("mine", mine, QUESTION), image_line("theirs", theirs, QUESTION)]
+    e = _estimate(runtime, lines, key=key)
+    assert (e["media"]["images"], e["media"]["images_refused"]) == (1, 1)
+    assert e["media"]["image_tokens"] == SQUARE_IMAGE_TOKENS
+    wav = intake.upload(runtime, tenant.id, "user_data", "a.wav", io.BytesIO(tone(2.2))).id
+    line = audio_line("en", b"", language="en")
+    line["body"]["file_url"] = wav
+    e = _estimate(runtime, [line], TRANSCRIPTIONS, key=key)
+    assert (e["media"]["audio_lines"], e["media"]["audio_refused"]) == (1, 0)
+    assert e["input_tokens"] == 4 + 220  # as the engine counts the line (test_transcription_engine)
 
 
 def test_a_files_image_urls_are_remembered_in_bounded_memory(vlm_model: Path, monkeypatch) -> None:
