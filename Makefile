@@ -47,7 +47,7 @@ stop:
 
 lint: install policy-env
 	$(PY) -m ruff check --no-cache .
-	$(PY) -m ruff format --no-cache --check api storage scheduler workers infra tests examples migrations
+	$(PY) -m ruff format --no-cache --check api storage scheduler workers infra tests examples migrations bench
 	$(PY) -m mypy
 	@d=$$(mktemp -d); FREIGHT_DATABASE_URL=sqlite:///$$d/check.db $(PY) -m api.cli db upgrade && \
 	  FREIGHT_DATABASE_URL=sqlite:///$$d/check.db $(PY) -m alembic -c migrations/alembic.ini check
