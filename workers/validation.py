@@ -600,7 +600,7 @@ def scan_lines(
             elif checks.full:
                 break
             continue
-        accepted = accept(line_no, checked.custom_id.encode(), checked.model, checked.body["model"])
+        accepted = accept(line_no, checked.custom_id.encode(), checked.model, checked.body.get("model"))
         if accepted is True:
             yield from block.add(checked)
         elif accepted is not False:  # an adapter of another base: not rendered, runs as its error

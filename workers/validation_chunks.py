@@ -349,7 +349,7 @@ def scan_chunk(
                     yield from _unrendered(checked, events, refused, max_listed)
                     continue
                 custom_id = checked.custom_id.encode()
-                named = checked.body["model"]
+                named = checked.body.get("model")  # None: a body a media refusal cleared
                 adapter = None if named == checked.model else named
                 model = models.setdefault((checked.model, adapter), len(models))
                 events.write(EVENT.pack(VALID, model, len(custom_id)))
