@@ -148,6 +148,8 @@ class AudioFiles:
         return True
 
     def _outcome(self, file_id: str) -> str | FileRefused:
+        if not is_file_id(file_id):  # not remembered: such a string may be as long as its line
+            return FileRefused("file_not_found", f"No such File object: {file_id[:80]}", 404)
         known = self._outcomes.get(file_id)
         if known is not None:
             return known

@@ -186,9 +186,10 @@ def test_audio_by_file_id_is_stored_for_the_batch_and_read_by_the_engine_side(rt
         return at_run_time.value
 
     theirs = _upload(rt, beta, WAV, "user_data", "a.wav")
-    for file_id in (theirs, "file-unknown", "file-../../x"):
+    for file_id in (theirs, "file-unknown", "file-../../x", "file-" + "x" * 100_000):
         error = refused(file_id)
         assert (error.code, error.status_code) == ("file_not_found", 404), error
+    assert max(len(k) for k in audio._outcomes) <= 69  # what is no file id is not remembered
     small = AudioFiles(rt, "batch_audio", alpha, max_bytes=len(WAV) - 1)
     too_large = refused(mine, small)
     assert (too_large.code, too_large.status_code) == ("audio_too_large", 400)
