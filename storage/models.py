@@ -367,6 +367,11 @@ class WorkUnit(Base):
     # planned: the rows' prompt lengths, and the prefix-cache hits their sorted order predicts
     planned_prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     planned_cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # what its rows ask for (scheduler.request_work), summed by validation: the outputs (n, inputs,
+    # pairs) the queued-requests quota counts, and the work the dispatcher's fair shares weigh;
+    # 0: not recorded (units made before), counted by n_requests
+    sequences: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    work: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     pack_id: Mapped[str | None] = mapped_column(String(40))  # the pack it was last queued in
     # mean of running sequences / max_num_seqs while its requests were in the engine
     mean_fill: Mapped[float | None] = mapped_column(Float)

@@ -3,7 +3,7 @@ running estimates and validations count against one limit, FREIGHT_TENANT_VALIDA
 part 3)
 
 Revision ID: 0025
-Revises: 0023
+Revises: 0024
 Create Date: 2026-11-28 20:00:00.000000
 """
 
@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0025"
-down_revision = "0023"
+down_revision = "0024"
 branch_labels = None
 depends_on = None
 
