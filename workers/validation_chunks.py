@@ -19,7 +19,10 @@ file-level rules ``scan_lines`` applies, the same ``validation.FileChecks`` (uni
 across all chunks, one model, the request limit, blank lines inside the file, the error cap), and
 when no line failed merges the runs by (prompt key, line) into the shards the one-task validation
 would write, byte for byte (``validation.write_shards``), then plans and commits as it does
-(``validation.conclude``).
+(``validation.conclude``). A line naming a LoRA adapter of another base than the file's model is
+refused by a file rule only the merge can apply (a chunk does not know the file's model, and
+renders it): its event names the adapter, and the merge puts its refused row in place of the
+rendered one (``_Diverted``).
 
 Crash safety: a chunk's objects depend only on the file and the chunk's bounds and are written
 under fixed keys, so a chunk validated twice (an acks_late redelivery, a lease taken over) writes
