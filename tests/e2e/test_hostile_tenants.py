@@ -36,14 +36,17 @@ from openai import OpenAI
 from sqlalchemy import func, select, update
 
 from infra.processes import create_tenant
+from scheduler.webhooks import EVENT_TYPES
 from storage.checkpoint_cache import staged_path
 from storage.db import Database
 from storage.models import ConsoleSession, StoredFile, Tenant
 from storage.runtime import Runtime
+from tests import webhook_receiver
 from tests.api.test_parquet_bombs import page_bomb
 from tests.e2e.conftest import LiveStack, peak_rss_mb, peak_rss_reset, wait_final
 from tests.factories import chat_line, jsonl, run_freight
 from tests.storage.test_parquet_limits import bomb
+from tests.webhook_receiver import Behaviour
 from tests.workers.test_crashing_inputs import DEEP, HUGE_INT, chat_text
 
 pytestmark = [pytest.mark.stack, pytest.mark.reliability]
@@ -298,6 +301,24 @@ def test_a_hostile_tenant_harms_no_one(
     bombs = {"dictionary": bomb(), "page": page_bomb(PAGE_BOMB_MB)}
     b_lines = victim_b_lines(names["b"])
     c_data, c_ids = victim_c_parquet(names["c"])
+    # #49 5. webhook receivers: A's three hang past the delivery limit (10 s), B's answers at once
+    hooks = webhook_receiver.start()
+    hooks.server.block_on_close = False  # A's hanging requests are not waited for at the end
+    request.addfinalizer(hooks.server.server_close)
+    request.addfinalizer(hooks.server.shutdown)
+    for i in range(3):
+        hooks.behaviours[f"/slow{i}"] = Behaviour(wait=15.0)
+        hook = attacker.post(
+            f"{api}/v1/webhooks",
+            json={"url": hooks.url(f"/slow{i}"), "events": list(EVENT_TYPES)},
+            timeout=30,
+        )
+        assert hook.status_code == 200, hook.text[:200]
+    hook = requests.post(
+        f"{api}/v1/webhooks", headers={"Authorization": f"Bearer {keys['b']}"},
+        json={"url": hooks.url("/victim-b"), "events": ["batch.completed"]}, timeout=30,
+    )  # fmt: skip
+    assert hook.status_code == 200, hook.text[:200]
     pids = {
         "api": int((stack.run_dir / "api.pid").read_text()),
         "control": int((stack.run_dir / "control.pid").read_text()),
@@ -784,6 +805,17 @@ def test_a_hostile_tenant_harms_no_one(
     record(
         "flood: 4 urgent batches of 64 requests, 8 s window (hopeless)", 200, None,
         "ended " + ", ".join(sorted(f["status"] for f in flood_final)) + "; the victims' batches below completed",
+    )  # fmt: skip
+
+    # -- #49 5. (the check) B's delivery while A's receivers hang -----------------------------------
+    wait_until(lambda: hooks.at("/victim-b") or None, "victim b's batch.completed delivery", 30)
+    delivered_after = hooks.at("/victim-b")[0].arrived - (victim_batches["b"].completed_at or 0)
+    hung = [r for r in hooks.received if r.path.startswith("/slow")]
+    assert delivered_after < 5.0, delivered_after  # completed_at is in whole seconds
+    record(
+        "3 webhook receivers that hang 15 s (past the 10 s delivery limit)", 200, None,
+        f"{len(hung)} of A's delivery attempts hung and were cut off;"
+        f" B's batch.completed arrived {delivered_after:.1f} s after its batch completed",
     )  # fmt: skip
 
     disabled = freight("tenant", "disable", names["a"])
