@@ -150,7 +150,44 @@ def peaks(root: int) -> dict[str, float]:
     return {_title(pid): round(_status_kb(pid, "VmHWM:") / 1024, 1) for pid in _tree(root)}
 
 
-def run_store(kind: str, work: Path, gb: float, model: Path) -> dict[str, Any]:
+def validate(client: Any, control: int, file_id: str) -> dict[str, Any]:
+    """A batch on the uploaded file, polled until it leaves ``validating`` (it must be
+    ``in_progress``: every line accepted), then cancelled; the control worker's peaks meanwhile."""
+    reset_peaks(control)
+    t_create = time.monotonic()
+    batch = client.batches.create(input_file_id=file_id, endpoint=CHAT, completion_window="24h")
+    while batch.status == "validating":
+        if time.monotonic() - t_create > VALIDATION_TIMEOUT_S:
+            raise TimeoutError(f"batch {batch.id} still validating after {VALIDATION_TIMEOUT_S:.0f} s")
+        time.sleep(0.5)
+        batch = client.batches.retrieve(batch.id)
+    t_validated = time.monotonic()
+    control_peaks = peaks(control)
+    validation_s = t_validated - t_create
+    log(f"uploads: batch {batch.status} after {validation_s:.1f} s")
+    if batch.status != "in_progress":
+        errors = batch.errors.model_dump() if batch.errors else None
+        raise RuntimeError(f"validation did not accept the file: {batch.status} {errors}")
+    counts = batch.request_counts
+    client.batches.cancel(batch.id)
+    while batch.status not in ("cancelled", "completed", "failed", "expired"):
+        if time.monotonic() - t_validated > CANCEL_TIMEOUT_S:
+            raise TimeoutError(f"batch {batch.id} still {batch.status} after the cancel")
+        time.sleep(0.5)
+        batch = client.batches.retrieve(batch.id)
+    return {
+        "t_create": t_create,
+        "t_validated": t_validated,
+        "validation_s": round(validation_s, 1),
+        "validated_status": "in_progress",
+        "validated_requests": counts.total if counts is not None else None,
+        "control_processes_vmhwm_mb": control_peaks,
+        "cancel_s": round(time.monotonic() - t_validated, 1),
+        "final_status": batch.status,
+    }
+
+
+def run_store(kind: str, work: Path, gb: float, model: Path, validating: bool = True) -> dict[str, Any]:
     from bench.cpu import OtherLoad, spent
     from bench.freight_runner import FreightStack
     from infra import daemons as services
@@ -206,28 +243,14 @@ def run_store(kind: str, work: Path, gb: float, model: Path) -> dict[str, Any]:
         api_peaks_upload = peaks(api)
         log(f"uploads [{kind}]: {size / 1e9:.2f} GB in {upload_s:.1f} s")
 
-        reset_peaks(control)
-        t_create = time.monotonic()
-        batch = client.batches.create(input_file_id=upload.file.id, endpoint=CHAT, completion_window="24h")
-        while batch.status == "validating":
-            if time.monotonic() - t_create > VALIDATION_TIMEOUT_S:
-                raise TimeoutError(f"batch {batch.id} still validating after {VALIDATION_TIMEOUT_S:.0f} s")
-            time.sleep(0.5)
-            batch = client.batches.retrieve(batch.id)
-        t_validated = time.monotonic()
-        control_peaks = peaks(control)
-        validation_s = t_validated - t_create
-        log(f"uploads [{kind}]: batch {batch.status} after {validation_s:.1f} s")
-        if batch.status != "in_progress":
-            errors = batch.errors.model_dump() if batch.errors else None
-            raise RuntimeError(f"validation did not accept the file: {batch.status} {errors}")
-        counts = batch.request_counts
-        client.batches.cancel(batch.id)
-        while batch.status not in ("cancelled", "completed", "failed", "expired"):
-            if time.monotonic() - t_validated > CANCEL_TIMEOUT_S:
-                raise TimeoutError(f"batch {batch.id} still {batch.status} after the cancel")
-            time.sleep(0.5)
-            batch = client.batches.retrieve(batch.id)
+        idle = sampler.window("api", t_upload - IDLE_S, t_upload)
+        api_idle = sum(idle) / len(idle)
+        api_upload_peak = max(sampler.window("api", t_upload, t_uploaded))
+        log(
+            f"uploads [{kind}]: the API {api_idle:.1f} MB idle, {api_upload_peak - api_idle:+.1f} MB at the peak"
+        )
+
+        checked = validate(client, control, upload.file.id) if validating else None
         t_end = time.monotonic()
         sampler.stop()
         load_after = os.getloadavg()
@@ -235,12 +258,11 @@ def run_store(kind: str, work: Path, gb: float, model: Path) -> dict[str, Any]:
         cpu = spent(cpu_before, stack.cpu_snapshot())
         other_cpu = other.seconds(cpu)  # the machine's CPU seconds outside the stack and this process
 
-        idle = sampler.window("api", t_upload - IDLE_S, t_upload)
-        api_idle = sum(idle) / len(idle)
-        api_upload_peak = max(sampler.window("api", t_upload, t_uploaded))
         api_run_peak = max(sampler.window("api", t_upload, t_end))
         control_idle = sampler.window("control", t_upload - IDLE_S, t_upload)
-        control_peak = max(sampler.window("control", t_create, t_validated))
+        if checked is not None:
+            control_peak = max(sampler.window("control", checked.pop("t_create"), checked.pop("t_validated")))
+            checked["control_rss_peak_validation_mb"] = round(control_peak, 1)
         result = {
             "bytes": size,
             "lines": lines,
@@ -255,14 +277,8 @@ def run_store(kind: str, work: Path, gb: float, model: Path) -> dict[str, Any]:
             "api_rss_increase_upload_mb": round(api_upload_peak - api_idle, 1),
             "api_rss_increase_mb": round(api_run_peak - api_idle, 1),
             "api_processes_vmhwm_mb": {"upload": api_peaks_upload, "run": api_peaks_run},
-            "validation_s": round(validation_s, 1),
-            "validated_status": "in_progress",
-            "validated_requests": counts.total if counts is not None else None,
             "control_rss_idle_mb": round(sum(control_idle) / len(control_idle), 1),
-            "control_rss_peak_validation_mb": round(control_peak, 1),
-            "control_processes_vmhwm_mb": control_peaks,
-            "cancel_s": round(t_end - t_validated, 1),
-            "final_status": batch.status,
+            **(checked or {"validation": "not run (--upload-only)"}),
             "samples": len(sampler.rows),
             "loadavg_before": [round(x, 2) for x in load_before],
             "loadavg_after": [round(x, 2) for x in load_after],
@@ -284,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gb", type=float, default=2.0, help="GiB of JSONL to upload (default 2)")
     parser.add_argument("--stores", default="local,s3")
     parser.add_argument("--quick", action="store_true", help="0.2 GiB: a check of the plumbing")
+    parser.add_argument(
+        "--upload-only", action="store_true", help="no batch on the file: the upload's time and memory alone"
+    )
     parser.add_argument("--model", type=Path, default=Path("models/demo"))
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -295,7 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(["python -m bench.uploads", *(sys.argv[1:] if argv is None else argv)])
     started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     started = time.monotonic()
-    stores = {kind: run_store(kind, work, gb, args.model) for kind in args.stores.split(",")}
+    stores = {
+        kind: run_store(kind, work, gb, args.model, not args.upload_only) for kind in args.stores.split(",")
+    }
     shutil.rmtree(work, ignore_errors=True)
     increase = max(s["api_rss_increase_mb"] for s in stores.values())
     report = {

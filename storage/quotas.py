@@ -1,5 +1,10 @@
 """Per-tenant quotas: bytes of files kept, batches not yet final, requests queued in them.
 
+Queued requests count what the lines ask for, not lines: a chat line's ``n`` sequences, an
+embeddings line's inputs, a score or rerank line's pairs (``scheduler.request_work``, summed per
+unit by validation), so one line of ``n=128`` counts 128 and a tenant cannot queue 128 times the
+work of another under the same limit.
+
 A tenant that could store, open or queue without bound could fill the disk or hold the engines
 for everyone. Each limit is the tenant's own column when set, else the ``FREIGHT_QUOTA_*``
 default; 0 is unlimited. A check reads the use inside the caller's transaction after locking the
@@ -11,13 +16,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import func, select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from storage.errors import ServiceError
-from storage.models import Batch, StoredFile, Tenant, Upload, UploadPart
+from storage.models import Batch, StoredFile, Tenant, Upload, UploadPart, WorkUnit
 from storage.settings import Settings
-from storage.status import BatchStatus, UploadStatus
+from storage.status import BatchStatus, UnitStatus, UploadStatus
 
 OPEN_STATUSES = (
     BatchStatus.VALIDATING.value,
@@ -78,11 +83,19 @@ def open_batches(s: Session, tenant_id: str) -> int:
 
 
 def queued_requests(s: Session, tenant_id: str, *, excluding: str | None = None) -> int:
-    """Requests of the tenant's open batches not yet finished (a ``validating`` batch counts 0:
-    its lines are counted when validation ends)."""
-    left = Batch.request_total - Batch.request_completed - Batch.request_failed
-    query = select(func.sum(left)).where(
-        Batch.tenant_id == tenant_id, Batch.status.in_(OPEN_STATUSES), left > 0
+    """Requests of the tenant's open batches not yet finished, each counted as the outputs it
+    asks for (see the module): the ``sequences`` of their units not finished (a unit without
+    them recorded: its requests). A ``validating`` batch counts 0: its units are made when
+    validation ends."""
+    asked = case((WorkUnit.sequences > 0, WorkUnit.sequences), else_=WorkUnit.n_requests)
+    query = (
+        select(func.sum(asked))
+        .join(Batch, Batch.id == WorkUnit.batch_id)
+        .where(
+            Batch.tenant_id == tenant_id,
+            Batch.status.in_(OPEN_STATUSES),
+            WorkUnit.status.not_in(UnitStatus.FINISHED),
+        )
     )
     if excluding is not None:
         query = query.where(Batch.id != excluding)
@@ -134,7 +147,8 @@ def check_new_batch(s: Session, settings: Settings, tenant_id: str) -> None:
 
 
 def queued_refusal(s: Session, settings: Settings, batch: Batch, requests: int) -> str | None:
-    """Why a validated batch of ``requests`` may not join the tenant's queue (None: it may)."""
+    """Why a validated batch asking for ``requests`` (its lines' sequences, inputs and pairs) may
+    not join the tenant's queue (None: it may)."""
     limit = quota_of(s, settings, batch.tenant_id).queued_requests
     if not limit:
         return None

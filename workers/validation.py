@@ -39,6 +39,7 @@ from sqlalchemy.orm import Session
 from scheduler import json_text
 from scheduler.leases import validation_wait
 from scheduler.ordering import SortStats, common_prefix_tokens, sort_records
+from scheduler.request_work import request_sequences
 from scheduler.unit_plan import kv_block_size
 from storage.adapters import usable_adapters
 from storage.checkpoint_cache import CheckpointError
@@ -204,6 +205,9 @@ class FileRules:
     # a served model's image tokens (workers/image_tokens.py; () for a text model): a line holding
     # one as text is refused alone. None: not checked
     image_tokens: Callable[[str], tuple[str, ...]] | None = field(default=None, compare=False)
+    # a generated request's expected output when its body sets no budget (the engine's default):
+    # what its work counts (scheduler.request_work)
+    default_max_tokens: int = 0
 
 
 def check_line(raw: bytes, line_no: int, rules: FileRules) -> ValidLine | LineError:
@@ -279,7 +283,12 @@ def check_fields(
         injected = injected_image_token(body, body_json, tokens) if tokens else None
         if injected is not None:
             return _image_token_refusal(line_no, custom_id, model, *injected)
-    return CheckedLine(line_no, custom_id, body_json, body, model, max_tokens)
+    # what the line weighs in the fair shares and the queued-requests quota (scheduler.request_work)
+    sequences = request_sequences(task, body)
+    expected = None if task in (EMBED, SCORE) else max_tokens
+    if task not in (EMBED, SCORE) and max_tokens is None:
+        expected = rules.default_max_tokens
+    return CheckedLine(line_no, custom_id, body_json, body, model, max_tokens, sequences, expected)
 
 
 def _names_media(raw: bytes) -> bool:
@@ -611,22 +620,21 @@ def scan_lines(
     yield checks.finish(line_no)
 
 
-# sort payload: custom_id length, prompt length, output budget (-1: none), ids present; then the
-# custom_id, the ids (big-endian uint32) when present, and the body
-_HEAD = struct.Struct(">IIiB")
+# sort payload: custom_id length, prompt length, output budget (-1: none), ids present, sequences,
+# work; then the custom_id, the ids (big-endian uint32) when present, and the body
+_HEAD = struct.Struct(">IIiBIQ")
 
 
 def _payload(row: ShardRow) -> bytes:
     custom_id = row.custom_id.encode()
     ids = row.prompt_token_ids
-    head = _HEAD.pack(
-        len(custom_id), row.prompt_len, -1 if row.max_tokens is None else row.max_tokens, ids is not None
-    )
+    budget = -1 if row.max_tokens is None else row.max_tokens
+    head = _HEAD.pack(len(custom_id), row.prompt_len, budget, ids is not None, row.sequences, row.work)
     return b"".join((head, custom_id, bytes(ids or b""), row.body_json.encode()))
 
 
 def _row(key: bytes, line: int, payload: bytes, shared: int = 0) -> ShardRow:
-    n, prompt_len, max_tokens, exact = _HEAD.unpack_from(payload)
+    n, prompt_len, max_tokens, exact, sequences, work = _HEAD.unpack_from(payload)
     start = _HEAD.size + n
     custom_id = payload[_HEAD.size : start].decode()
     ids = None
@@ -634,7 +642,7 @@ def _row(key: bytes, line: int, payload: bytes, shared: int = 0) -> ShardRow:
         ids, start = payload[start : start + 4 * prompt_len], start + 4 * prompt_len
     body = payload[start:].decode()
     budget = None if max_tokens < 0 else max_tokens
-    return ShardRow(line, custom_id, body, key, ids, prompt_len, budget, shared)
+    return ShardRow(line, custom_id, body, key, ids, prompt_len, budget, shared, sequences, work)
 
 
 class PromptRenders:
@@ -1007,6 +1015,7 @@ def file_rules(
         reasoning_models=reasoning_models(rt.db),
         adapters=usable_adapters(rt.db, tenant_id),
         image_tokens=renders.image_tokens,
+        default_max_tokens=settings.engine_default_max_tokens,
     )
 
 
@@ -1086,7 +1095,9 @@ def conclude(rt: Runtime, batch_id: str, summary: ScanResult, shard_keys: list[s
         if batch is None or batch.status != BatchStatus.VALIDATING:
             return
         admission = None
-        over_quota = None if summary.error_count else queued_refusal(s, settings, batch, summary.rows)
+        # the quota counts what the lines ask for: a line's n sequences, inputs or pairs
+        asked = sum(unit.sequences or unit.n_requests for unit in units)
+        over_quota = None if summary.error_count else queued_refusal(s, settings, batch, asked)
         if not summary.error_count and over_quota is None:
             admission = admit_batch(rt, s, batch, summary.model or "", summary.rows, now, rates)
         if over_quota is not None:  # the tenant's other batches hold its queue already
@@ -1134,6 +1145,8 @@ def conclude(rt: Runtime, batch_id: str, summary: ScanResult, shard_keys: list[s
                     prefix_key=unit.prefix_key[:PREFIX_KEY_BYTES],
                     planned_prompt_tokens=unit.prompt_tokens,
                     planned_cached_tokens=unit.cached_tokens,
+                    sequences=unit.sequences,
+                    work=unit.work,
                 )
                 for seq, unit in enumerate(units)
             ]
