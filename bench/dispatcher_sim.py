@@ -35,7 +35,7 @@ from bench import dispatcher_report as rep
 from bench.dispatcher_fleet import run_dispatcher, run_fleet
 from bench.dispatcher_load import Sizes, load
 from bench.freeze import tree
-from bench.scheduler import machine_facts
+from bench.provenance import STACK, Run, machine_facts
 from infra import daemons
 from storage.migrate import upgrade
 from storage.models import Batch, WorkUnit
@@ -47,6 +47,16 @@ from workers import dispatcher
 RESULTS = Path(__file__).resolve().parent / "results" / "control_plane.json"
 QUIET_ASKS = 2  # workers of each model waiting for a pack in quiet_ticks
 BOUNDS = {"dispatcher_tick_s": 1.0, "runnable_to_claim_p99_s": 2.0, "jain_index": 0.9, "starved_batches": 0}
+
+
+# the repository paths this benchmark measures: a commit to one makes its result stale (bench/provenance.py)
+MEASURES = (
+    *STACK,
+    "bench/dispatcher_sim.py",
+    "bench/dispatcher_fleet.py",
+    "bench/dispatcher_load.py",
+    "bench/dispatcher_report.py",
+)
 
 
 def log(message: str) -> None:
@@ -131,6 +141,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse(argv)
+    prov = Run("bench.dispatcher_sim", MEASURES, argv)
     sizes = Sizes.at(args.scale)
     run_dir = Path(tempfile.mkdtemp(prefix="freight-dispatch-sim-"))
     pg = redis = None
@@ -148,7 +159,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         }
         if args.pack_requests:
             settings["pack_requests"] = args.pack_requests
-        report = run(args, sizes, settings, run_dir, {"postgres": pg.pid, "redis": redis.pid})
+        report = run(args, sizes, settings, run_dir, {"postgres": pg.pid, "redis": redis.pid}, prov)
         if args.pg_stats and args.keep:
             keep_statement_stats(pg, args.keep)
         return report
@@ -203,9 +214,15 @@ def keep_statement_stats(pg: daemons.PostgresService, keep: Path) -> None:
 
 
 def run(
-    args: argparse.Namespace, sizes: Sizes, settings: dict[str, Any], run_dir: Path, services: dict[str, int]
+    args: argparse.Namespace,
+    sizes: Sizes,
+    settings: dict[str, Any],
+    run_dir: Path,
+    services: dict[str, int],
+    prov: Run,
 ) -> dict[str, Any]:
-    """``services``: the pids of PostgreSQL and Redis, whose CPU is measured beside the fleet's."""
+    """``services``: the pids of PostgreSQL and Redis, whose CPU is measured beside the fleet's;
+    ``prov``: the run's provenance, finished into the section it writes."""
     rt = Runtime(Settings.from_env({}, **settings))
     t0 = time.time()
     loaded = load(rt.db, sizes, int(t0), rt.settings.unit_size, seed=args.seed)
@@ -280,6 +297,7 @@ def run(
     report["run"]["pinned"] = pinned
     rt.db.dispose()
     targets = report.pop("targets")
+    report["provenance"] = prov.finish()
     rep.merge_results(args.out, report, targets)
     log(json.dumps({"targets": targets}, indent=1))
     return {**report, "targets": targets}

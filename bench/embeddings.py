@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import workloads as wl
-from bench.scheduler import RESULTS_DIR, WORK_DIR, log, machine_facts, serving_dtype, write_report
+from bench.provenance import STACK, Run, machine_facts
+from bench.scheduler import RESULTS_DIR, WORK_DIR, log, serving_dtype, write_report
 
 MODEL_DIR = Path("models/embed")
 INPUTS = 20_000
@@ -46,6 +47,10 @@ MAX_MODEL_LEN = 1024
 KV_BYTES = 256 * 1024**2
 TARGET = 1.2  # freight_over_runbatch, inputs/s and tokens/s (issue #22)
 ENDPOINT = "/v1/embeddings"
+
+
+# the repository paths this benchmark measures: a commit to one makes its result stale (bench/provenance.py)
+MEASURES = (*STACK, "bench/embeddings.py", "bench/freight_runner.py", "bench/runbatch_baseline.py")
 
 
 def lines(n: int, seed: int) -> list[dict[str, Any]]:
@@ -124,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, default=MODEL_DIR)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "embeddings.json")
     args = parser.parse_args(argv)
+    prov = Run("bench.embeddings", MEASURES, argv)
 
     from bench import runbatch_baseline
     from bench.freight_runner import FreightStack
@@ -220,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         "paired_ratios": paired,
         "ratios": ratios,
         "targets": targets,
+        "provenance": prov.finish(paired),
         "notes": (
             "inputs_per_s = inputs / wall_s. run_batch's wall is its whole process (imports, engine "
             "start-up, reading, embedding, writing: what a user waits for); its busy window (the "

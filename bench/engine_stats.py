@@ -21,9 +21,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.kv_cache_dtype import machine
+from bench.provenance import Run, machine_facts
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+# the repository paths this benchmark measures: a commit to one makes its result stale (bench/provenance.py)
+MEASURES = ("workers", "bench/engine_stats.py")
 
 
 def lines(n: int, tokens: int) -> list[dict[str, Any]]:
@@ -78,13 +82,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "engine_stats.json")
     args = parser.parse_args()
+    prov = Run("bench.engine_stats", MEASURES)
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     bodies = lines(args.requests, args.tokens)
     runs = [run_engine(args.model, stats, bodies, args.repeats) for stats in (False, True, False, True)]
     off = max(r["best_output_tokens_per_s"] for r in runs if not r["stats"])
     on = max(r["best_output_tokens_per_s"] for r in runs if r["stats"])
     result = {
-        "machine": machine(),
+        "machine": machine_facts(),
         "model": str(args.model),
         "requests": args.requests,
         "output_tokens_each": args.tokens,
@@ -92,6 +97,14 @@ def main() -> None:
         "best_off": off,
         "best_on": on,
         "stats_cost": round(1 - on / off, 3),
+        "provenance": prov.finish(
+            {
+                f"best_{'on' if s else 'off'}": [
+                    r["best_output_tokens_per_s"] for r in runs if r["stats"] == s
+                ]
+                for s in (False, True)
+            }
+        ),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -32,13 +32,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench.scheduler import REPO, RESULTS_DIR, WORK_DIR, log, machine_facts, write_report
+from bench.provenance import STACK, Run, machine_facts
+from bench.scheduler import REPO, RESULTS_DIR, WORK_DIR, log, write_report
 
 REQUESTS = 1_000_000
 UNIT_SIZE = 256
 TARGET_S = 60.0
 PUT_THREADS = 8
 CONTENT_WORDS = 40  # an answer of ~40 words: ~790-byte output lines (the success line with its ids and usage)
+
+
+# the repository paths this benchmark measures: a commit to one makes its result stale (bench/provenance.py)
+MEASURES = (*STACK, "bench/finalization.py")
 
 
 def output_line(custom_id: str, n: int) -> bytes:
@@ -234,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the file the target is merged into ('' for none)",
     )
     args = parser.parse_args(argv)
+    prov = Run("bench.finalization", MEASURES, argv)
     work = WORK_DIR / "finalization"
     started = time.monotonic()
     stores = {kind: run_store(kind, work, args.requests, args.repeats) for kind in args.stores.split(",")}
@@ -261,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
                 "pass": best is not None and best <= TARGET_S,
             }
         },
+        "provenance": prov.finish({"finalization_1m_s": ok_runs}),
         "notes": (
             "finalize_batch timed alone on units an engine worker would leave (DONE, one output "
             "object each); the s3 store is a local SeaweedFS on this machine; best of the repeats "
@@ -271,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.control_plane and args.requests == REQUESTS:
         from bench.dispatcher_report import merge_results
 
-        section = {k: report[k] for k in ("generated_at", "machine", "workload")}
+        section = {k: report[k] for k in ("generated_at", "machine", "workload", "provenance")}
         section["seconds"] = {kind: [r["seconds"] for r in s["runs"]] for kind, s in stores.items()}
         section["details"] = (
             str(args.out.resolve().relative_to(REPO))

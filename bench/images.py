@@ -59,7 +59,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import workloads as wl
-from bench.scheduler import REPO, RESULTS_DIR, WORK_DIR, log, machine_facts, serving_dtype, write_report
+from bench.provenance import STACK, Run, machine_facts
+from bench.scheduler import REPO, RESULTS_DIR, WORK_DIR, log, serving_dtype, write_report
 
 MODEL_DIR = Path("models/vlm")
 MODEL_NAME = "vlm"
@@ -85,6 +86,17 @@ TARGETS = {"freight_vs_llm_chat_sorted": 0.95, "freight_vs_runbatch": 1.5}
 
 
 # ------------------------------------------------------------------------------------- workload
+
+
+# the repository paths this benchmark measures: a commit to one makes its result stale (bench/provenance.py)
+MEASURES = (
+    *STACK,
+    "bench/images.py",
+    "bench/images_engine.py",
+    "bench/engine_baseline.py",
+    "bench/runbatch_baseline.py",
+    "bench/freight_runner.py",
+)
 
 
 def make_image(rng: random.Random) -> bytes:
@@ -375,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="100 lines over 5 images, one repeat")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "images.json")
     args = parser.parse_args(argv)
-    command = " ".join(["python -m bench.images", *(sys.argv[1:] if argv is None else argv)])
+    prov = Run("bench.images", MEASURES, argv)
     if args.quick:
         for key, value in QUICK.items():
             setattr(args, key, value)
@@ -383,7 +395,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench import runbatch_baseline
     from bench.engine_baseline import EngineServer
-    from bench.request_rate import revision
 
     started = time.monotonic()
     work = WORK_DIR / "images"
@@ -433,9 +444,8 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "images in chat: Freight end to end vs vLLM's LLM.chat and run_batch (issue #47 part 1)",
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "duration_s": round(time.monotonic() - started, 1),
-        "command": command,
-        "code": revision(REPO),
         "machine": machine_facts(),
+        "provenance": prov.finish(paired),
         "workload": {
             **workload,
             "repeats": args.repeats,

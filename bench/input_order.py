@@ -37,12 +37,17 @@ from pathlib import Path
 from typing import Any
 
 from bench.finalization import UNIT_SIZE, output_line
-from bench.scheduler import REPO, RESULTS_DIR, WORK_DIR, log, machine_facts, write_report
+from bench.provenance import STACK, Run, machine_facts
+from bench.scheduler import RESULTS_DIR, WORK_DIR, log, write_report
 
 REQUESTS = 1_000_000
 PUT_THREADS = 8
 READ_BYTES = 1024 * 1024  # the client's reads of the response
 TARGET_MB = 100.0  # the API's RSS increase over idle while it serves the download
+
+
+# the repository paths this benchmark measures: a commit to one makes its result stale (bench/provenance.py)
+MEASURES = (*STACK, "bench/input_order.py", "bench/finalization.py")
 
 
 def write_batch(rt: Any, tenant_id: str, requests: int) -> str:
@@ -275,10 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stores", default="s3", help="local, s3 or local,s3 (default s3)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "input_order.json")
     args = parser.parse_args(argv)
-    from bench.request_rate import revision
-
-    command = " ".join(["python -m bench.input_order", *(sys.argv[1:] if argv is None else argv)])
-    started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    prov = Run("bench.input_order", MEASURES, argv)
     work = WORK_DIR / "input_order"
     started = time.monotonic()
     try:
@@ -290,11 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "benchmark": "a batch's output file downloaded in input order (issue #48 part 5)",
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "started_at": started_at,
         "duration_s": round(time.monotonic() - started, 1),
-        "command": command,
-        "code": revision(REPO),
         "machine": machine_facts(),
+        "provenance": prov.finish(),
         "workload": {
             "requests": args.requests,
             "unit_size": UNIT_SIZE,

@@ -33,7 +33,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench.scheduler import machine_facts
+from bench.provenance import Run, machine_facts
 from infra.build_demo_model import Shape, build, build_corpus
 from workers.checkpoint import kv_bytes_per_token, weights
 from workers.quantize import QuantizeRequest, quantize
@@ -45,6 +45,10 @@ ZEN_DIR = REPO / "var" / "zentorch"
 PROMPT_TOKENS = 64
 MARKER = "FREIGHT_BENCH "
 KV_BUDGET_BYTES = 1 << 30  # memory beyond BF16's weights: what each checkpoint can give to KV
+
+
+# the repository paths this benchmark measures: a commit to one makes its result stale (bench/provenance.py)
+MEASURES = ("workers", "infra/build_demo_model.py", "bench/int4.py")
 
 
 def ensure_zentorch() -> tuple[bool, str]:
@@ -194,6 +198,7 @@ def main() -> None:
     if args.mode == "child":
         child(args)
         return
+    prov = Run("bench.int4", MEASURES)
     if args.quick:
         args.model, args.batches, args.prompts, args.kl_texts = str(REPO / "models" / "demo"), [1, 8], 16, 4
     bf16 = Path(args.model)
@@ -220,6 +225,7 @@ def main() -> None:
     result["machine"] = machine_facts()
     result["started_at"], result["wall_s"] = int(began), round(time.time() - began, 1)
     result["note"] = args.note or None
+    result["provenance"] = prov.finish()
     out = Path(args.out or REPO / "bench" / "results" / ("int4-quick.json" if args.quick else "int4.json"))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

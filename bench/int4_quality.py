@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.int4 import agreement
-from bench.scheduler import machine_facts
+from bench.provenance import Run, machine_facts
 from infra.build_demo_model import BOS, PAD, build, special_ids
 from infra.demo_training import Corpus, TrainConfig, chat_text
 from workers.quantize import QuantizeRequest, quantize
@@ -41,6 +41,16 @@ PPL_RATIO_BOUND = 1.10
 WINDOWS, WINDOW_TOKENS = 64, 256  # perplexity and KL: 64 held-out windows of 256 tokens
 PROMPTS, PROMPT_TOKENS, NEW_TOKENS = 64, 32, 32  # greedy agreement on source text
 CHAT_PROMPTS = 32
+
+
+# the repository paths this benchmark measures: a commit to one makes its result stale (bench/provenance.py)
+MEASURES = (
+    "workers",
+    "infra/build_demo_model.py",
+    "infra/demo_training.py",
+    "bench/int4.py",
+    "bench/int4_quality.py",
+)
 
 
 def _load(path: Path) -> Any:
@@ -204,10 +214,12 @@ def main() -> None:
     parser.add_argument("--no-gptq", action="store_true", help="round-to-nearest only")
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "int4_quality.json"))
     args = parser.parse_args()
+    prov = Run("bench.int4_quality", MEASURES)
     began = time.time()
     result = run(Path(args.model), gptq=not args.no_gptq)
     result["machine"] = machine_facts()
     result["started_at"], result["wall_s"] = int(began), round(time.time() - began, 1)
+    result["provenance"] = prov.finish()
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["targets"], indent=2))
 

@@ -22,31 +22,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import time
 from pathlib import Path
 from typing import Any
+
+from bench.provenance import Run, machine_facts
 
 REPO = Path(__file__).resolve().parent.parent
 DTYPES = ("auto", "fp8")
 
 
-def machine() -> dict[str, Any]:
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next(
-        (line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), ""
-    )
-    flags = next(
-        (line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []
-    )
-    return {
-        "cores": os.cpu_count(),
-        "cpu_model": model or platform.processor(),
-        "avx512_bf16": "avx512_bf16" in flags,
-        "avx512f": "avx512f" in flags,
-        "amx_tile": "amx_tile" in flags,
-        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-    }
+# the repository paths this benchmark measures: a commit to one makes its result stale (bench/provenance.py)
+MEASURES = ("bench/kv_cache_dtype.py", "bench/workloads.py")
 
 
 def workload(model: Path, scale: float) -> list[dict[str, Any]]:
@@ -132,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--order", default="auto,fp8", help="KV cache dtypes, in the order they run")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "kv_cache_dtype.json")
     args = parser.parse_args(argv)
+    prov = Run("bench.kv_cache_dtype", MEASURES, argv)
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     import vllm
 
@@ -153,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "benchmark": "kv_cache_dtype",
         "recorded_at": int(time.time()),
-        "machine": machine(),
+        "machine": machine_facts(),
         "vllm": vllm.__version__,
         "model": str(args.model.relative_to(REPO) if args.model.is_relative_to(REPO) else args.model),
         "workload": {
@@ -165,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "runs": runs,
         "summary": summary,
+        "provenance": prov.finish(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")

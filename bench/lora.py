@@ -54,7 +54,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import workloads as wl
-from bench.scheduler import REPO, RESULTS_DIR, WORK_DIR, log, machine_facts, serving_dtype, write_report
+from bench.provenance import STACK, Run, machine_facts
+from bench.scheduler import REPO, RESULTS_DIR, WORK_DIR, log, serving_dtype, write_report
 
 MODEL_DIR = Path("models/demo")
 TRAINED = ("alpha", "beta")  # infra/build_lora_adapters.py's, in models/adapters
@@ -73,6 +74,17 @@ KV_BYTES = 256 * 1024**2
 BASE = wl.MODEL_NAME  # the stack serves the demo model as "demo" (FREIGHT_MODELS)
 ENGINE_CORES = {"process": {}, "inline": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
 TARGETS = {"freight_vs_engine_lora": 0.95, "freight_vs_runbatch_per_adapter": 3.0}
+
+
+# the repository paths this benchmark measures: a commit to one makes its result stale (bench/provenance.py)
+MEASURES = (
+    *STACK,
+    "bench/lora.py",
+    "bench/lora_engine.py",
+    "bench/engine_baseline.py",
+    "bench/runbatch_baseline.py",
+    "bench/freight_runner.py",
+)
 
 
 def adapter_name(i: int) -> str:
@@ -427,13 +439,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="3 adapters x 20 lines, one repeat")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "lora.json")
     args = parser.parse_args(argv)
-    command = " ".join(["python -m bench.lora", *(sys.argv[1:] if argv is None else argv)])
+    prov = Run("bench.lora", MEASURES, argv)
     if args.quick:
         for key, value in QUICK.items():
             setattr(args, key, value)
 
     from bench.engine_baseline import EngineServer
-    from bench.request_rate import revision
 
     started = time.monotonic()
     work = WORK_DIR / "lora"
@@ -489,9 +500,8 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "LoRA: adapters of one base packed on one engine, Freight end to end vs vLLM (issue #47 part 2)",
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "duration_s": round(time.monotonic() - started, 1),
-        "command": command,
-        "code": revision(REPO),
         "machine": machine_facts(),
+        "provenance": prov.finish(paired),
         "workload": {
             "adapters": {name: str(path) for name, path in adapters.items()},
             "trained_adapters": [n for n in names if not n.startswith("lora-random-")],

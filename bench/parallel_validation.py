@@ -34,12 +34,18 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from bench.provenance import STACK, Run
+
 REPO = Path(__file__).resolve().parent.parent
 RESULT = REPO / "bench" / "results" / "parallel_validation.json"
 CONTROL_PLANE = REPO / "bench" / "results" / "control_plane.json"
 TARGET_ROWS = 1_000_000
 TARGET_S = 120.0  # validation + planning of a million lines on two control processes (issue #21)
 CHAT = "/v1/chat/completions"
+
+
+# the repository paths this benchmark measures: a commit to one makes its result stale (bench/provenance.py)
+MEASURES = (*STACK, "bench/parallel_validation.py")
 
 
 def write_input(path: Path, rows: int, shape: str = "short") -> int:
@@ -138,6 +144,7 @@ def main() -> None:
                         help="short: 185-byte lines (the target's); docs: 1.5 KB lines")  # fmt: skip
     parser.add_argument("--out", default=str(RESULT))
     args = parser.parse_args()
+    prov = Run("bench.parallel_validation", MEASURES)
 
     from api.services.tenants import create_tenant
     from infra import daemons
@@ -267,6 +274,12 @@ def main() -> None:
         "started_at": started_at,
         "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
+    result["provenance"] = prov.finish(
+        {
+            f"best_seconds.{name}": [r["seconds"] for key, r in results.items() if key.split("#")[0] == name]
+            for name in result["best_seconds"]
+        }
+    )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
@@ -280,6 +293,7 @@ def main() -> None:
             "loadavg_1min_before_after": {k: r["loadavg_1min_before_after"] for k, r in results.items()},
             "peak_rss_mb": {k: r["peak_rss_mb"] for k, r in results.items()},
             "finished_at": result["finished_at"],
+            "provenance": result["provenance"],
             "details": os.path.relpath(Path(args.out).resolve(), REPO),
         }
         if args.shape == "docs":  # reported; no target

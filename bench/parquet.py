@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+from bench.provenance import STACK, Run
 from workers import intake
 
 REPO = Path(__file__).resolve().parent.parent
@@ -50,6 +51,10 @@ WORDS = [
     "lantern",
     "meadow",
 ]
+
+
+# the repository paths this benchmark measures: a commit to one makes its result stale (bench/provenance.py)
+MEASURES = (*STACK, "bench/parquet.py")
 
 
 def doc_rows(rows: int, seed: int = 7) -> Iterator[dict]:
@@ -168,6 +173,7 @@ def main() -> None:
     parser.add_argument("--model-dir", default=str(REPO / "models" / "demo"))
     parser.add_argument("--out", default=str(RESULT))
     args = parser.parse_args()
+    prov = Run("bench.parquet", MEASURES)
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     with tempfile.TemporaryDirectory(dir=REPO / "var" if (REPO / "var").is_dir() else None) as tmp:
         work = Path(tmp)
@@ -200,6 +206,7 @@ def main() -> None:
         },
         "started_at": started_at,
         "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "provenance": prov.finish(),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

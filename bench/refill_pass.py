@@ -38,8 +38,8 @@ from sqlalchemy import text
 
 from bench import dispatcher_report as rep
 from bench.dispatcher_load import Sizes, load
-from bench.request_rate import checkout, median, revision
-from bench.scheduler import machine_facts
+from bench.provenance import STACK, Run, machine_facts, revision
+from bench.request_rate import checkout, median
 from infra import daemons
 from storage.migrate import upgrade
 from storage.runtime import Runtime
@@ -48,6 +48,10 @@ from storage.settings import Settings
 REPO = Path(__file__).resolve().parent.parent
 CHILD = Path(__file__).resolve().parent / "refill_child.py"
 RESULTS = REPO / "bench" / "results" / "refill_pass.json"
+
+
+# the repository paths this benchmark measures: a commit to one makes its result stale (bench/provenance.py)
+MEASURES = (*STACK, "bench/refill_pass.py", "bench/refill_child.py", "bench/dispatcher_load.py")
 
 
 def log(message: str) -> None:
@@ -90,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline-rev", help="also run this git revision's pass (a worktree of it), in turns")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
+    prov = Run("bench.refill_pass", MEASURES, argv)
 
     run_dir = Path(tempfile.mkdtemp(prefix="freight-refill-"))
     pg = redis = None
@@ -141,6 +146,14 @@ def main(argv: list[str] | None = None) -> int:
                 ["git", "-C", str(REPO), "worktree", "remove", "--force", str(baseline_src)], check=False
             )
         shutil.rmtree(run_dir, ignore_errors=True)
+    common = report["cases"]["one_taken"]
+    report["provenance"] = prov.finish(
+        {
+            f"refill_pass_{k}_over_baseline": common[f"{k}_over_baseline"]
+            for k in ("cpu", "wall")
+            if f"{k}_over_baseline" in common
+        }
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(report.get("targets", {}), indent=1))

@@ -24,11 +24,15 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench.scheduler import machine_facts
+from bench.provenance import STACK, Run, machine_facts
 
 REPO = Path(__file__).resolve().parent.parent
 RESULT = REPO / "bench" / "results" / "reliability.json"
 COUNTS = ("lost", "duplicated", "server_errors")
+
+
+# the repository paths this benchmark measures: a commit to one makes its result stale (bench/provenance.py)
+MEASURES = (*STACK, "tests", "bench/reliability.py")
 
 
 def run_scenarios(folder: Path, load_seconds: float, select: str | None) -> tuple[int, float, str]:
@@ -91,6 +95,7 @@ def main() -> None:
     parser.add_argument("-k", dest="select", default=None, help="only the scenarios whose tests match")
     parser.add_argument("--merge", type=Path, default=None, help="take the figures in DIR; run nothing")
     args = parser.parse_args()
+    prov = Run("bench.reliability", MEASURES)
     if args.merge:
         code, duration, summary = 0, 0.0, f"merged from {args.merge}"
         scenarios = {p.stem: json.loads(p.read_text()) for p in sorted(args.merge.glob("*.json"))}
@@ -110,6 +115,7 @@ def main() -> None:
         "settings": {"load_seconds": args.load_seconds, "select": args.select},
         "scenarios": {**previous, **scenarios},  # a -k or --merge run updates its scenarios, keeps the rest
     }
+    result["provenance"] = prov.finish()
     result["totals"] = {k: sum(e[k] for e in result["scenarios"].values()) for k in COUNTS}
     hostile = hostile_section(result["scenarios"])
     if hostile is not None:  # issue 19: the attacks of one hostile tenant, on top for readers

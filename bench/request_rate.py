@@ -43,7 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import workloads as wl
-from bench.scheduler import REPO, RESULTS_DIR, WORK_DIR, log, machine_facts, serving_dtype, write_report
+from bench.provenance import STACK, Run, machine_facts, revision
+from bench.scheduler import REPO, RESULTS_DIR, WORK_DIR, log, serving_dtype, write_report
 
 MODEL_DIR = Path("models/demo")
 REQUESTS = 20_000
@@ -59,6 +60,10 @@ TARGET = 0.9  # freight_over_engine (requests/s), issue #21
 ENGINE_CORES = {"engine_process": {}, "engine_inline": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
 PROFILE_RATE = 200  # py-spy samples per second
 TOP_FUNCTIONS = 25
+
+
+# the repository paths this benchmark measures: a commit to one makes its result stale (bench/provenance.py)
+MEASURES = (*STACK, "bench/request_rate.py", "bench/freight_runner.py", "bench/engine_baseline.py")
 
 
 def lines(n: int, seed: int) -> list[dict[str, Any]]:
@@ -134,18 +139,6 @@ def paired_ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, list[float
         if all(engines):
             out["freight_over_engine"].append(mine / max(engines))  # type: ignore[type-var]
     return out
-
-
-def revision(checkout: Path) -> str:
-    """The commit a checkout's code is at, ``-dirty`` if it has uncommitted changes to tracked files."""
-    head = subprocess.run(
-        ["git", "-C", str(checkout), "rev-parse", "--short=12", "HEAD"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    dirty = subprocess.run(["git", "-C", str(checkout), "diff", "--quiet", "HEAD"], check=False).returncode
-    return head + ("-dirty" if dirty else "")
 
 
 def checkout(rev: str, into: Path) -> str:
@@ -237,7 +230,9 @@ def merge_into_control_plane(report: dict[str, Any], out: Path, control_plane: P
     bench/results/control_plane.json, where issue #21's targets are read together."""
     from bench.dispatcher_report import merge_results, target
 
-    section = {k: report[k] for k in ("generated_at", "machine", "workload", "ratios", "paired_ratios")}
+    section = {
+        k: report[k] for k in ("generated_at", "machine", "workload", "ratios", "paired_ratios", "provenance")
+    }
     section["freight_cpu_s_per_1000_requests"] = [
         r["cpu_s_per_1000_requests"] for r in report["runs"]["freight"]
     ]
@@ -278,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the file the ratio and its target are merged into ('' for none)",
     )
     args = parser.parse_args(argv)
+    prov = Run("bench.request_rate", MEASURES, argv)
 
     from bench.engine_baseline import EngineServer
     from bench.freight_runner import FreightStack
@@ -411,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
             }
         },
         "profile": profile,
+        "provenance": prov.finish(paired),
         "notes": (
             "requests_per_s = requests / wall_s; an engine's wall is one LLM.chat call (start-up and "
             "warm-up excluded), Freight's from the first upload to the poll that saw the batch "

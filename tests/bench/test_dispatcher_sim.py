@@ -87,6 +87,10 @@ def test_tiny_scale_run_claims_every_unit_once(tmp_path) -> None:
     for name in ("dispatcher_tick_s", "runnable_to_claim_p99_s", "jain_index", "starved_batches"):
         assert set(written["targets"][name]) >= {"value", "bound", "pass"}
     assert written["dispatcher"]["sizes"] == report["sizes"]
+    # the section records the run that wrote it (bench/provenance.py)
+    prov = written["dispatcher"]["provenance"]
+    assert prov["command"].startswith("python -m bench.dispatcher_sim --scale 0.004 --drain")
+    assert prov["code"]["revision"] and "workers" in prov["measures"] and prov["machine"]["cores"]
 
 
 def test_pin_gives_the_shared_components_one_cpu_and_the_fleet_the_rest() -> None:
