@@ -3,13 +3,19 @@
 Two separate decisions:
 
 * **Selection** (``dispatch_order``): urgent units first, earliest deadline first; the rest are
-  shared fairly between tenants (the tenant with the fewest requests in flight on the model goes
+  shared fairly between tenants (the tenant with the least work in flight on the model goes
   next), and within one tenant by its own priority, then between its batches of equal priority
-  fairly too (the batch with the fewest requests in flight and taken goes next, the earlier
+  fairly too (the batch with the least work in flight and taken goes next, the earlier
   deadline on a tie), so no batch waits behind others indefinitely. Urgency is capped per tenant
-  (``urgent_share``): a tenant already holding more than that share of the requests in flight
+  (``urgent_share``): a tenant already holding more than that share of the work in flight
   while another tenant has work pending or in flight gets no precedence from its deadlines, so no
   tenant can take the engines by submitting batches that are always in a hurry.
+
+  Shares count work (``Candidate.weight``), not lines: one chat line may ask for 128 sequences and
+  one embeddings line for 2,048 inputs, so counted by lines a tenant of such lines took about 128
+  times the engine of a tenant of single ones at an equal share of lines. A unit's work is what
+  validation summed over its rows (``scheduler.request_work``); a unit that has none recorded
+  weighs its requests.
 * **Layout** (``plan_packs``): the selected units of one model, from any batch and any tenant, are
   sorted by prefix-cache domain, then by the prompt-prefix key of their first request and cut into packs of about
   ``pack_requests`` requests. A pack is what one worker feeds its engine in one go, so small jobs
@@ -39,6 +45,13 @@ class Candidate:
     prefix_key: bytes = b""
     urgent: bool = False
     domain: str = ""  # its prefix-cache domain: units of different domains never share a prefix
+    work: int = 0  # the work its rows ask for (scheduler.request_work); 0: not recorded
+
+    @property
+    def weight(self) -> int:
+        """What the unit counts for in the fair shares: its work, or its requests when it has
+        none recorded (units planned before work was, or made by hand)."""
+        return self.work if self.work > 0 else self.n_requests
 
 
 @dataclass(frozen=True)
@@ -54,7 +67,7 @@ def _deadline_order(c: Candidate) -> tuple:
 
 
 def _batch_order(c: Candidate, held: int) -> tuple:
-    """A tenant's batches: its own priority first, then the fewest requests held (in flight and
+    """A tenant's batches: its own priority first, then the least work held (in flight and
     taken in this pass), then deadline."""
     return (-c.priority, held, c.deadline, c.created_at, c.batch_id)
 
@@ -79,7 +92,7 @@ class _TenantQueue:
     def pop(self) -> Candidate:
         _, batch = heapq.heappop(self.heap)
         unit = self.units[batch].pop()
-        self.held[batch] += unit.n_requests
+        self.held[batch] += unit.weight
         if self.units[batch]:
             heapq.heappush(self.heap, (_batch_order(self.units[batch][-1], self.held[batch]), batch))
         return unit
@@ -93,13 +106,14 @@ def dispatch_order(
     share_load: Mapping[str, int] | None = None,
     batch_load: Mapping[str, int] | None = None,
 ) -> list[Candidate]:
-    """Urgent units by deadline, then the rest by fair share: requests already in flight per
-    tenant (``share_load``, default ``tenant_load``) plus those taken so far decide whose unit
-    comes next; within a tenant, its priority, then requests in flight per batch (``batch_load``)
-    plus those taken, so its batches of equal priority take turns.
+    """Urgent units by deadline, then the rest by fair share: work already in flight per
+    tenant (``share_load``, default ``tenant_load``) plus the work of the units taken so far
+    (``Candidate.weight``) decide whose unit comes next; within a tenant, its priority, then work
+    in flight per batch (``batch_load``) plus that taken, so its batches of equal priority take
+    turns. Every load is in the units of ``Candidate.weight``.
 
     ``urgent_share``: an urgent unit goes ahead only while its tenant holds at most this share of
-    the requests in flight (``tenant_load``) and taken, or no other tenant has work pending or in
+    the work in flight (``tenant_load``) and taken, or no other tenant has work pending or in
     flight; otherwise it waits its turn in its tenant's fair-share queue and is returned with
     ``urgent=False``. Another tenant's requests in flight count as waiting: on the worker they
     wait behind every urgent request (scheduler.feed_order), so a stream of urgent packs would
@@ -118,8 +132,8 @@ def dispatch_order(
         others_wait = any(waiting[t] or load[t] for t in waiting.keys() | load.keys() if t != c.tenant_id)
         if not others_wait or load[c.tenant_id] <= urgent_share * sum(load.values()):
             order.append(c)
-            load[c.tenant_id] += c.n_requests
-            share[c.tenant_id] += c.n_requests
+            load[c.tenant_id] += c.weight
+            share[c.tenant_id] += c.weight
             waiting[c.tenant_id] -= 1
         else:
             per_tenant[c.tenant_id].append(replace(c, urgent=False))
@@ -131,7 +145,7 @@ def dispatch_order(
         unit = queues[tenant].pop()
         order.append(unit)
         if queues[tenant]:
-            heapq.heappush(heap, (held + unit.n_requests, tenant))
+            heapq.heappush(heap, (held + unit.weight, tenant))
     return order
 
 
@@ -148,10 +162,11 @@ def plan_packs(
 ) -> list[Pack]:
     """Packs to queue now, in the order to send them: at most ``depth`` queued per model.
 
-    ``tenant_load``: requests in flight per tenant on every model (the urgent share's measure);
-    ``model_load``: model -> tenant -> requests in flight on that model, the fair share of each
-    model's packs (absent: ``tenant_load``); ``batch_load``: requests in flight per batch, the
-    turns of a tenant's batches (see ``dispatch_order``).
+    ``tenant_load``: work in flight per tenant on every model (the urgent share's measure);
+    ``model_load``: model -> tenant -> work in flight on that model, the fair share of each
+    model's packs (absent: ``tenant_load``); ``batch_load``: work in flight per batch, the
+    turns of a tenant's batches (see ``dispatch_order``). The packs themselves are cut by
+    requests (``pack_requests``): how many a worker feeds its engine at once.
 
     Every unit is in at most one pack; a pack holds units of one model only, at least one unit,
     and more than ``pack_requests`` requests only when a single unit is that large.

@@ -8,7 +8,10 @@ unit of its own), so a unit of long prompts is not as heavy as many of short one
 spans shards; a worker reads its rows by shard and row range.
 
 Each unit also carries the prefix-cache hits the sorted order predicts (``predicted_cached_tokens``):
-what vLLM should report as cached if every request found its predecessor's blocks still cached.
+what vLLM should report as cached if every request found its predecessor's blocks still cached;
+and its rows' summed ``sequences`` and ``work`` (``scheduler.request_work``), what the queued-requests
+quota and the fair shares count of it. A shard written before those columns existed counts each
+row as one sequence of its prompt plus its output budget.
 """
 
 from __future__ import annotations
@@ -65,6 +68,9 @@ class ShardColumns:
     # tokens each row's full sort key shares with the previous row's in the batch (the shard's
     # ``shared_tokens`` column); None: worked out from ``prefix_keys`` (shorter keys, smaller hits)
     shared_tokens: Sequence[int] | None = None
+    # each row's outputs asked for and its work (scheduler.request_work); None: not stored
+    sequences: Sequence[int | None] | None = None
+    work: Sequence[int | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,8 @@ class UnitPlan:
     prompt_tokens: int  # planned: the rows' prompt lengths
     output_tokens: int  # planned: their output budgets (the default where a row has none)
     cached_tokens: int = 0  # predicted prefix-cache hits of the rows (``predicted_cached_tokens``)
+    sequences: int = 0  # the rows' outputs asked for (n, inputs, pairs)
+    work: int = 0  # the rows' work: their weight in the fair shares
 
 
 def plan_units(
@@ -98,24 +106,30 @@ def plan_units(
         if len(shard.prefix_keys):
             previous = bytes(shard.prefix_keys[-1] or b"")
         start = 0
-        n = prompt = output = cached = 0
+        n = prompt = output = cached = sequences = work = 0
         for row in range(len(shard.lines)):
             row_prompt = int(shard.prompt_lens[row] or 0)
             budget = shard.max_tokens[row]
             row_output = default_max_tokens if budget is None else int(budget)
             heavy = unit_tokens > 0 and prompt + output + row_prompt + row_output > unit_tokens
             if n and (n >= size or heavy):
-                yield _unit(shard, start, n, prompt, output, cached)
-                start, n, prompt, output, cached = row, 0, 0, 0, 0
+                yield _unit(shard, start, n, prompt, output, cached, sequences, work)
+                start, n, prompt, output, cached, sequences, work = row, 0, 0, 0, 0, 0, 0
             n += 1
             prompt += row_prompt
             output += row_output
             cached += predicted_cached_tokens(int(shared[row] or 0), row_prompt, block_size)
+            row_sequences = None if shard.sequences is None else shard.sequences[row]
+            row_work = None if shard.work is None else shard.work[row]
+            sequences += int(row_sequences or 1)
+            work += int(row_work) if row_work else max(1, row_prompt + row_output)
         if n:
-            yield _unit(shard, start, n, prompt, output, cached)
+            yield _unit(shard, start, n, prompt, output, cached, sequences, work)
 
 
-def _unit(shard: ShardColumns, start: int, n: int, prompt: int, output: int, cached: int) -> UnitPlan:
+def _unit(
+    shard: ShardColumns, start: int, n: int, prompt: int, output: int, cached: int, sequences: int, work: int
+) -> UnitPlan:
     return UnitPlan(
         shard.key,
         start,
@@ -125,4 +139,6 @@ def _unit(shard: ShardColumns, start: int, n: int, prompt: int, output: int, cac
         prompt,
         output,
         cached,
+        sequences,
+        work,
     )

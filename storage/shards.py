@@ -17,6 +17,11 @@ range and touches only the row groups it needs, and the planner reads only its f
 ``max_tokens``      int32            the body's output budget; null: the engine's default
 ``shared_tokens``   int32            leading tokens ``key`` shares with the previous row's
                                      in the batch (0 for its first): predicted cache hits
+``sequences``       int32            the outputs the request asks for (its ``n``, inputs,
+                                     pairs: ``scheduler.request_work``); absent in shards
+                                     written before it: 1
+``work``            int64            what the request weighs in the fair shares
+                                     (``scheduler.request_work``); absent before: 1
 ==================  ===============  =====================================================
 
 Writes stream (``ShardWriter``): memory is one row group, whatever the batch size.
@@ -38,7 +43,7 @@ from storage.objectstore import ObjectStore
 
 SHARD_UNITS = 64  # row groups (units' worth of rows) per shard
 PREFIX_KEY_BYTES = 128  # of a row's key kept as prefix_key: 32 tokens, what packing compares
-PLAN_COLUMNS = ("line", "prefix_key", "prompt_len", "max_tokens", "shared_tokens")
+PLAN_COLUMNS = ("line", "prefix_key", "prompt_len", "max_tokens", "shared_tokens", "sequences", "work")
 
 SCHEMA = pa.schema(
     [
@@ -51,6 +56,8 @@ SCHEMA = pa.schema(
         ("prompt_len", pa.int32()),
         ("max_tokens", pa.int32()),
         ("shared_tokens", pa.int32()),
+        ("sequences", pa.int32()),
+        ("work", pa.int64()),
     ]
 )
 
@@ -65,6 +72,8 @@ class ShardRow:
     prompt_len: int = 0
     max_tokens: int | None = None
     shared_tokens: int = 0  # leading key tokens shared with the previous row of the batch
+    sequences: int = 1  # outputs asked for (n, inputs, pairs: scheduler.request_work)
+    work: int = 1  # its weight in the fair shares (scheduler.request_work)
 
     @property
     def body(self) -> dict:
@@ -85,6 +94,8 @@ def _table(rows: Sequence[ShardRow]) -> pa.Table:
             pa.array([r.prompt_len for r in rows], pa.int32()),
             pa.array([r.max_tokens for r in rows], pa.int32()),
             pa.array([r.shared_tokens for r in rows], pa.int32()),
+            pa.array([r.sequences for r in rows], pa.int32()),
+            pa.array([r.work for r in rows], pa.int64()),
         ],
         schema=SCHEMA,
     )
@@ -176,9 +187,11 @@ def _parquet(store: ObjectStore, key: str) -> Iterator[pq.ParquetFile]:
 
 
 def read_columns(store: ObjectStore, key: str, columns: Sequence[str] = PLAN_COLUMNS) -> pa.Table:
-    """Only these columns of a shard (Parquet reads just their pages)."""
+    """Only these columns of a shard (Parquet reads just their pages); a column the shard was
+    written without (``sequences``, ``work``: shards of an earlier version) is left out."""
     with _parquet(store, key) as pf:
-        return pf.read(columns=list(columns))
+        names = set(pf.schema_arrow.names)
+        return pf.read(columns=[c for c in columns if c in names])
 
 
 def custom_ids(store: ObjectStore, key: str) -> list[str]:
@@ -217,6 +230,8 @@ def _rows(batch: pa.RecordBatch) -> Iterator[ShardRow]:
     lens = batch.column("prompt_len").to_pylist() if "prompt_len" in names else None
     budgets = batch.column("max_tokens").to_pylist() if "max_tokens" in names else None
     shared = batch.column("shared_tokens").to_pylist() if "shared_tokens" in names else None
+    sequences = batch.column("sequences").to_pylist() if "sequences" in names else None
+    work = batch.column("work").to_pylist() if "work" in names else None
     for i, line in enumerate(lines):
         yield ShardRow(
             line,
@@ -227,4 +242,6 @@ def _rows(batch: pa.RecordBatch) -> Iterator[ShardRow]:
             0 if lens is None else lens[i],
             None if budgets is None else budgets[i],
             0 if shared is None else shared[i] or 0,
+            1 if sequences is None else sequences[i] or 1,
+            1 if work is None else work[i] or 1,
         )

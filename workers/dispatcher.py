@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import cast
 
-from sqlalchemy import Row, Table, bindparam, distinct, exists, func, or_, select, update
+from sqlalchemy import Row, Table, bindparam, case, distinct, exists, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from scheduler.deadlines import BatchLoad, Sample, assess, eta_moved, etas, measured_rates
@@ -409,13 +409,18 @@ def redeliver_stale(rt: Runtime, now: float, report: TickReport) -> None:
 
 @dataclass(frozen=True)
 class InFlight:
-    """Requests queued or running, as a packing pass of one model weighs them: per tenant on every
-    model (the urgent share's measure), per tenant on the model (its fair share), per batch of
-    the model (a tenant's batches' turns)."""
+    """Work queued or running (``WEIGHT``: a unit's work, its requests when it has none recorded),
+    as a packing pass of one model weighs it: per tenant on every model (the urgent share's
+    measure), per tenant on the model (its fair share), per batch of the model (a tenant's
+    batches' turns)."""
 
     tenants: dict[str, int]
     model_tenants: dict[str, int]
     batches: dict[str, int]
+
+
+# a unit's weight in the fair shares, in SQL: scheduler.packing.Candidate.weight
+WEIGHT = case((WorkUnit.work > 0, WorkUnit.work), else_=WorkUnit.n_requests)
 
 
 def in_flight(s: Session, model: str, with_tenants: bool) -> InFlight:
@@ -425,7 +430,7 @@ def in_flight(s: Session, model: str, with_tenants: bool) -> InFlight:
     model_tenants: dict[str, int] = defaultdict(int)
     batches: dict[str, int] = {}
     for tenant, batch_id, requests in s.execute(
-        select(Batch.tenant_id, WorkUnit.batch_id, func.sum(WorkUnit.n_requests))
+        select(Batch.tenant_id, WorkUnit.batch_id, func.sum(WEIGHT))
         .join(Batch, Batch.id == WorkUnit.batch_id)
         .where(moving, WorkUnit.model == model)
         .group_by(Batch.tenant_id, WorkUnit.batch_id)
@@ -437,7 +442,7 @@ def in_flight(s: Session, model: str, with_tenants: bool) -> InFlight:
         tenants = {
             tenant: int(requests)
             for tenant, requests in s.execute(
-                select(Batch.tenant_id, func.sum(WorkUnit.n_requests))
+                select(Batch.tenant_id, func.sum(WEIGHT))
                 .join(Batch, Batch.id == WorkUnit.batch_id)
                 .where(moving)
                 .group_by(Batch.tenant_id)
@@ -551,6 +556,7 @@ def pack_model(
                 WorkUnit.seq,
                 WorkUnit.n_requests,
                 WorkUnit.prefix_key,
+                WorkUnit.work,
                 rank,
             )
             .where(WorkUnit.status == UnitStatus.PENDING, WorkUnit.model == model)
@@ -584,6 +590,7 @@ def pack_model(
                 prefix_key=bytes(prefix_key or b""),
                 domain=settings.cache_domain(tenant_id),
                 urgent=urgency[batch_id][0] if urgency and batch_id in urgency else at_risk_since is not None,
+                work=work,
             )
             for (
                 unit_id,
@@ -591,6 +598,7 @@ def pack_model(
                 seq,
                 n_requests,
                 prefix_key,
+                work,
                 _rank,
                 tenant_id,
                 expires_at,

@@ -28,6 +28,9 @@ def shard_columns(store: ObjectStore, key: str) -> ShardColumns:
         table.column("prompt_len").to_pylist(),
         table.column("max_tokens").to_pylist(),
         table.column("shared_tokens").to_pylist(),
+        # absent from shards written before they were stored: plan_units' fallback
+        sequences=table.column("sequences").to_pylist() if "sequences" in table.column_names else None,
+        work=table.column("work").to_pylist() if "work" in table.column_names else None,
     )
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler.ordering import adapter_key
+from scheduler.request_work import request_work
 from storage.shards import ShardRow
 from workers.prompt_tokens import RenderedPrompt
 
@@ -38,16 +39,23 @@ class CheckedLine:
     body: dict[str, Any]
     model: str
     max_tokens: int | None
+    sequences: int = 1  # the outputs it asks for (scheduler.request_work)
+    expected_output: int | None = None  # each sequence's expected output tokens; None: a pooling model's
 
     def row(self, rendered: RenderedPrompt | None) -> ShardRow:
         if rendered is None:  # no rendering: no ids, no ordering key (rows keep file order)
-            return ShardRow(self.line, self.custom_id, self.body_json, b"", None, 0, self.max_tokens)
+            work = request_work(0, self.sequences, self.expected_output)
+            return ShardRow(
+                self.line, self.custom_id, self.body_json, b"", None, 0, self.max_tokens, 0,
+                self.sequences, work,
+            )  # fmt: skip
         key = rendered.key
         if self.body.get("model") != self.model:  # a LoRA adapter's line: its adapter's group
             key = adapter_key(self.body["model"], key)
+        work = request_work(rendered.prompt_len, self.sequences, self.expected_output)
         return ShardRow(
             self.line, self.custom_id, self.body_json, key, rendered.id_bytes,
-            rendered.prompt_len, self.max_tokens,
+            rendered.prompt_len, self.max_tokens, 0, self.sequences, work,
         )  # fmt: skip
 
 

@@ -5,9 +5,9 @@ from scheduler.packing import Candidate, dispatch_order, plan_packs
 
 
 def cand(uid, *, tenant="t1", batch=None, deadline=1000, priority=0, created=0, seq=0, n=10, key=b"",
-         model="m", urgent=False, domain=""):  # fmt: skip
+         model="m", urgent=False, domain="", work=0):  # fmt: skip
     return Candidate(uid, model, batch or f"b{uid}", tenant, deadline, priority, created, seq, n, key, urgent,
-                     domain)  # fmt: skip
+                     domain, work)  # fmt: skip
 
 
 def ids(units):
@@ -263,3 +263,74 @@ def test_within_a_tenant_the_batch_holding_least_goes_next(spec, in_flight):
         assert held[u.batch_id] == min(held[b] for b, n in left.items() if n)
         held[u.batch_id] += u.n_requests
         left[u.batch_id] -= 1
+
+
+# -- fair shares count work, not lines (issue #49 part 4) -------------------------------------------
+
+
+def test_a_unit_weighs_its_work_or_its_requests_when_none_is_recorded():
+    assert cand(1, n=256, work=256 * 128 * 9).weight == 256 * 128 * 9
+    assert cand(2, n=256).weight == 256
+
+
+def test_a_tenant_of_n128_lines_does_not_crowd_out_one_of_single_lines():
+    """The measured case: 2,560 : 2,560 lines in the first 20 units, about 128 : 1 in sequences.
+    Weighted by work, the n=1 tenant's units go until its work taken matches the other's."""
+    heavy = [cand(i, tenant="heavy", batch="h", seq=i, n=256, work=256 * 128 * 8) for i in range(20)]
+    light = [cand(100 + i, tenant="light", batch="l", seq=i, n=256, work=256 * 8) for i in range(200)]
+    order = dispatch_order(heavy + light, {})[:40]
+    assert sum(u.tenant_id == "heavy" for u in order) == 1  # 1 unit of 128 sequences a line, 39 of 1
+    packs = plan_packs(heavy + light, {}, depth=5, pack_requests=1024, tenant_load={})
+    taken = [u for p in packs for u in p.unit_ids]
+    work = {
+        t: sum(u.weight for u in heavy + light if u.unit_id in taken and u.tenant_id == t)
+        for t in ("heavy", "light")
+    }
+    # 20 units of 256 lines: one heavy unit, 19 light ones; lines 256 : 4,864, work 262,144 : 38,912
+    assert len(taken) == 20 and work["heavy"] == 256 * 128 * 8 and work["light"] == 19 * 256 * 8
+
+
+def test_work_in_flight_is_what_the_shares_start_from():
+    units = [cand(1, tenant="a", work=50), cand(2, tenant="b", work=50)]
+    assert ids(dispatch_order(units, {"a": 10, "b": 60})) == [1, 2]
+    assert ids(dispatch_order(units, {"a": 60, "b": 10})) == [2, 1]
+
+
+weighted = st.lists(
+    st.tuples(st.sampled_from(["t1", "t2", "t3"]), st.integers(1, 256), st.integers(0, 256 * 128 * 16)),
+    min_size=1,
+    max_size=40,
+)
+
+
+@given(weighted, st.dictionaries(st.sampled_from(["t1", "t2", "t3"]), st.integers(0, 100_000)))
+def test_each_tenants_work_taken_tracks_its_share_of_the_work(spec, in_flight):
+    """Whatever the units weigh: at every point of the order, the tenant whose unit goes next
+    held the least work (in flight plus taken) among tenants with units left."""
+    units = [cand(i, tenant=t, batch=t, seq=i, n=n, work=w) for i, (t, n, w) in enumerate(spec)]
+    held = {t: in_flight.get(t, 0) for t in {u.tenant_id for u in units}}
+    left = {t: sum(1 for u in units if u.tenant_id == t) for t in held}
+    for u in dispatch_order(units, in_flight):
+        contenders = [t for t, n in left.items() if n]
+        assert held[u.tenant_id] == min(held[t] for t in contenders)
+        held[u.tenant_id] += u.weight
+        left[u.tenant_id] -= 1
+
+
+@given(weighted, st.integers(1, 8))
+def test_packed_work_per_tenant_stays_within_one_unit_of_an_equal_share(spec, depth):
+    """Units of a full ``unit_size`` each (a pack of one unit each): between two tenants that both
+    still have units waiting, the work packed differs by at most the heaviest unit's weight,
+    whatever each unit's lines ask for."""
+    units = [cand(i, tenant=t, batch=t, seq=i, n=256, work=w) for i, (t, _, w) in enumerate(spec)]
+    packs = plan_packs(units, {}, depth=depth, pack_requests=256, tenant_load={})
+    taken = {u for p in packs for u in p.unit_ids}
+    assert len(taken) == min(depth, len(units))
+    heaviest = max(u.weight for u in units)
+    work = {
+        t: sum(u.weight for u in units if u.tenant_id == t and u.unit_id in taken) for t in ("t1", "t2", "t3")
+    }
+    waiting = {u.tenant_id for u in units if u.unit_id not in taken}
+    for t in waiting:
+        for other in work:
+            assert work[other] <= work[t] + heaviest

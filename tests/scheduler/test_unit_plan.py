@@ -98,3 +98,17 @@ def test_unique_prompts_predict_nothing():
     assert (
         sum(u.cached_tokens for u in plan_units([s], unit_size=4, default_max_tokens=1, block_size=16)) == 0
     )
+
+
+def test_units_sum_their_rows_sequences_and_work():
+    """Issue #49 part 4: what the quota and the fair shares count of a unit is its rows' sum."""
+    s = shard("a", [5, 5, 5], [2, 2, 2])
+    s = ShardColumns(s.key, s.lines, s.prefix_keys, s.prompt_lens, s.max_tokens,
+                     sequences=[128, 1, 3], work=[5 + 256, 7, 11])  # fmt: skip
+    [unit] = plan_units([s], unit_size=3, default_max_tokens=4)
+    assert (unit.sequences, unit.work) == (132, 261 + 7 + 11)
+
+
+def test_rows_of_a_shard_without_work_count_one_sequence_of_prompt_and_budget():
+    [unit] = plan_units([shard("a", [5, 6], [2, None])], unit_size=2, default_max_tokens=4)
+    assert (unit.sequences, unit.work) == (2, (5 + 2) + (6 + 4))

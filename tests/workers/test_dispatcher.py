@@ -558,3 +558,44 @@ def test_requeue_skips_a_queued_unit_whose_row_a_claim_holds(settings):
     finally:
         other.dispose()
         rt.db.dispose()
+
+
+def test_a_tenant_of_n128_lines_does_not_crowd_out_one_of_single_lines(settings):
+    """Issue #49 part 4: the dispatcher shares by work, not lines. Tenant heavy's lines ask for 128
+    sequences each, light's for one: counted by lines the two took turns (4 units each of the first
+    8, 128 : 1 in sequences); weighed by the work validation stored on each unit, light's units go
+    until its work packed reaches heavy's, and the loads the next pass starts from are work."""
+    rt = Runtime(replace(settings, unit_size=4, pack_requests=4, queue_depth=8))
+    try:
+        heavy, _ = create_tenant(rt.db, "heavy", now())
+        light, _ = create_tenant(rt.db, "light", now())
+        with rt.queue.celery.connection_for_write() as conn:
+            conn.default_channel.client.flushdb()
+        lines = [chat_line(f"h-{i}", f"h {i}", max_tokens=2, n=128) for i in range(32)]
+        heavy_batch = validated_batch(rt, heavy.id, lines, name="heavy.jsonl")
+        light_batch = submit(rt, light.id, 32, "light")
+        made = units(rt)
+        tenant_of = {heavy_batch: "heavy", light_batch: "light"}
+        # what validation stored: the sequences asked for, and the work (prompt once + 2 tokens a sequence)
+        assert {u.sequences for u in made if tenant_of[u.batch_id] == "heavy"} == {4 * 128}
+        assert {u.sequences for u in made if tenant_of[u.batch_id] == "light"} == {4}
+        for u in made:
+            n = 128 if tenant_of[u.batch_id] == "heavy" else 1
+            assert u.work == u.planned_prompt_tokens + 4 * n * 2
+        heavy_unit = max(u.work for u in made if tenant_of[u.batch_id] == "heavy")
+        light_unit = max(u.work for u in made if tenant_of[u.batch_id] == "light")
+        assert heavy_unit > 7 * light_unit  # so 7 light units weigh less than one heavy unit
+        dispatcher.tick(rt, float(now()))
+        queued = [u for u in units(rt) if u.status == UnitStatus.QUEUED]
+        assert len(queued) == 8
+        by_tenant = {t: [u for u in queued if tenant_of[u.batch_id] == t] for t in ("heavy", "light")}
+        assert len(by_tenant["heavy"]) == 1 and len(by_tenant["light"]) == 7
+        work = {t: sum(u.work for u in us) for t, us in by_tenant.items()}
+        assert work["light"] <= work["heavy"]  # light still has the lesser share: it is next
+        with rt.db.read() as s:
+            loads = dispatcher.in_flight(s, "demo", with_tenants=True)
+        assert loads.model_tenants == {heavy.id: work["heavy"], light.id: work["light"]}
+        assert loads.tenants == loads.model_tenants
+        assert loads.batches == {heavy_batch: work["heavy"], light_batch: work["light"]}
+    finally:
+        rt.db.dispose()

@@ -14,6 +14,7 @@ from api.services import files
 from api.services.tenants import create_tenant, set_quota
 from storage.errors import ServiceError
 from storage.models import Batch, StoredFile
+from storage.quotas import queued_requests
 from storage.runtime import Runtime
 from storage.status import BatchStatus
 from tests import factories
@@ -90,6 +91,28 @@ def test_queued_requests_quota_fails_the_batch_that_would_pass_it(quota_rt):
     with pytest.raises(ServiceError) as at_limit:
         factories.upload_and_create(quota_rt, alpha.id, [chat_line()])
     assert at_limit.value.code == "quota_exceeded" and "queued requests" in at_limit.value.message
+
+
+def test_queued_requests_count_the_sequences_a_line_asks_for(quota_rt):
+    """Issue #49 part 4: one line of n=4 is 4 queued requests, so a tenant cannot queue n times
+    the work of another under the same limit: with 3 queued, a batch of one n=3 line is refused
+    (3 + 3 > 5) where a line of n=2 still fits (3 + 2 = 5)."""
+    alpha, _ = create_tenant(quota_rt.db, "alpha", now())
+    set_quota(quota_rt.db, "alpha", {"quota_open_batches": "10"})
+    running = factories.validated_batch(quota_rt, alpha.id, [chat_line("r0", n=3)])
+    over = factories.validated_batch(quota_rt, alpha.id, [chat_line("s0", n=3)])
+    fits = factories.validated_batch(quota_rt, alpha.id, [chat_line("t0", n=2)])
+    with quota_rt.db.read() as s:
+        assert s.get(Batch, running).status == BatchStatus.IN_PROGRESS
+        refused = s.get(Batch, over)
+        assert refused.status == BatchStatus.FAILED
+        (error,) = refused.errors["data"]
+        assert "current use 3" in error["message"] and "this batch has 3 requests" in error["message"]
+        assert s.get(Batch, fits).status == BatchStatus.IN_PROGRESS
+        assert queued_requests(s, alpha.id) == 5
+    with pytest.raises(ServiceError) as at_limit:
+        factories.upload_and_create(quota_rt, alpha.id, [chat_line()])
+    assert "current use 5" in at_limit.value.message
 
 
 def test_quota_over_http_is_a_403_with_the_figures(quota_rt):
