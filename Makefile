@@ -7,7 +7,7 @@ MODEL_DIR := models/demo
 EMBED_MODEL_DIR := models/embed
 BENCH_MODEL_DIR := models/bench
 
-.PHONY: run stop test lint install model embed-model score-model whisper-model vlm-model adapters bench-model bench bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-embeddings bench-lora bench-images bench-estimates bench-validation bench-finalization bench-uploads int4-model clean quantize-env policy-env
+.PHONY: run stop test lint install model embed-model score-model whisper-model vlm-model adapters bench-model bench bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-embeddings bench-lora bench-images bench-estimates bench-validation bench-finalization bench-uploads bench-status bench-table int4-model clean quantize-env policy-env
 
 install:
 	@bash infra/install.sh
@@ -135,6 +135,16 @@ bench-uploads: model
 # the "dispatcher" section of bench/results/control_plane.json; DISPATCHER_BENCH_ARGS="--scale 0.01" for a smoke run
 bench-dispatcher: install
 	$(PY) -m bench.dispatcher_sim $(DISPATCHER_BENCH_ARGS)
+
+# each result file, the revision it was run on and whether a commit has since touched what it
+# measures (bench/provenance.py); old files without a provenance block say so
+bench-status:
+	@$(PY) -m bench.provenance
+
+# the README's benchmark table, written from the result files' targets (bench/readme_table.py);
+# tests/test_docs.py checks the README holds exactly this
+bench-table:
+	$(PY) -m bench.readme_table --write
 
 # every fault, load and hostile-input scenario of issue 8: bench/results/reliability.json
 bench-reliability: model quantize-env

@@ -1,0 +1,375 @@
+"""The README's benchmark table, written from the result files' ``targets`` and nothing else.
+
+``python -m bench.readme_table`` prints the table; ``--write`` (``make bench-table``) puts it
+into README.md between the marker comments below. tests/test_docs.py checks that the README holds
+exactly what this writes, so a figure, bound, pass or machine in the table is always the result
+file's. ROWS is the only hand-written part: which target of which file a row shows, its label,
+how many decimals its value is given with, and for the estimate target which pass is quoted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.provenance import REPO, RESULTS_DIR
+
+README = REPO / "README.md"
+BEGIN = "<!-- benchmark table: written by `make bench-table` (bench/readme_table.py) from bench/results -->"
+END = "<!-- end of the benchmark table -->"
+HEADER = (
+    "| target | bound | latest | pass | machine, date | `bench/results/` file: `targets` key |\n"
+    "|---|---|---|---|---|---|"
+)
+AT_THE_BOUND = 0.01  # a value passing a <= or >= bound within 1% of it is said to be at the bound
+OPS = {"<=": "≤", ">=": "≥", "==": "=", "<": "<", ">": ">"}
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    file: str
+    key: str
+    digits: int = 2  # decimals of the value (an int value is shown whole)
+    op: str = ""  # the bound's comparison where the file gives none (images, lora: >=)
+    section: str = ""  # control_plane.json: the section whose run measured the target (its machine, date)
+    note: str = ""  # a figure of the file quoted beside the pass, as "label=dotted.path"
+    passes: bool = False  # a target with per-pass figures (estimates): each pass's shown, the quoted first
+
+
+MJSP = "multi_job_shared_prefix_tight_kv"
+ROWS = (
+    Row("unique prompts: Freight / in-process engine", "scheduler.json", "unique.freight_over_engine"),
+    Row(
+        "shared prefix, tight KV: Freight / engine",
+        "scheduler.json",
+        "shared_prefix_tight_kv.freight_over_engine",
+    ),
+    Row(
+        "shared prefix, tight KV: Freight / `vllm run_batch`",
+        "scheduler.json",
+        "shared_prefix_tight_kv.freight_over_runbatch",
+    ),
+    Row(
+        "shared prefix, tight KV: Freight / engine on prompt-sorted lines",
+        "scheduler.json",
+        "shared_prefix_tight_kv.freight_over_engine_sorted",
+    ),
+    Row(
+        "20 batches of 3 tenants / the same lines as one batch",
+        "scheduler.json",
+        "multi_job.freight_over_single_job",
+    ),
+    Row(
+        "few-shot jobs of 3 tenants, tight KV: 6 jobs / 1 job",
+        "scheduler.json",
+        f"{MJSP}.freight_over_single_job",
+    ),
+    Row("the same: cache-hit gap to the ideal (points)", "scheduler.json", f"{MJSP}.hit_rate_gap_points"),
+    Row(
+        "the same, per-tenant caches: 6 jobs / 1 job per tenant",
+        "scheduler.json",
+        f"{MJSP}.per_tenant_over_single_job_per_tenant",
+    ),
+    Row(
+        "the same: Freight (1 job) / engine on prompt-sorted lines",
+        "scheduler.json",
+        f"{MJSP}.freight_over_engine_sorted",
+    ),
+    Row(
+        "the same: Freight (6 jobs) / engine on prompt-sorted lines",
+        "scheduler.json",
+        f"{MJSP}.multi_job_over_engine_sorted",
+    ),
+    Row(
+        "20,000 tiny requests: Freight / the faster in-process engine, requests/s",
+        "control_plane.json",
+        "request_rate_freight_over_engine",
+        section="request_rate",
+    ),
+    Row(
+        "validation + planning of a 1,000,000-line batch, two control processes (s)",
+        "control_plane.json",
+        "validation_1m_s",
+        section="validation",
+    ),
+    Row(
+        "finalization of a 1,000,000-request batch on SeaweedFS (s)", "finalization.json", "finalization_1m_s"
+    ),
+    Row(
+        "a 2 GiB file through `/v1/uploads` in 64 MiB parts: the API's RSS over idle, the worse of the "
+        "local store and SeaweedFS (MB)",
+        "uploads.json",
+        "api_rss_increase_mb",
+        digits=1,
+        note="local=stores.local.api_rss_increase_mb",
+    ),
+    Row(
+        "dispatcher tick under 1,000 simulated workers, max (s)",
+        "control_plane.json",
+        "dispatcher_tick_s",
+        section="dispatcher",
+    ),
+    Row(
+        "runnable to claimed, p99 (s)", "control_plane.json", "runnable_to_claim_p99_s", section="dispatcher"
+    ),
+    Row(
+        "fairness between tenants of equal priority: Jain's index of the worst minute",
+        "control_plane.json",
+        "jain_index",
+        section="dispatcher",
+    ),
+    Row(
+        "batches with none of their units on a worker for over 120 s",
+        "control_plane.json",
+        "starved_batches",
+        section="dispatcher",
+    ),
+    Row(
+        "a model's refill pass after a pack is taken, 10M requests: CPU / the revision before",
+        "refill_pass.json",
+        "refill_pass_cpu_over_baseline",
+    ),
+    Row("the same, wall time / the revision before", "refill_pass.json", "refill_pass_wall_over_baseline"),
+    Row(
+        "embeddings, 20,000 inputs: Freight / `vllm run_batch` (inputs/s)",
+        "embeddings.json",
+        "inputs_freight_over_runbatch",
+    ),
+    Row(
+        "embeddings, 20,000 inputs: Freight / `vllm run_batch` (tokens/s)",
+        "embeddings.json",
+        "tokens_freight_over_runbatch",
+    ),
+    Row(
+        "dry-run estimates: input tokens exact, share of runs",
+        "estimates.json",
+        "estimate_input_tokens_exact",
+        digits=1,
+    ),
+    Row(
+        "dry-run estimates: metered cost / estimate, worst factor of the last pass (the first beside it)",
+        "estimates.json",
+        "estimate_cost_worst_factor",
+        passes=True,
+    ),
+    Row(
+        "images in chat, 2,000 lines over 50 images: Freight / `LLM.chat` on Freight's order",
+        "images.json",
+        "freight_vs_llm_chat_sorted",
+        op=">=",
+    ),
+    Row(
+        "the same: Freight / `vllm run_batch` on the file as written",
+        "images.json",
+        "freight_vs_runbatch",
+        op=">=",
+    ),
+    Row(
+        "8 LoRA adapters x 250 lines in 4 jobs: Freight / engine with LoRA on Freight's order",
+        "lora.json",
+        "freight_vs_engine_lora",
+        op=">=",
+    ),
+    Row(
+        "the same: Freight / `vllm run_batch` per adapter in turn",
+        "lora.json",
+        "freight_vs_runbatch_per_adapter",
+        op=">=",
+    ),
+    Row(
+        "INT4 (round-to-nearest) / BF16, held-out perplexity of the trained demo model",
+        "int4_quality.json",
+        "int4_rtn_perplexity_over_bf16",
+        digits=4,
+    ),
+    Row(
+        "INT4 (GPTQ) / BF16, held-out perplexity of the trained demo model",
+        "int4_quality.json",
+        "int4_gptq_perplexity_over_bf16",
+        digits=4,
+    ),
+    Row(
+        "a batch's output file downloaded in input order: the API's RSS over idle, the worse store (MB)",
+        "input_order.json",
+        "api_rss_increase_mb",
+        digits=1,
+    ),
+    Row(
+        "the same: every line once, in input order",
+        "input_order.json",
+        "every_line_once_in_input_order",
+    ),
+)
+# targets a file holds as a copy of another file's row: bench/finalization.py merges its target
+# into control_plane.json too, from the same run
+COPIES = {("control_plane.json", "finalization_1m_s"): "finalization.json"}
+OPTIONAL = {"input_order.json"}  # rows of a benchmark whose first result may not be committed yet
+
+
+def _dig(data: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
+
+
+def _number(value: Any, digits: int) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:,.{digits}f}"
+
+
+def bound_of(target: dict[str, Any], op: str = "") -> tuple[str, float | bool]:
+    """(comparison, bound) of a target in any of the forms the result files hold: ``bound`` and
+    ``op``; ``min`` or ``max``; ``bound`` as text (">= 1.2", "<= 1.5 (pass 2: ...)", "true")."""
+    bound = target.get("bound")
+    if isinstance(bound, str):
+        if bound == "true":
+            return "==", True
+        m = re.match(r"(<=|>=|==|<|>)\s*(-?[\d.]+)", bound)
+        if not m:
+            raise ValueError(f"a bound this table cannot read: {bound!r}")
+        return m.group(1), float(m.group(2))
+    if bound is None:
+        bound, op = (target["min"], ">=") if "min" in target else (target["max"], "<=")
+    return target.get("op") or op, bound
+
+
+def _bound_text(target: dict[str, Any], op: str) -> str:
+    comparison, bound = bound_of(target, op)
+    if not comparison:
+        raise ValueError(f"no comparison for bound {bound} ({target})")
+    if isinstance(bound, bool):
+        return f"{OPS[comparison]} {str(bound).lower()}"
+    raw = re.match(r"\S+\s*(-?[\d.]+)", target["bound"]) if isinstance(target.get("bound"), str) else None
+    return f"{OPS[comparison]} {raw.group(1) if raw else f'{bound:g}'}"
+
+
+def _verdict(target: dict[str, Any], op: str) -> str:
+    if not target.get("pass"):
+        return "**no**"
+    comparison, bound = bound_of(target, op)
+    value = target.get("value")
+    if comparison not in ("<=", ">="):
+        return "yes"
+    near = (
+        isinstance(value, float)
+        and isinstance(bound, float)
+        and bound
+        and abs(value / bound - 1) < AT_THE_BOUND
+    )
+    return "yes, at the bound" if near else "yes"
+
+
+def _machine_and_date(*sources: dict[str, Any]) -> str:
+    """'BF16'/'AVX2' (how the host serves models: AVX-512 BF16 or not) and the run's date, from the
+    first source that records each (the run's provenance, then the older fields)."""
+    machine = date = None
+    for source in sources:
+        prov = source.get("provenance") or {}
+        facts = prov.get("machine") or source.get("machine") or {}
+        flags = facts.get("cpu_flags") if isinstance(facts.get("cpu_flags"), dict) else facts
+        if machine is None and isinstance(flags, dict) and "avx512_bf16" in flags:
+            machine = "BF16" if flags["avx512_bf16"] else "AVX2"
+        for field in (
+            prov.get("finished_at"),
+            source.get("generated_at"),
+            source.get("finished_at"),
+            source.get("at"),
+        ):
+            if date is None and isinstance(field, str) and field:
+                date = field[:10]
+        if date is None and isinstance(source.get("started_at"), int):
+            date = time.strftime("%Y-%m-%d", time.gmtime(source["started_at"]))
+    return f"{machine or 'machine not recorded'}, {date or 'date not recorded'}"
+
+
+def _estimate_passes(data: dict[str, Any], target: dict[str, Any]) -> dict[str, float | None]:
+    """Each pass's worst cost factor: the target's own record of them, else (files written
+    before it kept them) computed from the file's runs the way bench/estimates.py computes it."""
+    if target.get("passes"):
+        return dict(target["passes"])
+    from bench.estimates import cost_worst_factor
+
+    passes = sorted({r["pass"] for r in data["runs"]})
+    return {str(n): cost_worst_factor(data["runs"], n) for n in passes}
+
+
+def render_row(row: Row, data: dict[str, Any]) -> str:
+    target = data["targets"][row.key]
+    value, bound = _number(target["value"], row.digits), _bound_text(target, row.op)
+    verdict = _verdict(target, row.op)
+    if row.passes:
+        passes = _estimate_passes(data, target)
+        quoted = str(target.get("quoted_pass") or max(passes, key=int))
+        _, limit = bound_of(target, row.op)
+        others = [
+            f"pass {n}: {_number(v, row.digits)}" + ("" if v is not None and v <= limit else ", **no**")
+            for n, v in passes.items()
+            if n != quoted
+        ]
+        value = f"{value} (pass {quoted}; {'; '.join(others)})"
+    if row.note:
+        name, path = row.note.split("=", 1)
+        verdict += f" ({name} {_number(_dig(data, path), row.digits)})"
+    sources = [data[row.section], data] if row.section else [data]
+    return (
+        f"| {row.label} | {bound} | {value} | {verdict} | {_machine_and_date(*sources)} | "
+        f"`{row.file}`: `{row.key}` |"
+    )
+
+
+def render(results: Path = RESULTS_DIR) -> str:
+    """The table, header and rows, from the result files in ``results``."""
+    lines = [HEADER]
+    for row in ROWS:
+        path = results / row.file
+        if row.file in OPTIONAL and not path.exists():
+            continue
+        lines.append(render_row(row, json.loads(path.read_text())))
+    return "\n".join(lines)
+
+
+def unmapped(results: Path = RESULTS_DIR, files: tuple[str, ...] = ()) -> list[str]:
+    """``file: key`` of each target of ``files`` (the table's files by default) without a row."""
+    shown = {(r.file, r.key) for r in ROWS} | set(COPIES)
+    names = files or tuple(sorted({r.file for r in ROWS}))
+    out = []
+    for name in names:
+        if (results / name).exists():
+            keys = json.loads((results / name).read_text()).get("targets") or {}
+            out += [f"{name}: {k}" for k in keys if (name, k) not in shown]
+    return out
+
+
+def readme_table(text: str) -> str:
+    """The table between the markers of README text."""
+    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    return text[start:end].strip("\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="write the table into README.md")
+    args = parser.parse_args(argv)
+    table = render()
+    if not args.write:
+        print(table)
+        return 0
+    text = README.read_text()
+    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    README.write_text(text[:start] + "\n" + table + "\n" + text[end:])
+    print(f"README.md: {len(ROWS)} rows written")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""bench/readme_table.py: how a result file's target becomes a row of the README's table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import readme_table
+from bench.readme_table import Row, bound_of, render_row
+
+
+def test_every_form_of_bound_the_result_files_hold_is_read() -> None:
+    assert bound_of({"bound": 1.0, "op": "<="}) == ("<=", 1.0)
+    assert bound_of({"min": 0.95, "value": 1.0}) == (">=", 0.95)
+    assert bound_of({"max": 2.0, "value": 0.0}) == ("<=", 2.0)
+    assert bound_of({"bound": ">= 1.2"}) == (">=", 1.2)
+    assert bound_of({"bound": "<= 1.5 (pass 2: max of run/estimate and its inverse)"}) == ("<=", 1.5)
+    assert bound_of({"bound": 0.95}, ">=") == (">=", 0.95)
+    assert bound_of({"bound": "true"}) == ("==", True)
+    with pytest.raises(ValueError, match="cannot read"):
+        bound_of({"bound": "about 3"})
+
+
+def _row(target: dict, **data: object) -> list[str]:
+    line = render_row(
+        Row("a label", "x.json", "k", **({"op": ">="} if "op" not in target else {})),
+        {"targets": {"k": target}, **data},
+    )
+    return [cell.strip() for cell in line.strip("|").split("|")]
+
+
+def test_a_row_shows_the_files_figure_bound_pass_machine_and_date() -> None:
+    prov = {"machine": {"cpu_flags": {"avx512_bf16": False}}, "finished_at": "2026-12-01T10:00:00+0000"}
+    row = _row(
+        {"value": 0.9031, "bound": 0.9, "op": ">=", "pass": True}, provenance=prov, generated_at="2026-11-01"
+    )
+    assert row == ["a label", "≥ 0.9", "0.90", "yes, at the bound", "AVX2, 2026-12-01", "`x.json`: `k`"]
+    # a failing value is never rounded into a pass: 0.8955 shows 0.90, and "no"
+    row = _row(
+        {"value": 0.8955, "bound": 0.9, "op": ">=", "pass": False},
+        machine={"cpu_flags": {"avx512_bf16": True}},
+    )
+    assert row[2:5] == ["0.90", "**no**", "BF16, date not recorded"]
+    assert _row({"value": 3, "bound": 0.95, "pass": True})[1:5] == [
+        "≥ 0.95",
+        "3",
+        "yes",
+        "machine not recorded, date not recorded",
+    ]
+
+
+def test_the_estimate_row_quotes_the_last_pass_and_reports_the_first(tmp_path: Path) -> None:
+    runs = [
+        {"pass": 1, "cost": {"over_mid": 0.3118}},
+        {"pass": 1, "cost": {"over_mid": 0.9}},
+        {"pass": 2, "cost": {"over_mid": 1.2}},
+    ]
+    target = {"value": 1.2, "bound": "<= 1.5 (pass 2: ...)", "pass": True}
+    line = render_row(
+        Row("est", "estimates.json", "k", passes=True), {"targets": {"k": target}, "runs": runs}
+    )
+    assert "| 1.20 (pass 2; pass 1: 3.21, **no**) | yes |" in line
+    (tmp_path / "estimates.json").write_text(json.dumps({"targets": {"k": target}, "runs": runs}))
+    assert readme_table.unmapped(tmp_path, ("estimates.json",)) == ["estimates.json: k"]
