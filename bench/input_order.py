@@ -304,14 +304,15 @@ def main(argv: list[str] | None = None) -> int:
             "on a SQLite database; the client reads the response in 1 MiB reads in the benchmark's process",
         },
         "stores": stores,
+        # named apart from uploads.json's api_rss_increase_mb: README's table shows each key's latest file
         "targets": {
-            "api_rss_increase_mb": {
+            "input_order_api_rss_increase_mb": {
                 "value": increase,
                 "bound": f"<= {TARGET_MB:g}",
                 "pass": increase <= TARGET_MB,
             },
-            "every_line_once_in_input_order": {"value": in_order, "bound": "true", "pass": in_order},
         },
+        "every_line_once_in_input_order": in_order,
         "notes": (
             "GET /v1/files/{id}/content?order=input over HTTP from a gunicorn API process (no engine, "
             "control worker or broker: the batch is written and finalized by this benchmark before the API "
