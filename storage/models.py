@@ -635,3 +635,19 @@ class WebhookDelivery(Base):
     last_attempt_at: Mapped[float | None] = mapped_column(Float)
     last_status_code: Mapped[int | None] = mapped_column(Integer)  # the receiver's HTTP status
     last_error: Mapped[str | None] = mapped_column(Text)  # why the last attempt failed
+
+
+class ChargedObject(Base):
+    """An object a tenant's batch produced that is not a file row of its own (its Parquet shards,
+    the images and audio its lines name, its unit results), charged to the tenant's stored bytes
+    (``storage.object_ledger``) until the batch's data is purged. Keyed by the object, so an
+    object written again (a validation run twice) is charged once, at its latest size."""
+
+    __tablename__ = "charged_objects"
+    __table_args__ = (Index("ix_charged_objects_tenant", "tenant_id"), Index("ix_charged_objects_batch", "batch_id"))
+
+    object_key: Mapped[str] = mapped_column(String(1024), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    batch_id: Mapped[str | None] = mapped_column(String(40))  # None: an object of no batch
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    charged_at: Mapped[int] = mapped_column(BigInteger)  # epoch seconds

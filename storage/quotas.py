@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from storage.errors import ServiceError
 from storage.models import Batch, StoredFile, Tenant, Upload, UploadPart, WorkUnit
+from storage.object_ledger import charged_bytes
 from storage.settings import Settings
 from storage.status import BatchStatus, UnitStatus, UploadStatus
 
@@ -72,7 +73,8 @@ def stored_bytes(s: Session, tenant_id: str) -> int:
             Upload.purged_at.is_(None),
         )
     )
-    return int(total or 0) + int(parts or 0)
+    # and what its batches produced beyond their files: shards, images, audio, unit results
+    return int(total or 0) + int(parts or 0) + charged_bytes(s, tenant_id)
 
 
 def open_batches(s: Session, tenant_id: str) -> int:
@@ -134,8 +136,13 @@ def check_stored(s: Session, settings: Settings, tenant_id: str, adding: int) ->
 
 def check_new_batch(s: Session, settings: Settings, tenant_id: str) -> None:
     """Refuse another open batch when the tenant has its limit of open batches, or of queued
-    requests already."""
+    requests already, or stores more than its limit of bytes (a batch's output may take it past
+    the limit: the output is kept, and new work is refused until files are deleted or expire)."""
     quota = quota_of(s, settings, tenant_id)
+    if quota.stored_bytes:
+        use = stored_bytes(s, tenant_id)
+        if use > quota.stored_bytes:
+            raise exceeded("stored file bytes", quota.stored_bytes, use, " bytes")
     if quota.open_batches:
         use = open_batches(s, tenant_id)
         if use >= quota.open_batches:
@@ -156,3 +163,28 @@ def queued_refusal(s: Session, settings: Settings, batch: Batch, requests: int) 
     if use + requests <= limit:
         return None
     return exceeded("queued requests", limit, use).message + f"; this batch has {requests:,} requests"
+
+
+def check_incoming(s: Session, settings: Settings, tenant_id: str, size: int) -> None:
+    """Refuse a drop folder's inbox file of ``size`` bytes before it is copied into the store:
+    the bytes it would add past the tenant's limit, or a batch it could not open (``size`` is
+    the object's listed size; a gzipped one's copy is bounded again as it streams)."""
+    limit = quota_of(s, settings, tenant_id).stored_bytes
+    if limit:
+        use = stored_bytes(s, tenant_id)
+        if use + size > limit:
+            raise exceeded("stored file bytes", limit, use, " bytes", "file")
+    check_new_batch(s, settings, tenant_id)
+
+
+def stored_overrun(s: Session, settings: Settings, tenant_id: str) -> str | None:
+    """Why the tenant is past its stored-bytes limit (None: it is not). Finalization asks after
+    adding a batch's output and error files: they are kept, and this says why new work is refused."""
+    limit = quota_of(s, settings, tenant_id, lock=False).stored_bytes
+    use = stored_bytes(s, tenant_id) if limit else 0
+    if not limit or use <= limit:
+        return None
+    return (
+        exceeded("stored file bytes", limit, use, " bytes").message
+        + "; the output is kept, and new uploads and batches are refused until files are deleted or expire"
+    )

@@ -12,6 +12,7 @@ from __future__ import annotations
 from sqlalchemy import select, update
 
 from storage.models import Batch, StoredFile, Upload
+from storage.object_ledger import release_batch
 from storage.runtime import Runtime
 from storage.settings import Settings
 from storage.status import BatchStatus, UploadStatus
@@ -46,7 +47,15 @@ def batch_data_prefixes(batch_id: str) -> tuple[str, ...]:
         f"batches/{batch_id}/units/",
         f"batches/{batch_id}/validation/",
         f"batches/{batch_id}/images/",  # the images of its chat lines (workers/images.py)
+        f"batches/{batch_id}/audio/",  # the audio its lines name by file id (workers/media_files.py)
     )
+
+
+def validated_prefixes(batch_id: str) -> tuple[str, ...]:
+    """What validation leaves of a batch, charged to its tenant when it ends
+    (``storage.object_ledger.charge_listed``): its shards, images and audio (not its sorted
+    runs, scratch that the merge deletes)."""
+    return tuple(p for p in batch_data_prefixes(batch_id) if not p.endswith("/validation/"))
 
 
 def delete_file_objects(rt: Runtime, record: StoredFile) -> None:
@@ -69,6 +78,7 @@ def purge_batch_data(rt: Runtime, batch_id: str, now: int) -> int:
             .where(Batch.id == batch_id, Batch.status.in_(BatchStatus.FINAL), Batch.purged_at.is_(None))
             .values(purged_at=now)
         )
+        release_batch(s, batch_id)  # its objects deleted above no longer count in the tenant's bytes
     return deleted
 
 

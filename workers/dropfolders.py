@@ -61,6 +61,7 @@ from storage.objectstore import (
     S3ObjectStore,
     s3_client,
 )
+from storage.quotas import check_incoming
 from storage.request_tables import DEFAULT_PREFIX
 from storage.runtime import Runtime
 from storage.status import BatchStatus
@@ -273,6 +274,8 @@ def ingest(rt: Runtime, folder: FolderConfig, store: ObjectStore, f: InboxFile) 
             },
         )
         suffix = "parquet" if parquet else "jsonl"
+        with rt.db.write() as s:  # the quotas before the copy: a tenant over them stores nothing
+            check_incoming(s, rt.settings, folder.tenant_id, f.size)
         with store.open_version(f.key, f.etag) as raw:
             record = intake.store_file(
                 rt,
@@ -294,7 +297,7 @@ def ingest(rt: Runtime, folder: FolderConfig, store: ObjectStore, f: InboxFile) 
 
     now = time.time()
     if record is not None:
-        try:  # a quota (open batches, queued requests) refuses the file like a bad one
+        try:  # a quota (open batches, queued requests, checked again) refuses the file like a bad one
             return _create(rt, folder, f, source, request, record, now)
         except ServiceError as exc:
             refused.append(refusal(exc.code or exc.kind, exc.message, exc.param))

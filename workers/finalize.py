@@ -25,6 +25,7 @@ from storage.leases import FINALIZER_LEASE
 from storage.lifecycle import finish_batch, unfinished_units
 from storage.models import Batch, StoredFile, UnitStatus, WorkUnit, new_id
 from storage.objectstore import CHUNK
+from storage.quotas import stored_overrun
 from storage.registry import lookup_in
 from storage.retention import expiry
 from storage.runtime import Runtime
@@ -162,6 +163,13 @@ def finalize_batch(rt: Runtime, batch_id: str) -> str | None:
             final = BatchStatus.EXPIRED
         else:
             final = BatchStatus.COMPLETED
+        s.flush()  # the files above count in the check below
+        # past the tenant's stored-bytes limit with these files: nothing is lost (they stay, the
+        # batch ends as it would), the batch says why, and the tenant's new work is refused
+        overrun = stored_overrun(s, rt.settings, batch.tenant_id)
+        if overrun is not None:
+            batch.warnings = [*(batch.warnings or []), overrun]
+            log.warning("batch %s: %s", batch_id, overrun)
         finish_batch(s, batch, final, now)
         FINALIZER_LEASE.release(s, batch_id, lease.token)
     log.info(

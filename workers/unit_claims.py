@@ -21,6 +21,7 @@ from sqlalchemy import ColumnElement, Table, and_, bindparam, select, update
 from storage.leases import UNIT_LEASE
 from storage.lifecycle import NO_LIVE_COUNTS, finish_if_done, move_units
 from storage.models import Batch, UnitStatus, WorkUnit
+from storage.object_ledger import charge_bytes
 from storage.runtime import Runtime
 from storage.status import BatchStatus
 from workers.identity import claim_token
@@ -140,13 +141,15 @@ def record_unit(
     now: float,
     tally: UnitTally,
     metering: dict[str, float | int],
+    results: Iterable[tuple[str, int]] = (),
     **values: object,
 ) -> bool | None:
     """A finished unit's database record, in one transaction: the unit moves to ``done`` under its
     claim (compare-and-set, so a unit is recorded once), its figures (``tally``, the engine time
     and cost in ``metering``, the unit columns in ``values``) join its batch's live totals, and the
-    batch moves to ``finalizing`` if this was its last unit. None: the claim was lost and nothing
-    was recorded; else whether the batch is ready to finalize."""
+    batch moves to ``finalizing`` if this was its last unit, and its result objects (``results``:
+    key and size) count in the tenant's stored bytes. None: the claim was lost and nothing was
+    recorded; else whether the batch is ready to finalize."""
     with rt.db.write() as s:
         done = move_units(
             s,
@@ -180,7 +183,11 @@ def record_unit(
             )
         )
         batch = s.get(Batch, claim.batch_id, with_for_update=True)
-        return batch is not None and finish_if_done(s, batch, int(now))
+        if batch is None:
+            return False
+        for key, size in results:
+            charge_bytes(s, batch.tenant_id, key, size, batch_id=batch.id, now=int(now))
+        return finish_if_done(s, batch, int(now))
 
 
 def unit_recorded(rt: Runtime, claim: Claim, ready: bool, model: str) -> None:

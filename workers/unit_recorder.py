@@ -74,9 +74,10 @@ class UnitRecorder:
             return
         base = f"batches/{claim.batch_id}/units/{claim.seq:06d}.{claim.attempt}"
         output_key, error_key = f"{base}.output.jsonl", f"{base}.errors.jsonl"
+        results = []  # (key, bytes): charged to the tenant's stored bytes with the record
         for key, spool in ((output_key, unit.out), (error_key, unit.err)):
             spool.seek(0)
-            self.rt.store.put_stream(key, spool)
+            results.append((key, self.rt.store.put_stream(key, spool)))
         tally = unit.tally
         now = time.time()
         fill = unit.fill_seconds / unit.seconds if unit.seconds else None
@@ -97,6 +98,7 @@ class UnitRecorder:
             now,
             tally,
             metering,
+            results,
             output_key=output_key,
             error_key=error_key,
             mean_fill=fill,

@@ -46,6 +46,7 @@ from storage.checkpoint_cache import CheckpointError
 from storage.leases import ESTIMATE_LEASE, VALIDATION_CHUNK_LEASE, VALIDATION_LEASE, LeaseKeeper
 from storage.lifecycle import finish_batch
 from storage.models import Batch, Estimate, StoredFile, Tenant, ValidationChunk, WorkUnit
+from storage.object_ledger import charge_listed
 from storage.quotas import queued_refusal
 from storage.registry import (
     EMBED,
@@ -60,6 +61,7 @@ from storage.registry import (
     speech_names,
 )
 from storage.request_tables import RowError, column_of, decode_limits, metadata_defaults
+from storage.retention import validated_prefixes
 from storage.runtime import Runtime
 from storage.settings import Settings
 from storage.shards import PREFIX_KEY_BYTES, SHARD_UNITS, ShardRow, ShardWriter
@@ -1075,6 +1077,8 @@ def conclude(rt: Runtime, batch_id: str, summary: ScanResult, shard_keys: list[s
     """Plan the shards into units and commit the outcome from ``validating``: ``in_progress`` with
     its units, or ``failed`` with its errors (or refused by quota or admission)."""
     settings: Settings = rt.settings
+    # what validation stored (shards, images, audio) counts in the tenant's stored bytes
+    charge_listed(rt, batch_id, validated_prefixes(batch_id))
     units = []
     if not summary.error_count:
         block = prediction_block_size(rt, summary.model or "", kv_block_size(settings.engine_block_size))
