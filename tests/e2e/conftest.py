@@ -9,6 +9,7 @@ import contextlib
 import os
 import signal
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
@@ -181,8 +182,32 @@ def _stop_once(stack: Stack, prefix: str) -> Callable[[], None]:
     return stop
 
 
+def on_services(request: pytest.FixtureRequest, name: str) -> dict[str, str]:
+    """The settings that put a stack on the session's PostgreSQL (a database of its own) and
+    SeaweedFS (a bucket of its own): the kinds a production deployment runs on."""
+    pg = request.getfixturevalue("postgres_service")
+    s3 = request.getfixturevalue("s3_service")
+    bucket = f"{name}-{uuid.uuid4().hex[:10]}"
+    s3.create_bucket(bucket)
+    return {
+        "FREIGHT_DATABASE_URL": pg.create_database(f"{name}_{uuid.uuid4().hex[:10]}"),
+        "FREIGHT_OBJECT_STORE_URL": f"s3://{bucket}/objects",
+        "FREIGHT_S3_ENDPOINT_URL": s3.endpoint_url,
+        "AWS_ACCESS_KEY_ID": s3.access_key,
+        "AWS_SECRET_ACCESS_KEY": s3.secret_key,
+        "AWS_DEFAULT_REGION": s3.region,
+    }
+
+
+# The main e2e flows (the `live` stack) run on PostgreSQL and S3, as production does; `sched` and the
+# modules' own stacks keep the embedded defaults (SQLite, local disk), as `make run` does.
+LIVE_ON_SERVICES = os.environ.get("FREIGHT_TEST_LIVE_ON_SERVICES", "1") == "1"
+
+
 @pytest.fixture(scope="package")
-def live(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator[LiveStack]:
+def live(
+    tmp_path_factory: pytest.TempPathFactory, demo_model: Path, request: pytest.FixtureRequest
+) -> Iterator[LiveStack]:
     overrides = {
         "FREIGHT_COMPLETION_WINDOWS": WINDOWS,
         "FREIGHT_UNIT_SIZE": "8",
@@ -193,6 +218,7 @@ def live(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator
         "FREIGHT_DROPFOLDER_MAX_BACKOFF_SECONDS": "4",
         # test_engine_metrics_live: the one engine worker serves vLLM's metrics (stat logging on)
         "FREIGHT_ENGINE_METRICS_BIND": f"127.0.0.1:{services.free_port()}",
+        **(on_services(request, "live") if LIVE_ON_SERVICES else {}),
     }
     live_stack, stack = start_live(tmp_path_factory.mktemp("stack"), demo_model, overrides, ("alpha", "beta"))
     _stoppers["live"] = stop = _stop_once(stack, "e2e")

@@ -44,7 +44,7 @@ def test_metering_end_to_end(live):
     assert (batch.usage.input_tokens, batch.usage.output_tokens) == (prompt, output)
     assert batch.usage.input_tokens_details.cached_tokens == cached > 0
 
-    with Session(create_engine(f"sqlite:///{live.stack.run_dir / 'data' / 'freight.db'}")) as s:
+    with Session(create_engine(live.stack.settings.database_url)) as s:
         row = s.get(Batch, batch.id)
         units = s.scalars(select(WorkUnit).where(WorkUnit.batch_id == batch.id)).all()
 
@@ -63,7 +63,7 @@ def test_metering_end_to_end(live):
     # rounds its running total once (other tests on this stack add workers, each with a meter). All
     # of a worker's units, whatever their end: time and cost are shared out separately, so a subset
     # (its done units alone) can be off by more than the one rounding
-    with Session(create_engine(f"sqlite:///{live.stack.run_dir / 'data' / 'freight.db'}")) as s:
+    with Session(create_engine(live.stack.settings.database_url)) as s:
         all_units = s.scalars(select(WorkUnit).where(WorkUnit.worker.is_not(None))).all()
     by_worker: dict[Holder | None, list[WorkUnit]] = {}  # one worker process: one meter
     for u in all_units:
