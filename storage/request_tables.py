@@ -42,6 +42,7 @@ from storage.parquet_limits import (
     row_sizes,
     slices,
 )
+from storage.parquet_records import WRITE_BYTES, record_bytes
 from storage.settings import Settings
 
 MAGIC = b"PAR1"
@@ -453,6 +454,7 @@ def write_requests(lines: Iterable[bytes], sink: IO[bytes] | str) -> int:
     """OpenAI batch JSONL lines -> Parquet (``custom_id, method, url, body`` as JSON text); the
     body is re-serialised compactly, so values survive but not the input's spacing. Returns rows."""
     rows = 0
+    held = [0]  # record_bytes of the buffered rows: a batch is written at WRITE_BYTES of them
     buffer: list[tuple[Any, Any, Any, Any]] = []
     with pq.ParquetWriter(sink, REQUEST_SCHEMA, compression="zstd") as writer:
 
@@ -461,6 +463,7 @@ def write_requests(lines: Iterable[bytes], sink: IO[bytes] | str) -> int:
                 columns = [pa.array([r[i] for r in buffer], pa.string()) for i in range(4)]
                 writer.write_table(pa.Table.from_arrays(columns, schema=REQUEST_SCHEMA))
                 buffer.clear()
+                held[0] = 0
 
         for raw in lines:
             text = raw.decode("utf-8", "replace").strip().lstrip("\ufeff")
@@ -483,7 +486,8 @@ def write_requests(lines: Iterable[bytes], sink: IO[bytes] | str) -> int:
                     )
                 )
             rows += 1
-            if len(buffer) >= WRITE_ROWS:
+            held[0] += record_bytes(buffer[-1])
+            if len(buffer) >= WRITE_ROWS or held[0] >= WRITE_BYTES:
                 flush()
         flush()
     return rows
