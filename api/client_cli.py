@@ -335,6 +335,7 @@ def checked_batch_id(batch_id: object) -> str:
 
 
 INPUT_ORDER_TIMEOUT = 1800  # seconds: the server sorts a whole file before its first byte
+CONVERSION_WAIT = 1800  # seconds: how long a download waits for the server's conversion (202s)
 
 
 def fetch(
@@ -342,7 +343,8 @@ def fetch(
 ) -> list[Path]:
     """Download the batch's output and error files as ``<id>.output.<fmt>`` / ``<id>.errors.<fmt>``
     (through a temporary name, so a broken download never looks complete). Parquet is converted
-    by the server (``?format=parquet``), and so is the input's line order (``?order=input``). The
+    by the server (``?format=parquet``: 202 with Retry-After until its control worker has made
+    it, asked again meanwhile), and so is the input's line order (``?order=input``). The
     id is the server's, checked before it names a file."""
     batch_id = checked_batch_id(b.get("id"))
     make_dir(output_dir)
@@ -355,11 +357,19 @@ def fetch(
         timeout = INPUT_ORDER_TIMEOUT if input_order else None
         if input_order:
             query["order"] = "input"
-        streamed = client.files.with_streaming_response.content(
-            file_id, extra_query=query or None, **({"timeout": timeout} if timeout else {})
-        )
-        with streamed as response:
-            save(path, response.iter_bytes())
+        waited_until = time.monotonic() + CONVERSION_WAIT
+        while True:
+            streamed = client.files.with_streaming_response.content(
+                file_id, extra_query=query or None, **({"timeout": timeout} if timeout else {})
+            )
+            with streamed as response:
+                if response.status_code != 202:
+                    save(path, response.iter_bytes())
+                    break
+                wait = float(response.headers.get("retry-after") or 2)  # the server converts it meanwhile
+            if time.monotonic() + wait > waited_until:
+                raise ClientError(f"{file_id} was still being converted to {fmt} after {CONVERSION_WAIT} s")
+            time.sleep(wait)
         click.echo(str(path))
         written.append(path)
     return written

@@ -401,6 +401,34 @@ def operation(
     }
 
 
+def download_operation(content_types: Schema) -> Schema:
+    """GET /v1/files/{id}/content: also 202 while the control worker converts the file."""
+    download = operation(
+        "downloadFile",
+        "A file's bytes, as stored or converted to the other format. A conversion is made once by "
+        "the control worker and kept: until it is made the answer is 202 with `Retry-After`.",
+        {"description": "The file's bytes.", "content": content_types},
+        400,
+        404,
+        params=(
+            FILE_ID,
+            query("format", "Convert to this format.", {"enum": ["jsonl", "parquet"]}),
+            ORDER,
+        ),
+        notes={400: "A conversion refused (`error.code` says why: a Parquet file past the decode "
+                    "limits, say) answers the same 400 on every later download."},
+    )
+    download["responses"]["202"] = {
+        "description": "The file is being converted to `format`; ask again after `Retry-After` seconds.",
+        "headers": {"Retry-After": {"description": "Seconds to wait.", "required": True,
+                                    "schema": {"type": "integer", "minimum": 0}}},
+        "content": {JSON: {"schema": {"type": "object", "properties": {
+            "object": {"enum": ["file.content"]}, "id": STR, "format": {"enum": ["jsonl", "parquet"]},
+            "status": {"enum": ["preparing"]}, "message": STR}}}},
+    }  # fmt: skip
+    return download
+
+
 CREATE_BATCH_400 = (
     "Its `error.code` says which: `invalid_endpoint` (not one of the endpoint enum), "
     "`endpoint_not_served` (no model of this deployment serves the endpoint: an embedding model "
@@ -599,20 +627,7 @@ def paths(settings: Settings) -> Schema:
                 params=(FILE_ID,),
             ),
         },
-        "/v1/files/{file_id}/content": {
-            "get": operation(
-                "downloadFile",
-                "A file's bytes, as stored or converted.",
-                {"description": "The file's bytes.", "content": content_types},
-                400,
-                404,
-                params=(
-                    FILE_ID,
-                    query("format", "Convert to this format.", {"enum": ["jsonl", "parquet"]}),
-                    ORDER,
-                ),
-            ),
-        },
+        "/v1/files/{file_id}/content": {"get": download_operation(content_types)},
         "/v1/batches": {
             "post": operation(
                 "createBatch",

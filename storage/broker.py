@@ -66,6 +66,9 @@ TASKS: dict[str, TaskSpec] = {
     "freight.validate_batch": TaskSpec(VALIDATE_QUEUE, ("batch_id",)),
     "freight.validate_chunk": TaskSpec(VALIDATE_QUEUE, ("batch_id", "chunk_id")),
     "freight.estimate": TaskSpec(VALIDATE_QUEUE, ("estimate_id",)),
+    # a file's content in the other format (workers/conversions.py): it reads a tenant's file under
+    # the decode limits as validation does, so it runs on the validation role, never in the API
+    "freight.convert_file": TaskSpec(VALIDATE_QUEUE, ("file_id", "fmt")),
     "freight.deliver_webhook": TaskSpec(WEBHOOK_QUEUE, ("delivery_id",)),
     "freight.run_pack": TaskSpec(None, ("pack_id", "unit_ids", "more_coming", "urgent")),
 }
@@ -252,6 +255,10 @@ class TaskQueue:
 
     def finalize(self, batch_id: str) -> None:
         self._send("freight.finalize_batch", batch_id)
+
+    def convert_file(self, file_id: str, fmt: str) -> None:
+        """A file's content converted to ``fmt`` (jsonl | parquet) for its downloads."""
+        self._send("freight.convert_file", file_id, fmt)
 
     def run_pack(
         self,

@@ -106,6 +106,30 @@ class StoredFile(Base):
     expires_at: Mapped[int | None] = mapped_column(BigInteger)
 
 
+class FileConversion(Base):
+    """A file's content in the other format (``GET /v1/files/{id}/content?format=``), made by the
+    control worker's ``freight.convert_file`` task (``workers.conversions``), never in an API
+    request: ``preparing`` until made, then ``ready`` (its object and size, counted in the
+    tenant's stored bytes) or ``refused`` (the error every later download answers, without
+    decoding the file again: a Parquet bomb is read once)."""
+
+    __tablename__ = "file_conversions"
+    __table_args__ = (Index("ix_file_conversions_tenant", "tenant_id", "status"),)
+
+    file_id: Mapped[str] = mapped_column(ForeignKey("files.id", ondelete="CASCADE"), primary_key=True)
+    format: Mapped[str] = mapped_column(String(16), primary_key=True)  # jsonl | parquet: the target
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    status: Mapped[str] = mapped_column(String(16))  # preparing | ready | refused
+    object_key: Mapped[str | None] = mapped_column(String(1024))
+    bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    error_param: Mapped[str | None] = mapped_column(String(64))
+    # when its task was last sent (epoch seconds): one lost with its worker is sent again later
+    sent_at: Mapped[int] = mapped_column(BigInteger)
+    finished_at: Mapped[int | None] = mapped_column(BigInteger)
+
+
 class Upload(Base):
     """A file sent in parts (OpenAI's ``/v1/uploads``): ``pending`` while parts arrive, then
     ``completed`` (the parts joined in the order the completion named into ``file_id``'s object),

@@ -20,7 +20,7 @@ from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from storage.errors import ServiceError
-from storage.models import Batch, StoredFile, Tenant, Upload, UploadPart, WorkUnit
+from storage.models import Batch, FileConversion, StoredFile, Tenant, Upload, UploadPart, WorkUnit
 from storage.object_ledger import charged_bytes
 from storage.settings import Settings
 from storage.status import BatchStatus, UnitStatus, UploadStatus
@@ -57,12 +57,18 @@ def quota_of(s: Session, settings: Settings, tenant_id: str, *, lock: bool = Tru
 
 
 def stored_bytes(s: Session, tenant_id: str) -> int:
-    """Bytes of the tenant's files not deleted (inputs and results alike), and of the parts of
-    its uploads as they arrive, until the upload's file replaces them or they are deleted."""
+    """Bytes of the tenant's files not deleted (inputs and results alike), of their conversions
+    to the other format kept for downloads, and of the parts of its uploads as they arrive, until
+    the upload's file replaces them or they are deleted."""
     total = s.scalar(
         select(func.sum(StoredFile.bytes)).where(
             StoredFile.tenant_id == tenant_id, StoredFile.deleted_at.is_(None)
         )
+    )
+    converted = s.scalar(
+        select(func.sum(FileConversion.bytes))
+        .join(StoredFile, StoredFile.id == FileConversion.file_id)
+        .where(FileConversion.tenant_id == tenant_id, StoredFile.deleted_at.is_(None))
     )
     parts = s.scalar(
         select(func.sum(UploadPart.bytes))
@@ -74,7 +80,7 @@ def stored_bytes(s: Session, tenant_id: str) -> int:
         )
     )
     # and what its batches produced beyond their files: shards, images, audio, unit results
-    return int(total or 0) + int(parts or 0) + charged_bytes(s, tenant_id)
+    return int(total or 0) + int(converted or 0) + int(parts or 0) + charged_bytes(s, tenant_id)
 
 
 def open_batches(s: Session, tenant_id: str) -> int:

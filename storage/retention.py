@@ -21,7 +21,7 @@ from storage.status import BatchStatus, UploadStatus
 # OpenAI's of an image input; the official client's others (assistants, fine-tune, evals) mean
 # nothing here and are refused at upload
 MEDIA_PURPOSES = ("vision", "user_data")
-DERIVED_FORMATS = ("jsonl", "parquet")  # api/services/files.py keeps conversions at derived/<id>.<fmt>
+DERIVED_FORMATS = ("jsonl", "parquet")  # workers/conversions.py keeps conversions at derived/<id>.<fmt>
 
 
 def live(record: StoredFile, now: float) -> bool:

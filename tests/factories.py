@@ -266,3 +266,39 @@ def decode_base64_embedding(text: str) -> list[float]:
     if sys.byteorder != "little":
         floats.byteswap()
     return floats.tolist()
+
+
+def converted_download(client: Any, rt: Runtime, headers: dict, file_id: str, fmt: str) -> Any:
+    """``GET /v1/files/{id}/content?format=fmt`` of a file stored in the other format: a 202 with
+    Retry-After while the control worker converts it, the task's message sent to the real broker
+    (read back from Redis), then the task run here, in this process (``workers.conversions.convert``
+    is the whole body of ``freight.convert_file``; the worker's own path runs in the live tests),
+    then the download's answer: the converted file, or the refusal it remembered."""
+    from workers import conversions
+
+    url = f"/v1/files/{file_id}/content?format={fmt}"
+    sent_before = conversions_sent(rt, file_id, fmt)
+    first = client.get(url, headers=headers)
+    assert first.status_code == 202, first.get_data(as_text=True)[:300]
+    assert first.headers["Retry-After"] == str(conversions.RETRY_AFTER_SECONDS)
+    assert first.json["status"] == "preparing" and first.json["format"] == fmt
+    assert conversions_sent(rt, file_id, fmt) == sent_before + 1  # the task's message, in the broker
+    assert client.get(url, headers=headers).status_code == 202  # still preparing: not sent again
+    assert conversions_sent(rt, file_id, fmt) == sent_before + 1
+    conversions.convert(rt, file_id, fmt)
+    return client.get(url, headers=headers)
+
+
+def conversions_sent(rt: Runtime, file_id: str, fmt: str) -> int:
+    """The ``freight.convert_file`` messages for ``file_id`` and ``fmt`` waiting in the real
+    broker's validation queue (read from its Redis list; none is consumed in these tests)."""
+    from storage.broker import VALIDATE_QUEUE
+
+    with rt.queue.celery.pool.acquire(block=True) as conn:
+        waiting = conn.default_channel.client.lrange(VALIDATE_QUEUE, 0, -1)
+    return sum(
+        1
+        for raw in waiting
+        if (message := json.loads(raw))["headers"]["task"] == "freight.convert_file"
+        and message["headers"]["argsrepr"] == repr([file_id, fmt])
+    )

@@ -154,6 +154,7 @@ TIME_LIMITS: dict[str, tuple[str, str, float]] = {
     "freight.validate_batch": ("validation_time_limit_seconds", "VALIDATION", 1),
     "freight.validate_chunk": ("validation_time_limit_seconds", "VALIDATION", 1),
     "freight.estimate": ("validation_time_limit_seconds", "VALIDATION", 1),
+    "freight.convert_file": ("validation_time_limit_seconds", "VALIDATION", 1),
     "freight.finalize_batch": ("finalize_time_limit_seconds", "FINALIZE", 1),
     "freight.scan_dropfolder": ("finalize_time_limit_seconds", "FINALIZE", 1),
     "freight.deliver_dropfolder_object": ("finalize_time_limit_seconds", "FINALIZE", 1),

@@ -25,6 +25,7 @@ from storage.broker import TASKS
 from storage.runtime import Runtime
 from workers import (
     cleanup,
+    conversions,
     dispatcher,
     dropfolder_delivery,
     dropfolders,
@@ -152,6 +153,10 @@ def end_estimate(task: Task, rt: Runtime, error: str, estimate_id: str) -> None:
     estimates.fail(rt, estimate_id, f"the estimate failed: {error}")
 
 
+def end_conversion(task: Task, rt: Runtime, error: str, file_id: str, fmt: str) -> None:
+    conversions.fail(rt, file_id, fmt, error)
+
+
 def end_pack(task: FreightTask, rt: Runtime, error: str, pack_id: str, unit_ids: list[int], *_: Any) -> None:
     runner = task.runner
     fail_pack(rt, runner.holder, runner.failure is not None, error, pack_id, unit_ids)
@@ -184,6 +189,13 @@ def estimate(self: FreightTask, estimate_id: str) -> None:
     wait = estimates.run(self.rt, estimate_id)
     if wait is not None:
         self.rt.queue.estimate(estimate_id, countdown=wait)
+
+
+# a file's content in the other format, for its downloads (workers/conversions.py): a fault is
+# remembered as the conversion's refusal, so the file is not converted again on every download
+@declare("freight.convert_file", fault=end_conversion)
+def convert_file(self: FreightTask, file_id: str, fmt: str) -> None:
+    conversions.convert(self.rt, file_id, fmt)
 
 
 @declare("freight.run_pack", fault=end_pack)

@@ -1,11 +1,9 @@
-"""Files, the tenant's side after upload: read, list, stream content back (JSONL or converted to
-Parquet), delete. Uploads stream into the object store through ``workers.intake``."""
+"""Files, the tenant's side after upload: read, list, stream content back (as stored, or converted
+to the other format by the control worker: ``workers.conversions``), delete. Uploads stream into
+the object store through ``workers.intake``."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,12 +14,12 @@ from api.services import results
 from api.services.paging import Page, page
 from storage.errors import ServiceError
 from storage.models import Batch, StoredFile
-from storage.objectstore import CHUNK, iter_lines
-from storage.request_tables import RowError, decode_limits, is_parquet, request_lines, write_requests
-from storage.result_tables import write_results
+from storage.objectstore import CHUNK
+from storage.request_tables import is_parquet
 from storage.retention import delete_file_objects, live, purge_batches_of_file
 from storage.runtime import Runtime
 from storage.status import BatchStatus
+from workers import conversions
 
 FORMATS = ("jsonl", "parquet")
 MIMETYPES = {"jsonl": "application/jsonl", "parquet": "application/vnd.apache.parquet"}
@@ -70,15 +68,15 @@ def content(rt: Runtime, tenant_id: str, file_id: str) -> tuple[StoredFile, Iter
 
 def download(
     rt: Runtime, tenant_id: str, file_id: str, fmt: str | None = None, order: str | None = None
-) -> Content:
+) -> Content | conversions.Preparing:
     """A file's bytes as stored, or converted to the other format (``jsonl`` | ``parquet``);
     ``order="input"``: a batch's output or error file in its input's line order
     (``api.services.results``), made for each download.
 
-    A conversion is made once, streaming through a local temporary file, and kept in the object
-    store beside the file (``derived/<file id>.<format>``), so a second download is a plain read:
-    results as typed Parquet (``storage.result_tables``), a JSONL input as Parquet request columns,
-    a Parquet input as OpenAI JSONL (``storage.request_tables``)."""
+    A conversion is made by the control worker (``workers.conversions``), never here: until it is
+    made this answers ``Preparing`` (the view's 202 with ``Retry-After``), then the converted
+    object is streamed from the store; a conversion refused (a Parquet bomb) is its 400 again,
+    remembered, without decoding the file."""
     fmt = fmt or "jsonl"
     if fmt not in FORMATS:
         raise ServiceError(
@@ -90,7 +88,13 @@ def download(
         return Content(ordered.size, ordered.chunks, ordered.filename, ordered.mimetype)
     with rt.store.open(record.object_key) as stream:
         stored = "parquet" if is_parquet(stream.read(4)) else "jsonl"
-    key, size = (record.object_key, record.bytes) if fmt == stored else _converted(rt, record, fmt)
+    if fmt == stored:
+        key, size = record.object_key, record.bytes
+    else:
+        made = conversions.request(rt, record, fmt, int(time.time()))
+        if isinstance(made, conversions.Preparing):
+            return made
+        key, size = made.object_key, made.size
     stream = rt.store.open(key)
 
     def chunks() -> Iterator[bytes]:
@@ -99,35 +103,6 @@ def download(
                 yield chunk
 
     return Content(size, chunks(), f"{record.id}.{fmt}", MIMETYPES[fmt])
-
-
-def _converted(rt: Runtime, record: StoredFile, fmt: str) -> tuple[str, int]:
-    key = f"derived/{record.id}.{fmt}"
-    if rt.store.exists(key):
-        return key, rt.store.size(key)
-    spill = rt.settings.data_dir / "tmp"
-    spill.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=spill) as tmp:
-        target = os.path.join(tmp, f"out.{fmt}")
-        if fmt == "parquet":
-            with rt.store.open(record.object_key) as stream:
-                lines = iter_lines(stream)
-                if record.purpose == "batch_output":
-                    write_results(lines, target)
-                else:
-                    write_requests(lines, target)
-        else:
-            source = os.path.join(tmp, "in.parquet")
-            with rt.store.open(record.object_key) as stream, open(source, "wb") as local:
-                shutil.copyfileobj(stream, local, CHUNK)
-            with open(target, "wb") as out:
-                for line in request_lines(source, None, limits=decode_limits(rt.settings)):
-                    if isinstance(line, RowError):
-                        raise ServiceError("invalid_request", line.message, param=line.column, code=line.code)
-                    out.write(line + b"\n")
-        with open(target, "rb") as converted:
-            size = rt.store.put_stream(key, converted)
-    return key, size
 
 
 def delete(rt: Runtime, tenant_id: str, file_id: str) -> StoredFile:

@@ -23,6 +23,7 @@ from storage.adapters import AdapterEntry
 from storage.errors import ServiceError
 from storage.runtime import Runtime
 from workers import intake
+from workers.conversions import Preparing
 
 bp = Blueprint("v1", __name__, url_prefix="/v1")
 
@@ -90,6 +91,20 @@ def file_content(file_id: str) -> Response:
     content = files.download(
         rt(), g.tenant_id, file_id, request.args.get("format"), request.args.get("order")
     )
+    if isinstance(content, Preparing):  # the control worker converts it: ask again later
+        preparing = jsonify(
+            {
+                "object": "file.content",
+                "id": file_id,
+                "format": content.format,
+                "status": "preparing",
+                "message": f"the file is being converted to {content.format}; "
+                f"ask again in {content.retry_after} seconds",
+            }
+        )
+        preparing.status_code = 202
+        preparing.headers["Retry-After"] = str(content.retry_after)
+        return preparing
     response = Response(content.chunks, mimetype=content.mimetype)
     if content.size is not None:
         response.headers["Content-Length"] = str(content.size)

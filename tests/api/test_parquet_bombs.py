@@ -1,7 +1,8 @@
 """A Parquet decompression bomb through the API and validation (issue #19, section 1): a few
-kilobytes that decode to 600 MB. Its JSONL download is an OpenAI 400 naming the limit, no derived
-object is left, and the API process's peak RSS grows by less than 100 MB; as a batch's input it
-fails validation with a row error. Real database, object store and broker, Flask's test client."""
+kilobytes that decode to 600 MB. Its JSONL download is a 202 while the control worker's task
+converts it, then an OpenAI 400 naming the limit, remembered (not decoded again); no derived object
+is left, and peak RSS grows by less than 100 MB; as a batch's input it fails validation with a row
+error. Real database, object store and broker, Flask's test client."""
 
 from __future__ import annotations
 
@@ -16,16 +17,19 @@ from api.services.tenants import create_tenant
 from storage.models import Batch
 from storage.runtime import Runtime
 from tests.conftest import now
-from tests.factories import http_upload, validated_batch
+from tests.factories import conversions_sent, converted_download, http_upload, validated_batch
 from tests.storage.test_parquet_limits import body, bomb, peak_rss_mb
 from tests.storage.test_parquet_list_bombs import list_bomb
+from workers import conversions
 
 LIMIT = 200 * 1024 * 1024  # FREIGHT_MAX_FILE_BYTES's default
 
 
 def refused_as_jsonl(runtime: Runtime, data: bytes, name: str, code: str, max_bytes: int) -> tuple[str, dict]:
-    """Upload ``data`` as tenant alpha, ask for its JSONL view: a 400 with ``code``, less than
-    100 MB of growth, nothing derived kept. Returns the tenant id and the error."""
+    """Upload ``data`` as tenant alpha, ask for its JSONL view: a 202 while the conversion task
+    runs (here, in this process), then a 400 with ``code``, less than 100 MB of growth in this
+    process (the API's requests and the task), nothing derived kept. The refusal is remembered:
+    asked again, the same 400 without a task sent or run. Returns the tenant id and the error."""
     tenant, key = create_tenant(runtime.db, "alpha", now())
     headers = {"Authorization": f"Bearer {key}"}
     client = create_app(runtime=runtime).test_client()
@@ -34,13 +38,19 @@ def refused_as_jsonl(runtime: Runtime, data: bytes, name: str, code: str, max_by
     file_id = made.json["id"]
 
     before = peak_rss_mb(reset=True)
-    refused = client.get(f"/v1/files/{file_id}/content?format=jsonl", headers=headers)
+    refused = converted_download(client, runtime, headers, file_id, "jsonl")
     grown = peak_rss_mb() - before
     assert refused.status_code == 400, refused.get_data(as_text=True)[:300]
     error = refused.get_json()["error"]
     assert error["code"] == code, error
-    assert grown < 100, f"the API grew by {grown:.0f} MB refusing the bomb"
+    assert grown < 100, f"the API and the task grew by {grown:.0f} MB refusing the bomb"
     assert not runtime.store.exists(f"derived/{file_id}.jsonl")  # nothing half-converted is kept
+    # remembered: the next downloads answer the same refusal, and no task decodes the file again
+    for _ in range(3):
+        again = client.get(f"/v1/files/{file_id}/content?format=jsonl", headers=headers)
+        assert again.status_code == 400 and again.get_json()["error"] == error
+    assert conversions_sent(runtime, file_id, "jsonl") == 1  # the first download's message only
+    assert conversions.convert(runtime, file_id, "jsonl") is None  # a redelivered one reads nothing
     # the file itself is intact and downloadable as it was sent
     assert client.get(f"/v1/files/{file_id}/content?format=parquet", headers=headers).data == data
     return tenant.id, error

@@ -1,5 +1,6 @@
-"""Parquet through /v1/files: upload a .parquet input, download any file as Parquet or JSONL, and an
-unknown format is a 400 (Flask test client, real database, store and broker)."""
+"""Parquet through /v1/files: upload a .parquet input, download any file as Parquet or JSONL (a
+conversion is a 202 until the control worker's task has made it), and an unknown format is a 400
+(Flask test client, real database, store and broker)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import pytest
 
 from api.services.tenants import create_tenant
 from storage.models import StoredFile, new_id
+from storage.quotas import stored_bytes
 from tests.conftest import now
-from tests.factories import http_upload, parquet_bytes
+from tests.factories import converted_download, http_upload, parquet_bytes
 from workers.results import encode, stopped_line, success_line
 
 
@@ -24,7 +26,7 @@ def tenant(runtime):
     return record.id, {"Authorization": f"Bearer {key}"}
 
 
-def test_parquet_upload_and_its_jsonl_view(client, tenant):
+def test_parquet_upload_and_its_jsonl_view(client, tenant, runtime):
     _, headers = tenant
     data = parquet_bytes(pa.table({"custom_id": ["a", "b"], "prompt": ["x", "y"], "model": ["demo", "demo"]}))
     made = http_upload(client, headers, data, "rows.parquet")
@@ -35,7 +37,8 @@ def test_parquet_upload_and_its_jsonl_view(client, tenant):
     )
     same = client.get(f"/v1/files/{made.json['id']}/content?format=parquet", headers=headers)
     assert same.data == data and same.mimetype == "application/vnd.apache.parquet"
-    lines = client.get(f"/v1/files/{made.json['id']}/content", headers=headers)
+    lines = converted_download(client, runtime, headers, made.json["id"], "jsonl")
+    assert lines.status_code == 200
     assert [json.loads(x) for x in lines.data.splitlines()] == [
         {"custom_id": c, "method": "POST", "url": "/v1/completions", "body": {"prompt": p, "model": "demo"}}
         for c, p in (("a", "x"), ("b", "y"))
@@ -53,7 +56,7 @@ def test_results_download_as_typed_parquet(client, tenant, runtime, tmp_path):
     with runtime.db.write() as s:
         s.add(StoredFile(id=file_id, tenant_id=tenant_id, purpose="batch_output", filename="out.jsonl",
                          bytes=size, object_key=key, created_at=int(time.time())))  # fmt: skip
-    got = client.get(f"/v1/files/{file_id}/content?format=parquet", headers=headers)
+    got = converted_download(client, runtime, headers, file_id, "parquet")
     assert got.status_code == 200 and got.headers["Content-Length"] == str(len(got.data))
     assert got.headers["Content-Disposition"] == f'attachment; filename="{file_id}.parquet"'
     path = tmp_path / "r.parquet"
@@ -68,6 +71,8 @@ def test_results_download_as_typed_parquet(client, tenant, runtime, tmp_path):
     assert rows == [("ok", 200, "hi", "length", 2, None), ("gone", None, None, None, None, "batch_cancelled")]
     again = client.get(f"/v1/files/{file_id}/content?format=parquet", headers=headers)
     assert again.data == got.data  # converted once, then read back
+    with runtime.db.read() as s:  # kept, and counted in the tenant's stored bytes
+        assert stored_bytes(s, tenant_id) == size + len(got.data)
     assert client.get(f"/v1/files/{file_id}/content?format=jsonl", headers=headers).data == data
 
 

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import io
 import json
+import time
+from collections.abc import Callable
+from typing import Any
 
 import openai
 
@@ -39,6 +42,20 @@ def read_jsonl(client: openai.OpenAI, file_id: str | None) -> list[dict]:
     if file_id is None:
         return []
     return [json.loads(x) for x in client.files.content(file_id).text.splitlines() if x.strip()]
+
+
+def converted(get: Callable[[], Any], timeout: float = 180) -> Any:
+    """A download of a file in the other format (``format=`` of ``/v1/files/{id}/content``), asked
+    again while it answers 202 (the control worker converting it), after its ``Retry-After``.
+    ``get``: one request, returning a response with ``status_code`` and ``headers`` (an httpx or
+    requests response, or the official client's ``with_raw_response`` one). The last answer."""
+    deadline = time.monotonic() + timeout
+    while True:
+        answer = get()
+        if answer.status_code != 202:
+            return answer
+        assert time.monotonic() < deadline, f"still being converted after {timeout:.0f} s"
+        time.sleep(float(answer.headers["Retry-After"]))
 
 
 def run_batch(client, lines, endpoint=CHAT, window="24h", **kw):

@@ -43,6 +43,7 @@ from storage.models import ConsoleSession, StoredFile, Tenant
 from storage.runtime import Runtime
 from tests import webhook_receiver
 from tests.api.test_parquet_bombs import page_bomb
+from tests.e2e.batch_client import converted
 from tests.e2e.conftest import LiveStack, peak_rss_mb, peak_rss_reset, wait_final
 from tests.factories import chat_line, jsonl, run_freight
 from tests.storage.test_parquet_limits import bomb
@@ -285,8 +286,9 @@ def test_a_hostile_tenant_harms_no_one(
     ):
         warmed = batch_of(data, filename)
         assert warmed["status"] == "completed", warmed
-    for _ in range(4):  # each gunicorn worker converts a small Parquet file once or more
-        warm = attacker.get(f"{api}/v1/files/{warmed['input_file_id']}/content?format=jsonl", timeout=30)
+    for _ in range(4):  # each gunicorn worker answers a converted download once or more
+        warm = converted(lambda: attacker.get(f"{api}/v1/files/{warmed['input_file_id']}/content?format=jsonl",
+                                              timeout=30))  # fmt: skip
         assert warm.status_code == 200, warm.text[:200]
     bucket = s3_service.create_bucket(f"hostile-{suffix}")
     s3 = s3_service.client()
@@ -363,13 +365,23 @@ def test_a_hostile_tenant_harms_no_one(
         made = upload(data, f"{label}-bomb.parquet")
         assert made.status_code == 200, made.text[:300]
         file_id = made.json()["id"]
-        view = attacker.get(f"{api}/v1/files/{file_id}/content?format=jsonl", timeout=60)
+        # a 202 while the control worker's task converts it, then the task's refusal
+        view = converted(lambda: attacker.get(f"{api}/v1/files/{file_id}/content?format=jsonl", timeout=60))  # noqa: B023
         assert view.status_code == 400 and error_code(view) == "file_too_large", view.text[:300]
         assert not store.exists(f"derived/{file_id}.jsonl")
         record(
             f"parquet {label} bomb: GET ?format=jsonl", view.status_code, error_code(view),
             f"{len(data):,} bytes on disk; {view.json()['error']['message'][:160]}; no derived object kept "
             f"(FREIGHT_MAX_FILE_BYTES {limit:,})",
+        )  # fmt: skip
+        # downloaded again and again: the refusal is remembered, the bomb not decoded again
+        started = time.monotonic()
+        again = [attacker.get(f"{api}/v1/files/{file_id}/content?format=jsonl", timeout=60) for _ in range(5)]
+        assert all(a.status_code == 400 and a.json() == view.json() for a in again), again[-1].text[:300]
+        record(
+            f"parquet {label} bomb: GET ?format=jsonl 5 more times", again[-1].status_code, error_code(again[-1]),
+            f"the same refusal each time, remembered (file_conversions): {time.monotonic() - started:.2f} s "
+            "for the 5",
         )  # fmt: skip
         created = create(file_id)
         assert created.status_code == 200, created.text[:300]

@@ -9,6 +9,7 @@ import duckdb
 import pyarrow as pa
 import pytest
 
+from tests.e2e.batch_client import converted
 from tests.e2e.conftest import wait_final
 from tests.factories import parquet_bytes
 
@@ -37,7 +38,9 @@ def test_parquet_in_parquet_out(live, tmp_path):
     assert batch.status == "completed", batch.errors
     assert (batch.request_counts.total, batch.request_counts.completed) == (N, N)
 
-    raw = client.files.with_raw_response.content(batch.output_file_id, extra_query={"format": "parquet"})
+    raw = converted(
+        lambda: client.files.with_raw_response.content(batch.output_file_id, extra_query={"format": "parquet"})
+    )  # made by the control worker's convert_file task: 202 with Retry-After until then
     assert raw.headers["content-type"] == "application/vnd.apache.parquet"
     path = tmp_path / "output.parquet"
     path.write_bytes(raw.content)

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from infra.processes import FREIGHT, REPO
+from tests.e2e.batch_client import converted
 from tests.e2e.conftest import LiveStack, engine_worker, wait_final
 from tests.factories import jsonl
 
@@ -152,7 +153,9 @@ def _run(live: LiveStack, env: dict[str, str], score_model: Path) -> None:
     assert cost["engine_seconds"] > 0
 
     # Parquet out: a row per ranked document, with its rank, index, text and score
-    raw = client.files.with_raw_response.content(rerank.output_file_id, extra_query={"format": "parquet"})
+    raw = converted(
+        lambda: client.files.with_raw_response.content(rerank.output_file_id, extra_query={"format": "parquet"})
+    )
     assert raw.headers["content-type"] == "application/vnd.apache.parquet"
     table = pq.read_table(io.BytesIO(raw.content)).to_pylist()
     by_line = {key: [r for r in table if r["custom_id"] == key] for key in ("all", "top-2")}

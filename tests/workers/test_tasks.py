@@ -26,11 +26,12 @@ def test_every_task_in_the_brokers_table_is_declared_and_registered(settings) ->
         task = app.tasks[name]
         assert isinstance(task, FreightTask) and task.name == name
         assert tuple(inspect.signature(task.run).parameters) == spec.args
-    # what a fault ends: the tasks that own a batch's or an estimate's fate say so
+    # what a fault ends: the tasks that own a batch's, an estimate's or a conversion's fate say so
     assert {n for n, t in DECLARED.items() if t.fault} == {
         "freight.validate_batch",
         "freight.validate_chunk",
         "freight.estimate",
+        "freight.convert_file",
         "freight.finalize_batch",
         "freight.run_pack",
     }
@@ -65,6 +66,7 @@ def test_every_send_reaches_a_registered_task_that_takes_its_arguments(settings,
     q.scan_dropfolder("df_1", expires=2e9)
     q.deliver_dropfolder_object(7, expires=2e9)
     q.deliver_webhook(9, expires=2e9)
+    q.convert_file("file-1", "parquet")
     with pytest.raises(TypeError, match=r"freight\.finalize_batch takes batch_id; got 2"):
         q._send("freight.finalize_batch", "batch_1", "extra")
 
@@ -77,7 +79,7 @@ def test_every_send_reaches_a_registered_task_that_takes_its_arguments(settings,
                 message = json.loads(raw)
                 args = json.loads(base64.b64decode(message["body"]))[0]
                 sent.append((message["headers"]["task"], queue, args))
-    assert len(sent) == 9  # a countdown's too: its worker holds it until it is due
+    assert len(sent) == 10  # a countdown's too: its worker holds it until it is due
     assert {name for name, _, _ in sent} == set(TASKS) - {
         "freight.tick",
         "freight.cleanup",
