@@ -33,7 +33,10 @@ from storage.errors import ServiceError
 from storage.objectstore import ObjectStore
 from storage.shards import read_columns
 
-INPUT_ORDER_MEMORY_BYTES = 64 * 1024 * 1024  # per download: an API process serves several at once
+# lines held per download (an API process serves up to 8 at once: 2 workers of 4 threads); the
+# sort counts each line with 160 bytes of overhead. A million 790-byte lines make ~25 runs, one merge level.
+# At 64 MiB a million-line download grew the API 104.3 MB (bench/results/input_order.json, af6a2ef)
+INPUT_ORDER_MEMORY_BYTES = 32 * 1024 * 1024
 
 # a result line as workers.results.encode writes it: its id first, then its custom_id
 _HEAD = re.compile(rb'\{"id":"[^"\\]*","custom_id":"')
