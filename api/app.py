@@ -34,6 +34,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     app.extensions["freight"] = runtime or Runtime(settings)
     readiness = ReadinessProbe(app.extensions["freight"])
     readiness.build_clients()  # CPU only: connects nothing until the first probe
+    app.extensions["freight_readiness"] = readiness  # /metrics reports its checks too
     if settings.trusted_proxies:
         app.wsgi_app = TrustedProxies(app.wsgi_app, settings.trusted_proxies)  # type: ignore[method-assign]
     # outermost: every response has its x-request-id, whatever answered it

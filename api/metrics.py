@@ -18,6 +18,8 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from api.services.monitoring import MetricsSnapshot, metrics_snapshot
+from api.services.operations_metrics import OperationsSnapshot, operations_snapshot
+from api.services.readiness import ReadinessProbe
 from api.services.reports import WORKER_STALE_SECONDS
 from storage.runtime import Runtime
 
@@ -50,7 +52,35 @@ class FreightCollector(Collector):
         return []  # registering must not touch the database
 
     def collect(self) -> Iterator[Metric]:
-        yield from families(metrics_snapshot(self.runtime, time.time()))
+        now = time.time()
+        snap = metrics_snapshot(self.runtime, now)
+        yield from families(snap)
+        models = frozenset(snap.queue_requests)
+        yield from operations_families(operations_snapshot(self.runtime, now, models))
+
+
+class DependencyCollector(Collector):
+    """``freight_dependency_up``: the API process's readiness checks (the same probe, and the same
+    reuse of a recent result, as ``/readyz``). A database that does not answer fails the whole
+    scrape instead (every other figure is read from it): Prometheus' ``up`` is then 0."""
+
+    def __init__(self, probe: ReadinessProbe) -> None:
+        self.probe = probe
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        yield dependency_family({c.name: c.ok for c in self.probe.check().checks})
+
+
+def dependency_family(checks: Mapping[str, bool]) -> Metric:
+    """``freight_dependency_up`` from the readiness checks' outcomes (check name -> ok)."""
+    return _family(
+        GaugeMetricFamily, "freight_dependency_up",
+        "1 when this API process reached the dependency (database, broker, object_store) in its "
+        "latest readiness check, else 0.", ["dependency"], {k: float(ok) for k, ok in checks.items()},
+    )  # fmt: skip
 
 
 def _family(kind: type, name: str, doc: str, labels: list[str], values: Mapping[Any, float]) -> Metric:
@@ -117,12 +147,57 @@ def families(snap: MetricsSnapshot) -> Iterator[Metric]:
     )  # fmt: skip
 
 
+def operations_families(ops: OperationsSnapshot) -> Iterator[Metric]:
+    """The gauges the shipped alert rules read (api/services/operations_metrics.py)."""
+    G = GaugeMetricFamily
+    yield _family(
+        G, "freight_engine_workers",
+        f"Engine workers seen alive: a sample in the last {WORKER_STALE_SECONDS:g} s or a running "
+        "unit's heartbeat within the lease.", ["model"], ops.engine_workers,
+    )  # fmt: skip
+    yield _family(
+        G, "freight_unit_redeliveries",
+        "Claims of work units past their first (a worker lost them), units of batches not yet rolled up.",
+        ["model"], ops.unit_redeliveries,
+    )  # fmt: skip
+    yield _family(
+        G, "freight_unreclaimed_units",
+        "Running work units whose heartbeat stopped three leases ago: the tick takes one back after "
+        "one lease, so these mean the tick is late.", ["model"], ops.unreclaimed_units,
+    )  # fmt: skip
+    yield _family(
+        G, "freight_request_error_ratio",
+        "Failed / finished request lines of the batches that became final in the last hour.",
+        ["model"], ops.request_error_ratio,
+    )  # fmt: skip
+    yield _family(
+        G, "freight_waiting_since_timestamp_seconds",
+        "When the oldest batch now validating was created, or the oldest now finalizing began "
+        "finalizing (epoch seconds); no series while none is.", ["status"], ops.waiting_since,
+    )  # fmt: skip
+    yield _family(
+        G, "freight_webhook_endpoints",
+        "Webhook endpoints not removed: active, disabled_by_tenant, or disabled_failing (Freight "
+        "disabled it when its deliveries failed for good).", ["tenant", "state"], ops.webhook_endpoints,
+    )  # fmt: skip
+    yield _family(
+        G, "freight_tenant_quota_used", "A tenant's use of a quota (bytes, batches or requests).",
+        ["tenant", "quota"], ops.quota_used,
+    )  # fmt: skip
+    yield _family(
+        G, "freight_tenant_quota_limit", "A tenant's quota; no series when it is unlimited.",
+        ["tenant", "quota"], ops.quota_limit,
+    )  # fmt: skip
+
+
 def register_metrics(app: Flask) -> CollectorRegistry:
     """Add ``GET /metrics`` reading the app's runtime. It names tenants and their spend, so the
     app's before-request screen guards it (``api.auth.check_metrics_access``): the metrics token,
     or the separate listener of FREIGHT_METRICS_BIND."""
     registry = CollectorRegistry()
     registry.register(FreightCollector(app.extensions["freight"]))
+    if (probe := app.extensions.get("freight_readiness")) is not None:
+        registry.register(DependencyCollector(probe))
     app.extensions["freight_metrics"] = registry
 
     @app.get("/metrics")

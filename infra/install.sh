@@ -47,6 +47,10 @@ command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 have_initdb || missing+=(postgresql)
 # systemd-analyze rates infra/systemd's sandboxes (tests/infra/test_systemd_units.py)
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
+# promtool tests infra/monitoring's alert rules, and prometheus scrapes a live stack in a test
+# (tests/infra/test_alert_rules.py, tests/e2e/test_alerts_live.py); on a host with systemd as PID 1
+# the package also enables its own prometheus.service on :9090, which the tests do not use
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 if [ ! -x "$VENV/bin/python" ] && command -v "$PYTHON" >/dev/null 2>&1 \
     && ! "$PYTHON" -c 'import ensurepip, venv' >/dev/null 2>&1; then
     missing+=(python3-venv)
@@ -62,7 +66,7 @@ elif [ "${#missing[@]}" -gt 0 ]; then
         apt-get install -y -q "${missing[@]}"; } >"$APT_LOG" 2>&1 \
         || { tail -n 20 "$APT_LOG" >&2; die "apt-get failed (see $APT_LOG)"; }
 else
-    say "system packages present (redis-server, chromium, chromium-driver, postgresql, systemd)"
+    say "system packages present (redis-server, chromium, chromium-driver, postgresql, systemd, prometheus)"
 fi
 
 # --- virtualenv -----------------------------------------------------------------------------------
