@@ -249,6 +249,25 @@ def tenant_quota(
         click.echo(f"{label}: {value if value else 'unlimited'}")
 
 
+@tenant.command("budget")
+@click.argument("name")
+@click.option("--monthly", default=None, help="dollars per calendar month (UTC), or 'none' to remove it")
+@click.option("--soft/--hard", default=None, help="soft: warn only; hard: refuse new batches once spent")
+def tenant_budget(name: str, monthly: str | None, soft: bool | None) -> None:
+    """Set (or, with no option, show) a tenant's monthly spend budget and this month's spend."""
+    from api.services.tenants import set_budget
+
+    with command_runtime(_settings()) as rt:
+        tenant, state = set_budget(rt.db, name, monthly, soft, time.time())
+    if state is None:
+        click.echo(f"tenant {tenant.name}: no budget")
+        return
+    kind = "soft (warns only)" if state.soft else "hard (refuses new batches once spent)"
+    click.echo(f"tenant {tenant.name}: ${state.budget_micros / 1e6:,.2f} a month, {kind}")
+    click.echo(f"{state.period.key}: ${state.spent_micros / 1e6:,.2f} spent ({state.ratio:.1%}),"
+               f" ${state.remaining_micros / 1e6:,.2f} left")  # fmt: skip
+
+
 @main.command()
 @click.option("--host", default=None, help="default FREIGHT_API_HOST")
 @click.option("--port", default=None, type=int, help="default FREIGHT_API_PORT")
@@ -369,10 +388,19 @@ def tick() -> None:
 @click.option(
     "--by-adapter", is_flag=True, help="per LoRA adapter instead: its lines' requests, tokens and cost"
 )
+@click.option(
+    "--statement", "month", default=None, metavar="YYYY-MM",
+    help="the --tenant's usage statement of that month (UTC): a row per batch created in it, per model,"
+    " and the total; --format csv or parquet",
+)  # fmt: skip
 def report(
-    since: str, until: str | None, tenant: str | None, model: str | None, fmt: str, by_adapter: bool
-) -> None:
+    since: str, until: str | None, tenant: str | None, model: str | None, fmt: str, by_adapter: bool,
+    month: str | None,
+) -> None:  # fmt: skip
     """Usage, cost and SLA per tenant and model of the batches that finished in a window."""
+    if month is not None:
+        _statement(tenant, month, fmt)
+        return
     from api.report_format import format_adapter_report, format_report
     from api.services.adapter_usage import adapter_report
     from api.services.reports import parse_since, usage_report
@@ -405,6 +433,31 @@ def report(
         out.flush()
         return
     click.echo(format_report(rows, fmt), nl=False)
+
+
+def _statement(tenant: str | None, month: str, fmt: str) -> None:
+    """`freight report --statement YYYY-MM --tenant NAME`: api/services/statements.py's rows."""
+    from api.services.statements import statement, statement_csv, statement_parquet
+    from scheduler.budgets import month_named
+
+    if tenant is None:
+        raise click.UsageError("--statement needs --tenant")
+    if fmt not in ("csv", "parquet"):
+        raise click.UsageError("--statement writes --format csv or parquet")
+    try:
+        period = month_named(month)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--statement") from exc
+    with command_runtime(_settings()) as rt:
+        rows = statement(rt, tenant, period)
+    if fmt == "csv":
+        click.echo(statement_csv(rows), nl=False)
+        return
+    out = sys.stdout.buffer
+    if out.isatty():
+        raise click.UsageError("--format parquet writes binary: redirect it, e.g. > statement.parquet")
+    out.write(statement_parquet(rows))
+    out.flush()
 
 
 @main.group()

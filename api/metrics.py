@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
+from api.budget_metrics import BudgetCollector
 from api.services.monitoring import MetricsSnapshot, metrics_snapshot
 from api.services.operations_metrics import OperationsSnapshot, operations_snapshot
 from api.services.readiness import ReadinessProbe
@@ -196,6 +197,7 @@ def register_metrics(app: Flask) -> CollectorRegistry:
     or the separate listener of FREIGHT_METRICS_BIND."""
     registry = CollectorRegistry()
     registry.register(FreightCollector(app.extensions["freight"]))
+    registry.register(BudgetCollector(app.extensions["freight"]))
     if (probe := app.extensions.get("freight_readiness")) is not None:
         registry.register(DependencyCollector(probe))
     app.extensions["freight_metrics"] = registry

@@ -13,7 +13,8 @@ import hashlib
 import hmac
 import ipaddress
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 from scheduler.special_addresses import is_public
@@ -25,7 +26,10 @@ EVENT_OF_STATUS = {
     "cancelled": "batch.cancelled",
     "expired": "batch.expired",
 }
-EVENT_TYPES = tuple(EVENT_OF_STATUS.values())
+# a tenant's spend reached FREIGHT_BUDGET_WARNING_RATIO of its monthly budget (scheduler/budgets.py):
+# its data's id is the tenant's, with the budget's figures when it was recorded
+BUDGET_WARNING = "tenant.budget_warning"
+EVENT_TYPES = (*EVENT_OF_STATUS.values(), BUDGET_WARNING)
 SECRET_PREFIX = "whsec_"
 MAX_URL_LENGTH = 2048
 # seconds after the previous attempt (the first is at once): Standard Webhooks' schedule, about
@@ -117,14 +121,17 @@ def retry_delay(attempts: int) -> float | None:
     return RETRY_SCHEDULE[attempts - 1]
 
 
-def event_body(event_id: str, type_: str, created_at: int, batch_id: str) -> bytes:
-    """OpenAI's event shape, as the exact bytes that are signed and sent."""
+def event_body(
+    event_id: str, type_: str, created_at: int, batch_id: str, data: Mapping[str, Any] | None = None
+) -> bytes:
+    """OpenAI's event shape, as the exact bytes that are signed and sent; ``data`` adds fields
+    after the subject's id (a budget event's figures; a batch event has none)."""
     event = {
         "id": event_id,
         "object": "event",
         "type": type_,
         "created_at": created_at,
-        "data": {"id": batch_id},
+        "data": {"id": batch_id, **(data or {})},
     }
     return json.dumps(event, separators=(",", ":")).encode()
 

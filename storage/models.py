@@ -22,6 +22,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
     func,
 )
 from sqlalchemy.ext.hybrid import hybrid_property
@@ -58,6 +59,12 @@ class Tenant(Base):
     quota_queued_requests: Mapped[int | None] = mapped_column(BigInteger)
     # `freight tenant disable`: from then on its keys and console sessions are refused
     disabled_at: Mapped[int | None] = mapped_column(BigInteger)
+    # its spend budget per calendar month (UTC) in micro-dollars (NULL: none; scheduler/budgets.py),
+    # whether it only warns (soft) or refuses new batches once spent, and the month (YYYY-MM) whose
+    # warning was recorded, so it is sent once a month
+    budget_monthly_micros: Mapped[int | None] = mapped_column(BigInteger)
+    budget_soft: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    budget_warned_period: Mapped[str | None] = mapped_column(String(7))
 
 
 class ApiKey(Base):
@@ -659,6 +666,8 @@ class WebhookDelivery(Base):
     last_attempt_at: Mapped[float | None] = mapped_column(Float)
     last_status_code: Mapped[int | None] = mapped_column(Integer)  # the receiver's HTTP status
     last_error: Mapped[str | None] = mapped_column(Text)  # why the last attempt failed
+    # the event's data beyond its id: a budget event's figures when it was recorded (None: a batch's)
+    data: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class ChargedObject(Base):

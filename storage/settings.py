@@ -231,6 +231,9 @@ class Settings:
     quota_stored_bytes: int = 100 * 1024**3
     quota_open_batches: int = 500
     quota_queued_requests: int = 5_000_000
+    # the share of a tenant's monthly spend budget (`freight tenant budget`) whose spending records
+    # its tenant.budget_warning event, once a month (storage/budgets.py)
+    budget_warning_ratio: float = 0.8
     # retention (seconds): a file uploaded or written without expires_after expires this long after
     # it is made (0: kept until deleted); a final batch's shards and unit results are deleted this
     # long after it ended; engine_samples rows older than this are summed into engine_sample_totals
@@ -478,6 +481,10 @@ _WORK_AND_SERVICE_RULES: tuple[_Rule, ...] = (
     (
         lambda s: min(s.quota_stored_bytes, s.quota_open_batches, s.quota_queued_requests) < 0,
         "FREIGHT_QUOTA_* cannot be negative (0 is unlimited)",
+    ),
+    (
+        lambda s: not 0 < s.budget_warning_ratio <= 1,
+        "FREIGHT_BUDGET_WARNING_RATIO must be more than 0 and at most 1",
     ),
     (
         lambda s: min(s.file_retention_seconds, s.batch_data_retention_seconds) < 0 or s.cleanup_seconds <= 0,

@@ -20,6 +20,7 @@ from scheduler.deadlines import BatchLoad, Sample, assess, eta_moved, etas, meas
 from scheduler.leases import QueuedUnit, RunningUnit, plan_redelivery, plan_requeue
 from scheduler.packing import Candidate, plan_packs
 from scheduler.sla import AdmissionDecision, admit, eta
+from storage import budgets
 from storage.db import changed_rows, transaction_lock
 from storage.leases import UNIT_LEASE, lease_free
 from storage.lifecycle import (
@@ -53,6 +54,7 @@ class TickReport:
     at_risk: list[str] = field(default_factory=list)
     finalizing: list[str] = field(default_factory=list)
     webhooks: list[int] = field(default_factory=list)  # webhook deliveries sent (first or retry)
+    budget_warnings: list[str] = field(default_factory=list)  # tenants whose budget warning was recorded
 
 
 def tick(rt: Runtime, now: float) -> TickReport:
@@ -65,6 +67,8 @@ def tick(rt: Runtime, now: float) -> TickReport:
     urgency = assess_deadlines(rt, now, report, rates)
     enqueue_units(rt, now, report, urgency)
     start_finalization(rt, int(now), report)
+    with rt.db.write() as s:  # the month's budget warnings, recorded before the deliveries are sent
+        report.budget_warnings = budgets.record_warnings(s, now, rt.settings.budget_warning_ratio)
     report.webhooks = webhooks.send_due(rt, now)
     return report
 

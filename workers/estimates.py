@@ -43,6 +43,7 @@ from typing import Any
 
 from sqlalchemy import Float, cast, func, select
 
+from scheduler.budgets import fit
 from scheduler.estimate import (
     History,
     PlanTotals,
@@ -54,6 +55,7 @@ from scheduler.estimate import (
 )
 from scheduler.leases import validation_wait
 from scheduler.unit_plan import kv_block_size
+from storage.budgets import budget_state
 from storage.leases import ESTIMATE_LEASE
 from storage.lifecycle import move_estimates
 from storage.models import Batch, EngineSample, Estimate, StoredFile, Tenant, WorkUnit
@@ -151,7 +153,7 @@ def _answer(rt: Runtime, estimate_id: str, request: _Request, input_key: str | N
         scanned, result = tokenizer_failure(estimate_id, str(exc)), None
     answer: dict[str, Any] = {"model": scanned.model}
     if result is not None:
-        answer["result"] = result
+        answer["result"] = with_budget(rt, request.tenant_id, result, now)
     failed = bool(scanned.error_count)  # the batch would fail validation: the same errors, nothing estimated
     with rt.db.write() as s:  # only a validating estimate moves: one answer is recorded
         move_estimates(
@@ -162,6 +164,19 @@ def _answer(rt: Runtime, estimate_id: str, request: _Request, input_key: str | N
             errors=error_list(scanned) if failed else None,
             **answer,
         )
+
+
+def with_budget(rt: Runtime, tenant_id: str, result: dict[str, Any], now: float) -> dict[str, Any]:
+    """The estimate with a ``budget`` block when the tenant has a monthly budget: what is left of
+    it this month and whether the batch's priced range fits (``scheduler.budgets.fit``)."""
+    with rt.db.read() as s:
+        tenant = s.get(Tenant, tenant_id)
+        state = budget_state(s, tenant, now) if tenant is not None else None
+    if state is None:
+        return result
+    total = result.get("cost", {}).get("total")
+    low, high = (total["low"], total["high"]) if isinstance(total, dict) else (None, None)
+    return {**result, "budget": fit(state, low, high)}
 
 
 def fail(rt: Runtime, estimate_id: str, error: str) -> None:

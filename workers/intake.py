@@ -28,6 +28,7 @@ from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
 from scheduler.sla import SlaTier
+from storage import budgets
 from storage.broker import BROKER_ERRORS
 from storage.errors import ServiceError
 from storage.idempotency import note_created
@@ -254,6 +255,7 @@ def add(
     input_file(s, tenant_id, request.input_file_id, now)
     if settings is not None:
         check_new_batch(s, settings, tenant_id)
+        budgets.check_new_batch(s, tenant_id, now)  # under the row lock the quotas took
     batch = Batch(
         id=new_id("batch_"),
         tenant_id=tenant_id,

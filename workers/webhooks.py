@@ -193,7 +193,9 @@ def _claim(rt: Runtime, delivery_id: int, now: float) -> _Attempt | None:
             endpoint.url,
             signing_secrets(endpoint.secret, endpoint.previous_secret, endpoint.previous_secret_until, now),
             delivery.event_id,
-            event_body(delivery.event_id, delivery.event_type, delivery.created_at, delivery.batch_id),
+            event_body(
+                delivery.event_id, delivery.event_type, delivery.created_at, delivery.batch_id, delivery.data
+            ),
             delivery.attempts,
             delivery.created_at,
             delivery.batch_id,

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from sqlalchemy import delete, select
 
+from scheduler.budgets import BudgetState, dollars_to_micros
+from storage import budgets
 from storage.db import Database
 from storage.errors import ServiceError
 from storage.models import ApiKey, ConsoleSession, Tenant
@@ -136,6 +138,25 @@ def set_quota(db: Database, tenant_name: str, values: dict[str, str]) -> Tenant:
                     param=column,
                 )
     return tenant
+
+
+def set_budget(
+    db: Database, tenant_name: str, monthly: str | None, soft: bool | None, now: float
+) -> tuple[Tenant, BudgetState | None]:
+    """Set a tenant's monthly spend budget (``monthly``: dollars, or "none" to remove it; None
+    keeps it) and whether it is soft (None keeps it); returns the tenant and this month's state."""
+    with db.write() as s:
+        tenant = _tenant(s, tenant_name)
+        micros = tenant.budget_monthly_micros
+        if monthly is not None:
+            try:
+                micros = None if monthly.strip().lower() == "none" else dollars_to_micros(monthly)
+            except ValueError as exc:
+                raise ServiceError("invalid_request", str(exc), param="monthly") from None
+        if monthly is not None or soft is not None:
+            budgets.set_budget(s, tenant, micros, bool(tenant.budget_soft) if soft is None else soft)
+        state = budgets.budget_state(s, tenant, now)
+    return tenant, state
 
 
 def _add_key(s, tenant_id: str, now: int) -> str:

@@ -1,6 +1,7 @@
 """The console's usage page: the signed-in tenant's ``freight report`` (cost, tokens, SLA
 attainment, goodput per model, and the total) over a window, and the same rows as CSV; below it,
-its LoRA adapters' lines (``freight report --by-adapter``), when it has any.
+its LoRA adapters' lines (``freight report --by-adapter``), when it has any; and the monthly
+usage statement (``freight report --statement``) as CSV or Parquet.
 
 One use case, one function: the rows are ``api.services.reports.usage_report``'s, as the CLI
 prints them, always filtered to this tenant (by its name, which is unique), and the CSV is
@@ -18,7 +19,9 @@ from flask import Response, g, render_template, request
 from api.report_format import format_report
 from api.services.adapter_usage import adapter_report
 from api.services.reports import ALL, ReportRow, parse_since, usage_report
+from api.services.statements import StatementRow, statement, statement_csv, statement_parquet
 from api.views.console import ConsoleError, bp, rt
+from scheduler.budgets import month_named, month_of
 
 DEFAULT_SINCE = "7d"  # as `freight report`
 MAX_WINDOW_TEXT = 40
@@ -56,6 +59,7 @@ def usage_page() -> str:
         until=until,
         start=start,
         end=end,
+        month=month_of(time.time()).key,
     )
 
 
@@ -64,4 +68,30 @@ def usage_csv() -> Response:
     rows, *_ = _rows()
     response = Response(format_report(rows, "csv"), mimetype="text/csv")
     response.headers["Content-Disposition"] = 'attachment; filename="freight-usage.csv"'
+    return response
+
+
+def _statement_rows() -> tuple[list[StatementRow], str]:
+    text = request.args.get("month", "").strip() or month_of(time.time()).key
+    try:
+        period = month_named(text[:MAX_WINDOW_TEXT])
+    except ValueError as exc:
+        raise ConsoleError(400, f"month: {exc}") from None
+    return statement(rt(), g.tenant_name, period), period.key
+
+
+@bp.get("/usage/statement.csv")
+def statement_csv_download() -> Response:
+    """The month's usage statement (``freight report --statement``) of the signed-in tenant."""
+    rows, key = _statement_rows()
+    response = Response(statement_csv(rows), mimetype="text/csv")
+    response.headers["Content-Disposition"] = f'attachment; filename="freight-statement-{key}.csv"'
+    return response
+
+
+@bp.get("/usage/statement.parquet")
+def statement_parquet_download() -> Response:
+    rows, key = _statement_rows()
+    response = Response(statement_parquet(rows), mimetype="application/vnd.apache.parquet")
+    response.headers["Content-Disposition"] = f'attachment; filename="freight-statement-{key}.parquet"'
     return response
