@@ -448,6 +448,15 @@ def test_a_hostile_tenant_harms_no_one(
         error_code(refused),
         refused.json()["error"]["message"][:200],
     )
+    # a batch on a file it already has: once only uploads were checked (five were taken over quota)
+    refused = create(warmed["input_file_id"])
+    assert refused.status_code == 403 and error_code(refused) == "quota_exceeded", refused.text[:300]
+    record(
+        "quota: stored bytes, a batch on a file already stored (limit 1 byte)",
+        refused.status_code,
+        error_code(refused),
+        refused.json()["error"]["message"][:200],
+    )
     quota("--stored-bytes", "default", "--open-batches", "1")
     one = upload(jsonl([chat_line("q", max_tokens=1)]), "one.jsonl").json()["id"]
     accepted = []
