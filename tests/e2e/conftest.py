@@ -200,8 +200,9 @@ def on_services(request: pytest.FixtureRequest, name: str) -> dict[str, str]:
 
 
 # The main e2e flows (the `live` stack) run on PostgreSQL and S3, as production does; `sched` and the
-# modules' own stacks keep the embedded defaults (SQLite, local disk), as `make run` does.
-LIVE_ON_SERVICES = os.environ.get("FREIGHT_TEST_LIVE_ON_SERVICES", "1") == "1"
+# modules' own stacks keep the embedded defaults (SQLite, local disk), as `make run` does
+# (E2E_LIVE_EMBEDDED=1 puts `live` there too).
+LIVE_ON_SERVICES = os.environ.get("E2E_LIVE_EMBEDDED", "0") != "1"
 
 
 @pytest.fixture(scope="package")
