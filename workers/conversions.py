@@ -7,7 +7,8 @@ was decoded again on every download (about 200 MiB written to disk, 1.3-1.8 s ea
 
 - ``request`` (the API's side) answers from the ``file_conversions`` row: ``ready`` (the object to
   stream), ``refused`` (the error, remembered: the file is not decoded again), or ``preparing``
-  (a task sent once; sent again only if it was lost, ``RESEND_SECONDS`` later).
+  (a task sent once; sent again only if it was lost, ``resend_seconds`` later). A tenant has at
+  most FREIGHT_TENANT_VALIDATIONS conversions being made at once (then a 429).
 - ``convert`` (the task's side) streams the file through a local temporary file into
   ``derived/<file id>.<format>`` (where ``storage.retention`` deletes it with the file), with row
   groups bounded by bytes (``storage.parquet_records.WRITE_BYTES``), and records the size, which
@@ -23,10 +24,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from storage.errors import ServiceError
-from storage.models import FileConversion, StoredFile
+from storage.models import FileConversion, StoredFile, Tenant
 from storage.objectstore import CHUNK, iter_lines
 from storage.request_tables import RowError, decode_limits, request_lines, write_requests
 from storage.result_tables import write_results
@@ -74,6 +77,7 @@ def request(rt: Runtime, record: StoredFile, fmt: str, now: int) -> Ready | Prep
         with rt.db.write() as s:
             row = s.get(FileConversion, (record.id, fmt), with_for_update=True)
             if row is None:
+                _check_in_flight(rt, s, record.tenant_id, now)
                 s.add(FileConversion(file_id=record.id, format=fmt, tenant_id=record.tenant_id,
                                      status=PREPARING, sent_at=now))  # fmt: skip
                 send = True
@@ -97,6 +101,30 @@ def request(rt: Runtime, record: StoredFile, fmt: str, now: int) -> Ready | Prep
                     row.sent_at = 0
             raise
     return Preparing(record.id, fmt)
+
+
+def _check_in_flight(rt: Runtime, s: Session, tenant_id: str, now: int) -> None:
+    """Refuse a new conversion while the tenant has FREIGHT_TENANT_VALIDATIONS of them being made
+    (a 429 ``too_many_conversions``): its tasks run on the validation pool, which one tenant asking
+    for every file in the other format would otherwise fill. Counted under the tenant's row lock,
+    so racing downloads count each other; a conversion whose task was lost no longer counts."""
+    s.get(Tenant, tenant_id, with_for_update=True)
+    limit = rt.settings.tenant_validations
+    waiting = s.scalar(
+        select(func.count()).where(
+            FileConversion.tenant_id == tenant_id,
+            FileConversion.status == PREPARING,
+            FileConversion.sent_at > now - resend_seconds(rt),
+        )
+    )
+    if waiting and waiting >= limit:
+        raise ServiceError(
+            "rate_limited",
+            f"{waiting} files of yours are being converted (at most {limit} at once): "
+            "download them, then ask again",
+            code="too_many_conversions",
+            retry_after=RETRY_AFTER_SECONDS,
+        )
 
 
 def convert(rt: Runtime, file_id: str, fmt: str) -> str | None:

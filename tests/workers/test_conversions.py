@@ -83,3 +83,29 @@ def test_a_file_deleted_before_its_conversion_ran_is_not_converted(runtime) -> N
     files.delete(runtime, tenant.id, file_id)
     assert conversions.convert(runtime, file_id, "parquet") == conversions.REFUSED
     assert not runtime.store.exists(conversions.derived_key(file_id, "parquet"))
+
+
+def test_a_tenant_has_at_most_its_validation_turns_of_conversions_being_made(runtime) -> None:
+    """Each conversion is a task of the validation pool: a tenant asking for every file of its own
+    in the other format gets FREIGHT_TENANT_VALIDATIONS (2) at once, then a 429 until one is made."""
+    tenant, _ = create_tenant(runtime.db, "alpha", now())
+    other, _ = create_tenant(runtime.db, "beta", now())
+    first, second = (_prepared(runtime, tenant.id) for _ in range(2))
+    third = upload(runtime, tenant.id, [chat_line("c")]).id
+    try:
+        files.download(runtime, tenant.id, third, "parquet")
+    except ServiceError as refused:
+        assert (refused.kind, refused.code, refused.retry_after) == (
+            "rate_limited",
+            "too_many_conversions",
+            2,
+        )
+        assert "2 files of yours are being converted (at most 2 at once)" in refused.message
+    else:
+        raise AssertionError("a third conversion at once must be refused")
+    assert conversions_sent(runtime, third, "parquet") == 0
+    _prepared(runtime, other.id)  # another tenant's are its own
+    # one asked again while being made is not a new one; one made frees its turn
+    assert isinstance(files.download(runtime, tenant.id, first, "parquet"), conversions.Preparing)
+    assert conversions.convert(runtime, second, "parquet") == conversions.READY
+    assert isinstance(files.download(runtime, tenant.id, third, "parquet"), conversions.Preparing)
