@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import fields
 
+from api.budget_metrics import budget_families
 from api.metrics import dependency_family, families, operations_families
 from api.services.monitoring import MetricsSnapshot
 from api.services.operations_metrics import OperationsSnapshot
@@ -37,7 +38,7 @@ def defined_metrics() -> set[str]:
     """Every sample name /metrics can serve, from its family definitions (empty snapshots)."""
     snap = MetricsSnapshot(**{f.name: {} for f in fields(MetricsSnapshot)})
     ops = OperationsSnapshot(**{f.name: {} for f in fields(OperationsSnapshot)})
-    metrics = [*families(snap), *operations_families(ops), dependency_family({})]
+    metrics = [*families(snap), *operations_families(ops), dependency_family({}), *budget_families([])]
     return {
         m.name + ("_total" if m.type == "counter" and not m.name.endswith("_total") else "") for m in metrics
     }
