@@ -285,3 +285,57 @@ def test_a_million_requests_in_bounded_memory(sched, tmp_path, reliability):
     print(f"control worker peak RSS {before:.0f} MB before, {peak:.0f} MB during the million-request batch")
     assert peak - before < 400, (before, peak)
     assert api_growth < 150, api_growth  # the upload streamed to the object store
+
+
+def test_a_tenant_of_n128_lines_does_not_crowd_out_one_of_single_lines(sched):
+    """Issue #49 part 4, live: the shares count work, not lines. Tenant alpha's lines ask for 128
+    sequences each, beta's for one; beta's batch and then alpha's are validated while the workers'
+    consumers are paused, as above. Shared by lines, alpha's two units went out in one pass;
+    weighed by work, alpha's first unit (64 lines of 128 sequences, the work of many of beta's
+    units) holds alpha's share, and beta's units go on beside it."""
+    heavy_client, light_client = sched.client("alpha"), sched.client("beta")
+    control = make_producer(sched.stack.settings).control
+    workers = [f"{name}@{socket.gethostname()}" for name in engine_names("demo", 2)]
+    queue = model_queue("demo")
+    paused = control.cancel_consumer(queue, destination=workers, reply=True, timeout=120, limit=2)
+    assert len(paused) == 2, paused
+    try:
+        heavy_lines = [chat_line(f"n128-{i}", f"Many {i}", max_tokens=2, n=128) for i in range(66)]
+        light_lines = [chat_line(f"n1-{i}", f"One {i}", max_tokens=2) for i in range(1024)]
+        # beta's first: the workers' asks, still live while paused, may have packs of its made at
+        # once (as many as there are asks); alpha's then arrives to a queue that waits
+        made = []
+        for client, lines in ((light_client, light_lines), (heavy_client, heavy_lines)):
+            batch = client.batches.create(
+                input_file_id=upload(client, lines), endpoint=CHAT, completion_window="24h"
+            )
+            assert (
+                wait_final(client, batch.id, timeout=120, until=("in_progress", "failed")).status
+                == "in_progress"
+            )
+            made.append(batch)
+        light, heavy = made
+    finally:
+        resumed = control.add_consumer(queue, destination=workers, reply=True, timeout=60, limit=2)
+    assert len(resumed) == 2, resumed
+    light_final = wait_final(light_client, light.id, timeout=300)
+    assert light_final.status == "completed" and light_final.request_counts.completed == len(light_lines)
+    heavy_final = wait_final(heavy_client, heavy.id, timeout=300)
+    assert heavy_final.status == "completed" and heavy_final.request_counts.completed == len(heavy_lines)
+    first, second = sorted(units_of(sched, heavy.id), key=lambda u: u.seq)
+    assert (first.sequences, second.sequences) == (64 * 128, 2 * 128)
+    light_units = units_of(sched, light.id)
+    assert len(light_units) == 16 and {u.sequences for u in light_units} == {64}
+    # work: the prompt once and 2 tokens for each sequence
+    assert first.work == first.planned_prompt_tokens + 64 * 128 * 2
+    assert all(u.work == u.planned_prompt_tokens + 64 * 2 for u in light_units)
+    assert first.work > 8 * max(u.work for u in light_units)
+    assert first.enqueued_at is not None
+    second_at = second.enqueued_at if second.enqueued_at is not None else float("inf")
+    beside = [
+        u for u in light_units if u.enqueued_at is not None and first.enqueued_at <= u.enqueued_at < second_at
+    ]
+    print(f"n=128 unit work {first.work}, n=1 unit work {max(u.work for u in light_units)}; "
+          f"{len(beside)} of beta's 16 units packed from alpha's first unit to its second")  # fmt: skip
+    # by lines: alpha's second unit in the same pass as its first, none of beta's between
+    assert second.pack_id != first.pack_id and len(beside) >= 3, (first.enqueued_at, second_at, len(beside))
