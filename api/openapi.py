@@ -237,8 +237,23 @@ ESTIMATE_RESULT = obj(
                 "audio_tokens": INT,
             }
         ),
+        # the tenant's monthly spend budget (scheduler/budgets.py); only when it has one
+        "budget": obj(
+            {
+                "period": {**STR, "description": "the UTC calendar month, YYYY-MM"},
+                "monthly_usd": NUM,
+                "spent_usd": NUM,
+                "remaining_usd": NUM,
+                "soft": BOOL,
+                "fits": {
+                    **nullable(BOOL),
+                    "description": "true: cost.total.high fits what is left; false: even cost.total.low"
+                    " does not; null: in between, or the cost is unknown",
+                },
+            }
+        ),
     },
-    optional=("media",),
+    optional=("media", "budget"),
 )
 ESTIMATE = obj(
     {
@@ -350,6 +365,11 @@ def page_of(item: str) -> Schema:
     )
 
 
+CREATE_BATCH_403 = (
+    "`quota_exceeded`: the tenant has its limit of open batches or queued requests, or stores more"
+    " than its limit of bytes; `budget_exceeded`: its hard monthly spend budget is spent (batches"
+    " already accepted run on)."
+)
 ERRORS = {
     400: "The request is malformed or names a value Freight does not accept.",
     401: "Missing, malformed or unknown API key.",
@@ -635,10 +655,11 @@ def paths(settings: Settings) -> Schema:
                 "`dry_run: true`, a batch.estimate instead: no batch is made and nothing runs.",
                 replayable({"anyOf": [ref("Batch"), ref("Estimate")]}),
                 400,
+                403,
                 404,
                 409,
                 params=(IDEMPOTENCY_KEY,),
-                notes={400: CREATE_BATCH_400, 409: IDEMPOTENCY_409},
+                notes={400: CREATE_BATCH_400, 403: CREATE_BATCH_403, 409: IDEMPOTENCY_409},
                 requestBody={"required": True, "content": {JSON: {"schema": create_batch_body(settings)}}},
             ),
             "get": operation(

@@ -12,6 +12,7 @@ from openapi_spec_validator import validate
 
 from api.app import create_app
 from api.serializers import batch_object, estimate_object, file_object, model_object
+from scheduler.budgets import BudgetState, fit, month_named
 from scheduler.cost import ListPrice
 from scheduler.estimate import History, PlanTotals, summary
 from storage.models import Batch, Estimate, StoredFile
@@ -162,6 +163,9 @@ def test_estimate_objects_match_their_schema(document):
         "object": "list",
         "data": [{"code": "invalid_json_line", "message": "x", "param": None, "line": 2}],
     }
+    month = BudgetState(10_000_000, 4_000_000, False, month_named("2026-11"))
+    within, unsure = fit(month, 1.0, 2.0), fit(month, None, None)
+    assert (within["fits"], unsure["fits"]) == (True, None)
     check = schema_validator(document, "Estimate")
     for fields in (
         {"status": "validating"},
@@ -174,6 +178,9 @@ def test_estimate_objects_match_their_schema(document):
         },
         {"status": "completed", "model": "demo", "finished_at": 120, "result": unknown},
         {"status": "failed", "finished_at": 120, "errors": errors},
+        # a tenant with a monthly budget: what is left and whether the batch fits (issue #52 part 3)
+        {"status": "completed", "model": "demo", "finished_at": 120, "result": {**known, "budget": within}},
+        {"status": "completed", "model": "demo", "finished_at": 120, "result": {**unknown, "budget": unsure}},
     ):
         check.validate(estimate_object(Estimate(**{**base, **fields})))
     assert not check.is_valid({**estimate_object(Estimate(**base, status="validating")), "surprise": 1})
