@@ -156,8 +156,8 @@ class Settings:
     # however many, never fill the validation queue. Raise it with the control fleet
     validation_chunks_in_flight: int = 8
     urgent_slack_seconds: float = 900.0  # slack below this makes a batch urgent: strict EDF, no sharing
-    # the most of the requests in flight a tenant may hold and still have its urgent units go first
-    # while other tenants wait (0-1; 1: urgency always goes first)
+    # the most of the work in flight (scheduler.request_work) a tenant may hold and still have its
+    # urgent units go first while other tenants wait (0-1; 1: urgency always goes first)
     urgent_share: float = 0.5
     throughput_window_seconds: float = 600.0  # measured rate for at-risk estimates looks back this far
     sample_seconds: float = 5.0  # engine fill/throughput sample period (engine_samples rows)
