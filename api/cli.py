@@ -20,16 +20,18 @@ from api.cli_settings import (
     echo_json,
     logging_settings,
     require_schema,
+    require_secrets,
 )
 from api.client_cli import CLIENT_COMMANDS
 from api.estimate_cli import estimate
 from api.formatting import when
 from api.models_cli import models
+from api.secrets_cli import secrets
 from api.webhooks_cli import webhooks
 from storage.broker import CONTROL_ROLES
 from storage.logs import configure_settings
 from storage.settings import Settings, metrics_port
-from storage.settings_source import shown
+from storage.settings_source import DROPFOLDER_SECRET_VAR, shown
 
 TENANT_COMMANDS = (*CLIENT_COMMANDS, estimate)  # over the API, as a tenant
 
@@ -276,6 +278,7 @@ def api(host: str | None, port: int | None, workers: int) -> None:
     """Serve the API and console with gunicorn."""
     settings = _settings()
     require_schema(settings)  # an API on an unmigrated database would answer 500s
+    require_secrets(settings)  # sealed secrets and no key: every delivery would fail later
     bind = f"{host or settings.api_host}:{port or settings.api_port}"
     # /metrics on a listener of its own (the app tells them apart by the accepting socket's port)
     metrics = ["--bind", settings.metrics_bind] if settings.metrics_bind else []
@@ -310,10 +313,13 @@ def api(host: str | None, port: int | None, workers: int) -> None:
     os.execv(sys.executable, argv)
 
 
-def _exec_bootstrap(*args: str) -> None:
+def _exec_bootstrap(*args: str, uses_secrets: bool = False) -> None:
     """Replace this process with ``python -m workers.bootstrap ARGS`` (same pid): the worker's
-    ``__main__`` is then a module without Flask, which vLLM's engine processes re-import."""
+    ``__main__`` is then a module without Flask, which vLLM's engine processes re-import.
+    ``uses_secrets``: the control worker, which opens drop folders' and webhooks' secrets."""
     require_schema(_settings())  # a bad FREIGHT_* value or an unmigrated database, said here
+    if uses_secrets:
+        require_secrets(_settings())
     os.execv(sys.executable, [sys.executable, "-m", "workers.bootstrap", *args])
 
 
@@ -343,6 +349,7 @@ def worker(model: str | None, control: bool, role: str | None, name: str | None)
         "worker",
         *(["--control", *(["--role", role] if role else [])] if control else ["--model", model or ""]),
         *(["--name", name] if name else []),
+        uses_secrets=control,
     )
 
 
@@ -480,12 +487,13 @@ def dropfolder() -> None:
 )
 @click.option("--endpoint-url", default=None, help="S3 endpoint for non-AWS stores (default: boto3's chain)")
 @click.option("--region", default=None, help="S3 region (default: boto3's chain)")
-@click.option("--access-key-id", default=None, help="this folder's own key (default: boto3's chain)")
 @click.option(
-    "--secret-access-key",
+    "--access-key-id",
     default=None,
-    help="its secret; asked for (hidden) when --access-key-id comes alone",
+    help=f"this folder's own key (default: boto3's chain); its secret from {DROPFOLDER_SECRET_VAR} or asked for (hidden)",
 )
+# refused: a secret in argv is seen by every user of the host (ps, /proc) and kept in shell history
+@click.option("--secret-access-key", default=None, hidden=True)
 def dropfolder_add(
     url: str,
     tenant: str,
@@ -501,8 +509,16 @@ def dropfolder_add(
     """Watch URL (s3://bucket/prefix): PREFIX/inbox/ in; outbox/, archive/ and failed/ out."""
     from api.services import dropfolders
 
-    if access_key_id and not secret_access_key:
-        secret_access_key = click.prompt("Secret access key", hide_input=True)
+    if secret_access_key is not None:
+        raise click.UsageError(
+            "--secret-access-key is no longer accepted (a secret on the command line is seen by other"
+            f" users and kept in shell history): set {DROPFOLDER_SECRET_VAR}, or give --access-key-id"
+            " alone and type the secret at the prompt"
+        )
+    if access_key_id:
+        secret_access_key = os.environ.get(DROPFOLDER_SECRET_VAR) or click.prompt(
+            "Secret access key", hide_input=True
+        )
     with command_runtime(_settings()) as rt:
         view = dropfolders.add(
             rt,
@@ -569,6 +585,9 @@ main.add_command(models)
 
 # tenants' webhook endpoints: freight webhooks add | list | disable | enable | remove | deliveries
 main.add_command(webhooks)
+
+# the keys sealing stored secrets: freight secrets new-key | status | rotate
+main.add_command(secrets)
 
 
 if __name__ == "__main__":

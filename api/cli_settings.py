@@ -99,6 +99,30 @@ def require_schema(settings: Settings) -> None:
         )
 
 
+def require_secrets(settings: Settings) -> None:
+    """Refuse to start with unusable secrets keys, or with sealed secrets in the database and no
+    key to open them; with a key, seal the plain secrets rows written before it was configured
+    (the first start after setting it; racing starts each skip what another sealed)."""
+    from storage.db import Database
+    from storage.secret_box import SecretsKeyError, secret_box
+    from storage.stored_secrets import reseal_all, start_refusal
+
+    try:
+        box = secret_box(settings)
+    except SecretsKeyError as exc:
+        raise CommandError(str(exc)) from None
+    db = Database(settings.database_url)
+    try:
+        refusal = start_refusal(db, box)
+        if refusal:
+            raise CommandError(refusal)
+        sealed = reseal_all(db, box, plain_only=True)
+    finally:
+        db.engine.dispose()
+    if sealed:
+        click.echo(f"sealed {sealed} plain stored secret(s) with the newest secrets key", err=True)
+
+
 def unreachable(settings: Settings, exc: BaseException) -> CommandError:
     cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
     return CommandError(

@@ -488,7 +488,8 @@ class DropFolder(Base):
     s3_endpoint_url: Mapped[str | None] = mapped_column(String(1024))
     region: Mapped[str | None] = mapped_column(String(64))
     access_key_id: Mapped[str | None] = mapped_column(String(256))
-    secret_access_key: Mapped[str | None] = mapped_column(String(256))
+    # sealed (storage/secret_box.py: "fernet:" and a token) once a secrets key is configured
+    secret_access_key: Mapped[str | None] = mapped_column(String(1024))
     created_at: Mapped[int] = mapped_column(BigInteger)
     removed_at: Mapped[int | None] = mapped_column(BigInteger)
     # scanning (epoch seconds): one scanner at a time holds the lease; a bucket that cannot be
@@ -620,10 +621,11 @@ class WebhookEndpoint(Base):
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
     url: Mapped[str] = mapped_column(String(2048))
     events: Mapped[list[str]] = mapped_column(JSON)  # OpenAI's batch event types
-    secret: Mapped[str] = mapped_column(String(100))  # whsec_<base64>
+    # whsec_<base64>, sealed (storage/secret_box.py) once a secrets key is configured
+    secret: Mapped[str] = mapped_column(String(512))
     # the secret a rotation replaced: deliveries are signed with it too until previous_secret_until
     # (epoch seconds), so a receiver can switch to the new one without dropping an event
-    previous_secret: Mapped[str | None] = mapped_column(String(100))
+    previous_secret: Mapped[str | None] = mapped_column(String(512))
     previous_secret_until: Mapped[int | None] = mapped_column(BigInteger)
     status: Mapped[str] = mapped_column(String(16), default=EndpointStatus.ACTIVE)
     status_at: Mapped[int] = mapped_column(BigInteger)  # when it entered its status (epoch seconds)

@@ -17,6 +17,7 @@ from storage.broker import TaskQueue, make_producer
 from storage.db import Database
 from storage.objectstore import ObjectStore, open_object_store
 from storage.objectstore_retry import RetryPolicy
+from storage.secret_box import SecretBox, secret_box
 from storage.settings import Settings
 
 
@@ -33,6 +34,11 @@ class Runtime:
     def store(self) -> ObjectStore:
         retry = RetryPolicy(deadline_seconds=self.settings.object_store_retry_seconds)
         return open_object_store(self.settings.object_store_url, self.settings.s3_endpoint_url, retry)
+
+    @cached_property
+    def secrets(self) -> SecretBox:
+        """Seals and opens the stored drop-folder and webhook secrets (FREIGHT_SECRETS_KEYS)."""
+        return secret_box(self.settings)
 
     @cached_property
     def queue(self) -> TaskQueue:

@@ -34,7 +34,7 @@ _PROCESS_SALT_KEY = secrets.token_bytes(32)
 
 # settings that are secrets: refused when shorter than MIN_SECRET_CHARS (unset is allowed and
 # means the feature's safe default: a generated console key, a /metrics that answers no one)
-SECRET_SETTINGS = ("secret_key", "metrics_token")
+SECRET_SETTINGS = ("secret_key", "metrics_token", "secrets_keys")
 MIN_SECRET_CHARS = 16
 # what deployment files write where a secret goes until someone replaces it (infra/k8s's Secret
 # said CHANGE-ME, and a Freight started on it answered /metrics to `Bearer CHANGE-ME`)
@@ -201,6 +201,10 @@ class Settings:
     dropfolder_poll_seconds: float = 5.0
     dropfolder_max_backoff_seconds: float = 300.0
     secret_key: str = ""
+    # the Fernet keys sealing drop folders' and webhooks' stored secrets (storage/secret_box.py):
+    # comma-separated, newest first, or a file of one a line outside the data folder (not both)
+    secrets_keys: str = ""
+    secrets_keys_file: str = ""
     # request rate limits (token buckets in Redis at broker_url, shared by every API process):
     # per tenant, and per client address for requests without a valid key (so key guessing is
     # throttled too); requests per second and bucket size, 0 rps turns a limit off

@@ -29,11 +29,13 @@ ENV_FILE_VAR = "FREIGHT_ENV_FILE"
 LOCAL_ENV_FILE = Path("var") / "freight.env"
 DEMO_KEY_FILE = "demo-api-key"  # beside the env file: the key `make run` made for its demo tenant
 CLIENT_VARS = frozenset({"FREIGHT_API_KEY", "FREIGHT_API_URL"})
+# a command's input that is no setting: `freight dropfolder add` reads a folder's S3 secret key here
+DROPFOLDER_SECRET_VAR = "FREIGHT_DROPFOLDER_SECRET_ACCESS_KEY"
 MAX_ENV_FILE_BYTES = 1024 * 1024
 _URL_PASSWORD = re.compile(r"(://[^:/@]*:)[^@/]*@")
 _LINE = re.compile(r"(?:export\s+)?(FREIGHT_[A-Z0-9_]+)=(.*)")
 # settings whose values are secrets (or hold one: a URL's password), masked by `freight config`
-SECRET_FIELDS = frozenset({"secret_key", "metrics_token"})
+SECRET_FIELDS = frozenset({"secret_key", "metrics_token", "secrets_keys"})
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,10 @@ def read_env_file(path: Path) -> dict[str, str]:
 
 def _has_settings(environ: Mapping[str, str]) -> bool:
     return any(
-        name.startswith("FREIGHT_") and name not in CLIENT_VARS and name != ENV_FILE_VAR for name in environ
+        name.startswith("FREIGHT_")
+        and name not in CLIENT_VARS
+        and name not in (ENV_FILE_VAR, DROPFOLDER_SECRET_VAR)
+        for name in environ
     )
 
 

@@ -173,7 +173,7 @@ def _claim_delivery(rt: Runtime, object_id: int, now: float) -> _Job | None:
                 refused=tuple(obj.errors or ()),
                 output_format=folder.output_format or "jsonl",
             )
-            return _Job(now, FolderConfig.of(folder), delivery, output_key, errors_key)
+            return _Job(now, FolderConfig.of(folder, rt.secrets), delivery, output_key, errors_key)
     except _NotFinal:
         return None
 

@@ -64,6 +64,7 @@ from storage.objectstore import (
 from storage.quotas import check_incoming
 from storage.request_tables import DEFAULT_PREFIX
 from storage.runtime import Runtime
+from storage.secret_box import SecretBox
 from storage.status import BatchStatus
 from workers import intake
 from workers.dropfolder_input import InvalidInput, request_stream
@@ -91,7 +92,8 @@ class FolderConfig:
     output_format: str = "jsonl"
 
     @classmethod
-    def of(cls, row: DropFolder) -> FolderConfig:
+    def of(cls, row: DropFolder, box: SecretBox) -> FolderConfig:
+        """The folder's settings, its secret opened (the row holds it sealed once a key is set)."""
         return cls(
             row.id,
             row.tenant_id,
@@ -103,7 +105,7 @@ class FolderConfig:
             row.s3_endpoint_url,
             row.region,
             row.access_key_id,
-            row.secret_access_key,
+            box.open(row.secret_access_key),
             row.scan_failures,
             row.output_format or "jsonl",
         )
@@ -405,7 +407,7 @@ def _claim_scan(rt: Runtime, folder_id: str, now: float) -> tuple[FolderConfig, 
         )
         if not claimed:
             return None
-        return FolderConfig.of(s.get(DropFolder, folder_id)), now  # type: ignore[arg-type]
+        return FolderConfig.of(s.get(DropFolder, folder_id), rt.secrets), now  # type: ignore[arg-type]
 
 
 def renew_lease(rt: Runtime, keeper: LeaseKeeper, row_id: object, lease: float) -> float:

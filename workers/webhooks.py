@@ -191,7 +191,12 @@ def _claim(rt: Runtime, delivery_id: int, now: float) -> _Attempt | None:
         return _Attempt(
             endpoint.id,
             endpoint.url,
-            signing_secrets(endpoint.secret, endpoint.previous_secret, endpoint.previous_secret_until, now),
+            signing_secrets(
+                rt.secrets.open(endpoint.secret) or "",
+                rt.secrets.open(endpoint.previous_secret),
+                endpoint.previous_secret_until,
+                now,
+            ),
             delivery.event_id,
             event_body(
                 delivery.event_id, delivery.event_type, delivery.created_at, delivery.batch_id, delivery.data

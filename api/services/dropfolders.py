@@ -117,7 +117,7 @@ def add(
             s3_endpoint_url=s3_endpoint_url or None,
             region=region or None,
             access_key_id=access_key_id or None,
-            secret_access_key=secret_access_key or None,
+            secret_access_key=rt.secrets.seal(secret_access_key or None),  # sealed with a secrets key
             created_at=now,
             scan_failures=0,
         )

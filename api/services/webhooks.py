@@ -37,7 +37,8 @@ def tenant_id_of(rt: Runtime, name: str) -> str:
 
 
 def add(rt: Runtime, tenant_id: str, url: object, events: object, now: int) -> WebhookEndpoint:
-    """A new active endpoint; its ``secret`` is in the returned row, to be shown this once."""
+    """A new active endpoint; its ``secret`` is in the returned row, to be shown this once (the
+    table holds it sealed when a secrets key is configured)."""
     try:
         checked = check_url(url)
         wanted = parse_events(events)
@@ -67,16 +68,18 @@ def add(rt: Runtime, tenant_id: str, url: object, events: object, now: int) -> W
                 " remove one first",
                 code="too_many_webhooks",
             )
+        secret = new_secret()
         endpoint = WebhookEndpoint(
             tenant_id=tenant_id,
             url=checked,
             events=list(wanted),
-            secret=new_secret(),
+            secret=rt.secrets.seal(secret),
             status=EndpointStatus.ACTIVE,
             status_at=now,
             created_at=now,
         )
         s.add(endpoint)
+    endpoint.secret = secret  # the detached row: the caller shows the secret, the table keeps it sealed
     return endpoint
 
 
@@ -118,8 +121,10 @@ def rotate_secret(rt: Runtime, tenant_id: str, endpoint_id: str, now: int) -> We
         s.refresh(endpoint, with_for_update=True)  # two rotations at once: one after the other
         endpoint.previous_secret = endpoint.secret if grace > 0 else None
         endpoint.previous_secret_until = now + grace if grace > 0 else None
-        endpoint.secret = new_secret()
-        return endpoint
+        secret = new_secret()
+        endpoint.secret = rt.secrets.seal(secret)  # type: ignore[assignment]
+    endpoint.secret = secret  # the detached row: the caller shows the secret, the table keeps it sealed
+    return endpoint
 
 
 def remove(rt: Runtime, tenant_id: str, endpoint_id: str, now: int) -> str:

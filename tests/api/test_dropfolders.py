@@ -11,6 +11,7 @@ from api.services import dropfolders
 from api.services.tenants import create_tenant
 from storage.errors import ServiceError
 from storage.models import DropFolder
+from storage.secret_box import SecretBox, new_key
 from tests.conftest import DEMO_MODEL, now
 
 SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCY"
@@ -69,6 +70,31 @@ def test_add_list_remove_through_the_cli_never_prints_the_secret(runtime, cli_en
         ).exit_code
         == 0
     )
+
+
+def test_the_secret_comes_by_prompt_or_environment_never_the_command_line(runtime, cli_env):
+    runner = CliRunner()
+    flag = runner.invoke(
+        main,
+        ["dropfolder", "add", "s3://bucket/a", "--tenant", "alpha", "--access-key-id", "AKIAEXAMPLE",
+         "--secret-access-key", SECRET],
+        env=cli_env,
+    )  # fmt: skip
+    assert flag.exit_code == 2 and "--secret-access-key is no longer accepted" in flag.output
+    assert "FREIGHT_DROPFOLDER_SECRET_ACCESS_KEY" in flag.output and SECRET not in flag.output
+    key = new_key()
+    from_env = runner.invoke(
+        main,
+        ["dropfolder", "add", "s3://bucket/b", "--tenant", "alpha", "--access-key-id", "AKIAEXAMPLE"],
+        env={**cli_env, "FREIGHT_DROPFOLDER_SECRET_ACCESS_KEY": SECRET, "FREIGHT_SECRETS_KEYS": key},
+        input="",  # nothing asked
+    )
+    assert from_env.exit_code == 0, from_env.output
+    with runtime.db.read() as s:
+        [row] = s.query(DropFolder).all()
+    # sealed with the configured key: the table holds no trace of the secret
+    assert row.prefix == "b" and row.secret_access_key.startswith("fernet:")
+    assert SECRET not in row.secret_access_key and SecretBox([key]).open(row.secret_access_key) == SECRET
 
 
 @pytest.mark.parametrize(

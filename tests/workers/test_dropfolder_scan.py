@@ -204,7 +204,7 @@ def test_a_gzip_file_is_decompressed_into_the_store(runtime, s3, bucket, folder)
 def test_two_scans_racing_make_one_batch(runtime, s3, bucket, folder):
     etag = put(s3, bucket, "inbox/race.jsonl", jsonl([line("a"), line("b")]))
     with runtime.db.read() as s:
-        config = dropfolders.FolderConfig.of(s.get(DropFolder, folder))
+        config = dropfolders.FolderConfig.of(s.get(DropFolder, folder), runtime.secrets)
     store = dropfolders.folder_store(config)
     inbox_file = InboxFile("inbox/race.jsonl", "race", etag, store.stat("inbox/race.jsonl").size, False, None)
 

@@ -21,11 +21,13 @@ from sqlalchemy import func, select, text
 from api.services import webhooks as service
 from api.services.tenants import create_tenant, disable_tenant, enable_tenant
 from scheduler.webhooks import ATTEMPTS, RETRY_SCHEDULE
+from storage import secret_box
 from storage.broker import WEBHOOK_QUEUE
 from storage.lifecycle import finish_if_done, stop_batch
 from storage.models import Batch, Tenant, WebhookDelivery, WebhookEndpoint
 from storage.runtime import Runtime
 from storage.status import BatchStatus, DeliveryStatus, EndpointStatus, transition
+from storage.stored_secrets import reseal_all
 from tests import factories, webhook_receiver
 from tests.conftest import now
 from tests.factories import chat_line
@@ -301,6 +303,36 @@ def test_a_rotated_secret_signs_beside_the_new_one_for_the_grace_only(rt, receiv
     last = receiver.at("/r")[2]
     assert verify(third, last.headers, last.body) and verify(new, last.headers, last.body)
     assert not verify(old, last.headers, last.body)
+
+
+def test_sealed_secrets_sign_as_the_plain_ones_did_across_a_key_rotation(rt, receiver):
+    old_key, new_key = secret_box.new_key(), secret_box.new_key()
+    keyed = Runtime(replace(rt.settings, secrets_keys=old_key))
+    try:
+        tenant, _ = create_tenant(keyed.db, "t", now())
+        hook = service.add(keyed, tenant.id, receiver.url("/r"), ALL, now())
+        first = hook.secret
+        second = service.rotate_secret(keyed, tenant.id, hook.id, now()).secret
+    finally:
+        keyed.db.dispose()
+    with rt.db.read() as s:
+        row = s.get(WebhookEndpoint, hook.id)
+    assert row.secret.startswith("fernet:") and row.previous_secret.startswith("fernet:")
+    assert first not in row.secret + row.previous_secret and second not in row.secret + row.previous_secret
+    # the operator rotates the key: the new one first, the old kept for reading, then resealed
+    rotating = Runtime(replace(rt.settings, secrets_keys=f"{new_key},{old_key}"))
+    try:
+        assert reseal_all(rotating.db, rotating.secrets, plain_only=False) == 2
+    finally:
+        rotating.db.dispose()
+    rotated = Runtime(replace(rt.settings, secrets_keys=new_key))  # the old key dropped
+    try:
+        final_batch(rotated, tenant.id, "completed")
+        assert deliver_due(rotated, time.time()) == ["delivered"]
+    finally:
+        rotated.db.dispose()
+    [got] = receiver.at("/r")
+    assert verify(first, got.headers, got.body) and verify(second, got.headers, got.body)
 
 
 def test_a_receiver_answering_410_gone_disables_its_endpoint_at_once(rt, receiver):
