@@ -21,7 +21,8 @@ from storage.status import BatchStatus, UploadStatus
 # OpenAI's of an image input; the official client's others (assistants, fine-tune, evals) mean
 # nothing here and are refused at upload
 MEDIA_PURPOSES = ("vision", "user_data")
-DERIVED_FORMATS = ("jsonl", "parquet")  # workers/conversions.py keeps conversions at derived/<id>.<fmt>
+# workers/conversions.py keeps conversions at derived/<id>.<kind> (input.parquet: in input order)
+DERIVED_FORMATS = ("jsonl", "parquet", "input.parquet")
 
 
 def live(record: StoredFile, now: float) -> bool:

@@ -268,24 +268,29 @@ def decode_base64_embedding(text: str) -> list[float]:
     return floats.tolist()
 
 
-def converted_download(client: Any, rt: Runtime, headers: dict, file_id: str, fmt: str) -> Any:
+def converted_download(
+    client: Any, rt: Runtime, headers: dict, file_id: str, fmt: str, kind: str | None = None
+) -> Any:
     """``GET /v1/files/{id}/content?format=fmt`` of a file stored in the other format: a 202 with
     Retry-After while the control worker converts it, the task's message sent to the real broker
     (read back from Redis), then the task run here, in this process (``workers.conversions.convert``
     is the whole body of ``freight.convert_file``; the worker's own path runs in the live tests),
-    then the download's answer: the converted file, or the refusal it remembered."""
+    then the download's answer: the converted file, or the refusal it remembered. ``kind``
+    ``input.parquet``: the file as Parquet in its input's line order (``order=input``)."""
     from workers import conversions
 
-    url = f"/v1/files/{file_id}/content?format={fmt}"
-    sent_before = conversions_sent(rt, file_id, fmt)
+    order = "&order=input" if kind == conversions.INPUT_ORDER_PARQUET else ""
+    url = f"/v1/files/{file_id}/content?format={fmt}{order}"
+    kind = kind or fmt
+    sent_before = conversions_sent(rt, file_id, kind)
     first = client.get(url, headers=headers)
     assert first.status_code == 202, first.get_data(as_text=True)[:300]
     assert first.headers["Retry-After"] == str(conversions.RETRY_AFTER_SECONDS)
     assert first.json["status"] == "preparing" and first.json["format"] == fmt
-    assert conversions_sent(rt, file_id, fmt) == sent_before + 1  # the task's message, in the broker
+    assert conversions_sent(rt, file_id, kind) == sent_before + 1  # the task's message, in the broker
     assert client.get(url, headers=headers).status_code == 202  # still preparing: not sent again
-    assert conversions_sent(rt, file_id, fmt) == sent_before + 1
-    conversions.convert(rt, file_id, fmt)
+    assert conversions_sent(rt, file_id, kind) == sent_before + 1
+    conversions.convert(rt, file_id, kind)
     return client.get(url, headers=headers)
 
 

@@ -23,15 +23,17 @@ import shutil
 import tempfile
 import time
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from storage.errors import ServiceError
-from storage.models import FileConversion, StoredFile, Tenant
+from storage.models import Batch, FileConversion, StoredFile, Tenant, WorkUnit
 from storage.objectstore import CHUNK, iter_lines
 from storage.request_tables import RowError, decode_limits, request_lines, write_requests
+from storage.result_order import in_input_order
 from storage.result_tables import write_results
 from storage.retention import live
 from storage.runtime import Runtime
@@ -39,6 +41,10 @@ from storage.runtime import Runtime
 log = logging.getLogger(__name__)
 
 PREPARING, READY, REFUSED = "preparing", "ready", "refused"
+# the kinds of conversion (file_conversions.format): the target format, or a batch's output or
+# error file as Parquet in its input's line order (``?order=input&format=parquet``)
+INPUT_ORDER_PARQUET = "input.parquet"
+KINDS = ("jsonl", "parquet", INPUT_ORDER_PARQUET)
 RETRY_AFTER_SECONDS = 2  # the Retry-After of a "being prepared" answer
 # a conversion still preparing this long after its task was sent is sent again (its worker was
 # lost with the message): past the task's hard time limit (FREIGHT_VALIDATION_TIME_LIMIT_SECONDS)
@@ -182,7 +188,11 @@ def _convert(rt: Runtime, record: StoredFile, fmt: str, key: str) -> int:
     spill.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=spill) as tmp:
         target = os.path.join(tmp, f"out.{fmt}")
-        if fmt == "parquet":
+        if fmt == INPUT_ORDER_PARQUET:
+            with rt.store.open(record.object_key) as stream:
+                units = _units_of_result_file(rt, record)
+                write_results(in_input_order(rt.store, units, iter_lines(stream), tmp), target)
+        elif fmt == "parquet":
             with rt.store.open(record.object_key) as stream:
                 lines = iter_lines(stream)
                 if record.purpose == "batch_output":
@@ -200,3 +210,32 @@ def _convert(rt: Runtime, record: StoredFile, fmt: str, key: str) -> int:
                     out.write(line + b"\n")
         with open(target, "rb") as converted:
             return rt.store.put_stream(key, converted)
+
+
+def _units_of_result_file(rt: Runtime, record: StoredFile) -> list[Any]:
+    """The work units of the batch whose output or error file ``record`` is, in seq order (where
+    each line's input line number is found); refused if it is none's or the batch's request store
+    is gone (the API checks both before it asks)."""
+    with rt.db.read() as s:
+        batch = s.scalar(
+            select(Batch).where(
+                Batch.tenant_id == record.tenant_id,
+                or_(Batch.output_file_id == record.id, Batch.error_file_id == record.id),
+            )
+        )
+        if batch is None or batch.purged_at is not None:
+            raise ServiceError("invalid_request", "the file's input order is no longer known", param="order",
+                               code="input_order_unavailable")  # fmt: skip
+        return list(
+            s.execute(
+                select(
+                    WorkUnit.shard_key,
+                    WorkUnit.row_start,
+                    WorkUnit.n_requests,
+                    WorkUnit.output_key,
+                    WorkUnit.error_key,
+                )
+                .where(WorkUnit.batch_id == batch.id)
+                .order_by(WorkUnit.seq)
+            ).all()
+        )

@@ -71,7 +71,7 @@ def download(
 ) -> Content | conversions.Preparing:
     """A file's bytes as stored, or converted to the other format (``jsonl`` | ``parquet``);
     ``order="input"``: a batch's output or error file in its input's line order
-    (``api.services.results``), made for each download.
+    (``api.services.results``), made for each download as JSONL, and as Parquet converted once.
 
     A conversion is made by the control worker (``workers.conversions``), never here: until it is
     made this answers ``Preparing`` (the view's 202 with ``Retry-After``), then the converted
@@ -83,17 +83,23 @@ def download(
             "invalid_request", f"format must be one of {', '.join(FORMATS)}, not {fmt[:50]!r}", param="format"
         )
     record = get(rt, tenant_id, file_id)
+    name = f"{record.id}.{fmt}"
     if results.input_order(order):
-        ordered = results.file_in_input_order(rt, tenant_id, record.id, record.object_key, fmt)
-        return Content(ordered.size, ordered.chunks, ordered.filename, ordered.mimetype)
-    with rt.store.open(record.object_key) as stream:
-        stored = "parquet" if is_parquet(stream.read(4)) else "jsonl"
-    if fmt == stored:
+        if fmt == "jsonl":  # streamed as it is sorted, for each download
+            ordered = results.file_in_input_order(rt, tenant_id, record.id, record.object_key, fmt)
+            return Content(ordered.size, ordered.chunks, ordered.filename, ordered.mimetype)
+        results.input_order_units(rt, tenant_id, record.id)  # its 400s at once, not from the task
+        stored, kind, name = "jsonl", conversions.INPUT_ORDER_PARQUET, f"{record.id}.input-order.{fmt}"
+    else:
+        with rt.store.open(record.object_key) as stream:
+            stored = "parquet" if is_parquet(stream.read(4)) else "jsonl"
+        kind = fmt
+    if kind == stored:
         key, size = record.object_key, record.bytes
     else:
-        made = conversions.request(rt, record, fmt, int(time.time()))
+        made = conversions.request(rt, record, kind, int(time.time()))
         if isinstance(made, conversions.Preparing):
-            return made
+            return conversions.Preparing(record.id, fmt, made.retry_after)
         key, size = made.object_key, made.size
     stream = rt.store.open(key)
 
@@ -102,7 +108,7 @@ def download(
             while chunk := stream.read(CHUNK):
                 yield chunk
 
-    return Content(size, chunks(), f"{record.id}.{fmt}", MIMETYPES[fmt])
+    return Content(size, chunks(), name, MIMETYPES[fmt])
 
 
 def delete(rt: Runtime, tenant_id: str, file_id: str) -> StoredFile:

@@ -178,6 +178,21 @@ _UNIT_COLUMNS = (
 
 def file_in_input_order(rt: Runtime, tenant_id: str, file_id: str, object_key: str, fmt: str) -> Results:
     """A batch's output or error file (already checked to be the tenant's) in input line order."""
+    units = input_order_units(rt, tenant_id, file_id)
+    stream = rt.store.open(object_key)
+
+    def lines() -> Iterator[bytes]:
+        with stream:
+            yield from iter_lines(stream)
+
+    ordered = _primed(in_input_order(rt.store, units, lines(), _spill(rt)))
+    return _as(rt, ordered, fmt, f"{file_id}.input-order.{fmt}")
+
+
+def input_order_units(rt: Runtime, tenant_id: str, file_id: str) -> list[Any]:
+    """The units of the batch whose output or error file ``file_id`` is (the tenant's), in seq
+    order; a 400 ``input_order_unavailable`` if it is no batch's result file or the batch's request
+    store is gone."""
     with rt.db.read() as s:
         batch = s.scalar(
             select(Batch).where(
@@ -200,17 +215,9 @@ def file_in_input_order(rt: Runtime, tenant_id: str, file_id: str, object_key: s
                 param="order",
                 code="input_order_unavailable",
             )
-        units = s.execute(
-            select(*_UNIT_COLUMNS).where(WorkUnit.batch_id == batch.id).order_by(WorkUnit.seq)
-        ).all()
-    stream = rt.store.open(object_key)
-
-    def lines() -> Iterator[bytes]:
-        with stream:
-            yield from iter_lines(stream)
-
-    ordered = _primed(in_input_order(rt.store, units, lines(), _spill(rt)))
-    return _as(rt, ordered, fmt, f"{file_id}.input-order.{fmt}")
+        return list(
+            s.execute(select(*_UNIT_COLUMNS).where(WorkUnit.batch_id == batch.id).order_by(WorkUnit.seq)).all()
+        )
 
 
 def _format(fmt: str | None) -> str:

@@ -29,9 +29,9 @@ from storage.settings import Settings
 from storage.shards import read_rows
 from storage.status import BatchStatus
 from tests.conftest import now
-from tests.factories import batch_units, chat_line, validated_batch
+from tests.factories import batch_units, chat_line, converted_download, validated_batch
 from tests.workers.test_unit_recorder import record
-from workers import dispatcher
+from workers import conversions, dispatcher
 from workers.finalize import finalize_batch
 from workers.results import encode, request_error_line, success_line
 from workers.runner_state import ActiveUnit, new_spool
@@ -250,8 +250,10 @@ def _large_batch_in_input_order(rt: Runtime, client: FlaskClient, monkeypatch) -
     assert get(client, batch_id, headers, order="input").data == b"".join(
         sorted(final.splitlines(keepends=True), key=lambda x: int(json.loads(x)["custom_id"][2:]))
     )
-    parquet = client.get(f"/v1/files/{file_id}/content", headers=headers,
-                         query_string={"order": "input", "format": "parquet"})  # fmt: skip
+    # as Parquet: converted once by the control worker's task (202 until then), in input order
+    parquet = converted_download(client, rt, headers, file_id, "parquet", conversions.INPUT_ORDER_PARQUET)
+    assert parquet.status_code == 200
+    assert parquet.headers["Content-Disposition"] == f'attachment; filename="{file_id}.input-order.parquet"'
     ids = pq.read_table(io.BytesIO(parquet.data)).column("custom_id").to_pylist()
     assert ids == [f"r-{i}" for i in range(n) if not str(i).endswith("7")]
 
