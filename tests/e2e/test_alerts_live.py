@@ -3,9 +3,11 @@ with a config this test writes, scrapes the live stack's /metrics with the metri
 evaluates infra/monitoring/freight-alerts.yml (every ``for:`` cut to 0 s, scrape and evaluation
 every second). A model registered with the CLI and given no engine worker gets a batch from a new
 tenant whose queued-requests quota is 10: nine requests queued and no worker fires
-FreightModelWithoutWorker for that model, and 9 of 10 fires FreightTenantNearQuota for that tenant;
-the model the stack's worker serves fires neither. The live scrape also serves every metric the
-dashboards (infra/monitoring/dashboards) query.
+FreightModelWithoutWorker for that model, and 9 of 10 fires FreightTenantNearQuota for that tenant.
+On the model the stack's worker serves, a small batch gives the tick a measured throughput, then a
+batch of AT_RISK_LINES lines in the stack's 8-second window cannot finish in time at it:
+FreightBatchesAtRisk fires for that model (and FreightModelWithoutWorker does not). The live scrape
+also serves every metric the dashboards (infra/monitoring/dashboards) query.
 
 The `live` stack's API has no metrics token (tests/e2e/test_hostile_tenants.py checks /metrics
 answers no one then), so /metrics is scraped from a second API process of the same stack (its
@@ -21,6 +23,7 @@ import shutil
 import subprocess
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,7 +31,7 @@ import yaml
 
 from infra import daemons as services
 from infra.processes import FREIGHT, REPO, _http_ok, create_tenant, spawn, wait_for
-from tests.e2e.conftest import LiveStack, request_line
+from tests.e2e.conftest import LiveStack, request_line, wait_final
 from tests.factories import jsonl
 from tests.infra.promql_names import metric_names
 
@@ -40,7 +43,12 @@ pytestmark = [
 MONITORING = REPO / "infra" / "monitoring"
 MODEL = "demo-noworker"  # registered, never given an engine worker
 TENANT = "alerts"
-WANTED = {("FreightModelWithoutWorker", "model", MODEL), ("FreightTenantNearQuota", "tenant", TENANT)}
+AT_RISK_LINES = 3000  # far more than the demo engine runs in 8 s on this machine
+WANTED = {
+    ("FreightModelWithoutWorker", "model", MODEL),
+    ("FreightTenantNearQuota", "tenant", TENANT),
+    ("FreightBatchesAtRisk", "model", "demo"),
+}
 
 
 def freight(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess:
@@ -63,6 +71,29 @@ def firing(prometheus: str) -> list[dict]:
     with urllib.request.urlopen(f"{prometheus}/api/v1/alerts", timeout=10) as response:
         alerts = json.load(response)["data"]["alerts"]
     return [a for a in alerts if a["state"] == "firing"]
+
+
+def scrape(api_url: str, token: str) -> str:
+    request = urllib.request.Request(api_url + "/metrics", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return str(response.read().decode())
+
+
+def start_batch_at_risk(live: LiveStack, metrics: Callable[[], str]) -> None:
+    """A finished batch of the served model, then an engine sample of it (the measured rate the
+    tick's deadline check reads), then AT_RISK_LINES lines in the 8 s window, left to expire."""
+    client = live.client("alpha")
+    warm = client.files.create(
+        file=("w.jsonl", jsonl(request_line(f"w{i}", model="demo") for i in range(16))), purpose="batch"
+    )
+    first = client.batches.create(
+        input_file_id=warm.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    assert getattr(wait_final(client, first.id, timeout=180), "status", None) == "completed"
+    wait_for(lambda: "freight_worker_batch_fill_ratio{" in metrics(), "an engine sample of demo", 60)
+    lines = (request_line(f"r{i}", model="demo") for i in range(AT_RISK_LINES))
+    big = client.files.create(file=("risk.jsonl", jsonl(lines)), purpose="batch")
+    client.batches.create(input_file_id=big.id, endpoint="/v1/chat/completions", completion_window="8s")
 
 
 def test_prometheus_fires_the_shipped_rules_on_the_live_stack(live: LiveStack, tmp_path: Path) -> None:
@@ -111,6 +142,7 @@ def test_prometheus_fires_the_shipped_rules_on_the_live_stack(live: LiveStack, t
         wait_for(
             lambda: _http_ok(prometheus + "/-/ready"), "prometheus", 60, prom, tmp_path / "prometheus.log"
         )
+        start_batch_at_risk(live, lambda: scrape(api_url, token))
 
         started = time.monotonic()
         seen: set[tuple[str, str, str]] = set()
@@ -127,21 +159,19 @@ def test_prometheus_fires_the_shipped_rules_on_the_live_stack(live: LiveStack, t
         assert seen >= WANTED, (alerts, (tmp_path / "prometheus.log").read_text()[-3000:])
         fired_after = time.monotonic() - started
         # the served model has its worker; the stack's own tenants are under their quotas
-        assert not [a for a in alerts if a["labels"].get("model") == "demo"], alerts
+        assert ("FreightModelWithoutWorker", "model", "demo") not in seen, alerts
         assert not [
             a
             for a in alerts
             if a["labels"]["alertname"] == "FreightTenantNearQuota" and a["labels"]["tenant"] != TENANT
         ], alerts
-        print(f"alerts firing {fired_after:.1f} s after Prometheus was ready: {sorted(seen)}")
+        print(f"alerts firing {fired_after:.1f} s after the batch at risk was created: {sorted(seen)}")
 
         # the target was scraped with the token, and serves every metric the dashboards read
         with urllib.request.urlopen(f"{prometheus}/api/v1/targets", timeout=10) as response:
             targets = json.load(response)["data"]["activeTargets"]
         assert [t["health"] for t in targets] == ["up"], targets
-        request = urllib.request.Request(api_url + "/metrics", headers={"Authorization": f"Bearer {token}"})
-        with urllib.request.urlopen(request, timeout=30) as response:
-            text = response.read().decode()
+        text = scrape(api_url, token)
         served = set(re.findall(r"^# HELP (\w+) ", text, re.M))
         counters = set(re.findall(r"^# TYPE (\w+) counter$", text, re.M))
         served = (served - counters) | {c if c.endswith("_total") else c + "_total" for c in counters}
