@@ -22,6 +22,8 @@ from api.app import create_app
 from api.services import webhooks as hooks
 from api.services.tenants import create_tenant
 from scheduler.budgets import month_of
+from scheduler.cost import charged_micros
+from storage.budgets import spent_micros
 from storage.models import Batch, Tenant, WebhookDelivery
 from storage.runtime import Runtime
 from tests import webhook_receiver
@@ -202,3 +204,18 @@ def test_the_dry_run_says_whether_the_batch_fits_what_is_left(runtime, alpha):
     # between the two ends: it depends on how much the requests write
     between = verdict(10.0, 10.0 - (low + high) / 2)
     assert between["fits"] is None and low < between["remaining_usd"] < high
+
+
+def test_the_databases_sum_is_each_batchs_charge_summed(runtime, alpha):
+    """spent_micros sums in SQL what charged_micros rounds per batch (half up), ties included."""
+    tenant_id, _ = alpha
+    costs = [(1, 0.5), (3, 0.5), (5, 1.5), (999_999, 0.75), (7, 2.0), (12_345, 1.1), (10, 0.9), (333, 1.0)]
+    ids = [spend(runtime, tenant_id, 0.0) for _ in costs]
+    with runtime.db.write() as s:
+        for batch_id, (cost, multiplier) in zip(ids, costs, strict=True):
+            b = s.get(Batch, batch_id)
+            b.cost_micros, b.price_multiplier = cost, multiplier
+    with runtime.db.read() as s:
+        assert spent_micros(s, tenant_id, month_of(time.time())) == sum(
+            charged_micros(c, m) for c, m in costs
+        )
