@@ -21,7 +21,9 @@ from api.services.adapter_usage import adapter_report
 from api.services.reports import ALL, ReportRow, parse_since, usage_report
 from api.services.statements import StatementRow, statement, statement_csv, statement_parquet
 from api.views.console import ConsoleError, bp, rt
-from scheduler.budgets import month_named, month_of
+from scheduler.budgets import BudgetState, month_named, month_of
+from storage.budgets import budget_state
+from storage.models import Tenant
 
 DEFAULT_SINCE = "7d"  # as `freight report`
 MAX_WINDOW_TEXT = 40
@@ -60,7 +62,15 @@ def usage_page() -> str:
         start=start,
         end=end,
         month=month_of(time.time()).key,
+        budget=_budget(),
     )
+
+
+def _budget() -> BudgetState | None:
+    """The tenant's monthly budget and this month's spend (None: it has none)."""
+    with rt().db.read() as s:
+        tenant = s.get(Tenant, g.tenant_id)
+        return budget_state(s, tenant, time.time()) if tenant is not None else None
 
 
 @bp.get("/usage.csv")

@@ -118,3 +118,9 @@ def test_the_console_downloads_the_signed_in_tenants_statement(app, runtime, mon
     for bad in ("2026-1", "x" * 100, "2026-00"):
         assert alpha.get(f"/console/usage/statement.csv?month={bad}").status_code == 400, bad
     assert app.test_client().get("/console/usage/statement.csv").status_code == 302  # signed out
+    # the page shows the month's budget once the operator sets one: $0.059 of $1 spent this month
+    assert 'id="budget"' not in page
+    assert cli_on(runtime, "tenant", "budget", "alpha", "--monthly", "1").exit_code == 0
+    shown = html(alpha.get("/console/usage"))
+    line = shown[shown.index('id="budget"') :].split("</p>")[0]
+    assert "$0.059 spent of" in line and "$1.00" in line and "5.9%" in line and "refused once it is spent" in line
