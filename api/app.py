@@ -12,6 +12,7 @@ from api.openapi import openapi_document
 from api.proxies import TrustedProxies
 from api.ratelimit import register_rate_limits
 from api.request_ids import RequestIds
+from api.request_spans import register_request_spans
 from api.serializers import readiness_object
 from api.services.readiness import ReadinessProbe
 from api.services.uploads import MAX_PART_BYTES
@@ -40,6 +41,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     # outermost: every response has its x-request-id, whatever answered it
     app.wsgi_app = RequestIds(app.wsgi_app)  # type: ignore[method-assign]
     register_error_handlers(app)
+    register_request_spans(app)  # first: its span covers every other hook
 
     @app.before_request
     def _screen() -> None:

@@ -26,6 +26,7 @@ from typing import Any
 from celery import Celery
 from kombu.exceptions import OperationalError as KombuOperationalError
 
+from storage import tracing
 from storage.settings import Settings
 
 TICK_QUEUE = "freight.tick"
@@ -238,6 +239,9 @@ class TaskQueue:
         target = spec.queue or queue
         if target is None:
             raise TypeError(f"{name} is sent to a model's queue: name it")
+        # the sender's trace context (storage/tracing.py), which the task's span continues
+        if carried := tracing.headers():
+            options["headers"] = carried
         self.celery.send_task(name, args=list(args), queue=target, **options)
 
     def validate(self, batch_id: str, countdown: float | None = None) -> None:

@@ -248,6 +248,9 @@ class Batch(Base):
     eta_at: Mapped[int | None] = mapped_column(BigInteger)
     sla_met: Mapped[bool | None] = mapped_column(Boolean)
     warnings: Mapped[list[str] | None] = mapped_column(JSON)  # e.g. admitted past its ETA
+    # the W3C traceparent of the span that created it (storage/tracing.py): every later task and unit
+    # span about the batch joins that trace; NULL when tracing was off at its creation
+    trace_context: Mapped[str | None] = mapped_column(String(64))
     # retention: the output and error files expire this many seconds after they are made
     # (OpenAI's output_expires_after; NULL: FREIGHT_FILE_RETENTION_SECONDS), and when the cleanup
     # deleted the batch's shards and unit results (epoch seconds; its rows stay)

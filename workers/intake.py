@@ -40,6 +40,7 @@ from storage.retention import MEDIA_PURPOSES, expiry, live
 from storage.runtime import Runtime
 from storage.settings import Settings
 from storage.status import BatchStatus
+from storage.tracing import BATCH_ID, TENANT, current_traceparent, span
 from workers.request_bodies import (
     EMBEDDINGS,
     ENDPOINTS,
@@ -256,8 +257,13 @@ def add(
     if settings is not None:
         check_new_batch(s, settings, tenant_id)
         budgets.check_new_batch(s, tenant_id, now)  # under the row lock the quotas took
+    batch_id = new_id("batch_")
+    # the batch's trace (storage/tracing.py): a child of the request creating it, if any; its
+    # context stored on the row is the parent of every later task and unit span of the batch
+    with span("batch.create", attributes={BATCH_ID: batch_id, TENANT: tenant_id}):
+        trace_context = current_traceparent()
     batch = Batch(
-        id=new_id("batch_"),
+        id=batch_id,
         tenant_id=tenant_id,
         endpoint=request.endpoint,
         input_file_id=request.input_file_id,
@@ -270,6 +276,7 @@ def add(
         created_at=now,
         expires_at=now + request.tier.seconds,
         price_multiplier=request.tier.price_multiplier,
+        trace_context=trace_context,
     )
     s.add(batch)
     return batch

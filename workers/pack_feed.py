@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from scheduler.feed_order import ElevatorFeed, gather_deadline
 from storage.runtime import Runtime
 from storage.shards import ShardRow, read_rows
-from workers import task_policy
+from workers import task_policy, unit_spans
 from workers.images import ImageCache
 from workers.runner_state import ActiveUnit, RunnerState, new_spool
 from workers.unit_claims import claim_unit, release_unit
@@ -91,14 +91,14 @@ class PackFeed:
 
     def _feed_pack(self, pack_id: str, unit_ids: list[int], more_coming: bool, urgent: Iterable[int]) -> int:
         hurry = set(urgent)
-        claims = [
-            c
-            for u in unit_ids
-            if (c := claim_unit(self.rt, u, time.time(), self.holder, u in hurry, pack_id))
-        ]
-        if not claims:
+        units: list[ActiveUnit] = []
+        for u in unit_ids:
+            started = time.time()
+            if (c := claim_unit(self.rt, u, started, self.holder, u in hurry, pack_id)) is not None:
+                units.append(ActiveUnit(c, new_spool(), new_spool(), c.n_requests))
+                units[-1].trace = unit_spans.claimed(c, self.model, started)
+        if not units:
             return 0
-        units = [ActiveUnit(c, new_spool(), new_spool(), c.n_requests) for c in claims]
         # on the watcher's list from the claim: heartbeated while their rows are read
         self._state.hold(units)
         try:

@@ -11,10 +11,13 @@ from __future__ import annotations
 import tempfile
 import threading
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from workers.cost_meter import UnitMeter
 from workers.unit_claims import Claim, UnitTally
+
+if TYPE_CHECKING:
+    from workers.unit_spans import UnitTrace
 
 
 @dataclass(eq=False)
@@ -34,6 +37,7 @@ class ActiveUnit:
     seconds: float = 0.0
     in_engine: int = 0
     meter: UnitMeter = field(default_factory=UnitMeter)  # its engine time and cost so far
+    trace: UnitTrace | None = None  # its spans while tracing is on (workers/unit_spans.py)
 
     @property
     def done(self) -> bool:

@@ -47,6 +47,7 @@ from workers.task_policy import (
     validation_retry_due,
     with_policy,
 )
+from workers.task_spans import task_span
 
 if TYPE_CHECKING:
     from workers.celery_app import FreightCelery
@@ -64,6 +65,7 @@ class FreightTask(Task):
     max_retries = MAX_RETRIES
     fault: OnFault | None = None
     retry_noted: OnRetry | None = None
+    periodic = False  # beat's: no span of its own (workers/task_spans.py)
 
     @property
     def rt(self) -> Runtime:
@@ -75,6 +77,11 @@ class FreightTask(Task):
         runner = cast("FreightCelery", self.app).runner
         assert runner is not None, "run_pack is served by engine workers only"
         return runner
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """The task run in its span (a no-op with tracing off), read off this message's request."""
+        with task_span(self.rt, self.name, self.request, args, self.periodic):
+            return super().__call__(*args, **kwargs)
 
     def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
         killed(self, exc, args)
@@ -119,6 +126,7 @@ def register(app: FreightCelery) -> None:
             bind=True,
             # a periodic task lost with its worker is replaced by the next period's
             acks_late=not task.periodic,
+            periodic=task.periodic,
             ignore_result=True,
             fault=staticmethod(task.fault) if task.fault else None,
             retry_noted=staticmethod(task.retry_noted) if task.retry_noted else None,

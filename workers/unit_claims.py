@@ -45,6 +45,8 @@ class Claim:
     # vLLM's cache_salt for its requests: a secret per tenant (Settings.cache_salt), None when
     # every tenant shares the prefix cache
     cache_salt: str | None = None
+    tenant_id: str = ""
+    trace_context: str | None = None  # its batch's (storage/tracing.py): the parent of the unit's spans
 
 
 def held(claim: Claim) -> ColumnElement[bool]:
@@ -88,7 +90,7 @@ def claim_unit(
             return None
         # one read of the columns a claim needs, not two ORM loads: a fleet claims dozens of
         # units a second, each on its worker's engine thread's time
-        attempts, batch_id, shard_key, seq, n_requests, row_start, endpoint, tenant_id = s.execute(
+        attempts, batch_id, shard_key, seq, n_requests, row_start, endpoint, tenant_id, trace_context = s.execute(
             select(
                 WorkUnit.attempts,
                 WorkUnit.batch_id,
@@ -98,6 +100,7 @@ def claim_unit(
                 WorkUnit.row_start,
                 Batch.endpoint,
                 Batch.tenant_id,
+                Batch.trace_context,
             )
             .join(Batch, Batch.id == WorkUnit.batch_id)
             .where(WorkUnit.id == unit_id)
@@ -115,6 +118,8 @@ def claim_unit(
             rt.settings.cache_domain(tenant_id),
             urgent,
             rt.settings.cache_salt(tenant_id),
+            tenant_id,
+            trace_context,
         )
 
 

@@ -16,6 +16,7 @@ import time
 from scheduler.utilization import ModelShape, utilization_columns
 from storage.db import is_transient
 from storage.runtime import Runtime
+from workers import unit_spans
 from workers.runner_state import ActiveUnit, RunnerState
 from workers.unit_claims import record_unit, release_unit, unit_recorded
 
@@ -38,7 +39,8 @@ class UnitRecorder:
             if unit is None:
                 return
             try:
-                self._record_retrying(unit)
+                with unit_spans.recording(unit):
+                    self._record_retrying(unit)
             except Exception:
                 # the claim stays RUNNING without heartbeats: the dispatcher redelivers it
                 log.exception("recording unit %s failed", unit.claim.unit_id)
