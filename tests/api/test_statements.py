@@ -123,4 +123,9 @@ def test_the_console_downloads_the_signed_in_tenants_statement(app, runtime, mon
     assert cli_on(runtime, "tenant", "budget", "alpha", "--monthly", "1").exit_code == 0
     shown = html(alpha.get("/console/usage"))
     line = shown[shown.index('id="budget"') :].split("</p>")[0]
-    assert "$0.059 spent of" in line and "$1.00" in line and "5.9%" in line and "refused once it is spent" in line
+    assert (
+        "$0.059 spent of" in line
+        and "$1.00" in line
+        and "5.9%" in line
+        and "refused once it is spent" in line
+    )
