@@ -21,7 +21,12 @@ enforce_eager as Freight's worker takes them):
                 (``freight models add vlm --path models/vlm``) and its engine worker started (the
                 demo model's worker stopped: one engine on the machine, as in the baselines), warm
                 on image lines; the file as one batch with the official ``openai`` client, from the
-                upload to the poll that saw the batch completed with its output file.
+                upload to the poll that saw the batch completed with its output file. Two warm
+                stacks side by side in the rotation (CACHE_MODES): ``freight`` with
+                FREIGHT_PREFIX_CACHE_SHARING=global and ``freight_tenant`` in Freight's default
+                mode, tenant (one tenant: the same hits; what is left is the salt's cost), reported
+                as ``tenant_over_global``, the default mode with its own target
+                (``freight_tenant_vs_llm_chat_sorted``).
   llm_chat      vLLM's ``LLM.chat`` in-process (bench/images_engine.py, stats logging off), engine
                 start-up excluded as Freight's is (a warm stack), on the same lines sorted the way
                 Freight sorts them: Freight's own prompt key (``workers.prompt_tokens`` renderer, the
@@ -82,7 +87,12 @@ MAX_MODEL_LEN = 2048
 KV_BYTES = 256 * 1024**2
 ENGINE_CORES = {"process": {}, "inline": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
 FORMS = ("data_url", "pil")  # bench/images_engine.py: how LLM.chat is given the images
-TARGETS = {"freight_vs_llm_chat_sorted": 0.95, "freight_vs_runbatch": 1.5}
+TARGETS = {
+    "freight_vs_llm_chat_sorted": 0.95,
+    "freight_vs_runbatch": 1.5,
+    "freight_tenant_vs_llm_chat_sorted": 0.95,  # the same in Freight's default cache mode
+}
+CACHE_MODES = {"freight": "global", "freight_tenant": "tenant"}  # system -> FREIGHT_PREFIX_CACHE_SHARING
 
 
 # ------------------------------------------------------------------------------------- workload
@@ -209,17 +219,18 @@ def describe(all_lines: list[dict[str, Any]], pngs: list[bytes], path: Path) -> 
 # ------------------------------------------------------------------------------------ the systems
 
 
-def freight_stack(work: Path, warm: Path, eager: bool) -> Any:
+def freight_stack(work: Path, warm: Path, eager: bool, system: str = "freight") -> Any:
     """A warm Freight stack serving the vision-language model: started (the demo model warms the
     path up), ``freight models add vlm``, the model's engine worker started and the demo model's
-    stopped (one engine on the machine), then the warm-up file of image lines run."""
+    stopped (one engine in the stack, as in the baselines), then the warm-up file of image lines
+    run. ``system`` names its cache mode (CACHE_MODES) and its folder."""
     from bench.freight_runner import FreightStack
     from infra.processes import FREIGHT, engine_names, wait_for
 
     stack = FreightStack(
-        work / "freight", Path("models/demo"), max_num_seqs=MAX_NUM_SEQS, kv_cache_bytes=KV_BYTES,
+        work / system, Path("models/demo"), max_num_seqs=MAX_NUM_SEQS, kv_cache_bytes=KV_BYTES,
         max_model_len=MAX_MODEL_LEN, enforce_eager=eager,
-        extra_env={"FREIGHT_PREFIX_CACHE_SHARING": "global"},
+        extra_env={"FREIGHT_PREFIX_CACHE_SHARING": CACHE_MODES[system]},
     ).start()  # fmt: skip
     try:
         subprocess.run(
@@ -298,8 +309,8 @@ def measure(systems: dict[str, Any], these: dict[str, Any], r: int, runbatch: An
         handle = systems[role]
         handle.resume()
         try:
-            if role == "freight":
-                log(f"images: repeat {r + 1}: freight")
+            if role in CACHE_MODES:
+                log(f"images: repeat {r + 1}: {role}")
                 cells[role] = cell(handle.run_jobs([(handle.tenants[0], these["file"])]), count)
             else:
                 for form in FORMS[r % 2 :] + FORMS[: r % 2]:
@@ -333,6 +344,11 @@ def fastest(cells: dict[str, Any], prefix: str) -> float | None:
     return min(walls) if walls else None
 
 
+def wall(cell: dict[str, Any] | None) -> float | None:
+    """One system's wall, None where it failed or did not run (a Freight stack: one run a repeat)."""
+    return cell["wall_s"] if cell and not cell.get("errors") and cell.get("wall_s") else None
+
+
 def paired_ratios(repeats: list[dict[str, Any]]) -> dict[str, list[float]]:
     """Lines/s ratios per repeat (walls inverted: every system runs the same lines); a repeat where
     a side failed or did not run counts for none."""
@@ -341,13 +357,21 @@ def paired_ratios(repeats: list[dict[str, Any]]) -> dict[str, list[float]]:
         **{f"freight_vs_llm_chat_sorted_{form}": f"llm_chat_{form}_" for form in FORMS},
         "freight_vs_runbatch": "runbatch",
     }
-    out: dict[str, list[float]] = {name: [] for name in names}
+    out: dict[str, list[float]] = {name: [] for name in (*names, "freight_tenant_vs_llm_chat_sorted")}
+    out["tenant_over_global"] = []  # the isolation's cost: tenant mode's lines/s over global's
     for cells in repeats:
-        freight = fastest(cells, "freight")
+        freight, tenant = wall(cells.get("freight")), wall(cells.get("freight_tenant"))
         for name, prefix in names.items():
             theirs = fastest(cells, prefix)
             if theirs and freight:
                 out[name].append(theirs / freight)
+        chat = fastest(cells, "llm_chat_")
+        for name, theirs, mine in (
+            ("freight_tenant_vs_llm_chat_sorted", chat, tenant),
+            ("tenant_over_global", freight, tenant),
+        ):
+            if theirs and mine:
+                out[name].append(theirs / mine)
     return out
 
 
@@ -412,10 +436,11 @@ def main(argv: list[str] | None = None) -> int:
     freight_settings: dict[str, Any] = {}
     engine_facts: dict[str, Any] = {}
     try:
-        log("images: starting a Freight stack and registering the model")
-        stack = systems["freight"] = freight_stack(work, work / "warm.jsonl", args.eager)
-        freight_settings = stack.settings()
-        stack.pause()
+        for system, sharing in CACHE_MODES.items():
+            log(f"images: starting a Freight stack ({system}, {sharing} cache sharing) with the model")
+            stack = systems[system] = freight_stack(work, work / "warm.jsonl", args.eager, system)
+            freight_settings[system] = stack.settings()
+            stack.pause()
         for core, env in ENGINE_CORES.items():
             role = f"engine_{core}"
             log(f"images: starting the in-process engine ({role})")
@@ -466,8 +491,11 @@ def main(argv: list[str] | None = None) -> int:
             "excluded (Freight's stack is warm too); the _data_url and _pil ratios are against each "
             "form's faster placement. freight_vs_runbatch: run_batch on the file as written, whole "
             "process (engine start-up included). Freight's wall runs from the upload of the file to "
-            "the poll that saw its batch completed. Freight runs with FREIGHT_PREFIX_CACHE_SHARING="
-            "global (one tenant: the same hits as its default)."
+            "the poll that saw its batch completed. Freight runs twice, warm stacks side by side in the "
+            "same rotation: freight with FREIGHT_PREFIX_CACHE_SHARING=global and freight_tenant with "
+            "the default, tenant (one tenant: the same hits; the difference is the salt's cost); "
+            "tenant_over_global is freight's wall over freight_tenant's per repeat, and "
+            "freight_tenant_vs_llm_chat_sorted the default mode's target."
         ),
     }
     write_report(args.out, report)

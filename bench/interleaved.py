@@ -3,21 +3,25 @@
 The targets on these two workloads are ratios near 1 (Freight >= 0.95x the in-process engine;
 20 batches >= 0.95x one batch), and on 2 cores one system's wall time drifts by 10-15% across a
 run of the benchmark: measured in separate phases, the drift is as large as the effect. So the
-three systems are started and warmed together, then each repeat r gives all three the same fresh
+systems are started and warmed together, then each repeat r gives all of them the same fresh
 file (unique-r<r>.jsonl, prompts no system has seen):
 
   engine   the in-process engine (bench/engine_baseline.py --serve), LLM.chat on the file
   single   Freight stack A, the file as one batch
-  multi    Freight stack B, the same lines as 20 batches from 3 tenants
+  multi    Freight stack B, the same lines as 20 batches from 3 tenants, tenants sharing one
+           prefix cache (FREIGHT_PREFIX_CACHE_SHARING=global)
+  multi_tenant  Freight stack C, the same 20 batches in Freight's default cache mode (tenant:
+           each tenant's prefixes its own), so the isolation's cost is measured in the same run
 
-while the other two are paused (SIGSTOP, bench/freeze.py), in an order that rotates per repeat so
+while the others are paused (SIGSTOP, bench/freeze.py), in an order that rotates per repeat so
 neither the first nor the last slot always falls to the same system. Each system has its own
 engine, so no prefix cache sees a file twice. Warm-up: each system first runs the same
 `unique-warmup.jsonl` (MAX_NUM_SEQS x 4 requests of the unique shape), which reaches the full batch
 at full length, so every batch shape is compiled before the first measured run.
 
 Reported per system: the median run (combine_repeats), and per repeat the paired ratios
-single/engine and multi/single; the target ratios are the medians of those pairs.
+single/engine, multi/single, multi_tenant/single and multi_tenant/multi (the isolation's cost,
+tenant over global); the target ratios are the medians of those pairs.
 """
 
 from __future__ import annotations
@@ -71,7 +75,7 @@ def run_interleaved(
     if "freight" in systems:
         roles.append("single")
         if "multi_job" in names:
-            roles.append("multi")
+            roles.extend(("multi", "multi_tenant"))
     handles: dict[str, Any] = {}
     settings: dict[str, Any] = {}
     runs: dict[str, list[dict[str, Any]]] = {role: [] for role in roles}
@@ -115,6 +119,8 @@ def run_interleaved(
         "single_over_engine": _pairs(runs.get("single"), runs.get("engine")),
         "multi_over_single": _pairs(runs.get("multi"), runs.get("single")),
         "multi_over_engine": _pairs(runs.get("multi"), runs.get("engine")),
+        "multi_tenant_over_single": _pairs(runs.get("multi_tenant"), runs.get("single")),
+        "multi_tenant_over_multi": _pairs(runs.get("multi_tenant"), runs.get("multi")),
     }
     out: dict[str, dict[str, Any]] = {}
     ratios: dict[str, dict[str, list[float]]] = {}
@@ -132,10 +138,18 @@ def run_interleaved(
                 "note": "the same lines as one batch (unique) on a second warm stack, paired run by run",
             }
         if "multi" in cells:
-            out["multi_job"]["freight"] = cells["multi"]
+            out["multi_job"]["freight"] = {**cells["multi"], "cache_sharing": "global"}
+        if "multi_tenant" in cells:
+            out["multi_job"]["freight_tenant"] = {
+                **cells["multi_tenant"],
+                "cache_sharing": "tenant",
+                "note": "the same 20 batches in the default cache mode, on a third warm stack",
+            }
         ratios["multi_job"] = {
             "freight_over_single_job": paired["multi_over_single"],
             "freight_over_engine": paired["multi_over_engine"],
+            "freight_tenant_over_single_job": paired["multi_tenant_over_single"],
+            "tenant_over_global": paired["multi_tenant_over_multi"],
         }
     return out, ratios, settings
 

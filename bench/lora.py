@@ -21,6 +21,10 @@ cache bytes, max_model_len, max_num_batched_tokens, prefix caching, compiled):
                 ``openai`` client; wall time from the first upload to the poll that saw the last
                 batch completed with its output file. FREIGHT_PREFIX_CACHE_SHARING=global, as the
                 engine baseline has no per-tenant cache either.
+  freight_tenant  a second warm stack, the same in Freight's default cache mode (tenant: each
+                tenant's prefixes its own), in the same rotation: the isolation's cost is
+                tenant_over_global (its throughput over freight's, per repeat), and
+                freight_tenant_vs_engine_lora is the default mode's target (>= 0.95x).
   engine_lora   vLLM's engine in-process (bench/lora_engine.py), LoRA on with the limits Freight's
                 worker takes (workers.lora.lora_engine_args over the registry's adapters), stats
                 logging off, one ``LLM.chat`` on all lines sorted the way Freight sorts them
@@ -73,7 +77,12 @@ MAX_MODEL_LEN = 2048
 KV_BYTES = 256 * 1024**2
 BASE = wl.MODEL_NAME  # the stack serves the demo model as "demo" (FREIGHT_MODELS)
 ENGINE_CORES = {"process": {}, "inline": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
-TARGETS = {"freight_vs_engine_lora": 0.95, "freight_vs_runbatch_per_adapter": 3.0}
+TARGETS = {
+    "freight_vs_engine_lora": 0.95,
+    "freight_vs_runbatch_per_adapter": 3.0,
+    "freight_tenant_vs_engine_lora": 0.95,  # the same in Freight's default cache mode
+}
+CACHE_MODES = {"freight": "global", "freight_tenant": "tenant"}  # system -> FREIGHT_PREFIX_CACHE_SHARING
 
 
 # the repository paths this benchmark measures: a commit to one makes its result stale (bench/provenance.py)
@@ -218,9 +227,12 @@ def paired_ratios(repeats: list[dict[str, Any]]) -> dict[str, list[float]]:
         "freight_vs_runbatch_per_adapter": [],
         "engine_lora_vs_engine_base": [],
         "freight_vs_engine_base": [],
+        "freight_tenant_vs_engine_lora": [],
+        "tenant_over_global": [],  # the isolation's cost: tenant mode's throughput over global's
     }
     for cells in repeats:
         freight = fastest(cells.get("freight"))
+        tenant = fastest(cells.get("freight_tenant"))
         lora = fastest(cells.get("engine_lora_process"), cells.get("engine_lora_inline"))
         base = fastest(cells.get("engine_base_process"), cells.get("engine_base_inline"))
         runbatch = fastest(cells.get("runbatch"))
@@ -229,6 +241,8 @@ def paired_ratios(repeats: list[dict[str, Any]]) -> dict[str, list[float]]:
             ("freight_vs_runbatch_per_adapter", runbatch, freight),
             ("engine_lora_vs_engine_base", base, lora),
             ("freight_vs_engine_base", base, freight),
+            ("freight_tenant_vs_engine_lora", lora, tenant),
+            ("tenant_over_global", freight, tenant),
         ):
             if theirs and mine:
                 out[name].append(theirs / mine)
@@ -245,16 +259,19 @@ def targets(ratios: dict[str, float | None]) -> dict[str, dict[str, Any]]:
 # ------------------------------------------------------------------------------------ the systems
 
 
-def freight_stack(work: Path, model: Path, adapters: dict[str, Path], warm: list[Path], eager: bool) -> Any:
+def freight_stack(
+    work: Path, model: Path, adapters: dict[str, Path], warm: list[Path], eager: bool, system: str = "freight"
+) -> Any:
     """A warm Freight stack serving the adapters: started, the adapters registered with the CLI,
     the engine worker restarted (it starts with LoRA on when its base has adapters), the adapter
-    warm-up jobs run."""
+    warm-up jobs run. ``system`` names its cache mode (CACHE_MODES) and its folder."""
     from bench.freight_runner import FreightStack
     from infra.processes import FREIGHT, engine_names
 
+    sharing = {"FREIGHT_PREFIX_CACHE_SHARING": CACHE_MODES[system]}
     stack = FreightStack(
-        work / "freight", model, max_num_seqs=MAX_NUM_SEQS, kv_cache_bytes=KV_BYTES, max_model_len=MAX_MODEL_LEN,
-        enforce_eager=eager, tenants=wl.TENANTS, extra_env={"FREIGHT_PREFIX_CACHE_SHARING": "global"},
+        work / system, model, max_num_seqs=MAX_NUM_SEQS, kv_cache_bytes=KV_BYTES, max_model_len=MAX_MODEL_LEN,
+        enforce_eager=eager, tenants=wl.TENANTS, extra_env=sharing,
     ).start()  # fmt: skip
     try:
         for name, path in adapters.items():
@@ -408,7 +425,7 @@ def measure(systems: dict[str, Any], these: dict[str, Any], r: int, runbatch: An
         handle = systems[role]
         handle.resume()
         try:
-            if role == "freight":
+            if role in CACHE_MODES:
                 run = handle.run_jobs(these["jobs"])
                 # read before the stack is paused (it answers nothing then), off the clock
                 run["served_by_wrong_model"] = served_by_wrong_model(handle, run["batch_ids"])
@@ -467,11 +484,12 @@ def main(argv: list[str] | None = None) -> int:
     freight_settings: dict[str, Any] = {}
     engine_facts: dict[str, Any] = {}
     try:
-        log("lora: starting a Freight stack and registering the adapters")
-        stack = systems["freight"] = freight_stack(work, args.model, adapters, warm_jobs, args.eager)
-        freight_settings = stack.settings()
-        lora_limits = freight_lora_limits(stack)
-        stack.pause()
+        for system, sharing in CACHE_MODES.items():
+            log(f"lora: starting a Freight stack ({system}, {sharing} cache sharing) with the adapters")
+            stack = systems[system] = freight_stack(work, args.model, adapters, warm_jobs, args.eager, system)
+            freight_settings[system] = stack.settings()
+            lora_limits = lora_limits or freight_lora_limits(stack)
+            stack.pause()
         for kind, warm in (("lora", warm_lora), ("base", warm_base)):
             for core, env in ENGINE_CORES.items():
                 role = f"engine_{kind}_{core}"
@@ -542,8 +560,11 @@ def main(argv: list[str] | None = None) -> int:
             "adapter on its lines, one after another, whole processes (engine start-up included), "
             "summed. engine_lora_vs_engine_base: the LoRA engine's throughput over the base model's "
             "alone on the same lines (below 1: what LoRA costs; the base also shares prefixes across "
-            "adapters, which vLLM's per-adapter prefix cache cannot). Freight runs with "
-            "FREIGHT_PREFIX_CACHE_SHARING=global."
+            "adapters, which vLLM's per-adapter prefix cache cannot). Freight runs twice, warm stacks "
+            "side by side in the same rotation: freight with FREIGHT_PREFIX_CACHE_SHARING=global and "
+            "freight_tenant with the default, tenant; tenant_over_global is the isolation's cost "
+            "(freight's wall over freight_tenant's, per repeat) and freight_tenant_vs_engine_lora "
+            "the default mode's target."
         ),
     }
     write_report(args.out, report)

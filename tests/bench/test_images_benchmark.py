@@ -105,6 +105,26 @@ def test_ratios_are_per_repeat_against_the_fastest_error_free_run() -> None:
     assert (cell["lines_per_s"], cell["prompt_tok_s"], cell["cache_hit"]) == (25.0, 100.0, 0.25)
 
 
+def test_both_cache_modes_are_paired_and_the_default_has_its_target() -> None:
+    repeats = [
+        {
+            "freight": {"wall_s": 10.0},
+            "freight_tenant": {"wall_s": 11.0},
+            "llm_chat_pil_inline": {"wall_s": 10.0},
+        },
+        {"freight": {"wall_s": 10.0}, "freight_tenant": {"wall_s": 9.0, "errors": 2}},  # counts for none
+    ]
+    assert images.CACHE_MODES == {"freight": "global", "freight_tenant": "tenant"}
+    paired = images.paired_ratios(repeats)
+    assert paired["freight_vs_llm_chat_sorted"] == [1.0]  # global's cell only, not freight_tenant's
+    assert paired["freight_tenant_vs_llm_chat_sorted"] == pytest.approx([10.0 / 11.0])
+    assert paired["tenant_over_global"] == pytest.approx([10.0 / 11.0])
+    verdict = images.targets({name: images.median(values) for name, values in paired.items()})
+    assert verdict["freight_tenant_vs_llm_chat_sorted"]["pass"] is False
+    assert verdict["freight_vs_llm_chat_sorted"]["pass"] is True
+    assert "tenant_over_global" not in verdict  # a cost reported, not a bound
+
+
 def test_engine_forms_read_from_the_file_name(tmp_path: Path) -> None:
     from PIL import Image
 

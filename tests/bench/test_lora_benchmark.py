@@ -97,6 +97,25 @@ def test_ratios_take_the_faster_engine_placement_and_skip_what_did_not_run() -> 
     assert lora.targets({})["freight_vs_engine_lora"]["pass"] is False
 
 
+def test_both_cache_modes_are_paired_and_the_default_has_its_target() -> None:
+    repeats = [
+        {
+            "freight": {"wall_s": 10.0},
+            "freight_tenant": {"wall_s": 12.5},
+            "engine_lora_inline": {"wall_s": 10.0},
+        },
+        {"freight": {"wall_s": 10.0}, "freight_tenant": {"wall_s": 8.0, "errors": 1}},  # counts for none
+    ]
+    assert lora.CACHE_MODES == {"freight": "global", "freight_tenant": "tenant"}
+    paired = lora.paired_ratios(repeats)
+    assert paired["tenant_over_global"] == [0.8]  # tenant mode's throughput over global's
+    assert paired["freight_tenant_vs_engine_lora"] == [0.8]
+    assert paired["freight_vs_engine_lora"] == [1.0]
+    targets = lora.targets({name: lora.median(values) for name, values in paired.items()})
+    assert targets["freight_tenant_vs_engine_lora"] == {"value": 0.8, "bound": 0.95, "pass": False}
+    assert "tenant_over_global" not in targets  # a cost reported, not a bound
+
+
 def test_an_untrained_adapter_passes_freights_registration_checks(demo_model: Path, tmp_path: Path) -> None:
     from safetensors import safe_open
 
