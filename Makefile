@@ -7,7 +7,7 @@ MODEL_DIR := models/demo
 EMBED_MODEL_DIR := models/embed
 BENCH_MODEL_DIR := models/bench
 
-.PHONY: run stop test lint install model embed-model score-model whisper-model vlm-model adapters bench-model bench bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-embeddings bench-lora bench-images bench-estimates bench-validation bench-finalization bench-uploads bench-status bench-table int4-model clean quantize-env policy-env
+.PHONY: run stop test lint install model embed-model score-model whisper-model vlm-model adapters bench-model bench bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-embeddings bench-lora bench-images bench-estimates bench-validation bench-finalization bench-uploads bench-status bench-table int4-model clean quantize-env policy-env audit-env lock lock-check audit
 
 install:
 	@bash infra/install.sh
@@ -45,7 +45,7 @@ run: model
 stop:
 	@if [ -x $(PY) ]; then $(PY) -m infra.daemons stop-all $(RUN_DIR); else echo "nothing to stop"; fi
 
-lint: install policy-env
+lint: install policy-env audit-env
 	$(PY) -m ruff check --no-cache .
 	$(PY) -m ruff format --no-cache --check api storage scheduler workers infra tests examples migrations bench
 	$(PY) -m mypy
@@ -53,6 +53,29 @@ lint: install policy-env
 	  FREIGHT_DATABASE_URL=sqlite:///$$d/check.db $(PY) -m alembic -c migrations/alembic.ini check
 	@d=$$(mktemp -d); for o in cpu-demo gpu; do kubectl kustomize infra/k8s/overlays/$$o > $$d/$$o.yaml || exit 1; done; \
 	  $(CHECKOV) --config-file infra/k8s/checkov.yaml --skip-download -d $$d; s=$$?; rm -rf $$d; exit $$s
+	$(PY) -m infra.dependency_lock check
+	$(PY) -m infra.dependency_lock audit
+
+# The CPU install's lock file with hashes (infra/requirements-cpu.lock; infra/dependency_lock.py):
+# infra/constraints.txt's pins with the sha256 of each version's files from PyPI's simple index,
+# torch's CPU wheel hashed from the local file pip finds (find-links). install.sh still installs
+# with constraints.txt, not with --require-hashes (docs/deployment.md, "Dependencies");
+# lock-check (in make lint) keeps the lock and constraints.txt in step; audit runs pip-audit over
+# the lock, from a virtualenv of its own as Checkov, or says why it cannot
+PIP_AUDIT_VERSION := 2.10.1
+AUDIT_ENV := .venv-audit
+audit-env:
+	@$(AUDIT_ENV)/bin/pip-audit --version 2>/dev/null | grep -qx 'pip-audit $(PIP_AUDIT_VERSION)' || { python3 -m venv $(AUDIT_ENV) && \
+	  $(AUDIT_ENV)/bin/pip install -q 'pip-audit==$(PIP_AUDIT_VERSION)'; }
+
+lock: install
+	$(PY) -m infra.dependency_lock lock
+
+lock-check:
+	$(PY) -m infra.dependency_lock check
+
+audit: audit-env
+	$(PY) -m infra.dependency_lock audit
 
 # Checkov, the Kubernetes policy check of `make lint` (infra/k8s/checkov.yaml), in a virtualenv of its
 # own: its dependencies pin other versions than Freight's
