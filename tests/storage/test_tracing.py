@@ -1,6 +1,6 @@
 """storage/tracing.py in one process, against a real OTLP receiver (tests/otlp_receiver.py): off
 without an endpoint (no span, no header), on with one; a stored traceparent parents a later span in
-the same trace."""
+the same trace; a batch stores its create span's context (migration 0031, SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -50,3 +50,37 @@ def test_a_stored_traceparent_parents_a_later_span(receiver: OtlpReceiver) -> No
     assert (later.trace_id, later.parent_id) == (first.trace_id, first.span_id)
     assert unrelated.parent_id == "" and unrelated.trace_id != first.trace_id
     assert {s.service for s in spans} == {"freight-unit-test"}
+
+
+def test_migration_0031_and_a_batch_storing_its_create_span(
+    receiver: OtlpReceiver, runtime, settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """batches.trace_context goes down and up with 0031; a batch created under a span stores its
+    batch.create span's context (a child of that span), one created with tracing off stores none."""
+    from alembic import command
+    from sqlalchemy import select
+
+    from api.services.tenants import create_tenant
+    from storage.migrate import alembic_config, check, upgrade
+    from storage.models import Batch
+    from tests import factories
+    from tests.conftest import now
+
+    command.downgrade(alembic_config(settings.database_url), "0030")
+    upgrade(settings.database_url)
+    check(settings.database_url)  # the tables match the models again
+    tenant, _ = create_tenant(runtime.db, "alpha", now())
+    lines = [factories.chat_line("a", "hi")]
+    with tracing.span("a request"):
+        traced = factories.upload_and_create(runtime, tenant.id, lines).id
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT")
+    untraced = factories.upload_and_create(runtime, tenant.id, lines).id
+    with runtime.db.read() as s:
+        stored = dict(s.execute(select(Batch.id, Batch.trace_context)).tuples().all())
+    assert stored[untraced] is None
+    tracing.flush()
+    spans = receiver.wait_for(lambda got: len(got) == 2)
+    request, create = (next(s for s in spans if s.name == n) for n in ("a request", "batch.create"))
+    assert create.parent_id == request.span_id
+    assert create.attributes == {"freight.batch_id": traced, "freight.tenant_id": tenant.id}
+    assert stored[traced].startswith(f"00-{create.trace_id}-{create.span_id}-")  # then its flags
