@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from storage import tracing
 from storage.logs import configure_settings, vllm_logging_config
 from storage.settings import Settings, SettingsError
 from workers.control import ROLES, supervise
@@ -53,6 +54,10 @@ def run_control_role(settings: Settings, role: str, name: str | None) -> None:
     @signals.worker_process_init.connect(weak=False)
     def pool_process(**_: object) -> None:  # a pool process dies with its role's main process
         die_with_parent()
+
+    @signals.worker_process_shutdown.connect(weak=False)
+    def pool_process_ends(**_: object) -> None:  # its spans sent before it exits (os._exit too)
+        tracing.flush()
 
     concurrency = {
         "tick": TICK_CONCURRENCY,
@@ -239,6 +244,7 @@ def run_then_exit(app: Any, argv: list[str]) -> None:
     except SystemExit as exc:  # how Celery's worker command ends
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     logging.shutdown()  # flush every handler: the log is the shutdown's only record
+    tracing.flush()  # the spans still held (os._exit runs no atexit: the SDK's own flush is one)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
