@@ -111,6 +111,9 @@ class StoredFile(Base):
     deleted_at: Mapped[int | None] = mapped_column(BigInteger)
     # when the periodic cleanup deletes it (epoch seconds; NULL: kept until deleted)
     expires_at: Mapped[int | None] = mapped_column(BigInteger)
+    # the W3C traceparent of the request that uploaded it (storage/tracing.py): a batch created on it
+    # links its trace to that one; NULL when tracing was off
+    trace_context: Mapped[str | None] = mapped_column(String(64))
 
 
 class FileConversion(Base):

@@ -114,6 +114,13 @@ def context_of(traceparent: str | None) -> otel_context.Context | None:
     return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
 
 
+def links_to(traceparent: str | None) -> list[trace.Link]:
+    """A link to the span a stored ``traceparent`` names (none if none): a batch's create to its
+    input file's upload, which is a trace of its own (a file may feed many batches)."""
+    ctx = context_of(traceparent)
+    return [] if ctx is None else [trace.Link(trace.get_current_span(ctx).get_span_context())]
+
+
 def from_carrier(carrier: Mapping[str, Any] | None) -> otel_context.Context | None:
     value = carrier.get(TRACEPARENT) if carrier else None
     return context_of(value if isinstance(value, str) else None)

@@ -40,7 +40,7 @@ from storage.retention import MEDIA_PURPOSES, expiry, live
 from storage.runtime import Runtime
 from storage.settings import Settings
 from storage.status import BatchStatus
-from storage.tracing import BATCH_ID, TENANT, current_traceparent, span
+from storage.tracing import BATCH_ID, TENANT, current_traceparent, links_to, span
 from workers.request_bodies import (
     EMBEDDINGS,
     ENDPOINTS,
@@ -253,14 +253,16 @@ def add(
     """The new ``validating`` batch, added in the caller's transaction; the caller enqueues its
     validation after the commit. With ``settings``, the tenant's quotas are checked (every entry
     point passes them; a test or benchmark building rows directly may not)."""
-    input_file(s, tenant_id, request.input_file_id, now)
+    source = input_file(s, tenant_id, request.input_file_id, now)
     if settings is not None:
         check_new_batch(s, settings, tenant_id)
         budgets.check_new_batch(s, tenant_id, now)  # under the row lock the quotas took
     batch_id = new_id("batch_")
-    # the batch's trace (storage/tracing.py): a child of the request creating it, if any; its
-    # context stored on the row is the parent of every later task and unit span of the batch
-    with span("batch.create", attributes={BATCH_ID: batch_id, TENANT: tenant_id}):
+    # the batch's trace (storage/tracing.py): a child of the request creating it, if any, linked to
+    # its input file's upload; its context stored on the row is the parent of every later task and
+    # unit span of the batch
+    attributes = {BATCH_ID: batch_id, TENANT: tenant_id}
+    with span("batch.create", attributes=attributes, links=links_to(source.trace_context)):
         trace_context = current_traceparent()
     batch = Batch(
         id=batch_id,
@@ -398,6 +400,7 @@ def store_file(
         object_key=key,
         created_at=created_at,
         expires_at=expiry(rt.settings, created_at, expires_after),
+        trace_context=current_traceparent(),  # the upload's request: its batches link to it
     )
 
 

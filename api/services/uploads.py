@@ -30,6 +30,7 @@ from storage.quotas import bytes_left, check_stored, exceeded, quota_of, stored_
 from storage.retention import expiry, purge_upload_parts, upload_parts_prefix
 from storage.runtime import Runtime
 from storage.status import UploadStatus
+from storage.tracing import current_traceparent
 from workers import intake
 
 MAX_PART_BYTES = 64 * 1024 * 1024  # OpenAI's largest part
@@ -312,6 +313,7 @@ def complete(rt: Runtime, tenant_id: str, upload_id: str, payload: Any) -> tuple
             object_key=key,
             created_at=now,
             expires_at=expiry(rt.settings, now, upload.file_expires_after),
+            trace_context=current_traceparent(),  # the completing request: its batches link to it
         )
         with rt.db.write() as s:
             locked = s.get(Upload, upload_id, with_for_update=True)

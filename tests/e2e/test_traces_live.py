@@ -142,6 +142,8 @@ def test_a_batch_is_one_trace_from_its_create_to_its_webhook(traced: LiveStack, 
     # no span per request line: the trace holds the tasks and units only
     assert len(tree) == 2 + len(tasks) + 4 * units, sorted(s.name for s in tree)
 
-    # the upload is a request of its own, a trace of its own, with its request id too
+    # the upload is a request of its own, a trace of its own (a file may feed many batches), with
+    # its request id too; the batch's create links to it
     upload = next(s for s in spans if s.name == "POST /v1/files")
     assert upload.parent_id == "" and upload.attributes["http.request_id"].startswith("req_")
+    assert create.links == (upload.span_id,)

@@ -1,6 +1,7 @@
 """storage/tracing.py in one process, against a real OTLP receiver (tests/otlp_receiver.py): off
 without an endpoint (no span, no header), on with one; a stored traceparent parents a later span in
-the same trace; a batch stores its create span's context (migration 0031, SQLite and PostgreSQL)."""
+the same trace; a batch stores its create span's context and links to its file's upload (migrations
+0031 and 0032, SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -52,11 +53,12 @@ def test_a_stored_traceparent_parents_a_later_span(receiver: OtlpReceiver) -> No
     assert {s.service for s in spans} == {"freight-unit-test"}
 
 
-def test_migration_0031_and_a_batch_storing_its_create_span(
+def test_migrations_0031_0032_and_a_batch_storing_its_create_span(
     receiver: OtlpReceiver, runtime, settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """batches.trace_context goes down and up with 0031; a batch created under a span stores its
-    batch.create span's context (a child of that span), one created with tracing off stores none."""
+    """batches.trace_context and files.trace_context go down and up with 0031 and 0032; a batch
+    created under a span stores its batch.create span's context (a child of that span, linked to
+    its file's upload), one created with tracing off stores none."""
     from alembic import command
     from sqlalchemy import select
 
@@ -82,5 +84,6 @@ def test_migration_0031_and_a_batch_storing_its_create_span(
     spans = receiver.wait_for(lambda got: len(got) == 2)
     request, create = (next(s for s in spans if s.name == n) for n in ("a request", "batch.create"))
     assert create.parent_id == request.span_id
+    assert create.links == (request.span_id,)  # the file was uploaded under the same span
     assert create.attributes == {"freight.batch_id": traced, "freight.tenant_id": tenant.id}
     assert stored[traced].startswith(f"00-{create.trace_id}-{create.span_id}-")  # then its flags
