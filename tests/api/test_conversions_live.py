@@ -15,27 +15,20 @@ tests (tests/e2e/test_parquet_live.py)."""
 
 from __future__ import annotations
 
-import os
 import random
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pyarrow.parquet as pq
 
 from api.services.tenants import create_tenant
-from infra import daemons
-from infra.processes import wait_for
 from storage.models import StoredFile, new_id
 from storage.parquet_records import WRITE_BYTES
-from storage.settings import Settings
-from tests.conftest import REPO, now
+from tests.api_process import api_env, api_process
+from tests.conftest import now
 from tests.factories import conversions_sent
 from tests.storage.test_parquet_limits import peak_rss_mb
 from workers import conversions
@@ -135,42 +128,6 @@ class Sampler(threading.Thread):
         return self.peak
 
 
-@contextmanager
-def api_process(settings: Settings, tmp_path: Path) -> Iterator[tuple[str, int]]:
-    """``freight api`` (gunicorn, one worker of four threads) on the test's database, store and
-    broker: its URL and its master's pid."""
-    port = daemons.free_port()
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("FREIGHT_")},
-        "PYTHONPATH": str(REPO),
-        "FREIGHT_DATA_DIR": str(settings.data_dir),
-        "FREIGHT_DATABASE_URL": settings.database_url,
-        "FREIGHT_BROKER_URL": settings.broker_url,
-        "FREIGHT_MODELS": ",".join(f"{name}={path}" for name, path in settings.models.items()),
-        "FREIGHT_COMPLETION_WINDOWS": "24h,1h",
-    }
-    log = tmp_path / "api.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "api.cli", "api", "--port", str(port), "--workers", "1"],
-            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: _answers(base + "/healthz"), "freight api answering", 60, proc, log)
-        yield base, proc.pid
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 def test_a_big_row_output_converts_in_the_task_and_streams_from_the_api_in_bounded_memory(
     settings, runtime, tmp_path
 ) -> None:
@@ -178,13 +135,13 @@ def test_a_big_row_output_converts_in_the_task_and_streams_from_the_api_in_bound
     file_id = big_output(runtime, tenant.id)
     url = f"/v1/files/{file_id}/content"
     with (
-        api_process(settings, tmp_path) as (base, pid),
+        api_process(api_env(settings), tmp_path) as (base, proc),
         httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=120) as client,
     ):
         assert client.get(f"/v1/files/{file_id}").status_code == 200  # the worker has served once
         time.sleep(1)
-        idle = rss_mb(pid)
-        sampler = Sampler(pid)
+        idle = rss_mb(proc.pid)
+        sampler = Sampler(proc.pid)
         sampler.start()
         try:
             asked = client.get(url, params={"format": "parquet"})

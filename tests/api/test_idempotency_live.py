@@ -9,17 +9,12 @@ these paths."""
 from __future__ import annotations
 
 import io
-import os
-import signal
 import socket
-import subprocess
-import sys
 import textwrap
 import threading
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -29,11 +24,10 @@ from openai import ConflictError, OpenAI
 from sqlalchemy import func, select
 
 from api.services.tenants import create_tenant
-from infra import daemons
-from infra.processes import wait_for
 from storage.models import Batch, IdempotencyKey, StoredFile
 from storage.settings import Settings
-from tests.conftest import REPO, now
+from tests.api_process import api_env, api_process
+from tests.conftest import now
 from tests.factories import chat_line, jsonl
 
 CHAT = "/v1/chat/completions"
@@ -42,7 +36,7 @@ CHAT = "/v1/chat/completions"
 @pytest.fixture
 def api_url(settings: Settings, tmp_path: Path) -> Iterator[str]:
     """``freight api`` (gunicorn, one worker of four threads) on the test's database and store."""
-    with serve(settings, tmp_path) as url:
+    with api_process(api_env(settings), tmp_path) as (url, _):
         yield url
 
 
@@ -92,43 +86,8 @@ def killed_api(request, settings: Settings, tmp_path: Path) -> Iterator[tuple[st
             "AWS_SECRET_ACCESS_KEY": s3.secret_key,
             "AWS_DEFAULT_REGION": s3.region,
         }
-    with serve(settings, tmp_path, store) as url:
+    with api_process(api_env(settings, store), tmp_path) as (url, _):
         yield url, markers
-
-
-@contextmanager
-def serve(settings: Settings, tmp_path: Path, store: dict[str, str] | None = None) -> Iterator[str]:
-    port = daemons.free_port()
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("FREIGHT_")},
-        "PYTHONPATH": str(REPO),
-        "FREIGHT_DATA_DIR": str(settings.data_dir),
-        "FREIGHT_DATABASE_URL": settings.database_url,
-        "FREIGHT_BROKER_URL": settings.broker_url,
-        "FREIGHT_MODELS": ",".join(f"{name}={path}" for name, path in settings.models.items()),
-        "FREIGHT_COMPLETION_WINDOWS": "24h,1h",
-        **(store or {}),
-    }
-    log = tmp_path / "api.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "api.cli", "api", "--port", str(port), "--workers", "1"],
-            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: _answers(base + "/healthz"), "freight api answering", 60, proc, log)
-        yield base
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 @pytest.fixture

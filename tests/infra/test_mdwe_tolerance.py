@@ -12,7 +12,6 @@ The engine worker's unit leaves it off too: PyTorch's oneDNN kernels are generat
 from __future__ import annotations
 
 import io
-import os
 import signal
 import subprocess
 import sys
@@ -25,9 +24,8 @@ import pytest
 from openai import OpenAI
 
 from api.services.tenants import create_tenant
-from infra import daemons
-from infra.processes import wait_for
 from storage.settings import Settings
+from tests.api_process import api_env, api_process
 from tests.conftest import REPO, now
 from tests.factories import chat_line, jsonl
 from tests.infra.test_systemd_units import UNITS, one, parse, values
@@ -55,41 +53,12 @@ def test_the_filter_refuses_writable_executable_memory() -> None:
     assert done.stdout.split() == ["True", "1"]  # MAP_FAILED, EPERM
 
 
-def env_of(settings: Settings) -> dict[str, str]:
-    return {
-        **{k: v for k, v in os.environ.items() if not k.startswith("FREIGHT_")},
-        "PYTHONPATH": str(REPO),
-        "FREIGHT_DATA_DIR": str(settings.data_dir),
-        "FREIGHT_DATABASE_URL": settings.database_url,
-        "FREIGHT_BROKER_URL": settings.broker_url,
-        "FREIGHT_MODELS": ",".join(f"{name}={path}" for name, path in settings.models.items()),
-        "FREIGHT_COMPLETION_WINDOWS": "24h,1h",
-    }
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 @pytest.fixture
 def api_under_filter(settings: Settings, tmp_path: Path) -> Iterator[str]:
-    port = daemons.free_port()
-    log = tmp_path / "api.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [*UNDER_FILTER, sys.executable, "-m", "api.cli", "api", "--port", str(port), "--workers", "1"],
-            cwd=tmp_path, env=env_of(settings), stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: _answers(base + "/healthz"), "freight api answering under the filter", 60, proc, log)
+    with api_process(
+        api_env(settings), tmp_path, wrapper=UNDER_FILTER, what="freight api answering under the filter"
+    ) as (base, _):
         yield base
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
 
 
 def test_the_api_serves_under_memory_deny_write_execute(api_under_filter: str, runtime) -> None:
@@ -109,7 +78,7 @@ def test_the_api_serves_under_memory_deny_write_execute(api_under_filter: str, r
 
 def test_beat_ticks_under_memory_deny_write_execute(settings: Settings, tmp_path: Path) -> None:
     log = tmp_path / "beat.log"
-    env = {**env_of(settings), "FREIGHT_TICK_SECONDS": "1"}
+    env = {**api_env(settings), "FREIGHT_TICK_SECONDS": "1"}
     with log.open("wb") as out:
         beat = subprocess.Popen(
             [*UNDER_FILTER, sys.executable, "-m", "api.cli", "beat"],
