@@ -106,6 +106,18 @@ def no_log_ids() -> Iterator[None]:
         yield
 
 
+@pytest.fixture(autouse=True)
+def root_log_level_kept() -> Iterator[None]:
+    """Each test leaves the root logger's level as it found it. A Celery worker started in-process
+    (celery.contrib.testing's start_worker) sets it to the worker's log level, ERROR, and kept it:
+    a later test in the same process then captured no warning (caplog.text empty: seen with
+    test_dropfolder_scan after test_webhook_delivery's slow-receiver test)."""
+    root = logging.getLogger()
+    level = root.level
+    yield
+    root.setLevel(level)
+
+
 @pytest.fixture(scope="session")
 def services_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     path = tmp_path_factory.mktemp("services")
