@@ -14,12 +14,15 @@ from collections import deque
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
+import boto3
 import pytest
 from openai import OpenAI
 
 from infra import daemons as services
 from infra.processes import FREIGHT, REPO, Stack, _log_has, create_tenant, spawn, up, wait_for
+from storage.objectstore import ObjectStore, S3ObjectStore, open_object_store
 from tests.factories import OMIT, chat_line, jsonl
 
 HUGE = 1_000_000  # lines of the largest batch the tests submit
@@ -45,6 +48,22 @@ class LiveStack:
 
     def client(self, tenant: str = "alpha") -> OpenAI:
         return OpenAI(base_url=self.base_url, api_key=self.keys[tenant], max_retries=0, timeout=60)
+
+    def store(self) -> ObjectStore:
+        """The stack's object store as this test process reads it: on S3 with the stack's own
+        credentials, which this process's environment does not hold."""
+        settings, env = self.stack.settings, self.stack.env
+        url = urlparse(settings.object_store_url)
+        if url.scheme != "s3":
+            return open_object_store(settings.object_store_url)
+        client = boto3.client(
+            "s3",
+            endpoint_url=settings.s3_endpoint_url or None,
+            aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+            region_name=env.get("AWS_DEFAULT_REGION", "us-east-1"),
+        )
+        return S3ObjectStore(url.netloc, url.path, client=client)
 
     @property
     def worker_env(self) -> dict[str, str]:

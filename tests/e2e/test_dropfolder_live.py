@@ -101,8 +101,9 @@ def add_folder(live: LiveStack, weed: Weed, url: str, *options: str) -> None:
     added = subprocess.run(
         [*FREIGHT, "dropfolder", "add", url, "--tenant", "alpha", "--model", "demo", "--window", "1h",
          "--endpoint-url", weed.handle.endpoint_url, "--region", "us-east-1",
-         "--access-key-id", weed.handle.access_key, "--secret-access-key", weed.handle.secret_key, *options],
-        cwd=REPO, env=live.stack.env, capture_output=True, text=True, check=True,
+         "--access-key-id", weed.handle.access_key, *options],
+        cwd=REPO, env={**live.stack.env, "FREIGHT_DROPFOLDER_SECRET_ACCESS_KEY": weed.handle.secret_key},
+        capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert weed.handle.secret_key not in added.stdout + added.stderr
 

@@ -40,7 +40,6 @@ from scheduler.webhooks import EVENT_TYPES
 from storage.checkpoint_cache import staged_path
 from storage.db import Database
 from storage.models import ConsoleSession, StoredFile, Tenant
-from storage.runtime import Runtime
 from tests import webhook_receiver
 from tests.api.test_parquet_bombs import page_bomb
 from tests.e2e.batch_client import converted
@@ -292,10 +291,11 @@ def test_a_hostile_tenant_harms_no_one(
         assert warm.status_code == 200, warm.text[:200]
     bucket = s3_service.create_bucket(f"hostile-{suffix}")
     s3 = s3_service.client()
-    added = freight(
+    added = run_freight(  # the folder's secret by the environment: no command line takes it
         "dropfolder", "add", f"s3://{bucket}/in", "--tenant", names["a"], "--model", "demo", "--window", "1h",
         "--endpoint-url", s3_service.endpoint_url, "--region", s3_service.region,
-        "--access-key-id", s3_service.access_key, "--secret-access-key", s3_service.secret_key,
+        "--access-key-id", s3_service.access_key,
+        env={**env, "FREIGHT_DROPFOLDER_SECRET_ACCESS_KEY": s3_service.secret_key}, cwd=stack.run_dir,
     )  # fmt: skip
     assert added.returncode == 0, added.stderr
     folder_id = re.search(r"added drop folder (\S+):", added.stdout).group(1)  # type: ignore[union-attr]
@@ -359,7 +359,7 @@ def test_a_hostile_tenant_harms_no_one(
 
     # -- 1. decompression bombs: the JSONL view, then validation -------------------------------------
     hwm_before = {n: peak_rss_of(tree(p), reset=True) for n, p in pids.items()}
-    store = Runtime(stack.settings).store
+    store = live.store()
     limit = stack.settings.max_file_bytes
     for label, data in bombs.items():
         made = upload(data, f"{label}-bomb.parquet")
