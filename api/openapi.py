@@ -435,8 +435,10 @@ def download_operation(content_types: Schema) -> Schema:
             query("format", "Convert to this format.", {"enum": ["jsonl", "parquet"]}),
             ORDER,
         ),
-        notes={400: "A conversion refused (`error.code` says why: a Parquet file past the decode "
-                    "limits, say) answers the same 400 on every later download."},
+        notes={
+            400: "A conversion refused (`error.code` says why: a Parquet file past the decode "
+            "limits, say) answers the same 400 on every later download."
+        },
     )
     download["responses"]["202"] = {
         "description": "The file is being converted to `format`; ask again after `Retry-After` seconds.",

@@ -685,7 +685,10 @@ class ChargedObject(Base):
     object written again (a validation run twice) is charged once, at its latest size."""
 
     __tablename__ = "charged_objects"
-    __table_args__ = (Index("ix_charged_objects_tenant", "tenant_id"), Index("ix_charged_objects_batch", "batch_id"))
+    __table_args__ = (
+        Index("ix_charged_objects_tenant", "tenant_id"),
+        Index("ix_charged_objects_batch", "batch_id"),
+    )
 
     object_key: Mapped[str] = mapped_column(String(1024), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))

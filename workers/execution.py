@@ -126,7 +126,9 @@ class PackRunner:
                 if self.failure is not None:  # no engine any more: the pack fails as when it dies
                     raise
                 # the registry unread (the claims that follow meet the same outage their own way)
-                log.exception("checking %s's adapters before pack %s failed; running it as is", self.model, pack_id)
+                log.exception(
+                    "checking %s's adapters before pack %s failed; running it as is", self.model, pack_id
+                )
         return self.feed.run_pack(pack_id, unit_ids, more_coming, urgent)
 
     def restart_engine(self, config: EngineConfig, loras: LoraAdapters | None, why: str) -> bool:

@@ -81,7 +81,9 @@ class LoraAdapters:
                     self._requests[a.name] = LoRARequest(a.name, a.id, a.path, base_model_name=self.base)
                     # past the engine's capacity: not served until a restart sizes the engine for it
                     # (workers/lora_refit.py restarts it before the next pack)
-                    self._ranks[a.name] = a.rank if len(self._ranks) < self.capacity else MAX_LORA_RANKS[-1] + 1
+                    self._ranks[a.name] = (
+                        a.rank if len(self._ranks) < self.capacity else MAX_LORA_RANKS[-1] + 1
+                    )
             self._loaded_at = time.monotonic()
 
     @property

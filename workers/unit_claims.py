@@ -90,21 +90,23 @@ def claim_unit(
             return None
         # one read of the columns a claim needs, not two ORM loads: a fleet claims dozens of
         # units a second, each on its worker's engine thread's time
-        attempts, batch_id, shard_key, seq, n_requests, row_start, endpoint, tenant_id, trace_context = s.execute(
-            select(
-                WorkUnit.attempts,
-                WorkUnit.batch_id,
-                WorkUnit.shard_key,
-                WorkUnit.seq,
-                WorkUnit.n_requests,
-                WorkUnit.row_start,
-                Batch.endpoint,
-                Batch.tenant_id,
-                Batch.trace_context,
-            )
-            .join(Batch, Batch.id == WorkUnit.batch_id)
-            .where(WorkUnit.id == unit_id)
-        ).one()
+        attempts, batch_id, shard_key, seq, n_requests, row_start, endpoint, tenant_id, trace_context = (
+            s.execute(
+                select(
+                    WorkUnit.attempts,
+                    WorkUnit.batch_id,
+                    WorkUnit.shard_key,
+                    WorkUnit.seq,
+                    WorkUnit.n_requests,
+                    WorkUnit.row_start,
+                    Batch.endpoint,
+                    Batch.tenant_id,
+                    Batch.trace_context,
+                )
+                .join(Batch, Batch.id == WorkUnit.batch_id)
+                .where(WorkUnit.id == unit_id)
+            ).one()
+        )
         return Claim(
             unit_id,
             token,

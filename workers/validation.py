@@ -454,7 +454,9 @@ class FileChecks:
             self._blank_run_ends()
         self.failed(error)
 
-    def accept(self, line_no: int, custom_id: bytes, model: str, named: str | None = None) -> bool | LineError:
+    def accept(
+        self, line_no: int, custom_id: bytes, model: str, named: str | None = None
+    ) -> bool | LineError:
         """A line that passed its own checks (its custom_id's UTF-8 bytes, its model, the name its
         body gives: an adapter's, or None or ``model`` for the base): True if it is a row of the
         file; False if a file rule failed it, ``full`` then True if the file is past its request

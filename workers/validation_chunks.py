@@ -549,7 +549,9 @@ def _local(rt: Runtime, key: str, spill: str) -> Iterator[IO[bytes]]:
         yield local
 
 
-def merge_runs(rt: Runtime, batch_id: str, chunks: list[_Done], diverted: _Diverted | None = None) -> list[str]:
+def merge_runs(
+    rt: Runtime, batch_id: str, chunks: list[_Done], diverted: _Diverted | None = None
+) -> list[str]:
     """Every chunk's sorted run, lines made the file's, merged by (key, line) into the shards;
     the rows of ``diverted`` lines replaced by their refused rows."""
     spill = spill_dir(rt.settings)

@@ -216,7 +216,9 @@ def input_order_units(rt: Runtime, tenant_id: str, file_id: str) -> list[Any]:
                 code="input_order_unavailable",
             )
         return list(
-            s.execute(select(*_UNIT_COLUMNS).where(WorkUnit.batch_id == batch.id).order_by(WorkUnit.seq)).all()
+            s.execute(
+                select(*_UNIT_COLUMNS).where(WorkUnit.batch_id == batch.id).order_by(WorkUnit.seq)
+            ).all()
         )
 
 

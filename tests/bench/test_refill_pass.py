@@ -22,7 +22,9 @@ def test_a_tiny_run_measures_this_code_and_the_baseline_in_turns(tmp_path) -> No
     assert report["code"]["freight_baseline"] == head
     # the targets' per-repeat ratios are in the run's provenance, one a repeat
     repeats = report["provenance"]["repeats"]
-    assert repeats["refill_pass_cpu_over_baseline"]["n"] == repeats["refill_pass_wall_over_baseline"]["n"] == 2
+    assert (
+        repeats["refill_pass_cpu_over_baseline"]["n"] == repeats["refill_pass_wall_over_baseline"]["n"] == 2
+    )
     assert set(report["cases"]) == set(refill_pass.CASES)
     for case in report["cases"].values():
         systems = case["systems"]

@@ -39,7 +39,9 @@ def test_parquet_in_parquet_out(live, tmp_path):
     assert (batch.request_counts.total, batch.request_counts.completed) == (N, N)
 
     raw = converted(
-        lambda: client.files.with_raw_response.content(batch.output_file_id, extra_query={"format": "parquet"})
+        lambda: client.files.with_raw_response.content(
+            batch.output_file_id, extra_query={"format": "parquet"}
+        )
     )  # made by the control worker's convert_file task: 202 with Retry-After until then
     assert raw.headers["content-type"] == "application/vnd.apache.parquet"
     path = tmp_path / "output.parquet"

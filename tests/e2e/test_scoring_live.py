@@ -154,7 +154,9 @@ def _run(live: LiveStack, env: dict[str, str], score_model: Path) -> None:
 
     # Parquet out: a row per ranked document, with its rank, index, text and score
     raw = converted(
-        lambda: client.files.with_raw_response.content(rerank.output_file_id, extra_query={"format": "parquet"})
+        lambda: client.files.with_raw_response.content(
+            rerank.output_file_id, extra_query={"format": "parquet"}
+        )
     )
     assert raw.headers["content-type"] == "application/vnd.apache.parquet"
     table = pq.read_table(io.BytesIO(raw.content)).to_pylist()

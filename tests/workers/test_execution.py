@@ -112,7 +112,9 @@ def test_an_engine_restarts_once_its_units_are_recorded_and_as_it_was_if_the_new
 
     runner.start_engine = start
     try:
-        held = ActiveUnit(Claim(1, "t", 1, "b", "/v1/chat/completions", "s", 1, 0), new_spool(), new_spool(), 0)
+        held = ActiveUnit(
+            Claim(1, "t", 1, "b", "/v1/chat/completions", "s", 1, 0), new_spool(), new_spool(), 0
+        )
         runner._state.hold([held])
         done: list[bool] = []
         lora_on = replace(first.config, engine_args={"enable_lora": True, "max_loras": 2})

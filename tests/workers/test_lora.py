@@ -84,7 +84,9 @@ def test_a_restart_is_planned_when_it_serves_adapters_the_engine_cannot() -> Non
     own: dict[str, int] = {}  # the base's own engine arguments
 
     def configure(entries):
-        return EngineConfig(model_path="/m", served_name="demo", engine_args={**lora_engine_args(entries), **own})
+        return EngineConfig(
+            model_path="/m", served_name="demo", engine_args={**lora_engine_args(entries), **own}
+        )
 
     refit = LoraRefit("demo", lambda: list(registry), configure)
     off = LoraAdapters("demo", lambda: list(registry), {})  # started without adapters: LoRA off
