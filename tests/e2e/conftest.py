@@ -261,8 +261,8 @@ def sched(  # two engine workers, lines of a million-request file allowed
         "FREIGHT_MAX_REQUESTS_PER_FILE": str(HUGE),
         "FREIGHT_MAX_FILE_BYTES": str(400 * 1024 * 1024),
         "FREIGHT_SORT_MEMORY_MB": "32",
-        # test_small_jobs_share_packs_workers_and_prefixes: tenants meet in one prefix cache
-        "FREIGHT_PREFIX_CACHE_SHARING": "global",
+        # FREIGHT_PREFIX_CACHE_SHARING is the default (tenant): test_scheduler checks prefixes are
+        # shared within a tenant and not across
     }
     live_stack, stack = start_live(
         tmp_path_factory.mktemp("sched"),

@@ -1,6 +1,7 @@
 """The scheduler against the real stack: two engine workers on one model sharing its queue,
-cross-job packing, prefix-cache reuse across tenants, a worker killed mid-pack, and a batch of a
-million requests ingested, scheduled and finalized in bounded memory."""
+cross-job packing, prefix-cache reuse within a tenant and none across tenants (the default
+FREIGHT_PREFIX_CACHE_SHARING=tenant), a worker killed mid-pack, and a batch of a million requests
+ingested, scheduled and finalized in bounded memory."""
 
 from __future__ import annotations
 
@@ -81,9 +82,23 @@ def finished_output_tokens(live: LiveStack) -> int:
 SYSTEM = " ".join(f"rule {i}: answer tersely and cite the clause number {i * 7 % 13}." for i in range(40))
 
 
+def small_line(custom_id: str, question: str) -> dict:
+    """A chat line of 8 tokens on the long SYSTEM prompt."""
+    return {
+        **chat_line(custom_id, question, max_tokens=8),
+        "body": {
+            "model": "demo",
+            "max_tokens": 8,
+            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+        },
+    }
+
+
 def test_small_jobs_share_packs_workers_and_prefixes(sched):
     """A long job keeps both workers busy; small jobs of two other tenants, all with the same long
-    system prompt, arrive meanwhile and are packed together and with it, across tenants."""
+    system prompt, arrive meanwhile and are packed together and with it, across tenants. In the
+    default cache mode (tenant) each tenant's jobs read the system prompt from vLLM's prefix cache,
+    and a third tenant sending the same prompt afterwards finds none of it cached."""
     alpha = sched.client("alpha")
     blocker = [chat_line(f"long-{i}", f"Item {i}", max_tokens=32, min_tokens=32) for i in range(1024)]
     big = alpha.batches.create(input_file_id=upload(alpha, blocker), endpoint=CHAT, completion_window="24h")
@@ -104,12 +119,8 @@ def test_small_jobs_share_packs_workers_and_prefixes(sched):
     for tenant in ("beta", "gamma", "beta", "gamma", "beta", "gamma"):
         client = sched.client(tenant)
         lines = [
-            {**chat_line(f"{tenant}-{len(small)}-{i}", f"Question {i} of job {len(small)}", max_tokens=8),
-             "body": {"model": "demo", "max_tokens": 8,
-                      "messages": [{"role": "system", "content": SYSTEM},
-                                   {"role": "user", "content": f"Question {i} of job {len(small)}"}]}}
-            for i in range(10)
-        ]  # fmt: skip
+            small_line(f"{tenant}-{len(small)}-{i}", f"Question {i} of job {len(small)}") for i in range(10)
+        ]
         batch = client.batches.create(
             input_file_id=upload(client, lines), endpoint=CHAT, completion_window="24h"
         )
@@ -139,11 +150,30 @@ def test_small_jobs_share_packs_workers_and_prefixes(sched):
     assert any(len({tenant_of[b] for b in p & set(small)}) == 2 for p in mixed), by_pack
     # both worker processes ran units of the long job
     assert len({worker_pid(u) for u in units if u.batch_id == big.id}) == 2
-    # the shared system prompt was computed once and then read from vLLM's prefix cache
+    # the shared system prompt was computed once per tenant (and engine) and then read from vLLM's
+    # prefix cache by that tenant's other lines
     cached = sum(finals[bid].usage.input_tokens_details.cached_tokens for bid in small)
-    prompt = sum(finals[bid].usage.input_tokens for bid in small)
-    assert cached > 0.5 * prompt, (cached, prompt)
+    for tenant in ("beta", "gamma"):
+        mine = [bid for bid in small if tenant_of[bid] == tenant]
+        tenant_cached = sum(finals[bid].usage.input_tokens_details.cached_tokens for bid in mine)
+        tenant_prompt = sum(finals[bid].usage.input_tokens for bid in mine)
+        print(f"{tenant}: {tenant_cached} of {tenant_prompt} prompt tokens cached")
+        assert tenant_cached > 0.5 * tenant_prompt, (tenant, tenant_cached, tenant_prompt)
     assert sum(u.cached_tokens for u in units if u.batch_id in small) == cached
+    # not across tenants: alpha's line on the same system prompt, sent once beta's and gamma's are
+    # cached on both engines, finds none of it (vLLM's cache_salt differs in the first block)
+    probe_line = small_line("alpha-probe", "Question 0 of job 0")
+    probe = alpha.batches.create(
+        input_file_id=upload(alpha, [probe_line]), endpoint=CHAT, completion_window="24h"
+    )
+    probe_final = wait_final(alpha, probe.id, timeout=120)
+    assert probe_final.status == "completed", probe_final
+    (probe_out,) = read_jsonl(alpha, probe_final.output_file_id)
+    probe_usage = probe_out["response"]["body"]["usage"]
+    assert probe_usage["prompt_tokens"] > 256, probe_usage  # the system prompt is many KV blocks
+    print(f"alpha's line on the same prompt: {probe_usage['prompt_tokens_details']['cached_tokens']} of "
+          f"{probe_usage['prompt_tokens']} prompt tokens cached")  # fmt: skip
+    assert probe_usage["prompt_tokens_details"]["cached_tokens"] == 0, probe_usage
     # batch fill is recorded per unit and as a time series
     assert all(u.mean_fill is not None and 0 < u.mean_fill <= 1 for u in units if u.batch_id == big.id)
     # every output token the engines produced is in exactly one sample: on this shared stack,
