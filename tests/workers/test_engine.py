@@ -7,14 +7,18 @@ shapes, token accounting, errors, aborts and prefix caching.
 from __future__ import annotations
 
 import json
-import re
+import os
+import subprocess
+import sys
 import time
 import uuid
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer
 
+from tests.conftest import REPO
 from tests.factories import run_alone
 from workers.engine import ABORTED_STATUS, Engine, EngineRequest, EngineResult, EngineStats
 from workers.request_bodies import parse_body
@@ -369,22 +373,47 @@ def test_feeding_api_aborts_some_requests_and_finishes_the_rest(vllm_engine: Eng
     assert results["keep-1"].completion_tokens == 40 and results["late"].completion_tokens == 3
 
 
-def test_one_process_holds_one_inline_engine(vllm_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
-    """vLLM's parallel state belongs to the process: beside an inline engine (the session's real
-    one), another one gets a process of its own under "auto", and "inline" is refused with the
-    reason; with none inline, "auto" is inline on a CPU."""
-    import workers.engine as engine_module
+# run in a fresh process: whether an engine here may start inline depends on what this pytest
+# process already holds (another engine, Flask's proxies), which the session's order decides
+ONE_INLINE_ENGINE = """
+import os, sys
+os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+from workers import engine as e
+print("nothing inline:", e.core_inline("auto"))
+first = e.Engine.start(e.EngineConfig(model_path=sys.argv[1], served_name="first", max_num_seqs=4,
+                                      kv_cache_bytes=16 * 1024 * 1024, enforce_eager=True))
+print("first inline:", first.inline)
+print("beside it:", e.core_inline("auto"), e.core_inline("process"))
+try:
+    e.core_inline("inline")
+except e.EngineUnsupported as exc:
+    print("refused:", exc)
+first.shutdown()
+print("after it:", e.core_inline("auto"))
+"""
 
-    # what this pytest process holds besides (Flask's proxies, say) is another test's business
-    monkeypatch.setattr(engine_module, "_unscannable_global", lambda: None)
-    running = engine_module._inline_engine  # the session's, or a real one started before it
-    assert running is not None and running.inline and (running is vllm_engine) == vllm_engine.inline
-    assert engine_module.core_inline("auto") is False and engine_module.core_inline("process") is False
-    name = re.escape(running.config.served_name)
-    with pytest.raises(engine_module.EngineUnsupported, match=rf"engine \({name}\) already runs inline"):
-        engine_module.core_inline("inline")
-    monkeypatch.setattr(engine_module, "_inline_engine", None)  # as if the session's had stopped
-    assert engine_module.core_inline("auto") is True and engine_module.core_inline("inline") is True
+
+def test_one_process_holds_one_inline_engine(demo_model_dir: Path) -> None:
+    """vLLM's parallel state belongs to the process: with no engine inline, "auto" is inline on a
+    CPU; beside a real inline engine another one gets a process of its own under "auto", and
+    "inline" is refused with the reason; once it has stopped, "auto" is inline again."""
+    done = subprocess.run(
+        [sys.executable, "-c", ONE_INLINE_ENGINE, str(demo_model_dir)],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = [line for line in done.stdout.splitlines() if line.split(":")[0] in SAID]
+    assert said == [
+        "nothing inline: True",
+        "first inline: True",
+        "beside it: False False",
+        "refused: an engine (first) already runs inline in this process; one process holds one inline"
+        " engine (FREIGHT_ENGINE_CORE=process for more)",
+        "after it: True",
+    ], done.stdout[-3000:]
+
+
+SAID = ("nothing inline", "first inline", "beside it", "refused", "after it")
 
 
 def test_an_unbound_context_proxy_keeps_the_engine_core_out_of_the_process(
