@@ -28,7 +28,7 @@ from storage.runtime import Runtime
 from storage.settings import Settings
 from storage.shards import read_rows
 from storage.status import BatchStatus
-from tests.conftest import now
+from tests.conftest import now, on_s3
 from tests.factories import batch_units, chat_line, converted_download, validated_batch
 from tests.workers.test_unit_recorder import record
 from workers import conversions, dispatcher
@@ -92,9 +92,12 @@ def get(client: FlaskClient, batch_id: str, headers: dict, **query: str):
     return response
 
 
-@pytest.fixture
-def rt(settings: Settings):
+@pytest.fixture(params=["local", "s3"])
+def rt(settings: Settings, request: pytest.FixtureRequest):
+    """Each test on both databases and both object stores (a bucket of its own on SeaweedFS)."""
     runtime = Runtime(replace(settings, unit_size=4))
+    if request.param == "s3":
+        on_s3(request, runtime)
     yield runtime
     runtime.db.dispose()
 
