@@ -18,8 +18,8 @@ from scheduler.cost import MICROS_PER_DOLLAR
 from scheduler.webhooks import BUDGET_WARNING
 from storage.db import changed_rows
 from storage.errors import ServiceError
-from storage.models import Batch, Tenant, WebhookDelivery, WebhookEndpoint, new_id
-from storage.status import DeliveryStatus, EndpointStatus
+from storage.models import Batch, Tenant
+from storage.webhooks import record_event
 
 
 def spent_micros(s: Session, tenant_id: str, period: Period) -> int:
@@ -122,39 +122,9 @@ def record_warnings(s: Session, now: float, ratio: float) -> list[str]:
         )
         if not changed_rows(s, mark):
             continue
-        _record_event(s, tenant, state, int(now))
+        record_event(s, tenant.id, tenant.id, BUDGET_WARNING, int(now), warning_data(tenant, state))
         warned.append(tenant.id)
     return warned
-
-
-def _record_event(s: Session, tenant: Tenant, state: BudgetState, now: int) -> None:
-    endpoints = s.scalars(
-        select(WebhookEndpoint).where(
-            WebhookEndpoint.tenant_id == tenant.id,
-            WebhookEndpoint.status == EndpointStatus.ACTIVE,
-            WebhookEndpoint.removed_at.is_(None),
-        )
-    ).all()
-    event_id = new_id("evt_")
-    data = warning_data(tenant, state)
-    for endpoint in endpoints:
-        if BUDGET_WARNING not in (endpoint.events or ()):
-            continue
-        s.add(
-            WebhookDelivery(
-                endpoint_id=endpoint.id,
-                tenant_id=tenant.id,
-                batch_id=tenant.id,  # the event's subject: data.id
-                event_id=event_id,
-                event_type=BUDGET_WARNING,
-                created_at=now,
-                status=DeliveryStatus.PENDING,
-                status_at=now,
-                attempts=0,
-                next_attempt_at=float(now),
-                data=data,
-            )
-        )
 
 
 def set_budget(s: Session, tenant: Tenant, monthly_micros: int | None, soft: bool) -> None:

@@ -34,13 +34,22 @@ def new_secret() -> str:
 
 def record_events(s: Session, batch: Batch, now: int) -> int:
     """A pending delivery of the batch's final event to each active endpoint of its tenant that
-    subscribes to it; returns how many. One event id for all of them (the event is one)."""
+    subscribes to it; returns how many."""
     kind = event_type(batch.status)
     if kind is None:
         return 0
+    return record_event(s, batch.tenant_id, batch.id, kind, now)
+
+
+def record_event(
+    s: Session, tenant_id: str, subject_id: str, kind: str, now: int, data: dict[str, Any] | None = None
+) -> int:
+    """A pending delivery of one event of ``kind`` about ``subject_id`` (a batch's id; the tenant's
+    own for a tenant's event, with its fields in ``data``) to each active endpoint of the tenant
+    that subscribes to it; returns how many. One event id for all of them (the event is one)."""
     endpoints = s.scalars(
         select(WebhookEndpoint).where(
-            WebhookEndpoint.tenant_id == batch.tenant_id,
+            WebhookEndpoint.tenant_id == tenant_id,
             WebhookEndpoint.status == EndpointStatus.ACTIVE,
             WebhookEndpoint.removed_at.is_(None),
         )
@@ -51,8 +60,8 @@ def record_events(s: Session, batch: Batch, now: int) -> int:
         s.add(
             WebhookDelivery(
                 endpoint_id=endpoint.id,
-                tenant_id=batch.tenant_id,
-                batch_id=batch.id,
+                tenant_id=tenant_id,
+                batch_id=subject_id,  # the event's subject: data.id
                 event_id=event_id,
                 event_type=kind,
                 created_at=now,
@@ -60,6 +69,7 @@ def record_events(s: Session, batch: Batch, now: int) -> int:
                 status_at=now,
                 attempts=0,
                 next_attempt_at=float(now),
+                data=data,
             )
         )
     return len(wanted)
