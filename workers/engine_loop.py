@@ -18,66 +18,22 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Protocol
+from collections.abc import Callable
 
 from scheduler.cost import TokenWork, kv_reads
 from storage.shards import ShardRow
 from workers.cost_meter import CostMeter
-from workers.engine import ABORTED_STATUS, EngineRequest, EngineResult, EngineStats
+from workers.engine import ABORTED_STATUS, EngineRequest, EngineResult
 from workers.images import images_in
 from workers.media_files import AUDIO_REF
 from workers.pack_feed import IDLE_WAIT_SECONDS, PackFeed
 from workers.results import encode, request_error_line, stopped_line, success_line
 from workers.runner_state import ActiveUnit, RunnerState
+from workers.stepped_engine import SteppedEngine, StepSample
 
 log = logging.getLogger(__name__)
 
 GATHER_LOGGED_SECONDS = 0.01  # an idle start that waited this long for more packs says so in the log
-
-
-class _EngineConfig(Protocol):
-    @property
-    def max_num_seqs(self) -> int: ...
-
-
-class SteppedEngine(Protocol):
-    """What the loop uses of an engine (``workers.engine.Engine`` has it all)."""
-
-    @property
-    def config(self) -> _EngineConfig: ...
-    @property
-    def load(self) -> int: ...
-    @property
-    def window(self) -> int: ...
-    @property
-    def stats(self) -> EngineStats: ...
-    def add(self, request: EngineRequest) -> EngineResult | None: ...
-    def step(self) -> list[EngineResult]: ...
-    def abort(self, keys: Iterable[str]) -> list[EngineResult]: ...
-
-
-@dataclass
-class StepSample:
-    """The engine's steps and finished requests since the watcher last wrote a sample."""
-
-    started_at: float = field(default_factory=time.time)
-    seconds: float = 0.0
-    steps: int = 0
-    running: float = 0.0  # time-weighted sums
-    waiting: float = 0.0
-    requests: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    output_tokens: int = 0
-    kv_tokens_read: int = 0
-
-    @property
-    def work(self) -> TokenWork:
-        return TokenWork(
-            self.prompt_tokens, self.cached_tokens, self.output_tokens, self.requests, self.kv_tokens_read
-        )
 
 
 class EngineLoop:

@@ -1,5 +1,5 @@
 """A scripted stand-in for the engine, for the pack runner's pure-logic tests (the engine loop,
-the watcher): it has ``workers.engine_loop.SteppedEngine``'s surface and nothing of vLLM.
+the watcher): it has ``workers.stepped_engine.SteppedEngine``'s surface and nothing of vLLM.
 
 A request runs for one step unless its body says ``"hold": true`` (it stays until aborted) or
 ``"refuse": true`` (``add`` answers it with a 400 at once). Every live test keeps the real engine.
