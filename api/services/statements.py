@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, fields
 
 from sqlalchemy import select
 
+from api.report_format import csv_cell
 from scheduler.budgets import Period
 from scheduler.cost import MICROS_PER_DOLLAR, charged_micros
 from storage.errors import ServiceError
@@ -27,8 +28,6 @@ from storage.runtime import Runtime
 
 ALL = "*"  # batch_id of a model's row; model of the month's row
 NO_MODEL = "-"  # a batch whose file failed validation before its model was known
-# a spreadsheet runs a text cell starting with one of these as a formula (api/report_format.py)
-FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
 @dataclass
@@ -152,13 +151,11 @@ FIELDS = tuple(f.name for f in fields(StatementRow))
 
 
 def _cell(value: object) -> object:
-    if value is None:
-        return ""
+    """A boolean as true/false; anything else as the usage report writes a cell (the formula escape
+    included)."""
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, str) and value.startswith(FORMULA_STARTS) and value != NO_MODEL:
-        return "'" + value
-    return value
+    return csv_cell(value)
 
 
 def statement_csv(rows: Sequence[StatementRow]) -> str:
