@@ -66,15 +66,17 @@ TOP_FUNCTIONS = 25
 MEASURES = (*STACK, "bench/request_rate.py", "bench/freight_runner.py", "bench/engine_baseline.py")
 
 
-def lines(n: int, seed: int) -> list[dict[str, Any]]:
-    """n chat requests, each a unique few-word prompt and 1-4 output tokens (seeded)."""
+def lines(n: int, seed: int | str, output_tokens: int | None = None) -> list[dict[str, Any]]:
+    """n chat requests, each a unique few-word prompt and 1-4 output tokens (seeded), or exactly
+    ``output_tokens`` each (the prompts stay those of the same seed: the length is drawn either way)."""
     rng = random.Random(f"request-rate-{seed}")
     words = [f"w{rng.randrange(100_000)}" for _ in range(4096)]
     out = []
     for i in range(n):
         text = " ".join(rng.choice(words) for _ in range(PROMPT_WORDS))
+        drawn = rng.randint(*OUTPUT_TOKENS)
         line = wl.request_line(
-            f"rr-{seed}-{i:06d}", [{"role": "user", "content": text}], rng.randint(*OUTPUT_TOKENS)
+            f"rr-{seed}-{i:06d}", [{"role": "user", "content": text}], output_tokens or drawn
         )
         out.append(line)
     return out

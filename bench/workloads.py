@@ -74,6 +74,10 @@ WORKLOAD_FILES = {
     "shared_prefix": "shared_prefix.jsonl",
     "system_prompts": "system_prompts.jsonl",
     "multi_job_shared_prefix": "multi_job_shared_prefix.jsonl",
+    "blend": "blend.jsonl",
+    "long_prefix": "long_prefix.jsonl",
+    "dups": "dups.jsonl",
+    "request_rate": "request_rate.jsonl",
 }
 
 # Fixed word list (plain English words; no punctuation, so token counts stay predictable).
@@ -269,11 +273,123 @@ def multi_job_shared_prefix_lines(
     return lines
 
 
+# --- issue #51's workloads: blend, long_prefix, dups, request_rate (each its own seeded Random)
+
+BLEND_PROMPTS = 20  # shared system prompts (few-shot classification, FEW_SHOT_PROMPT_TOKENS each)
+BLEND_ITEMS = 30  # items per prompt; every BLEND_GENERATE_EVERY-th item asks for a long answer
+BLEND_GENERATE_EVERY = 4  # 1 in 4 items generates BLEND_GENERATE_TOKENS, the rest classify
+BLEND_CLASSIFY_TOKENS = 8
+BLEND_GENERATE_TOKENS = 256
+
+LONG_PREFIX_DOCS = 12
+LONG_PREFIX_QUESTIONS = 20  # questions per document
+LONG_PREFIX_OUTPUT_TOKENS = 16
+CONTEXT_TOKENS = 2048  # the benchmark's max_model_len (bench/scheduler.py MAX_MODEL_LEN)
+# a document leaves this much of the context to the instruction, question, chat template and output
+LONG_PREFIX_HEADROOM = 48 + QUESTION_TOKENS + LONG_PREFIX_OUTPUT_TOKENS
+
+DUPS_ORIGINALS = 800  # distinct requests; DUPS_ORIGINALS // 4 more lines copy one of them each
+DUPS_OUTPUT_TOKENS = 64
+
+REQUEST_RATE_REQUESTS = 5000
+REQUEST_RATE_OUTPUT_TOKENS = 2
+
+
+def blend_lines(tokenizer: Any, scale: float = 1.0, seed: int | str = SEED) -> list[dict[str, Any]]:
+    """8-token classification and 256-token generation over the same shared few-shot prompts:
+    BLEND_PROMPTS (scaled) prompts x BLEND_ITEMS items, one item in BLEND_GENERATE_EVERY asking for
+    a long answer (custom_id ...-gen), the rest for the label (...-cls); shuffled."""
+    rng = random.Random(f"{seed}-blend")
+    lines = []
+    for p in range(_scaled(BLEND_PROMPTS, scale)):
+        system = few_shot_prompt(rng, tokenizer, p)
+        for i in range(BLEND_ITEMS):
+            item = text_of_tokens(rng, tokenizer, FEW_SHOT_ITEM_TOKENS)
+            if i % BLEND_GENERATE_EVERY == 0:
+                ask, tokens, kind = (
+                    "Explain at length which label fits and why.",
+                    BLEND_GENERATE_TOKENS,
+                    "gen",
+                )
+            else:
+                ask, tokens, kind = "Label:", BLEND_CLASSIFY_TOKENS, "cls"
+            messages = [
+                {"role": "system", "content": system},
+                {"role": "user", "content": f"Text: {item}\n{ask}"},
+            ]
+            lines.append(request_line(f"bl{p:02d}-i{i:02d}-{kind}", messages, tokens))
+    random.Random(f"{seed}-blend-order").shuffle(lines)
+    return lines
+
+
+def long_prefix_lines(
+    tokenizer: Any, scale: float = 1.0, seed: int | str = SEED, context_tokens: int = CONTEXT_TOKENS
+) -> list[dict[str, Any]]:
+    """LONG_PREFIX_DOCS (scaled) documents of context_tokens - LONG_PREFIX_HEADROOM tokens, each
+    followed by LONG_PREFIX_QUESTIONS questions: every line's prompt and output fit the context, the
+    document fills most of it. Shuffled."""
+    rng = random.Random(f"{seed}-long-prefix")
+    lines = []
+    for d in range(_scaled(LONG_PREFIX_DOCS, scale)):
+        doc = text_of_tokens(rng, tokenizer, context_tokens - LONG_PREFIX_HEADROOM)
+        for q in range(LONG_PREFIX_QUESTIONS):
+            question = text_of_tokens(rng, tokenizer, QUESTION_TOKENS)
+            content = f"Read the document, then answer the question.\n\n{doc}\n\nQuestion: {question}?"
+            lines.append(
+                request_line(
+                    f"long{d:02d}-q{q:02d}", [{"role": "user", "content": content}], LONG_PREFIX_OUTPUT_TOKENS
+                )
+            )
+    random.Random(f"{seed}-long-prefix-order").shuffle(lines)
+    return lines
+
+
+def dups_lines(tokenizer: Any, scale: float = 1.0, seed: int | str = SEED) -> list[dict[str, Any]]:
+    """Greedy requests of the unique shape, exactly 20% of them duplicates: DUPS_ORIGINALS (scaled,
+    a multiple of 4) distinct requests, and a quarter as many lines whose body is a copy of one of
+    them (each original copied at most once; custom_id dup-NNNNN-of-MMMMM). Shuffled."""
+    rng = random.Random(f"{seed}-dups")
+    originals = 4 * max(1, round(DUPS_ORIGINALS * scale / 4))
+    lines = [
+        request_line(
+            f"orig-{i:05d}",
+            [{"role": "user", "content": text_of_tokens(rng, tokenizer, UNIQUE_PROMPT_TOKENS)}],
+            DUPS_OUTPUT_TOKENS,
+        )
+        for i in range(originals)
+    ]
+    for k, i in enumerate(sorted(rng.sample(range(originals), originals // 4))):
+        lines.append(
+            {
+                **lines[i],
+                "custom_id": f"dup-{k:05d}-of-{i:05d}",
+                "body": json.loads(json.dumps(lines[i]["body"])),
+            }
+        )
+    random.Random(f"{seed}-dups-order").shuffle(lines)
+    return lines
+
+
+def request_rate_shape_lines(
+    tokenizer: Any, scale: float = 1.0, seed: int | str = SEED
+) -> list[dict[str, Any]]:
+    """The request-rate shape (bench/request_rate.py's lines): REQUEST_RATE_REQUESTS (scaled) short
+    unique prompts, REQUEST_RATE_OUTPUT_TOKENS output tokens each. `tokenizer` is unused: the
+    prompts are a few made-up words, their length is not measured."""
+    from bench.request_rate import lines
+
+    return lines(_scaled(REQUEST_RATE_REQUESTS, scale), seed, output_tokens=REQUEST_RATE_OUTPUT_TOKENS)
+
+
 GENERATORS = {
     "unique": unique_lines,
     "shared_prefix": shared_prefix_lines,
     "system_prompts": system_prompt_lines,
     "multi_job_shared_prefix": multi_job_shared_prefix_lines,
+    "blend": blend_lines,
+    "long_prefix": long_prefix_lines,
+    "dups": dups_lines,
+    "request_rate": request_rate_shape_lines,
 }
 
 
