@@ -54,6 +54,7 @@ class EngineLoop:
         self._lock = state.lock
         self._pack_feed = feed
         self._images = feed.images  # decoded once per worker, read ahead with each pack
+        self._audio = feed.audio  # read ahead with each pack, like the images
         self._feed = feed.requests  # popped under _lock
         self._high_water = feed.high_water
         self._finished = finished
@@ -179,7 +180,7 @@ class EngineLoop:
                 validated=True,
                 cache_salt=unit.claim.cache_salt,
                 images=self._images.lookup(unit.claim.batch_id) if images_in(row.body_json) else None,
-                audio=self._images.audio(unit.claim.batch_id) if AUDIO_REF in row.body_json else None,
+                audio=self._audio.reader(unit.claim.batch_id) if AUDIO_REF in row.body_json else None,
             )
             rejected = engine.add(request)
             if rejected is not None:

@@ -42,7 +42,7 @@ from typing import Any
 
 from storage.checkpoint_config import config_or_empty
 from storage.runtime import Runtime
-from workers.media_files import AudioFiles, FileRefused, is_file_id, read_audio_ref, read_tenant_file
+from workers.media_files import AudioFiles, FileRefused, is_file_id, read_tenant_file
 from workers.outbound_http import Call, OutboundError, get_following
 from workers.request_errors import RequestError
 
@@ -387,11 +387,6 @@ class ImageCache:
     def lookup(self, batch_id: str) -> Callable[[str], Any]:
         """What an EngineRequest of ``batch_id`` carries: digest -> decoded image."""
         return lambda digest: self.get(batch_id, digest)
-
-    def audio(self, batch_id: str) -> Callable[[str], bytes]:
-        """An audio line's reader of ``batch_id``: its reference -> the stored bytes (read when the
-        line is submitted, not kept: an audio file is read by one line in the common case)."""
-        return lambda ref: read_audio_ref(self.rt, batch_id, ref)
 
 
 def inline_images(messages: Any, lookup: Callable[[str], Any]) -> None:

@@ -21,6 +21,7 @@ from storage.runtime import Runtime
 from storage.shards import ShardRow, read_rows
 from workers import task_policy, unit_spans
 from workers.images import ImageCache
+from workers.media_files import AudioCache
 from workers.runner_state import ActiveUnit, RunnerState, new_spool
 from workers.unit_claims import claim_unit, release_unit
 
@@ -50,6 +51,7 @@ class PackFeed:
     ) -> None:
         self.rt = rt
         self.images = ImageCache(rt)  # the images of chat lines, decoded once (workers/images.py)
+        self.audio = AudioCache(rt)  # audio lines' stored audio (workers/media_files.py)
         self.model = model
         self.holder = holder
         self._state = state
@@ -108,6 +110,7 @@ class PackFeed:
             ]
             for unit, unit_rows in zip(units, rows, strict=True):  # off the engine loop's thread
                 self.images.prefetch(unit.claim.batch_id, (row.body_json for row in unit_rows))
+                self.audio.prefetch(unit.claim.batch_id, (row.body_json for row in unit_rows))
         except Exception as exc:
             self._give_back_unread(units, exc)
             raise

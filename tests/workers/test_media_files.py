@@ -31,7 +31,7 @@ from tests.conftest import now
 from tests.factories import data_url, image_bytes, image_line
 from workers import intake, registration
 from workers.images import IMAGE_REF, REFUSED_REF, ImageResolver, image_key
-from workers.media_files import AUDIO_REF, AudioFiles, audio_key, read_audio_ref
+from workers.media_files import AUDIO_REF, AudioCache, AudioFiles, audio_key, read_audio_ref
 from workers.registration import AddRequest
 from workers.request_bodies import REFUSED_LINE, RequestError, parse_body
 from workers.transcription import load_audio
@@ -194,6 +194,38 @@ def test_audio_by_file_id_is_stored_for_the_batch_and_read_by_the_engine_side(rt
     too_large = refused(mine, small)
     assert (too_large.code, too_large.status_code) == ("audio_too_large", 400)
     assert parsed.request.file_url == ref
+
+
+def test_the_engine_workers_audio_is_read_ahead_with_its_pack(rt, tenants) -> None:
+    """The feed's thread reads a pack's stored audio (``AudioCache.prefetch``), so the engine loop
+    submits the line from memory: the objects deleted after the prefetch, every line still reads
+    its bytes, and the store was read once per distinct audio, none of them on submit."""
+    alpha, _ = tenants
+    files = AudioFiles(rt, "batch_ahead", alpha)
+    sounds = [tone(0.5), tone(0.7)]
+    bodies = []
+    for i, sound in enumerate(sounds * 2):  # two lines name each file
+        file_id = _upload(rt, alpha, sound, "user_data")
+        body = audio_line(str(i), b"", model="whisper")["body"] | {"file_url": file_id}
+        assert files.resolve(body)
+        bodies.append(body)
+    rows = [json.dumps(b) for b in bodies] + [json.dumps(audio_line("d", WAV, model="whisper")["body"]), "[]"]
+    cache = AudioCache(rt)
+    cache.prefetch("batch_ahead", iter(rows))
+    assert cache.loads == 2
+    for key in list(rt.store.list("batches/batch_ahead/audio/")):
+        rt.store.delete(key)
+    read = cache.reader("batch_ahead")
+    for body, sound in zip(bodies, sounds * 2, strict=True):
+        assert read(body["file_url"]) == sound
+    assert (cache.loads, cache.late_reads) == (2, 0)
+    # past its bound the least recently used is dropped, and read again when its line is submitted
+    small = AudioCache(rt, max_bytes=len(sounds[1]))
+    for body, sound in zip(bodies[:2], sounds, strict=True):
+        rt.store.put_chunks(audio_key("batch_ahead", body["file_url"][-64:]), [sound])
+    small.prefetch("batch_ahead", (json.dumps(b) for b in bodies[:2]))
+    assert small.reader("batch_ahead")(bodies[0]["file_url"]) == sounds[0]
+    assert (small.loads, small.late_reads) == (3, 1)
 
 
 def test_validation_resolves_file_ids_line_by_line(rt, tenants) -> None:
