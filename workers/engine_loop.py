@@ -23,6 +23,7 @@ from collections.abc import Callable
 from scheduler.cost import TokenWork, kv_reads
 from storage.shards import ShardRow
 from workers.cost_meter import CostMeter
+from workers.duplicate_lines import RECENT_RESULT, SHARED_RUN, DuplicateLines, copied_body
 from workers.engine import ABORTED_STATUS, EngineRequest, EngineResult
 from workers.images import images_in
 from workers.media_files import AUDIO_REF
@@ -60,6 +61,7 @@ class EngineLoop:
         self._finished = finished
         self._failed = failed
         self._keys: dict[str, tuple[ActiveUnit, str]] = {}  # engine key -> (unit, custom_id)
+        self._dups = DuplicateLines()  # lines waiting on the run of the same request (or copying it)
         self.stops: queue.SimpleQueue[ActiveUnit] = queue.SimpleQueue()  # units to abort and drop
         self._sample = StepSample()
         self._sample_lock = threading.Lock()
@@ -169,13 +171,17 @@ class EngineLoop:
             if unit.stopping:
                 self._deliver_to(unit, row.custom_id, None)
                 continue
+            body = row.body
+            request_key = self._dups.key(unit.claim, body, row.body_json)
+            if request_key is not None and self._copies(request_key, unit, row.custom_id):
+                continue
             # unique per claim: a lost attempt's requests may still be in the engine when this
             # process claims the unit again
             key = f"{unit.claim.token}/{row.line}"
             request = EngineRequest(
                 key=key,
                 endpoint=unit.claim.endpoint,
-                body=row.body,
+                body=body,
                 prompt_token_ids=row.prompt_token_ids,
                 validated=True,
                 cache_salt=unit.claim.cache_salt,
@@ -188,6 +194,29 @@ class EngineLoop:
             else:
                 self._keys[key] = (unit, row.custom_id)
                 unit.in_engine += 1
+                if request_key is not None:
+                    self._dups.started(request_key, key)
+
+    def _copies(self, request_key: bytes, unit: ActiveUnit, custom_id: str) -> bool:
+        """The line needs no run of its own: it waits on its request's run, or copies its
+        recent answer now (workers/duplicate_lines.py)."""
+        joined = self._dups.join(request_key, unit, custom_id)
+        if isinstance(joined, bool):
+            return joined
+        self._deliver_to(unit, custom_id, joined, copy=RECENT_RESULT)
+        return True
+
+    def _hand_over(self, key: str) -> bool:
+        """A stopping unit's run goes on for a line waiting on it, if one's unit goes on."""
+        heir = self._dups.heir(key)
+        if heir is None:
+            return False
+        unit, custom_id = self._keys[key]
+        self._keys[key] = heir
+        unit.in_engine -= 1
+        heir[0].in_engine += 1
+        self._deliver_to(unit, custom_id, None)
+        return True
 
     def _apply_stops(self) -> None:
         while True:
@@ -195,7 +224,10 @@ class EngineLoop:
                 unit = self.stops.get_nowait()
             except queue.Empty:
                 return
+            for custom_id in self._dups.leave(unit):
+                self._deliver_to(unit, custom_id, None)
             keys = [k for k, (u, _) in self._keys.items() if u is unit]
+            keys = [k for k in keys if not self._hand_over(k)]
             for result in self.engine.abort(keys):
                 self._deliver(result)
             with self._lock:
@@ -222,10 +254,17 @@ class EngineLoop:
         """A result out of the engine (finished or aborted)."""
         unit, custom_id = self._keys.pop(result.key)
         unit.in_engine -= 1
-        self._deliver_to(unit, custom_id, result)
+        written = self._deliver_to(unit, custom_id, result)
+        aborted = result.status_code == ABORTED_STATUS  # only once no unit that goes on waits
+        for waiter, waiter_id in self._dups.finished(result, written):
+            self._deliver_to(waiter, waiter_id, None if aborted else result, copy=SHARED_RUN)
 
-    def _deliver_to(self, unit: ActiveUnit, custom_id: str, result: EngineResult | None) -> None:
-        """Write one request's outcome to its unit's spool (None: stopped before it ran)."""
+    def _deliver_to(
+        self, unit: ActiveUnit, custom_id: str, result: EngineResult | None, copy: str | None = None
+    ) -> int:
+        """Write one request's outcome to its unit's spool (None: stopped before it ran); returns
+        the line's bytes. ``copy``: the result of another line's run (x_freight.copy), which did
+        the engine's work and is metered: the copy adds none (workers/duplicate_lines.py)."""
         tally = unit.tally
         if result is not None and result.ok and result.body is not None:
             tally.completed += 1
@@ -236,7 +275,14 @@ class EngineLoop:
                 tally.count_adapter(
                     result.adapter, result.prompt_tokens, result.cached_tokens, result.completion_tokens
                 )
-            unit.out.write(encode(success_line(custom_id, result.body)))
+            body = result.body if copy is None else copied_body(result.body, copy)
+            line = encode(success_line(custom_id, body))
+            unit.out.write(line)
+            if copy is not None:
+                unit.results += 1
+                if unit.done:
+                    self._done.append(unit)
+                return len(line)
             reads = kv_reads(result.prompt_tokens, result.completion_tokens)
             work = TokenWork(result.prompt_tokens, result.cached_tokens, result.completion_tokens, 1, reads)
             self._meter.finished(unit.claim.unit_id, unit.meter, work)
@@ -248,15 +294,19 @@ class EngineLoop:
                 self._sample.kv_tokens_read += reads
         elif result is None or result.status_code == ABORTED_STATUS:
             tally.failed += 1
-            unit.err.write(encode(stopped_line(custom_id, unit.reason or "batch_cancelled")))
+            line = encode(stopped_line(custom_id, unit.reason or "batch_cancelled"))
+            unit.err.write(line)
         else:
             tally.failed += 1
-            unit.err.write(
-                encode(request_error_line(custom_id, result.status_code or 500, result.error or {}))
-            )
+            error = request_error_line(custom_id, result.status_code or 500, result.error or {})
+            if copy is not None:
+                error["response"]["body"]["x_freight"] = {"copy": copy}
+            line = encode(error)
+            unit.err.write(line)
         unit.results += 1
         if unit.done:
             self._done.append(unit)
+        return len(line)
 
     def _settle(self) -> None:
         """Close the metering period when a unit finished or it is due, then hand finished units
