@@ -140,6 +140,10 @@ class Settings:
     # this, from its first request): jobs submitted together reach validation a fraction of a second
     # apart, and the first one's pack cannot know of batches not yet created (seconds; 0: off)
     feed_settle_seconds: float = 0.3
+    # an engine worker hands vLLM a request only if every request in the engine, each grown to its
+    # predicted output, still fits the KV cache, each shared prefix counted once
+    # (scheduler/kv_admission.py): no preemption, no eviction of the next prefix. Off: by count alone
+    kv_admission: bool = True
     # whose requests may share prefix-cache entries: "tenant" (each tenant's own, through a secret
     # per-tenant vLLM cache_salt: no tenant can learn from cached_tokens or timing whether another
     # sent a prompt) or "global" (all tenants: the most reuse, for a single-organisation deployment)

@@ -444,6 +444,25 @@ def _count_step_outputs(llm: LLMEngine, counters: _Counters) -> None:
     core.get_output = counted
 
 
+def _count_preemptions(llm: LLMEngine, engine: Engine) -> None:
+    """Count vLLM's preemptions (a running request's KV blocks freed for want of room, its work
+    computed again later: what KV-aware admission avoids, workers/kv_gate.py) in
+    ``engine.preemptions``, where the scheduler runs in this process (an inline core). With a
+    core process of its own they stay None here: vLLM's stat logging counts them
+    (``vllm:num_preemptions``, FREIGHT_ENGINE_METRICS_BIND)."""
+    scheduler = getattr(getattr(llm.engine_core, "engine_core", None), "scheduler", None)
+    preempt = getattr(scheduler, "_preempt_request", None)
+    if preempt is None:
+        return
+    engine.preemptions = 0
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        engine.preemptions = (engine.preemptions or 0) + 1
+        return preempt(*args, **kwargs)
+
+    scheduler._preempt_request = counted  # type: ignore[union-attr]
+
+
 def stats_registry() -> CollectorRegistry:
     """The Prometheus registry vLLM's stat loggers write this process's engine metrics to (the
     global one, unless PROMETHEUS_MULTIPROC_DIR makes vLLM aggregate across processes); filled once
@@ -488,6 +507,7 @@ class Engine:
         self.prefix_caching = bool(llm.vllm_config.cache_config.enable_prefix_caching)
         self.tokenizer: Any = llm.get_tokenizer()  # a Hugging Face tokenizer as wrapped by vLLM
         self.max_model_len = int(llm.model_config.max_model_len)
+        self.preemptions: int | None = None  # vLLM's, counted where its scheduler is inline
 
     @classmethod
     def start(cls, config: EngineConfig) -> Engine:
@@ -542,6 +562,7 @@ class Engine:
                 f"reasoning parser {config.engine_args.get('reasoning_parser')!r}: {exc}"
             ) from exc
         _count_step_outputs(llm, engine._counters)
+        _count_preemptions(llm, engine)
         scheduler = llm.vllm_config.scheduler_config
         log.info(
             "engine for %s ready in %.1fs (core %s, max_model_len=%d, max_num_seqs=%d, max_num_batched_tokens=%d, "
@@ -611,6 +632,17 @@ class Engine:
             self._token_budget,
             self._mean_prompt,
         )
+
+    @property
+    def kv_blocks(self) -> tuple[int, int] | None:
+        """(blocks a request can hold, tokens per block) of vLLM's KV cache, for admission by KV
+        footprint (workers/kv_gate.py): its blocks but the one null block vLLM keeps; None when
+        vLLM has not said, or keeps no prefix cache (then no prompt block is shared either)."""
+        cache = self.vllm_config.cache_config
+        blocks = int(cache.num_gpu_blocks or 0) - 1
+        if blocks < 1 or not self.prefix_caching:
+            return None
+        return blocks, int(cache.block_size)
 
     @property
     def load(self) -> int:

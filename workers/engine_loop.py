@@ -26,6 +26,7 @@ from workers.cost_meter import CostMeter
 from workers.duplicate_lines import RECENT_RESULT, SHARED_RUN, DuplicateLines, copied_body
 from workers.engine import ABORTED_STATUS, EngineRequest, EngineResult
 from workers.images import images_in
+from workers.kv_gate import KvGate
 from workers.media_files import AUDIO_REF
 from workers.pack_feed import IDLE_WAIT_SECONDS, PackFeed
 from workers.results import encode, request_error_line, stopped_line, success_line
@@ -72,6 +73,13 @@ class EngineLoop:
         self._park = threading.Event()
         self._parked = threading.Event()
         self._running = threading.Event()  # ``run`` is on its thread
+        # admission by KV footprint (workers/kv_gate.py; None: by count alone) and the feed's
+        # request it held back for want of room, handed over first once there is (a popped
+        # (unit, row); guarded by _lock, like the feed)
+        self._kv_on = feed.rt.settings.kv_admission
+        self._kv = KvGate.of(engine) if self._kv_on else None
+        self._held: tuple[ActiveUnit, ShardRow] | None = None
+        self._preempted = getattr(engine, "preemptions", None)  # vLLM's count at the last step
 
     def take_sample(self) -> StepSample:
         """The sample so far, a new one begun (the watcher's, every ``sample_seconds``)."""
@@ -124,6 +132,8 @@ class EngineLoop:
                 if self._park.is_set():  # the engine is being swapped (nothing is in it)
                     self._hold()
                     engine, busy_since = self.engine, None
+                    self._kv = KvGate.of(engine) if self._kv_on else None
+                    self._preempted = getattr(engine, "preemptions", None)
                     continue
                 started = time.monotonic() if busy_since is None else busy_since
                 busy_since = None
@@ -160,14 +170,18 @@ class EngineLoop:
 
     def _top_up(self) -> None:
         engine = self.engine
+        kv = self._kv
         while engine.load < engine.window:
             with self._lock:
-                if not self._feed:
+                if self._held is not None:
+                    (unit, row), self._held = self._held, None
+                elif not self._feed:
                     self._lock.notify_all()
                     return
-                unit, row = self._feed.pop()
-                if len(self._feed) <= self._high_water:
-                    self._lock.notify_all()  # run_pack may return: the next pack is wanted
+                else:
+                    unit, row = self._feed.pop()
+                    if len(self._feed) <= self._high_water:
+                        self._lock.notify_all()  # run_pack may return: the next pack is wanted
             if unit.stopping:
                 self._deliver_to(unit, row.custom_id, None)
                 continue
@@ -178,6 +192,10 @@ class EngineLoop:
             # unique per claim: a lost attempt's requests may still be in the engine when this
             # process claims the unit again
             key = f"{unit.claim.token}/{row.line}"
+            if kv is not None and not kv.admits(key, unit.claim.cache_salt, row, engine.load == 0):
+                with self._lock:
+                    self._held = (unit, row)  # first in once enough of the engine's requests finish
+                return
             request = EngineRequest(
                 key=key,
                 endpoint=unit.claim.endpoint,
@@ -196,6 +214,8 @@ class EngineLoop:
                 unit.in_engine += 1
                 if request_key is not None:
                     self._dups.started(request_key, key)
+                if kv is not None:
+                    kv.hold(key)
 
     def _copies(self, request_key: bytes, unit: ActiveUnit, custom_id: str) -> bool:
         """The line needs no run of its own: it waits on its request's run, or copies its
@@ -232,14 +252,20 @@ class EngineLoop:
                 self._deliver(result)
             with self._lock:
                 mine = self._feed.remove_if(functools.partial(_of_unit, unit))
+                if self._held is not None and self._held[0] is unit:
+                    mine.insert(0, self._held)
+                    self._held = None
             for _, row in mine:
                 self._deliver_to(unit, row.custom_id, None)
 
     def _account(self, elapsed: float) -> None:
         stats = self.engine.stats
         fill = min(1.0, stats.running / max(1, self.engine.config.max_num_seqs))
+        preempted, self._preempted = self._preempted, getattr(self.engine, "preemptions", None)
         with self._sample_lock:
             sample = self._sample
+            if preempted is not None and self._preempted is not None:
+                sample.preemptions += self._preempted - preempted
             sample.seconds += elapsed
             sample.steps += 1
             sample.running += stats.running * elapsed
@@ -254,6 +280,12 @@ class EngineLoop:
         """A result out of the engine (finished or aborted)."""
         unit, custom_id = self._keys.pop(result.key)
         unit.in_engine -= 1
+        if self._kv is not None:
+            finished = result.ok and result.body is not None
+            planned = self._kv.release(result.key, result.completion_tokens if finished else None)
+            if finished and planned is not None:
+                with self._sample_lock:
+                    self._sample.planned_cached_tokens += planned
         written = self._deliver_to(unit, custom_id, result)
         aborted = result.status_code == ABORTED_STATUS  # only once no unit that goes on waits
         for waiter, waiter_id in self._dups.finished(result, written):

@@ -21,6 +21,7 @@ from storage.runtime import Runtime
 from workers.engine_loop import EngineLoop
 from workers.pack_feed import PackFeed
 from workers.runner_state import ActiveUnit, RunnerState
+from workers.stepped_engine import StepSample
 from workers.unit_claims import heartbeat
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,7 @@ class PackWatcher:
         sample = self._loop.take_sample()
         if sample.steps == 0 or sample.seconds <= 0:
             return  # idle periods are not samples: rates measure capacity while busy
+        _log_kv_report(sample)
         utilization = utilization_columns(
             sample.work, sample.seconds, sample.steps, self.shape, self.rt.settings.accelerator
         )
@@ -139,3 +141,26 @@ class PackWatcher:
                     **utilization,
                 )
             )
+
+
+def _log_kv_report(sample: StepSample) -> None:
+    """KV-aware admission's figures of the period (workers/kv_gate.py): vLLM's preemptions, and
+    the prefix-cache hit rate of the requests finished against the plan's (the whole blocks each
+    shares with the request handed over before it). A warning when vLLM preempted or the cache
+    served more than a point less than planned; else at debug."""
+    if not sample.prompt_tokens or not sample.planned_cached_tokens:
+        if sample.preemptions:
+            log.warning("engine sample: vLLM preempted %d requests", sample.preemptions)
+        return
+    measured = sample.cached_tokens / sample.prompt_tokens
+    planned = sample.planned_cached_tokens / sample.prompt_tokens
+    gap = 100 * (planned - measured)
+    level = logging.WARNING if sample.preemptions or gap > 1.0 else logging.DEBUG
+    log.log(
+        level,
+        "engine sample: %d preemptions; prefix-cache hits %.1f%% of prompt tokens, planned %.1f%% (gap %.1f points)",
+        sample.preemptions,
+        100 * measured,
+        100 * planned,
+        gap,
+    )

@@ -49,6 +49,10 @@ class StepSample:
     cached_tokens: int = 0
     output_tokens: int = 0
     kv_tokens_read: int = 0
+    # KV-aware admission's report (workers/kv_gate.py): vLLM's preemptions in the period (counted
+    # with an inline core only), and the cached tokens the plan gave the finished requests
+    preemptions: int = 0
+    planned_cached_tokens: int = 0
 
     @property
     def work(self) -> TokenWork:
