@@ -569,6 +569,30 @@ class Model(Base):
     created_at: Mapped[int] = mapped_column(BigInteger)
 
 
+class TunedEngineSettings(Base):
+    """A model's engine settings as ``freight models tune`` measured them best for one shape class
+    of work (scheduler/engine_tuning.py), with the evidence. ``model`` is a model name, a row of
+    ``models`` or a FREIGHT_MODELS declaration (hence no foreign key); ``checkpoint`` is what was
+    tuned, so a name registered again on another checkpoint starts untuned."""
+
+    __tablename__ = "tuned_engine_settings"
+
+    model: Mapped[str] = mapped_column(String(200), primary_key=True)
+    shape_class: Mapped[str] = mapped_column(String(64), primary_key=True)
+    checkpoint: Mapped[str] = mapped_column(String(1024))
+    # the kept point's vLLM engine arguments that differ from the previous defaults ({}: the
+    # defaults measured best)
+    engine_args: Mapped[dict[str, Any]] = mapped_column(JSON)
+    tokens_per_second: Mapped[float] = mapped_column(Float)  # generated tokens/s of the kept point
+    baseline_tokens_per_second: Mapped[float] = mapped_column(Float)  # ... at the previous defaults
+    baseline_args: Mapped[dict[str, Any]] = mapped_column(JSON)  # what the previous defaults were
+    sample: Mapped[str] = mapped_column(String(300))  # the file or synthetic shape, and its lines
+    device: Mapped[str] = mapped_column(String(16))  # cpu | gpu
+    points: Mapped[list[Any]] = mapped_column(JSON)  # every measured point, with its figures or error
+    notes: Mapped[list[Any]] = mapped_column(JSON)  # what was not tried, and why
+    measured_at: Mapped[int] = mapped_column(BigInteger)
+
+
 class Adapter(Base):
     """A LoRA adapter of a served base model (``freight models add-adapter``): served as a model
     id of its own by the base's engine workers. ``id`` is vLLM's ``lora_int_id`` for it, stable for

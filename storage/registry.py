@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from scheduler.cost import ListPrice
 from storage.checkpoint_config import config_or_empty
 from storage.db import Database
-from storage.models import Model
+from storage.models import Model, TunedEngineSettings
 from storage.settings import Settings
 
 # what `freight models add --quantization` accepts, and what a served checkpoint can be
@@ -222,3 +222,67 @@ def served_names(db: Database, settings: Settings) -> frozenset[str]:
     with db.read() as s:
         names = set(s.scalars(select(Model.name)))
     return frozenset(names | set(settings.models))
+
+
+@dataclass(frozen=True)
+class TunedSettings:
+    """A model's engine settings as ``freight models tune`` measured them best for one shape class
+    (storage/models.py: TunedEngineSettings), with what the pilot measured."""
+
+    model: str
+    shape_class: str
+    checkpoint: str
+    engine_args: dict[str, Any]
+    tokens_per_second: float
+    baseline_tokens_per_second: float
+    baseline_args: dict[str, Any]
+    sample: str
+    device: str
+    points: list[Any]
+    notes: list[Any]
+    measured_at: int
+
+    @property
+    def gain(self) -> float:
+        b = self.baseline_tokens_per_second
+        return self.tokens_per_second / b if b > 0 else 0.0
+
+
+_TUNED_FIELDS = tuple(TunedSettings.__dataclass_fields__)
+
+
+def record_tuning(db: Database, tuned: TunedSettings) -> None:
+    """Store ``tuned`` as the model's settings for its shape class, replacing an earlier tuning."""
+    values = {name: getattr(tuned, name) for name in _TUNED_FIELDS}
+    with db.write() as s:
+        row = s.get(TunedEngineSettings, (tuned.model, tuned.shape_class))
+        if row is None:
+            s.add(TunedEngineSettings(**values))
+        else:
+            for name, value in values.items():
+                setattr(row, name, value)
+
+
+def tunings(db: Database, model: str) -> list[TunedSettings]:
+    """The model's tunings, the most recently measured first."""
+    with db.read() as s:
+        rows = s.scalars(
+            select(TunedEngineSettings)
+            .where(TunedEngineSettings.model == model)
+            .order_by(TunedEngineSettings.measured_at.desc(), TunedEngineSettings.shape_class)
+        )
+        return [TunedSettings(**{name: getattr(row, name) for name in _TUNED_FIELDS}) for row in rows]
+
+
+def applied_tuning(db: Database, entry: ModelEntry) -> TunedSettings | None:
+    """The tuning a worker of ``entry`` starts with: the most recently measured one of its
+    checkpoint (a name registered again on another checkpoint starts untuned)."""
+    return next((t for t in tunings(db, entry.name) if t.checkpoint == entry.checkpoint), None)
+
+
+def applied_engine_args(db: Database, entry: ModelEntry) -> dict[str, Any]:
+    """The engine arguments a worker of ``entry`` starts with, over the FREIGHT_ENGINE_* defaults:
+    the model's own (``freight models add/set-engine``, the operator's word) over its applied
+    tuning's. Precedence: explicit engine args > tuned > defaults."""
+    tuned = applied_tuning(db, entry)
+    return {**(tuned.engine_args if tuned else {}), **entry.engine_args}
