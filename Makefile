@@ -85,6 +85,22 @@ policy-env:
 	@$(CHECKOV) --version 2>/dev/null | grep -qx '$(CHECKOV_VERSION)' || { python3 -m venv .venv-policy && \
 	  .venv-policy/bin/pip install -q 'checkov==$(CHECKOV_VERSION)'; }
 
+# The cpu image, offline from this repository and Debian's packages, no base image pulled:
+# mmdebstrap's Debian 12 as the base, the lock's wheels gathered here, buildah with no network
+# (infra/image_build.sh; docs/deployment.md, "Container image"). Needs root, buildah, mmdebstrap, runc
+.PHONY: image image-check image-pin
+image: install
+	@PY=$(PY) bash infra/image_build.sh
+
+# the built image run with podman as a deployment runs it (API, control worker, engine worker, beat
+# against a Redis and PostgreSQL of its own) and a batch through it (infra/image_check.py)
+image-check: model
+	$(PY) -m infra.image_check
+
+# the digest make image printed (var/image/digest, or DIGEST=sha256:...) into the cpu-demo overlay
+image-pin:
+	$(PY) -m infra.image_pin $(DIGEST)
+
 # llm-compressor's own virtualenv (GPTQ/AWQ pin other transformers/compressed-tensors than vLLM)
 quantize-env: install
 	@$(PY) -m workers.quantize_env .venv-quantize
