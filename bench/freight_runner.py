@@ -57,6 +57,12 @@ NO_TABLE = -1.0  # engine_samples_fill's "covered" when the table does not exist
 TERMINAL = ("completed", "failed", "expired", "cancelled")
 
 
+# the sizes every committed result ran at, Freight's defaults before they followed the device
+# (scheduler/engine_defaults.py): a 1 GiB KV cache unless one is given, vLLM's LLMEngine token budget
+PREVIOUS_KV_BYTES = 1024**3
+PREVIOUS_BATCHED_TOKENS = 2048
+
+
 def kv_gib(kv_bytes: int) -> str:
     """FREIGHT_ENGINE_KV_CACHE_GIB for exactly `kv_bytes` (Freight computes int(gib * 1024**3))."""
     return repr((kv_bytes + 0.5) / 1024**3)
@@ -67,7 +73,7 @@ class FreightStack:
     run_dir: Path
     model_dir: Path
     max_num_seqs: int = 64
-    kv_cache_bytes: int | None = None  # None: Freight's default FREIGHT_ENGINE_KV_CACHE_GIB
+    kv_cache_bytes: int | None = None  # None: Freight's previous default, PREVIOUS_KV_BYTES
     max_model_len: int | None = None
     enforce_eager: bool = False
     block_size: int | None = None  # None: Freight's default FREIGHT_ENGINE_BLOCK_SIZE
@@ -93,6 +99,8 @@ class FreightStack:
                 "FREIGHT_BROKER_URL": f"redis://127.0.0.1:{broker_port}/0",
                 "FREIGHT_API_PORT": str(services.free_port(exclude=[broker_port])),
                 "FREIGHT_ENGINE_MAX_NUM_SEQS": str(self.max_num_seqs),
+                "FREIGHT_ENGINE_MAX_NUM_BATCHED_TOKENS": str(PREVIOUS_BATCHED_TOKENS),
+                "FREIGHT_ENGINE_KV_CACHE_GIB": kv_gib(self.kv_cache_bytes or PREVIOUS_KV_BYTES),
                 "FREIGHT_ENGINE_ENFORCE_EAGER": "true" if self.enforce_eager else "false",
                 "FREIGHT_MAX_REQUESTS_PER_FILE": "1000000",
                 "FREIGHT_MAX_FILE_BYTES": str(2 * 1024**3),
@@ -100,8 +108,6 @@ class FreightStack:
                 "VLLM_NO_USAGE_STATS": "1",
             }
         )
-        if self.kv_cache_bytes:
-            env["FREIGHT_ENGINE_KV_CACHE_GIB"] = kv_gib(self.kv_cache_bytes)
         if self.max_model_len:
             env["FREIGHT_ENGINE_MAX_MODEL_LEN"] = str(self.max_model_len)
         if self.block_size:
@@ -156,7 +162,7 @@ class FreightStack:
             "max_model_len": s.engine_max_model_len or None,
             "enforce_eager": s.engine_enforce_eager,
             "engine_core": getattr(s, "engine_core", None),  # None: a Freight without the setting
-            "max_num_batched_tokens": "vLLM default for LLMEngine (2048 on CPU in vLLM 0.32)",
+            "max_num_batched_tokens": s.engine_max_num_batched_tokens,
             "unit_size": s.unit_size,
             "queue_depth": s.queue_depth,
             "tick_seconds": s.tick_seconds,

@@ -168,10 +168,14 @@ class Settings:
     drain_seconds: float = 30.0  # on warm shutdown, in-flight packs get this long before release
     # S3 calls retry through an outage (exponential backoff, full jitter) for at most this long
     object_store_retry_seconds: float = 120.0
-    # engine settings for workers
-    engine_max_num_seqs: int = 64
+    # engine settings for workers. The sizes' 0 is "by the device" (scheduler/engine_defaults.py:
+    # vLLM's offline defaults on a GPU, the host's memory and cores on a CPU); set, they win
+    engine_max_num_seqs: int = 0
+    engine_max_num_batched_tokens: int = 0
     engine_max_model_len: int = 0  # 0: the checkpoint's own
-    engine_kv_cache_gib: float = 1.0
+    engine_kv_cache_gib: float = 0.0
+    # engine workers on one host (a CPU host's memory and cores are split between them)
+    engine_workers_per_host: int = 1
     engine_enforce_eager: bool = False
     # KV block in tokens (0: vLLM's platform default, 128 on CPU). Only whole blocks are shared by
     # the prefix cache, so smaller blocks reuse more of a shared prefix; the CPU kernel needs x32.
@@ -482,6 +486,11 @@ _WORK_AND_SERVICE_RULES: tuple[_Rule, ...] = (
         lambda s: s.object_store_retry_seconds < 0 or s.drain_seconds < 0,
         "FREIGHT_OBJECT_STORE_RETRY_SECONDS and FREIGHT_DRAIN_SECONDS cannot be negative",
     ),
+    (
+        lambda s: min(s.engine_max_num_seqs, s.engine_max_num_batched_tokens, s.engine_kv_cache_gib) < 0,
+        "FREIGHT_ENGINE_MAX_NUM_SEQS, _MAX_NUM_BATCHED_TOKENS and _KV_CACHE_GIB cannot be negative (0: by the device)",
+    ),
+    (lambda s: s.engine_workers_per_host < 1, "FREIGHT_ENGINE_WORKERS_PER_HOST must be at least 1"),
     (
         lambda s: s.engine_block_size < 0 or s.engine_block_size % 16 != 0,
         "FREIGHT_ENGINE_BLOCK_SIZE must be 0 (vLLM's default) or a multiple of 16",

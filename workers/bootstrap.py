@@ -24,10 +24,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from scheduler.engine_defaults import Device
 from storage import tracing
 from storage.logs import configure_settings, vllm_logging_config
 from storage.settings import Settings, SettingsError
 from workers.control import ROLES, supervise
+
+log = logging.getLogger(__name__)
 
 
 class BootstrapError(RuntimeError):
@@ -258,13 +261,16 @@ def engine_config(
     engine_args: Mapping[str, Any] | None = None,
     tool_call_parser: str | None = None,
     task: str = "generate",
+    device: Device | None = None,
 ):
     """The engine of ``model``: the FREIGHT_ENGINE_* defaults, the model's own engine arguments
     over them (its registry row: max_model_len, then ``engine_args``); with JSON logs, no progress
     bar while the weights load, unless the model's own arguments ask for one. Those Freight reads
     itself (max_num_seqs sizes the feed, say) replace the matching default; the rest go to vLLM
     as given. A model's gpu_memory_utilization without a kv_cache_memory_bytes of its own drops
-    the FREIGHT_ENGINE_KV_CACHE_GIB size, which vLLM would otherwise prefer to it."""
+    the FREIGHT_ENGINE_KV_CACHE_GIB size, which vLLM would otherwise prefer to it. Sizes neither
+    sets (FREIGHT_ENGINE_* at 0) come from the device (``engine_sizes``; ``device``: the probed
+    one unless given)."""
     from workers.engine import EngineConfig
     from workers.engine_args import CONFIG_FIELDS
 
@@ -272,12 +278,11 @@ def engine_config(
     if settings.log_format == "json":  # a progress bar is no log line: none while weights load
         extra.setdefault("use_tqdm_on_load", False)
     own = {CONFIG_FIELDS[k]: extra.pop(k) for k in list(extra) if k in CONFIG_FIELDS}
-    kv_cache_bytes: int | None = int(settings.engine_kv_cache_gib * 1024**3)
-    if "gpu_memory_utilization" in extra and "kv_cache_bytes" not in own:
-        kv_cache_bytes = None
+    sizes, sizing = engine_sizes(settings, path, max_model_len, own, extra, device)
+    log.info("engine sizes for %s: %s", model, sizing)
     defaults: dict[str, Any] = {
-        "max_num_seqs": settings.engine_max_num_seqs,
-        "kv_cache_bytes": kv_cache_bytes,
+        **sizes,
+        "sizing": sizing,
         "block_size": settings.engine_block_size or None,
         "enforce_eager": settings.engine_enforce_eager,
         "dtype": settings.engine_dtype,
@@ -295,6 +300,56 @@ def engine_config(
         task=task,
         **{**defaults, **own},
     )
+
+
+def engine_sizes(
+    settings: Settings,
+    path: str,
+    max_model_len: int | None,
+    own: Mapping[str, Any],
+    extra: dict[str, Any],
+    device: Device | None = None,
+) -> tuple[dict[str, Any], str]:
+    """max_num_seqs, max_num_batched_tokens and kv_cache_bytes for EngineConfig, and where each
+    came from: the model's engine args (``own``, which EngineConfig takes over these anyway), else
+    the operator's FREIGHT_ENGINE_* (non-zero), else the device's defaults
+    (scheduler/engine_defaults.py). On a GPU the device's KV cache is vLLM's own sizing from
+    gpu_memory_utilization, set in ``extra`` unless the model sets it; a model's
+    gpu_memory_utilization (in ``extra``) drops any byte size vLLM would prefer to it. The device
+    is probed only when some size is left to it."""
+    from scheduler.engine_defaults import GPU_MEMORY_UTILIZATION, engine_defaults
+    from workers.device_probe import model_footprint, probe_device
+
+    gib = settings.engine_kv_cache_gib
+    given: dict[str, tuple[Any, str]] = {
+        "max_num_seqs": (settings.engine_max_num_seqs or None, "FREIGHT_ENGINE_MAX_NUM_SEQS"),
+        "max_num_batched_tokens": (
+            settings.engine_max_num_batched_tokens or None,
+            "FREIGHT_ENGINE_MAX_NUM_BATCHED_TOKENS",
+        ),
+        "kv_cache_bytes": (int(gib * 1024**3) or None, "FREIGHT_ENGINE_KV_CACHE_GIB"),
+    }
+    if "gpu_memory_utilization" in extra:  # the model's own fraction sizes the cache
+        given["kv_cache_bytes"] = (None, "the model's gpu_memory_utilization")
+    for name in own:
+        if name in given:
+            given[name] = (own[name], "the model's engine args")
+    sizes = {name: value for name, (value, _) in given.items()}
+    words = [f"{name}={value} ({source})" for name, (value, source) in given.items()]
+    left = [name for name, (value, source) in given.items() if value is None and source.startswith("FREIGHT")]
+    if not left:
+        return sizes, "; ".join(words)
+    probed = device or probe_device(settings.engine_workers_per_host)
+    context = max_model_len or settings.engine_max_model_len or None
+    chosen = engine_defaults(probed, model_footprint(path, context, settings.engine_dtype))
+    for name in left:
+        sizes[name] = getattr(chosen, name)
+    fraction = chosen.gpu_memory_utilization
+    if "kv_cache_bytes" in left and fraction is not None and fraction != GPU_MEMORY_UTILIZATION:
+        extra.setdefault("gpu_memory_utilization", fraction)  # vLLM's own default needs no saying
+    words = [w for w in words if w.split("=")[0] not in left]
+    mine = ", ".join(left)
+    return sizes, "; ".join([*words, f"{mine} by the device: {chosen.reason}"])
 
 
 def run_beat(settings: Settings) -> None:

@@ -90,7 +90,8 @@ class EngineConfig:
     # "embed": vLLM's pooling runner, /v1/embeddings (and scores by cosine); "score": a cross-encoder
     # on the pooling runner, /v1/score and /v1/rerank only (storage/registry.py: TASKS)
     task: str = "generate"
-    max_audio_seconds: float = 30.0  # an audio line's longest audio (FREIGHT_MAX_AUDIO_SECONDS)
+    max_audio_seconds: float = 600.0  # an audio line's longest audio (FREIGHT_MAX_AUDIO_SECONDS)
+    sizing: str = ""  # where the batch and KV-cache sizes came from (workers/bootstrap.py: engine_sizes)
 
 
 # Structured outputs (response_format's schemas, forced tool calls) write JSON without optional

@@ -32,6 +32,7 @@ DEMO_ENGINE = {
     "FREIGHT_ENGINE_ENFORCE_EAGER": "true",
     "FREIGHT_ENGINE_KV_CACHE_GIB": "0.5",
     "FREIGHT_ENGINE_MAX_NUM_SEQS": "32",
+    "FREIGHT_ENGINE_MAX_NUM_BATCHED_TOKENS": "2048",  # what the tests ran at before sizes followed the device
     "FREIGHT_ENGINE_DEFAULT_MAX_TOKENS": "16",
 }
 

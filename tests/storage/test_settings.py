@@ -48,6 +48,20 @@ def test_bad_values_name_the_variable(env):
         Settings.from_env(env)
 
 
+def test_engine_sizes_default_to_the_device_and_keep_an_operators_values():
+    # 0 is "by the device" (scheduler/engine_defaults.py); what operators set before still reads
+    s = Settings.from_env({})
+    assert (s.engine_max_num_seqs, s.engine_max_num_batched_tokens, s.engine_kv_cache_gib) == (0, 0, 0.0)
+    assert s.engine_workers_per_host == 1
+    old = Settings.from_env({"FREIGHT_ENGINE_MAX_NUM_SEQS": "64", "FREIGHT_ENGINE_KV_CACHE_GIB": "1"})
+    assert (old.engine_max_num_seqs, old.engine_kv_cache_gib) == (64, 1.0)
+    for key, bad in (("MAX_NUM_SEQS", "-1"), ("MAX_NUM_BATCHED_TOKENS", "-2048"), ("KV_CACHE_GIB", "-0.5")):
+        with pytest.raises(SettingsError, match="cannot be negative"):
+            Settings.from_env({f"FREIGHT_ENGINE_{key}": bad})
+    with pytest.raises(SettingsError, match="FREIGHT_ENGINE_WORKERS_PER_HOST must be at least 1"):
+        Settings.from_env({"FREIGHT_ENGINE_WORKERS_PER_HOST": "0"})
+
+
 def test_engine_block_size_reaches_the_engine_config():
     from workers.bootstrap import engine_config
 
