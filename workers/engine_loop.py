@@ -28,7 +28,7 @@ from workers.engine import ABORTED_STATUS, EngineRequest, EngineResult
 from workers.images import images_in
 from workers.kv_gate import KvGate
 from workers.media_files import AUDIO_REF
-from workers.pack_feed import IDLE_WAIT_SECONDS, PackFeed
+from workers.pack_feed import IDLE_WAIT_SECONDS, PackFeed, feed_key
 from workers.results import encode, request_error_line, stopped_line, success_line
 from workers.runner_state import ActiveUnit, RunnerState
 from workers.stepped_engine import SteppedEngine, StepSample
@@ -173,8 +173,14 @@ class EngineLoop:
         kv = self._kv
         while engine.load < engine.window:
             with self._lock:
-                if self._held is not None:
-                    (unit, row), self._held = self._held, None
+                held, self._held = self._held, None
+                if held is not None and self._feed.urgent_waiting and not held[0].claim.urgent:
+                    # an urgent request came while this one waited at the KV gate: it goes first,
+                    # as the feed orders them, and this one back to the feed
+                    self._feed.push(feed_key(*held), held)
+                    held = None
+                if held is not None:
+                    unit, row = held
                 elif not self._feed:
                     self._lock.notify_all()
                     return

@@ -5,7 +5,7 @@ gate's figures from shard rows, and the loop against a scripted engine that desc
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -155,3 +155,32 @@ def test_the_loop_admits_by_footprint_in_feed_order_and_a_stopped_unit_takes_bac
         engine.rows[f"{last.claim.token}/{r.line}"] = r
     rig.push(last, lone[:2])
     assert rig.recorded(1) == [last] and last.tally.completed == 2
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # no database is read
+def test_an_urgent_request_goes_before_the_one_waiting_at_the_gate(rig_of) -> None:  # noqa: F811
+    """Three requests held in the engine fill the cache; the next unit's first request waits at the
+    gate; an urgent unit's request arrives. When room comes, the urgent one goes in first, then the
+    waiting one and its unit's next, as the feed orders them."""
+    engine = KvScriptedEngine(blocks=10)
+    rig = rig_of(engine)
+    hold = [row(i, [3000 + i] * 40, max_tokens=8, tag="h", hold=True) for i in range(3)]
+    later = [row(i, [4000 + i] * 40, max_tokens=8, tag="a") for i in range(2)]
+    quick = [row(0, [5000] * 40, max_tokens=8, tag="u")]
+    h, a = active(1, hold), active(2, later)
+    u = active(3, quick)
+    u.claim = replace(u.claim, urgent=True)
+    for unit, rows in ((h, hold), (a, later), (u, quick)):
+        for r in rows:
+            engine.rows[f"{unit.claim.token}/{r.line}"] = r
+    rig.push(h, hold)
+    until(lambda: engine.load == 3)
+    rig.push(a, later)
+    until(lambda: rig.loop._held is not None)  # a's first request waits at the gate
+    rig.push(u, quick)
+    h.reason = "batch_cancelled"
+    rig.loop.stops.put(h)
+    rig.state.wake()
+    assert {x.claim.unit_id for x in rig.recorded(3)} == {1, 2, 3}
+    assert [r.key for r in engine.added[3:]] == ["w:1:t3/0", "w:1:t2/0", "w:1:t2/1"]
+    assert engine.most_blocks <= 10
