@@ -190,6 +190,9 @@ def up(
             served = sorted(served_names(db, settings))
         finally:
             db.dispose()
+        engines = len(served) * workers_per_model
+        if engines > 1:  # the engines' device defaults split this host between them
+            env.setdefault("FREIGHT_ENGINE_WORKERS_PER_HOST", str(engines))
 
         if control_plane:
             stack.spawn("api", [*FREIGHT, "api"])

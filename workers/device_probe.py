@@ -1,6 +1,6 @@
 """What this engine worker runs on, read from the machine (scheduler/engine_defaults.py decides
-the engine's sizes from it): a GPU through torch.cuda when torch sees one, else the host's CPU
-from /proc/meminfo and the cores this process may run on.
+the engine's sizes from it): a GPU as vLLM's platform sees it (NVML on CUDA, torch.cuda
+elsewhere), else the host's CPU from /proc/meminfo and the cores this process may run on.
 
 Read once at the worker's start, before vLLM loads anything: the free memory is then what the
 other processes of the host (or of the GPU) hold, not this engine's own.
@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 from scheduler.engine_defaults import Device, ModelFootprint
 
@@ -51,28 +52,49 @@ def cpu_device(workers_per_host: int = 1, meminfo: Path = MEMINFO) -> Device:
 
 
 def _gpu(workers_per_host: int) -> Device | None:
-    """torch.cuda's first device (CUDA or ROCm), or None where torch has none (a CPU build)."""
+    """The first GPU as vLLM's own platform sees it (its device table reads the same total memory
+    and name), or None on a CPU build. On CUDA, NVML answers without creating a CUDA context in
+    this process, which would hold device memory for the worker's life; elsewhere torch.cuda."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cuda_alike():
+        return None
     try:
+        total = int(current_platform.get_device_total_memory(0))
+        name = str(current_platform.get_device_name(0))
+        capability = current_platform.get_device_capability(0)
+        free = _gpu_free_bytes(current_platform)
+    except Exception as exc:  # a driver that cannot be reached: vLLM's own start will say why
+        log.warning("the GPU cannot be described (%s): sizing as vLLM's smaller GPUs", exc)
+        return Device(kind="gpu", name="?", workers_per_host=workers_per_host)
+    return Device(
+        kind="gpu",
+        name=name,
+        total_bytes=total,
+        free_bytes=free,
+        cores=os.cpu_count() or 1,
+        compute_capability=None if capability is None else (capability.major, capability.minor),
+        workers_per_host=workers_per_host,
+    )
+
+
+def _gpu_free_bytes(platform: Any) -> int:
+    """Free bytes of the first visible GPU (0: unknown, and the decision keeps vLLM's fraction)."""
+    try:
+        from vllm.platforms import cuda
+
+        physical = platform.device_id_to_physical_device_id(0)
+        cuda.pynvml.nvmlInit()
+        try:
+            handle = cuda.pynvml.nvmlDeviceGetHandleByIndex(physical)
+            return int(cuda.pynvml.nvmlDeviceGetMemoryInfo(handle).free)
+        finally:
+            cuda.pynvml.nvmlShutdown()
+    except Exception:  # ROCm, or no NVML: torch.cuda (which creates a context)
         import torch
-    except ImportError:
-        return None
-    try:
-        if not torch.cuda.is_available() or torch.cuda.device_count() < 1:
-            return None
-        free, total = torch.cuda.mem_get_info(0)
-        capability = tuple(torch.cuda.get_device_capability(0))
-        return Device(
-            kind="gpu",
-            name=str(torch.cuda.get_device_name(0)),
-            total_bytes=int(total),
-            free_bytes=int(free),
-            cores=os.cpu_count() or 1,
-            compute_capability=(int(capability[0]), int(capability[1])),
-            workers_per_host=workers_per_host,
-        )
-    except (RuntimeError, AssertionError) as exc:  # a driver that cannot be reached: not a GPU host
-        log.warning("torch.cuda reports a device but cannot describe it (%s): sizing as a CPU host", exc)
-        return None
+
+        free, _ = torch.cuda.mem_get_info(0)
+        return int(free)
 
 
 def model_footprint(path: str, max_model_len: int | None, dtype: str) -> ModelFootprint:

@@ -166,3 +166,37 @@ def test_bootstrap_logs_the_sizes_it_chose(demo_model_dir: Path, caplog: pytest.
         "engine sizes for demo: " in r.getMessage() and "by the device" in r.getMessage()
         for r in caplog.records
     )
+
+
+def test_a_gpu_is_described_as_vllms_platform_sees_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No GPU here: vLLM's platform is described (an H100 behind CUDA_VISIBLE_DEVICES), and the
+    probe must hand its name, memory and capability to the decision unchanged."""
+    import vllm.platforms
+
+    from workers import device_probe
+
+    fake = SimpleNamespace(
+        is_cuda_alike=lambda: True,
+        get_device_total_memory=lambda device_id=0: 85_520_809_984,  # an H100 80GB HBM3's
+        get_device_name=lambda device_id=0: "NVIDIA H100 80GB HBM3",
+        get_device_capability=lambda device_id=0: SimpleNamespace(major=9, minor=0),
+    )
+    monkeypatch.setattr(vllm.platforms, "current_platform", fake)
+    monkeypatch.setattr(device_probe, "_gpu_free_bytes", lambda platform: 84_000_000_000)
+    device = probe_device()
+    assert (device.kind, device.name, device.total_bytes, device.free_bytes) == (
+        "gpu", "NVIDIA H100 80GB HBM3", 85_520_809_984, 84_000_000_000
+    )  # fmt: skip
+    assert device.compute_capability == (9, 0)
+    assert (engine_defaults(device).max_num_seqs, engine_defaults(device).max_num_batched_tokens) == (
+        1024,
+        16384,
+    )
+
+    def unreachable(platform: object) -> int:
+        raise RuntimeError("NVML Shared Library Not Found")
+
+    monkeypatch.setattr(device_probe, "_gpu_free_bytes", unreachable)
+    blind = probe_device()  # still a GPU host: sized as vLLM's smaller GPUs, vLLM's start says the rest
+    assert blind.kind == "gpu" and blind.total_bytes == 0
+    assert engine_defaults(blind).max_num_seqs == 256
