@@ -30,7 +30,7 @@ from collections import OrderedDict
 from dataclasses import replace
 from typing import Any
 
-from scheduler.duplicate_requests import request_key
+from scheduler.duplicate_requests import RequestKey, request_key
 from workers.engine import EngineResult
 from workers.runner_state import ActiveUnit
 from workers.unit_claims import Claim
@@ -38,7 +38,7 @@ from workers.unit_claims import Claim
 SHARED_RUN = "shared_run"  # x_freight.copy: the line waited on the same request's run
 RECENT_RESULT = "recent_result"  # x_freight.copy: the same request had just finished
 RECENT_RESULTS = 1024  # successes remembered for lines that leave the feed just after their run
-RECENT_BYTES = 8 * 1024 * 1024  # of their result lines as written
+RECENT_BYTES = 8 * 1024 * 1024  # of their result lines as written and their request bodies
 
 Waiter = tuple[ActiveUnit, str]  # a line waiting on a run: its unit and custom_id
 
@@ -65,20 +65,20 @@ class DuplicateLines:
     """The runs duplicates wait on and the recent results they may copy (see the module)."""
 
     def __init__(self, recent_results: int = RECENT_RESULTS, recent_bytes: int = RECENT_BYTES) -> None:
-        self._running: dict[bytes, str] = {}  # request key -> engine key of its run
-        self._request_of: dict[str, bytes] = {}  # engine key -> request key
+        self._running: dict[RequestKey, str] = {}  # request key -> engine key of its run
+        self._request_of: dict[str, RequestKey] = {}  # engine key -> request key
         self._waiting: dict[str, list[Waiter]] = {}  # engine key -> lines waiting on its result
-        self._recent: OrderedDict[bytes, tuple[EngineResult, int]] = OrderedDict()  # LRU, with sizes
+        self._recent: OrderedDict[RequestKey, tuple[EngineResult, int]] = OrderedDict()  # LRU, with sizes
         self._recent_limit = recent_results
         self._recent_limit_bytes = recent_bytes
         self._recent_bytes = 0
         self.copies = 0  # lines answered by a copy (a count for the log and the tests)
 
     @staticmethod
-    def key(claim: Claim, body: dict[str, Any], body_json: str) -> bytes | None:
+    def key(claim: Claim, body: dict[str, Any], body_json: str) -> RequestKey | None:
         return request_key(claim.cache_domain, claim.endpoint, body, body_json)
 
-    def join(self, request: bytes, unit: ActiveUnit, custom_id: str) -> EngineResult | bool:
+    def join(self, request: RequestKey, unit: ActiveUnit, custom_id: str) -> EngineResult | bool:
         """True: the line waits on the run of its request in the engine; a result: a copy of the
         request's recent answer, to write now; False: the line runs."""
         engine_key = self._running.get(request)
@@ -93,7 +93,7 @@ class DuplicateLines:
         self.copies += 1
         return copied_result(recent[0], RECENT_RESULT)
 
-    def started(self, request: bytes, engine_key: str) -> None:
+    def started(self, request: RequestKey, engine_key: str) -> None:
         self._running[request] = engine_key
         self._request_of[engine_key] = request
 
@@ -104,11 +104,12 @@ class DuplicateLines:
         if request is None:
             return []
         del self._running[request]
-        if result.ok and written <= self._recent_limit_bytes:
-            self._remember(request, result, written)
+        size = written + len(request[2])  # its result line and the body its key holds
+        if result.ok and size <= self._recent_limit_bytes:
+            self._remember(request, result, size)
         return self._waiting.pop(result.key, [])
 
-    def _remember(self, request: bytes, result: EngineResult, size: int) -> None:
+    def _remember(self, request: RequestKey, result: EngineResult, size: int) -> None:
         old = self._recent.pop(request, None)
         if old is not None:
             self._recent_bytes -= old[1]

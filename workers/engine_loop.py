@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 
 from scheduler.cost import TokenWork, kv_reads
+from scheduler.duplicate_requests import RequestKey
 from storage.shards import ShardRow
 from workers.cost_meter import CostMeter
 from workers.duplicate_lines import RECENT_RESULT, SHARED_RUN, DuplicateLines, copied_body
@@ -223,7 +224,7 @@ class EngineLoop:
                 if kv is not None:
                     kv.hold(key)
 
-    def _copies(self, request_key: bytes, unit: ActiveUnit, custom_id: str) -> bool:
+    def _copies(self, request_key: RequestKey, unit: ActiveUnit, custom_id: str) -> bool:
         """The line needs no run of its own: it waits on its request's run, or copies its
         recent answer now (workers/duplicate_lines.py)."""
         joined = self._dups.join(request_key, unit, custom_id)

@@ -13,7 +13,7 @@ CHAT = "/v1/chat/completions"
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
-def key(body: dict, scope: str = "", endpoint: str = CHAT) -> bytes | None:
+def key(body: dict, scope: str = "", endpoint: str = CHAT) -> tuple | None:
     return request_key(scope, endpoint, body, json.dumps(body, separators=(",", ":")))
 
 
@@ -62,7 +62,7 @@ def test_what_differs_keeps_requests_apart() -> None:
     assert key(greedy(), scope="tenant-a") != key(greedy(), scope="")  # global mode's scope is ""
     assert key(greedy(), scope="tenant-a") == key(greedy(), scope="tenant-a")
     assert key(greedy()) != key(greedy(), endpoint="/v1/responses")
-    # the parts are length-prefixed: a scope cannot pass for a scope and an endpoint
+    # the parts are kept apart: a scope cannot pass for a scope and an endpoint
     assert request_key("a", "b/c", {"seed": 1}, "{}") != request_key("ab", "/c", {"seed": 1}, "{}")
     # the stored text is the request: another key order is another request (never a wrong merge)
     body = greedy()

@@ -214,13 +214,15 @@ def test_a_copy_has_its_own_response_id_and_the_recent_results_stay_bounded() ->
     assert copied_body({"id": "resp_1"}, RECENT_RESULT)["id"].startswith("resp_")
     dups = DuplicateLines(recent_results=2, recent_bytes=100)
     for i in range(4):
-        request = bytes([i])
+        request = ("", "/v1/chat/completions", str(i))
         dups.started(request, f"k{i}")
-        dups.finished(EngineResult(f"k{i}", 200, body={}), 40)
-    assert list(dups._recent) == [b"\x02", b"\x03"] and dups._recent_bytes == 80
-    dups.started(b"big", "kb")
-    dups.finished(EngineResult("kb", 200, body={}), 101)  # larger than the whole memory: not kept
-    assert b"big" not in dups._recent
-    dups.started(b"x", "kx")
+        dups.finished(EngineResult(f"k{i}", 200, body={}), 40)  # 41 bytes with its body
+    assert [r[2] for r in dups._recent] == ["2", "3"] and dups._recent_bytes == 82
+    big = ("", "/v1/chat/completions", "x" * 61)
+    dups.started(big, "kb")
+    dups.finished(EngineResult("kb", 200, body={}), 40)  # 101: larger than the whole memory, not kept
+    assert big not in dups._recent
+    failed = ("", "/v1/chat/completions", "f")
+    dups.started(failed, "kx")
     dups.finished(EngineResult("kx", 500, error={}), 10)  # an engine failure is not remembered
-    assert b"x" not in dups._recent
+    assert failed not in dups._recent
