@@ -119,8 +119,9 @@ class Settings:
     # bytes of a file sent in parts through /v1/uploads (OpenAI's 8 GB); /v1/files keeps max_file_bytes
     max_upload_bytes: int = 8 * 1024**3
     max_line_bytes: int = 8 * 1024 * 1024
-    # an audio line's longest audio (seconds): Whisper's window, as Freight does not split audio
-    max_audio_seconds: float = 30.0
+    # an audio line's longest audio (seconds): vLLM's decode limit; past Whisper's 30 s window
+    # the engine splits it into chunks as vLLM's serving does (workers/transcription.py)
+    max_audio_seconds: float = 600.0
     max_listed_errors: int = 100  # validation errors listed on a failed batch
     unit_size: int = 256  # requests per work unit (a row range of one Parquet shard of one batch)
     unit_tokens: int = 0  # also cut units at this many planned tokens (prompt + output budget); 0: off

@@ -7,9 +7,11 @@ FFmpeg is needed. MP4, M4A and WebM containers are therefore refused as undecoda
 
 Memory is bounded before anything is decoded: the encoded bytes are refused past
 ``max_bytes`` (the data URL's base64 is measured before it is decoded), and the duration is read
-from the file's header and refused past ``max_seconds`` before a sample is read. Whisper's window
-is 30 s and Freight does not chunk longer audio, so the limit (FREIGHT_MAX_AUDIO_SECONDS) defaults
-to 30 s. Every refusal is an ``AudioError`` naming the reason: the line's 400 error.
+from the file's header and refused past ``max_seconds`` before a sample is read. Audio longer than
+Whisper's 30 s window is split into chunks by the engine (workers/transcription.py), so the limit
+(FREIGHT_MAX_AUDIO_SECONDS) defaults to vLLM's own decode limit, 600 s (VLLM_MAX_AUDIO_DECODE_DURATION_S:
+9.6 M samples, 38 MB of float32 for the line while it runs). Every refusal is an ``AudioError``
+naming the reason: the line's 400 error.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 import numpy as np
 
 SAMPLE_RATE = 16_000  # what Whisper's feature extractor takes
-MAX_SECONDS = 30.0  # Whisper's window: FREIGHT_MAX_AUDIO_SECONDS' default
+MAX_SECONDS = 600.0  # vLLM's decode limit: FREIGHT_MAX_AUDIO_SECONDS' default
 MAX_BYTES = 25 * 1024 * 1024  # OpenAI's limit on an audio upload
 
 
@@ -80,7 +82,7 @@ def decode(data: bytes, max_seconds: float = MAX_SECONDS, max_bytes: int = MAX_B
                 raise AudioError(
                     "audio_too_long",
                     f"the audio is {seconds:.1f} s long; the limit is {max_seconds:g} s "
-                    "(Whisper's window; longer audio is not split)",
+                    "(FREIGHT_MAX_AUDIO_SECONDS)",
                 )
             samples = f.read(dtype="float32", always_2d=True)
     except AudioError:

@@ -688,18 +688,19 @@ class Engine:
             entry = self._live.pop(output.request_id, None)
             if entry is None:
                 continue  # aborted meanwhile
-            if isinstance(entry.rendered, (PooledLine, ScoredLine)) and not entry.rendered.collect(output):
-                continue  # an embeddings or scoring line ends with its last sequence
+            many = isinstance(entry.rendered, (PooledLine, ScoredLine, TranscribedLine))
+            if many and not entry.rendered.collect(output):  # type: ignore[union-attr]
+                continue  # an embeddings, scoring or chunked audio line ends with its last sequence
             result = None
-            if isinstance(entry.rendered, TranscribedLine) and entry.rendered.language is None:
+            if isinstance(entry.rendered, TranscribedLine) and entry.rendered.detecting:
                 assert self._speech is not None  # it submitted the line
                 request_id = f"freight-{next(self._ids)}"
-                try:  # its language detected: now the audio
-                    self._speech.transcribe(entry.rendered, output, request_id)
+                try:  # its language detected: now the audio, a request per chunk
+                    chunk_ids = self._speech.transcribe(entry.rendered, output, request_id)
                 except Exception as exc:
                     result = _refusal(entry.key, exc, "the transcription")
                 else:
-                    self._live[request_id] = entry
+                    self._live.update(dict.fromkeys(chunk_ids, entry))
                     self._in_flight = len(self._live)
                     continue
             self._forget(entry)
@@ -842,7 +843,7 @@ class Engine:
                         self.max_model_len,
                     )
                 line = self._speech.submit(parsed.request, f"freight-{next(self._ids)}", request.audio)
-                return _InFlight(key, line, 1, line.request_ids)
+                return _InFlight(key, line, len(line.chunks), line.request_ids)
             lora = None if self.loras is None else self.loras.request_for(request.body.get("model"))
             rendered = self.render(request)
             request_id = f"freight-{next(self._ids)}"
@@ -906,9 +907,8 @@ def _finish_embeddings(key: str, line: PooledLine | ScoredLine, served_name: str
     return EngineResult(key, 200, body, prompt_tokens=line.prompt_tokens, cached_tokens=cached)
 
 
-def _finish_audio(key: str, line: TranscribedLine, output: Any) -> EngineResult:
+def _finish_audio(key: str, line: TranscribedLine) -> EngineResult:
     """An audio line's result: the text, usage by the audio's duration (workers/transcription.py)."""
-    line.output = output
     try:
         body, completion = line.response()
     except TranscriptionFailed as exc:
@@ -926,7 +926,7 @@ def _finish(
     if isinstance(entry.rendered, (PooledLine, ScoredLine)):
         return _finish_embeddings(entry.key, entry.rendered, served_name)
     if isinstance(entry.rendered, TranscribedLine):
-        return _finish_audio(entry.key, entry.rendered, output)
+        return _finish_audio(entry.key, entry.rendered)
     failed = [c for c in output.outputs if c.finish_reason == "error"]
     if failed or not output.outputs:
         return _error(entry.key, 500, "internal_error", "The engine failed while generating this request.")

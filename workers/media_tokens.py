@@ -49,7 +49,7 @@ from workers.audio import AudioError
 from workers.audio import data_url_bytes as audio_bytes
 from workers.images import ImageRefused, checkpoint_takes_images, data_url_bytes, image_parts, part_url
 from workers.media_files import FileRefused
-from workers.transcription import AUDIO_ENDPOINTS, TRANSLATIONS
+from workers.transcription import AUDIO_ENDPOINTS, TRANSLATIONS, chunks_at_most
 
 log = logging.getLogger(__name__)
 
@@ -342,7 +342,9 @@ class MediaCounter:
             self.tally.audio_refused += 1
             return 0
         speech = self._speech_of(self._base(body))
-        tokens = speech.prompt_tokens(self.endpoint, body) + speech.audio_tokens(seconds)
+        # a decoder prompt per 30 s chunk (an upper bound past 30 s: the engine cuts at pauses)
+        prompts = speech.prompt_tokens(self.endpoint, body) * chunks_at_most(seconds)
+        tokens = prompts + speech.audio_tokens(seconds)
         self.tally.audio_seconds += seconds
         self.tally.audio_tokens += tokens
         return tokens

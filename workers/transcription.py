@@ -10,20 +10,38 @@ engine's renderer, as vLLM's speech-to-text serving builds it. A line without `l
 runs vLLM's language detection (one token, constrained to the language tokens), then the
 transcription: two engine requests in turn.
 
+Audio longer than the model's clip (Whisper's 30 s window: its speech config's
+`max_audio_clip_s`) is split as vLLM's speech-to-text serving splits it (`split_audio`: chunks of
+at most 30 s, each cut at the quietest 100 ms of its last second), each chunk one engine request
+(its own decoder prompt over the chunk, the same `max_completion_tokens` each, as vLLM's), the
+language detected once on the first chunk, and the texts joined by vLLM's separator (a space; none
+for Chinese and Japanese). A model whose config allows no chunking refuses such audio as the line's
+audio_too_long.
+
+`response_format: "verbose_json"` is vLLM's: the decoder prompt asks for timestamps (`<|0.00|>`
+instead of `<|notimestamps|>`), each chunk's tokens with their log-probabilities become segments
+(`start`, `end` in seconds from the audio's start, `text`, `tokens`, `avg_logprob`,
+`compression_ratio`, `temperature`; `no_speech_prob` is null, vLLM computes none), the text is the
+segments' joined, and the body carries `language` and `duration`, plus OpenAI's duration `usage`
+for a transcription. Only a model class with segment timestamps (`supports_segment_timestamp`:
+Whisper) takes it; another refuses the line. Word timestamps (`timestamp_granularities` holding
+`word`) are not available (vLLM computes none); `["segment"]` with verbose_json is what it gives.
+
 What a batch line cannot have, refused as the line's unsupported_parameter: streaming, beam search,
-`response_format` other than json or text (verbose_json's segments, srt, vtt), timestamp
-granularities, audio longer than Whisper's 30 s window (Freight does not split audio). The answer
-is OpenAI's (and vLLM's) shape: a transcription `{"text": ..., "usage": {"type": "duration",
-"seconds": N}}` (seconds rounded up, as OpenAI bills them), a translation `{"text": ...}`;
-`response_format: "text"` answers the same JSON, as vLLM's run-batch does. Engine usage: prompt
-tokens are the decoder prompt's plus the audio's log-mel frames (100 a second), as vLLM's streaming
-usage counts them; completion tokens are those generated.
+`response_format` srt or vtt, word timestamps. The answer is OpenAI's (and vLLM's) shape: a
+transcription `{"text": ..., "usage": {"type": "duration", "seconds": N}}` (seconds rounded up,
+as OpenAI bills them), a translation `{"text": ...}`; `response_format: "text"` answers the same
+JSON, as vLLM's run-batch does. Engine usage: prompt tokens are each chunk's decoder prompt plus
+its log-mel frames (100 a second), as vLLM's streaming usage counts them; completion tokens are
+those generated, all chunks together.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 from workers.audio import MAX_BYTES, MAX_SECONDS, Audio, AudioError, data_url_bytes, decode
@@ -32,7 +50,8 @@ from workers.request_errors import RequestError, clip_message
 TRANSCRIPTIONS = "/v1/audio/transcriptions"
 TRANSLATIONS = "/v1/audio/translations"
 AUDIO_ENDPOINTS = (TRANSCRIPTIONS, TRANSLATIONS)
-RESPONSE_FORMATS = ("json", "text")
+RESPONSE_FORMATS = ("json", "text", "verbose_json")
+VERBOSE = "verbose_json"
 _UNSUPPORTED = "unsupported_parameter"
 
 
@@ -92,11 +111,27 @@ def audio_request_class(endpoint: str, data: dict, validated: bool = False) -> t
             f"response_format must be one of {', '.join(RESPONSE_FORMATS)} in a batch line.",
             "response_format",
         )
-    if data.get("timestamp_granularities[]") or data.get("timestamp_granularities"):
-        raise RequestError(
-            _UNSUPPORTED, "timestamp granularities are not supported.", "timestamp_granularities"
-        )
+    _check_granularities(data)
     return (BatchTranslationRequest if endpoint == TRANSLATIONS else BatchTranscriptionRequest), model
+
+
+def _check_granularities(data: dict) -> None:
+    """Segment timestamps with verbose_json (what it gives anyway); word timestamps are refused."""
+    for name in ("timestamp_granularities[]", "timestamp_granularities"):
+        wanted = data.get(name)
+        if not wanted:
+            continue
+        param = "timestamp_granularities"
+        if data.get("response_format") != VERBOSE:
+            raise RequestError(
+                _UNSUPPORTED, "timestamp granularities need response_format verbose_json.", param
+            )
+        if wanted != ["segment"]:
+            raise RequestError(
+                _UNSUPPORTED,
+                'only ["segment"] timestamp granularities are available: no word timestamps.',
+                param,
+            )
 
 
 def audio_body(endpoint: str, request: Any) -> AudioBody:
@@ -156,56 +191,111 @@ class SpeechModel:
         return self.configs[task]
 
 
+def chunks_at_most(seconds: float, clip: float = 30.0, overlap: float = 1.0) -> int:
+    """How many chunks ``speech_chunks`` makes of this much audio at most, Whisper's clip and
+    overlap by default (each chunk but the last is at least ``clip - overlap`` long): what a dry
+    run, reading only the audio's header, prices."""
+    if seconds <= clip:
+        return 1
+    return 1 + math.ceil((seconds - clip) / (clip - overlap))
+
+
+def speech_chunks(samples: Any, config: Any) -> list[Any]:
+    """The audio as the engine's requests take it: whole within the model's clip
+    (``max_audio_clip_s``), else split as vLLM's speech-to-text serving splits it; a model whose
+    config allows no chunking refuses longer audio (the line's audio_too_long)."""
+    clip = config.max_audio_clip_s
+    seconds = len(samples) / config.sample_rate
+    if clip is None or seconds <= clip:
+        return [samples]
+    if not config.allow_audio_chunking:
+        raise RequestError(
+            "audio_too_long",
+            f"the audio is {seconds:.1f} s long; this model takes at most {clip} s and splits no audio",
+            "file_url",
+        )
+    from vllm.multimodal.audio import split_audio
+
+    return split_audio(
+        audio_data=samples,
+        sample_rate=int(config.sample_rate),
+        max_clip_duration_s=clip,
+        overlap_duration_s=config.overlap_chunk_second,
+        min_energy_window_size=config.min_energy_split_window_size,
+    )
+
+
 @dataclass
 class TranscribedLine:
-    """One audio line in the engine: an optional language detection, then the transcription."""
+    """One audio line in the engine: an optional language detection on its first chunk, then one
+    transcription request per chunk (``chunks``: the audio split at the model's clip length)."""
 
     body: AudioBody
     audio: Audio
     speech: SpeechModel
-    max_tokens: int | None  # the line's budget; None: the context left
+    max_tokens: int | None  # each chunk's budget; None: the context left
     default_sampling: dict[str, Any]
     request_ids: list[str]
+    chunks: list[Any] = field(default_factory=list)  # float32 sample arrays (views of the audio's)
     language: str | None = None
+    detecting: bool = False  # its language detection is the request in the engine
     prompt_tokens: int = 0
-    output: Any = None
+    chunk_ids: list[str] = field(default_factory=list)  # the transcription requests, in chunk order
+    outputs: dict[str, Any] = field(default_factory=dict)  # vLLM's finished outputs by request id
+
+    @property
+    def verbose(self) -> bool:
+        return self.body.request.response_format == VERBOSE
 
     def detection(self, renderer: Any) -> tuple[Any, Any]:
-        """vLLM's language detection request: Whisper's start token over the audio, one token
+        """vLLM's language detection request: Whisper's start token over the first chunk, one token
         drawn from the language tokens."""
         from vllm.renderers.inputs.preprocess import parse_model_prompt
         from vllm.sampling_params import SamplingParams
 
         speech = self.speech
-        prompt = speech.model_cls.get_language_detection_prompt(
-            self.audio.samples, speech.config(self.body.task)
-        )
+        prompt = speech.model_cls.get_language_detection_prompt(self.chunks[0], speech.config(self.body.task))
         (engine_input,) = renderer.render_cmpl([parse_model_prompt(speech.model_config, prompt)])
         allowed = speech.model_cls.get_language_token_ids(speech.tokenizer)
         return engine_input, SamplingParams(max_tokens=1, temperature=0.0, allowed_token_ids=allowed)
 
-    def transcription(self, renderer: Any, max_model_len: int) -> tuple[Any, Any]:
-        """The engine input and sampling parameters of the transcription (or translation) itself."""
-        from vllm.renderers.inputs.preprocess import parse_model_prompt
+    def transcriptions(self, renderer: Any, max_model_len: int) -> list[tuple[Any, Any]]:
+        """The engine input and sampling parameters of each chunk's transcription (or
+        translation), as vLLM's serving builds them; the line's prompt tokens counted."""
+        from vllm.renderers.inputs.preprocess import parse_enc_dec_prompt, parse_model_prompt
 
         request, speech = self.body.request, self.speech
         request.language = self.language
         config = speech.config(self.body.task)
-        params = request.build_stt_params(self.audio.samples, config, speech.model_config, self.body.task)
-        prompt = parse_model_prompt(speech.model_config, speech.model_cls.get_generation_prompt(params))
-        (engine_input,) = renderer.render_cmpl([prompt])
-        decoder = engine_input.get("decoder_prompt", engine_input)
-        prompt_ids = decoder.get("prompt_token_ids") or []
-        room = max_model_len - len(prompt_ids)
+        prompts = []
+        for chunk in self.chunks:
+            params = request.build_stt_params(chunk, config, speech.model_config, self.body.task)
+            prompt = speech.model_cls.get_generation_prompt(params)
+            if self.verbose:  # vLLM's: the decoder prompt asks for timestamps
+                prompts.append(_verbose_prompt(parse_enc_dec_prompt(prompt)))
+            else:
+                prompts.append(parse_model_prompt(speech.model_config, prompt))
+        inputs = renderer.render_cmpl(prompts)
+        self.prompt_tokens = 0
+        room = max_model_len
+        for engine_input, chunk in zip(inputs, self.chunks, strict=True):
+            decoder = engine_input.get("decoder_prompt", engine_input)
+            prompt_ids = decoder.get("prompt_token_ids") or []
+            room = min(room, max_model_len - len(prompt_ids))
+            seconds = len(chunk) / config.sample_rate
+            audio_tokens = speech.model_cls.get_num_audio_tokens(seconds, config, speech.model_config)
+            self.prompt_tokens += len(prompt_ids) + (audio_tokens or 0)
         if room < 1:
             raise RequestError("context_length_exceeded", "The prompt leaves no room to write.", "prompt")
         wanted = request.max_completion_tokens or self.max_tokens or room
-        audio_tokens = speech.model_cls.get_num_audio_tokens(self.audio.seconds, config, speech.model_config)
-        self.prompt_tokens = len(prompt_ids) + (audio_tokens or 0)
-        return engine_input, request.to_sampling_params(min(wanted, room), self.default_sampling)
+        sampling = request.to_sampling_params(min(wanted, room), self.default_sampling)
+        if self.verbose:
+            sampling.logprobs = 1  # each token's, for the segments' avg_logprob
+        return [(engine_input, sampling) for engine_input in inputs]
 
     def detected(self, output: Any) -> None:
         """The detection's answer: the language the transcription runs in."""
+        self.detecting = False
         token_ids = list(output.outputs[0].token_ids) if output.outputs else []
         if not token_ids:
             raise TranscriptionFailed("The engine failed while detecting this audio's language.")
@@ -213,17 +303,79 @@ class TranscribedLine:
             token_ids, self.speech.tokenizer
         )
 
+    def collect(self, output: Any) -> bool:
+        """A finished request of the line; True when the engine has what it waits for: the language
+        detection's answer (the transcriptions go in next) or the last chunk's transcription."""
+        if self.detecting:
+            return True
+        self.outputs[output.request_id] = output
+        return len(self.outputs) >= len(self.chunk_ids)
+
     def response(self) -> tuple[dict[str, Any], int]:
         """The line's response body and its completion tokens; raises TranscriptionFailed."""
-        output = self.output
-        if output is None or not output.outputs or output.outputs[0].finish_reason == "error":
-            raise TranscriptionFailed("The engine failed while transcribing this request.")
-        completion = output.outputs[0]
-        text = self.speech.model_cls.post_process_output(completion.text)
-        body: dict[str, Any] = {"text": text}
+        outputs = [self.outputs.get(request_id) for request_id in self.chunk_ids]
+        completions = []
+        for output in outputs:
+            if output is None or not output.outputs or output.outputs[0].finish_reason == "error":
+                raise TranscriptionFailed("The engine failed while transcribing this request.")
+            completions.append(output.outputs[0])
+        model_cls = self.speech.model_cls
+        separator = "" if (self.language or "").lower() in model_cls.no_space_languages else " "
+        body: dict[str, Any]
+        if self.verbose:
+            segments = self._segments(completions)
+            body = {
+                "text": separator.join(segment["text"] for segment in segments),
+                "language": self.language,
+                "duration": self.audio.seconds,
+                "segments": segments,
+            }
+        else:
+            body = {"text": separator.join(model_cls.post_process_output(c.text) for c in completions)}
         if self.body.endpoint == TRANSCRIPTIONS:  # vLLM gives a translation no usage
             body["usage"] = {"type": "duration", "seconds": self.audio.billed_seconds}
-        return body, len(completion.token_ids)
+        return body, sum(len(c.token_ids) for c in completions)
+
+    def _segments(self, completions: list[Any]) -> list[dict[str, Any]]:
+        """Each chunk's timestamped segments as vLLM's serving makes them
+        (``_get_verbose_segments``, a method reading only ``self.tokenizer``), offset by the
+        chunk's start and numbered across the line."""
+        from vllm.entrypoints.speech_to_text.base.serving import SpeechToTextBaseServing
+        from vllm.entrypoints.speech_to_text.transcription.protocol import TranscriptionSegment
+        from vllm.entrypoints.speech_to_text.translation.protocol import TranslationSegment
+
+        serving = SimpleNamespace(tokenizer=self.speech.tokenizer)
+        segment_class = TranslationSegment if self.body.endpoint == TRANSLATIONS else TranscriptionSegment
+        segments: list[dict[str, Any]] = []
+        start = 0.0
+        for completion, chunk in zip(completions, self.chunks, strict=True):
+            tokens = tuple(completion.token_ids)
+            if tokens and tokens[-1] == self.speech.tokenizer.eos_token_id:
+                tokens = tokens[:-1]
+            if tokens and completion.logprobs:  # vLLM's reads past an empty answer
+                made = SpeechToTextBaseServing._get_verbose_segments(
+                    serving,
+                    tokens=tokens,
+                    log_probs=completion.logprobs,
+                    request=self.body.request,
+                    segment_class=segment_class,
+                    start_time=start,
+                )
+                for segment in made:
+                    segment.id = len(segments)
+                    segments.append(segment.model_dump(mode="json"))
+            start += len(chunk) / self.speech.config(self.body.task).sample_rate
+        return segments
+
+
+def _verbose_prompt(prompt: Any) -> Any:
+    """vLLM's verbose_json decoder prompt: timestamps asked for (``<|0.00|>`` where the plain
+    prompt has ``<|notimestamps|>``), as its serving's ``_preprocess_verbose_prompt`` does."""
+    decoder = prompt["decoder_prompt"]
+    if not (isinstance(decoder, dict) and "prompt" in decoder):
+        raise RequestError("invalid_request", "verbose_json needs a text decoder prompt", "response_format")
+    decoder["prompt"] = decoder["prompt"].replace("<|notimestamps|>", "<|0.00|>")
+    return prompt
 
 
 def check_language(body: AudioBody, speech: SpeechModel) -> None:
@@ -236,6 +388,16 @@ def check_language(body: AudioBody, speech: SpeechModel) -> None:
             speech.model_cls.validate_language(value)
         except ValueError as exc:
             raise RequestError("invalid_request", clip_message(str(exc)), name) from None
+
+
+def check_format(body: AudioBody, speech: SpeechModel) -> None:
+    """verbose_json only where the model writes segment timestamps (vLLM's check)."""
+    if body.request.response_format == VERBOSE and not getattr(
+        speech.model_cls, "supports_segment_timestamp", False
+    ):
+        raise RequestError(
+            _UNSUPPORTED, "this model writes no timestamps: verbose_json is not available.", "response_format"
+        )
 
 
 class SpeechLines:
@@ -269,24 +431,37 @@ class SpeechLines:
         if self._speech is None:
             self._speech = SpeechModel.of(self._llm)
         check_language(body, self._speech)
+        check_format(body, self._speech)
         audio = load_audio(body, self._max_seconds, read=read)
-        line = TranscribedLine(body, audio, self._speech, self._max_tokens, self._default_sampling, [])
+        chunks = speech_chunks(audio.samples, self._speech.config(body.task))
+        line = TranscribedLine(
+            body, audio, self._speech, self._max_tokens, self._default_sampling, [], chunks
+        )
         line.language = body.request.language
         detects = getattr(self._speech.model_cls, "supports_explicit_language_detection", False)
         if line.language is None and detects:
             prompt, params = line.detection(self._llm.renderer)
-            request_id += "-language"
+            self._llm.add_request(request_id + "-language", prompt, params)
+            line.request_ids.append(request_id + "-language")
+            line.detecting = True
         else:
-            prompt, params = line.transcription(self._llm.renderer, self._max_model_len)
-        self._llm.add_request(request_id, prompt, params)
-        line.request_ids.append(request_id)
+            self._add_transcriptions(line, request_id)
         return line
 
-    def transcribe(self, line: TranscribedLine, detection: Any, request_id: str) -> None:
-        """A line whose language detection finished (vLLM's output ``detection``): its
-        transcription added to the engine as ``request_id``; raises RequestError for the line's
-        fault, TranscriptionFailed when the detection answered nothing."""
+    def transcribe(self, line: TranscribedLine, detection: Any, request_id: str) -> list[str]:
+        """A line whose language detection finished (vLLM's output ``detection``): its chunks'
+        transcriptions added to the engine as ``request_id`` (``-1``, ``-2``... appended for the
+        next chunks); their ids. Raises RequestError for the line's fault, TranscriptionFailed
+        when the detection answered nothing."""
         line.detected(detection)
-        prompt, params = line.transcription(self._llm.renderer, self._max_model_len)
-        self._llm.add_request(request_id, prompt, params)
-        line.request_ids.append(request_id)
+        return self._add_transcriptions(line, request_id)
+
+    def _add_transcriptions(self, line: TranscribedLine, request_id: str) -> list[str]:
+        """Every chunk rendered before any is added, so a line's fault adds none."""
+        requests = line.transcriptions(self._llm.renderer, self._max_model_len)
+        ids = [request_id if i == 0 else f"{request_id}-{i}" for i in range(len(requests))]
+        for chunk_id, (prompt, params) in zip(ids, requests, strict=True):
+            self._llm.add_request(chunk_id, prompt, params)
+        line.chunk_ids.extend(ids)
+        line.request_ids.extend(ids)
+        return ids

@@ -139,11 +139,12 @@ def test_an_audio_file_is_priced_by_its_durations(runtime, whisper_model: Path) 
         audio_line("en", tone(2.2), language="en"),
         audio_line("detected", tone(1.0, rate=44_100, channels=2, fmt="FLAC")),
         audio_line("noise", b"not audio at all", language="en"),  # the engine's 400: free
+        audio_line("long", tone(45.0, rate=8_000), language="en"),  # two chunks: two decoder prompts
     ]
     e = _estimate(runtime, lines, TRANSCRIPTIONS)
-    assert e["media"]["audio_lines"] == 3 and e["media"]["audio_refused"] == 1
-    assert e["media"]["audio_seconds"] == pytest.approx(3.2, abs=1e-3)
-    assert e["input_tokens"] == e["media"]["audio_tokens"] == (4 + 220) + (4 + 100)
+    assert e["media"]["audio_lines"] == 4 and e["media"]["audio_refused"] == 1
+    assert e["media"]["audio_seconds"] == pytest.approx(48.2, abs=1e-3)
+    assert e["input_tokens"] == e["media"]["audio_tokens"] == (4 + 220) + (4 + 100) + (2 * 4 + 4500)
     assert e["input_tokens_lower_bound_requests"] == 0  # counted as the engine counts them
 
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from tests.audio_factories import TRANSCRIPTIONS, TRANSLATIONS, audio_line, audio_url, tone
-from workers.audio import SAMPLE_RATE, AudioError, data_url_bytes, decode, resample
+from workers.audio import SAMPLE_RATE, Audio, AudioError, data_url_bytes, decode, resample
 from workers.request_bodies import RequestError, endpoint_mismatch, parse_body, serves
-from workers.transcription import load_audio
+from workers.transcription import SpeechModel, TranscribedLine, load_audio, speech_chunks
 from workers.validation import FileRules, LineError, ValidLine, check_line
 
 SERVED = frozenset({"demo", "whisper", "embed"})
@@ -77,6 +77,9 @@ def test_a_body_is_vllm_run_batch_s_shape() -> None:
     assert parsed.model == "whisper" and parsed.max_tokens is None
     assert parsed.request.task == "transcribe" and parsed.request.request.language == "en"
     assert parse_body(TRANSLATIONS, {"file_url": audio_url(tone(0.1))}).request.task == "translate"
+    verbose = {"file_url": audio_url(tone(0.1)), "response_format": "verbose_json"}
+    for body in (verbose, {**verbose, "timestamp_granularities": ["segment"]}):
+        assert parse_body(TRANSCRIPTIONS, body).request.request.response_format == "verbose_json"
 
 
 @pytest.mark.parametrize(
@@ -88,9 +91,15 @@ def test_a_body_is_vllm_run_batch_s_shape() -> None:
         ({"file_url": "https://example.com/a.wav"}, "unsupported_parameter", "file_url"),
         ({"stream": True}, "unsupported_parameter", "stream"),
         ({"use_beam_search": True}, "unsupported_parameter", "use_beam_search"),
-        ({"response_format": "verbose_json"}, "unsupported_parameter", "response_format"),
         ({"response_format": "srt"}, "unsupported_parameter", "response_format"),
+        ({"response_format": "vtt"}, "unsupported_parameter", "response_format"),
         ({"timestamp_granularities[]": ["word"]}, "unsupported_parameter", "timestamp_granularities"),
+        (
+            {"timestamp_granularities": ["word"], "response_format": "verbose_json"},
+            "unsupported_parameter",
+            "timestamp_granularities",
+        ),
+        ({"timestamp_granularities": ["segment"]}, "unsupported_parameter", "timestamp_granularities"),
         ({"n": 2}, "invalid_request", "n"),
         ({"max_completion_tokens": 0}, "invalid_request", "max_completion_tokens"),
         ({"temperature": "hot"}, "invalid_request", "temperature"),
@@ -126,7 +135,8 @@ def _audio_error(data: bytes | str, **limits: Any) -> AudioError:
 def test_each_kind_of_bad_audio_is_refused_with_its_reason() -> None:
     too_long = _audio_error(tone(3.0), max_seconds=2.5)
     assert too_long.code == "audio_too_long" and "3.0 s long; the limit is 2.5 s" in too_long.message
-    assert _audio_error(tone(31.0)).code == "audio_too_long"  # Whisper's 30 s by default
+    assert decode(tone(31.0)).seconds == 31.0  # past Whisper's window: the engine splits it
+    assert _audio_error(tone(601.0, rate=800)).code == "audio_too_long"  # vLLM's 600 s by default
     assert _audio_error(b"RIFF....WAVEfmt nonsense").code == "invalid_audio"
     assert _audio_error(tone(0.5)[:30]).code == "invalid_audio"  # a header cut short
     assert _audio_error(tone(1.0), max_bytes=1000).code == "audio_too_large"
@@ -145,3 +155,67 @@ def test_the_line_s_audio_error_names_file_url() -> None:
         load_audio(parsed.request)
     assert (refused.value.code, refused.value.param) == ("invalid_audio", "file_url")
     assert load_audio(parse_body(TRANSCRIPTIONS, {"file_url": audio_url(tone(0.25))}).request).seconds == 0.25
+
+
+def test_long_audio_is_split_as_vllm_s_serving_splits_it() -> None:
+    from vllm.config.speech_to_text import SpeechToTextConfig
+
+    config = SpeechToTextConfig()  # Whisper's: 30 s clips, cut in the last second's quietest 100 ms
+    samples = decode(tone(45.0)).samples
+    samples[int(29.4 * SAMPLE_RATE) : int(29.5 * SAMPLE_RATE)] = 0.0  # a pause to cut at
+    chunks = speech_chunks(samples, config)
+    assert [len(c) for c in chunks] == [int(29.4 * SAMPLE_RATE), int(15.6 * SAMPLE_RATE)]
+    assert np.array_equal(np.concatenate(chunks), samples)
+    assert len(speech_chunks(samples[: 30 * SAMPLE_RATE], config)) == 1
+    unsplit = SpeechToTextConfig(min_energy_split_window_size=None)
+    with pytest.raises(RequestError) as refused:
+        speech_chunks(samples, unsplit)
+    assert (refused.value.code, refused.value.param) == ("audio_too_long", "file_url")
+    assert "45.0 s long; this model takes at most 30 s" in refused.value.message
+
+
+def test_verbose_json_segments_are_vllm_s_offset_by_each_chunk(whisper_model) -> None:
+    """Two chunks (30 s and 15 s) answered with Whisper's timestamp tokens: vLLM's segments of
+    each, the second's times from its chunk's start, numbered across the line, the text theirs."""
+    from transformers import AutoTokenizer
+    from vllm.config.speech_to_text import SpeechToTextConfig
+    from vllm.logprobs import Logprob
+    from vllm.model_executor.models.whisper import WhisperForConditionalGeneration
+    from vllm.outputs import CompletionOutput, RequestOutput
+
+    tokenizer = AutoTokenizer.from_pretrained(whisper_model)
+    zero = tokenizer.encode("<|0.00|>", add_special_tokens=False)[0]
+
+    def at(seconds: float) -> int:
+        return zero + round(seconds / 0.02)
+
+    def words(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    def output(request_id: str, tokens: list[int]) -> RequestOutput:
+        logprobs = [{t: Logprob(-0.5)} for t in tokens]
+        done = CompletionOutput(0, "", tokens, None, logprobs, finish_reason="stop")
+        return RequestOutput(request_id, None, [], None, [done], finished=True)
+
+    speech = SpeechModel(
+        WhisperForConditionalGeneration, None, tokenizer, {"transcribe": SpeechToTextConfig()}
+    )
+    body = parse_body(
+        TRANSCRIPTIONS,
+        {"file_url": audio_url(tone(0.1)), "response_format": "verbose_json", "temperature": 0.2},
+    ).request
+    samples = np.zeros(45 * SAMPLE_RATE, dtype=np.float32)
+    chunks = [samples[: 30 * SAMPLE_RATE], samples[30 * SAMPLE_RATE :]]
+    line = TranscribedLine(body, Audio(samples, 45.0), speech, 8, {}, ["a", "a-1"], chunks, language="en")
+    line.chunk_ids = ["a", "a-1"]
+    eos = tokenizer.eos_token_id
+    assert not line.collect(output("a", [*words("hi"), at(1.0), at(1.0), *words("yo"), at(2.5), eos]))
+    assert line.collect(output("a-1", [*words("ok"), at(3.0), eos]))
+    response, completion_tokens = line.response()
+    spans = [(s["id"], s["start"], s["end"], s["text"]) for s in response["segments"]]
+    assert spans == [(0, 0.0, 1.0, "hi"), (1, 1.0, 2.5, "yo"), (2, 30.0, 33.0, "ok")]
+    first = response["segments"][0]
+    assert first["tokens"] == words("hi") and first["avg_logprob"] < 0 and first["temperature"] == 0.2
+    assert response["text"] == "hi yo ok" and response["language"] == "en" and response["duration"] == 45.0
+    assert response["usage"] == {"type": "duration", "seconds": 45}
+    assert completion_tokens == len(words("hi") + words("yo") + words("ok")) + 4 + 2  # stamps, ends

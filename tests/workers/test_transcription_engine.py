@@ -23,7 +23,7 @@ def _engine(path: Path) -> Engine:
             kv_cache_bytes=16 * 1024 * 1024,
             enforce_eager=True,
             task="transcribe",
-            max_audio_seconds=5,
+            max_audio_seconds=50,
         )
     )
 
@@ -40,7 +40,16 @@ def test_audio_lines_run_on_a_whisper_model(whisper_model: Path) -> None:
         "detected": (TRANSCRIPTIONS, _body(tone(1.0, rate=44_100, channels=2, fmt="FLAC"))),
         "text": (TRANSCRIPTIONS, _body(tone(1.0), language="de", response_format="text", prompt="hello")),
         "translate": (TRANSLATIONS, _body(tone(1.0), language="fr")),
-        "too-long": (TRANSCRIPTIONS, _body(tone(6.0), language="en")),
+        "too-long": (TRANSCRIPTIONS, _body(tone(51.0), language="en")),
+        # past Whisper's 30 s window: two chunks, the second after detection on the first
+        "long": (TRANSCRIPTIONS, _body(tone(45.0), language="en")),
+        "long-detected": (TRANSLATIONS, _body(tone(45.0))),
+        "verbose": (TRANSCRIPTIONS, _body(tone(2.2), language="en", response_format="verbose_json")),
+        "verbose-long": (TRANSCRIPTIONS, _body(tone(45.0), response_format="verbose_json")),
+        "words": (
+            TRANSCRIPTIONS,
+            _body(tone(1.0), response_format="verbose_json", timestamp_granularities=["word"]),
+        ),
         "noise": (TRANSCRIPTIONS, _body(b"not audio at all", language="en")),
         "bad-language": (TRANSCRIPTIONS, _body(tone(1.0), language="xx")),
         "to-chat": (
@@ -72,5 +81,23 @@ def test_audio_lines_run_on_a_whisper_model(whisper_model: Path) -> None:
         "noise": (400, "invalid_audio", "file_url"),
         "bad-language": (400, "invalid_request", "language"),
         "to-chat": (400, "invalid_model", "model"),
+        "words": (400, "unsupported_parameter", "timestamp_granularities"),
     }
-    assert "6.0 s long; the limit is 5 s" in results["too-long"].error["message"]
+    assert "51.0 s long; the limit is 50 s" in results["too-long"].error["message"]
+    long = results["long"]
+    assert long.ok and long.body["usage"] == {"type": "duration", "seconds": 45}
+    # each chunk's decoder prompt and its frames: 2 x 4 + 4,500 (a frame may round up per chunk)
+    assert 8 + 4500 <= long.prompt_tokens <= 8 + 4502
+    assert 2 <= long.completion_tokens <= 16  # 8 a chunk at most, as vLLM's serving budgets
+    detected = results["long-detected"]
+    assert detected.ok and set(detected.body) == {"text"} and 2 <= detected.completion_tokens <= 16
+    for key, seconds in (("verbose", 2.2), ("verbose-long", 45.0)):
+        body = results[key].body
+        assert results[key].ok and set(body) == {"text", "language", "duration", "segments", "usage"}, key
+        assert body["duration"] == seconds and isinstance(body["language"], str)
+        joiner = "" if body["language"] in ("ja", "zh") else " "  # vLLM's: no spaces for these
+        assert body["text"] == joiner.join(s["text"] for s in body["segments"])
+        for segment in body["segments"]:  # random weights: as many as the tokens drawn make
+            assert 0 <= segment["start"] <= segment["end"] <= seconds + 30
+    assert results["verbose"].body["language"] == "en"
+    assert errors["words"] == (400, "unsupported_parameter", "timestamp_granularities")
