@@ -154,6 +154,7 @@ def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
     from storage.registry import RegistryError, require
     from storage.runtime import Runtime
     from workers.celery_app import make_celery
+    from workers.device_probe import probe_device
     from workers.engine import Engine, EngineConfig, EngineStartFailed, EngineUnsupported, stats_registry
     from workers.engine_metrics import EngineMetricsUnavailable, serve_engine_metrics
     from workers.execution import PackRunner
@@ -180,14 +181,18 @@ def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
         except EngineMetricsUnavailable as exc:
             raise BootstrapError(str(exc)) from exc
     db = app.runtime.db
+    # the device before this worker's engine loads: a restart for adapters (lora_refit) sizes the
+    # engine as the first start did, not from the memory the running engine holds
+    device = probe_device(settings.engine_workers_per_host)
 
     def configure(base_adapters: Sequence[AdapterEntry]) -> EngineConfig:
         """The base's LoRA adapters turn LoRA on, its own engine args over their limits
         (workers/lora.py); a restart for adapters added since (workers/lora_refit.py) asks again."""
         args = {**lora_engine_args(base_adapters), **entry.engine_args}
         return engine_config(
-            settings, model, str(local), entry.max_model_len, args, entry.tool_call_parser, task=entry.task
-        )
+            settings, model, str(local), entry.max_model_len, args, entry.tool_call_parser, task=entry.task,
+            device=device,
+        )  # fmt: skip
 
     def start(config: EngineConfig) -> Engine:
         with vllm_logs_through_freight(settings, worker):
