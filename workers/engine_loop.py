@@ -199,7 +199,9 @@ class EngineLoop:
             # unique per claim: a lost attempt's requests may still be in the engine when this
             # process claims the unit again
             key = f"{unit.claim.token}/{row.line}"
-            if kv is not None and not kv.admits(key, unit.claim.cache_salt, row, engine.load == 0):
+            if kv is not None and not kv.admits(
+                key, unit.claim.endpoint, unit.claim.cache_salt, row, engine.load == 0
+            ):
                 with self._lock:
                     self._held = (unit, row)  # first in once enough of the engine's requests finish
                 return

@@ -23,6 +23,11 @@ from scheduler.kv_admission import Footprint, KvLedger, OutputGrowth, footprint,
 from scheduler.ordering import ADAPTER_MARKER_BYTE, KEY_TOKEN_BYTES, prompt_key
 from scheduler.unit_plan import predicted_cached_tokens
 from storage.shards import ShardRow
+from workers.request_bodies import CHAT, COMPLETIONS, RESPONSES
+
+# the endpoints whose requests grow a decoder's KV cache token by token; the others (pooling, and
+# Whisper's encoder-decoder audio lines, whose cross-attention vLLM keeps apart) go by count alone
+GENERATIVE = frozenset({CHAT, COMPLETIONS, RESPONSES})
 
 DOMAINS_KEPT = 1024  # cache domains whose last request's blocks are kept for the planned hits
 
@@ -61,18 +66,25 @@ class KvGate:
         config = engine.config
         return cls(blocks, block_size, int(config.default_max_tokens or 0), int(engine.max_model_len))
 
-    def admits(self, key: str, salt: str | None, row: ShardRow, empty: bool) -> bool:
+    def admits(self, key: str, endpoint: str, salt: str | None, row: ShardRow, empty: bool) -> bool:
         """Whether the request of ``row`` (engine key ``key``) goes in now; ``empty``: the engine
-        holds nothing (then always: nothing starves, whatever a stale ledger says)."""
+        holds nothing (then always: nothing starves, whatever a stale ledger says). A request of
+        an endpoint outside ``GENERATIVE`` always, and the gate keeps no account of it."""
+        if endpoint not in GENERATIVE:
+            self._candidate = None
+            return True
         candidate = self._candidate
         if candidate is None or candidate.key != key:
             candidate = self._candidate = self._describe(key, salt, row)
         return empty or self.ledger.fits(candidate.fp)
 
     def hold(self, key: str) -> None:
-        """The engine took the request ``admits`` was last asked about."""
+        """The engine took the request ``admits`` was last asked about (one it keeps no account
+        of: nothing)."""
         candidate = self._candidate
-        if candidate is None or candidate.key != key:
+        if candidate is None:
+            return
+        if candidate.key != key:
             raise ValueError(f"{key!r} was not the request asked about")
         self._candidate = None
         self.ledger.hold(key, candidate.fp)

@@ -14,6 +14,7 @@ from storage.shards import ShardRow
 from tests.workers.scripted_engine import ScriptedEngine
 from tests.workers.test_engine_loop import active, rig_of, spooled, until  # noqa: F401  (rig_of: a fixture)
 from workers.kv_gate import KvGate
+from workers.request_bodies import CHAT, EMBEDDINGS
 
 BS = 16  # tokens per KV block of the scripted cache
 
@@ -37,18 +38,18 @@ def test_the_gate_counts_a_shared_prefix_once_and_plans_the_cache_hits_of_the_so
     gate = KvGate(capacity_blocks=12, block_size=BS, default_max_tokens=64, max_model_len=1000)
     doc = list(range(48))  # 3 whole blocks
     q = [row(i, [*doc, 100 + i, 100 + i], max_tokens=14) for i in range(4)]  # 50 + 14 tokens: 4 blocks
-    assert gate.admits("a", "salt", q[0], empty=True)
+    assert gate.admits("a", CHAT, "salt", q[0], empty=True)
     gate.hold("a")
     assert gate.ledger.used == 4
-    assert gate.admits("b", "salt", q[1], empty=False)
+    assert gate.admits("b", CHAT, "salt", q[1], empty=False)
     gate.hold("b")
     assert gate.ledger.used == 5  # the document's 3 blocks once, and each its own last block
-    assert gate.admits("c", "other-salt", q[2], empty=False)  # another tenant's salt shares nothing
+    assert gate.admits("c", CHAT, "other-salt", q[2], empty=False)  # another tenant's salt shares nothing
     gate.hold("c")
     assert gate.ledger.used == 9
     big = row(9, list(range(500, 560)), max_tokens=20)  # 80 tokens: 5 blocks
-    assert not gate.admits("d", "salt", big, empty=False)  # 9 + 5 > 12
-    assert gate.admits("d", "salt", big, empty=True)  # an empty engine always takes one
+    assert not gate.admits("d", CHAT, "salt", big, empty=False)  # 9 + 5 > 12
+    assert gate.admits("d", CHAT, "salt", big, empty=True)  # an empty engine always takes one
     with pytest.raises(ValueError):
         gate.hold("e")  # only the request asked about can be held
     # planned hits: the whole blocks shared with the request handed over before it in its domain
@@ -56,23 +57,27 @@ def test_the_gate_counts_a_shared_prefix_once_and_plans_the_cache_hits_of_the_so
     assert gate.release("b", 14) == 48
     assert gate.release("c", None) == 0  # the first of the other salt's; failed: nothing learned
     assert gate.release("c", 3) is None and gate.ledger.used == 0
+    # a pooling line grows no KV cache: by count alone, kept out of the ledger
+    assert gate.admits("p", EMBEDDINGS, "salt", big, empty=False)
+    gate.hold("p")
+    assert gate.ledger.used == 0 and gate.release("p", None) is None
 
 
 def test_the_gate_predicts_from_the_group_and_bounds_by_the_context() -> None:
     gate = KvGate(capacity_blocks=100, block_size=BS, default_max_tokens=512, max_model_len=100)
     doc = list(range(32))
     unset = row(0, [*doc, 1], max_tokens=None)  # 33 tokens, max_tokens unset: the model's room, 67
-    assert gate.admits("u", None, unset, empty=True)
+    assert gate.admits("u", CHAT, None, unset, empty=True)
     assert gate.ledger.cost(gate._candidate.fp) == 7  # type: ignore[union-attr]  # ceil(100 / 16)
     gate.hold("u")
     gate.release("u", 2)
     for i in range(4):
         asked = row(i + 1, [*doc, 2 + i], max_tokens=60)
-        gate.admits(f"k{i}", None, asked, empty=True)
+        gate.admits(f"k{i}", CHAT, None, asked, empty=True)
         gate.hold(f"k{i}")
         gate.release(f"k{i}", 2)
     # five of the document's requests finished with 2 tokens: 33 + 2 tokens, 3 blocks, not 6
-    gate.admits("next", None, row(9, [*doc, 9], max_tokens=60), empty=True)
+    gate.admits("next", CHAT, None, row(9, [*doc, 9], max_tokens=60), empty=True)
     assert gate.ledger.cost(gate._candidate.fp) == 3  # type: ignore[union-attr]
 
 
