@@ -618,6 +618,7 @@ class Engine:
             default_sampling_params=self._default_sampling,
             prompt_token_ids=request.prompt_token_ids,
             parsers=self._parsers,
+            shapes=self._shapes,
         )
 
     # ------------------------------------------------------------------ feeding

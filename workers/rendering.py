@@ -25,6 +25,8 @@ if TYPE_CHECKING:  # vLLM is imported lazily: importing it costs seconds.
     from vllm.renderers import BaseRenderer
     from vllm.sampling_params import SamplingParams
 
+    from workers.request_shapes import ParsedShapes
+
 
 @dataclass(frozen=True)
 class RenderedRequest:
@@ -48,6 +50,7 @@ def render_request(
     default_sampling_params: dict | None = None,
     prompt_token_ids: Sequence[int] | None = None,
     parsers: ModelParsers | None = None,
+    shapes: ParsedShapes | None = None,
 ) -> RenderedRequest:
     """Prompt token ids (chat template or completion prompt) and SamplingParams for one request.
 
@@ -59,6 +62,7 @@ def render_request(
     `prompt_token_ids`, when validation rendered the prompt already, are used as the prompt
     (through the same length checks) instead of rendering it again; chat `echo` still renders.
     `parsers`, the model's tool-call parser, adjust chat requests as `vllm serve` adjusts them.
+    `shapes`, the engine's parse cache, shares SamplingParams between lines of one shape.
     """
     from vllm.entrypoints.serve.utils.api_utils import get_max_tokens
     from vllm.exceptions import VLLMValidationError
@@ -126,8 +130,13 @@ def render_request(
         raise RequestError("context_length_exceeded", clip_message(str(exc)), budget) from None
     if parsers is not None and parsed.is_chat:
         parsers.adjust(request)
-    sampling_params = sampling_params_of(request, max_tokens, defaults)
-    sampling_params.output_kind = RequestOutputKind.FINAL_ONLY
+
+    def build() -> Any:
+        params = sampling_params_of(request, max_tokens, defaults)
+        params.output_kind = RequestOutputKind.FINAL_ONLY
+        return params
+
+    sampling_params = build() if shapes is None else shapes.sampling_params(parsed, max_tokens, build)
     return RenderedRequest(parsed, engine_input, prompt_token_ids, sampling_params, echo_text)
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from workers import tool_calls
@@ -144,6 +144,10 @@ class ParsedRequest:
     request: Any
     max_tokens: int | None = None
     responses: dict[str, Any] | None = None
+    # the engine worker's shape cache key (`workers.request_shapes.ParsedShapes`): lines with the
+    # same one differ only in their messages' texts, so they share their SamplingParams for a
+    # given output budget; None: not a cached shape, its parameters are built for it alone
+    shape: tuple[bool, bool, str] | None = field(default=None, compare=False)
 
     @property
     def is_chat(self) -> bool:

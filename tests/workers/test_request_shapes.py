@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -307,6 +308,61 @@ def test_a_reused_parse_equals_the_full_parse(pair: tuple[dict, dict]) -> None:
     for body in (first, second, first):
         full_view = parsed_view(lambda b=body: parse_body(CHAT, fresh(b), validated=True))
         assert parsed_view(lambda b=body: shapes.parse(CHAT, fresh(b), validated=True)) == full_view
+
+
+@AGREEMENT
+@given(pair=reusable_pair(), budget=st.integers(1, 64))
+def test_shared_sampling_params_equal_the_ones_built_for_each_line(
+    pair: tuple[dict, dict], budget: int
+) -> None:
+    """The SamplingParams a line gets from its shape's cache are those built for it alone."""
+    shapes = ParsedShapes()
+    defaults = {"temperature": 0.7}
+    for body in (*pair, pair[0]):
+        try:
+            parsed = shapes.parse(CHAT, fresh(body), validated=True)
+            own = repr(sampling_params_of(parsed.request, budget, defaults))
+        except RequestError:
+            continue
+        shared = shapes.sampling_params(
+            parsed, budget, lambda p=parsed: sampling_params_of(p.request, budget, defaults)
+        )
+        assert repr(shared) == own
+
+
+def test_lines_of_one_shape_and_budget_share_one_sampling_params() -> None:
+    shapes = ParsedShapes()
+    built: list[int] = []
+
+    def params_for(body: dict, budget: int) -> Any:
+        parsed = shapes.parse(CHAT, fresh(body), validated=True)
+
+        def build() -> Any:
+            built.append(budget)
+            return sampling_params_of(parsed.request, budget, {})
+
+        return shapes.sampling_params(parsed, budget, build)
+
+    def line(text: str, **fields: Any) -> dict:
+        return {"model": "demo", "messages": [{"role": "user", "content": text}], "temperature": 0, **fields}
+
+    first = params_for(line("a"), 8)
+    assert params_for(line("b"), 8) is first  # another text, the same shape and budget
+    assert params_for(line("c"), 9) is not first  # a prompt near the context: a smaller budget
+    assert params_for(line("d", seed=3), 8) is not first  # another shape
+    assert built == [8, 9, 8] and shapes.sampling_hits == 1
+    # a body whose shape is not remembered (a field outside the list) builds its own every time
+    assert params_for(line("e", logit_bias={"5": 1}), 8) is not params_for(line("e", logit_bias={"5": 1}), 8)
+
+    def refused() -> Any:
+        raise RequestError("invalid_request", "no", "temperature")
+
+    parsed = shapes.parse(CHAT, fresh(line("f", top_p=0.5)), validated=True)
+    with pytest.raises(RequestError):
+        shapes.sampling_params(parsed, 8, refused)
+    builds = len(built)
+    params_for(line("g", top_p=0.5), 8)
+    assert len(built) == builds + 1  # nothing was left by the refusal: the next line builds
 
 
 def test_lines_of_one_shape_are_parsed_once_each_with_its_own_messages_and_id() -> None:
