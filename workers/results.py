@@ -7,8 +7,9 @@ request the engine refused (status 4xx/5xx with an error body) or one the batch 
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+import msgspec
 
 from storage.models import new_id
 
@@ -83,4 +84,13 @@ def worth_retrying(line: dict[str, Any]) -> bool:
 
 
 def encode(line: dict[str, Any]) -> bytes:
-    return json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+    """One line of a results file: compact JSON in UTF-8, keys in the dict's order.
+
+    msgspec, not ``json.dumps``: every result line of every batch is encoded on the engine
+    worker's loop thread, where ``json.dumps`` was about 3% of its samples on the request-rate
+    workload; msgspec writes the same line some 15 times faster. What differs is spelling only:
+    floats in their shortest exact form (``0.00001`` where json wrote ``1e-05``, both the same
+    number), and a NaN or infinite float as ``null``, where json wrote ``NaN``, which is not JSON
+    and which a strict reader of the file refuses.
+    """
+    return msgspec.json.encode(line) + b"\n"
