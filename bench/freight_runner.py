@@ -420,7 +420,7 @@ def run_phases(database_url: str, batch_ids: list[str], start: float, end: float
     engine = sa.create_engine(database_url)
     try:
         with engine.connect() as conn:
-            row = conn.execute(
+            row: Any = conn.execute(
                 sa.select(
                     sa.func.min(sa.column("enqueued_at")),
                     sa.func.min(sa.column("started_at")),

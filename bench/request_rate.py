@@ -56,8 +56,8 @@ MAX_MODEL_LEN = 2048
 KV_BYTES = 256 * 1024**2
 TARGET = 0.9  # freight_over_engine (requests/s), issue #21
 # the in-process engine's two ways to hold its core: vLLM's default (a process of its own) and
-# inside the caller, as Freight's engine workers do on a CPU; the environment each one starts with
-ENGINE_CORES = {"engine_process": {}, "engine_inline": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
+# inside the caller, as Freight's engine workers do on a CPU; the --core each one starts with
+ENGINE_CORES = {"engine_process": "process", "engine_inline": "inline"}  # system -> engine_baseline --core
 PROFILE_RATE = 200  # py-spy samples per second
 TOP_FUNCTIONS = 25
 
@@ -137,9 +137,9 @@ def paired_ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, list[float
         for name, rate_ in theirs.items():
             if rate_:
                 out[f"freight_over_{name}"].append(mine / rate_)
-        engines = [theirs[name] for name in ENGINE_CORES]
-        if all(engines):
-            out["freight_over_engine"].append(mine / max(engines))  # type: ignore[type-var]
+        engines = [rate_ for name in ENGINE_CORES if (rate_ := theirs[name])]
+        if len(engines) == len(ENGINE_CORES):
+            out["freight_over_engine"].append(mine / max(engines))
     return out
 
 
@@ -302,13 +302,13 @@ def main(argv: list[str] | None = None) -> int:
     profile: dict[str, Any] | None = None
     freight_settings: dict[str, Any] = {}
     try:
-        for name, env in ENGINE_CORES.items():
+        for name, core in ENGINE_CORES.items():
             log(f"request rate: starting the in-process engine ({name})")
             engines[name] = EngineServer(
-                [*engine_argv(args.model, args.eager, args.max_num_seqs), "--warmup-file", str(warm)],
+                [*engine_argv(args.model, args.eager, args.max_num_seqs), "--warmup-file", str(warm),
+                 "--core", core],
                 work / f"{name}-serve.log",
-                env,
-            )
+            )  # fmt: skip
             engines[name].pause()
         log("request rate: starting a Freight stack")
         stack = FreightStack(

@@ -33,7 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -199,7 +199,7 @@ def unique_lines(tokenizer: Any, scale: float = 1.0, seed: int | str = SEED) -> 
 
 
 def shared_prefix_lines(
-    tokenizer: Any, scale: float = 1.0, seed: int = SEED, doc_tokens: int = DOC_TOKENS
+    tokenizer: Any, scale: float = 1.0, seed: int | str = SEED, doc_tokens: int = DOC_TOKENS
 ) -> list[dict[str, Any]]:
     rng = random.Random(f"{seed}-shared-prefix")
     lines = []
@@ -219,7 +219,7 @@ def shared_prefix_lines(
     return lines
 
 
-def system_prompt_lines(tokenizer: Any, scale: float = 1.0, seed: int = SEED) -> list[dict[str, Any]]:
+def system_prompt_lines(tokenizer: Any, scale: float = 1.0, seed: int | str = SEED) -> list[dict[str, Any]]:
     rng = random.Random(f"{seed}-system-prompts")
     prompts = [text_of_tokens(rng, tokenizer, SYSTEM_PROMPT_TOKENS) for _ in range(SYSTEM_PROMPTS)]
     lines = []
@@ -270,6 +270,36 @@ def multi_job_shared_prefix_lines(
             ]
             lines.append(request_line(f"fs{p:02d}-i{i:02d}", messages, FEW_SHOT_OUTPUT_TOKENS))
     random.Random(f"{seed}-multi-job-shared-prefix-order").shuffle(lines)
+    return lines
+
+
+# extract: answers that copy spans of their prompt (where n-gram speculation, which drafts tokens
+# by matching the context so far, should pay): EXTRACT_DOCS documents x EXTRACT_QUESTIONS asks to
+# copy the passage that follows a quoted start, EXTRACT_OUTPUT_TOKENS out (issue #51 part 4)
+EXTRACT_DOCS = 100
+EXTRACT_DOC_TOKENS = 400
+EXTRACT_QUESTIONS = 4
+EXTRACT_OUTPUT_TOKENS = 64
+
+
+def extract_lines(tokenizer: Any, scale: float = 1.0, seed: int | str = SEED) -> list[dict[str, Any]]:
+    """EXTRACT_DOCS (scaled) documents, each asked EXTRACT_QUESTIONS times to copy out the text
+    after a quoted start of a few of its words, verbatim; shuffled."""
+    rng = random.Random(f"{seed}-extract")
+    lines = []
+    for d in range(_scaled(EXTRACT_DOCS, scale)):
+        words = text_of_tokens(rng, tokenizer, EXTRACT_DOC_TOKENS).split()
+        for q in range(EXTRACT_QUESTIONS):
+            at = rng.randrange(max(1, len(words) - 40))
+            start = " ".join(words[at : at + 4])
+            content = (
+                f"Document:\n{' '.join(words)}\n\nCopy the document's text that begins with "
+                f'"{start}", word for word, and nothing else.'
+            )
+            lines.append(
+                request_line(f"ex{d:03d}-q{q}", [{"role": "user", "content": content}], EXTRACT_OUTPUT_TOKENS)
+            )
+    random.Random(f"{seed}-extract-order").shuffle(lines)
     return lines
 
 
@@ -381,7 +411,7 @@ def request_rate_shape_lines(
     return lines(_scaled(REQUEST_RATE_REQUESTS, scale), seed, output_tokens=REQUEST_RATE_OUTPUT_TOKENS)
 
 
-GENERATORS = {
+GENERATORS: dict[str, Callable[..., list[dict[str, Any]]]] = {
     "unique": unique_lines,
     "shared_prefix": shared_prefix_lines,
     "system_prompts": system_prompt_lines,
@@ -450,13 +480,17 @@ def generate(
     model_dir: str | Path = "models/demo",
     doc_tokens: int = DOC_TOKENS,
     unique_repeats: int = 1,
+    repeat_all: bool = False,
 ) -> dict[str, Any]:
     """Write every workload file into out_dir; return the manifest (also written as manifest.json).
 
     ``doc_tokens`` sets the shared_prefix document length (the issue's shape is about 1,000).
     ``unique_repeats`` > 1 adds unique-r1.jsonl, ...: the same shape with other prompts (seed
     ``SEED-r1``...), so a repeated run on a warm engine finds nothing of the last one cached; and
-    as many multi_job_shared_prefix-r1.jsonl, ... (other few-shot prompts, items and order)."""
+    as many multi_job_shared_prefix-r1.jsonl, ... (other few-shot prompts, items and order).
+    ``repeat_all``: every other workload gets its repeats too (``repeat_files``), and every workload
+    a warm-up file (``warmup_files``, NAME-warm.jsonl, seed ``SEED-warm``): the same shape with other
+    prompts, run unmeasured by every system before its measured runs."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(model_dir)
@@ -477,6 +511,18 @@ def generate(
         name = repeat_file(r, "multi_job_shared_prefix")
         write_jsonl(out / name, multi_job_shared_prefix_lines(tokenizer, scale, seed=f"{SEED}-r{r}"))
         manifest["multi_job_shared_prefix_repeat_files"].append(name)
+    if repeat_all:
+        manifest["repeat_files"], manifest["warmup_files"] = {}, {}
+        for workload, make in GENERATORS.items():
+            options = {"doc_tokens": doc_tokens} if workload == "shared_prefix" else {}
+            names = [repeat_file(r, workload) for r in range(unique_repeats)]
+            for r, name in enumerate(names[1:], 1):
+                if workload not in ("unique", "multi_job_shared_prefix"):  # written above
+                    write_jsonl(out / name, make(tokenizer, scale, seed=f"{SEED}-r{r}", **options))
+            manifest["repeat_files"][workload] = names
+            warm = f"{Path(WORKLOAD_FILES[workload]).stem}-warm.jsonl"
+            write_jsonl(out / warm, make(tokenizer, scale, seed=f"{SEED}-warm", **options))
+            manifest["warmup_files"][workload] = warm
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 

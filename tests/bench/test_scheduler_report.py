@@ -41,7 +41,7 @@ def test_mjsp_ratios_and_targets() -> None:
     assert targets[f"{bs.MJSP}_tight_kv.per_tenant_over_single_job_per_tenant"]["pass"] is False
     assert targets["shared_prefix_tight_kv.freight_over_engine_sorted"]["pass"] is True
     assert targets["unique.freight_over_engine"] == {
-        "value": None, "bound": 0.95, "op": ">=", "min": 0.95, "pass": None,
+        "value": None, "bound": 0.95, "op": ">=", "min": 0.95, "pass": None, "spread": None,
     }  # fmt: skip
     assert "hit_rate_gap_points" in bs.table(results, ratios, targets)
 
