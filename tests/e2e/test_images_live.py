@@ -6,7 +6,8 @@ and counted in every line's prompt tokens as vLLM counts it. Each bad image (und
 pixel limit, a link that answers 404) ends its own line with an error naming the part, and a line
 with an image for the text-only demo model gets the same kind of error while its file's other
 lines run. An image may be a file the tenant uploaded with purpose vision (chat's URL, a Responses
-input_image's file_id); another tenant's file id is that line's 404."""
+input_image's file_id, a Parquet file's image column); another tenant's file id is that line's
+404."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import pytest
 
 from infra.processes import FREIGHT, REPO
 from tests.e2e.conftest import LiveStack, engine_worker, wait_final
-from tests.factories import chat_line, data_url, image_bytes, image_line, jsonl
+from tests.factories import chat_line, data_url, image_bytes, image_line, jsonl, parquet_bytes
 from tests.workers.test_images import png_claiming
 
 pytestmark = pytest.mark.stack
@@ -127,9 +128,18 @@ def test_a_batch_of_image_lines_runs_on_a_vision_model(live: LiveStack, image_ho
             input_file_id=upload.id, endpoint="/v1/responses", completion_window="24h"
         )
 
+        # a Parquet file whose image columns name uploaded files (strings), not bytes
+        upload = client.files.create(
+            file=("images.parquet", _parquet_by_file_id(blue_file.id, red_file.id, betas.id)), purpose="batch"
+        )
+        tabled = client.batches.create(
+            input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+
         with engine_worker(live, MODEL, "engine-vlm-live", env, "vision-language engine worker"):
             final = wait_final(client, vision.id, timeout=300)
             answered, _ = _files(client, wait_final(client, responses.id, timeout=300))
+            table_out, table_err = _files(client, wait_final(client, tabled.id, timeout=300))
         out, err = _files(client, final)
     finally:
         removed = _freight(env, "models", "remove", MODEL)
@@ -176,8 +186,40 @@ def test_a_batch_of_image_lines_runs_on_a_vision_model(live: LiveStack, image_ho
         "messages.0.content.0",
     )
 
+    # the Parquet rows: each file id read as the JSONL line's is (the same image, the same tokens)
+    assert set(table_out) == {"pq-blue", "pq-both"} and set(table_err) == {"pq-theirs"}, table_err
+    table_usage = {key: line["response"]["body"]["usage"] for key, line in table_out.items()}
+    assert table_usage["pq-blue"]["prompt_tokens"] == usage["blue-file"]["prompt_tokens"], table_usage
+    both = table_usage["pq-both"]["prompt_tokens"]
+    assert both >= usage["blue-file"]["prompt_tokens"] + 80, table_usage  # and the red square's
+    theirs = table_err["pq-theirs"]["response"]
+    assert theirs["status_code"] == 404, theirs
+    assert (theirs["body"]["error"]["code"], theirs["body"]["error"]["param"]) == (
+        "file_not_found",
+        "messages.0.content.0",
+    )
+
     out, err = _files(client, wait_final(client, text_only.id, timeout=300))
     assert set(out) == {"demo-text", "demo-says-image"} and set(err) == {"demo-image"}
     refused = err["demo-image"]["response"]["body"]["error"]
     assert refused["code"] == "image_input_not_supported" and "does not take images" in refused["message"]
     assert refused["param"] == "messages.0.content.0"
+
+
+def _parquet_by_file_id(blue: str, red: str, betas: str) -> bytes:
+    """Chat rows in Parquet's simple shape whose ``image`` and ``images`` columns hold file ids."""
+    import pyarrow as pa
+
+    messages = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+    question = [{"role": "user", "content": "What colour is it?"}]
+    table = pa.table(
+        {
+            "custom_id": ["pq-blue", "pq-both", "pq-theirs"],
+            "model": [MODEL] * 3,
+            "max_tokens": [4] * 3,
+            "messages": pa.array([question] * 3, messages),
+            "image": pa.array([blue, None, betas], pa.string()),
+            "images": pa.array([None, [red, blue], None], pa.list_(pa.string())),
+        }
+    )
+    return parquet_bytes(table)
