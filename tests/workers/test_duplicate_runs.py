@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -56,7 +57,7 @@ def results(rt: Runtime, units: list[WorkUnit]) -> dict[str, dict]:
     return lines
 
 
-def greedy(custom_id: str, text: str, **body: object) -> dict:
+def greedy(custom_id: str, text: str, **body: Any) -> dict:
     return chat_line(custom_id, text, max_tokens=8, min_tokens=8, temperature=0, **body)
 
 
