@@ -119,6 +119,11 @@ class DuplicateLines:
             _, (_, dropped) = self._recent.popitem(last=False)
             self._recent_bytes -= dropped
 
+    def forget_recent(self) -> None:
+        """Drop the remembered answers (the engine is replaced: nothing runs in it meanwhile)."""
+        self._recent.clear()
+        self._recent_bytes = 0
+
     def leave(self, unit: ActiveUnit) -> list[str]:
         """A stopping unit's waiting lines, taken off every run (their custom_ids)."""
         gone: list[str] = []

@@ -103,6 +103,7 @@ class EngineLoop:
     def resume(self, engine: SteppedEngine) -> None:
         """Let a parked loop go on, driving ``engine`` from now on."""
         self.engine = engine
+        self._dups.forget_recent()  # answers of the engine before (its adapters may have changed)
         self._parked.clear()
         self._park.clear()
         with self._lock:

@@ -143,6 +143,22 @@ def test_a_line_after_its_run_finished_copies_the_recent_result(rig_of) -> None:
 
 
 @on_rig
+def test_a_resumed_loop_copies_no_answer_of_the_engine_before(rig_of) -> None:  # noqa: F811
+    """A swapped engine (a LoRA refit) may answer otherwise: the same line runs on the new one."""
+    rig = rig_of(ScriptedEngine(max_num_seqs=1, window=1))
+    first = active(1, [line("a", 0, "q")])
+    rig.push(first, [line("a", 0, "q")])
+    rig.recorded(1)
+    assert rig.loop.park()
+    rig.loop.resume(second_engine := ScriptedEngine(max_num_seqs=1, window=1))
+    again = active(2, [line("b", 0, "q")])
+    rig.push(again, [line("b", 0, "q")])
+    rig.recorded(1)
+    assert [r.key for r in second_engine.added] == ["w:1:t2/0"]
+    assert spooled(again.out)[0]["response"]["body"] == {"echo": "w:1:t2/0"}
+
+
+@on_rig
 def test_a_stopped_unit_hands_its_run_to_a_waiting_line_of_a_unit_that_goes_on(rig_of) -> None:  # noqa: F811
     """Unit 1's line runs (held in the engine), unit 2's identical line waits on it. Unit 1's batch
     is cancelled: its line is a stopped line, the run is not aborted and goes on as unit 2's,
