@@ -8,7 +8,9 @@ at module level (vLLM walks the loaded modules at start-up and trips over Flask'
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ import click
 
 from api.cli_settings import command_runtime, command_settings
 from storage.adapters import AdapterEntry, adapters
-from storage.registry import EMBED, REQUESTED, TASKS, ModelEntry
+from storage.registry import EMBED, REQUESTED, TASKS, ModelEntry, TunedSettings, applied_tuning
 from workers.engine_args import describe
 from workers.quantize import METHODS, SCHEMES
 
@@ -163,9 +165,10 @@ def models_list(as_json: bool) -> None:
         rows = list_models(rt)
         loras = list_adapters(rt, None)
         names = tenant_names(rt)
+        tuned = {e.name: applied_tuning(rt.db, e) for e in rows}
     if as_json:
         for e in rows:
-            click.echo(json.dumps(_as_dict(e)))
+            click.echo(json.dumps({**_as_dict(e), "tuned": _tuned_dict(tuned[e.name])}))
         for a in loras:
             click.echo(json.dumps(_adapter_dict(a, names)))
         return
@@ -173,9 +176,10 @@ def models_list(as_json: bool) -> None:
         click.echo("no models (add one with `freight models add NAME --path DIR`)")
         return
     header = (
-        "NAME", "QUANT", "REQUESTED", "SOURCE", "WEIGHTS", "$/H", "LIST IN/OUT", "PROBE INT4/BF16", "TASK", "ENGINE ARGS"
+        "NAME", "QUANT", "REQUESTED", "SOURCE", "WEIGHTS", "$/H", "LIST IN/OUT", "PROBE INT4/BF16", "TASK", "TUNED",
+        "ENGINE ARGS",
     )  # fmt: skip
-    _table(header, [_row(e) for e in rows])
+    _table(header, [_tuned_row(_row(e), tuned[e.name]) for e in rows])
     if loras:
         click.echo("")
         adapter_rows = [
@@ -252,6 +256,152 @@ def _as_dict(e: ModelEntry) -> dict:
         "tool_call_parser": e.tool_call_parser,
         "task": e.task,
     }
+
+
+def _tuned_row(row: tuple[str, ...], t: TunedSettings | None) -> tuple[str, ...]:
+    """``row`` with the TUNED column (the applied tuning's shape class and measured gain) before
+    ENGINE ARGS, which then also lists the tuned args its explicit ones leave in force, marked."""
+    if t is None:
+        return (*row[:-1], "-", row[-1])
+    engine = row[-1].split() if row[-1] != "-" else []
+    explicit = {arg.split("=", 1)[0] for arg in engine}
+    tuned = {k: v for k, v in t.engine_args.items() if k not in explicit}
+    engine += [f"{arg}(tuned)" for arg in describe(tuned).split()]
+    return (*row[:-1], f"{t.shape_class}:x{t.gain:.2f}", " ".join(engine) or "-")
+
+
+def _tuned_dict(t: TunedSettings | None) -> dict | None:
+    return None if t is None else {k: getattr(t, k) for k in TunedSettings.__dataclass_fields__}
+
+
+# the synthetic samples of `freight models tune --shape`: bench/workloads.py's generators (the
+# source tree's, not in the image) and each one's lines at scale 1
+SHAPES = {
+    "unique": ("unique_lines", 2000),
+    "shared_prefix": ("shared_prefix_lines", 2000),
+    "system_prompts": ("system_prompt_lines", 2000),
+    "few_shot": ("multi_job_shared_prefix_lines", 1200),
+    "blend": ("blend_lines", 600),
+    "extract": ("extract_lines", 400),
+}
+
+
+def _shape_sample(name: str, checkpoint: str, requests: int) -> list[dict]:
+    """``requests`` lines of a named synthetic shape, its texts measured with the model's tokenizer."""
+    try:
+        from bench import workloads
+    except ImportError:
+        raise click.ClickException(
+            "--shape needs Freight's source tree (bench/workloads.py); give --sample FILE instead"
+        ) from None
+    function, nominal = SHAPES[name]
+    make = getattr(workloads, function)
+    return list(make(workloads.load_tokenizer(checkpoint), scale=requests / nominal))[:requests]
+
+
+def _ints(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        values = [int(v) for v in text.replace(",", " ").split()]
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: give whole numbers, comma-separated") from None
+    if any(v < 1 for v in values):
+        raise click.BadParameter(f"{text!r}: every value must be at least 1")
+    return values
+
+
+@models.command("tune")
+@click.argument("name")
+@click.option("--sample", "sample", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="an OpenAI batch JSONL of the work to tune for (its lines sampled evenly)")  # fmt: skip
+@click.option("--shape", type=click.Choice(sorted(SHAPES)), default=None,
+              help="a synthetic sample of this shape instead (bench/workloads.py)")  # fmt: skip
+@click.option("--requests", type=click.IntRange(1, 5000), default=64, show_default=True,
+              help="lines in the sample")  # fmt: skip
+@click.option("--max-num-seqs", "seqs", default=None, metavar="N,N", help="the max_num_seqs values to try")
+@click.option("--max-num-batched-tokens", "tokens", default=None, metavar="N,N",
+              help="the max_num_batched_tokens values to try")  # fmt: skip
+@click.option("--speculative/--no-speculative", default=True, show_default=True,
+              help="try n-gram (prompt-lookup) speculative decoding on the best point")  # fmt: skip
+@click.option("--budget", type=click.FloatRange(0), default=600.0, show_default=True,
+              help="seconds after which no further engine is started")  # fmt: skip
+def models_tune(
+    name: str, sample: Path | None, shape: str | None, requests: int, seqs: str | None, tokens: str | None,
+    speculative: bool, budget: float,
+) -> None:  # fmt: skip
+    """Measure NAME's engine settings on a sample of work and store the best for its shape class;
+    NAME's workers apply them at their next start (its explicit engine args still win)."""
+    from storage.checkpoint_cache import local_checkpoint
+    from storage.objectstore import s3_client
+    from storage.registry import require
+    from workers.model_tuning import TuneOptions, TuningError, read_sample, tune
+
+    if (sample is None) == (shape is None):
+        raise click.UsageError("give one of --sample FILE or --shape NAME")
+    # the pilot's own lines tell what it measures; vLLM's start-up lines (a screenful per engine)
+    # only where the operator asks for them
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    options = TuneOptions(sample=str(sample) if sample else f"shape:{shape}", seqs=_ints(seqs),
+                          tokens=_ints(tokens), speculative=speculative, budget_seconds=budget)  # fmt: skip
+    settings = command_settings()[0]
+    with command_runtime(settings) as rt:
+        entry = require(rt.db, settings, name)
+        if entry.task != "generate":
+            raise click.ClickException(
+                f"{name} is a {entry.task} model: the pilot measures text generation only"
+            )
+        local = str(local_checkpoint(entry.checkpoint, Path(settings.model_cache_dir),
+                                     lambda: s3_client(settings.s3_endpoint_url or None)))  # fmt: skip
+        try:
+            if sample is not None:
+                lines, skipped = read_sample(sample, requests)
+                for note in skipped:
+                    _echo(f"skipped {note}")
+            else:
+                lines = _shape_sample(str(shape), local, requests)
+            tuned = tune(rt, entry, local, lines, options, echo=_echo)
+        except TuningError as exc:
+            raise click.ClickException(str(exc)) from None
+    _echo_tuning(tuned)
+    click.echo(
+        f"stored for {entry.name}, shape class {tuned.shape_class}: its workers apply it at their next start"
+    )
+
+
+def _echo_tuning(t: TunedSettings) -> None:
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t.measured_at))
+    if t.engine_args:
+        verdict = (f"{describe(t.engine_args)}: {t.tokens_per_second:g} tok/s against {t.baseline_tokens_per_second:g} "
+                   f"at the previous defaults ({describe(t.baseline_args)}), x{t.gain:.2f}")  # fmt: skip
+    else:
+        verdict = f"the previous defaults stand ({describe(t.baseline_args)}): {t.baseline_tokens_per_second:g} tok/s"
+    click.echo(f"{t.model} / {t.shape_class}: {verdict}; {t.device}, sample {t.sample}, measured {when}")
+    for p in t.points:
+        figures = p.get("error") or f"{p['tokens_per_second']:g} tok/s, {p['seconds']:g} s"
+        click.echo(f"  {p['label']}: {figures}")
+    for note in t.notes:
+        click.echo(f"  note: {note}")
+
+
+@models.command("show")
+@click.argument("name")
+def models_show(name: str) -> None:
+    """NAME's registry entry and its tuned engine settings, each shape class with its measurements
+    (the first listed is the one its workers apply)."""
+    from storage.registry import require, tunings
+
+    settings = command_settings()[0]
+    with command_runtime(settings) as rt:
+        entry = require(rt.db, settings, name)
+        tuned = [t for t in tunings(rt.db, name) if t.checkpoint == entry.checkpoint]
+    for key, value in _as_dict(entry).items():
+        click.echo(f"{key}: {json.dumps(value)}")
+    if not tuned:
+        click.echo("tuned: none (`freight models tune` measures them)")
+    for i, t in enumerate(tuned):
+        click.echo(f"tuned{' (applied)' if i == 0 else ''}:")
+        _echo_tuning(t)
 
 
 @models.command("remove")

@@ -136,7 +136,8 @@ def grid(
     else:
         notes.append(
             "gpu_memory_utilization and CUDA graph capture sizes: not tried, no GPU on this host "
-            "(the CPU engine's KV cache is FREIGHT_ENGINE_KV_CACHE_GIB and it runs no CUDA graphs)"
+            "(the CPU engine's KV cache is a byte size, FREIGHT_ENGINE_KV_CACHE_GIB's or the host's, "
+            "and it runs no CUDA graphs)"
         )
     return points, notes
 

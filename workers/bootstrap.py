@@ -151,7 +151,7 @@ def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
     from storage.broker import model_queue
     from storage.checkpoint_cache import CheckpointError, local_checkpoint
     from storage.objectstore import s3_client
-    from storage.registry import RegistryError, require
+    from storage.registry import RegistryError, applied_engine_args, require
     from storage.runtime import Runtime
     from workers.celery_app import make_celery
     from workers.device_probe import probe_device
@@ -187,8 +187,9 @@ def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
 
     def configure(base_adapters: Sequence[AdapterEntry]) -> EngineConfig:
         """The base's LoRA adapters turn LoRA on, its own engine args over their limits
-        (workers/lora.py); a restart for adapters added since (workers/lora_refit.py) asks again."""
-        args = {**lora_engine_args(base_adapters), **entry.engine_args}
+        (workers/lora.py); a restart for adapters added since (workers/lora_refit.py) asks again.
+        The model's explicit engine args win over its tuned ones (`freight models tune`)."""
+        args = {**lora_engine_args(base_adapters), **applied_engine_args(db, entry)}
         return engine_config(
             settings, model, str(local), entry.max_model_len, args, entry.tool_call_parser, task=entry.task,
             device=device,

@@ -42,6 +42,8 @@ ARGV = {
     "resume": ["resume", "batch_1"],
     "models add": ["models", "add", "m", "--path", "ckpt"],
     "models list": ["models", "list"],
+    "models show": ["models", "show", "m"],
+    "models tune": ["models", "tune", "m", "--sample", "requests.jsonl"],
     "models remove": ["models", "remove", "m"],
     "models set-engine": ["models", "set-engine", "m", "--engine-arg", "max_num_seqs=2"],
     "models quantize": ["models", "quantize", "ckpt", "out"],

@@ -168,10 +168,9 @@ def test_the_cli_shows_the_task(runtime, embed_model: Path) -> None:
         "demo": "generate", "emb": "embed"
     }  # fmt: skip
     table = runner.invoke(main, ["models", "list"], env=env).output.splitlines()
-    # TASK before ENGINE ARGS, the one column whose cells hold spaces, last
-    assert table[0].split()[-3:] == ["TASK", "ENGINE", "ARGS"] and table[2].split()[-2:] == ["embed", "-"], (
-        table
-    )
+    # TASK and TUNED before ENGINE ARGS, the one column whose cells hold spaces, last
+    assert table[0].split()[-4:] == ["TASK", "TUNED", "ENGINE", "ARGS"], table
+    assert table[2].split()[-3:] == ["embed", "-", "-"], table
 
 
 def _refused_endpoint(response, endpoint: str) -> str:
