@@ -36,9 +36,11 @@ DOMAINS_KEPT = 1024  # cache domains whose last request's blocks are kept for th
 class _Candidate:
     key: str
     blocks: tuple[int, ...]
-    fp: Footprint
     prompt_tokens: int
     root: object
+    max_tokens: int  # its output's bound: its own max_tokens, within the model's context
+    sequences: int
+    fp: Footprint | None = None  # as last predicted
 
 
 class KvGate:
@@ -76,6 +78,11 @@ class KvGate:
         candidate = self._candidate
         if candidate is None or candidate.key != key:
             candidate = self._candidate = self._describe(key, salt, row)
+        # predicted afresh each time it is asked: while it waits, its group's requests finish
+        output = self.growth.predict(candidate.blocks, candidate.max_tokens) if candidate.max_tokens else 0
+        candidate.fp = footprint(
+            candidate.blocks, candidate.prompt_tokens, output, candidate.sequences, self.block_size
+        )
         return empty or self.ledger.fits(candidate.fp)
 
     def hold(self, key: str) -> None:
@@ -84,7 +91,7 @@ class KvGate:
         candidate = self._candidate
         if candidate is None:
             return
-        if candidate.key != key:
+        if candidate.key != key or candidate.fp is None:
             raise ValueError(f"{key!r} was not the request asked about")
         self._candidate = None
         self.ledger.hold(key, candidate.fp)
@@ -120,10 +127,7 @@ class KvGate:
         limit = row.max_tokens if row.max_tokens is not None else self.default_max_tokens
         if room is not None:
             limit = min(limit, room)
-        output = self.growth.predict(blocks, limit) if limit else 0
-        return _Candidate(
-            key, blocks, footprint(blocks, prompt, output, row.sequences, self.block_size), prompt, root
-        )
+        return _Candidate(key, blocks, prompt, root, limit, row.sequences)
 
 
 def _token_bytes(row: ShardRow) -> bytes:
