@@ -67,7 +67,7 @@ cp -al "$OUT/wheels" "$OUT/context/var/image/wheels"
 
 say "buildah build --target cpu -t $IMAGE from $revision (no network)"
 start=$(date +%s)
-buildah build --network none --isolation "$ISOLATION" ${RUNTIME:+--runtime "$RUNTIME"} --layers \
+buildah build --network none --isolation "$ISOLATION" ${RUNTIME:+--runtime "$RUNTIME"} \
     --build-arg BASE="$BASE" --label org.opencontainers.image.revision="$revision" \
     -f "$OUT/context/infra/Dockerfile" --target cpu -t "$IMAGE" "$OUT/context"
 rm -rf "$OUT/context"

@@ -66,6 +66,13 @@ def podman(*args: str, check: bool = True, timeout: float = 600) -> str:
     return done.stdout
 
 
+def logs(name: str, lines: int = 40) -> str:
+    """A container's last lines, its stdout and stderr together (podman logs splits them)."""
+    command = ["podman", "logs", "--tail", str(lines), name]
+    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+    return done.stdout
+
+
 def run_args(env: dict[str, str], data: Path) -> list[str]:
     """What every container of the check gets: the manifests' restrictions, the host's network,
     the shared data folder (the local object store and HOME), the model read-only."""
@@ -90,7 +97,7 @@ def wait_ready(port: int, containers: list[str]) -> float:
         for name in containers:
             state = podman("inspect", "--format", "{{.State.Status}}", name).strip()
             if state != "running":
-                raise RuntimeError(f"{name} is {state}:\n{podman('logs', '--tail', '40', name, check=False)}")
+                raise RuntimeError(f"{name} is {state}:\n{logs(name)}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as answer:
                 if answer.status == 200:
@@ -174,7 +181,7 @@ def check(image: str, keep: bool) -> None:
         say(f"container users: {users}")
     except BaseException:
         for name in started:
-            say(f"--- {name} (last lines)\n{podman('logs', '--tail', '30', name, check=False)}")
+            say(f"--- {name} (last lines)\n{logs(name)}")
         raise
     finally:
         if not keep:

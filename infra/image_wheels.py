@@ -16,7 +16,9 @@ constraints.txt or the lock is newer than OUT/runtime.lock; files already in OUT
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -29,16 +31,22 @@ from infra.dependency_lock import _PIN, CONSTRAINTS, LOCK, REPO, _name
 LEFT_OUT = frozenset({"torchvision", "torchaudio", "torchcodec"})
 TORCH_SPEC = "torch==2.13.0+cpu"
 DEFAULT_OUT = REPO / "var" / "image" / "wheels"
+# the image's interpreter is Debian 12's python3; this machine's own is the same build
+IMAGE_PYTHON = "/usr/bin/python3"
 PIP = (sys.executable, "-m", "pip")
 MIRROR_NOTE = "is ignored: it is neither a file nor a directory"
 
 
-def resolve_runtime() -> set[str]:
-    """Normalized names of what installing Freight's cpu extra brings, Freight itself left out."""
+def resolve_runtime(python: str) -> set[str]:
+    """Normalized names of what installing Freight's cpu extra brings, Freight itself left out,
+    resolved by ``python`` (in a throwaway virtualenv of it): environment markers are read against
+    the interpreter that resolves, and the image's (Debian 12's python3, 3.11.2) needs what the test
+    venv's newer 3.11 does not (redis wants async-timeout below 3.11.3)."""
     with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([python, "-m", "venv", f"{tmp}/venv"], check=True)
         report = Path(tmp) / "report.json"
-        command = [*PIP, "install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report)]
-        command += ["-c", str(CONSTRAINTS), TORCH_SPEC, f"{REPO}[cpu]"]
+        command = [f"{tmp}/venv/bin/python", "-m", "pip", "install", "--dry-run", "--ignore-installed"]
+        command += ["--quiet", "--report", str(report), "-c", str(CONSTRAINTS), TORCH_SPEC, f"{REPO}[cpu]"]
         subprocess.run(
             command,
             check=True,
@@ -69,6 +77,21 @@ def runtime_lock(lock_text: str, names: set[str]) -> str:
     return "".join(kept)
 
 
+def missing_wheels(lock_text: str, out: Path) -> list[str]:
+    """The lock's packages that no wheel in ``out`` matches by sha256 (pip download asks the index
+    again for each even when its file is there: minutes here, so a complete folder skips it)."""
+    wanted: dict[str, set[str]] = {}
+    current = ""
+    for line in lock_text.splitlines():
+        if (m := _PIN.match(line)) is not None:
+            current = _name(m[1])
+            wanted[current] = set()
+        elif current:
+            wanted[current].update(re.findall(r"--hash=sha256:([0-9a-f]{64})", line))
+    have = {hashlib.sha256(wheel.read_bytes()).hexdigest() for wheel in out.glob("*.whl")}
+    return sorted(name for name, hashes in wanted.items() if not hashes & have)
+
+
 def stale(target: Path) -> bool:
     """Whether ``target`` is missing or older than what the resolution reads."""
     sources = (REPO / "pyproject.toml", CONSTRAINTS, LOCK)
@@ -78,13 +101,18 @@ def stale(target: Path) -> bool:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    out: Path = parser.parse_args(argv).out
+    parser.add_argument("--python", default=IMAGE_PYTHON, help="an interpreter of the image's version")
+    args = parser.parse_args(argv)
+    out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     lock = out / "runtime.lock"
     if stale(lock):
-        names = resolve_runtime()
+        names = resolve_runtime(args.python)
         lock.write_text(runtime_lock(LOCK.read_text(), names))
         print(f"image_wheels: {len(names)} packages in {lock}")
+    if not missing_wheels(lock.read_text(), out):
+        print(f"image_wheels: every wheel of {lock} is in {out}, hashes checked")
+        return
     command = [*PIP, "download", "--quiet", "--no-deps", "--require-hashes", "--only-binary", ":all:"]
     done = subprocess.run([*command, "--dest", str(out), "-r", str(lock)], stderr=subprocess.PIPE, text=True)
     # less pip's note for each index mirror that lacks a package's folder (install.sh drops them too)

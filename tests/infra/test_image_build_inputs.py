@@ -5,7 +5,9 @@ cpu-demo overlay is pinned by digest (infra/image_pin.py). The build and its run
 
 from __future__ import annotations
 
+import hashlib
 import re
+from pathlib import Path
 
 import pytest
 
@@ -52,3 +54,14 @@ def test_pin_replaces_the_tag_with_the_digest() -> None:
 def test_pin_refuses_what_is_not_a_digest(bad: str) -> None:
     with pytest.raises(ValueError, match="not an image digest"):
         image_pin.pin(image_pin.OVERLAY.read_text(), bad)
+
+
+def test_a_wheel_counts_as_gathered_only_when_its_sha256_is_locked(tmp_path: Path) -> None:
+    (tmp_path / "alpha-1.0-py3-none-any.whl").write_bytes(b"alpha's bytes")
+    (tmp_path / "beta-2.0-py3-none-any.whl").write_bytes(b"not the locked beta")
+    alpha = hashlib.sha256(b"alpha's bytes").hexdigest()
+    beta = hashlib.sha256(b"beta's bytes").hexdigest()
+    lock = f"alpha==1.0 \\\n    --hash=sha256:{alpha}\nbeta==2.0 \\\n    --hash=sha256:{beta}\n"
+    assert image_wheels.missing_wheels(lock, tmp_path) == ["beta"]
+    (tmp_path / "beta-2.0-py3-none-any.whl").write_bytes(b"beta's bytes")
+    assert image_wheels.missing_wheels(lock, tmp_path) == []
