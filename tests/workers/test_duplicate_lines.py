@@ -222,6 +222,19 @@ def test_both_units_stopped_aborts_the_run_and_each_line_is_stopped_once(rig_of)
         assert unit.results == 1
 
 
+@on_rig
+def test_an_engine_that_dies_with_lines_waiting_finishes_no_unit(rig_of) -> None:  # noqa: F811
+    """The engine dies while a run has lines of two units waiting on it: neither unit reaches the
+    recorder (the runner gives both back, and they run again elsewhere, copies included)."""
+    rig = rig_of(ScriptedEngine(max_num_seqs=2, window=2, fail_at_step=3))
+    first, second = active(1, [line("a", 0, "p", hold=True)]), active(2, [line("b", 0, "p", hold=True)])
+    rig.push(first, [line("a", 0, "p", hold=True)])
+    rig.push(second, [line("b", 0, "p", hold=True)])
+    until(lambda: bool(rig.failures))
+    assert len(rig.engine.added) == 1 and rig.loop._dups.waiting() == 1
+    assert rig.finished.empty() and first.results == second.results == 0
+
+
 def test_a_copy_has_its_own_response_id_and_the_recent_results_stay_bounded() -> None:
     body = {"id": "chatcmpl-abc", "choices": [], "x_freight": {"other": 1}}
     copy = copied_body(body, SHARED_RUN)
