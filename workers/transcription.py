@@ -21,7 +21,8 @@ audio_too_long.
 `response_format: "verbose_json"` is vLLM's: the decoder prompt asks for timestamps (`<|0.00|>`
 instead of `<|notimestamps|>`), each chunk's tokens with their log-probabilities become segments
 (`start`, `end` in seconds from the audio's start, `text`, `tokens`, `avg_logprob`,
-`compression_ratio`, `temperature`; `no_speech_prob` is null, vLLM computes none), the text is the
+`compression_ratio`, `temperature`; `no_speech_prob` is 0.0: vLLM computes none, and OpenAI's
+type needs a number, one that marks no segment silent), the text is the
 segments' joined, and the body carries `language` and `duration`, plus OpenAI's duration `usage`
 for a transcription. Only a model class with segment timestamps (`supports_segment_timestamp`:
 Whisper) takes it; another refuses the line. Word timestamps (`timestamp_granularities` holding
@@ -363,6 +364,8 @@ class TranscribedLine:
                 )
                 for segment in made:
                     segment.id = len(segments)
+                    if segment.no_speech_prob is None:  # vLLM computes none; OpenAI's type needs a number
+                        segment.no_speech_prob = 0.0
                     segments.append(segment.model_dump(mode="json"))
             start += len(chunk) / self.speech.config(self.body.task).sample_rate
         return segments

@@ -4,8 +4,9 @@ engine worker started from the registry entry, a batch of WAV lines of each endp
 the official client. The good lines answer in OpenAI's shapes (the client's Transcription and
 Translation types parse them), usage by duration; an undecodable audio and one past the duration
 limit are each that line's 400 while the rest runs. Audio may be a file the tenant uploaded (purpose
-user_data) named in file_url; another tenant's file id is that line's 404. Random weights: the path
-is checked, not the text."""
+user_data) named in file_url; another tenant's file id is that line's 404. Audio past Whisper's 30 s
+window runs in chunks (a 45 s file), and verbose_json answers the client's TranscriptionVerbose and
+TranslationVerbose. Random weights: the path is checked, not the text."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from openai.types.audio import Transcription, Translation
+from openai.types.audio import Transcription, TranscriptionVerbose, Translation, TranslationVerbose
 
 from infra.processes import FREIGHT, REPO
 from tests.audio_factories import TRANSCRIPTIONS, TRANSLATIONS, audio_line, tone
@@ -45,7 +46,7 @@ def _by_file(custom_id: str, file_id: str, **body: Any) -> dict:
 def test_transcription_and_translation_batches_run_on_a_whisper_model(
     live: LiveStack, whisper_model: Path
 ) -> None:
-    env = {**live.worker_env, "FREIGHT_MAX_AUDIO_SECONDS": "5"}
+    env = {**live.worker_env, "FREIGHT_MAX_AUDIO_SECONDS": "50"}
     added = _freight(env, "models", "add", MODEL, "--path", str(whisper_model))
     assert added.returncode == 0, added.stderr[-2000:]
     assert "a speech model: it serves /v1/audio/transcriptions" in added.stdout
@@ -55,17 +56,24 @@ def test_transcription_and_translation_batches_run_on_a_whisper_model(
         assert (served[MODEL]["task"], served[MODEL]["quantization"]) == ("transcribe", "none")
         mine = client.files.create(file=("a.wav", tone(2.5, rate=8_000)), purpose="user_data").id
         theirs = live.client("beta").files.create(file=("a.wav", tone(1.0)), purpose="user_data").id
+        long = client.files.create(file=("long.wav", tone(45.0, rate=8_000)), purpose="user_data").id
+        longer = client.files.create(file=("longer.wav", tone(51.0, rate=8_000)), purpose="user_data").id
         lines = {
             TRANSCRIPTIONS: [
                 _line("en", tone(2.2), language="en"),
                 _line("detected", tone(1.0, rate=22_050)),
                 _line("text", tone(1.0), language="en", response_format="text"),
                 _line("noise", b"this is not audio", language="en"),
-                _line("too-long", tone(6.0), language="en"),
+                _by_file("too-long", longer, language="en"),
                 _by_file("by-file", mine, language="en"),
                 _by_file("theirs", theirs, language="en"),
+                _by_file("long", long, language="en"),  # two chunks
+                _by_file("long-verbose", long, language="en", response_format="verbose_json"),
             ],
-            TRANSLATIONS: [_line("fr", tone(1.5), url=TRANSLATIONS, language="fr")],
+            TRANSLATIONS: [
+                _line("fr", tone(1.5), url=TRANSLATIONS, language="fr"),
+                _line("fr-verbose", tone(1.5), url=TRANSLATIONS, response_format="verbose_json"),
+            ],
         }
         batches = {}
         for endpoint, batch_lines in lines.items():
@@ -92,8 +100,9 @@ def test_transcription_and_translation_batches_run_on_a_whisper_model(
         return {r["custom_id"]: r for r in out}, {r["custom_id"]: r for r in err}
 
     out, err = files(finals[TRANSCRIPTIONS])
-    assert set(out) == {"en", "detected", "text", "by-file"} and set(err) == {"noise", "too-long", "theirs"}
-    for key, seconds in (("en", 3), ("detected", 1), ("text", 1), ("by-file", 3)):
+    good = {"en", "detected", "text", "by-file", "long", "long-verbose"}
+    assert set(out) == good and set(err) == {"noise", "too-long", "theirs"}
+    for key, seconds in (("en", 3), ("detected", 1), ("text", 1), ("by-file", 3), ("long", 45)):
         response = out[key]["response"]
         assert response["status_code"] == 200
         parsed = Transcription.model_validate(response["body"])
@@ -103,16 +112,24 @@ def test_transcription_and_translation_batches_run_on_a_whisper_model(
         response = err[key]["response"]
         assert response["status_code"] == 400, response
         assert (response["body"]["error"]["code"], response["body"]["error"]["param"]) == (code, "file_url")
-    assert "the limit is 5 s" in err["too-long"]["response"]["body"]["error"]["message"]
+    assert "the limit is 50 s" in err["too-long"]["response"]["body"]["error"]["message"]
+    verbose = out["long-verbose"]["response"]["body"]
+    parsed_verbose = TranscriptionVerbose.model_validate(verbose)
+    assert (parsed_verbose.language, parsed_verbose.duration) == ("en", 45.0)
+    assert parsed_verbose.usage is not None and parsed_verbose.usage.seconds == 45
+    assert isinstance(parsed_verbose.segments, list)
+    assert all(0 <= s.start <= s.end <= 75 for s in parsed_verbose.segments)
     other = err["theirs"]["response"]  # another tenant's file id: as an unknown one
     assert other["status_code"] == 404, other
     assert (other["body"]["error"]["code"], other["body"]["error"]["param"]) == ("file_not_found", "file_url")
     transcribed = finals[TRANSCRIPTIONS]
-    assert (transcribed.request_counts.completed, transcribed.request_counts.failed) == (4, 3)
-    # input: each line's decoder prompt and its audio's log-mel frames (100 a second)
-    assert transcribed.usage.input_tokens >= 220 + 100 + 100 + 250
-    assert 4 <= transcribed.usage.output_tokens <= 4 * 8
+    assert (transcribed.request_counts.completed, transcribed.request_counts.failed) == (6, 3)
+    # input: each chunk's decoder prompt and its audio's log-mel frames (100 a second)
+    assert transcribed.usage.input_tokens >= 220 + 100 + 100 + 250 + 2 * (2 * 4 + 4500)
+    assert 8 <= transcribed.usage.output_tokens <= 8 * 8  # at most 8 a chunk
 
     out, err = files(finals[TRANSLATIONS])
-    assert set(out) == {"fr"} and not err
+    assert set(out) == {"fr", "fr-verbose"} and not err
     assert isinstance(Translation.model_validate(out["fr"]["response"]["body"]).text, str)
+    translated = TranslationVerbose.model_validate(out["fr-verbose"]["response"]["body"])
+    assert translated.duration == 1.5 and isinstance(translated.language, str)

@@ -177,6 +177,7 @@ def test_long_audio_is_split_as_vllm_s_serving_splits_it() -> None:
 def test_verbose_json_segments_are_vllm_s_offset_by_each_chunk(whisper_model) -> None:
     """Two chunks (30 s and 15 s) answered with Whisper's timestamp tokens: vLLM's segments of
     each, the second's times from its chunk's start, numbered across the line, the text theirs."""
+    from openai.types.audio import TranscriptionVerbose
     from transformers import AutoTokenizer
     from vllm.config.speech_to_text import SpeechToTextConfig
     from vllm.logprobs import Logprob
@@ -218,4 +219,6 @@ def test_verbose_json_segments_are_vllm_s_offset_by_each_chunk(whisper_model) ->
     assert first["tokens"] == words("hi") and first["avg_logprob"] < 0 and first["temperature"] == 0.2
     assert response["text"] == "hi yo ok" and response["language"] == "en" and response["duration"] == 45.0
     assert response["usage"] == {"type": "duration", "seconds": 45}
+    assert {s["no_speech_prob"] for s in response["segments"]} == {0.0}  # vLLM's None: the type needs one
+    assert TranscriptionVerbose.model_validate(response).segments[2].start == 30.0  # the client's type
     assert completion_tokens == len(words("hi") + words("yo") + words("ok")) + 4 + 2  # stamps, ends
