@@ -5,6 +5,7 @@ gate's figures from shard rows, and the loop against a scripted engine that desc
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, replace
 
 import pytest
@@ -210,3 +211,29 @@ def test_an_urgent_request_goes_before_the_one_waiting_at_the_gate(rig_of) -> No
     assert {x.claim.unit_id for x in rig.recorded(3)} == {1, 2, 3}
     assert [r.key for r in engine.added[3:]] == ["w:1:t3/0", "w:1:t2/0", "w:1:t2/1"]
     assert engine.most_blocks <= 10
+
+
+def test_the_watcher_warns_of_preemptions_and_of_a_hit_rate_under_plan(caplog) -> None:
+    """The engine sample's KV figures in the worker's log: a warning when vLLM preempted or the
+    cache served more than a point under plan, at debug when on plan."""
+    from workers.pack_watcher import _log_kv_report
+    from workers.stepped_engine import StepSample
+
+    caplog.set_level(logging.DEBUG, logger="workers.pack_watcher")
+    on_plan = StepSample(prompt_tokens=1000, cached_tokens=795, planned_cached_tokens=800)
+    under = StepSample(prompt_tokens=1000, cached_tokens=700, planned_cached_tokens=800)
+    preempted = StepSample(prompt_tokens=1000, preemptions=3)
+    for sample in (on_plan, under, preempted):
+        _log_kv_report(sample)
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "workers.pack_watcher"]
+    assert said == [
+        (
+            logging.DEBUG,
+            "engine sample: 0 preemptions; prefix-cache hits 79.5% of prompt tokens, planned 80.0% (gap 0.5 points)",
+        ),
+        (
+            logging.WARNING,
+            "engine sample: 0 preemptions; prefix-cache hits 70.0% of prompt tokens, planned 80.0% (gap 10.0 points)",
+        ),
+        (logging.WARNING, "engine sample: vLLM preempted 3 requests"),
+    ]
