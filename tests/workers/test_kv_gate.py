@@ -237,3 +237,31 @@ def test_the_watcher_warns_of_preemptions_and_of_a_hit_rate_under_plan(caplog) -
         ),
         (logging.WARNING, "engine sample: vLLM preempted 3 requests"),
     ]
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # no database is read
+def test_the_gate_keeps_the_turns_of_cache_domains(rig_of) -> None:  # noqa: F811
+    """Two tenants' units (cache domains) on the feed, taking turns of 3 requests, with the cache
+    holding 3 requests at a time: the engine gets them in exactly the order the feed alone gives."""
+    from scheduler.feed_order import ElevatorFeed
+    from workers.pack_feed import FEED_PROMPT_FIELDS, feed_key
+
+    engine = KvScriptedEngine(blocks=10)
+    rig = rig_of(engine, pack_requests=3)
+    a_rows = [row(i, [6000 + i] * 40, max_tokens=8, tag="a") for i in range(7)]
+    b_rows = [row(i, [7000 + i] * 40, max_tokens=8, tag="b") for i in range(5)]
+    a, b = active(1, a_rows, domain="alpha"), active(2, b_rows, domain="beta")
+    alone: ElevatorFeed = ElevatorFeed(prompt_fields=FEED_PROMPT_FIELDS, domain_fields=1, quantum=3)
+    for unit, rows in ((a, a_rows), (b, b_rows)):
+        for r in rows:
+            engine.rows[f"{unit.claim.token}/{r.line}"] = r
+            alone.push(feed_key(unit, r), f"{unit.claim.token}/{r.line}")
+    with rig.state.lock:  # both on the feed before the loop takes any
+        rig.state.hold([a, b])
+        for unit, rows in ((a, a_rows), (b, b_rows)):
+            for r in rows:
+                rig.feed.requests.push(feed_key(unit, r), (unit, r))
+        rig.state.lock.notify_all()
+    assert {u.claim.unit_id for u in rig.recorded(2)} == {1, 2}
+    assert [r.key for r in engine.added] == [alone.pop() for _ in range(12)]
+    assert engine.most_held == 3 and engine.most_blocks <= 10
