@@ -88,6 +88,10 @@ def test_transcription_and_translation_batches_run_on_a_whisper_model(
     finally:
         removed = _freight(env, "models", "remove", MODEL)
         assert removed.returncode == 0, removed.stderr
+    # the audio of the lines by file id was read ahead with their packs, none when a line was
+    # submitted on the engine loop (workers/media_files.AudioCache logs such a read)
+    worker_log = live.stack.log("engine-whisper-live").read_text(errors="replace")
+    assert "pack " in worker_log and "read on submit" not in worker_log
 
     def files(final: Any) -> tuple[dict[str, dict], dict[str, dict]]:
         assert final.status == "completed", final
