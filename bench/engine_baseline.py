@@ -137,15 +137,17 @@ def run_file(
     llm: Any, recorder: StepRecorder, path: Path, max_num_seqs: int, stats_run: bool = True
 ) -> dict[str, Any]:
     """One measured call on the file's lines, then (``stats_run``) the unmeasured one for fill."""
-    from bench.cpu import spent
+    from bench.cpu import OtherLoad, spent
 
     lines = read_lines(path)
     llm.reset_prefix_cache()
     cpu_before = process_cpu_seconds()
+    other = OtherLoad()
     started = time.monotonic()
     outputs = call(llm, lines)
     wall = time.monotonic() - started
     cpu = spent(cpu_before, process_cpu_seconds())
+    other_cpu = other.seconds({"children": cpu["engine/children"]})  # OtherLoad counts this process
     fill, steps = stats_of(llm, recorder, lines, max_num_seqs) if stats_run else (None, None)
     prompt = sum(len(o.prompt_token_ids or []) for o in outputs)
     cached = sum(int(o.num_cached_tokens or 0) for o in outputs)
@@ -160,6 +162,7 @@ def run_file(
         "output_tokens": output,
         "errors": errors,
         "cpu_s": cpu,  # the measured call's only
+        "other_cpu_s": other_cpu,  # the machine's other processes meanwhile (bench/cpu.py OtherLoad)
         "batch_fill": fill,
         "batch_fill_method": "a second, unmeasured run of the same lines: requests advanced per "
         "engine step (the engine core's outputs), time-weighted",

@@ -284,12 +284,19 @@ def combine_repeats(cells: list[dict[str, Any]]) -> dict[str, Any]:
         for c in cells
     ]
     median["repeat_method"] = f"median of {len(cells)} runs by output tok/s (fresh prompts per run)"
+    median["spread"] = {  # every figure with its repeats: min, median and max over the good runs
+        key: spread([c[key] for c in good if c.get(key) is not None]) for key in ("wall_s", "output_tok_s")
+    }
     return median
 
 
-def engine_flags(model_dir: Path, kv_bytes: int, block_size: int, eager: bool) -> list[str]:
-    """bench.engine_baseline's engine flags: the limits every system runs at."""
+def engine_flags(
+    model_dir: Path, kv_bytes: int, block_size: int, eager: bool, core: str = "auto"
+) -> list[str]:
+    """bench.engine_baseline's engine flags: the limits every system runs at, and where its engine
+    core runs (``auto``: where Freight's engine worker puts it, the faster placement on a CPU)."""
     return [
+        "--core", core,
         "--model", str(model_dir), "--max-num-seqs", str(MAX_NUM_SEQS),
         "--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS), "--max-model-len", str(MAX_MODEL_LEN),
         "--kv-cache-bytes", str(kv_bytes), "--block-size", str(block_size),
@@ -305,6 +312,7 @@ def run_engine(
     model_dir: Path,
     block_size: int,
     warmups: tuple[Path, ...] = (),
+    core: str = "auto",
 ) -> dict[str, dict[str, Any]]:
     """One engine subprocess for these files (same KV size), each warm-up file run first and
     unmeasured; {key: metrics | error}."""
@@ -312,7 +320,7 @@ def run_engine(
     out.unlink(missing_ok=True)
     argv = [
         sys.executable, "-m", "bench.engine_baseline", "--out", str(out),
-        *engine_flags(model_dir, kv_bytes, block_size, eager),
+        *engine_flags(model_dir, kv_bytes, block_size, eager, core),
         *[arg for path in warmups for arg in ("--warmup-file", str(path))],
         *[str(p) for p in files.values()],
     ]  # fmt: skip
@@ -664,7 +672,7 @@ def run_paired(
     run_dir = work / f"paired-{kv}-{kv_bytes}"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
-    engine_argv = engine_flags(args.model, kv_bytes, args.block_size, args.eager)
+    engine_argv = engine_flags(args.model, kv_bytes, args.block_size, args.eager, args.engine_core)
     freight_kv = kv_bytes  # explicit: the engine baselines get the same
 
     def stack_factory(role: str, warm: Path) -> Any:  # multi: tenants share one cache; the rest: default
@@ -836,6 +844,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--model", type=Path, default=MODEL_DIR, help="checkpoint every system serves")
     parser.add_argument(
+        "--engine-core",
+        choices=("auto", "inline", "process"),
+        default="auto",
+        help="the engine baselines' core placement (auto: Freight's choice, inline on a CPU)",
+    )
+    parser.add_argument(
         "--block-size", type=int, default=BLOCK_SIZE, help="KV block (tokens) of every system"
     )
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
@@ -915,7 +929,14 @@ def main(argv: list[str] | None = None) -> int:
             if engine_files:
                 log(f"engine: {kv} KV ({kv_bytes} bytes): {', '.join(engine_files)}")
                 engine_cells = run_engine(
-                    engine_files, kv_bytes, work, args.eager, args.model, args.block_size, warmups
+                    engine_files,
+                    kv_bytes,
+                    work,
+                    args.eager,
+                    args.model,
+                    args.block_size,
+                    warmups,
+                    args.engine_core,
                 )
                 for name, cells in engine_cells_by_system(engine_cells).items():
                     results[name][kv].update(cells)
@@ -990,6 +1011,7 @@ def main(argv: list[str] | None = None) -> int:
                 "VLLM_CPU_NUM_OF_RESERVED_CPU": os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU"),
                 "tight_factor": TIGHT_FACTOR,
                 "repeats": repeats,
+                "engine_core": args.engine_core,  # the engine baselines' (--core); auto: Freight's choice
             },
             "kv_cache": plan,
             "engine": "vllm.LLM(..., enable_prefix_caching=True, seed=0, disable_log_stats=True), its "

@@ -50,6 +50,12 @@ def test_freight_over_the_limit_is_paired_repeat_by_repeat_and_a_failed_repeat_d
     assert "freight_single_job_over_limit" not in lists[f"{bs.MJSP}_tight_kv"]  # not measured
     ratios = bs.compute_ratios(results, lists)
     targets = bs.evaluate_targets(ratios, lists)
+    cell = results["dups"]["default"]["engine_sorted"]
+    assert cell["output_tok_s"] == 90.0  # the median run
+    assert cell["spread"]["output_tok_s"] == {
+        "repeats": 3, "min": 80.0, "median": 90.0, "max": 100.0, "values": [100.0, 80.0, 90.0],
+    }  # fmt: skip
+    assert results["dups"]["default"]["freight"]["spread"]["output_tok_s"]["repeats"] == 2  # one failed
     dups = targets["dups.freight_over_limit"]
     assert dups["value"] == pytest.approx(1.2)  # the median of 1.3 and 1.1
     assert dups["pass"] is True
