@@ -151,7 +151,7 @@ def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
     from storage.broker import model_queue
     from storage.checkpoint_cache import CheckpointError, local_checkpoint
     from storage.objectstore import s3_client
-    from storage.registry import RegistryError, applied_engine_args, require
+    from storage.registry import RegistryError, require
     from storage.runtime import Runtime
     from workers.celery_app import make_celery
     from workers.device_probe import probe_device
@@ -161,6 +161,7 @@ def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
     from workers.identity import node_name
     from workers.lora import LoraAdapters, lora_engine_args
     from workers.lora_refit import LoraRefit
+    from workers.model_tuning import engine_args_on_this_host
 
     worker = node_name(name, model)
     configure_settings(settings, worker=worker)  # every line of this process names the worker
@@ -188,8 +189,10 @@ def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
     def configure(base_adapters: Sequence[AdapterEntry]) -> EngineConfig:
         """The base's LoRA adapters turn LoRA on, its own engine args over their limits
         (workers/lora.py); a restart for adapters added since (workers/lora_refit.py) asks again.
-        The model's explicit engine args win over its tuned ones (`freight models tune`)."""
-        args = {**lora_engine_args(base_adapters), **applied_engine_args(db, entry)}
+        The model's explicit engine args win over its tuned ones (`freight models tune`), which
+        apply where this host's memory holds them."""
+        tuned = engine_args_on_this_host(settings, db, entry, str(local))
+        args = {**lora_engine_args(base_adapters), **tuned}
         return engine_config(
             settings, model, str(local), entry.max_model_len, args, entry.tool_call_parser, task=entry.task,
             device=device,

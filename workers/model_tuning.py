@@ -38,9 +38,11 @@ from scheduler.engine_tuning import (
     grid,
     shape_class,
     speculative_point,
+    unfit,
 )
 from storage.checkpoint_config import config_or_empty
-from storage.registry import ModelEntry, TunedSettings, record_tuning
+from storage.db import Database
+from storage.registry import ModelEntry, TunedSettings, applied_tuning, record_tuning
 from storage.runtime import Runtime
 from storage.settings import Settings
 
@@ -340,3 +342,30 @@ def _try_speculation(pilot: Pilot, options: TuneOptions, facts: MemoryFacts) -> 
     if measured.error is not None:
         pilot.notes.append(f"n-gram speculation: vLLM refused it on this host: {measured.error}")
     pilot.measurements.append(measured)
+
+
+def engine_args_on_this_host(
+    settings: Settings, db: Database, entry: ModelEntry, path: str
+) -> dict[str, Any]:
+    """The engine args a worker of ``entry`` starts with: its explicit ones over its applied
+    tuning's (storage/registry.py: applied_engine_args), the tuning left out, with a warning, when
+    this host's memory cannot hold it (a tuning measured on a larger machine)."""
+    tuned = applied_tuning(db, entry)
+    if tuned is None or not tuned.engine_args:
+        return dict(entry.engine_args)
+    args = {**tuned.engine_args, **entry.engine_args}
+    point = GridPoint(
+        args.get("max_num_seqs", settings.engine_max_num_seqs or None),
+        args.get("max_num_batched_tokens", settings.engine_max_num_batched_tokens or None),
+        "speculative_config" in tuned.engine_args and "speculative_config" not in entry.engine_args,
+    )
+    kv_cache_bytes = int(args.get("kv_cache_memory_bytes") or settings.engine_kv_cache_gib * 1024**3)
+    max_model_len = int(entry.max_model_len or settings.engine_max_model_len or 2048)
+    facts = memory_facts(path, _weight_bytes(path), kv_cache_bytes, max_model_len, host_memory_available())
+    reason = unfit(point, facts)
+    if reason is not None:
+        log.warning(
+            "tuned engine args of %s (%s) not applied on this host: %s", entry.name, tuned.shape_class, reason
+        )
+        return dict(entry.engine_args)
+    return args

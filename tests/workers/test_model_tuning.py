@@ -15,13 +15,19 @@ from pathlib import Path
 
 import pytest
 
-from storage.registry import require, tunings
+from storage.registry import TunedSettings, record_tuning, require, tunings
 from storage.runtime import Runtime
 from storage.settings import Settings
 from tests.conftest import REPO
 from tests.factories import chat_line
 from tests.workers.test_control_roles import wait_until, worker_env
-from workers.model_tuning import MAX_LINE_BYTES, TuningError, engine_requests, read_sample
+from workers.model_tuning import (
+    MAX_LINE_BYTES,
+    TuningError,
+    engine_args_on_this_host,
+    engine_requests,
+    read_sample,
+)
 
 MODEL = "demo-tuned"
 
@@ -57,6 +63,31 @@ def test_requests_run_in_prompt_order_as_the_served_model() -> None:
     assert [r.body["messages"][0]["content"] for r in requests] == ["apple", "mango", "zebra"]
     assert {r.body["model"] for r in requests} == {"served"} and {r.cache_salt for r in requests} == {"s"}
     assert len({r.key for r in requests}) == 3
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_tuning_this_hosts_memory_cannot_hold_is_not_applied(
+    runtime, demo_model: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A tuning measured on a larger machine: its max_num_batched_tokens would need more memory
+    than this host has (one step's activations), so the worker starts with the explicit args only."""
+    entry = require(runtime.db, runtime.settings, "demo")
+    fits = {"max_num_seqs": 32, "max_num_batched_tokens": 4096}
+    record_tuning(runtime.db, _tuned(entry.checkpoint, fits, measured_at=1))
+    assert engine_args_on_this_host(runtime.settings, runtime.db, entry, str(demo_model)) == fits
+    huge = {"max_num_seqs": 32, "max_num_batched_tokens": 2**40}
+    record_tuning(runtime.db, _tuned(entry.checkpoint, huge, measured_at=2, shape_class="big"))
+    with caplog.at_level("WARNING", logger="workers.model_tuning"):
+        assert engine_args_on_this_host(runtime.settings, runtime.db, entry, str(demo_model)) == {}
+    assert any(
+        "tuned engine args of demo (big) not applied on this host" in r.message for r in caplog.records
+    )
+
+
+def _tuned(checkpoint: str, args: dict, measured_at: int, shape_class: str = "fits") -> TunedSettings:
+    return TunedSettings(model="demo", shape_class=shape_class, checkpoint=checkpoint, engine_args=args,
+                         tokens_per_second=2.0, baseline_tokens_per_second=1.0, baseline_args={}, sample="s",
+                         device="cpu", points=[], notes=[], measured_at=measured_at)  # fmt: skip
 
 
 def _run(env: dict[str, str], *argv: str, timeout: float = 900) -> subprocess.CompletedProcess:
