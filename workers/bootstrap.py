@@ -161,7 +161,7 @@ def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
     from workers.identity import node_name
     from workers.lora import LoraAdapters, lora_engine_args
     from workers.lora_refit import LoraRefit
-    from workers.model_tuning import engine_args_on_this_host
+    from workers.tuned_settings import engine_args_on_this_host
 
     worker = node_name(name, model)
     configure_settings(settings, worker=worker)  # every line of this process names the worker

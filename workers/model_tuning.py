@@ -38,13 +38,11 @@ from scheduler.engine_tuning import (
     grid,
     shape_class,
     speculative_point,
-    unfit,
 )
-from storage.checkpoint_config import config_or_empty
-from storage.db import Database
-from storage.registry import ModelEntry, TunedSettings, applied_tuning, record_tuning
+from storage.registry import ModelEntry, TunedSettings, record_tuning
 from storage.runtime import Runtime
 from storage.settings import Settings
+from workers.tuned_settings import host_memory_available, memory_facts, weight_bytes
 
 log = logging.getLogger(__name__)
 
@@ -143,44 +141,6 @@ def engine_requests(lines: Sequence[dict[str, Any]], served_name: str, salt: str
         )
         for i, line in enumerate(ordered)
     ]
-
-
-def host_memory_available() -> int:
-    """This host's available memory in bytes (MemAvailable of /proc/meminfo)."""
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    raise TuningError("/proc/meminfo has no MemAvailable: the host's memory cannot be checked")
-
-
-def memory_facts(
-    path: str, weight_bytes: int, kv_cache_bytes: int, max_model_len: int, available: int
-) -> MemoryFacts:
-    """A model's sizes from its checkpoint's config.json (Llama-style field names)."""
-    config = config_or_empty(path)
-    hidden = int(config.get("hidden_size") or 0)
-    heads = int(config.get("num_attention_heads") or 1)
-    kv_heads = int(config.get("num_key_value_heads") or heads)
-    head_dim = int(config.get("head_dim") or (hidden // heads if heads else 0))
-    layers = int(config.get("num_hidden_layers") or 0)
-    element = 2 if str(config.get("torch_dtype", "bfloat16")) in ("bfloat16", "float16") else 4
-    return MemoryFacts(
-        available_bytes=available,
-        weight_bytes=weight_bytes,
-        kv_cache_bytes=kv_cache_bytes,
-        kv_bytes_per_token=2 * layers * kv_heads * head_dim * element,
-        hidden_size=hidden,
-        intermediate_size=int(config.get("intermediate_size") or 4 * hidden),
-        vocab_size=int(config.get("vocab_size") or 0),
-        max_model_len=max_model_len,
-    )
-
-
-def _weight_bytes(path: str) -> int:
-    return sum(p.stat().st_size for p in Path(path).glob("*.safetensors")) or sum(
-        p.stat().st_size for p in Path(path).glob("*.bin")
-    )
 
 
 def measure(engine: Any, point: GridPoint, lines: Sequence[dict[str, Any]]) -> Measurement:
@@ -286,7 +246,7 @@ def tune(
     pilot.measurements.append(first)
     points, notes = grid(base, device, options.seqs, options.tokens)
     pilot.notes.extend(notes)
-    facts = memory_facts(path, _weight_bytes(path), pilot.config({}).kv_cache_bytes or 0,
+    facts = memory_facts(path, weight_bytes(path), pilot.config({}).kv_cache_bytes or 0,
                          int(entry.max_model_len or settings.engine_max_model_len or 2048),
                          host_memory_available())  # fmt: skip
     points, unfit = fitting(points[1:], facts)
@@ -342,30 +302,3 @@ def _try_speculation(pilot: Pilot, options: TuneOptions, facts: MemoryFacts) -> 
     if measured.error is not None:
         pilot.notes.append(f"n-gram speculation: vLLM refused it on this host: {measured.error}")
     pilot.measurements.append(measured)
-
-
-def engine_args_on_this_host(
-    settings: Settings, db: Database, entry: ModelEntry, path: str
-) -> dict[str, Any]:
-    """The engine args a worker of ``entry`` starts with: its explicit ones over its applied
-    tuning's (storage/registry.py: applied_engine_args), the tuning left out, with a warning, when
-    this host's memory cannot hold it (a tuning measured on a larger machine)."""
-    tuned = applied_tuning(db, entry)
-    if tuned is None or not tuned.engine_args:
-        return dict(entry.engine_args)
-    args = {**tuned.engine_args, **entry.engine_args}
-    point = GridPoint(
-        args.get("max_num_seqs", settings.engine_max_num_seqs or None),
-        args.get("max_num_batched_tokens", settings.engine_max_num_batched_tokens or None),
-        "speculative_config" in tuned.engine_args and "speculative_config" not in entry.engine_args,
-    )
-    kv_cache_bytes = int(args.get("kv_cache_memory_bytes") or settings.engine_kv_cache_gib * 1024**3)
-    max_model_len = int(entry.max_model_len or settings.engine_max_model_len or 2048)
-    facts = memory_facts(path, _weight_bytes(path), kv_cache_bytes, max_model_len, host_memory_available())
-    reason = unfit(point, facts)
-    if reason is not None:
-        log.warning(
-            "tuned engine args of %s (%s) not applied on this host: %s", entry.name, tuned.shape_class, reason
-        )
-        return dict(entry.engine_args)
-    return args

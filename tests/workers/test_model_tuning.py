@@ -21,13 +21,8 @@ from storage.settings import Settings
 from tests.conftest import REPO
 from tests.factories import chat_line
 from tests.workers.test_control_roles import wait_until, worker_env
-from workers.model_tuning import (
-    MAX_LINE_BYTES,
-    TuningError,
-    engine_args_on_this_host,
-    engine_requests,
-    read_sample,
-)
+from workers.model_tuning import MAX_LINE_BYTES, TuningError, engine_requests, read_sample
+from workers.tuned_settings import engine_args_on_this_host
 
 MODEL = "demo-tuned"
 
@@ -77,7 +72,7 @@ def test_a_tuning_this_hosts_memory_cannot_hold_is_not_applied(
     assert engine_args_on_this_host(runtime.settings, runtime.db, entry, str(demo_model)) == fits
     huge = {"max_num_seqs": 32, "max_num_batched_tokens": 2**40}
     record_tuning(runtime.db, _tuned(entry.checkpoint, huge, measured_at=2, shape_class="big"))
-    with caplog.at_level("WARNING", logger="workers.model_tuning"):
+    with caplog.at_level("WARNING", logger="workers.tuned_settings"):
         assert engine_args_on_this_host(runtime.settings, runtime.db, entry, str(demo_model)) == {}
     assert any(
         "tuned engine args of demo (big) not applied on this host" in r.message for r in caplog.records
