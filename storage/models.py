@@ -457,6 +457,11 @@ class EngineSample(Base):
     kv_tokens_read: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     mfu: Mapped[float | None] = mapped_column(Float)
     mbu: Mapped[float | None] = mapped_column(Float)
+    # KV-aware admission's report (workers/kv_gate.py): vLLM's preemptions in the period (NULL:
+    # not counted, an engine core in its own process), and the cached tokens the plan gave the
+    # requests finished in it (NULL: admission by count, no plan)
+    preemptions: Mapped[int | None] = mapped_column(Integer)
+    planned_cached_tokens: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class EngineSampleTotal(Base):
@@ -474,6 +479,7 @@ class EngineSampleTotal(Base):
     cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     output_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     requests: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    preemptions: Mapped[int | None] = mapped_column(BigInteger)  # NULL: no pruned sample counted them
 
 
 class DropFolder(Base):

@@ -275,7 +275,7 @@ class EngineLoop:
         with self._sample_lock:
             sample = self._sample
             if preempted is not None and self._preempted is not None:
-                sample.preemptions += self._preempted - preempted
+                sample.preemptions = (sample.preemptions or 0) + self._preempted - preempted
             sample.seconds += elapsed
             sample.steps += 1
             sample.running += stats.running * elapsed

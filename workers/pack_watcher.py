@@ -121,6 +121,8 @@ class PackWatcher:
         )
         utilization.pop("model_parameters")
         utilization.pop("bytes_per_parameter")
+        # no plan where admission is by count (FREIGHT_KV_ADMISSION off)
+        planned = sample.planned_cached_tokens if self.rt.settings.kv_admission else None
         with self.rt.db.write() as s:
             s.add(
                 EngineSample(
@@ -138,6 +140,8 @@ class PackWatcher:
                     requests=sample.requests,
                     kv_tokens_read=sample.kv_tokens_read,
                     cost_micros=engine_cost_micros(sample.seconds, self.price_per_hour),
+                    preemptions=sample.preemptions,
+                    planned_cached_tokens=planned,
                     **utilization,
                 )
             )
@@ -159,7 +163,7 @@ def _log_kv_report(sample: StepSample) -> None:
     log.log(
         level,
         "engine sample: %d preemptions; prefix-cache hits %.1f%% of prompt tokens, planned %.1f%% (gap %.1f points)",
-        sample.preemptions,
+        sample.preemptions or 0,  # None: not counted (a core in its own process)
         100 * measured,
         100 * planned,
         gap,

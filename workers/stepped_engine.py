@@ -50,8 +50,9 @@ class StepSample:
     output_tokens: int = 0
     kv_tokens_read: int = 0
     # KV-aware admission's report (workers/kv_gate.py): vLLM's preemptions in the period (counted
-    # with an inline core only), and the cached tokens the plan gave the finished requests
-    preemptions: int = 0
+    # with an inline core only: None where the engine cannot count them), and the cached tokens
+    # the plan gave the finished requests
+    preemptions: int | None = None
     planned_cached_tokens: int = 0
 
     @property

@@ -98,3 +98,56 @@ def test_the_watcher_stops_what_must_stop_heartbeats_the_rest_renews_the_ask_and
         assert sample.mfu is None  # no shape: no estimate
     finally:
         rt.db.dispose()
+
+
+class CountingEngine(ScriptedEngine):
+    """A scripted engine that counts preemptions as workers/engine.py does for an inline core."""
+
+    preemptions: int | None = 0
+
+
+def test_the_watcher_stores_the_samples_preemptions_and_planned_cache_hits(settings: Settings) -> None:
+    """KV-aware admission's report of a sample (issue #51 part 6) lands in its row: vLLM's
+    preemptions as the engine loop counted them over its steps (NULL where the engine does not
+    count them: a core in its own process), and the cached tokens the plan gave its finished
+    requests (NULL with admission by count, where there is no plan)."""
+    rows = []
+    for counting, admission in ((True, True), (False, True), (True, False)):
+        rt = Runtime(replace(settings, kv_admission=admission))
+        worker = f"kv-report-{uuid.uuid4().hex[:6]}"
+        try:
+            state = RunnerState()
+            feed = PackFeed(rt, state, queue.Queue(), f"m-{worker}", f"{worker}:1", 8)
+            engine = CountingEngine() if counting else ScriptedEngine()
+            loop = EngineLoop(engine, state, feed, queue.Queue(), CostMeter(3.6), lambda exc: None)
+            for preempted in (2, 3):  # the engine's running count after each step: 2, then 5
+                if counting:
+                    engine.preemptions += preempted  # type: ignore[attr-defined]
+                loop._account(0.5)
+            with loop._sample_lock:
+                loop._sample.prompt_tokens, loop._sample.cached_tokens = 1000, 700
+                loop._sample.planned_cached_tokens = 800
+            PackWatcher(rt, state, loop, feed, worker, "demo", None, 3.6, 8)._flush_sample()
+            with rt.db.read() as s:
+                (row,) = s.scalars(select(EngineSample).where(EngineSample.worker == worker))
+                rows.append((row.steps, row.preemptions, row.cached_tokens, row.planned_cached_tokens))
+        finally:
+            rt.db.dispose()
+    assert rows == [(2, 5, 700, 800), (2, None, 700, 800), (2, 5, 700, None)]
+
+
+def test_migration_0034_goes_down_and_up(runtime, settings: Settings) -> None:
+    from alembic import command
+    from sqlalchemy import inspect
+
+    from storage.migrate import alembic_config, check, upgrade
+
+    runtime.db.dispose()
+    command.downgrade(alembic_config(settings.database_url), "0033")
+    columns = {c["name"] for c in inspect(runtime.db.engine).get_columns("engine_samples")}
+    assert "preemptions" not in columns and "planned_cached_tokens" not in columns
+    totals = {c["name"] for c in inspect(runtime.db.engine).get_columns("engine_sample_totals")}
+    assert "preemptions" not in totals
+    runtime.db.dispose()
+    upgrade(settings.database_url)
+    check(settings.database_url)  # the tables match the models again
