@@ -24,6 +24,8 @@ Measured per run:
                   overlap); null where the table does not exist (older Freight) or has no rows
   engine_steps    the engine's steps over the same rows, each period's share by its overlap: beside
                   the in-process engine's ``steps``, whether a slower run took more steps
+  kv_report       KV-aware admission's figures of the same rows, whole (`engine_samples_kv`):
+                  vLLM's preemptions and the hit-rate gap to the plan in points (targets 0 and <= 1)
   phases_s        wall_s split at the work units' timestamps (`run_phases`): to the first unit
                   queued, to the first one started, the engine phase, finalization and the last poll
   errors          error-file lines + missing custom_ids + duplicated custom_ids + batches that did
@@ -342,6 +344,7 @@ class FreightStack:
             "duplicated": duplicated,
             "not_completed": not_completed,
             **self.fill(wall_start, wall_end),
+            "kv_report": engine_samples_kv(self.stack.settings.database_url, wall_start, wall_end),
             "phases_s": run_phases(self.stack.settings.database_url, list(batch_ids), wall_start, wall_end),
             "batch_fill_method": "engine_samples rows overlapping the run's window: "
             "sum(running_mean*overlap) / sum(max_num_seqs*overlap)",
@@ -406,6 +409,45 @@ def engine_samples_fill(
         covered += overlap
         steps += float(period_steps) * (overlap / float(seconds) if seconds else 1.0)
     return (running / capacity if capacity else None), covered, (round(steps, 1) if rows else None)
+
+
+def engine_samples_kv(database_url: str, start: float, end: float) -> dict[str, Any] | None:
+    """KV-aware admission's report over the engine_samples rows overlapping [start, end], each
+    whole (a period's counts are of events, not shared out): vLLM's preemptions (None where no row
+    counted them: a core in its own process), and the prefix-cache hits the plan gave the finished
+    requests against those measured, as a share of their prompt tokens, and the gap in points
+    (None where no row had a plan: FREIGHT_KV_ADMISSION off). None without the columns or rows."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            row = conn.execute(
+                sa.text(
+                    "SELECT count(*), sum(preemptions), sum(planned_cached_tokens), "
+                    "sum(CASE WHEN planned_cached_tokens IS NULL THEN 0 ELSE cached_tokens END), "
+                    "sum(CASE WHEN planned_cached_tokens IS NULL THEN 0 ELSE prompt_tokens END) "
+                    "FROM engine_samples WHERE started_at <= :end AND started_at + seconds >= :start"
+                ),
+                {"start": start, "end": end},
+            ).one()
+    except sa.exc.SQLAlchemyError:
+        return None  # an older Freight: no table or no columns
+    finally:
+        engine.dispose()
+    rows, preemptions, planned, cached, prompt = row
+    if not rows:
+        return None
+    planned_pct = measured_pct = gap = None
+    if planned is not None and prompt:
+        planned_pct, measured_pct = 100 * int(planned) / int(prompt), 100 * int(cached) / int(prompt)
+        gap = round(planned_pct - measured_pct, 2)
+    return {
+        "preemptions": None if preemptions is None else int(preemptions),
+        "planned_hit_pct": None if planned_pct is None else round(planned_pct, 2),
+        "measured_hit_pct": None if measured_pct is None else round(measured_pct, 2),
+        "hit_rate_gap_points": gap,
+    }
 
 
 def run_phases(database_url: str, batch_ids: list[str], start: float, end: float) -> dict[str, float] | None:
