@@ -97,6 +97,7 @@ MJSP = "multi_job_shared_prefix"
 LIMIT_WORKLOADS = ("blend", "long_prefix", "dups", "request_rate")  # issue #51's (bench/workloads.py)
 WORKLOADS = ("unique", "shared_prefix", "system_prompts", "multi_job", MJSP, *LIMIT_WORKLOADS)
 PREFIX_WORKLOADS = ("shared_prefix", "system_prompts", MJSP)
+KV_REPORT_WORKLOADS = (*PREFIX_WORKLOADS, "blend", "long_prefix")  # prefix workloads: KV admission's report
 SORTED_WORKLOADS = (*PREFIX_WORKLOADS, *LIMIT_WORKLOADS)  # where engine_sorted runs: their limit
 KV_CONFIGS = ("default", "tight")
 SYSTEMS = ("engine", "engine_sorted", "runbatch", "freight")
@@ -120,6 +121,10 @@ TARGETS = {  # ratio key -> (">=" or "<=", bound)
     f"{MJSP}_tight_kv.multi_job_over_engine_sorted": (">=", 0.9),
     # issue #51: Freight against the limit on every workload and mode (bench/against_limit.py)
     **limit_targets(WORKLOADS, KV_CONFIGS),
+    # issue #51 part 6, KV-aware admission at tight KV, the worst repeat: vLLM never preempts, and
+    # the prefix cache serves within a point of the plan (bench/freight_runner.engine_samples_kv)
+    **{f"{name}_tight_kv.preemptions": ("<=", 0) for name in KV_REPORT_WORKLOADS},
+    **{f"{name}_tight_kv.kv_plan_gap_points": ("<=", 1.0) for name in KV_REPORT_WORKLOADS},
 }
 
 
@@ -279,6 +284,7 @@ def combine_repeats(cells: list[dict[str, Any]]) -> dict[str, Any]:
                 "cpu_s",
                 "other_cpu_s",
                 "phases_s",
+                "kv_report",
             )
         }
         for c in cells
@@ -711,6 +717,20 @@ def hit_rate(cell: dict[str, Any] | None) -> float | None:
     return None if not cell or "error" in cell else cell.get("cache_hit_rate")
 
 
+def kv_report_fields(cell: dict[str, Any] | None) -> dict[str, float | None]:
+    """KV-aware admission's figures of a Freight cell, the worst of its repeats (freight_runner's
+    kv_report): vLLM's preemptions and the hit-rate gap to the plan in points; None where no
+    repeat counted them (a core in its own process; admission by count)."""
+    runs = (cell or {}).get("repeats") or [cell or {}]
+    reports = [r.get("kv_report") or {} for r in runs]
+    preempted = [r["preemptions"] for r in reports if r.get("preemptions") is not None]
+    gaps = [r["hit_rate_gap_points"] for r in reports if r.get("hit_rate_gap_points") is not None]
+    return {
+        "preemptions": max(preempted) if preempted else None,
+        "kv_plan_gap_points": max(gaps) if gaps else None,
+    }
+
+
 def compute_ratios(
     results: dict[str, Any],
     paired: dict[str, dict[str, list[float]]] | None = None,
@@ -763,6 +783,8 @@ def compute_ratios(
                         ),
                     }
                 )
+            if kv == "tight" and name in KV_REPORT_WORKLOADS:
+                entry.update(kv_report_fields(cells.get("freight")))
             ratios[key] = entry
     for key, fields in median_ratios(paired or {}).items():
         for field, value in fields.items():

@@ -45,3 +45,32 @@ def test_the_runs_preemptions_and_hit_rate_gap_to_plan(runtime) -> None:
         "measured_hit_pct": None,
         "hit_rate_gap_points": None,
     }
+
+
+def test_the_scheduler_report_holds_the_worst_repeat_to_the_kv_targets() -> None:
+    from bench import scheduler as bs
+
+    def run(preemptions: int | None, gap: float | None) -> dict:
+        return {"kv_report": {"preemptions": preemptions, "hit_rate_gap_points": gap}}
+
+    freight = {"output_tok_s": 9.0, "repeats": [run(0, 0.4), run(0, 1.6), run(None, None)]}
+    counted_nothing = {"output_tok_s": 9.0, "kv_report": None}
+    results = {
+        "long_prefix": {"tight": {"freight": freight}, "default": {"freight": freight}},
+        "shared_prefix": {"tight": {"freight": counted_nothing}},
+        "request_rate": {"tight": {"freight": freight}},  # no shared prefix: no KV report
+    }
+    ratios = bs.compute_ratios(results, {}, {})
+    assert (
+        ratios["long_prefix_tight_kv"]["preemptions"],
+        ratios["long_prefix_tight_kv"]["kv_plan_gap_points"],
+    ) == (
+        0,
+        1.6,
+    )
+    assert "preemptions" not in ratios["long_prefix"] and "preemptions" not in ratios["request_rate_tight_kv"]
+    targets = bs.evaluate_targets(ratios)
+    assert targets["long_prefix_tight_kv.preemptions"]["pass"] is True
+    assert targets["long_prefix_tight_kv.kv_plan_gap_points"]["pass"] is False  # 1.6 points over plan
+    assert targets["shared_prefix_tight_kv.preemptions"]["pass"] is None  # not counted: not measured
+    assert {f"{name}_tight_kv.preemptions" for name in bs.KV_REPORT_WORKLOADS} <= set(targets)
