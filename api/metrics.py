@@ -133,6 +133,12 @@ def families(snap: MetricsSnapshot) -> Iterator[Metric]:
         ["worker", "model"], snap.cached_prompt_tokens,
     )  # fmt: skip
     yield _family(
+        C, "freight_engine_preemptions_total",
+        "vLLM's preemptions (a running request's KV cache freed for room, its work done again); "
+        "counted only where the engine core runs in the worker's process.",
+        ["worker", "model"], snap.engine_preemptions,
+    )  # fmt: skip
+    yield _family(
         C, "freight_batch_cost_dollars_total",
         "What finished batches were charged: engine cost x tier multiplier, in dollars.",
         ["tenant", "model"], snap.batch_cost_dollars,

@@ -242,16 +242,23 @@ def prune_samples(rt: Runtime, now: float, report: CleanupReport) -> None:
                 delete(EngineSample)
                 .where(EngineSample.id.in_(oldest.scalar_subquery()))
                 .returning(
-                    EngineSample.worker, EngineSample.model, *(getattr(EngineSample, c) for c in SUMMED)
+                    EngineSample.worker,
+                    EngineSample.model,
+                    EngineSample.preemptions,
+                    *(getattr(EngineSample, c) for c in SUMMED),
                 )
                 .execution_options(synchronize_session=False)
             ).all()
             sums: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0] * (len(SUMMED) + 1))
-            for worker, model, *values in rows:
+            # preemptions stay NULL until a pruned row counted them (a core in its own process does not)
+            preemptions: dict[tuple[str, str], int] = {}
+            for worker, model, preempted, *values in rows:
                 acc = sums[(worker, model)]
                 acc[0] += 1
                 for i, value in enumerate(values, 1):
                     acc[i] += value or 0
+                if preempted is not None:
+                    preemptions[(worker, model)] = preemptions.get((worker, model), 0) + preempted
             for (worker, model), acc in sums.items():
                 total = s.get(EngineSampleTotal, (worker, model), with_for_update=True)
                 if total is None:
@@ -262,6 +269,8 @@ def prune_samples(rt: Runtime, now: float, report: CleanupReport) -> None:
                 total.samples += int(acc[0])
                 for name, value in zip(SUMMED, acc[1:], strict=True):
                     setattr(total, name, getattr(total, name) + (value if name == "seconds" else int(value)))
+                if (worker, model) in preemptions:
+                    total.preemptions = (total.preemptions or 0) + preemptions[(worker, model)]
         report.samples_pruned += len(rows)
         if len(rows) < PASS_ROWS:
             return

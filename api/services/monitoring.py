@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import ColumnElement, Row, case, func, select
 from sqlalchemy.orm import Session
@@ -61,6 +61,8 @@ class MetricsSnapshot:
     batch_cost_dollars: Mapping[tuple[str, str], float]  # (tenant, model), charged, final batches
     sla_batches: Mapping[tuple[str, str, str], int]  # (tenant, model, met: "true" | "false")
     sla_attainment: Mapping[tuple[str, str], float]  # (tenant, model), last SLA_WINDOW_SECONDS
+    # (worker, model), all samples that counted them (an inline engine core; none: no entry)
+    engine_preemptions: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
 
 def live_samples(s: Session, now: float) -> Sequence[EngineSample]:
@@ -117,6 +119,7 @@ def metrics_snapshot(rt: Runtime, now: float) -> MetricsSnapshot:
         unit_counts = _unit_counts(s, live, rolled)
         latest = {(r.worker, r.model): r for r in live_samples(s, now)}  # ordered: the last one wins
         busy, engine_cost, tokens, cached_tokens = _engine_totals(s)
+        preemptions = _engine_preemptions(s)
         charged, sla_batches = _charges_and_sla(s, live, rolled)
         since = now - SLA_WINDOW_SECONDS
         until = math.floor(now) + 1  # stamps are whole seconds: take the current one in
@@ -143,6 +146,7 @@ def metrics_snapshot(rt: Runtime, now: float) -> MetricsSnapshot:
         engine_cost_dollars=engine_cost,
         tokens=tokens,
         cached_prompt_tokens=cached_tokens,
+        engine_preemptions=preemptions,
         batch_cost_dollars={key: micros / MICROS_PER_DOLLAR for key, micros in sorted(charged.items())},
         sla_batches=dict(sla_batches),
         sla_attainment={
@@ -242,6 +246,22 @@ def _engine_totals(
     for key, micros in cost_micros.items():
         engine_cost[key] = micros / MICROS_PER_DOLLAR
     return busy, engine_cost, tokens, cached_tokens
+
+
+def _engine_preemptions(s: Session) -> dict[tuple[str, str], int]:
+    """vLLM's preemptions of every (worker, model) whose samples counted them (workers/kv_gate.py's
+    target is none): the pruned rows' sum plus the rows kept. A worker whose engine core runs in
+    its own process counts none and has no entry (vLLM's own vllm:num_preemptions counts them)."""
+    counted: dict[tuple[str, str], int] = {}
+    kept = select(EngineSample.worker, EngineSample.model, func.sum(EngineSample.preemptions)).group_by(
+        EngineSample.worker, EngineSample.model
+    )
+    pruned = select(EngineSampleTotal.worker, EngineSampleTotal.model, EngineSampleTotal.preemptions)
+    for query in (pruned, kept):
+        for worker, model, n in s.execute(query):
+            if n is not None:  # NULL: no sample of it counted them
+                counted[(worker, model)] = counted.get((worker, model), 0) + as_int(n)
+    return counted
 
 
 def _charges_and_sla(

@@ -103,6 +103,7 @@ def seed(rt: Runtime, now: int) -> None:
                     output_tokens=10,
                     cost_micros=1500,
                     mfu=0.9,
+                    preemptions=2,  # an inline engine core counts vLLM's preemptions
                 ),
                 sample(
                     "w1",
@@ -113,6 +114,7 @@ def seed(rt: Runtime, now: int) -> None:
                     output_tokens=500,
                     cost_micros=2500,
                     mfu=0.3,
+                    preemptions=1,
                 ),
                 # w2: its latest sample ended over 5 minutes ago
                 sample(
@@ -212,6 +214,10 @@ def test_metrics(runtime, client):
     assert value(m, "freight_tokens_total", worker="w3", model="other", kind="output") == 40
     assert value(m, "freight_cached_prompt_tokens_total", worker="w1", model="demo") == 250
     assert value(m, "freight_cached_prompt_tokens_total", worker="w2", model="demo") == 7
+    # counted by w1's engine only: w2's and w3's samples did not count them (a core of its own)
+    assert named(m, "freight_engine_preemptions_total") == {
+        frozenset({"worker": "w1", "model": "demo"}.items()): 3
+    }
     # cached tokens are part of the prompt ones: they have a counter of their own, and a sum over
     # kind is every token once (1017 prompt + 513 output of demo, not + 257 cached again)
     assert {dict(labels)["kind"] for labels in named(m, "freight_tokens_total")} == {"prompt", "output"}

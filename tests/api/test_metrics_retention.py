@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import func, select
 
 from storage.models import EngineSample, EngineSampleTotal
-from tests.api.test_metrics import metrics_app, sample, scrape, value
+from tests.api.test_metrics import metrics_app, named, sample, scrape, value
 from workers import cleanup
 
 DAY = 86400
@@ -59,3 +59,28 @@ def test_counters_survive_pruning(runtime):
 
     assert cleanup.run(runtime, t).samples_pruned == 0  # a second pass adds nothing twice
     assert scrape(client) == after
+
+
+def test_the_preemptions_counter_survives_pruning_and_leaves_out_what_was_not_counted(runtime):
+    """freight_engine_preemptions_total (issue #51 part 6): the samples' counts, pruned or kept;
+    a worker whose engine core runs in its own process counts none, and has no series rather than
+    a 0 that would claim none happened."""
+    t = time.time()
+    with runtime.db.write() as s:
+        for i in range(600):  # old: more than one pruning pass of them
+            s.add(sample("inline", t - 3 * DAY + i, preemptions=i % 2))  # 300 preemptions
+            s.add(sample("process", t - 3 * DAY + i, preemptions=None))
+        s.add(sample("inline", t - 30, preemptions=4))
+        s.add(sample("process", t - 30, preemptions=None))
+        s.add(sample("fresh", t - 30, preemptions=0))  # counted: none happened
+    client = metrics_app(runtime).test_client()
+    expected = {
+        frozenset({"worker": "inline", "model": "demo"}.items()): 304,
+        frozenset({"worker": "fresh", "model": "demo"}.items()): 0,
+    }
+    assert named(scrape(client), "freight_engine_preemptions_total") == expected
+    assert cleanup.run(runtime, t).samples_pruned == 1200
+    with runtime.db.read() as s:
+        totals = {r.worker: r.preemptions for r in s.scalars(select(EngineSampleTotal))}
+    assert totals == {"inline": 300, "process": None}
+    assert named(scrape(client), "freight_engine_preemptions_total") == expected
