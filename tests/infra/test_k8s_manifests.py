@@ -244,6 +244,15 @@ def test_the_demo_model_is_declared() -> None:
     assert set(models) == {"demo"}
 
 
+def test_the_cpu_demo_overlay_runs_the_built_image_by_digest() -> None:
+    """`make image-pin` wrote the digest of the image `make image` built and `make image-check`
+    ran (docs/deployment.md, "Container image"): every container and the migration job run
+    exactly it, never a tag that can move."""
+    images = {c["image"] for _, spec in pod_specs(render("cpu-demo")) for c in spec["containers"]}
+    assert len(images) == 1
+    assert re.fullmatch(r"freight@sha256:[0-9a-f]{64}", images.pop())
+
+
 def engine_workers(objects: tuple[dict[str, Any], ...]) -> dict[str, dict[str, Any]]:
     return {
         name: d for name, d in by_kind(objects, "Deployment").items()
