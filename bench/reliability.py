@@ -71,6 +71,7 @@ def table(scenarios: dict[str, dict]) -> str:
 HOSTILE_FIGURES = (
     "api_baseline_rss_mb", "api_peak_rss_mb", "api_bomb_peak_rss_mb", "api_bomb_growth_mb",
     "control_baseline_rss_mb", "control_peak_rss_mb", "control_bomb_peak_rss_mb", "control_bomb_growth_mb",
+    "api_conversion_growth_mb", "conversion_output_bytes",
     "api_bomb_one_process_growth_mb", "control_bomb_one_process_growth_mb", "bomb_peak_hwm_growth_mb",
     "rss_bound_mb", "processes_started_after_baseline", "victim_batches", "victim_batches_completed",
     "victim_requests", "victim_batch_seconds", "victims_done_at_s", "attacks_while_victims_ran",
@@ -79,8 +80,9 @@ HOSTILE_FIGURES = (
 
 
 def hostile_section(scenarios: dict[str, dict]) -> dict | None:
-    """Issue 19's summary of the ``hostile`` scenario (tests/e2e/test_hostile_tenants.py): each
-    attack and what it got, the API's and the control worker's RSS, the victims' batches."""
+    """Issues 19's and 49's summary of the ``hostile`` scenario (tests/e2e/test_hostile_tenants.py):
+    each attack and what it got, the API's and the control worker's RSS (refusing the bombs, and
+    while a big output is downloaded as Parquet), the victims' batches."""
     entry = scenarios.get("hostile")
     if entry is None:
         return None

@@ -9,7 +9,15 @@ prompt, C sends Parquet) are new tenants of the session's ``live`` stack, so not
 test but a drop folder on the session's SeaweedFS. A's quotas are set with ``freight tenant quota``
 as an operator would. Attacks already tested in depth without a live stack and that no tenant can
 reach over the API (checkpoint keys, CSV cells) are run in-process against the stack's own code and
-database; their ``detail`` says so. Figures go to the ``hostile`` reliability scenario."""
+database; their ``detail`` says so. Figures go to the ``hostile`` reliability scenario.
+
+Issue #49's attacks joined it: lines of n=128 sent just before the victims', a big logprob output
+downloaded as Parquet (converted by the control worker, the API's memory bounded), an output that
+takes A past its stored-bytes limit, ``Bearer CHANGE-ME`` at /metrics and processes started on a
+CHANGE-ME secret, webhooks to NAT64 and the other special-purpose addresses (on a second API of the
+stack without private targets allowed), hanging webhook receivers, 25 sign-ins, 20 dry runs at once.
+A tenant whose DNS hangs is tested in tests/workers/test_webhook_dns.py, which needs the webhook
+worker in a namespace of its own with a resolver that never answers: not this stack's."""
 
 from __future__ import annotations
 
@@ -17,6 +25,7 @@ import contextlib
 import io
 import json
 import re
+import secrets
 import socket
 import statistics
 import threading
@@ -35,13 +44,16 @@ import requests
 from openai import OpenAI
 from sqlalchemy import func, select, update
 
-from infra.processes import create_tenant
+from infra.daemons import free_port
+from infra.processes import REPO, create_tenant
 from scheduler.webhooks import EVENT_TYPES
 from storage.checkpoint_cache import staged_path
 from storage.db import Database
-from storage.models import ConsoleSession, StoredFile, Tenant
+from storage.models import ConsoleSession, StoredFile, Tenant, WorkUnit
+from storage.quotas import stored_bytes
 from tests import webhook_receiver
 from tests.api.test_parquet_bombs import page_bomb
+from tests.api_process import api_process
 from tests.e2e.batch_client import converted
 from tests.e2e.conftest import LiveStack, peak_rss_mb, peak_rss_reset, wait_final
 from tests.factories import chat_line, jsonl, run_freight
@@ -55,6 +67,24 @@ CHAT = "/v1/chat/completions"
 VICTIM_LINES = 100  # 16 tokens each: the victims run through most of the attacks
 RSS_BOUND_MB = 100  # the issue's bound on growth while a bomb is refused
 PAGE_BOMB_MB = 120  # one value in one zstd page: the reader before the fix decompressed it whole
+HEAVY_LINES = 16  # A's lines of n=128 (16 tokens each): 2 units of the live stack's 8 lines
+LOGPROB_LINES, LOGPROB_TOKENS = 16, 64  # A's output with 20 top logprobs a token, then as Parquet
+FINAL = ("completed", "failed", "expired", "cancelled")
+# webhook URLs in the IANA special-purpose blocks (or carrying one), each refused at registration
+SPECIAL_URLS = (
+    "http://[64:ff9b::a9fe:a9fe]/",  # NAT64's well-known prefix: 169.254.169.254 through a gateway
+    "http://[::a9fe:a9fe]/",  # IPv4-compatible ::/96
+    "http://[fec0::1]/",  # site-local fec0::/10
+    "http://[::ffff:169.254.169.254]/",  # IPv4-mapped
+    "http://[2002:a9fe:a9fe::1]/",  # 6to4 of 169.254.169.254
+    "http://[fd00::1]/",  # unique local
+    "http://[3fff::1]/",  # documentation 3fff::/20
+    "http://169.254.169.254/latest/meta-data/",  # link-local: cloud metadata
+    "http://100.64.0.1/",  # shared address space (carrier-grade NAT)
+    "http://192.0.0.8/",  # IETF protocol assignments
+    "http://198.18.0.1/",  # benchmarking
+    "http://127.0.0.1:6379/",  # loopback: the broker
+)
 SYSTEM = "You answer questions about the Freight operations manual. " + " ".join(
     f"Rule {i}: shipments of class {i % 7} leave dock {i % 5} before {8 + i % 9}:00." for i in range(40)
 )  # several 128-token KV blocks, shared by every line of tenant B
@@ -217,6 +247,26 @@ def victim_c_parquet(tag: str) -> tuple[bytes, list[str]]:
     return parquet(table), ids
 
 
+def units_of(live: LiveStack, *batch_ids: str) -> list[WorkUnit]:
+    database = Database(live.stack.settings.database_url)
+    try:
+        with database.read() as s:
+            return list(s.scalars(select(WorkUnit).where(WorkUnit.batch_id.in_(batch_ids))).all())
+    finally:
+        database.dispose()
+
+
+def tenant_stored_bytes(live: LiveStack, name: str) -> int:
+    """What the stored-bytes quota counts of the tenant now (storage.quotas.stored_bytes)."""
+    database = Database(live.stack.settings.database_url)
+    try:
+        with database.read() as s:
+            tenant_id = s.scalar(select(Tenant.id).where(Tenant.name == name))
+            return stored_bytes(s, tenant_id)
+    finally:
+        database.dispose()
+
+
 def results(client: OpenAI, batch: Any) -> list[dict]:
     lines = []
     for file_id in (batch.output_file_id, batch.error_file_id):
@@ -332,6 +382,16 @@ def test_a_hostile_tenant_harms_no_one(
     # -- the victims submit ordinary batches; every attack below runs while they do, or after ------
     sampler.phase = "bombs"
     victim_batches = {}
+    # #49 4. A's lines ask for 128 sequences each (n), sent just before the victims' single ones:
+    # shared by lines, its units (1,024 sequences each) weighed as much as one of 8 single lines
+    heavy_lines = [
+        chat_line(f"n128-{i}", f"Many {i}", max_tokens=16, min_tokens=16, n=128) for i in range(HEAVY_LINES)
+    ]
+    heavy_file = upload(jsonl(heavy_lines), "n128.jsonl")
+    assert heavy_file.status_code == 200, heavy_file.text[:300]
+    heavy = create(heavy_file.json()["id"])
+    assert heavy.status_code == 200, heavy.text[:300]
+    heavy_id = heavy.json()["id"]
     submitted = time.time()
     for k, data, filename in (("b", jsonl(b_lines), "questions.jsonl"), ("c", c_data, "rows.parquet")):
         client = victims[k]
@@ -522,6 +582,68 @@ def test_a_hostile_tenant_harms_no_one(
         "all three answered as an unknown file",
     )  # fmt: skip
 
+    # -- #49 1. a big output with logprobs downloaded as Parquet: converted by the control worker --
+    logprob_lines = [
+        chat_line(f"lp-{i}", f"Story {i}", max_tokens=LOGPROB_TOKENS, min_tokens=LOGPROB_TOKENS,
+                  logprobs=True, top_logprobs=20)
+        for i in range(LOGPROB_LINES)
+    ]  # fmt: skip
+    done = batch_of(jsonl(logprob_lines), "logprobs.jsonl")
+    assert done["status"] == "completed", done
+    out_id = done["output_file_id"]
+    out_bytes = attacker.get(f"{api}/v1/files/{out_id}", timeout=30).json()["bytes"]
+    api_at_baseline = sampler.processes("api", ("baseline",))
+    sampler.phase = "conversion"
+    asked = time.monotonic()
+    as_parquet = converted(
+        lambda: attacker.get(f"{api}/v1/files/{out_id}/content?format=parquet", timeout=60)
+    )
+    conversion_s = time.monotonic() - asked
+    time.sleep(0.5)  # samples of the API after the stream
+    sampler.phase = "attacks"
+    assert as_parquet.status_code == 200, as_parquet.text[:300]
+    assert pq.read_table(io.BytesIO(as_parquet.content)).num_rows == LOGPROB_LINES
+    api_conversion_growth = round(
+        max(sampler.of("api", ("conversion",), api_at_baseline))
+        - statistics.median(sampler.of("api", ("baseline",), api_at_baseline)),
+        1,
+    )
+    assert api_conversion_growth < RSS_BOUND_MB, api_conversion_growth
+    record(
+        f"big logprob output as Parquet ({LOGPROB_LINES} lines of {LOGPROB_TOKENS} tokens, 20 top logprobs)",
+        as_parquet.status_code, None,
+        f"{out_bytes:,} bytes of JSONL converted by the control worker (202 + Retry-After until made) in"
+        f" {conversion_s:.1f} s; {len(as_parquet.content):,} bytes of Parquet streamed; the API's processes"
+        f" grew {api_conversion_growth} MB over their idle size (bound {RSS_BOUND_MB})",
+    )  # fmt: skip
+
+    # -- #49 2. a batch whose output takes A past its stored-bytes limit ------------------------------
+    def attacker_idle() -> bool:
+        every = attacker.get(f"{api}/v1/batches?limit=100", timeout=30).json()["data"]
+        return all(b["status"] in FINAL for b in every)
+
+    wait_until(attacker_idle, "the attacker's batches final", 300)  # their outputs counted first
+    over_lines = [chat_line(f"over-{i}", max_tokens=8) for i in range(4)]
+    over_file = upload(jsonl(over_lines), "overrun.jsonl").json()["id"]
+    limit_now = tenant_stored_bytes(live, names["a"])
+    quota("--stored-bytes", str(limit_now))  # room for what it stores now, not for the batch's output
+    created = create(over_file)
+    assert created.status_code == 200, created.text[:300]
+    done = final(created.json()["id"])
+    said = done["x_freight"]["warnings"]
+    warning = next((w for w in said if "quota exceeded: stored file bytes" in w), "")
+    assert done["status"] == "completed" and "the output is kept" in warning, done
+    kept_out = attacker.get(f"{api}/v1/files/{done['output_file_id']}/content", timeout=30).text.splitlines()
+    assert sorted(json.loads(x)["custom_id"] for x in kept_out) == sorted(x["custom_id"] for x in over_lines)
+    refused = upload(jsonl([chat_line()]), "after-overrun.jsonl")
+    assert refused.status_code == 403 and error_code(refused) == "quota_exceeded", refused.text[:300]
+    record(
+        "quota overrun: a batch's output past the stored-bytes limit", done["status"], "quota_exceeded",
+        f"limit set to the tenant's use ({limit_now:,} bytes) before the batch; it completed with its"
+        f" {len(kept_out)} output lines kept and the warning '{warning[:120]}...'; the next upload 403",
+    )  # fmt: skip
+    quota("--stored-bytes", "default")
+
     # -- 7. who is "local" --------------------------------------------------------------------------
     for label, headers in (("no token", {}), ("X-Forwarded-For 127.0.0.1", {"X-Forwarded-For": "127.0.0.1"}),
                            ("a tenant's key", {"Authorization": f"Bearer {keys['a']}"})):  # fmt: skip
@@ -543,6 +665,63 @@ def test_a_hostile_tenant_harms_no_one(
     record(
         "forged X-Forwarded-For from an untrusted peer", anonymous.status_code, error_code(anonymous),
         f"no FREIGHT_TRUSTED_PROXIES: the anonymous bucket drawn from is the peer's ({', '.join(named)}), never {forged}",
+    )  # fmt: skip
+
+    # -- #49 7. the k8s Secret's placeholder: a guess at /metrics, a process started on it -----------
+    guessed = requests.get(f"{api}/metrics", headers={"Authorization": "Bearer CHANGE-ME"}, timeout=30)
+    seen.add(guessed.status_code)
+    assert guessed.status_code in (401, 403) and b"freight_" not in guessed.content, guessed.text[:200]
+    record(
+        "/metrics with Bearer CHANGE-ME", guessed.status_code, error_code(guessed),
+        "the stack has no FREIGHT_METRICS_TOKEN: answers no one (before: 200 when the Secret kept CHANGE-ME)",
+    )  # fmt: skip
+    for variable in ("FREIGHT_METRICS_TOKEN", "FREIGHT_SECRET_KEY"):
+        refused_start = run_freight(
+            "api", "--port", str(free_port()), env={**env, variable: "CHANGE-ME"}, cwd=tmp_path
+        )
+        said = refused_start.stderr.strip().splitlines()
+        assert refused_start.returncode != 0 and f"{variable} holds a placeholder" in refused_start.stderr, (
+            said
+        )
+        assert "Traceback" not in refused_start.stderr, refused_start.stderr[-2000:]
+        record(
+            f"freight api started with {variable}=CHANGE-ME",
+            f"exit {refused_start.returncode}",
+            None,
+            said[-1][:200],
+        )
+    # a second API of the stack as production runs it: a real metrics token, no private webhook targets
+    token = secrets.token_urlsafe(24)
+    strict_env = {
+        **env, "PYTHONPATH": str(REPO), "FREIGHT_METRICS_TOKEN": token,
+        "FREIGHT_WEBHOOK_ALLOW_PRIVATE_TARGETS": "false",
+    }  # fmt: skip
+    (tmp_path / "strict-api").mkdir()
+    with api_process(strict_env, tmp_path / "strict-api", what="a second API of the stack") as (strict, _):
+        guessed = requests.get(f"{strict}/metrics", headers={"Authorization": "Bearer CHANGE-ME"}, timeout=30)
+        real = requests.get(f"{strict}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        for answer in (guessed, real):
+            seen.add(answer.status_code)
+        assert guessed.status_code in (401, 403) and b"freight_" not in guessed.content, guessed.text[:200]
+        assert real.status_code == 200 and b"freight_" in real.content, real.status_code
+        record(
+            "/metrics with Bearer CHANGE-ME, FREIGHT_METRICS_TOKEN set", guessed.status_code, error_code(guessed),
+            "a second API of the stack with a 32-character token: refused; the token itself: 200",
+        )  # fmt: skip
+        answers = {
+            url: attacker.post(f"{strict}/v1/webhooks", json={"url": url, "events": ["batch.completed"]}, timeout=30)
+            for url in SPECIAL_URLS
+        }  # fmt: skip
+    taken = {url: a.status_code for url, a in answers.items() if a.status_code != 400}
+    assert not taken, taken
+    assert all("public address" in a.json()["error"]["message"] for a in answers.values()), [
+        a.text[:200] for a in answers.values()
+    ]
+    record(
+        f"webhooks to special-purpose addresses ({len(SPECIAL_URLS)}, NAT64 first)", 400,
+        error_code(answers[SPECIAL_URLS[0]]),
+        f"each refused at registration on an API without FREIGHT_WEBHOOK_ALLOW_PRIVATE_TARGETS: "
+        f"{', '.join(SPECIAL_URLS[:3])} ...; '{answers[SPECIAL_URLS[0]].json()['error']['message'][:100]}'",
     )  # fmt: skip
 
     # -- #49 5. webhook routes under the /v1 rate limits ----------------------------------------------
@@ -839,6 +1018,27 @@ def test_a_hostile_tenant_harms_no_one(
         f" B's batch.completed arrived {delivered_after:.1f} s after its batch completed",
     )  # fmt: skip
 
+    # -- #49 4. (the check) the n=128 batch beside the victims' single lines ---------------------------
+    heavy_done = final(heavy_id, timeout=300)
+    assert heavy_done["status"] == "completed", heavy_done
+    assert heavy_done["request_counts"]["completed"] == HEAVY_LINES, heavy_done
+    heavy_units = sorted(units_of(live, heavy_id), key=lambda u: u.seq)
+    light_units = units_of(live, victim_batches["c"].id)  # C's: one user line each, 16 tokens
+    assert {u.sequences for u in heavy_units} == {8 * 128}, [u.sequences for u in heavy_units]
+    assert all(u.work == u.planned_prompt_tokens + 8 * 128 * 16 for u in heavy_units)
+    assert min(u.work for u in heavy_units) > 8 * max(u.work for u in light_units)
+    heavy_last = max(u.enqueued_at or 0.0 for u in heavy_units)
+    victim_units = units_of(live, *(b.id for b in victim_batches.values()))
+    before_heavy_last = sum(
+        1 for u in victim_units if u.enqueued_at is not None and u.enqueued_at < heavy_last
+    )
+    record(
+        f"n=128 lines ({HEAVY_LINES}, sent just before the victims' n=1 lines)", heavy_done["status"], None,
+        f"A's units weigh {heavy_units[0].work:,} of work each (1,024 sequences) against"
+        f" {max(u.work for u in light_units):,} for one of C's 8 single lines; {before_heavy_last} of the victims'"
+        f" {len(victim_units)} units packed before A's last; the victims' batches ended as below",
+    )  # fmt: skip
+
     disabled = freight("tenant", "disable", names["a"])
     assert disabled.returncode == 0, disabled.stderr
     after = attacker.get(f"{api}/v1/models", timeout=30)
@@ -892,6 +1092,7 @@ def test_a_hostile_tenant_harms_no_one(
         control_baseline_rss_mb=baseline["control"], control_peak_rss_mb=mb(sampler.of("control")),
         api_bomb_peak_rss_mb=bomb_peak["api"], control_bomb_peak_rss_mb=bomb_peak["control"],
         api_bomb_growth_mb=growth["api"], control_bomb_growth_mb=growth["control"],
+        api_conversion_growth_mb=api_conversion_growth, conversion_output_bytes=out_bytes,
         processes_started_after_baseline=new_processes,
         api_bomb_one_process_growth_mb=sampler.one_process_growth("api", ("bombs",)),
         control_bomb_one_process_growth_mb=sampler.one_process_growth("control", ("bombs",)),
