@@ -158,3 +158,19 @@ def test_engine_worker_cpu_per_step_beside_vllms() -> None:
     assert figures["freight_own_cpu_ms_per_step"] == pytest.approx(5.0)
     assert figures["freight_own_cpu_ms_per_request"] == pytest.approx(15.0)  # 65 - 50 ms
     assert al.engine_cpu({"dups": {"default": {"freight": {"error": "x"}, "engine_sorted": engine}}}) == {}
+
+
+def test_the_limit_is_the_faster_core_placement_file_by_file() -> None:
+    by_core = {
+        "inline": {"dups+sorted#r0": {"output_tok_s": 100.0}, "dups+sorted#r1": {"output_tok_s": 50.0}},
+        "process": {"dups+sorted#r0": {"output_tok_s": 90.0}, "dups+sorted#r1": {"error": "exit 1"}},
+    }
+    cells = bs.faster_placement(by_core)
+    assert list(cells) == ["dups+sorted#r0", "dups+sorted#r1"]
+    assert cells["dups+sorted#r0"]["placement"] == "inline"
+    assert cells["dups+sorted#r0"]["placements_output_tok_s"] == {"inline": 100.0, "process": 90.0}
+    assert cells["dups+sorted#r1"]["placement"] == "inline"  # a failed run never wins
+    by_core["process"]["dups+sorted#r1"] = {"output_tok_s": 400.0}
+    assert bs.faster_placement(by_core)["dups+sorted#r1"]["placement"] == "process"
+    failed = bs.faster_placement({"inline": {"k#r0": {"error": "a"}}, "process": {"k#r0": {"error": "b"}}})
+    assert "error" in failed["k#r0"]
