@@ -4,7 +4,8 @@
 lines: four documents of two blocks, six questions each, 400 output tokens (ignore_eos). By count
 the loop hands over 16 requests and vLLM runs 8, whose outputs outgrow the cache: it preempts. By
 footprint at most 7 of a document run (2 shared blocks + 4 blocks each <= 31), and vLLM never
-preempts.
+preempts. Each run's sample is stored by the watcher's flush (workers/pack_watcher.py) and read
+back from its engine_samples row: the preemptions the report and /metrics show.
 
 Run in a fresh process: vLLM's preemptions are counted where its scheduler runs inline
 (workers/engine.py: _count_preemptions), and whether this pytest process may start an inline
@@ -18,12 +19,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO
 
 TIGHT_KV_RUN = r"""
 import json, os, queue, sys, threading
 from dataclasses import replace
 os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+from sqlalchemy import select
+from storage.models import EngineSample
 from scheduler.ordering import prompt_key
 from storage.runtime import Runtime
 from storage.settings import Settings
@@ -32,6 +37,7 @@ from workers.cost_meter import CostMeter
 from workers.engine import Engine, EngineConfig
 from workers.engine_loop import EngineLoop
 from workers.pack_feed import PackFeed, feed_key
+from workers.pack_watcher import PackWatcher
 from workers.runner_state import ActiveUnit, RunnerState, new_spool
 from workers.unit_claims import Claim
 
@@ -55,10 +61,10 @@ def lines(seed):
 
 
 def run(admission, seed, unit_id):
-    settings = replace(Settings.from_env({}), kv_admission=admission)
+    rt = Runtime(replace(Settings.from_env({}), kv_admission=admission, database_url=sys.argv[2]))
     state = RunnerState()
     finished = queue.Queue()
-    feed = PackFeed(Runtime(settings), state, finished, "demo", "w:1", engine.config.max_num_seqs)
+    feed = PackFeed(rt, state, finished, "demo", "w:1", engine.config.max_num_seqs)
     loop = EngineLoop(engine, state, feed, finished, CostMeter(3.6, 0.0), print)
     thread = threading.Thread(target=loop.run, daemon=True)
     rows = lines(seed)
@@ -73,7 +79,10 @@ def run(admission, seed, unit_id):
     state.stopped.set()
     state.wake()
     thread.join(timeout=30)
-    sample = loop.take_sample()
+    worker = f"kv-{unit_id}"
+    PackWatcher(rt, state, loop, feed, worker, "demo", None, 3.6, engine.config.max_num_seqs)._flush_sample()
+    with rt.db.read() as s:
+        sample = s.scalars(select(EngineSample).where(EngineSample.worker == worker)).one()
     print("run", json.dumps({
         "admission": admission, "unit_done": done is unit, "completed": unit.tally.completed,
         "failed": unit.tally.failed, "preemptions": sample.preemptions, "steps": sample.steps,
@@ -88,11 +97,13 @@ engine.shutdown()
 """
 
 
+# one database: test_pack_watcher stores the watcher's rows on both
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_admission_by_kv_footprint_ends_the_preemptions_admission_by_count_makes(
-    demo_model_dir: Path,
+    demo_model_dir: Path, database_url: str
 ) -> None:
     done = subprocess.run(
-        [sys.executable, "-c", TIGHT_KV_RUN, str(demo_model_dir)],
+        [sys.executable, "-c", TIGHT_KV_RUN, str(demo_model_dir), database_url],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=1200,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -111,10 +122,11 @@ def test_admission_by_kv_footprint_ends_the_preemptions_admission_by_count_makes
     for run in (by_count, by_footprint):
         assert run["unit_done"] and (run["completed"], run["failed"]) == (24, 0)
     assert by_count["preemptions"] > 0  # the shape does overflow the cache when admitted by count
-    assert by_footprint["preemptions"] == 0
+    assert by_footprint["preemptions"] == 0  # counted (an inline core) and stored: 0, not NULL
     # the plan: each document's first question computes its 2 blocks, the other 5 read them
     planned = by_footprint["planned_cached_tokens"]
     assert planned == 4 * 5 * 256
+    assert by_count["planned_cached_tokens"] is None  # admission by count plans nothing
     measured = by_footprint["cached_tokens"]
     gap_points = 100 * (planned - measured) / by_footprint["prompt_tokens"]
     assert gap_points <= 1.0, (measured, planned)
