@@ -96,9 +96,10 @@ def _run(env: dict[str, str], *argv: str, timeout: float = 900) -> subprocess.Co
 def test_a_pilot_stores_the_faster_setting_and_the_next_worker_starts_with_it(
     settings: Settings, redis_service, demo_model: Path, tmp_path: Path
 ) -> None:
-    """Two points: 2 sequences (the deployment's default here) and 8, on 24 short lines of 16
-    tokens each; 8 runs the sample in a quarter of the steps, so it wins by far more than the
-    noise margin on any machine. The model's own max_num_batched_tokens is left alone."""
+    """Two points: 2 sequences (the deployment's default here, measured first and again after
+    the grid) and 8, on 24 short lines of 16 tokens each; 8 runs the sample in a quarter of the
+    steps, so it wins by far more than the noise margin on any machine. The model's own
+    max_num_batched_tokens is left alone."""
     settings = replace(settings, broker_url=redis_service.url.rsplit("/", 1)[0] + "/10")
     env = worker_env(settings, VLLM_CPU_NUM_OF_RESERVED_CPU="0", FREIGHT_ENGINE_ENFORCE_EAGER="true",
                      FREIGHT_ENGINE_KV_CACHE_GIB="0.03125", FREIGHT_ENGINE_MAX_NUM_SEQS="2")  # fmt: skip
@@ -131,6 +132,12 @@ def test_a_pilot_stores_the_faster_setting_and_the_next_worker_starts_with_it(
     assert any("max_num_batched_tokens: set on the model (2048)" in n for n in tuned.notes)
     assert any("no GPU" in n for n in tuned.notes)
     assert any("not tried (--no-speculative)" in n for n in tuned.notes)
+    # the previous defaults run twice, first and after the grid, the faster of the two the baseline
+    [twice] = [
+        n for n in tuned.notes if n.startswith("the previous defaults ran first and again after the grid: ")
+    ]
+    runs = [float(x) for x in twice.split(": ", 1)[1].split(" tok/s")[0].split(" and ")]
+    assert tuned.baseline_tokens_per_second == pytest.approx(max(runs), abs=0.06), twice
     assert f"{MODEL} / {tuned.shape_class}: max_num_seqs=8" in tuned_run.stdout
 
     listed = {
