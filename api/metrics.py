@@ -173,6 +173,11 @@ def operations_families(ops: OperationsSnapshot) -> Iterator[Metric]:
         "one lease, so these mean the tick is late.", ["model"], ops.unreclaimed_units,
     )  # fmt: skip
     yield _family(
+        G, "freight_dispatcher_last_tick_timestamp_seconds",
+        "When the dispatcher's tick last completed (epoch seconds); no series before the first tick.",
+        [], {} if ops.last_tick is None else {(): ops.last_tick},
+    )  # fmt: skip
+    yield _family(
         G, "freight_request_error_ratio",
         "Failed / finished request lines of the batches that became final in the last hour.",
         ["model"], ops.request_error_ratio,

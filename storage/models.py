@@ -725,3 +725,13 @@ class ChargedObject(Base):
     batch_id: Mapped[str | None] = mapped_column(String(40))  # None: an object of no batch
     bytes: Mapped[int] = mapped_column(BigInteger)
     charged_at: Mapped[int] = mapped_column(BigInteger)  # epoch seconds
+
+
+class DispatcherTick(Base):
+    """When the dispatcher's tick last completed (one row, written by every tick), so ``/metrics``
+    can export it and an alert can say the tick is late before any unit waits on it."""
+
+    __tablename__ = "dispatcher_ticks"
+
+    name: Mapped[str] = mapped_column(String(40), primary_key=True)  # "tick"
+    completed_at: Mapped[float] = mapped_column(Float)  # epoch seconds

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import cast
@@ -20,7 +21,7 @@ from scheduler.deadlines import BatchLoad, Sample, assess, eta_moved, etas, meas
 from scheduler.leases import QueuedUnit, RunningUnit, plan_redelivery, plan_requeue
 from scheduler.packing import Candidate, plan_packs
 from scheduler.sla import AdmissionDecision, admit, eta
-from storage import budgets
+from storage import budgets, tick_clock
 from storage.db import changed_rows, transaction_lock
 from storage.leases import UNIT_LEASE, lease_free
 from storage.lifecycle import (
@@ -70,6 +71,8 @@ def tick(rt: Runtime, now: float) -> TickReport:
     with rt.db.write() as s:  # the month's budget warnings, recorded before the deliveries are sent
         report.budget_warnings = budgets.record_warnings(s, now, rt.settings.budget_warning_ratio)
     report.webhooks = webhooks.send_due(rt, now)
+    with rt.db.write() as s:  # /metrics' freight_dispatcher_last_tick_timestamp_seconds
+        tick_clock.record_tick(s, time.time())
     return report
 
 

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from api.services.monitoring import live_samples
 from api.services.reports import NO_MODEL, as_int, in_window
 from api.services.webhooks import DISABLED_BY_TENANT
+from storage import tick_clock
 from storage.models import Batch, Tenant, WebhookEndpoint, WorkUnit
 from storage.quotas import open_batches, queued_requests, quota_of, stored_bytes
 from storage.runtime import Runtime
@@ -41,6 +42,7 @@ class OperationsSnapshot:
     webhook_endpoints: Mapping[tuple[str, str], int]  # (tenant, state) -> endpoints not removed
     quota_used: Mapping[tuple[str, str], int]  # (tenant, quota) -> use, in the quota's unit
     quota_limit: Mapping[tuple[str, str], int]  # (tenant, quota) -> limit; left out when unlimited
+    last_tick: float | None = None  # epoch seconds the dispatcher's tick last completed; None: never
 
 
 def operations_snapshot(rt: Runtime, now: float, models: frozenset[str]) -> OperationsSnapshot:
@@ -84,6 +86,7 @@ def operations_snapshot(rt: Runtime, now: float, models: frozenset[str]) -> Oper
         oldest = _oldest_waiting(s)
         endpoints = _webhook_endpoints(s)
         used, limit = _quota_use(s, rt)
+        last_tick = tick_clock.last_tick(s)
     return OperationsSnapshot(
         engine_workers={m: len(workers.get(m, ())) for m in sorted(models | set(workers))},
         unit_redeliveries={m: redelivered.get(m, 0) for m in sorted(models | set(redelivered))},
@@ -93,6 +96,7 @@ def operations_snapshot(rt: Runtime, now: float, models: frozenset[str]) -> Oper
         webhook_endpoints=endpoints,
         quota_used=used,
         quota_limit=limit,
+        last_tick=last_tick,
     )
 
 

@@ -7,6 +7,7 @@ import time
 
 from api.services.tenants import create_tenant
 from api.services.webhooks import DISABLED_BY_TENANT
+from storage import tick_clock
 from storage.models import Tenant, WebhookEndpoint, WorkUnit
 from tests.api.test_metrics import add_batch, metrics_app, named, sample, scrape, value
 
@@ -56,12 +57,14 @@ def test_operations_gauges(runtime) -> None:
         add_endpoint(s, alpha.id, "active")
         add_endpoint(s, alpha.id, "disabled", "5 attempts failed: HTTP 500")
         add_endpoint(s, beta.id, "disabled", DISABLED_BY_TENANT)
+        tick_clock.record_tick(s, now - 7.5)
     m = scrape(metrics_app(runtime).test_client())
 
     assert value(m, "freight_engine_workers", model="demo") == 1  # w1; w9 is silent
     assert value(m, "freight_engine_workers", model="other") == 1
     assert value(m, "freight_unit_redeliveries", model="demo") == 2
     assert value(m, "freight_unreclaimed_units", model="demo") == 1
+    assert value(m, "freight_dispatcher_last_tick_timestamp_seconds") == now - 7.5
     assert value(m, "freight_request_error_ratio", model="demo") == 10 / 40
     assert value(m, "freight_waiting_since_timestamp_seconds", status="validating") == now - 120
     assert value(m, "freight_waiting_since_timestamp_seconds", status="finalizing") == now - 60
@@ -96,4 +99,5 @@ def test_operations_gauges_of_an_empty_database(runtime) -> None:
     assert value(m, "freight_engine_workers", model="demo") == 0
     assert value(m, "freight_unit_redeliveries", model="demo") == 0
     assert named(m, "freight_waiting_since_timestamp_seconds") == {}
+    assert named(m, "freight_dispatcher_last_tick_timestamp_seconds") == {}  # no tick yet
     assert named(m, "freight_request_error_ratio") == {} and named(m, "freight_webhook_endpoints") == {}

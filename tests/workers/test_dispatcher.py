@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import select
 
 from api.services.tenants import create_tenant
+from storage import tick_clock
 from storage.broker import VALIDATE_QUEUE
 from storage.models import UnitStatus, WorkUnit
 from storage.runtime import Runtime
@@ -597,5 +598,26 @@ def test_a_tenant_of_n128_lines_does_not_crowd_out_one_of_single_lines(settings)
         assert loads.model_tenants == {heavy.id: work["heavy"], light.id: work["light"]}
         assert loads.tenants == loads.model_tenants
         assert loads.batches == {heavy_batch: work["heavy"], light_batch: work["light"]}
+    finally:
+        rt.db.dispose()
+
+
+def test_each_tick_records_when_it_completed_and_the_clock_never_goes_back(settings):
+    rt = Runtime(settings)
+    try:
+        with rt.db.read() as s:
+            assert tick_clock.last_tick(s) is None  # before the first tick
+        before = time.time()
+        dispatcher.tick(rt, float(now()))
+        with rt.db.read() as s:
+            first = tick_clock.last_tick(s)
+        assert first is not None and before <= first <= time.time()
+        with rt.db.write() as s:  # a slower tick that finished earlier does not move it back
+            tick_clock.record_tick(s, first - 60)
+        with rt.db.read() as s:
+            assert tick_clock.last_tick(s) == first
+        dispatcher.tick(rt, float(now()))
+        with rt.db.read() as s:
+            assert tick_clock.last_tick(s) >= first
     finally:
         rt.db.dispose()
