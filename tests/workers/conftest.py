@@ -10,8 +10,9 @@ runs tool_choice "auto" through it.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,3 +47,21 @@ def vllm_engine(demo_model_dir: Path) -> Iterator:
     )
     yield engine
     engine.shutdown()
+
+
+@pytest.fixture
+def runner_of() -> Iterator[Callable[..., Any]]:
+    """Starts PackRunners on the session's engine and closes them after the test."""
+    started: list[Any] = []
+
+    def start(rt: Any, engine: Any) -> Any:
+        from workers.execution import PackRunner
+
+        runner = PackRunner(rt, engine, "demo", worker="test-worker")
+        runner.on_fatal = lambda: None  # a failure fails the test, not the test process
+        started.append(runner.start())
+        return runner
+
+    yield start
+    for runner in started:
+        runner.close(5)

@@ -7,7 +7,6 @@ meet only in global prefix-cache sharing. The loop's logic alone: test_duplicate
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -20,26 +19,10 @@ from storage.settings import Settings
 from tests.conftest import now
 from tests.factories import batch_units, chat_line, validated_batch, wait_units_done
 from workers.engine import Engine
-from workers.execution import PackRunner
 
 pytestmark = pytest.mark.parametrize(
     "database_url", ["sqlite"], indirect=True
 )  # the engine's, not the database's
-
-
-@pytest.fixture
-def runner_of() -> Iterator:
-    started: list[PackRunner] = []
-
-    def start(rt: Runtime, engine: Engine) -> PackRunner:
-        runner = PackRunner(rt, engine, "demo", worker="dups-worker")
-        runner.on_fatal = lambda: None  # a failure fails the test, not the test process
-        started.append(runner.start())
-        return runner
-
-    yield start
-    for runner in started:
-        runner.close(5)
 
 
 def results(rt: Runtime, units: list[WorkUnit]) -> dict[str, dict]:

@@ -32,7 +32,6 @@ from tests.conftest import Weed, now
 from tests.factories import batch_units, chat_line, validated_batch, wait_units_done
 from workers.dispatcher import TickReport, redeliver_stale
 from workers.engine import Engine
-from workers.execution import PackRunner
 
 LEASE_SECONDS = 2.0
 
@@ -65,22 +64,6 @@ def s3_runtime(settings: Settings, weed: Weed, monkeypatch: pytest.MonkeyPatch) 
     )
     yield rt
     rt.db.dispose()
-
-
-@pytest.fixture
-def runner_of() -> Iterator:
-    """Starts PackRunners on the session's engine and closes them after the test."""
-    started: list[PackRunner] = []
-
-    def start(rt: Runtime, engine: Engine) -> PackRunner:
-        runner = PackRunner(rt, engine, "demo", worker="test-worker")
-        runner.on_fatal = lambda: None  # a failure fails the test, not the test process
-        started.append(runner.start())
-        return runner
-
-    yield start
-    for runner in started:
-        runner.close(5)
 
 
 def lines(tag: str, n: int, tokens: int = 4) -> list[dict]:
