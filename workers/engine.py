@@ -29,7 +29,7 @@ import random
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -130,7 +130,9 @@ def engine_arguments(config: EngineConfig, stored: str | None, quantized: bool) 
         # with bidirectional attention or MEAN/CLS pooling would run with a cache vLLM warns
         # "may produce incorrect outputs" (workers/prefix_caching.py predicts the same rule)
         "enable_prefix_caching": None if config.enable_prefix_caching else False,
-        "disable_log_stats": not config.stats,  # off unless its metrics are served: see _count_step_outputs
+        # off unless its metrics are served (see _count_step_outputs), or vLLM traces requests:
+        # its request spans are made from the stats (their absence fails an assertion)
+        "disable_log_stats": not (config.stats or config.engine_args.get("otlp_traces_endpoint")),
         "dtype": serving_dtype(config.dtype, stored, quantized, native_half=native_half_precision()),
     }
     if config.task in ("embed", "score"):  # vLLM's pooling runner; a *ForCausalLM checkpoint is converted
@@ -159,6 +161,9 @@ class EngineRequest:
     # the stored bytes of an audio line's reference (a file id resolved at validation:
     # workers/media_files.py); None: it has none
     audio: Callable[[str], bytes] | None = None
+    # its unit's span as W3C trace headers ({"traceparent": ...}): vLLM's own span of the request
+    # becomes its child where the engine traces requests (`Engine.traces_requests`); None: untraced
+    trace_headers: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -509,6 +514,9 @@ class Engine:
         self.tokenizer: Any = llm.get_tokenizer()  # a Hugging Face tokenizer as wrapped by vLLM
         self.max_model_len = int(llm.model_config.max_model_len)
         self.preemptions: int | None = None  # vLLM's, counted where its scheduler is inline
+        # vLLM's own request tracing is on (the model's otlp_traces_endpoint engine argument): a
+        # text-generation request's trace_headers are handed to it; off, they are dropped
+        self.traces_requests = llm.vllm_config.observability_config.otlp_traces_endpoint is not None
 
     @classmethod
     def start(cls, config: EngineConfig) -> Engine:
@@ -851,7 +859,12 @@ class Engine:
             engine_input = rendered.engine_input
             if request.cache_salt:
                 engine_input = {**engine_input, "cache_salt": request.cache_salt}
-            self._llm.add_request(request_id, engine_input, rendered.sampling_params, lora_request=lora)
+            trace = request.trace_headers  # None unless Freight traces this request's unit
+            if trace is not None and not self.traces_requests:
+                trace = None
+            self._llm.add_request(
+                request_id, engine_input, rendered.sampling_params, lora_request=lora, trace_headers=trace
+            )
         except Exception as exc:
             return _refusal(key, exc, "the request")
         return _InFlight(key, rendered, rendered.parsed.n, [request_id], lora and lora.lora_name)

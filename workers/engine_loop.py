@@ -215,6 +215,7 @@ class EngineLoop:
                 cache_salt=unit.claim.cache_salt,
                 images=self._images.lookup(unit.claim.batch_id) if images_in(row.body_json) else None,
                 audio=self._audio.reader(unit.claim.batch_id) if AUDIO_REF in row.body_json else None,
+                trace_headers=None if unit.trace is None else unit.trace.headers,  # tracing off: None
             )
             rejected = engine.add(request)
             if rejected is not None:

@@ -6,8 +6,10 @@ row, linked to its pack's task span (a trace of its own: a pack holds many batch
 shared the engine with other units; its engine seconds, its share, are an attribute of ``unit``)
 and ``unit.record`` (its spools uploaded and the record committed; a batch's finalization sent from
 there carries that span in its message). No span per request line: a unit's requests are the
-engine loop's, where nothing is traced. Spans are made with explicit times across the feed's, the
-engine loop's and the recorder's threads, so none is current on a thread it did not start on.
+engine loop's, where Freight makes no span: vLLM makes one per request where it traces requests
+(the model's ``otlp_traces_endpoint`` engine argument), a child of ``unit.engine``. Spans are made
+with explicit times across the feed's, the engine loop's and the recorder's threads, so none is
+current on a thread it did not start on.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import trace
+from opentelemetry.propagate import inject
 
 from storage import tracing
 from workers.unit_claims import Claim
@@ -28,6 +31,9 @@ from workers.unit_claims import Claim
 class UnitTrace:
     span: trace.Span  # the unit's
     engine: trace.Span  # unit.engine, open until the recorder takes the unit
+    # unit.engine's context as W3C trace headers: each of the unit's requests hands them to vLLM
+    # (EngineRequest.trace_headers), whose own request span, where it traces, is their child
+    headers: dict[str, str]
 
 
 def _ns(seconds: float) -> int:
@@ -60,7 +66,10 @@ def claimed(claim: Claim, model: str, started: float) -> UnitTrace | None:
     )
     inside = trace.set_span_in_context(span)
     tracer.start_span("unit.claim", context=inside, start_time=_ns(started)).end(end_time=_ns(now))
-    return UnitTrace(span, tracer.start_span("unit.engine", context=inside, start_time=_ns(now)))
+    engine = tracer.start_span("unit.engine", context=inside, start_time=_ns(now))
+    headers: dict[str, str] = {}
+    inject(headers, context=trace.set_span_in_context(engine))
+    return UnitTrace(span, engine, headers)
 
 
 @contextmanager
