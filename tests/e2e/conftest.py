@@ -11,9 +11,10 @@ import signal
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 import boto3
@@ -24,6 +25,9 @@ from infra import daemons as services
 from infra.processes import FREIGHT, REPO, Stack, _log_has, create_tenant, spawn, up, wait_for
 from storage.objectstore import ObjectStore, S3ObjectStore, open_object_store
 from tests.factories import OMIT, chat_line, jsonl
+
+if TYPE_CHECKING:
+    from storage.models import WorkUnit
 
 HUGE = 1_000_000  # lines of the largest batch the tests submit
 WINDOWS = "24h,1h,8s"  # 8s: a window short enough to expire during a test
@@ -302,6 +306,21 @@ def wait_final(client: OpenAI, batch_id: str, timeout: float = 300, until: tuple
 
 
 CHAT = "/v1/chat/completions"
+
+
+def units_of(live: LiveStack, batch_ids: Iterable[str]) -> list[WorkUnit]:
+    """The work units of these batches, read from the stack's database."""
+    from sqlalchemy import select
+
+    from storage.db import Database
+    from storage.models import WorkUnit
+
+    database = Database(live.stack.settings.database_url)
+    try:
+        with database.read() as s:
+            return list(s.scalars(select(WorkUnit).where(WorkUnit.batch_id.in_(list(batch_ids)))).all())
+    finally:
+        database.dispose()
 
 
 def request_line(custom_id: str, content: str = "hello", **body: object) -> dict:

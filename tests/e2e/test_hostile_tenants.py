@@ -49,13 +49,13 @@ from infra.processes import REPO, create_tenant
 from scheduler.webhooks import EVENT_TYPES
 from storage.checkpoint_cache import staged_path
 from storage.db import Database
-from storage.models import ConsoleSession, StoredFile, Tenant, WorkUnit
+from storage.models import ConsoleSession, StoredFile, Tenant
 from storage.quotas import stored_bytes
 from tests import webhook_receiver
 from tests.api.test_parquet_bombs import page_bomb
 from tests.api_process import api_process
 from tests.e2e.batch_client import converted
-from tests.e2e.conftest import LiveStack, peak_rss_mb, peak_rss_reset, wait_final
+from tests.e2e.conftest import LiveStack, peak_rss_mb, peak_rss_reset, units_of, wait_final
 from tests.factories import chat_line, jsonl, run_freight
 from tests.storage.test_parquet_limits import bomb
 from tests.webhook_receiver import Behaviour
@@ -245,15 +245,6 @@ def victim_c_parquet(tag: str) -> tuple[bytes, list[str]]:
         "min_tokens": pa.array([16] * VICTIM_LINES, pa.int32()),
     })  # fmt: skip
     return parquet(table), ids
-
-
-def units_of(live: LiveStack, *batch_ids: str) -> list[WorkUnit]:
-    database = Database(live.stack.settings.database_url)
-    try:
-        with database.read() as s:
-            return list(s.scalars(select(WorkUnit).where(WorkUnit.batch_id.in_(batch_ids))).all())
-    finally:
-        database.dispose()
 
 
 def tenant_stored_bytes(live: LiveStack, name: str) -> int:
@@ -1022,13 +1013,13 @@ def test_a_hostile_tenant_harms_no_one(
     heavy_done = final(heavy_id, timeout=300)
     assert heavy_done["status"] == "completed", heavy_done
     assert heavy_done["request_counts"]["completed"] == HEAVY_LINES, heavy_done
-    heavy_units = sorted(units_of(live, heavy_id), key=lambda u: u.seq)
-    light_units = units_of(live, victim_batches["c"].id)  # C's: one user line each, 16 tokens
+    heavy_units = sorted(units_of(live, [heavy_id]), key=lambda u: u.seq)
+    light_units = units_of(live, [victim_batches["c"].id])  # C's: one user line each, 16 tokens
     assert {u.sequences for u in heavy_units} == {8 * 128}, [u.sequences for u in heavy_units]
     assert all(u.work == u.planned_prompt_tokens + 8 * 128 * 16 for u in heavy_units)
     assert min(u.work for u in heavy_units) > 8 * max(u.work for u in light_units)
     heavy_last = max(u.enqueued_at or 0.0 for u in heavy_units)
-    victim_units = units_of(live, *(b.id for b in victim_batches.values()))
+    victim_units = units_of(live, (b.id for b in victim_batches.values()))
     before_heavy_last = sum(
         1 for u in victim_units if u.enqueued_at is not None and u.enqueued_at < heavy_last
     )

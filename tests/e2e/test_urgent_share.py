@@ -22,9 +22,9 @@ import pytest
 from sqlalchemy import select
 
 from storage.db import Database
-from storage.models import Batch, UnitStatus, WorkUnit
+from storage.models import Batch, UnitStatus
 from tests.e2e.batch_client import CHAT, chat_line, upload
-from tests.e2e.conftest import LiveStack, keep_logs, start_live, wait_final
+from tests.e2e.conftest import LiveStack, keep_logs, start_live, units_of, wait_final
 
 pytestmark = pytest.mark.stack
 
@@ -58,15 +58,6 @@ def capped(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterat
         yield live_stack
     finally:
         keep_logs(stack, "urgent-share")
-
-
-def units_of(live: LiveStack, batch_ids: list[str]) -> list[WorkUnit]:
-    database = Database(live.stack.settings.database_url)
-    try:
-        with database.read() as s:
-            return list(s.scalars(select(WorkUnit).where(WorkUnit.batch_id.in_(batch_ids))).all())
-    finally:
-        database.dispose()
 
 
 def urgent_requests_packed(live: LiveStack) -> int:
