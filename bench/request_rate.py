@@ -20,6 +20,11 @@ each going first in turn:
                  running REV's code (a git worktree of it), so that a change's worth is measured
                  inside one run, repeat by repeat (``freight_over_baseline``): on this 2-core VM,
                  runs an hour apart differed more (0.80-0.99) than the changes being measured
+  freight_tracing  with ``--tracing``: a second stack of this code with OpenTelemetry tracing on
+                 (``OTEL_EXPORTER_OTLP_ENDPOINT`` at bench/otlp_sink.py's receiver in this process,
+                 every span sampled and exported), in turn with the others: ``tracing_over_plain``
+                 is its requests/s over ``freight``'s, repeat by repeat; the spans received and
+                 their count per request are reported
 
 Reported: requests/s of each (wall clock, start-up excluded), the ratio per repeat against the
 faster of the two engines in that repeat and its median (target ``freight_over_engine`` >= 0.9;
@@ -43,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import workloads as wl
+from bench.otlp_sink import OtlpSink
 from bench.provenance import STACK, Run, machine_facts, revision
 from bench.scheduler import REPO, RESULTS_DIR, WORK_DIR, log, serving_dtype, write_report
 
@@ -60,6 +66,9 @@ TARGET = 0.9  # freight_over_engine (requests/s), issue #21
 ENGINE_CORES = {"engine_process": "process", "engine_inline": "inline"}  # system -> engine_baseline --core
 PROFILE_RATE = 200  # py-spy samples per second
 TOP_FUNCTIONS = 25
+# the SDK's batching exporter sends every 5 s (OTEL_BSP_SCHEDULE_DELAY): the traced stack runs on
+# this long after its run, unmeasured, so the run's spans are sent before it is paused (SIGSTOP)
+EXPORT_WAIT_S = 6.0
 
 
 # the repository paths this benchmark measures: a commit to one makes its result stale (bench/provenance.py)
@@ -140,6 +149,12 @@ def paired_ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, list[float
         engines = [rate_ for name in ENGINE_CORES if (rate_ := theirs[name])]
         if len(engines) == len(ENGINE_CORES):
             out["freight_over_engine"].append(mine / max(engines))
+    if "freight_tracing" in runs:  # tracing's cost: the traced stack over the plain one, per repeat
+        out["tracing_over_plain"] = [
+            traced / plain
+            for t, p in zip(runs["freight_tracing"], runs["freight"], strict=False)
+            if (traced := rate(t)) and (plain := rate(p))
+        ]
     return out
 
 
@@ -256,6 +271,57 @@ def merge_into_control_plane(report: dict[str, Any], out: Path, control_plane: P
 # ------------------------------------------------------------------------------------------ main
 
 
+def run_turn(
+    handle: Any, engine: bool, path: Path, requests: int, sink: OtlpSink | None
+) -> tuple[dict[str, Any], int | None]:
+    """One system's run of one repeat's file, resumed for it and paused after: its cell, and the
+    spans ``sink`` received meanwhile (the traced stack's; None for the others)."""
+    handle.resume()
+    before = sink.counts()[0] if sink is not None else 0
+    try:
+        run = handle.run(path) if engine else handle.run_jobs([(handle.tenants[0], path)])
+        if sink is not None:  # after the measured wall: the run's spans sent before the pause
+            time.sleep(EXPORT_WAIT_S)
+    finally:
+        handle.pause()
+    return rate_cell(run, requests), None if sink is None else sink.counts()[0] - before
+
+
+def start_traced(args: argparse.Namespace, run_dir: Path, warm: Path, sink: OtlpSink) -> Any:
+    """``--tracing``'s stack: this code with every process's spans exported to ``sink``, started,
+    warmed and paused."""
+    from bench.freight_runner import FreightStack
+
+    log(f"request rate: starting a Freight stack with tracing to {sink.endpoint}")
+    traced = FreightStack(
+        run_dir, args.model, max_num_seqs=args.max_num_seqs, kv_cache_bytes=KV_BYTES,
+        max_model_len=MAX_MODEL_LEN, enforce_eager=args.eager, warmup_file=warm,
+        extra_env={"OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint, "OTEL_SERVICE_NAME": "freight-bench",
+                   "OTEL_TRACES_SAMPLER": "parentbased_always_on"},
+    ).start()  # fmt: skip
+    time.sleep(EXPORT_WAIT_S)  # the warm-up's spans sent before the stack is paused
+    traced.pause()
+    return traced
+
+
+def tracing_summary(sink: OtlpSink | None, spans: list[int], requests: int) -> dict[str, Any] | None:
+    """The spans the traced stack exported (None without ``--tracing``)."""
+    if sink is None:
+        return None
+    return {
+        "spans_received": sink.counts()[0],
+        "spans_per_repeat": spans,
+        "spans_per_request": [n / requests for n in spans],
+        "note": (
+            "freight_tracing: every process of a second stack with OTEL_EXPORTER_OTLP_ENDPOINT at "
+            "bench/otlp_sink.py in the benchmark's process (always-on sampling, the SDK's batching "
+            "OTLP/HTTP exporter); tracing_over_plain = its requests/s over freight's, per repeat. "
+            "Spans counted from a repeat's start to 6 s after its end (unmeasured), the exporter's "
+            "batches sent by then"
+        ),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=REQUESTS)
@@ -267,6 +333,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--baseline-rev",
         help="also run Freight at this git revision (a worktree of it), in turn with the others",
+    )
+    parser.add_argument(
+        "--tracing",
+        action="store_true",
+        help="also run Freight with OpenTelemetry tracing on, exporting to a local receiver",
     )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "request_rate.json")
     parser.add_argument(
@@ -297,6 +368,11 @@ def main(argv: list[str] | None = None) -> int:
     baseline = None
     baseline_src = work / "baseline-src"
     freights = ("freight", "freight_baseline") if args.baseline_rev else ("freight",)
+    if args.tracing:
+        freights = (*freights, "freight_tracing")
+    traced = None
+    sink = None
+    spans: list[int] = []  # the spans the traced stack exported, per repeat
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in (*ENGINE_CORES, *freights)}
     code = {"freight": revision(REPO)}
     profile: dict[str, Any] | None = None
@@ -328,20 +404,19 @@ def main(argv: list[str] | None = None) -> int:
             ).start()  # fmt: skip
             baseline.pause()
             systems["freight_baseline"] = baseline
+        if args.tracing:
+            sink = OtlpSink()
+            traced = systems["freight_tracing"] = start_traced(args, work / "freight-tracing", warm, sink)
         names = list(systems)
         for r, path in enumerate(files):
             order = names[r % len(names) :] + names[: r % len(names)]  # each system first in turn
             for role in order:
                 log(f"request rate: repeat {r + 1}/{len(files)}: {role}")
-                handle = systems[role]
-                handle.resume()
-                try:
-                    run = (
-                        handle.run(path) if role in engines else handle.run_jobs([(handle.tenants[0], path)])
-                    )
-                    runs[role].append(rate_cell(run, args.requests))
-                finally:
-                    handle.pause()
+                exported = sink if role == "freight_tracing" else None
+                cell, sent = run_turn(systems[role], role in engines, path, args.requests, exported)
+                runs[role].append(cell)
+                if sent is not None:
+                    spans.append(sent)
         if args.profile:
             stack.resume()
             roles = stack.cpu_roles()
@@ -365,9 +440,11 @@ def main(argv: list[str] | None = None) -> int:
                 "measured ones by the sampling"
             )
     finally:
-        for handle in (*engines.values(), stack, baseline):
+        for handle in (*engines.values(), stack, baseline, traced):
             if handle is not None:
                 handle.stop()
+        if sink is not None:
+            sink.stop()
         if baseline_src.exists():
             subprocess.run(
                 ["git", "-C", str(REPO), "worktree", "remove", "--force", str(baseline_src)], check=False
@@ -409,6 +486,7 @@ def main(argv: list[str] | None = None) -> int:
             }
         },
         "profile": profile,
+        "tracing": tracing_summary(sink, spans, args.requests),
         "provenance": prov.finish(paired),
         "notes": (
             "requests_per_s = requests / wall_s; an engine's wall is one LLM.chat call (start-up and "

@@ -88,3 +88,40 @@ def test_a_baseline_revisions_freight_is_paired_repeat_by_repeat() -> None:
         "freight_over_engine_inline": [99 / 110, 88 / 90],
         "freight_over_baseline": [99 / 90],  # its second repeat had errors
     }
+
+
+def test_the_traced_stack_is_paired_with_the_plain_one_repeat_by_repeat() -> None:
+    """``--tracing``: tracing_over_plain, the traced Freight's requests/s over the plain one's."""
+    runs = {
+        "engine_process": [{"requests_per_s": 100.0}, {"requests_per_s": 100.0}],
+        "engine_inline": [{"requests_per_s": 110.0}, {"requests_per_s": 90.0}],
+        "freight": [{"requests_per_s": 99.0}, {"requests_per_s": 88.0}],
+        "freight_tracing": [{"requests_per_s": 90.0, "errors": 1}, {"requests_per_s": 80.0}],
+    }
+    ratios = paired_ratios(runs)
+    assert ratios["tracing_over_plain"] == [80 / 88]  # its first repeat had errors
+    assert ratios["freight_over_engine"] == [99 / 110, 88 / 100]  # the traced stack is no engine
+    plain = {k: v for k, v in runs.items() if k != "freight_tracing"}
+    assert "tracing_over_plain" not in paired_ratios(plain)
+
+
+def test_the_otlp_sink_counts_the_spans_an_sdk_exporter_sends() -> None:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from bench.otlp_sink import OtlpSink
+
+    sink = OtlpSink()
+    try:
+        provider = TracerProvider()
+        exporter = OTLPSpanExporter(endpoint=f"{sink.endpoint}/v1/traces")
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        tracer = provider.get_tracer("bench-test")
+        with tracer.start_as_current_span("outer"):
+            for i in range(4):
+                tracer.start_span(f"inner-{i}").end()
+        provider.shutdown()
+        assert sink.counts() == (5, 5)  # one export per span with the simple processor
+    finally:
+        sink.stop()
