@@ -149,10 +149,6 @@ def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
 
     from storage.adapters import AdapterEntry, adapters
     from storage.broker import model_queue
-    from storage.checkpoint_cache import CheckpointError, local_checkpoint
-    from storage.objectstore import s3_client
-    from storage.registry import RegistryError, require
-    from storage.runtime import Runtime
     from workers.celery_app import make_celery
     from workers.device_probe import probe_device
     from workers.engine import Engine, EngineConfig, EngineStartFailed, EngineUnsupported, stats_registry
@@ -167,15 +163,7 @@ def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
     configure_settings(settings, worker=worker)  # every line of this process names the worker
     app = make_celery(settings)
     celery_logs_through_freight(app)
-    try:  # the registry entry says what to load, from where, at what price
-        entry = require(Runtime(settings).db, settings, model)
-        local = local_checkpoint(
-            entry.checkpoint,
-            Path(settings.model_cache_dir),
-            lambda: s3_client(settings.s3_endpoint_url or None),
-        )
-    except (RegistryError, CheckpointError) as exc:
-        raise BootstrapError(str(exc)) from exc
+    entry, local = _entry_and_checkpoint(settings, model)
     if settings.engine_metrics_bind:  # bound before the engine loads: a taken port stops it now
         try:
             serve_engine_metrics(settings.engine_metrics_bind, stats_registry(), worker)
@@ -224,6 +212,26 @@ def run_engine_worker(settings: Settings, model: str, name: str | None) -> None:
         app,
         [*banner(settings), *argv, "--loglevel", settings.log_level, "--without-gossip", "--without-mingle"],
     )
+
+
+def _entry_and_checkpoint(settings: Settings, model: str) -> tuple[Any, Path]:
+    """The model's registry entry (what to load, at what price) and its checkpoint on this host's
+    disk (fetched from the object store into the model cache if it is not there yet)."""
+    from storage.checkpoint_cache import CheckpointError, local_checkpoint
+    from storage.objectstore import s3_client
+    from storage.registry import RegistryError, require
+    from storage.runtime import Runtime
+
+    try:
+        entry = require(Runtime(settings).db, settings, model)
+        local = local_checkpoint(
+            entry.checkpoint,
+            Path(settings.model_cache_dir),
+            lambda: s3_client(settings.s3_endpoint_url or None),
+        )
+    except (RegistryError, CheckpointError) as exc:
+        raise BootstrapError(str(exc)) from exc
+    return entry, Path(local)
 
 
 def run_then_exit(app: Any, argv: list[str]) -> None:

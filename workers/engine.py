@@ -511,6 +511,10 @@ class Engine:
         self.vllm_config: Any = llm.vllm_config
         # whether vLLM keeps a prefix cache for this engine (its own decision: see ``start``)
         self.prefix_caching = bool(llm.vllm_config.cache_config.enable_prefix_caching)
+        # (blocks a request can hold, tokens per block) of vLLM's KV cache, for admission by KV
+        # footprint (workers/kv_gate.py): its blocks but the one null block vLLM keeps; None when
+        # vLLM has not said, or keeps no prefix cache (then no prompt block is shared either)
+        self.kv_blocks = _kv_blocks(llm.vllm_config.cache_config, self.prefix_caching)
         self.tokenizer: Any = llm.get_tokenizer()  # a Hugging Face tokenizer as wrapped by vLLM
         self.max_model_len = int(llm.model_config.max_model_len)
         self.preemptions: int | None = None  # vLLM's, counted where its scheduler is inline
@@ -642,17 +646,6 @@ class Engine:
             self._token_budget,
             self._mean_prompt,
         )
-
-    @property
-    def kv_blocks(self) -> tuple[int, int] | None:
-        """(blocks a request can hold, tokens per block) of vLLM's KV cache, for admission by KV
-        footprint (workers/kv_gate.py): its blocks but the one null block vLLM keeps; None when
-        vLLM has not said, or keeps no prefix cache (then no prompt block is shared either)."""
-        cache = self.vllm_config.cache_config
-        blocks = int(cache.num_gpu_blocks or 0) - 1
-        if blocks < 1 or not self.prefix_caching:
-            return None
-        return blocks, int(cache.block_size)
 
     @property
     def load(self) -> int:
@@ -965,6 +958,13 @@ def _finish(
         completion_tokens=completion,
         adapter=entry.model,
     )
+
+
+def _kv_blocks(cache: Any, prefix_caching: bool) -> tuple[int, int] | None:
+    blocks = int(cache.num_gpu_blocks or 0) - 1
+    if blocks < 1 or not prefix_caching:
+        return None
+    return blocks, int(cache.block_size)
 
 
 def _read_and_remove(path: str) -> str:

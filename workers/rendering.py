@@ -67,7 +67,6 @@ def render_request(
     from vllm.entrypoints.serve.utils.api_utils import get_max_tokens
     from vllm.exceptions import VLLMValidationError
     from vllm.renderers.inputs.preprocess import parse_model_prompt
-    from vllm.sampling_params import RequestOutputKind
 
     request = parsed.request
     model_config = renderer.model_config
@@ -130,14 +129,23 @@ def render_request(
         raise RequestError("context_length_exceeded", clip_message(str(exc)), budget) from None
     if parsers is not None and parsed.is_chat:
         parsers.adjust(request)
+    sampling_params = _sampling_params(parsed, max_tokens, defaults, shapes)
+    return RenderedRequest(parsed, engine_input, prompt_token_ids, sampling_params, echo_text)
 
-    def build() -> Any:
-        params = sampling_params_of(request, max_tokens, defaults)
+
+def _sampling_params(
+    parsed: ParsedRequest, max_tokens: int, defaults: dict, shapes: ParsedShapes | None
+) -> SamplingParams:
+    """The request's SamplingParams, final output only; shared by the lines of its shape and
+    budget where ``shapes`` keeps them (``ParsedShapes.sampling_params`` says why that is exact)."""
+    from vllm.sampling_params import RequestOutputKind
+
+    def build() -> SamplingParams:
+        params = sampling_params_of(parsed.request, max_tokens, defaults)
         params.output_kind = RequestOutputKind.FINAL_ONLY
         return params
 
-    sampling_params = build() if shapes is None else shapes.sampling_params(parsed, max_tokens, build)
-    return RenderedRequest(parsed, engine_input, prompt_token_ids, sampling_params, echo_text)
+    return build() if shapes is None else shapes.sampling_params(parsed, max_tokens, build)
 
 
 def _chat_echo_text(request: Any, conversation: list) -> str:
