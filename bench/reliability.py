@@ -73,7 +73,8 @@ HOSTILE_FIGURES = (
     "control_baseline_rss_mb", "control_peak_rss_mb", "control_bomb_peak_rss_mb", "control_bomb_growth_mb",
     "api_conversion_growth_mb", "conversion_output_bytes",
     "api_bomb_one_process_growth_mb", "control_bomb_one_process_growth_mb", "bomb_peak_hwm_growth_mb",
-    "rss_bound_mb", "processes_started_after_baseline", "victim_batches", "victim_batches_completed",
+    "rss_bound_mb", "control_sum_bound_mb", "processes_started_after_baseline", "victim_batches",
+    "victim_batches_completed",
     "victim_requests", "victim_batch_seconds", "victims_done_at_s", "attacks_while_victims_ran",
     "lost", "duplicated", "server_errors", "responses", "seconds", "recorded_at",
 )  # fmt: skip
