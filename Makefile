@@ -54,16 +54,20 @@ lint: install policy-env audit-env
 	@d=$$(mktemp -d); for o in cpu-demo gpu; do kubectl kustomize infra/k8s/overlays/$$o > $$d/$$o.yaml || exit 1; done; \
 	  $(CHECKOV) --config-file infra/k8s/checkov.yaml --skip-download -d $$d; s=$$?; rm -rf $$d; exit $$s
 	$(PY) -m infra.dependency_lock check
-	$(PY) -m infra.dependency_lock audit
+	$(AUDIT_DB_ENV) $(PY) -m infra.dependency_lock audit
 
 # The CPU install's lock file with hashes (infra/requirements-cpu.lock; infra/dependency_lock.py):
 # infra/constraints.txt's pins with the sha256 of each version's files from PyPI's simple index,
 # torch's CPU wheel hashed from the local file pip finds (find-links). install.sh installs a CPU
 # host from it with --require-hashes (docs/deployment.md, "Dependencies");
 # lock-check (in make lint) keeps the lock and constraints.txt in step; audit runs pip-audit over
-# the lock, from a virtualenv of its own as Checkov, or says why it cannot
+# the lock, from a virtualenv of its own as Checkov; where PyPI's JSON API does not answer, it
+# matches the lock against ADVISORY_DB, a local copy of github.com/pypa/advisory-database
+# (make audit ADVISORY_DB=var/advisory-db), or says why it cannot
 PIP_AUDIT_VERSION := 2.10.1
 AUDIT_ENV := .venv-audit
+ADVISORY_DB ?=
+AUDIT_DB_ENV := $(if $(ADVISORY_DB),FREIGHT_ADVISORY_DB=$(ADVISORY_DB))
 audit-env:
 	@$(AUDIT_ENV)/bin/pip-audit --version 2>/dev/null | grep -qx 'pip-audit $(PIP_AUDIT_VERSION)' || { python3 -m venv $(AUDIT_ENV) && \
 	  $(AUDIT_ENV)/bin/pip install -q 'pip-audit==$(PIP_AUDIT_VERSION)'; }
@@ -75,7 +79,7 @@ lock-check:
 	$(PY) -m infra.dependency_lock check
 
 audit: audit-env
-	$(PY) -m infra.dependency_lock audit
+	$(AUDIT_DB_ENV) $(PY) -m infra.dependency_lock audit
 
 # Checkov, the Kubernetes policy check of `make lint` (infra/k8s/checkov.yaml), in a virtualenv of its
 # own: its dependencies pin other versions than Freight's

