@@ -17,7 +17,9 @@ takes A past its stored-bytes limit, ``Bearer CHANGE-ME`` at /metrics and proces
 CHANGE-ME secret, webhooks to NAT64 and the other special-purpose addresses (on a second API of the
 stack without private targets allowed), hanging webhook receivers, 25 sign-ins, 20 dry runs at once.
 A tenant whose DNS hangs is tested in tests/workers/test_webhook_dns.py, which needs the webhook
-worker in a namespace of its own with a resolver that never answers: not this stack's."""
+worker in a namespace of its own with a resolver that never answers: not this stack's. Its attack
+and figures (the ``hostile_dns`` scenario) join this one's in the hostile section of
+bench/results/reliability.json (bench/reliability.py; ``--hostile`` runs both)."""
 
 from __future__ import annotations
 
