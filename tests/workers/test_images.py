@@ -247,6 +247,30 @@ def test_each_distinct_image_is_stored_once_and_each_bad_one_refused_with_its_re
     assert len(list(rt.store.list("batches/batch_images/images/"))) == 2  # nothing refused was stored
 
 
+def test_an_image_another_resolver_of_the_batch_stored_is_not_checked_again(rt) -> None:
+    """Each chunk of a chunked validation has a resolver of its own: an image a chunk before it
+    checked and stored is referred to as it is (its stored object stands for the check), while an
+    image no resolver of the batch stored yet is still checked. Told apart by a second resolver
+    whose pixel limit both images are past."""
+    first = ImageResolver(rt, "batch_chunked", "tenant_a", lambda model: True)
+    red_ref = IMAGE_REF + hashlib.sha256(RED).hexdigest()
+    assert resolved(first, data_url(RED))["image_url"]["url"] == red_ref
+    tight = Runtime(replace(rt.settings, image_max_pixels=16))
+    try:
+        second = ImageResolver(tight, "batch_chunked", "tenant_a", lambda model: True)
+        assert resolved(second, data_url(RED))["image_url"]["url"] == red_ref
+        assert resolved(second, data_url(BLUE))["refused"]["code"] == "image_too_large"
+        # another batch's resolver finds nothing of this batch's: it checks the image itself
+        other = ImageResolver(tight, "batch_other", "tenant_a", lambda model: True)
+        assert resolved(other, data_url(RED))["refused"]["code"] == "image_too_large"
+    finally:
+        tight.db.dispose()
+    assert list(rt.store.list("batches/batch_chunked/images/")) == [
+        image_key("batch_chunked", hashlib.sha256(RED).hexdigest())
+    ]
+    assert not list(rt.store.list("batches/batch_other/images/"))
+
+
 def test_links_to_private_addresses_are_refused_and_fetching_can_be_turned_off(rt, image_server) -> None:
     closed = replace(rt.settings, image_fetch_allow_private_targets=False)
     resolver = ImageResolver(Runtime(closed), "b1", "tenant_a", lambda model: True)
