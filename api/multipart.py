@@ -63,13 +63,21 @@ class _PartReader:
 
     def read(self, size: int = -1) -> bytes:
         want = READ_CHUNK if size is None or size < 0 else size
-        while len(self._buffer) < want and not self._done:
-            event = next(self._form._stream, None)
-            if not isinstance(event, Data):
-                raise _bad("the multipart body ended inside the file part")
-            self._buffer += event.data
-            self._done = not event.more_data
-        out, self._buffer = self._buffer[:want], self._buffer[want:]
+        if len(self._buffer) < want and not self._done:
+            # joined once: ``+=`` per event copied a 1 MiB read 8 times over (64 KiB events)
+            parts, have = [self._buffer], len(self._buffer)
+            while have < want and not self._done:
+                event = next(self._form._stream, None)
+                if not isinstance(event, Data):
+                    raise _bad("the multipart body ended inside the file part")
+                parts.append(event.data)
+                have += len(event.data)
+                self._done = not event.more_data
+            self._buffer = b"".join(parts)
+        if len(self._buffer) <= want:
+            out, self._buffer = self._buffer, b""
+        else:
+            out, self._buffer = self._buffer[:want], self._buffer[want:]
         return out
 
 

@@ -49,6 +49,24 @@ def test_purpose_first_hands_on_the_file_before_reading_the_body():
     assert got == payload and stream.consumed == len(body)
 
 
+def test_reads_of_any_size_give_exactly_that_many_bytes_across_the_decoders_events():
+    """The object store reads 1 MiB at a time, the decoder gives events of about READ_CHUNK: a
+    read gathers events and keeps what is past its size for the next one."""
+    payload = bytes(range(251)) * 20_000  # ~5 MB: not a multiple of any read size below
+    body, content_type = encode({"file": ("in.jsonl", payload)}, {"purpose": "batch"})
+    form = open_upload(io.BytesIO(body), content_type)
+    got: list[bytes] = []
+    for size in (1, READ_CHUNK - 1, 3 * READ_CHUNK + 7, 1024 * 1024, 5, None, -1):
+        chunk = form.file.read(size)
+        assert len(chunk) == (READ_CHUNK if size is None or size < 0 else size)
+        got.append(chunk)
+    while chunk := form.file.read(1024 * 1024):
+        got.append(chunk)
+    assert form.file.read(10) == b""  # the part's end, and again
+    form.finish()
+    assert b"".join(got) == payload
+
+
 def test_file_first_is_spooled_and_the_purpose_found_after_it():
     form = open_upload(io.BytesIO(raw([("file", "a.jsonl", b"{}\n"), ("purpose", None, b"batch")])),
                        "multipart/form-data; boundary=B")  # fmt: skip
