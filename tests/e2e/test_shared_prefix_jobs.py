@@ -1,8 +1,13 @@
-"""Jobs of several tenants on the same long prompts meet in the prefix cache (issue #24), on the real
-stack: the engine worker's feed merges a job that arrives while another runs into the running
-sweep (scheduler/feed_order.py), so its prompts are not computed once more per job; and an idle
-worker waits for jobs created a moment after the first one's pack was made (the settle window,
+"""Jobs on the same long prompts meet in the prefix cache (issue #24), on the real stack: the
+engine worker's feed merges a job that arrives while another runs into the running sweep
+(scheduler/feed_order.py), so its prompts are not computed once more per job; and an idle worker
+waits for jobs created a moment after the first one's pack was made (the settle window,
 FREIGHT_FEED_SETTLE_SECONDS), so jobs submitted together start as one sweep.
+
+Each test runs in both cache modes (FREIGHT_PREFIX_CACHE_SHARING, issue #49 part 8), one stack
+each: `global`, where the jobs of three tenants meet, and the default, `tenant`, where the jobs
+that meet are one tenant's (its own cache domain and vLLM cache_salt) and three tenants' jobs on
+the same prompts share nothing: each tenant computes every prompt once.
 
 The KV cache holds about 3,000 tokens and the 16 few-shot prompts about 5,000, so a pass over all
 of them never stays cached: a job that ran after another, as a first-in-first-out feed runs it,
@@ -32,22 +37,37 @@ KV_BYTES_PER_TOKEN = 2 * 4 * 2 * 64 * 4  # K and V, 4 layers, 2 KV heads of 64, 
 SETTLE_SECONDS = 1.5
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator[LiveStack]:
+@pytest.fixture(scope="module", params=("global", "tenant"))
+def shared(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, demo_model: Path
+) -> Iterator[LiveStack]:
+    """The module's stack in one cache mode; pytest runs every test on the first mode's stack and
+    stops it before it starts the second's."""
+    sharing = request.param
     overrides = {
         "FREIGHT_ENGINE_DTYPE": "float32",  # the cache's size in tokens is the same on every CPU
         "FREIGHT_ENGINE_KV_CACHE_GIB": str(KV_TOKENS * KV_BYTES_PER_TOKEN / 2**30),
         "FREIGHT_ENGINE_BLOCK_SIZE": "32",
         "FREIGHT_ENGINE_MAX_MODEL_LEN": "1024",
         "FREIGHT_HEARTBEAT_SECONDS": "1",
-        "FREIGHT_PREFIX_CACHE_SHARING": "global",  # the tenants' jobs are to meet in one cache
+        "FREIGHT_PREFIX_CACHE_SHARING": sharing,
         "FREIGHT_FEED_SETTLE_SECONDS": str(SETTLE_SECONDS),
     }
-    live_stack, stack = start_live(tmp_path_factory.mktemp("shared"), demo_model, overrides, TENANTS)
+    live_stack, stack = start_live(
+        tmp_path_factory.mktemp(f"shared-{sharing}"), demo_model, overrides, TENANTS
+    )
     try:
         yield live_stack
     finally:
-        keep_logs(stack, "shared-prefix")
+        keep_logs(stack, f"shared-prefix-{sharing}")
+
+
+def senders(live: LiveStack) -> dict[str, str]:
+    """Who sends each of the three jobs that are to meet in one cache (job name -> tenant): each
+    tenant its own in global mode; in tenant mode one tenant all three, its cache being its own."""
+    if live.stack.settings.prefix_cache_sharing == "global":
+        return {name: name for name in TENANTS}
+    return dict.fromkeys(TENANTS, "alpha")
 
 
 def engine_log(live: LiveStack, text: str) -> list[str]:
@@ -102,8 +122,11 @@ def hit_rate(finals: list) -> float:
     return cached / sum(b.usage.input_tokens for b in finals)
 
 
-def test_jobs_of_three_tenants_on_the_same_prompts_meet_in_the_prefix_cache(shared: LiveStack) -> None:
-    jobs = {tenant: job(tenant) for tenant in TENANTS}
+def test_jobs_sent_while_one_runs_meet_it_in_the_prefix_cache(shared: LiveStack) -> None:
+    """Three jobs on the same prompts, the later two sent while the first runs, reach the cache-hit
+    rate of one job of all their lines: three tenants' jobs in global mode, one tenant's in the
+    default mode."""
+    jobs = {name: job(name) for name in TENANTS}  # the same prompts, items of their own
     alpha = shared.client("alpha")
     # the limit to compare with: every line as one job, prefix-sorted as a whole
     together = [line for lines in jobs.values() for line in lines]
@@ -111,16 +134,16 @@ def test_jobs_of_three_tenants_on_the_same_prompts_meet_in_the_prefix_cache(shar
     single = wait_final(alpha, one.id, timeout=300)
     assert single.status == "completed" and single.request_counts.completed == len(together)
 
-    # the same lines as three tenants' jobs, the later two sent while the first one runs
+    # the same lines as three jobs sharing a cache, the later two sent while the first one runs
     batches = {}
     starts = len(engine_log(shared, "engine starting:"))
-    for tenant in TENANTS:
+    for name, tenant in senders(shared).items():
         client = shared.client(tenant)
         batch = client.batches.create(
-            input_file_id=upload(client, jobs[tenant]), endpoint=CHAT, completion_window="24h"
+            input_file_id=upload(client, jobs[name]), endpoint=CHAT, completion_window="24h"
         )
-        batches[tenant] = (client, batch.id)
-        if tenant == "alpha":  # running, not just taken: its engine's settle window is over
+        batches[name] = (client, batch.id)
+        if name == "alpha":  # running, not just taken: its engine's settle window is over
             wait_for_line(shared, "engine starting:", starts)
         else:
             time.sleep(1.0)
@@ -129,6 +152,7 @@ def test_jobs_of_three_tenants_on_the_same_prompts_meet_in_the_prefix_cache(shar
     assert finals[0].completed_at >= finals[1].in_progress_at  # they did overlap
 
     one_job, three_jobs = hit_rate([single]), hit_rate(finals)
+    print(f"sent while one runs: one job {one_job:.3f}, three jobs {three_jobs:.3f}")
     assert one_job > 0.7, one_job  # the prompts are shared: most prompt tokens come from the cache
     assert three_jobs >= 0.9 * one_job, (three_jobs, one_job)
 
@@ -147,16 +171,17 @@ def test_jobs_created_a_moment_apart_start_as_one_sweep(shared: LiveStack) -> No
     assert single.status == "completed" and single.request_counts.completed == len(together)
 
     # the same shape on fresh prompts (the single job's leave nothing for them), as three jobs
-    clients = {tenant: shared.client(tenant) for tenant in TENANTS}
+    # sharing a cache (three tenants' in global mode, alpha's in tenant mode)
+    clients = {name: shared.client(tenant) for name, tenant in senders(shared).items()}
     files = {t: upload(clients[t], job(t, first_prompt=200, max_tokens=4)) for t in TENANTS}  # uploaded first
     packs = len(engine_log(shared, " units, "))
     batches = {}
-    for tenant in TENANTS:
-        created = clients[tenant].batches.create(
-            input_file_id=files[tenant], endpoint=CHAT, completion_window="24h"
+    for name in TENANTS:
+        created = clients[name].batches.create(
+            input_file_id=files[name], endpoint=CHAT, completion_window="24h"
         )
-        batches[tenant] = created.id
-        if tenant == "alpha":  # the others are made once its pack is taken
+        batches[name] = created.id
+        if name == "alpha":  # the others are made once its pack is taken
             wait_for_line(shared, " units, ", packs)
     finals = [wait_final(clients[t], batches[t], timeout=300) for t in TENANTS]
     assert all(b.status == "completed" and b.request_counts.completed == PROMPTS * ITEMS for b in finals)
@@ -164,5 +189,42 @@ def test_jobs_created_a_moment_apart_start_as_one_sweep(shared: LiveStack) -> No
     assert "more may come" not in first, first  # the settle window held it, not the merge window
 
     one_job, three_jobs = hit_rate([single]), hit_rate(finals)
+    print(f"created a moment apart: one job {one_job:.3f}, three jobs {three_jobs:.3f}")
     assert one_job > 0.7, one_job
     assert three_jobs >= 0.97 * one_job, (three_jobs, one_job)  # one sweep: as one job
+
+
+def test_jobs_of_different_tenants_meet_only_in_the_global_mode(shared: LiveStack) -> None:
+    """Three tenants' jobs on the same prompts, created together: in global mode they share the
+    prompts' cache entries, well above the hit rate of one tenant's job alone; in the default mode
+    each tenant computes every prompt once, as if it ran alone (its requests carry its own vLLM
+    cache_salt), and its hit rate is that one job's."""
+    clients = {tenant: shared.client(tenant) for tenant in TENANTS}
+    # the limit in tenant mode: one tenant's job alone, on prompts of its own
+    alone = clients["alpha"].batches.create(
+        input_file_id=upload(clients["alpha"], job("alpha", first_prompt=300, max_tokens=4)),
+        endpoint=CHAT,
+        completion_window="24h",
+    )
+    single = wait_final(clients["alpha"], alone.id, timeout=300)
+    assert single.status == "completed" and single.request_counts.completed == PROMPTS * ITEMS
+
+    # the three tenants' jobs on fresh prompts, the same for each of them
+    files = {t: upload(clients[t], job(t, first_prompt=400, max_tokens=4)) for t in TENANTS}
+    batches = {
+        t: clients[t].batches.create(input_file_id=files[t], endpoint=CHAT, completion_window="24h").id
+        for t in TENANTS
+    }
+    finals = {t: wait_final(clients[t], batches[t], timeout=300) for t in TENANTS}
+    assert all(
+        b.status == "completed" and b.request_counts.completed == PROMPTS * ITEMS for b in finals.values()
+    )
+
+    one_tenant, three_tenants = hit_rate([single]), hit_rate(list(finals.values()))
+    print(f"one tenant's job alone {one_tenant:.3f}, three tenants' jobs {three_tenants:.3f}")
+    assert one_tenant > 0.6, one_tenant  # its own 4 items of each prompt: 3 of them read it cached
+    if shared.stack.settings.prefix_cache_sharing == "global":
+        assert three_tenants >= 1.1 * one_tenant, (three_tenants, one_tenant)  # 11 of 12 items cached
+    else:  # each tenant's job as if alone: nothing read from another's entries
+        for tenant, batch in finals.items():
+            assert abs(hit_rate([batch]) - one_tenant) <= 0.02, (tenant, hit_rate([batch]), one_tenant)
