@@ -28,6 +28,7 @@ import os
 import random
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -528,7 +529,6 @@ class Engine:
         start-up, not import)."""
         _set_env_defaults(config)
         from vllm.engine.arg_utils import EngineArgs
-        from vllm.v1.engine.llm_engine import LLMEngine
 
         from workers.checkpoint import stored_dtype
 
@@ -546,8 +546,7 @@ class Engine:
         os.close(fd)
         os.environ[START_ERROR_ENV] = error_file  # the engine process writes its first error there
         try:
-            args = EngineArgs(**arguments)
-            llm = LLMEngine.from_engine_args(args, enable_multiprocessing=not inline)
+            llm = _new_llm(EngineArgs(**arguments), inline)
         except Exception as exc:
             log.exception("the engine for %s did not start", config.served_name)
             raise _start_failure(config, exc, _read_and_remove(error_file)) from exc
@@ -958,6 +957,38 @@ def _finish(
         completion_tokens=completion,
         adapter=entry.model,
     )
+
+
+def _new_llm(args: Any, inline: bool) -> LLMEngine:
+    """vLLM's engine for ``args``. An inline core is built on a short-lived thread of its own, so
+    that the OpenMP thread pool its start-up makes (model load, profiling, the compile warm-up)
+    ends with that thread. The engine loop steps it from another thread (workers/engine_loop.py),
+    and OpenMP keeps one pool per thread that starts parallel work: with the starting thread's pool
+    alive beside the loop's, the process holds more OpenMP threads than the host has cores, and
+    libgomp then lets each pool's threads spin only briefly before they sleep, so the loop's worker
+    thread slept and woke at every one of a step's parallel regions and a core stood partly idle
+    (bench/README.md, "The engine worker's cores"). The loop's thread then owns the one pool, as
+    the thread that starts and steps ``LLM.chat`` does. A core in a process of its own starts on
+    the calling thread: the kernel ties the core's death signal to it (workers/engine_lifetime.py).
+    """
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    if not inline:
+        return LLMEngine.from_engine_args(args, enable_multiprocessing=True)
+    built: dict[str, Any] = {}
+
+    def build() -> None:
+        try:
+            built["llm"] = LLMEngine.from_engine_args(args, enable_multiprocessing=False)
+        except BaseException as exc:  # re-raised on the caller's thread
+            built["error"] = exc
+
+    thread = threading.Thread(target=build, name="freight-engine-start", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in built:
+        raise built["error"]
+    return built["llm"]
 
 
 def _kv_blocks(cache: Any, prefix_caching: bool) -> tuple[int, int] | None:

@@ -432,3 +432,66 @@ def test_an_unbound_context_proxy_keeps_the_engine_core_out_of_the_process(
     assert core_inline("auto") is False
     with pytest.raises(EngineUnsupported, match="cannot start inline in a process holding flask"):
         core_inline("inline")
+
+
+# an inline engine started as a worker starts it, then stepped from another thread as the engine
+# loop steps it; "calling-thread": built on the thread that called Engine.start (the code before)
+STEPPED_ELSEWHERE = """
+import os, sys, threading
+os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+from workers import engine as e
+if sys.argv[2] == "calling-thread":
+    from vllm.v1.engine.llm_engine import LLMEngine
+    e._new_llm = lambda args, inline: LLMEngine.from_engine_args(args, enable_multiprocessing=not inline)
+engine = e.Engine.start(e.EngineConfig(model_path=sys.argv[1], served_name="demo", max_num_seqs=64,
+                                       kv_cache_bytes=64 * 1024 * 1024, enforce_eager=True))
+body = {"model": "demo", "max_tokens": 64, "min_tokens": 64, "ignore_eos": True, "temperature": 0}
+def run(tag):
+    lines = (e.EngineRequest(f"{tag}-{i}", "/v1/completions", {**body, "prompt": f"line {i} " * 20})
+             for i in range(128))
+    return sum(r.ok for r in engine.run(lines))
+def threads():  # per thread: (CPU ticks, times it gave up its core: futex waits among them)
+    seen = {}
+    for t in os.listdir("/proc/self/task"):
+        status = open(f"/proc/self/task/{t}/status").read()
+        fields = open(f"/proc/self/task/{t}/stat").read().rsplit(")", 1)[1].split()
+        seen[t] = (int(fields[11]) + int(fields[12]), int(status.split("voluntary_ctxt_switches:")[1].split()[0]))
+    return seen
+said = []
+def loop():
+    run("warm")
+    before = threads()
+    ok = run("measured")
+    after = threads()
+    busy = sorted((after[t][0] - before[t][0], after[t][1] - before[t][1]) for t in after if t in before)
+    said.append((ok, sum(slept for _, slept in busy[-2:])))  # the step's two threads: this one, OpenMP's
+thread = threading.Thread(target=loop); thread.start(); thread.join()
+print("inline:", engine.inline)
+print("ok, sleeps:", *said[0])
+engine.shutdown()
+"""
+
+
+def test_an_inline_engine_stepped_from_another_thread_keeps_openmp_awake(demo_model_dir: Path) -> None:
+    """An inline engine's start-up runs on a thread that ends with it, so the engine loop's thread
+    (not the one that called Engine.start) holds the process's one OpenMP pool. Built on the
+    calling thread instead, that thread's pool lived on beside the loop's: more OpenMP threads than
+    cores, so libgomp's worker slept at every parallel region of a step and the loop's thread
+    waited to wake it (about 10,000 sleeps of the two over 64 decode steps against a few; 1.3
+    cores busy against 1.9, in a scratch run of this script)."""
+    sleeps = {}
+    for how in ("own-thread", "calling-thread"):
+        done = subprocess.run(
+            [sys.executable, "-c", STEPPED_ELSEWHERE, str(demo_model_dir), how],
+            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        said = dict(line.split(": ", 1) for line in done.stdout.splitlines() if ": " in line)
+        assert said["inline"] == "True", done.stdout[-2000:]
+        ok, slept = map(int, said["ok, sleeps"].split())
+        assert ok == 128
+        sleeps[how] = slept
+    # 64 decode steps and a prefill: the step's threads sleep about once a step at most on their
+    # own (between steps), at each of a step's parallel regions in the control
+    assert sleeps["own-thread"] < 2 * 65, sleeps
+    assert sleeps["calling-thread"] > 20 * 65, sleeps  # the control does show the effect
