@@ -12,6 +12,10 @@ Two input shapes, told apart by their columns:
   being a body field of that name (``model``, ``max_tokens``, ``temperature``, ``documents``, …;
   nulls are left out). A chat file may add ``image`` (binary, or a URL string) or ``images`` (a
   list of them): each becomes an ``image_url`` part before the text of the row's last user message.
+  A transcription or translation file has ``audio`` (binary: the audio file's bytes, or a string:
+  a file id or a data URL), which becomes the body's ``file_url`` (bytes as a base64 ``data:`` URL,
+  stored once per distinct content at validation: ``workers.media_files.AudioFiles``), or
+  ``file_url`` itself, beside ``model``, ``language``, ``prompt``, ``response_format``, ….
 
 Batch-level defaults (``defaults``) fill the body fields a row does not set, for both shapes: the
 caller merges them from the file's Parquet key-value metadata ``freight.defaults`` (a JSON object)
@@ -55,6 +59,16 @@ JSON_TEXT_FIELDS = frozenset({"messages", "response_format", "structured_outputs
 CHAT = "/v1/chat/completions"
 # a chat file's image columns (simple shape): binary images or URL strings, one or a list a row
 IMAGE_COLUMNS = frozenset({"image", "images"})
+# an audio file's column (simple shape): binary audio, or a file id or data URL string
+AUDIO_COLUMN = "audio"
+AUDIO_ENDPOINTS = ("/v1/audio/transcriptions", "/v1/audio/translations")
+_AUDIO_MAGIC = (
+    (b"fLaC", "audio/flac"),
+    (b"OggS", "audio/ogg"),
+    (b"ID3", "audio/mpeg"),
+    (b"\xff\xfb", "audio/mpeg"),
+    (b"FORM", "audio/aiff"),
+)
 _IMAGE_MAGIC = (
     (b"\x89PNG\r\n\x1a\n", "image/png"),
     (b"\xff\xd8\xff", "image/jpeg"),
@@ -109,6 +123,8 @@ def decode_limits(settings: Settings) -> DecodeLimits:
 
 # the simple shape's request columns, each with the endpoint it implies for a file not in a batch
 SIMPLE_COLUMNS = {
+    "audio": "/v1/audio/transcriptions",  # before prompt: an audio file may carry a prompt column
+    "file_url": "/v1/audio/transcriptions",
     "messages": "/v1/chat/completions",
     "prompt": "/v1/completions",
     "input": "/v1/embeddings",
@@ -182,7 +198,7 @@ def _open(
             1,
             "invalid_parquet_columns",
             "a Parquet batch file needs a custom_id column and either body (OpenAI batch columns) "
-            f"or prompt / messages / input / query / queries (simple shape); it has {', '.join(names)[:300]}",
+            f"or prompt / messages / input / query / queries / audio (simple shape); it has {', '.join(names)[:300]}",
         )
     if shape == "openai" and set(names) - OPENAI_COLUMNS:
         extra = ", ".join(sorted(set(names) - OPENAI_COLUMNS))[:200]
@@ -382,6 +398,17 @@ def _simple_body(
         if name in IMAGE_COLUMNS and endpoint == CHAT:
             images.extend(value if name == "images" and isinstance(value, list) else [value])
             continue
+        if name == AUDIO_COLUMN and endpoint in AUDIO_ENDPOINTS:
+            url = _audio_url(value)
+            if url is None or record.get("file_url") is not None:
+                why = (
+                    "audio is binary or a string (a file id or a data URL)"
+                    if url is None
+                    else "the audio is given twice: in 'audio' and in 'file_url'"
+                )
+                return RowError(row, "invalid_value", f"row {row}, column 'audio': {why}", AUDIO_COLUMN)
+            body["file_url"] = url
+            continue
         if name in JSON_TEXT_FIELDS and isinstance(value, str) and value[:1] in ("[", "{"):
             try:
                 value = json_text.loads(value)
@@ -410,6 +437,21 @@ def _image_url(value: Any) -> str | None:
     mime = next((m for magic, m in _IMAGE_MAGIC if value.startswith(magic)), "application/octet-stream")
     if mime == "image/webp" and value[8:12] != b"WEBP":
         mime = "application/octet-stream"
+    return f"data:{mime};base64,{base64.b64encode(value).decode()}"
+
+
+def _audio_url(value: Any) -> str | None:
+    """An audio column's value as a transcription body's ``file_url``: bytes become a base64
+    ``data:`` URL of the type their first bytes say (libsndfile reads the bytes whatever the type;
+    the engine refuses what it cannot decode as the line's ``invalid_audio``); a string (a file id
+    or a data URL) is kept as it is. None for anything else."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, bytes):
+        return None
+    mime = next((m for magic, m in _AUDIO_MAGIC if value.startswith(magic)), "application/octet-stream")
+    if value.startswith(b"RIFF") and value[8:12] == b"WAVE":
+        mime = "audio/wav"
     return f"data:{mime};base64,{base64.b64encode(value).decode()}"
 
 

@@ -2,7 +2,8 @@
 
 Columns: ``custom_id``, ``id`` (the line's ``batch_req_…``), ``status_code`` (null for a request
 that never ran), ``content`` (chat: the first choice's message; responses: the output messages'
-text), ``text`` (completions: the first choice's text), ``finish_reason`` (responses: the status),
+text), ``text`` (completions: the first choice's text; transcriptions and translations: the body's
+``text``), ``finish_reason`` (responses: the status),
 ``prompt_tokens``, ``cached_tokens``, ``completion_tokens`` (responses: input and output tokens), ``error_code``, ``error_message`` (from the response's error body, or the line's own ``error``),
 and ``response_body``: the whole response body as JSON text (every choice, logprobs, …), so
 nothing of the JSONL is lost. Written in record batches: memory is one batch, whatever the file.
@@ -57,7 +58,8 @@ def result_record(line: dict[str, Any]) -> dict[str, Any]:
     return {
         **_line_fields(line, response, error, body),
         "content": message.get("content"),
-        "text": first.get("text"),
+        # a transcription's or translation's body has its text at the top, and no choices
+        "text": first.get("text") if "choices" in body else _text_of(body),
         "finish_reason": first.get("finish_reason"),
         "prompt_tokens": usage.get("prompt_tokens"),
         "cached_tokens": details.get("cached_tokens") if usage else None,
@@ -84,6 +86,11 @@ def _response_record(body: dict[str, Any]) -> dict[str, Any]:
         "cached_tokens": (usage.get("input_tokens_details") or {}).get("cached_tokens"),
         "completion_tokens": usage.get("output_tokens"),
     }
+
+
+def _text_of(body: dict[str, Any]) -> str | None:
+    text = body.get("text")
+    return text if isinstance(text, str) else None
 
 
 def _line_fields(line: dict[str, Any], response: Any, error: dict, body: dict) -> dict[str, Any]:

@@ -18,6 +18,11 @@ An audio line's ``file_url`` holding a file id is rewritten to ``freight-audio:<
 ``AudioCache`` on the engine worker, read ahead with each pack); a refused one makes the stored body the line's refusal
 (``request_errors.REFUSED_LINE``, with its model), raised when the line runs, while the file's other
 lines go on.
+
+A Parquet input's ``audio`` column (``storage.request_tables``) arrives as a data URL of the cell's
+bytes; with ``parquet_audio`` set (validation of a Parquet input) such a ``file_url`` is stored the
+same way, once per distinct content, so a file of a thousand rows over ten recordings keeps ten
+objects, not a thousand copies in its shards. A JSONL line's data URL stays in its body, as ever.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from storage.objectstore import CHUNK, ObjectNotFound
 from storage.retention import MEDIA_PURPOSES, live
 from storage.runtime import Runtime
 from workers.audio import MAX_BYTES as AUDIO_MAX_BYTES
+from workers.audio import AudioError, data_url_bytes
 from workers.request_errors import REFUSED_LINE, RequestError
 
 log = logging.getLogger(__name__)
@@ -130,13 +136,21 @@ class AudioFiles:
         self.max_bytes = max_bytes
         self._outcomes: dict[str, str | FileRefused] = {}  # file id -> its ref or its refusal
         self.refused = 0
+        self.parquet_audio = False  # a Parquet input's: its data URLs are stored too
+        self._stored: set[str] = set()  # digests this resolver stored or found stored
 
     def resolve(self, body: dict) -> bool:
-        """Rewrite ``body`` in place if its ``file_url`` is a file id; True if it was."""
+        """Rewrite ``body`` in place if its ``file_url`` is a file id (or, with ``parquet_audio``,
+        a data URL); True if it was."""
         file_id = body.get("file_url")
-        if not isinstance(file_id, str) or not file_id.startswith("file-"):
+        if not isinstance(file_id, str):
             return False
-        outcome = self._outcome(file_id)
+        if self.parquet_audio and file_id.startswith("data:"):
+            outcome = self._data_outcome(file_id)
+        elif file_id.startswith("file-"):
+            outcome = self._outcome(file_id)
+        else:
+            return False
         if isinstance(outcome, FileRefused):
             self.refused += 1
             # the stored body is the line's error (raised by parse_body when it runs), first as
@@ -153,6 +167,23 @@ class AudioFiles:
         else:
             body["file_url"] = outcome
         return True
+
+    def _data_outcome(self, url: str) -> str | FileRefused:
+        """A data URL's bytes stored under their digest (decoded within the byte limit; refused
+        as the line's ``invalid_audio`` or ``audio_too_large``, as the engine refuses a JSONL
+        line's). Not remembered by URL: a Parquet cell's URL is as long as its audio."""
+        try:
+            data = data_url_bytes(url, self.max_bytes)
+        except AudioError as exc:
+            return FileRefused(exc.code, exc.message)
+        digest = hashlib.sha256(data).hexdigest()
+        if digest not in self._stored:
+            key = audio_key(self.batch_id, digest)
+            if not self.rt.store.exists(key):  # another chunk of the batch may have stored it
+                self.rt.store.put_chunks(key, [data])
+            if len(self._stored) < 65_536:  # distinct audio of one file remembered
+                self._stored.add(digest)
+        return AUDIO_REF + digest
 
     def _outcome(self, file_id: str) -> str | FileRefused:
         if not is_file_id(file_id):  # not remembered: such a string may be as long as its line

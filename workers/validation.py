@@ -245,7 +245,7 @@ def check_fields(
     # a line with image parts is stored once, after they become references (its data: URLs are
     # most of its bytes), as is one naming a file id (an image's or an audio line's:
     # workers/media_files.py); any other body now
-    images = rules.images if rules.images is not None and _names_media(raw) else None
+    images = rules.images if rules.images is not None and _names_media(raw, rules.images) else None
     body_json = None if images is not None and isinstance(body, dict) else _stored_body(body, line_no)
     if isinstance(body_json, LineError):
         return body_json
@@ -293,9 +293,12 @@ def check_fields(
     return CheckedLine(line_no, custom_id, body_json, body, model, max_tokens, sequences, expected)
 
 
-def _names_media(raw: bytes) -> bool:
-    """Whether a line may hold an image part or a file id (cheap: most lines hold neither)."""
-    return b'"image_url"' in raw or b'"input_image"' in raw or b'"file-' in raw
+def _names_media(raw: bytes, images: ImageResolver) -> bool:
+    """Whether a line may hold an image part or a file id (cheap: most lines hold neither), or a
+    Parquet audio cell's data URL (``storage.request_tables`` writes ``"file_url":"data:``)."""
+    if b'"image_url"' in raw or b'"input_image"' in raw or b'"file-' in raw:
+        return True
+    return images.audio.parquet_audio and b'"file_url":"data:' in raw
 
 
 def _line_object(raw: bytes, line_no: int, rules: FileRules) -> dict | LineError:
@@ -775,6 +778,8 @@ def sorted_input(
     spill = spill_dir(settings)
     result = SortedInput(ScanResult(), iter(()))
     with open_requests(store, input_key, rules.endpoint, defaults, spill, decode_limits(settings)) as source:
+        if source.parquet and rules.images is not None:  # its audio cells stored once per content
+            rules.images.audio.parquet_audio = True
         lines = (line_error(x) if isinstance(x, RowError) else x for x in source.lines)
 
         def records() -> Iterator[tuple[bytes, int, bytes]]:

@@ -219,3 +219,94 @@ def test_a_chat_files_image_columns_become_image_parts_of_the_last_user_message(
     error = lines[4]
     assert isinstance(error, RowError) and error.row == 5 and error.column == "image"
     assert "needs a messages column with a user message" in error.message
+
+
+def _parquet(table: pa.Table, **kw) -> io.BytesIO:
+    out = io.BytesIO()
+    pq.write_table(table, out, **kw)
+    return io.BytesIO(out.getvalue())
+
+
+def test_an_audio_files_audio_column_becomes_the_bodys_file_url() -> None:
+    """The simple shape of a transcription or translation file: ``audio`` binary becomes a data URL
+    of its type, a string (a file id, a data URL) is kept, the other columns are body fields with
+    nulls left out; a cell of another type, or audio given in both ``audio`` and ``file_url``, is
+    that row's error naming the column; the rows after it still become lines."""
+    from tests.audio_factories import TRANSCRIPTIONS, TRANSLATIONS, tone
+
+    wav, flac = tone(0.2), tone(0.2, fmt="FLAC")
+    table = pa.table(
+        {
+            "custom_id": ["wav", "flac", "by-id", "bytes", "twice"],
+            "audio": pa.array([wav, flac, None, b"not audio", wav], pa.binary()),
+            "file_url": [None, None, "file-abc123", None, "file-abc123"],
+            "model": ["whisper"] * 5,
+            "language": ["en", None, "fr", None, None],
+            "prompt": [None, "Earlier.", None, None, None],
+            "response_format": [None, "verbose_json", None, None, None],
+            "temperature": [0.0, None, 0.2, None, None],
+            "timestamp_granularities": pa.array([None, ["segment"], None, None, None], pa.list_(pa.string())),
+        }
+    )
+    for endpoint in (TRANSCRIPTIONS, TRANSLATIONS):
+        lines = list(request_lines(_parquet(table), endpoint))
+        first = json.loads(lines[0])
+        assert (first["url"], first["custom_id"]) == (endpoint, "wav")
+        url = first["body"].pop("file_url")
+        assert url.startswith("data:audio/wav;base64,") and base64.b64decode(url.split(",", 1)[1]) == wav
+        assert first["body"] == {"model": "whisper", "language": "en", "temperature": 0.0}
+        second = json.loads(lines[1])["body"]
+        assert second["file_url"].startswith("data:audio/flac;base64,")
+        assert (second["prompt"], second["response_format"]) == ("Earlier.", "verbose_json")
+        assert second["timestamp_granularities"] == ["segment"]
+        assert json.loads(lines[2])["body"]["file_url"] == "file-abc123"  # a string as it is
+        assert json.loads(lines[3])["body"]["file_url"].startswith("data:application/octet-stream;base64,")
+        twice = lines[4]
+        assert isinstance(twice, RowError) and (twice.row, twice.column) == (5, "audio")
+        assert "given twice" in twice.message
+    # a data URL string is kept; a number is no audio
+    numbers = pa.table({"custom_id": ["n", "after"], "audio": pa.array([7, None], pa.int64())})
+    lines = list(request_lines(_parquet(numbers), TRANSCRIPTIONS))
+    assert isinstance(lines[0], RowError) and (lines[0].row, lines[0].column) == (1, "audio")
+    assert "audio is binary or a string" in lines[0].message
+    assert json.loads(lines[1])["body"] == {}  # its own line: validation refuses it without file_url
+    kept = pa.table({"custom_id": ["url"], "audio": ["data:audio/wav;base64,AAAA"]})
+    assert json.loads(next(request_lines(_parquet(kept), TRANSCRIPTIONS)))["body"] == {
+        "file_url": "data:audio/wav;base64,AAAA"
+    }
+    # a file downloaded as JSONL before it is in a batch: an audio file reads as transcriptions
+    assert json.loads(next(request_lines(_parquet(kept), None)))["url"] == TRANSCRIPTIONS
+    # a chat file's audio column is a body field as before (the chat request's own check says no)
+    chat = pa.table({"custom_id": ["c"], "messages": ['[{"role":"user","content":"hi"}]'], "audio": ["x"]})
+    assert json.loads(next(request_lines(_parquet(chat), CHAT)))["body"]["audio"] == "x"
+
+
+def test_a_body_column_holding_transcription_bodies_is_read_as_any_endpoints() -> None:
+    """The OpenAI batch columns need nothing of the endpoint: a ``body`` of a transcription (JSON
+    text, its audio a data URL) is the line, with the batch's URL where ``url`` is null."""
+    from tests.audio_factories import TRANSCRIPTIONS, audio_url, tone
+
+    body = {"model": "whisper", "file_url": audio_url(tone(0.2)), "language": "en"}
+    table = pa.table({"custom_id": ["a"], "body": [json.dumps(body)]})
+    line = json.loads(next(request_lines(_parquet(table), TRANSCRIPTIONS)))
+    assert line == {"custom_id": "a", "method": "POST", "url": TRANSCRIPTIONS, "body": body}
+
+
+def test_transcription_results_fill_the_text_column(tmp_path) -> None:
+    """A transcription's or translation's body has its text at the top (no choices): it is the
+    row's ``text``; usage by duration is not a token count (prompt and completion tokens null)."""
+    body = {"text": "hello there", "usage": {"type": "duration", "seconds": 3}}
+    lines = [
+        encode(success_line("a", body)),
+        encode(success_line("b", {"text": "bonjour"})),
+        encode(request_error_line("c", 400, {"code": "invalid_audio", "message": "not decodable"})),
+    ]
+    target = tmp_path / "out.parquet"
+    write_results(lines, str(target))
+    rows = pq.read_table(target).to_pylist()
+    assert [(r["custom_id"], r["text"], r["error_code"]) for r in rows] == [
+        ("a", "hello there", None),
+        ("b", "bonjour", None),
+        ("c", None, "invalid_audio"),
+    ]
+    assert rows[0]["prompt_tokens"] is None and json.loads(rows[0]["response_body"]) == body

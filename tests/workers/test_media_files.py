@@ -290,3 +290,149 @@ def test_a_transcription_batch_naming_files_validates_with_a_row_a_line(rt, tena
     assert list(rt.store.list(f"batches/{batch_id}/audio/")) == [
         audio_key(batch_id, hashlib.sha256(WAV).hexdigest())
     ]
+
+
+def _audio_parquet(rows: dict[str, list], row_group_size: int | None = None) -> bytes:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    columns = {
+        name: pa.array(values, pa.binary()) if name == "audio" and any(isinstance(v, bytes) for v in values)
+        else values
+        for name, values in rows.items()
+    }  # fmt: skip
+    out = io.BytesIO()
+    pq.write_table(pa.table(columns), out, row_group_size=row_group_size)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("chunk_bytes", [0, 1], ids=["one-task", "chunks"])
+def test_a_parquet_audio_column_is_stored_once_per_content(rt, tenants, whisper_model, chunk_bytes) -> None:
+    """A Parquet transcription file's binary ``audio`` cells, validated in one task and in chunks
+    of its row groups: each distinct audio is one object of the batch, each row's stored body names
+    it (no audio bytes in the shards); a file id cell is read as a JSONL line's is, another
+    tenant's is that row's refusal (the ``file_url`` column, beside ``audio``); bytes that are no audio are stored and refused when the line
+    runs (``invalid_audio``, as a JSONL line's data URL), and the engine side reads the rest back."""
+    from sqlalchemy import select
+
+    from storage.models import ValidationChunk
+    from workers import validation_chunks
+
+    alpha, beta = tenants
+    runtime = Runtime(replace(rt.settings, validation_chunk_bytes=chunk_bytes))
+    registration.add(runtime, AddRequest("whisper", str(whisper_model)), echo=lambda _: None)
+    other = tone(0.7)
+    mine = _upload(runtime, alpha, WAV, "user_data", "a.wav")
+    theirs = _upload(runtime, beta, WAV, "user_data", "a.wav")
+    data = _audio_parquet(
+        {
+            "custom_id": ["a1", "a2", "b", "a3", "mine", "theirs", "noise"],
+            "audio": [WAV, WAV, other, WAV, None, None, b"this is not audio"],
+            "file_url": [None, None, None, None, mine, theirs, None],
+            "language": ["en"] * 7,
+        },
+        row_group_size=2,
+    )
+    batch_id = factories.upload_and_create(
+        runtime,
+        alpha,
+        data,
+        name="audio.parquet",
+        endpoint=TRANSCRIPTIONS,
+        metadata={"default_model": "whisper"},
+    ).id
+    in_chunks = validation_chunks.validate_in_chunks
+    assert validate_batch(runtime, batch_id, in_chunks) is None
+    with runtime.db.read() as s:
+        chunk_ids = s.scalars(select(ValidationChunk.id).where(ValidationChunk.batch_id == batch_id)).all()
+    assert (len(chunk_ids) > 1) == bool(chunk_bytes)
+    for chunk_id in chunk_ids:
+        validation_chunks.validate_chunk(runtime, batch_id, chunk_id)
+    if chunk_ids:
+        assert validate_batch(runtime, batch_id, in_chunks) is None  # the merge
+    with runtime.db.read() as s:
+        batch = s.get(Batch, batch_id)
+        assert batch is not None and batch.status != BatchStatus.FAILED, batch.errors
+    rows = {}
+    shard_bytes = b""
+    for key in runtime.store.list(f"batches/{batch_id}/shards/"):
+        rows.update({row.custom_id: row for row in read_rows(runtime.store, key, 0, 100)})
+        with runtime.store.open(key) as stream:
+            shard_bytes += stream.read()
+    assert set(rows) == {"a1", "a2", "a3", "b", "mine", "theirs", "noise"}
+    assert all("data:" not in row.body_json for row in rows.values())
+    bodies = {custom_id: json.loads(row.body_json) for custom_id, row in rows.items()}
+    digest = hashlib.sha256(WAV).hexdigest()
+    for custom_id in ("a1", "a2", "a3", "mine"):
+        assert bodies[custom_id] == {"model": "whisper", "file_url": AUDIO_REF + digest, "language": "en"}
+    assert bodies["b"]["file_url"] == AUDIO_REF + hashlib.sha256(other).hexdigest()
+    assert is_refused(rows["theirs"])
+    with pytest.raises(RequestError) as refused:
+        parse_body(TRANSCRIPTIONS, bodies["theirs"], validated=True)
+    assert (refused.value.code, refused.value.status_code) == ("file_not_found", 404)
+    stored = sorted(runtime.store.list(f"batches/{batch_id}/audio/"))
+    contents = (WAV, other, b"this is not audio")
+    assert stored == sorted(audio_key(batch_id, hashlib.sha256(c).hexdigest()) for c in contents)
+    assert WAV[100:164] not in shard_bytes  # the audio is in its objects only
+    read = lambda ref: read_audio_ref(runtime, batch_id, ref)  # noqa: E731
+    parsed = parse_body(TRANSCRIPTIONS, bodies["a2"], validated=True)
+    assert load_audio(parsed.request, read=read).seconds == pytest.approx(0.5)
+    with pytest.raises(RequestError) as noise:
+        load_audio(parse_body(TRANSCRIPTIONS, bodies["noise"], validated=True).request, read=read)
+    assert (noise.value.code, noise.value.param) == ("invalid_audio", "file_url")
+    runtime.db.dispose()
+
+
+def test_a_parquet_audio_files_bad_rows_are_refused_as_jsonl_lines_are(rt, tenants, whisper_model) -> None:
+    """A Parquet row meets a JSONL audio line's checks: a response format or word timestamps a
+    batch cannot have are that line's ``unsupported_parameter`` when it runs (its stored body
+    parses to the same refusal), a cell past the line limit fails the file naming its row, and audio
+    past the byte limit is that line's ``audio_too_large``."""
+    alpha, _ = tenants
+    runtime = Runtime(replace(rt.settings, max_line_bytes=40_000))
+    registration.add(runtime, AddRequest("whisper", str(whisper_model)), echo=lambda _: None)
+
+    def validated(rows: dict[str, list]) -> tuple[Batch, dict[str, dict]]:
+        data = _audio_parquet({**rows, "model": ["whisper"] * len(rows["custom_id"])})
+        batch_id = factories.upload_and_create(
+            runtime, alpha, data, name="rows.parquet", endpoint=TRANSCRIPTIONS
+        ).id
+        validate_batch(runtime, batch_id)
+        with runtime.db.read() as s:
+            batch = s.get(Batch, batch_id)
+        assert batch is not None
+        bodies = {}
+        for key in runtime.store.list(f"batches/{batch_id}/shards/"):
+            bodies.update(
+                {r.custom_id: json.loads(r.body_json) for r in read_rows(runtime.store, key, 0, 100)}
+            )
+        return batch, bodies
+
+    batch, bodies = validated(
+        {
+            "custom_id": ["ok", "srt", "words"],
+            "audio": [WAV[:2000]] * 3,
+            "response_format": [None, "srt", "verbose_json"],
+            "timestamp_granularities": [None, None, ["word"]],
+        }
+    )
+    assert batch.status != BatchStatus.FAILED, batch.errors
+    assert parse_body(TRANSCRIPTIONS, bodies["ok"], validated=True).request.file_url.startswith(AUDIO_REF)
+    for custom_id, param in (("srt", "response_format"), ("words", "timestamp_granularities")):
+        with pytest.raises(RequestError) as refused:
+            parse_body(TRANSCRIPTIONS, bodies[custom_id], validated=True)
+        assert (refused.value.code, refused.value.param) == ("unsupported_parameter", param)
+    batch, _ = validated({"custom_id": ["ok", "long"], "audio": [WAV[:2000], tone(1.5)]})
+    assert batch.status == BatchStatus.FAILED
+    assert [(e["line"], e["code"]) for e in batch.errors["data"]] == [(2, "line_too_large")]
+    assert batch.errors["data"][0]["message"].startswith("row 2 is ")
+    runtime.db.dispose()
+    # past the audio byte limit: the stored body is that line's refusal, as a file id's is
+    small = AudioFiles(rt, "batch_small", alpha, max_bytes=len(WAV) - 1)
+    small.parquet_audio = True
+    body = audio_line("x", WAV, model="whisper")["body"]
+    assert small.resolve(body) and list(body) == [REFUSED_LINE, "model"]
+    with pytest.raises(RequestError) as too_large:
+        parse_body(TRANSCRIPTIONS, body, validated=True)
+    assert (too_large.value.code, too_large.value.param) == ("audio_too_large", "file_url")
+    assert not list(rt.store.list("batches/batch_small/"))
