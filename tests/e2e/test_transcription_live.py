@@ -6,22 +6,29 @@ Translation types parse them), usage by duration; an undecodable audio and one p
 limit are each that line's 400 while the rest runs. Audio may be a file the tenant uploaded (purpose
 user_data) named in file_url; another tenant's file id is that line's 404. Audio past Whisper's 30 s
 window runs in chunks (a 45 s file), and verbose_json answers the client's TranscriptionVerbose and
-TranslationVerbose. Random weights: the path is checked, not the text."""
+TranslationVerbose. A Parquet file of the same endpoint (an ``audio`` column of WAV bytes, a
+``file_url`` column naming a file) runs beside them: each distinct audio stored once for the batch,
+its output downloaded as Parquet with each line's text. Random weights: the path is checked, not
+the text."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from openai.types.audio import Transcription, TranscriptionVerbose, Translation, TranslationVerbose
 
 from infra.processes import FREIGHT, REPO
 from tests.audio_factories import TRANSCRIPTIONS, TRANSLATIONS, audio_line, tone
+from tests.e2e.batch_client import converted
 from tests.e2e.conftest import LiveStack, engine_worker, wait_final
-from tests.factories import jsonl
+from tests.factories import jsonl, parquet_bytes
 
 pytestmark = pytest.mark.stack
 
@@ -83,8 +90,24 @@ def test_transcription_and_translation_batches_run_on_a_whisper_model(
                 endpoint=endpoint,
                 completion_window="24h",  # type: ignore[arg-type]
             )
+        table = pa.table(
+            {
+                "custom_id": ["pq-a", "pq-b", "pq-a2", "pq-noise", "pq-file"],
+                "audio": pa.array([tone(1.0), tone(1.2), tone(1.0), b"not audio", None], pa.binary()),
+                "file_url": [None, None, None, None, mine],
+                "language": ["en", "en", None, "en", "en"],
+                "max_completion_tokens": [8] * 5,
+            }
+        ).replace_schema_metadata({"freight.defaults": json.dumps({"model": MODEL})})
+        upload = client.files.create(file=("audio.parquet", parquet_bytes(table)), purpose="batch")
+        parquet_batch = client.batches.create(
+            input_file_id=upload.id,
+            endpoint=TRANSCRIPTIONS,
+            completion_window="24h",  # type: ignore[arg-type]
+        )
         with engine_worker(live, MODEL, "engine-whisper-live", env, "speech engine worker"):
             finals = {endpoint: wait_final(client, b.id, timeout=300) for endpoint, b in batches.items()}
+            parquet_final = wait_final(client, parquet_batch.id, timeout=300)
     finally:
         removed = _freight(env, "models", "remove", MODEL)
         assert removed.returncode == 0, removed.stderr
@@ -137,3 +160,24 @@ def test_transcription_and_translation_batches_run_on_a_whisper_model(
     assert isinstance(Translation.model_validate(out["fr"]["response"]["body"]).text, str)
     translated = TranslationVerbose.model_validate(out["fr-verbose"]["response"]["body"])
     assert translated.duration == 1.5 and isinstance(translated.language, str)
+
+    # the Parquet file: its rows ran as the JSONL lines did, each distinct audio stored once
+    out, err = files(parquet_final)
+    assert set(out) == {"pq-a", "pq-b", "pq-a2", "pq-file"} and set(err) == {"pq-noise"}
+    for key in out:
+        assert isinstance(Transcription.model_validate(out[key]["response"]["body"]).text, str)
+    assert out["pq-b"]["response"]["body"]["usage"] == {"type": "duration", "seconds": 2}
+    noise = err["pq-noise"]["response"]
+    assert (noise["status_code"], noise["body"]["error"]["code"]) == (400, "invalid_audio")
+    # five rows, four distinct audio (two tones, the noise, the file), stored once each
+    assert len(list(live.store().list(f"batches/{parquet_final.id}/audio/"))) == 4
+    raw = converted(
+        lambda: client.files.with_raw_response.content(
+            parquet_final.output_file_id, extra_query={"format": "parquet"}
+        )
+    )
+    rows = {r["custom_id"]: r for r in pq.read_table(io.BytesIO(raw.content)).to_pylist()}
+    assert set(rows) == set(out)
+    for key, row in rows.items():
+        assert row["status_code"] == 200
+        assert row["text"] == out[key]["response"]["body"]["text"]
