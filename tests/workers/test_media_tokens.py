@@ -50,7 +50,7 @@ def vlm_model() -> Path:
 
 
 def _estimate(
-    runtime, lines: list[dict], endpoint: str = "/v1/chat/completions", key: str | None = None
+    runtime, lines: list[dict] | bytes, endpoint: str = "/v1/chat/completions", key: str | None = None
 ) -> dict:
     """The dry run of ``lines`` by a new tenant (or the one of API key ``key``), its task run here:
     the answer's estimate."""
@@ -146,6 +146,35 @@ def test_an_audio_file_is_priced_by_its_durations(runtime, whisper_model: Path) 
     assert e["media"]["audio_seconds"] == pytest.approx(48.2, abs=1e-3)
     assert e["input_tokens"] == e["media"]["audio_tokens"] == (4 + 220) + (4 + 100) + (2 * 4 + 4500)
     assert e["input_tokens_lower_bound_requests"] == 0  # counted as the engine counts them
+
+
+def test_a_parquet_audio_file_is_priced_as_its_jsonl_lines(runtime, whisper_model: Path) -> None:
+    """A dry run of a Parquet file with an ``audio`` column reads each cell's header as it reads a
+    JSONL line's data URL: the same seconds, refusals and tokens, nothing stored."""
+    import pyarrow as pa
+
+    from tests.factories import parquet_bytes
+
+    registration.add(runtime, AddRequest("whisper", str(whisper_model)), echo=lambda _: None)
+    sounds = [tone(2.2), tone(1.0, rate=44_100, channels=2, fmt="FLAC"), b"not audio at all", tone(2.2)]
+    languages = ["en", None, "en", "en"]
+    table = pa.table(
+        {
+            "custom_id": ["en", "detected", "noise", "again"],
+            "audio": pa.array(sounds, pa.binary()),
+            "model": ["whisper"] * 4,
+            "language": languages,
+        }
+    )
+    lines = [
+        audio_line(str(i), sound, **({"language": language} if language else {}))
+        for i, (sound, language) in enumerate(zip(sounds, languages, strict=True))
+    ]
+    from_parquet = _estimate(runtime, parquet_bytes(table), TRANSCRIPTIONS)
+    assert from_parquet["media"] == _estimate(runtime, lines, TRANSCRIPTIONS)["media"]
+    assert from_parquet["media"]["audio_refused"] == 1
+    assert from_parquet["input_tokens"] == 2 * (4 + 220) + (4 + 100)
+    assert not list(runtime.store.list("batches/"))
 
 
 def test_images_and_audio_by_file_id_are_read_from_the_tenants_own_files(
