@@ -542,3 +542,46 @@ def test_a_file_over_the_api_upload_limit_is_taken_up_to_the_uploads_limit(runti
     with runtime.db.read() as s:
         stored = s.get(StoredFile, s.get(Batch, batch_id).input_file_id)
     assert stored.bytes == len(data)
+
+
+def test_a_parquet_audio_file_dropped_for_transcriptions_validates_with_its_audio_stored_once(
+    runtime, s3, bucket, whisper_model
+):
+    """A folder for /v1/audio/transcriptions on a Whisper model: a Parquet file of an ``audio``
+    column (WAV bytes, one recording in two rows) dropped in its inbox becomes a batch of that
+    endpoint on the folder's model, whose validation stores each distinct audio once and leaves
+    references in the shards."""
+    from tests.audio_factories import tone
+    from workers.media_files import AUDIO_REF
+
+    registration.add(runtime, AddRequest("whisper", str(whisper_model)), echo=lambda _: None)
+    create_tenant(runtime.db, "alpha", now())
+    folder = folders_service.add(
+        runtime, f"s3://{bucket}/team/evals", "alpha", "/v1/audio/transcriptions", now=now(),
+        model="whisper", s3_endpoint_url=s3.endpoint_url, region="us-east-1", access_key_id="freight",
+        secret_access_key=SECRET,
+    ).id  # fmt: skip
+    sounds = [tone(0.5), tone(0.7), tone(0.5)]
+    table = pa.table(
+        {"custom_id": ["a", "b", "a-again"], "audio": pa.array(sounds, pa.binary()), "language": ["en"] * 3}
+    )
+    out = io.BytesIO()
+    pq.write_table(table, out)
+    put(s3, bucket, "inbox/calls.parquet", out.getvalue())
+    [batch_id] = dropfolders.scan_folder(runtime, folder, later()).created
+    validate_batch(runtime, batch_id)
+    with runtime.db.read() as s:
+        batch = s.get(Batch, batch_id)
+        assert (batch.endpoint, batch.model, batch.status) == (
+            "/v1/audio/transcriptions",
+            "whisper",
+            "in_progress",
+        )
+    rows = {}
+    for key in runtime.store.list(f"batches/{batch_id}/shards/"):
+        rows.update({r.custom_id: json.loads(r.body_json) for r in read_rows(runtime.store, key, 0, 10)})
+    assert {k: (b["model"], b["file_url"][: len(AUDIO_REF)]) for k, b in rows.items()} == {
+        k: ("whisper", AUDIO_REF) for k in ("a", "b", "a-again")
+    }
+    assert rows["a"]["file_url"] == rows["a-again"]["file_url"] != rows["b"]["file_url"]
+    assert len(list(runtime.store.list(f"batches/{batch_id}/audio/"))) == 2
