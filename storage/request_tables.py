@@ -187,7 +187,9 @@ def _open(
     header names): unreadable, wrong columns, list or page bombs."""
     try:
         columns = dictionary_columns(pq.ParquetFile(source).schema)
-        pf = pq.ParquetFile(source, read_dictionary=columns or None)
+        # a local file is mapped, not read into buffers: a column chunk of big binary cells (audio,
+        # images) is otherwise copied whole into Arrow's pool before its pages are decoded
+        pf = pq.ParquetFile(source, read_dictionary=columns or None, memory_map=isinstance(source, str))
         merged = {**file_defaults(pf), **(defaults or {})}
     except (pa.ArrowException, OSError, ValueError) as exc:
         return RowError(1, "invalid_parquet", f"the file is not readable Parquet: {exc}"[:500])
