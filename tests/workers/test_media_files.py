@@ -436,3 +436,29 @@ def test_a_parquet_audio_files_bad_rows_are_refused_as_jsonl_lines_are(rt, tenan
         parse_body(TRANSCRIPTIONS, body, validated=True)
     assert (too_large.value.code, too_large.value.param) == ("audio_too_large", "file_url")
     assert not list(rt.store.list("batches/batch_small/"))
+
+
+def test_a_parquet_body_columns_audio_data_urls_are_stored_once_too(rt, tenants, whisper_model) -> None:
+    """The OpenAI batch columns of a Parquet file: bodies as JSON text with their audio as data
+    URLs are stored as the audio column's cells are (a Parquet input's data URLs, whatever its
+    shape), three rows over two recordings leaving two objects; a JSONL file's stay in its lines."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    alpha, _ = tenants
+    registration.add(rt, AddRequest("whisper", str(whisper_model)), echo=lambda _: None)
+    lines = [audio_line(str(i), sound, language="en") for i, sound in enumerate([WAV, tone(0.7), WAV])]
+    table = pa.table(
+        {"custom_id": [x["custom_id"] for x in lines], "body": [json.dumps(x["body"]) for x in lines]}
+    )
+    out = io.BytesIO()
+    pq.write_table(table, out)
+    batch_id = factories.upload_and_create(
+        rt, alpha, out.getvalue(), name="b.parquet", endpoint=TRANSCRIPTIONS
+    ).id
+    validate_batch(rt, batch_id)
+    bodies = {}
+    for key in rt.store.list(f"batches/{batch_id}/shards/"):
+        bodies.update({r.custom_id: json.loads(r.body_json) for r in read_rows(rt.store, key, 0, 10)})
+    assert bodies["0"]["file_url"] == bodies["2"]["file_url"] == AUDIO_REF + hashlib.sha256(WAV).hexdigest()
+    assert len(list(rt.store.list(f"batches/{batch_id}/audio/"))) == 2
