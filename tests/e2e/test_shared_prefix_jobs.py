@@ -154,7 +154,10 @@ def test_jobs_sent_while_one_runs_meet_it_in_the_prefix_cache(shared: LiveStack)
     one_job, three_jobs = hit_rate([single]), hit_rate(finals)
     print(f"sent while one runs: one job {one_job:.3f}, three jobs {three_jobs:.3f}")
     assert one_job > 0.7, one_job  # the prompts are shared: most prompt tokens come from the cache
-    assert three_jobs >= 0.9 * one_job, (three_jobs, one_job)
+    # a first-in-first-out feed computes each job's 16 prompts again: of a prompt's 12 lines 9 hit
+    # instead of 11, about 0.82x one job's rate; merged, 0.92-0.97x was measured in both modes
+    # (0.780-0.823 against 0.852): the bound lies between, off the measured edge
+    assert three_jobs >= 0.87 * one_job, (three_jobs, one_job)
 
 
 def test_jobs_created_a_moment_apart_start_as_one_sweep(shared: LiveStack) -> None:
