@@ -171,6 +171,12 @@ ROWS = (
         op=">=",
     ),
     Row(
+        "the same in Freight's default cache mode (`tenant`)",
+        "images.json",
+        "freight_tenant_vs_llm_chat_sorted",
+        op=">=",
+    ),
+    Row(
         "the same: Freight / `vllm run_batch` on the file as written",
         "images.json",
         "freight_vs_runbatch",
@@ -180,6 +186,12 @@ ROWS = (
         "8 LoRA adapters x 250 lines in 4 jobs: Freight / engine with LoRA on Freight's order",
         "lora.json",
         "freight_vs_engine_lora",
+        op=">=",
+    ),
+    Row(
+        "the same in Freight's default cache mode (`tenant`)",
+        "lora.json",
+        "freight_tenant_vs_engine_lora",
         op=">=",
     ),
     Row(
