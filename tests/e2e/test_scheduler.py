@@ -97,8 +97,8 @@ def small_line(custom_id: str, question: str) -> dict:
 
 def test_small_jobs_share_packs_workers_and_prefixes(sched):
     """A long job keeps both workers busy; small jobs of two other tenants, all with the same long
-    system prompt, arrive meanwhile and are packed together and with it, across tenants. In the
-    default cache mode (tenant) each tenant's jobs read the system prompt from vLLM's prefix cache,
+    system prompt, arrive meanwhile and are packed together and with it. In the default cache
+    mode (tenant) each tenant's jobs read the system prompt from vLLM's prefix cache,
     and a third tenant sending the same prompt afterwards finds none of it cached."""
     alpha = sched.client("alpha")
     blocker = [chat_line(f"long-{i}", f"Item {i}", max_tokens=32, min_tokens=32) for i in range(1024)]
@@ -145,10 +145,12 @@ def test_small_jobs_share_packs_workers_and_prefixes(sched):
     for unit in units:
         assert unit.status == UnitStatus.DONE and unit.pack_id
         by_pack.setdefault(unit.pack_id, set()).add(unit.batch_id)
-    # cross-job packing: some pack ran units of several small batches of both tenants
+    # cross-job packing: some pack ran units of several small batches. Not necessarily of both
+    # tenants: in the default cache mode the packer sorts units by cache domain (the tenant's salt)
+    # before the prompt key, so two tenants' units share a pack only where a pack's cut falls
+    # between them (a full run of the suite once had none that did; scheduler/packing.plan_packs)
     mixed = [p for p in by_pack.values() if len(p & set(small)) >= 2]
     assert mixed, by_pack
-    assert any(len({tenant_of[b] for b in p & set(small)}) == 2 for p in mixed), by_pack
     # both worker processes ran units of the long job
     assert len({worker_pid(u) for u in units if u.batch_id == big.id}) == 2
     # the shared system prompt was computed once per tenant (and engine) and then read from vLLM's
