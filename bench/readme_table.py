@@ -63,8 +63,23 @@ ROWS = (
     ),
     Row(
         "20 batches of 3 tenants / the same lines as one batch",
-        "scheduler.json",
+        "scheduler-cache-modes.json",
         "multi_job.freight_over_single_job",
+    ),
+    Row(
+        "the same in Freight's default cache mode (`tenant`)",
+        "scheduler-cache-modes.json",
+        "multi_job.freight_tenant_over_single_job",
+    ),
+    Row(
+        "20 batches of 3 tenants: Freight / the engine on the same lines (the limit)",
+        "scheduler-cache-modes.json",
+        "multi_job.freight_over_limit",
+    ),
+    Row(
+        "the same in Freight's default cache mode (`tenant`)",
+        "scheduler-cache-modes.json",
+        "multi_job.freight_tenant_over_limit",
     ),
     Row(
         "few-shot jobs of 3 tenants, tight KV: 6 jobs / 1 job",
@@ -344,15 +359,30 @@ def render(results: Path = RESULTS_DIR) -> str:
     return "\n".join(lines)
 
 
+def _family(name: str) -> str:
+    """The benchmark a result file is of: ``scheduler-cache-modes.json`` -> ``scheduler``."""
+    return name.removesuffix(".json").split("-", 1)[0]
+
+
 def unmapped(results: Path = RESULTS_DIR, files: tuple[str, ...] = ()) -> list[str]:
-    """``file: key`` of each target of ``files`` (the table's files by default) without a row."""
+    """``file: key`` of each target of ``files`` (the table's files by default) without a row. A
+    target a row shows from another file of the same benchmark counts as shown (the table quotes
+    the latest run of it), and one without a value was not measured by that file's run (a run of
+    some workloads writes the others' targets empty)."""
     shown = {(r.file, r.key) for r in ROWS} | set(COPIES)
+    shown_in_family = {(_family(r.file), r.key) for r in ROWS}
     names = files or tuple(sorted({r.file for r in ROWS}))
     out = []
     for name in names:
         if (results / name).exists():
             keys = json.loads((results / name).read_text()).get("targets") or {}
-            out += [f"{name}: {k}" for k in keys if (name, k) not in shown]
+            out += [
+                f"{name}: {k}"
+                for k, target in keys.items()
+                if (name, k) not in shown
+                and (_family(name), k) not in shown_in_family
+                and not (isinstance(target, dict) and target.get("value") is None)
+            ]
     return out
 
 

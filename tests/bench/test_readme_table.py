@@ -64,3 +64,18 @@ def test_the_estimate_row_quotes_the_last_pass_and_reports_the_first(tmp_path: P
     assert "| 1.20 (pass 2; pass 1: 3.21, **no**) | yes |" in line
     (tmp_path / "estimates.json").write_text(json.dumps({"targets": {"k": target}, "runs": runs}))
     assert readme_table.unmapped(tmp_path, ("estimates.json",)) == ["estimates.json: k"]
+
+
+def test_a_target_shown_from_a_later_run_or_left_empty_needs_no_row_of_its_own(tmp_path: Path) -> None:
+    """The row of multi_job.freight_over_single_job quotes scheduler-cache-modes.json, the latest run
+    of that target: scheduler.json's older figure of it needs no row; a partial run's empty targets
+    (workloads it did not run) need none; a measured target shown nowhere still does."""
+    shown = next(r for r in readme_table.ROWS if r.file.startswith("scheduler-"))
+    measured = {"value": 0.9, "bound": ">= 0.95", "pass": False}
+    (tmp_path / "scheduler.json").write_text(json.dumps({"targets": {shown.key: measured}}))
+    (tmp_path / "scheduler-x.json").write_text(
+        json.dumps({"targets": {"blend.freight_over_limit": {"value": None}, "new.key": measured}})
+    )
+    assert readme_table.unmapped(tmp_path, ("scheduler.json", "scheduler-x.json")) == [
+        "scheduler-x.json: new.key"
+    ]
