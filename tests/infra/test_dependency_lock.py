@@ -66,14 +66,19 @@ def test_a_lock_out_of_step_with_constraints_is_reported(tmp_path, monkeypatch):
     ]
 
 
-def test_the_audit_is_skipped_in_words_when_the_advisory_database_does_not_answer(monkeypatch, capsys):
-    with socket.socket() as s:  # a port nobody listens on
+def pypi_does_not_answer(monkeypatch) -> None:
+    """The audit's probe of PyPI's JSON API aimed at a port nobody listens on, and pip-audit absent."""
+    with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     monkeypatch.setattr(
         dependency_lock, "ADVISORY_PROBE", f"http://127.0.0.1:{port}/pypi/requests/2.31.0/json"
     )
     monkeypatch.setattr(dependency_lock, "PIP_AUDIT", Path("/nonexistent/pip-audit"))  # never run
+
+
+def test_the_audit_is_skipped_in_words_when_the_advisory_database_does_not_answer(monkeypatch, capsys):
+    pypi_does_not_answer(monkeypatch)
     monkeypatch.delenv(dependency_lock.ADVISORY_DB_ENV, raising=False)  # and no local database
     assert dependency_lock.audit() == 0
     said = capsys.readouterr().out
@@ -251,13 +256,7 @@ def test_the_offline_audit_fails_on_an_advisory_not_accepted_and_names_the_snaps
 def test_the_audit_reads_the_local_database_the_environment_names_when_pypi_does_not_answer(
     tmp_path, monkeypatch, capsys
 ):
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    monkeypatch.setattr(
-        dependency_lock, "ADVISORY_PROBE", f"http://127.0.0.1:{port}/pypi/requests/2.31.0/json"
-    )
-    monkeypatch.setattr(dependency_lock, "PIP_AUDIT", Path("/nonexistent/pip-audit"))  # never run
+    pypi_does_not_answer(monkeypatch)
     db = tmp_path / "advisory-db"
     _advisory(db, "torch", "id: PYSEC-12\n" + _range("torch", "introduced: '0'", "fixed: 1.13.1"))
     monkeypatch.setenv(dependency_lock.ADVISORY_DB_ENV, str(db))
