@@ -100,10 +100,15 @@ class ReadinessProbe:
         would count against the dependency, so a freshly started API would call a healthy store
         "no answer" (seen in CI). Building connects nothing: the first request is the first probe's.
         A client that cannot be built (a malformed endpoint) is left to the probe, which reports why.
+
+        The runtime's own store is built here too (its client has other timeouts and retries than
+        the probe's): otherwise the worker's first request that touches the store would build it,
+        0.7 s late and ~12 MB up (botocore's model, loaded per session), which a test of an
+        upload's memory once counted as the upload's (24.8 MB against 8-9 MB with it built first).
         """
-        builders = []
+        builders: list[Callable[[], object]] = []
         if urlparse(self.runtime.settings.object_store_url).scheme != "file":
-            builders.append(self._s3_client)
+            builders += [self._s3_client, lambda: self.runtime.store]
         if urlparse(self.runtime.settings.broker_url).scheme in REDIS_SCHEMES:
             builders.append(self._redis_client)
         for build in builders:
