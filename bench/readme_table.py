@@ -44,6 +44,8 @@ class Row:
 
 
 MJSP = "multi_job_shared_prefix_tight_kv"
+# the few-shot jobs in both cache modes, one run (issue #49 part 8)
+FEW_SHOT = "scheduler-fewshot-cache-modes.json"
 ROWS = (
     Row("unique prompts: Freight / in-process engine", "scheduler.json", "unique.freight_over_engine"),
     Row(
@@ -83,25 +85,39 @@ ROWS = (
     ),
     Row(
         "few-shot jobs of 3 tenants, tight KV: 6 jobs / 1 job",
-        "scheduler.json",
+        FEW_SHOT,
         f"{MJSP}.freight_over_single_job",
     ),
-    Row("the same: cache-hit gap to the ideal (points)", "scheduler.json", f"{MJSP}.hit_rate_gap_points"),
+    Row("the same: cache-hit gap to the ideal (points)", FEW_SHOT, f"{MJSP}.hit_rate_gap_points"),
     Row(
-        "the same, per-tenant caches: 6 jobs / 1 job per tenant",
-        "scheduler.json",
+        "the same in Freight's default cache mode (`tenant`): 6 jobs / 1 job per tenant",
+        FEW_SHOT,
         f"{MJSP}.per_tenant_over_single_job_per_tenant",
     ),
     Row(
         "the same: Freight (1 job) / engine on prompt-sorted lines",
-        "scheduler.json",
+        FEW_SHOT,
         f"{MJSP}.freight_over_engine_sorted",
     ),
     Row(
         "the same: Freight (6 jobs) / engine on prompt-sorted lines",
-        "scheduler.json",
+        FEW_SHOT,
         f"{MJSP}.multi_job_over_engine_sorted",
     ),
+    Row("the same: preempted requests", FEW_SHOT, f"{MJSP}.preemptions", digits=0),
+    Row("the same: cache-hit gap to KV admission's plan (points)", FEW_SHOT, f"{MJSP}.kv_plan_gap_points"),
+    Row(
+        "few-shot jobs of 3 tenants: Freight (1 job) / the engine on the same lines sorted (the limit)",
+        FEW_SHOT,
+        f"{MJSP}.freight_single_job_over_limit",
+    ),
+    Row("the same: Freight (6 jobs) / the limit", FEW_SHOT, f"{MJSP}.freight_over_limit"),
+    Row(
+        "the same in Freight's default cache mode (`tenant`), 1 job per tenant / the limit salted per tenant",
+        FEW_SHOT,
+        f"{MJSP}.freight_per_tenant_1job_over_limit",
+    ),
+    Row("the same, 6 jobs / the limit salted per tenant", FEW_SHOT, f"{MJSP}.freight_per_tenant_over_limit"),
     Row(
         "20,000 tiny requests: Freight / the faster in-process engine, requests/s",
         "control_plane.json",
