@@ -114,70 +114,75 @@ test: model embed-model score-model whisper-model vlm-model adapters lint quanti
 	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m pytest -p no:cacheprovider -q -n 2 --dist loadgroup
 
 # the scheduler benchmark (bench/README.md): writes bench/results/scheduler.json; BENCH_ARGS=--quick for a smoke run
+# Every benchmark runs through bench/resume.py: one whose result file is fresh (no commit since
+# touches what it measures), of the same command and of this machine kind is not run again, so a
+# `make bench` stopped part-way (it takes longer than one sitting) is taken up where it stopped on
+# the same code; FORCE=1 runs every benchmark
+RESUME = $(PY) -m bench.resume $(if $(FORCE),--force)
 bench: model bench-model bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-embeddings bench-lora bench-images bench-estimates bench-validation bench-finalization bench-uploads
-	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m bench.scheduler $(BENCH_ARGS)
+	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(RESUME) scheduler.json -- bench.scheduler $(BENCH_ARGS)
 
 # validation + planning of a 1,000,000-line batch, JSON-only vs columnar: bench/results/parquet.json
 bench-parquet: model
-	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m bench.parquet $(PARQUET_BENCH_ARGS)
+	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(RESUME) parquet.json -- bench.parquet $(PARQUET_BENCH_ARGS)
 
 # BF16 against INT4 (every INT4 kernel here) on a ~373M-parameter model: bench/results/int4.json
 int4-model: install
 	@$(PY) infra/build_demo_model.py models/int4-bench --hidden 1024 --layers 24 --heads 16 --kv-heads 4 --intermediate 4096
 
 bench-int4: model int4-model
-	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m bench.int4 $(INT4_BENCH_ARGS)
+	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(RESUME) int4.json -- bench.int4 $(INT4_BENCH_ARGS)
 
 # what INT4 costs in quality on the trained demo model (any CPU): bench/results/int4_quality.json
 bench-int4-quality: model quantize-env
-	$(PY) -m bench.int4_quality
+	$(RESUME) int4_quality.json -- bench.int4_quality
 
 # 20,000 tiny requests, in-process engine vs Freight (issue #21 s2): bench/results/request_rate.json
 bench-request-rate: model
-	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m bench.request_rate $(REQUEST_RATE_BENCH_ARGS)
+	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(RESUME) request_rate.json -- bench.request_rate $(REQUEST_RATE_BENCH_ARGS)
 
 # 20,000 inputs of mixed lengths embedded by Freight and by vLLM's run_batch (issue #22):
 # bench/results/embeddings.json
 bench-embeddings: embed-model
-	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m bench.embeddings $(EMBEDDINGS_BENCH_ARGS)
+	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(RESUME) embeddings.json -- bench.embeddings $(EMBEDDINGS_BENCH_ARGS)
 
 # 8 LoRA adapters x 250 lines in 4 jobs: Freight vs vLLM's engine with LoRA and vs run_batch once
 # per adapter (issue #47): bench/results/lora.json
 bench-lora: adapters
-	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m bench.lora $(LORA_BENCH_ARGS)
+	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(RESUME) lora.json -- bench.lora $(LORA_BENCH_ARGS)
 
 # 2,000 chat lines over 50 images: Freight vs vLLM's LLM.chat on Freight's order and vs run_batch
 # on the file as written (issue #47): bench/results/images.json
 bench-images: model vlm-model
-	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m bench.images $(IMAGES_BENCH_ARGS)
+	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(RESUME) images.json -- bench.images $(IMAGES_BENCH_ARGS)
 
 # dry-run estimates against the batches they priced, on the scheduler workloads (issue #22 s5):
 # bench/results/estimates.json
 bench-estimates: model
-	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m bench.estimates $(ESTIMATES_BENCH_ARGS)
+	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(RESUME) estimates.json -- bench.estimates $(ESTIMATES_BENCH_ARGS)
 
 # validation + planning of a 1,000,000-line batch on one and two control processes (issue #21):
 # bench/results/validation_1m.json and control_plane.json's validation_1m_s; then 1.5 KB lines,
 # bench/results/validation_1m_docs.json and control_plane.json's validation_docs (no target)
 bench-validation: model
-	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m bench.parallel_validation --rows 1000000 --repeats 2 --out bench/results/validation_1m.json $(VALIDATION_BENCH_ARGS)
-	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m bench.parallel_validation --rows 1000000 --shape docs --configs one_task,chunks_2 --out bench/results/validation_1m_docs.json
+	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(RESUME) validation_1m.json -- bench.parallel_validation --rows 1000000 --repeats 2 --out bench/results/validation_1m.json $(VALIDATION_BENCH_ARGS)
+	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(RESUME) validation_1m_docs.json -- bench.parallel_validation --rows 1000000 --shape docs --configs one_task,chunks_2 --out bench/results/validation_1m_docs.json
 
 # finalization of a 1,000,000-request batch on SeaweedFS and the local store (issue #21):
 # bench/results/finalization.json and control_plane.json's finalization_1m_s
 bench-finalization: install
-	$(PY) -m bench.finalization $(FINALIZATION_BENCH_ARGS)
+	$(RESUME) finalization.json -- bench.finalization $(FINALIZATION_BENCH_ARGS)
 
 # a 2 GiB batch file sent through /v1/uploads in 64 MiB parts against the live stack, local store
 # and SeaweedFS: time, the API's and control worker's memory, validation (issue #48 part 1):
 # bench/results/uploads.json; UPLOADS_BENCH_ARGS=--quick for a 0.2 GiB smoke run
 bench-uploads: model
-	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m bench.uploads $(UPLOADS_BENCH_ARGS)
+	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(RESUME) uploads.json -- bench.uploads $(UPLOADS_BENCH_ARGS)
 
 # the dispatcher at fleet scale (10M requests, 1,000 simulated workers) on real PostgreSQL and Redis:
 # the "dispatcher" section of bench/results/control_plane.json; DISPATCHER_BENCH_ARGS="--scale 0.01" for a smoke run
 bench-dispatcher: install
-	$(PY) -m bench.dispatcher_sim $(DISPATCHER_BENCH_ARGS)
+	$(RESUME) control_plane.json:dispatcher -- bench.dispatcher_sim $(DISPATCHER_BENCH_ARGS)
 
 # each result file, the revision it was run on and whether a commit has since touched what it
 # measures (bench/provenance.py); old files without a provenance block say so
@@ -191,7 +196,7 @@ bench-table:
 
 # every fault, load and hostile-input scenario of issue 8: bench/results/reliability.json
 bench-reliability: model quantize-env
-	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(PY) -m bench.reliability $(RELIABILITY_BENCH_ARGS)
+	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(RESUME) reliability.json -- bench.reliability $(RELIABILITY_BENCH_ARGS)
 
 clean: stop
 	rm -rf var test-artifacts
