@@ -21,8 +21,12 @@ audio_too_long.
 `response_format: "verbose_json"` is vLLM's: the decoder prompt asks for timestamps (`<|0.00|>`
 instead of `<|notimestamps|>`), each chunk's tokens with their log-probabilities become segments
 (`start`, `end` in seconds from the audio's start, `text`, `tokens`, `avg_logprob`,
-`compression_ratio`, `temperature`; `no_speech_prob` is 0.0: vLLM computes none, and OpenAI's
-type needs a number, one that marks no segment silent), the text is the
+`compression_ratio`, `temperature`, and `no_speech_prob`: the chunk's, as Whisper defines it, the
+probability of its no-speech token right after the start token over that audio. vLLM computes
+none, so each chunk of a verbose line gets a probe request of its own: the start token alone over
+the chunk, one token allowed (the no-speech token), whose log-probability vLLM reports before that
+restriction (its default `raw_logprobs`), so it is the model's own over its whole vocabulary. A
+model with no such token gives 0.0, as OpenAI's type needs a number), the text is the
 segments' joined, and the body carries `language` and `duration`, plus OpenAI's duration `usage`
 for a transcription. Only a model class with segment timestamps (`supports_segment_timestamp`:
 Whisper) takes it; another refuses the line. Word timestamps (`timestamp_granularities` holding
@@ -53,6 +57,8 @@ TRANSLATIONS = "/v1/audio/translations"
 AUDIO_ENDPOINTS = (TRANSCRIPTIONS, TRANSLATIONS)
 RESPONSE_FORMATS = ("json", "text", "verbose_json")
 VERBOSE = "verbose_json"
+# Whisper's no-speech token: its name in current vocabularies, then in the first models'
+NO_SPEECH_TOKENS = ("<|nospeech|>", "<|nocaptions|>")
 _UNSUPPORTED = "unsupported_parameter"
 
 
@@ -179,17 +185,33 @@ class SpeechModel:
     model_config: Any
     tokenizer: Any
     configs: dict[str, Any] = field(default_factory=dict)
+    no_speech_token: int | None = None  # <|nospeech|> (<|nocaptions|> in older vocabularies)
 
     @classmethod
     def of(cls, llm: Any) -> SpeechModel:
         from vllm.model_executor.model_loader import get_model_cls
 
-        return cls(get_model_cls(llm.model_config), llm.model_config, llm.get_tokenizer())
+        tokenizer = llm.get_tokenizer()
+        return cls(
+            get_model_cls(llm.model_config),
+            llm.model_config,
+            tokenizer,
+            no_speech_token=_no_speech_token(tokenizer),
+        )
 
     def config(self, task: str) -> Any:
         if task not in self.configs:
             self.configs[task] = self.model_cls.get_speech_to_text_config(self.model_config, task)
         return self.configs[task]
+
+
+def _no_speech_token(tokenizer: Any) -> int | None:
+    """Whisper's no-speech token's id in this vocabulary, None when it has none."""
+    for name in NO_SPEECH_TOKENS:
+        token_id = tokenizer.convert_tokens_to_ids(name)
+        if isinstance(token_id, int) and token_id != tokenizer.unk_token_id:
+            return token_id
+    return None
 
 
 def chunks_at_most(seconds: float, clip: float = 30.0, overlap: float = 1.0) -> int:
@@ -242,6 +264,7 @@ class TranscribedLine:
     detecting: bool = False  # its language detection is the request in the engine
     prompt_tokens: int = 0
     chunk_ids: list[str] = field(default_factory=list)  # the transcription requests, in chunk order
+    probe_ids: list[str] = field(default_factory=list)  # verbose: each chunk's no-speech probe, in order
     outputs: dict[str, Any] = field(default_factory=dict)  # vLLM's finished outputs by request id
 
     @property
@@ -294,6 +317,28 @@ class TranscribedLine:
             sampling.logprobs = 1  # each token's, for the segments' avg_logprob
         return [(engine_input, sampling) for engine_input in inputs]
 
+    def no_speech_probes(self, renderer: Any) -> list[tuple[Any, Any]]:
+        """A verbose line's probe per chunk (none otherwise, or for a model without the token):
+        the start token alone over the chunk, the no-speech token the one token allowed, its
+        log-probability reported (the chunk's ``no_speech_prob``, see the module docstring)."""
+        from vllm.renderers.inputs.preprocess import parse_model_prompt
+        from vllm.sampling_params import SamplingParams
+
+        speech = self.speech
+        if not self.verbose or speech.no_speech_token is None:
+            return []
+        config = speech.config(self.body.task)
+        prompts = [
+            parse_model_prompt(
+                speech.model_config, speech.model_cls.get_language_detection_prompt(chunk, config)
+            )
+            for chunk in self.chunks
+        ]
+        params = SamplingParams(
+            max_tokens=1, temperature=0.0, allowed_token_ids=[speech.no_speech_token], logprobs=0
+        )
+        return [(engine_input, params) for engine_input in renderer.render_cmpl(prompts)]
+
     def detected(self, output: Any) -> None:
         """The detection's answer: the language the transcription runs in."""
         self.detecting = False
@@ -310,7 +355,7 @@ class TranscribedLine:
         if self.detecting:
             return True
         self.outputs[output.request_id] = output
-        return len(self.outputs) >= len(self.chunk_ids)
+        return len(self.outputs) >= len(self.chunk_ids) + len(self.probe_ids)
 
     def response(self) -> tuple[dict[str, Any], int]:
         """The line's response body and its completion tokens; raises TranscriptionFailed."""
@@ -337,6 +382,16 @@ class TranscribedLine:
             body["usage"] = {"type": "duration", "seconds": self.audio.billed_seconds}
         return body, sum(len(c.token_ids) for c in completions)
 
+    def _no_speech_prob(self, index: int) -> float:
+        """Chunk ``index``'s no-speech probability from its probe; 0.0 without one."""
+        token_id = self.speech.no_speech_token
+        if index >= len(self.probe_ids) or token_id is None:
+            return 0.0
+        logprob = _probe_logprob(self.outputs.get(self.probe_ids[index]), token_id)
+        if logprob is None:
+            raise TranscriptionFailed("The engine failed while probing this audio for speech.")
+        return math.exp(logprob)
+
     def _segments(self, completions: list[Any]) -> list[dict[str, Any]]:
         """Each chunk's timestamped segments as vLLM's serving makes them
         (``_get_verbose_segments``, a method reading only ``self.tokenizer``), offset by the
@@ -349,7 +404,8 @@ class TranscribedLine:
         segment_class = TranslationSegment if self.body.endpoint == TRANSLATIONS else TranscriptionSegment
         segments: list[dict[str, Any]] = []
         start = 0.0
-        for completion, chunk in zip(completions, self.chunks, strict=True):
+        for index, (completion, chunk) in enumerate(zip(completions, self.chunks, strict=True)):
+            no_speech = self._no_speech_prob(index)
             tokens = tuple(completion.token_ids)
             if tokens and tokens[-1] == self.speech.tokenizer.eos_token_id:
                 tokens = tokens[:-1]
@@ -364,11 +420,19 @@ class TranscribedLine:
                 )
                 for segment in made:
                     segment.id = len(segments)
-                    if segment.no_speech_prob is None:  # vLLM computes none; OpenAI's type needs a number
-                        segment.no_speech_prob = 0.0
+                    segment.no_speech_prob = no_speech
                     segments.append(segment.model_dump(mode="json"))
             start += len(chunk) / self.speech.config(self.body.task).sample_rate
         return segments
+
+
+def _probe_logprob(output: Any, token_id: int) -> float | None:
+    """The log-probability vLLM reported for ``token_id`` as a probe's one token, None if none."""
+    completion = output.outputs[0] if output is not None and output.outputs else None
+    if completion is None or completion.finish_reason == "error" or not completion.logprobs:
+        return None
+    found = completion.logprobs[0].get(token_id)
+    return None if found is None else float(found.logprob)
 
 
 def _verbose_prompt(prompt: Any) -> Any:
@@ -460,11 +524,15 @@ class SpeechLines:
         return self._add_transcriptions(line, request_id)
 
     def _add_transcriptions(self, line: TranscribedLine, request_id: str) -> list[str]:
-        """Every chunk rendered before any is added, so a line's fault adds none."""
+        """Every chunk rendered before any is added, so a line's fault adds none; a verbose line's
+        no-speech probes (``-nospeech-N``) go in beside its chunks."""
         requests = line.transcriptions(self._llm.renderer, self._max_model_len)
+        probes = line.no_speech_probes(self._llm.renderer)
         ids = [request_id if i == 0 else f"{request_id}-{i}" for i in range(len(requests))]
-        for chunk_id, (prompt, params) in zip(ids, requests, strict=True):
+        probe_ids = [f"{request_id}-nospeech-{i}" for i in range(len(probes))]
+        for chunk_id, (prompt, params) in zip(ids + probe_ids, requests + probes, strict=True):
             self._llm.add_request(chunk_id, prompt, params)
         line.chunk_ids.extend(ids)
-        line.request_ids.extend(ids)
-        return ids
+        line.probe_ids.extend(probe_ids)
+        line.request_ids.extend(ids + probe_ids)
+        return ids + probe_ids

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from typing import Any
 
 import numpy as np
@@ -219,6 +220,29 @@ def test_verbose_json_segments_are_vllm_s_offset_by_each_chunk(whisper_model) ->
     assert first["tokens"] == words("hi") and first["avg_logprob"] < 0 and first["temperature"] == 0.2
     assert response["text"] == "hi yo ok" and response["language"] == "en" and response["duration"] == 45.0
     assert response["usage"] == {"type": "duration", "seconds": 45}
-    assert {s["no_speech_prob"] for s in response["segments"]} == {0.0}  # vLLM's None: the type needs one
+    assert {s["no_speech_prob"] for s in response["segments"]} == {0.0}  # no probe: the type needs one
     assert TranscriptionVerbose.model_validate(response).segments[2].start == 30.0  # the client's type
     assert completion_tokens == len(words("hi") + words("yo") + words("ok")) + 4 + 2  # stamps, ends
+
+    # with the model's no-speech token, each chunk's probe: the line waits for them too, and each
+    # segment takes its chunk's probability (vLLM's log-probability of the probe's one token)
+    no_speech = tokenizer.convert_tokens_to_ids("<|nospeech|>")
+    speech.no_speech_token = no_speech
+    probed = TranscribedLine(body, Audio(samples, 45.0), speech, 8, {}, [], chunks, language="en")
+    probed.chunk_ids, probed.probe_ids = ["b", "b-1"], ["b-nospeech-0", "b-nospeech-1"]
+
+    def probe(request_id: str, logprob: float) -> RequestOutput:
+        done = CompletionOutput(
+            0, "", [no_speech], None, [{no_speech: Logprob(logprob)}], finish_reason="length"
+        )
+        return RequestOutput(request_id, None, [], None, [done], finished=True)
+
+    assert not probed.collect(output("b", [*words("hi"), at(1.0), eos]))
+    assert not probed.collect(probe("b-nospeech-1", -3.0))
+    assert not probed.collect(output("b-1", [*words("ok"), at(3.0), eos]))
+    assert probed.collect(probe("b-nospeech-0", -0.25))
+    segments = probed.response()[0]["segments"]
+    assert [round(s["no_speech_prob"], 6) for s in segments] == [
+        round(math.exp(-0.25), 6),
+        round(math.exp(-3.0), 6),
+    ]

@@ -100,4 +100,33 @@ def test_audio_lines_run_on_a_whisper_model(whisper_model: Path) -> None:
         for segment in body["segments"]:  # random weights: as many as the tokens drawn make
             assert 0 <= segment["start"] <= segment["end"] <= seconds + 30
     assert results["verbose"].body["language"] == "en"
+    # each segment's no_speech_prob is Whisper's: the no-speech token's probability right after the
+    # start token over its chunk, here against transformers' own forward pass over the same audio
+    expected = _hf_no_speech(whisper_model, tone(2.2))
+    probs = {round(s["no_speech_prob"], 9) for s in results["verbose"].body["segments"]}
+    assert len(probs) == 1 and abs(probs.pop() / expected["<|nospeech|>"] - 1) < 0.02, (probs, expected)
+    assert abs(expected["<|nospeech|>"] / expected["other"] - 1) > 0.02  # another token's is told apart
+    assert all(0 < s["no_speech_prob"] < 1 for s in results["verbose-long"].body["segments"])
     assert errors["words"] == (400, "unsupported_parameter", "timestamp_granularities")
+
+
+def _hf_no_speech(path: Path, wav: bytes) -> dict[str, float]:
+    """transformers' probabilities after <|startoftranscript|> over ``wav``: of the no-speech
+    token, and of another token (the one before it) to show the comparison discriminates."""
+    import io
+
+    import soundfile
+    import torch
+    from transformers import AutoTokenizer, WhisperFeatureExtractor, WhisperForConditionalGeneration
+
+    samples, rate = soundfile.read(io.BytesIO(wav), dtype="float32")
+    features = WhisperFeatureExtractor.from_pretrained(path)(samples, sampling_rate=rate, return_tensors="pt")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    start, no_speech = tokenizer.convert_tokens_to_ids(["<|startoftranscript|>", "<|nospeech|>"])
+    model = WhisperForConditionalGeneration.from_pretrained(path).eval()
+    with torch.no_grad():
+        logits = model(
+            input_features=features.input_features, decoder_input_ids=torch.tensor([[start]])
+        ).logits
+    probs = torch.softmax(logits[0, -1].float(), dim=-1)
+    return {"<|nospeech|>": float(probs[no_speech]), "other": float(probs[no_speech - 1])}
