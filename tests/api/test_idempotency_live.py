@@ -189,14 +189,39 @@ def test_a_create_whose_answer_was_lost_answers_the_same_object_on_retry(api_url
     assert batch.input_file_id == file_id and count(runtime, StoredFile) == 1
 
 
+# the api_kill_after_commit scenario's figures, both databases' (each run records the whole so far)
+KILLED: dict[str, dict[str, float]] = {}
+
+
+def record_killed_creates(reliability, database: str, **figures: float) -> None:
+    """Add one database's run to the scenario's record: lost counts a create that left no object,
+    duplicated one that left more than one."""
+    KILLED[database] = figures
+    runs = KILLED.values()
+    reliability.record(
+        "api_kill_after_commit",
+        lost=int(sum(max(0, 1 - r["files"]) + max(0, 1 - r["batches"]) for r in runs)),
+        duplicated=int(sum(max(0, r["files"] - 1) + max(0, r["batches"] - 1) for r in runs)),
+        server_errors=int(sum(r["server_errors"] for r in runs)),
+        databases=list(KILLED),
+        creates_s={db: r["creates_s"] for db, r in KILLED.items()},
+        killed_workers=int(sum(r["killed_workers"] for r in runs)),
+        replayed=int(sum(r["replayed"] for r in runs)),
+    )
+
+
 # each database and each store once: the stores are on the path of the file's upload only
+@pytest.mark.reliability
 @pytest.mark.parametrize(
     ("database_url", "killed_api"), [("sqlite", "local"), ("postgresql", "s3")], indirect=True
 )
-def test_creates_whose_api_process_was_killed_after_the_commit_are_made_once(killed_api, key, runtime):
+def test_creates_whose_api_process_was_killed_after_the_commit_are_made_once(
+    killed_api, key, runtime, reliability
+):
     url, killed = killed_api
     client = OpenAI(base_url=url + "/v1", api_key=key, max_retries=2, timeout=30)
     data = jsonl([chat_line("a"), chat_line("b")])
+    started = time.monotonic()
     # the client's first attempt loses its connection with the process; its retry, same key, is
     # answered by the process gunicorn started in its place
     sent = client.files.with_raw_response.create(
@@ -210,6 +235,13 @@ def test_creates_whose_api_process_was_killed_after_the_commit_are_made_once(kil
     assert file.bytes == len(data) and client.files.content(file.id).read() == data
     create = {"input_file_id": file.id, "endpoint": CHAT, "completion_window": "24h"}
     made = client.batches.with_raw_response.create(**create, extra_headers={"Idempotency-Key": "batch-k"})
+    creates_s = time.monotonic() - started
+    record_killed_creates(
+        reliability, runtime.settings.database_url.split(":")[0].split("+")[0],
+        files=count(runtime, StoredFile), batches=count(runtime, Batch), creates_s=round(creates_s, 1),
+        killed_workers=len(list(killed.iterdir())), server_errors=sum(r.status_code >= 500 for r in (sent, made)),
+        replayed=sum(r.headers.get("Idempotent-Replayed") == "true" for r in (sent, made)),
+    )  # fmt: skip
     assert (killed / "batch-k").exists() and made.headers["Idempotent-Replayed"] == "true"
     batch = made.parse()
     again = client.batches.create(**create, extra_headers={"Idempotency-Key": "batch-k"})

@@ -330,6 +330,7 @@ def test_a_batch_spans_hosts_survives_losing_one_and_takes_it_back(hosts: Hosts,
         "batch1_done_before_cut_by_host": done_before_cut,
         "units_cut": len(cut_from),
         "taken_over_s": round(taken_over_s, 1),
+        "lease_s": LEASE_SECONDS,
         "recovery_s": round(recovery_s, 1),
         "recovery_bound_s": RECOVERY_BOUND_S,
         "way_back_s": round(way_back_s, 1),  # link up to the services host answering engine-a

@@ -8,7 +8,8 @@ way could be claimed again by the same process while its first attempt's request
 the engine, under the same engine key: the engine refused the second and the worker died.
 
 Against the session's real vLLM engine on the demo model, a real database and a SeaweedFS of this
-module's own that the tests stop and start again.
+module's own that the tests stop and start again. The first two are the ``pack_store_outage``
+reliability scenario (docs/reliability.md): each adds its figures to the one record.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -34,6 +36,19 @@ from workers.dispatcher import TickReport, redeliver_stale
 from workers.engine import Engine
 
 LEASE_SECONDS = 2.0
+# the pack_store_outage scenario's counts and figures, both tests' (each records the whole so far)
+PACK_COUNTS: Counter[str] = Counter()
+PACK_FIGURES: dict[str, object] = {}
+
+
+def record_pack_outage(reliability, expected: list[str], ran: list[str], **figures: object) -> None:
+    """Add a test's lost and duplicated custom_ids and its figures to the scenario's record."""
+    PACK_COUNTS.update(lost=len(set(expected) - set(ran)), duplicated=len(ran) - len(set(ran)))
+    PACK_FIGURES.update(figures)
+    reliability.record(
+        "pack_store_outage", lost=PACK_COUNTS["lost"], duplicated=PACK_COUNTS["duplicated"], server_errors=0,
+        **PACK_FIGURES,
+    )  # fmt: skip
 
 
 def output_ids(rt: Runtime, done: list[WorkUnit]) -> list[str]:
@@ -72,9 +87,10 @@ def lines(tag: str, n: int, tokens: int = 4) -> list[dict]:
     ]
 
 
+@pytest.mark.reliability
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # the store's fault, not the database's
 def test_claims_are_heartbeated_while_their_rows_are_read_through_a_store_outage(
-    s3_runtime: Runtime, weed: Weed, vllm_engine: Engine, runner_of
+    s3_runtime: Runtime, weed: Weed, vllm_engine: Engine, runner_of, reliability
 ) -> None:
     """The store is down for three leases when a pack comes: its reads retry until the store is
     back, the dispatcher's redelivery (run every quarter lease meanwhile) takes none of its units,
@@ -103,20 +119,27 @@ def test_claims_are_heartbeated_while_their_rows_are_read_through_a_store_outage
     try:
         began = time.monotonic()
         assert runner.run_pack("pack-outage", ids) == len(ids)  # returns once the rows are read
-        assert time.monotonic() - began >= 2 * LEASE_SECONDS  # the reads did wait for the store
+        read_wait_s = time.monotonic() - began
+        assert read_wait_s >= 2 * LEASE_SECONDS  # the reads did wait for the store
         done = wait_units_done(rt, runner, batch_id)
     finally:
         restart.join()
         stop.set()
         ticks.join()
+    record_pack_outage(
+        reliability, [x["custom_id"] for x in lines("outage", 6)], output_ids(rt, done),
+        read_wait_s=round(read_wait_s, 1), lease_s=LEASE_SECONDS, redelivered_units=len(redelivered),
+        read_units=len(done), read_attempts_max=max(u.attempts for u in done),
+    )  # fmt: skip
     assert redelivered == []
     assert [u.attempts for u in done] == [1, 1, 1]
     assert sorted(output_ids(rt, done)) == sorted(x["custom_id"] for x in lines("outage", 6))
 
 
+@pytest.mark.reliability
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_a_pack_whose_rows_stay_unreadable_is_given_back_without_using_attempts(
-    s3_runtime: Runtime, weed: Weed, vllm_engine: Engine, runner_of
+    s3_runtime: Runtime, weed: Weed, vllm_engine: Engine, runner_of, reliability
 ) -> None:
     """An outage longer than the store's retry deadline: the pack fails as an outage (the task's
     policy sends it again later), its units go back to pending with no attempt counted and no
@@ -141,6 +164,13 @@ def test_a_pack_whose_rows_stay_unreadable_is_given_back_without_using_attempts(
 
         assert runner.run_pack("pack-again", ids) == len(ids)
         done = wait_units_done(rt, runner, batch_id)
+        record_pack_outage(
+            reliability, [x["custom_id"] for x in lines("down", 4)], output_ids(rt, done),
+            retry_deadline_s=rt.settings.object_store_retry_seconds,
+            given_back_units=sum(u.status == UnitStatus.PENDING and u.worker is None for u in back),
+            given_back_attempts=sum(u.attempts for u in back),
+            given_back_attempts_max=max(u.attempts for u in done),
+        )  # fmt: skip
         assert [u.attempts for u in done] == [1] * len(ids)
         assert sorted(output_ids(rt, done)) == sorted(x["custom_id"] for x in lines("down", 4))
     finally:
