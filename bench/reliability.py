@@ -4,7 +4,9 @@ The scenarios are the tests marked ``reliability`` (fault injection on the live 
 under a hundred polling clients, big uploads, fuzzing, Schemathesis, auth and rate limits). This
 runs them with ``FREIGHT_RELIABILITY_DIR`` set, so each records its figures (at least ``lost``,
 ``duplicated`` and ``server_errors``), and with the load phase longer than in ``make test``; then it
-merges the figures into ``bench/results/reliability.json`` and prints the table of docs/reliability.md. The
+merges the figures into ``bench/results/reliability.json``, prints them as a bare table and
+writes docs/reliability.md's figures from the file (``bench/reliability_doc.py``; not for a trial
+run that writes elsewhere with ``--out``). The
 ``hostile`` scenario (issue 19: one tenant's attacks while two others' batches run) is also written
 as the file's top-level ``hostile`` section, with the attack of the ``hostile_dns`` scenario (issue
 49: a tenant whose DNS never answers, tests/workers/test_webhook_dns.py, which needs a webhook role
@@ -26,7 +28,9 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+from bench import reliability_doc
 from bench.provenance import STACK, Run, machine_facts
 
 REPO = Path(__file__).resolve().parent.parent
@@ -112,6 +116,11 @@ def hostile_section(scenarios: dict[str, dict]) -> dict | None:
     return section
 
 
+def writes_the_doc(out: Path) -> bool:
+    """Whether a run that wrote ``out`` rewrites docs/reliability.md: only the committed file's."""
+    return out.resolve() == RESULT.resolve()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -138,7 +147,7 @@ def main() -> None:
             scenarios = {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
     partial = bool(args.select or args.merge)
     previous = json.loads(RESULT.read_text()).get("scenarios", {}) if RESULT.exists() and partial else {}
-    result = {
+    result: dict[str, Any] = {
         "benchmark": "reliability",
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "duration_s": round(duration, 1),
@@ -156,6 +165,9 @@ def main() -> None:
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(table(result["scenarios"]))
     print(f"\n{len(scenarios)} scenarios recorded in {duration:.0f}s; pytest: {summary}; wrote {args.out}")
+    if writes_the_doc(args.out):  # the chapter quotes the committed file, whole or partial run
+        reliability_doc.write()
+        print(f"wrote {reliability_doc.DOC.relative_to(REPO)}'s figures from it")
     sys.exit(code)
 
 

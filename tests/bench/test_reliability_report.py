@@ -1,5 +1,6 @@
 """bench/reliability.py: the ``hostile`` section joins the slow-DNS tenant's run to the live stack's
-attacks, and a trial run writes where ``--out`` says, never over bench/results/reliability.json."""
+attacks, and a trial run writes where ``--out`` says, never over bench/results/reliability.json
+or docs/reliability.md."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench import reliability_doc
 from bench.reliability import HOSTILE_TESTS, RESULT, hostile_section
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,7 +81,7 @@ def test_a_merge_writes_its_out_path_and_leaves_the_committed_result(tmp_path: P
     figures = tmp_path / "figures"
     figures.mkdir()
     (figures / "hostile_dns.json").write_text(json.dumps(hostile_dns()))
-    committed = RESULT.read_bytes()
+    committed, chapter = RESULT.read_bytes(), reliability_doc.DOC.read_bytes()
     out = tmp_path / "scratch" / "reliability.json"
     subprocess.run(
         [sys.executable, "-m", "bench.reliability", "--merge", str(figures), "--out", str(out)],
@@ -88,6 +90,7 @@ def test_a_merge_writes_its_out_path_and_leaves_the_committed_result(tmp_path: P
         capture_output=True,
     )
     assert RESULT.read_bytes() == committed
+    assert reliability_doc.DOC.read_bytes() == chapter  # a trial run leaves docs/reliability.md alone
     written = json.loads(out.read_text())
     assert written["scenarios"]["hostile_dns"]["hung_lookups"] == 2
     # the committed file's hostile scenario, kept by the partial run, is joined by the new DNS run
