@@ -59,10 +59,12 @@ lint: install policy-env audit-env
 # The CPU install's lock file with hashes (infra/requirements-cpu.lock; infra/dependency_lock.py):
 # infra/constraints.txt's pins with the sha256 of each version's files from PyPI's simple index,
 # torch's CPU wheel hashed from the local file pip finds (find-links). install.sh installs a CPU
-# host from it with --require-hashes (docs/deployment.md, "Dependencies");
-# lock-check (in make lint) keeps the lock and constraints.txt in step; audit runs pip-audit over
-# the lock, from a virtualenv of its own as Checkov; where PyPI's JSON API does not answer, it
-# matches the lock against ADVISORY_DB, a local copy of github.com/pypa/advisory-database
+# host from it with --require-hashes (docs/deployment.md, "Dependencies"). lock also writes the GPU
+# image's lock (infra/requirements-gpu.lock; infra/gpu_lock.py), resolved by pip from PyPI for the
+# image's platform without a GPU (needs the index: 2-3 minutes here).
+# lock-check (in make lint, offline) keeps the CPU lock and constraints.txt in step and tells when the
+# GPU lock stale; audit runs pip-audit over both locks, from a virtualenv of its own as Checkov;
+# where PyPI's JSON API does not answer, it matches them against ADVISORY_DB, a local copy of github.com/pypa/advisory-database
 # (make audit ADVISORY_DB=var/advisory-db), or says why it cannot
 PIP_AUDIT_VERSION := 2.10.1
 AUDIT_ENV := .venv-audit

