@@ -26,7 +26,6 @@ skipped, never reported as clean.
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import json
 import os
@@ -43,7 +42,7 @@ from infra.hashed_pins import (
     BUILD_PINS,
     CONSTRAINTS,
     REPO,
-    file_hashes,
+    all_file_hashes,
     hashed_entries,
     lock_entries,
     normalized_name,
@@ -97,8 +96,7 @@ def write_lock() -> list[str]:
     """Write the lock from constraints.txt and BUILD_PINS; the pins no file was found for (none: an
     empty list)."""
     wanted = locked_pins()
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        found = dict(zip(wanted, pool.map(lambda item: file_hashes(*item), wanted.items()), strict=True))
+    found = all_file_hashes(wanted)
     lines = [
         "# The CPU install's lock: infra/constraints.txt's pins, each with the sha256 of every file of",
         "# that version on PyPI (torch's +cpu build: the local wheel pip finds). Made by `make lock`",

@@ -22,7 +22,6 @@ stale: check() recomputes it from the current pyproject.toml and constraints.txt
 
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
 import json
 import os
@@ -38,7 +37,7 @@ from infra.hashed_pins import (
     BUILD_PINS,
     CONSTRAINTS,
     REPO,
-    file_hashes,
+    all_file_hashes,
     hashed_entries,
     lock_entries,
     normalized_name,
@@ -265,8 +264,7 @@ def write_lock() -> list[str]:
     wrong = [f"{n}: constraints.txt pins {v}, pip chose {final[n]}" for n, v in pins.items() if final[n] != v]
     if wrong:
         raise GpuLockError("; ".join(wrong))
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        found = dict(zip(final, pool.map(lambda item: file_hashes(*item), final.items()), strict=True))
+    found = all_file_hashes(final)
     lines = [
         "# The GPU image's lock (infra/Dockerfile's gpu target, infra/install.sh with FREIGHT_EXTRAS=gpu):",
         "# pyproject.toml's dependencies and gpu extra (vLLM's CUDA build) and setuptools, the build backend,",

@@ -5,6 +5,7 @@ nothing is downloaded), and writing the entries pip's --require-hashes reads."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import json
 import re
@@ -101,3 +102,10 @@ def file_hashes(name: str, version: str) -> list[str]:
         if canonicalize_version(file_version) == wanted and "sha256" in f.get("hashes", {}):
             hashes.append(f["hashes"]["sha256"])
     return sorted(set(hashes))
+
+
+def all_file_hashes(versions: dict[str, str]) -> dict[str, list[str]]:
+    """``file_hashes`` of every ``name: version``, eight index requests at a time."""
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        found = pool.map(lambda item: file_hashes(*item), versions.items())
+        return dict(zip(versions, found, strict=True))
