@@ -42,7 +42,7 @@ from typing import Any
 
 from storage.checkpoint_config import config_or_empty
 from storage.runtime import Runtime
-from workers.media_files import AudioFiles, FileRefused, is_file_id, read_tenant_file
+from workers.media_files import AudioFiles, FileRefused, is_file_id, read_tenant_file, store_once
 from workers.outbound_http import Call, OutboundError, get_following
 from workers.request_errors import RequestError
 
@@ -188,12 +188,18 @@ def checkpoint_takes_images(path: str) -> bool:
 
 class ImageResolver:
     """Validation's side for one batch (see the module docstring): ``resolve`` rewrites the image
-    parts of one body in place, and an audio line's file id (``media_files.AudioFiles``). Each
-    distinct URL or file id is decoded, fetched or read once per file (a bounded memory of URL
-    digests), each distinct image stored once."""
+    parts of one body in place, and an audio line's file id (``media_files.AudioFiles``; its data
+    URL too when ``audio_lines``: a batch of an audio endpoint). Each distinct URL or file id is
+    decoded, fetched or read once per file (a bounded memory of URL digests), each distinct image
+    checked and stored once per batch (``media_files.store_once``)."""
 
     def __init__(
-        self, rt: Runtime, batch_id: str, tenant_id: str, model_takes_images: Callable[[str], bool]
+        self,
+        rt: Runtime,
+        batch_id: str,
+        tenant_id: str,
+        model_takes_images: Callable[[str], bool],
+        audio_lines: bool = False,
     ) -> None:
         self.rt = rt
         self.batch_id = batch_id
@@ -202,10 +208,10 @@ class ImageResolver:
         self._outcomes: OrderedDict[bytes, tuple[str, str, int]] = (
             OrderedDict()
         )  # url digest -> (ref or code, message, status)
-        self._stored: set[str] = set()
+        self._stored: set[str] = set()  # digests this resolver stored or found stored (store_once)
         self.fetches = 0
         self.refused = 0
-        self.audio = AudioFiles(rt, batch_id, tenant_id)
+        self.audio = AudioFiles(rt, batch_id, tenant_id, data_urls=audio_lines)
 
     def resolve(self, model: str, body: dict) -> bool:
         """Rewrite every image part of ``body`` (or an audio line's file id); True if it held any."""
@@ -245,10 +251,14 @@ class ImageResolver:
             return known
         try:
             data = self._bytes(url)
-            sha = hashlib.sha256(data).hexdigest()
-            if sha not in self._stored:
-                self._check_and_store(data, sha)
-                self._stored.add(sha)
+            max_pixels = self.rt.settings.image_max_pixels
+            sha = store_once(
+                self.rt.store,
+                data,
+                lambda digest: image_key(self.batch_id, digest),
+                self._stored,
+                check=lambda image: check_image(image, max_pixels),  # raises ImageRefused
+            )
             outcome = (IMAGE_REF + sha, "", 200)
         except ImageRefused as exc:
             outcome = (exc.code, exc.message, exc.status)
@@ -256,22 +266,6 @@ class ImageResolver:
         if len(self._outcomes) > _URL_MEMORY:
             self._outcomes.popitem(last=False)
         return outcome
-
-    def _check_and_store(self, data: bytes, sha: str) -> None:
-        """Check an image's bytes and store them, unless the batch's store holds them already.
-
-        Invariant: ``image_key(batch, sha)`` exists only once a resolver of that batch checked
-        those very bytes (stored after ``check_image`` passed, in one atomic write), so an image
-        found there passed the same checks. That is what a chunked validation meets: each chunk
-        (``workers.validation_chunks``, a resolver of its own) sees most of the batch's images,
-        and each would decode every one again and write it again (an fsync on a local store, a
-        PUT on S3); the bench's 2,000 lines over 50 images in 7 chunks did 350 of each for 50
-        distinct images. Two chunks racing on one image both check and write the same bytes."""
-        key = image_key(self.batch_id, sha)
-        if self.rt.store.exists(key):
-            return
-        check_image(data, self.rt.settings.image_max_pixels)
-        self.rt.store.put_chunks(key, [data])
 
     def _bytes(self, url: str) -> bytes:
         settings = self.rt.settings

@@ -19,10 +19,14 @@ An audio line's ``file_url`` holding a file id is rewritten to ``freight-audio:<
 (``request_errors.REFUSED_LINE``, with its model), raised when the line runs, while the file's other
 lines go on.
 
-A Parquet input's ``audio`` column (``storage.request_tables``) arrives as a data URL of the cell's
-bytes; with ``parquet_audio`` set (validation of a Parquet input) such a ``file_url`` is stored the
-same way, once per distinct content, so a file of a thousand rows over ten recordings keeps ten
-objects, not a thousand copies in its shards. A JSONL line's data URL stays in its body, as ever.
+An audio line's data URL (a JSONL line's ``file_url``, or a Parquet input's ``audio`` cell, which
+``storage.request_tables`` makes a data URL) is stored the same way, once per distinct content, for
+a batch of an audio endpoint (``data_urls``): a file of two thousand lines over forty recordings
+keeps forty objects, not two thousand base64 copies in its request store, and its engine worker
+reads and decodes each line's audio from the batch's object (``AudioCache``), not from its row.
+
+Every object of a batch's media, image or audio, is written by ``store_once``: once per distinct
+content per batch, however many lines, files or validation chunks carry it.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from collections.abc import Callable, Iterable
 from typing import IO
 
 from storage.models import StoredFile
-from storage.objectstore import CHUNK, ObjectNotFound
+from storage.objectstore import CHUNK, ObjectNotFound, ObjectStore
 from storage.retention import MEDIA_PURPOSES, live
 from storage.runtime import Runtime
 from workers.audio import MAX_BYTES as AUDIO_MAX_BYTES
@@ -50,6 +54,7 @@ log = logging.getLogger(__name__)
 FILE_ID = re.compile(r"file-[A-Za-z0-9_-]{1,64}")  # what new_id("file-") makes, and OpenAI's ids
 AUDIO_REF = "freight-audio:"  # + the sha256 hex of the stored bytes
 _HEX = frozenset("0123456789abcdef")
+STORED_MEMORY = 65_536  # distinct digests one resolver remembers having stored (64-char strings)
 
 
 def is_file_id(value: object) -> bool:
@@ -108,6 +113,39 @@ def _read_at_most(stream: IO[bytes], limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def store_once(
+    store: ObjectStore,
+    data: bytes,
+    key_of: Callable[[str], str],
+    stored: set[str],
+    check: Callable[[bytes], object] | None = None,
+) -> str:
+    """Store a batch's media object under the sha256 of its bytes (``key_of(digest)``: the batch's
+    images/ or audio/ key), unless this batch already holds it; the digest.
+
+    Invariant: the key exists only once a resolver of that batch ran ``check`` on those very bytes
+    and it passed (the write, after it, is one atomic put), so an object found there passed the same
+    checks and is neither checked nor written again. ``stored`` holds the digests this resolver
+    stored or found stored (at most STORED_MEMORY; past it the store is asked), so a file of two
+    thousand lines over forty clips asks the store forty times; the store's own answer covers what
+    another resolver of the batch wrote: each chunk of a chunked validation
+    (``workers.validation_chunks``) has a resolver of its own and sees most of the batch's media
+    (the images bench's 2,000 lines over 50 images in 7 chunks decoded and wrote 350 images for 50
+    before). Two chunks racing on one object both check and write the same bytes. ``check`` raises
+    to refuse the bytes; nothing is stored then."""
+    digest = hashlib.sha256(data).hexdigest()
+    if digest in stored:
+        return digest
+    key = key_of(digest)
+    if not store.exists(key):
+        if check is not None:
+            check(data)
+        store.put_chunks(key, [data])
+    if len(stored) < STORED_MEMORY:
+        stored.add(digest)
+    return digest
+
+
 # --------------------------------------------------------------------------- audio
 
 
@@ -127,25 +165,35 @@ def is_audio_ref(url: object) -> bool:
 
 class AudioFiles:
     """Validation's side for one batch: an audio line's ``file_url`` file id resolved, each
-    distinct file read once per file of lines and each distinct content stored once."""
+    distinct file read once per file of lines and each distinct content stored once; with
+    ``data_urls`` (a batch of an audio endpoint) its data URLs too."""
 
-    def __init__(self, rt: Runtime, batch_id: str, tenant_id: str, max_bytes: int = AUDIO_MAX_BYTES) -> None:
+    def __init__(
+        self,
+        rt: Runtime,
+        batch_id: str,
+        tenant_id: str,
+        max_bytes: int = AUDIO_MAX_BYTES,
+        data_urls: bool = False,
+    ) -> None:
         self.rt = rt
         self.batch_id = batch_id
         self.tenant_id = tenant_id
         self.max_bytes = max_bytes
         self._outcomes: dict[str, str | FileRefused] = {}  # file id -> its ref or its refusal
         self.refused = 0
-        self.parquet_audio = False  # a Parquet input's: its data URLs are stored too
-        self._stored: set[str] = set()  # digests this resolver stored or found stored
+        # an audio endpoint's batch: a line's data URL is stored too (JSONL or Parquet); in another
+        # endpoint's line a ``file_url`` is no audio, and is left to that line's shape checks
+        self.data_urls = data_urls
+        self._stored: set[str] = set()  # digests this resolver stored or found stored (store_once)
 
     def resolve(self, body: dict) -> bool:
-        """Rewrite ``body`` in place if its ``file_url`` is a file id (or, with ``parquet_audio``,
+        """Rewrite ``body`` in place if its ``file_url`` is a file id (or, with ``data_urls``,
         a data URL); True if it was."""
         file_id = body.get("file_url")
         if not isinstance(file_id, str):
             return False
-        if self.parquet_audio and file_id.startswith("data:"):
+        if self.data_urls and file_id.startswith("data:"):
             outcome = self._data_outcome(file_id)
         elif file_id.startswith("file-"):
             outcome = self._outcome(file_id)
@@ -170,20 +218,18 @@ class AudioFiles:
 
     def _data_outcome(self, url: str) -> str | FileRefused:
         """A data URL's bytes stored under their digest (decoded within the byte limit; refused
-        as the line's ``invalid_audio`` or ``audio_too_large``, as the engine refuses a JSONL
-        line's). Not remembered by URL: a Parquet cell's URL is as long as its audio."""
+        as the line's ``invalid_audio`` or ``audio_too_large``, as the engine refuses a data URL it
+        is given). Not remembered by URL: a line's URL is as long as its audio. Audio that is
+        base64 but no audio is stored and refused when its line runs (``invalid_audio``, by the
+        engine's decoder, as an uploaded file's)."""
         try:
             data = data_url_bytes(url, self.max_bytes)
         except AudioError as exc:
             return FileRefused(exc.code, exc.message)
-        digest = hashlib.sha256(data).hexdigest()
-        if digest not in self._stored:
-            key = audio_key(self.batch_id, digest)
-            if not self.rt.store.exists(key):  # another chunk of the batch may have stored it
-                self.rt.store.put_chunks(key, [data])
-            if len(self._stored) < 65_536:  # distinct audio of one file remembered
-                self._stored.add(digest)
-        return AUDIO_REF + digest
+        return AUDIO_REF + self._store(data)
+
+    def _store(self, data: bytes) -> str:
+        return store_once(self.rt.store, data, lambda digest: audio_key(self.batch_id, digest), self._stored)
 
     def _outcome(self, file_id: str) -> str | FileRefused:
         if not is_file_id(file_id):  # not remembered: such a string may be as long as its line
@@ -193,9 +239,7 @@ class AudioFiles:
             return known
         try:
             data = read_tenant_file(self.rt, self.tenant_id, file_id, self.max_bytes, "audio_too_large")
-            digest = hashlib.sha256(data).hexdigest()
-            self.rt.store.put_chunks(audio_key(self.batch_id, digest), [data])
-            outcome: str | FileRefused = AUDIO_REF + digest
+            outcome: str | FileRefused = AUDIO_REF + self._store(data)
         except FileRefused as exc:
             outcome = exc
         if len(self._outcomes) < 65_536:  # distinct ids of one file remembered

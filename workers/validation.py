@@ -243,9 +243,9 @@ def check_fields(
         return SkippedLine(line_no, custom_id)
     body: Any = obj.get("body")
     # a line with image parts is stored once, after they become references (its data: URLs are
-    # most of its bytes), as is one naming a file id (an image's or an audio line's:
-    # workers/media_files.py); any other body now
-    images = rules.images if rules.images is not None and _names_media(raw, rules.images) else None
+    # most of its bytes), as is one naming a file id (an image's or an audio line's) and an audio
+    # line (its data URL: workers/media_files.py); any other body now
+    images = rules.images if rules.images is not None and _names_media(raw, body, rules.images) else None
     body_json = None if images is not None and isinstance(body, dict) else _stored_body(body, line_no)
     if isinstance(body_json, LineError):
         return body_json
@@ -293,12 +293,19 @@ def check_fields(
     return CheckedLine(line_no, custom_id, body_json, body, model, max_tokens, sequences, expected)
 
 
-def _names_media(raw: bytes, images: ImageResolver) -> bool:
-    """Whether a line may hold an image part or a file id (cheap: most lines hold neither), or a
-    Parquet audio cell's data URL (``storage.request_tables`` writes ``"file_url":"data:``)."""
-    if b'"image_url"' in raw or b'"input_image"' in raw or b'"file-' in raw:
-        return True
-    return images.audio.parquet_audio and b'"file_url":"data:' in raw
+def _names_media(raw: bytes, body: Any, images: ImageResolver) -> bool:
+    """Whether a line may hold media to resolve: may answer yes for a line that holds none (its
+    resolve then changes nothing and the body is stored as it is: the same one serialization),
+    never no for one that holds some, whatever the tenant's spacing or escapes.
+
+    An audio endpoint's line is judged from its parsed body (a string ``file_url``: a data URL or
+    a file id), so ``"file_url": "data:`` with any whitespace, or a key or value spelled with
+    ``\\u`` escapes, is found. Any other line by its bytes (cheap: most lines hold no media): a
+    JSON string's quote opens ``image_url``, ``input_image`` and ``file-``; only a ``\\u`` escape
+    can spell one of their characters otherwise, so a line holding one is looked at too."""
+    if images.audio.data_urls:
+        return isinstance(body, dict) and isinstance(body.get("file_url"), str)
+    return b'"image_url"' in raw or b'"input_image"' in raw or b'"file-' in raw or b"\\u" in raw
 
 
 def _line_object(raw: bytes, line_no: int, rules: FileRules) -> dict | LineError:
@@ -778,8 +785,6 @@ def sorted_input(
     spill = spill_dir(settings)
     result = SortedInput(ScanResult(), iter(()))
     with open_requests(store, input_key, rules.endpoint, defaults, spill, decode_limits(settings)) as source:
-        if source.parquet and rules.images is not None:  # its audio cells stored once per content
-            rules.images.audio.parquet_audio = True
         lines = (line_error(x) if isinstance(x, RowError) else x for x in source.lines)
 
         def records() -> Iterator[tuple[bytes, int, bytes]]:
@@ -1008,7 +1013,8 @@ def file_rules(
     renders = PromptRenders(rt)
     images = None
     if batch_id is not None and tenant_id is not None and endpoint in (CHAT, RESPONSES, *AUDIO_ENDPOINTS):
-        images = ImageResolver(rt, batch_id, tenant_id, renders.takes_images)
+        # an audio batch's data URLs are stored once per content too, JSONL's as Parquet's
+        images = ImageResolver(rt, batch_id, tenant_id, renders.takes_images, endpoint in AUDIO_ENDPOINTS)
     return FileRules(
         images=images,
         endpoint=endpoint,

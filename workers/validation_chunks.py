@@ -320,8 +320,6 @@ def scan_chunk(
             open_chunk(rt.store, input_key, endpoint, defaults, spill, decode_limits(settings), start, stop)
         )
         first_row = parquet.first_row if parquet else 0
-        if source.parquet and rules.images is not None:  # its audio cells stored once per content
-            rules.images.audio.parquet_audio = True
         events = stack.enter_context(tempfile.TemporaryFile(dir=spill, buffering=1 << 16))
         run = stack.enter_context(tempfile.TemporaryFile(dir=spill, buffering=1 << 16))
 

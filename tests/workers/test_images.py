@@ -251,14 +251,18 @@ def test_an_image_another_resolver_of_the_batch_stored_is_not_checked_again(rt) 
     """Each chunk of a chunked validation has a resolver of its own: an image a chunk before it
     checked and stored is referred to as it is (its stored object stands for the check), while an
     image no resolver of the batch stored yet is still checked. Told apart by a second resolver
-    whose pixel limit both images are past."""
+    whose pixel limit both images are past; nor written again (``media_files.store_once``: a marker
+    put in its place stays)."""
     first = ImageResolver(rt, "batch_chunked", "tenant_a", lambda model: True)
     red_ref = IMAGE_REF + hashlib.sha256(RED).hexdigest()
     assert resolved(first, data_url(RED))["image_url"]["url"] == red_ref
+    rt.store.put_chunks(image_key("batch_chunked", red_ref[-64:]), [b"marker"])
     tight = Runtime(replace(rt.settings, image_max_pixels=16))
     try:
         second = ImageResolver(tight, "batch_chunked", "tenant_a", lambda model: True)
         assert resolved(second, data_url(RED))["image_url"]["url"] == red_ref
+        with rt.store.open(image_key("batch_chunked", red_ref[-64:])) as stream:
+            assert stream.read() == b"marker"
         assert resolved(second, data_url(BLUE))["refused"]["code"] == "image_too_large"
         # another batch's resolver finds nothing of this batch's: it checks the image itself
         other = ImageResolver(tight, "batch_other", "tenant_a", lambda model: True)

@@ -29,9 +29,9 @@ from tests import factories
 from tests.audio_factories import TRANSCRIPTIONS, audio_line, tone
 from tests.conftest import now
 from tests.factories import data_url, image_bytes, image_line
-from workers import intake, registration
+from workers import intake, media_files, registration
 from workers.images import IMAGE_REF, REFUSED_REF, ImageResolver, image_key
-from workers.media_files import AUDIO_REF, AudioCache, AudioFiles, audio_key, read_audio_ref
+from workers.media_files import AUDIO_REF, AudioCache, AudioFiles, audio_key, read_audio_ref, store_once
 from workers.registration import AddRequest
 from workers.request_bodies import REFUSED_LINE, RequestError, parse_body
 from workers.transcription import load_audio
@@ -173,7 +173,7 @@ def test_audio_by_file_id_is_stored_for_the_batch_and_read_by_the_engine_side(rt
     with pytest.raises(RequestError) as forged:
         parse_body(TRANSCRIPTIONS, {**body, "file_url": ref})
     assert forged.value.param == "file_url"
-    # data URLs are untouched
+    # data URLs are untouched but in an audio batch's resolver (``data_urls``: validation's)
     assert not audio.resolve(audio_line("d", WAV, model="whisper")["body"])
 
     def refused(file_id: str, files: AudioFiles = audio) -> RequestError:
@@ -257,12 +257,19 @@ def test_validation_resolves_file_ids_line_by_line(rt, tenants) -> None:
     assert isinstance(checked, ValidLine), checked
     part = json.loads(checked.row.body_json)["messages"][0]["content"][0]
     assert part["image_url"]["url"] == IMAGE_REF + hashlib.sha256(RED).hexdigest()
+    # a part spelled with \u escapes (no "image_url" in its bytes) is found all the same
+    escaped = json.dumps(image_line("esc", data_url(RED))).replace('"image_url"', '"image\\u005furl"')
+    assert b'"image_url"' not in escaped.encode()
+    checked = check_line(escaped.encode(), 3, chat_rules)
+    assert isinstance(checked, ValidLine), checked
+    part = json.loads(checked.row.body_json)["messages"][0]["content"][0]
+    assert part["image_url"]["url"] == IMAGE_REF + hashlib.sha256(RED).hexdigest()
 
 
 def test_a_transcription_batch_naming_files_validates_with_a_row_a_line(rt, tenants, whisper_model) -> None:
     """The whole validation of an audio batch on a registered Whisper model: the good file id
     becomes the stored audio's reference, another tenant's is a refused row (free, with its model),
-    the data URL line is untouched; the batch is validated, not failed."""
+    the data URL line of the same bytes names the same object; the batch is validated, not failed."""
     alpha, beta = tenants
     registration.add(rt, AddRequest("whisper", str(whisper_model)), echo=lambda _: None)
     mine = _upload(rt, alpha, WAV, "user_data", "a.wav")
@@ -281,7 +288,7 @@ def test_a_transcription_batch_naming_files_validates_with_a_row_a_line(rt, tena
     for key in rt.store.list(f"batches/{batch_id}/shards/"):
         rows.update({row.custom_id: row for row in read_rows(rt.store, key, 0, 100)})
     assert set(rows) == {"data", "mine", "theirs"}
-    assert json.loads(rows["data"].body_json)["file_url"].startswith("data:audio/wav;base64,")
+    assert json.loads(rows["data"].body_json)["file_url"] == AUDIO_REF + hashlib.sha256(WAV).hexdigest()
     assert json.loads(rows["mine"].body_json)["file_url"] == AUDIO_REF + hashlib.sha256(WAV).hexdigest()
     assert is_refused(rows["theirs"])
     with pytest.raises(RequestError) as refused:
@@ -428,8 +435,7 @@ def test_a_parquet_audio_files_bad_rows_are_refused_as_jsonl_lines_are(rt, tenan
     assert batch.errors["data"][0]["message"].startswith("row 2 is ")
     runtime.db.dispose()
     # past the audio byte limit: the stored body is that line's refusal, as a file id's is
-    small = AudioFiles(rt, "batch_small", alpha, max_bytes=len(WAV) - 1)
-    small.parquet_audio = True
+    small = AudioFiles(rt, "batch_small", alpha, max_bytes=len(WAV) - 1, data_urls=True)
     body = audio_line("x", WAV, model="whisper")["body"]
     assert small.resolve(body) and list(body) == [REFUSED_LINE, "model"]
     with pytest.raises(RequestError) as too_large:
@@ -440,8 +446,8 @@ def test_a_parquet_audio_files_bad_rows_are_refused_as_jsonl_lines_are(rt, tenan
 
 def test_a_parquet_body_columns_audio_data_urls_are_stored_once_too(rt, tenants, whisper_model) -> None:
     """The OpenAI batch columns of a Parquet file: bodies as JSON text with their audio as data
-    URLs are stored as the audio column's cells are (a Parquet input's data URLs, whatever its
-    shape), three rows over two recordings leaving two objects; a JSONL file's stay in its lines."""
+    URLs are stored as the audio column's cells are (an audio batch's data URLs, whatever its
+    shape or format), three rows over two recordings leaving two objects."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -462,3 +468,144 @@ def test_a_parquet_body_columns_audio_data_urls_are_stored_once_too(rt, tenants,
         bodies.update({r.custom_id: json.loads(r.body_json) for r in read_rows(rt.store, key, 0, 10)})
     assert bodies["0"]["file_url"] == bodies["2"]["file_url"] == AUDIO_REF + hashlib.sha256(WAV).hexdigest()
     assert len(list(rt.store.list(f"batches/{batch_id}/audio/"))) == 2
+
+
+def test_store_once_checks_and_writes_an_object_once_per_batch(rt, monkeypatch) -> None:
+    """The one write of a batch's media (images and audio alike): an object is checked and written
+    the first time; a resolver that stored it does not ask again (the object deleted behind its back
+    stays deleted); another resolver of the batch finds it in the store and neither checks nor
+    writes it (a marker put in its place stays); bytes the check refuses are not stored or
+    remembered; past STORED_MEMORY digests are stored and no longer remembered."""
+    checked: list[bytes] = []
+    key_of = lambda digest: audio_key("batch_once", digest)  # noqa: E731
+    digest = hashlib.sha256(WAV).hexdigest()
+    first: set[str] = set()
+    assert store_once(rt.store, WAV, key_of, first, checked.append) == digest
+    assert checked == [WAV] and first == {digest}
+    with rt.store.open(key_of(digest)) as stream:
+        assert stream.read() == WAV
+    rt.store.delete(key_of(digest))
+    assert store_once(rt.store, WAV, key_of, first, checked.append) == digest
+    assert checked == [WAV] and not rt.store.exists(key_of(digest))  # remembered: not asked again
+    second: set[str] = set()  # another chunk's resolver
+    assert store_once(rt.store, WAV, key_of, second, checked.append) == digest
+    assert checked == [WAV, WAV] and rt.store.exists(key_of(digest))  # not in the store: checked, written
+    rt.store.put_chunks(key_of(digest), [b"marker"])
+    third: set[str] = set()
+    assert store_once(rt.store, WAV, key_of, third, checked.append) == digest
+    assert checked == [WAV, WAV] and third == {digest}
+    with rt.store.open(key_of(digest)) as stream:
+        assert stream.read() == b"marker"  # found in the store: not written again
+
+    def refuse(data: bytes) -> None:
+        raise ValueError("refused")
+
+    other = tone(0.7)
+    with pytest.raises(ValueError):
+        store_once(rt.store, other, key_of, third, refuse)
+    assert third == {digest} and not rt.store.exists(key_of(hashlib.sha256(other).hexdigest()))
+    monkeypatch.setattr(media_files, "STORED_MEMORY", 1)
+    assert store_once(rt.store, other, key_of, third) == hashlib.sha256(other).hexdigest()
+    assert third == {digest} and rt.store.exists(key_of(hashlib.sha256(other).hexdigest()))
+
+
+def test_audio_another_resolver_of_the_batch_stored_is_not_written_again(rt, tenants) -> None:
+    """The audio side of ``store_once``: a data URL's and a file id's audio of the same bytes are one
+    object of the batch; a second resolver of the batch (a validation chunk's) refers to it without
+    writing it (a marker in its place stays), one of another batch stores its own."""
+    alpha, _ = tenants
+    first = AudioFiles(rt, "batch_twice", alpha, data_urls=True)
+    ref = AUDIO_REF + hashlib.sha256(WAV).hexdigest()
+    by_url = audio_line("u", WAV, model="whisper")["body"]
+    file_id = _upload(rt, alpha, WAV, "user_data")
+    by_file = audio_line("f", b"", model="whisper")["body"] | {"file_url": file_id}
+    assert first.resolve(by_url) and first.resolve(by_file)
+    assert by_url["file_url"] == by_file["file_url"] == ref
+    assert list(rt.store.list("batches/batch_twice/")) == [audio_key("batch_twice", ref[-64:])]
+    rt.store.put_chunks(audio_key("batch_twice", ref[-64:]), [b"marker"])
+    second = AudioFiles(rt, "batch_twice", alpha, data_urls=True)
+    body = audio_line("u2", WAV, model="whisper")["body"]
+    assert second.resolve(body) and body["file_url"] == ref
+    with rt.store.open(audio_key("batch_twice", ref[-64:])) as stream:
+        assert stream.read() == b"marker"
+    other = AudioFiles(rt, "batch_else", alpha, data_urls=True)
+    assert other.resolve(audio_line("u3", WAV, model="whisper")["body"])
+    with rt.store.open(audio_key("batch_else", ref[-64:])) as stream:
+        assert stream.read() == WAV
+
+
+def _written(line: dict, way: int) -> bytes:
+    """A JSONL line as tenants write it: json.dumps' spacing, compact, other whitespace about the
+    colon, or the key and the data URL spelled with \\u escapes."""
+    text = json.dumps(line)
+    if way == 1:
+        text = json.dumps(line, separators=(",", ":"))
+    elif way == 2:
+        text = text.replace('"file_url": "data:', '"file_url" :\t  "data:')
+    elif way == 3:
+        text = text.replace('"file_url": "data:', '"file\\u005furl": "\\u0064ata:')
+    return text.encode()
+
+
+@pytest.mark.parametrize("chunk_bytes", [0, 64_000], ids=["one-task", "chunks"])  # chunks: about 3 lines
+def test_a_jsonl_audio_batch_stores_each_distinct_clip_once(rt, tenants, whisper_model, chunk_bytes) -> None:
+    """A JSONL transcription file's data URLs are stored as a Parquet file's audio cells are, in one
+    task and in chunks: twelve lines over three clips, each clip written each of four ways
+    (``_written``), leave three objects of the batch and rows naming them (no base64 in the
+    shards); a line whose data URL is not base64 is that line's ``invalid_audio`` refusal, bytes
+    that are no audio are stored and refused when that line runs, and the other lines validate."""
+    from sqlalchemy import select
+
+    from storage.models import ValidationChunk
+    from workers import validation_chunks
+
+    alpha, _ = tenants
+    runtime = Runtime(replace(rt.settings, validation_chunk_bytes=chunk_bytes))
+    registration.add(runtime, AddRequest("whisper", str(whisper_model)), echo=lambda _: None)
+    clips = [tone(0.5), tone(0.7), tone(0.6, hz=300.0)]
+    data = b""
+    for i in range(12):  # (i % 3, i % 4): each clip each way
+        data += _written(audio_line(f"c{i}", clips[i % 3], language="en"), i % 4) + b"\n"
+    bad = audio_line("bad", b"", language="en")
+    bad["body"]["file_url"] = "data:audio/wav;base64,@@@@"
+    data += json.dumps(bad).encode() + b"\n" + json.dumps(audio_line("noise", b"not audio")).encode() + b"\n"
+    assert data.count(b'"file_url": "data:') == 5  # the others are found however they are spelled
+    batch_id = factories.upload_and_create(runtime, alpha, data, endpoint=TRANSCRIPTIONS).id
+    in_chunks = validation_chunks.validate_in_chunks
+    assert validate_batch(runtime, batch_id, in_chunks) is None
+    with runtime.db.read() as s:
+        chunk_ids = s.scalars(select(ValidationChunk.id).where(ValidationChunk.batch_id == batch_id)).all()
+    assert (len(chunk_ids) > 1) == bool(chunk_bytes)
+    for chunk_id in chunk_ids:
+        validation_chunks.validate_chunk(runtime, batch_id, chunk_id)
+    if chunk_ids:
+        assert validate_batch(runtime, batch_id, in_chunks) is None  # the merge
+    with runtime.db.read() as s:
+        batch = s.get(Batch, batch_id)
+        assert batch is not None and batch.status != BatchStatus.FAILED, batch.errors
+    rows = {}
+    shard_bytes = b""
+    for key in runtime.store.list(f"batches/{batch_id}/shards/"):
+        rows.update({row.custom_id: row for row in read_rows(runtime.store, key, 0, 100)})
+        with runtime.store.open(key) as stream:
+            shard_bytes += stream.read()
+    assert len(rows) == 14 and all("data:" not in row.body_json for row in rows.values())
+    bodies = {custom_id: json.loads(row.body_json) for custom_id, row in rows.items()}
+    for i in range(12):
+        assert bodies[f"c{i}"]["file_url"] == AUDIO_REF + hashlib.sha256(clips[i % 3]).hexdigest(), i
+    contents = [*clips, b"not audio"]
+    stored = sorted(runtime.store.list(f"batches/{batch_id}/audio/"))
+    assert stored == sorted(audio_key(batch_id, hashlib.sha256(c).hexdigest()) for c in contents)
+    assert all(clip[200:264] not in shard_bytes for clip in clips)
+    assert is_refused(rows["bad"])
+    with pytest.raises(RequestError) as refused:
+        parse_body(TRANSCRIPTIONS, bodies["bad"], validated=True)
+    assert (refused.value.code, refused.value.param) == ("invalid_audio", "file_url")
+    read = lambda ref: read_audio_ref(runtime, batch_id, ref)  # noqa: E731
+    for custom_id, seconds in (("c0", 0.5), ("c7", 0.7), ("c11", 0.6)):
+        parsed = parse_body(TRANSCRIPTIONS, bodies[custom_id], validated=True)
+        assert load_audio(parsed.request, read=read).seconds == pytest.approx(seconds)
+    with pytest.raises(RequestError) as noise:
+        load_audio(parse_body(TRANSCRIPTIONS, bodies["noise"], validated=True).request, read=read)
+    assert (noise.value.code, noise.value.param) == ("invalid_audio", "file_url")
+    runtime.db.dispose()
