@@ -7,9 +7,10 @@ limit are each that line's 400 while the rest runs. Audio may be a file the tena
 user_data) named in file_url; another tenant's file id is that line's 404. Audio past Whisper's 30 s
 window runs in chunks (a 45 s file), and verbose_json answers the client's TranscriptionVerbose and
 TranslationVerbose. A Parquet file of the same endpoint (an ``audio`` column of WAV bytes, a
-``file_url`` column naming a file) runs beside them: each distinct audio stored once for the batch,
-its output downloaded as Parquet with each line's text. Random weights: the path is checked, not
-the text."""
+``file_url`` column naming a file) runs beside them. In JSONL and Parquet alike each distinct audio
+is stored once for the batch, however many lines carry it and however a line's JSON is spaced or
+escaped (a data URL that is no base64 is that line's 400), the Parquet output downloaded with each
+line's text. Random weights: the path is checked, not the text."""
 
 from __future__ import annotations
 
@@ -82,9 +83,22 @@ def test_transcription_and_translation_batches_run_on_a_whisper_model(
                 _line("fr-verbose", tone(1.5), url=TRANSLATIONS, response_format="verbose_json"),
             ],
         }
+        # clips repeated (stored once each), written as tenants also write JSON: compact, and with
+        # a tab and a \u escape where json.dumps puts ": \"data:"; a data URL that is no base64
+        bad = _line("bad-base64", b"", language="en")
+        bad["body"]["file_url"] = "data:audio/wav;base64,@@@@"
+        written_otherwise = [
+            json.dumps(_line("en-again", tone(2.2), language="en"), separators=(",", ":")),
+            json.dumps(_line("text-again", tone(1.0), language="en")).replace(
+                '"file_url": "data:', '"file_url":\t"\\u0064ata:'
+            ),
+            json.dumps(bad),
+        ]
+        extra = {TRANSCRIPTIONS: "".join(x + "\n" for x in written_otherwise).encode()}
         batches = {}
         for endpoint, batch_lines in lines.items():
-            upload = client.files.create(file=("audio.jsonl", jsonl(batch_lines)), purpose="batch")
+            data = jsonl(batch_lines) + extra.get(endpoint, b"")
+            upload = client.files.create(file=("audio.jsonl", data), purpose="batch")
             batches[endpoint] = client.batches.create(
                 input_file_id=upload.id,
                 endpoint=endpoint,
@@ -127,15 +141,17 @@ def test_transcription_and_translation_batches_run_on_a_whisper_model(
         return {r["custom_id"]: r for r in out}, {r["custom_id"]: r for r in err}
 
     out, err = files(finals[TRANSCRIPTIONS])
-    good = {"en", "detected", "text", "by-file", "long", "long-verbose"}
-    assert set(out) == good and set(err) == {"noise", "too-long", "theirs"}
-    for key, seconds in (("en", 3), ("detected", 1), ("text", 1), ("by-file", 3), ("long", 45)):
+    good = {"en", "en-again", "detected", "text", "text-again", "by-file", "long", "long-verbose"}
+    assert set(out) == good and set(err) == {"noise", "too-long", "theirs", "bad-base64"}
+    seconds_of = {"en": 3, "en-again": 3, "detected": 1, "text": 1, "text-again": 1, "by-file": 3, "long": 45}
+    for key, seconds in seconds_of.items():
         response = out[key]["response"]
         assert response["status_code"] == 200
         parsed = Transcription.model_validate(response["body"])
         assert isinstance(parsed.text, str)
         assert response["body"]["usage"] == {"type": "duration", "seconds": seconds}
-    for key, code in (("noise", "invalid_audio"), ("too-long", "audio_too_long")):
+    refused = {"noise": "invalid_audio", "too-long": "audio_too_long", "bad-base64": "invalid_audio"}
+    for key, code in refused.items():
         response = err[key]["response"]
         assert response["status_code"] == 400, response
         assert (response["body"]["error"]["code"], response["body"]["error"]["param"]) == (code, "file_url")
@@ -150,16 +166,20 @@ def test_transcription_and_translation_batches_run_on_a_whisper_model(
     assert other["status_code"] == 404, other
     assert (other["body"]["error"]["code"], other["body"]["error"]["param"]) == ("file_not_found", "file_url")
     transcribed = finals[TRANSCRIPTIONS]
-    assert (transcribed.request_counts.completed, transcribed.request_counts.failed) == (6, 3)
+    assert (transcribed.request_counts.completed, transcribed.request_counts.failed) == (8, 4)
     # input: each chunk's decoder prompt and its audio's log-mel frames (100 a second)
-    assert transcribed.usage.input_tokens >= 220 + 100 + 100 + 250 + 2 * (2 * 4 + 4500)
-    assert 8 <= transcribed.usage.output_tokens <= 8 * 8  # at most 8 a chunk
+    assert transcribed.usage.input_tokens >= 2 * 220 + 100 + 2 * 100 + 250 + 2 * (2 * 4 + 4500)
+    assert 8 <= transcribed.usage.output_tokens <= 8 * 10  # at most 8 a chunk
+    # 12 lines, 7 distinct audio stored once each: the data URLs' four (two tones twice, whatever
+    # their spelling, one once, the noise) and the files' three ("long" named twice); none refused
+    assert len(list(live.store().list(f"batches/{transcribed.id}/audio/"))) == 7
 
     out, err = files(finals[TRANSLATIONS])
     assert set(out) == {"fr", "fr-verbose"} and not err
     assert isinstance(Translation.model_validate(out["fr"]["response"]["body"]).text, str)
     translated = TranslationVerbose.model_validate(out["fr-verbose"]["response"]["body"])
     assert translated.duration == 1.5 and isinstance(translated.language, str)
+    assert len(list(live.store().list(f"batches/{finals[TRANSLATIONS].id}/audio/"))) == 1  # one clip
 
     # the Parquet file: its rows ran as the JSONL lines did, each distinct audio stored once
     out, err = files(parquet_final)
