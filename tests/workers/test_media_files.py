@@ -17,11 +17,12 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
 from api.services.files import delete as delete_file
 from api.services.tenants import create_tenant
 from storage.errors import ServiceError
-from storage.models import Batch
+from storage.models import Batch, ValidationChunk
 from storage.runtime import Runtime
 from storage.shards import read_rows
 from storage.status import BatchStatus
@@ -320,10 +321,6 @@ def test_a_parquet_audio_column_is_stored_once_per_content(rt, tenants, whisper_
     it (no audio bytes in the shards); a file id cell is read as a JSONL line's is, another
     tenant's is that row's refusal (the ``file_url`` column, beside ``audio``); bytes that are no audio are stored and refused when the line
     runs (``invalid_audio``, as a JSONL line's data URL), and the engine side reads the rest back."""
-    from sqlalchemy import select
-
-    from storage.models import ValidationChunk
-    from workers import validation_chunks
 
     alpha, beta = tenants
     runtime = Runtime(replace(rt.settings, validation_chunk_bytes=chunk_bytes))
@@ -348,24 +345,7 @@ def test_a_parquet_audio_column_is_stored_once_per_content(rt, tenants, whisper_
         endpoint=TRANSCRIPTIONS,
         metadata={"default_model": "whisper"},
     ).id
-    in_chunks = validation_chunks.validate_in_chunks
-    assert validate_batch(runtime, batch_id, in_chunks) is None
-    with runtime.db.read() as s:
-        chunk_ids = s.scalars(select(ValidationChunk.id).where(ValidationChunk.batch_id == batch_id)).all()
-    assert (len(chunk_ids) > 1) == bool(chunk_bytes)
-    for chunk_id in chunk_ids:
-        validation_chunks.validate_chunk(runtime, batch_id, chunk_id)
-    if chunk_ids:
-        assert validate_batch(runtime, batch_id, in_chunks) is None  # the merge
-    with runtime.db.read() as s:
-        batch = s.get(Batch, batch_id)
-        assert batch is not None and batch.status != BatchStatus.FAILED, batch.errors
-    rows = {}
-    shard_bytes = b""
-    for key in runtime.store.list(f"batches/{batch_id}/shards/"):
-        rows.update({row.custom_id: row for row in read_rows(runtime.store, key, 0, 100)})
-        with runtime.store.open(key) as stream:
-            shard_bytes += stream.read()
+    rows, shard_bytes = _validated_rows(runtime, batch_id, chunked=bool(chunk_bytes))
     assert set(rows) == {"a1", "a2", "a3", "b", "mine", "theirs", "noise"}
     assert all("data:" not in row.body_json for row in rows.values())
     bodies = {custom_id: json.loads(row.body_json) for custom_id, row in rows.items()}
@@ -554,10 +534,6 @@ def test_a_jsonl_audio_batch_stores_each_distinct_clip_once(rt, tenants, whisper
     (``_written``), leave three objects of the batch and rows naming them (no base64 in the
     shards); a line whose data URL is not base64 is that line's ``invalid_audio`` refusal, bytes
     that are no audio are stored and refused when that line runs, and the other lines validate."""
-    from sqlalchemy import select
-
-    from storage.models import ValidationChunk
-    from workers import validation_chunks
 
     alpha, _ = tenants
     runtime = Runtime(replace(rt.settings, validation_chunk_bytes=chunk_bytes))
@@ -571,24 +547,7 @@ def test_a_jsonl_audio_batch_stores_each_distinct_clip_once(rt, tenants, whisper
     data += json.dumps(bad).encode() + b"\n" + json.dumps(audio_line("noise", b"not audio")).encode() + b"\n"
     assert data.count(b'"file_url": "data:') == 5  # the others are found however they are spelled
     batch_id = factories.upload_and_create(runtime, alpha, data, endpoint=TRANSCRIPTIONS).id
-    in_chunks = validation_chunks.validate_in_chunks
-    assert validate_batch(runtime, batch_id, in_chunks) is None
-    with runtime.db.read() as s:
-        chunk_ids = s.scalars(select(ValidationChunk.id).where(ValidationChunk.batch_id == batch_id)).all()
-    assert (len(chunk_ids) > 1) == bool(chunk_bytes)
-    for chunk_id in chunk_ids:
-        validation_chunks.validate_chunk(runtime, batch_id, chunk_id)
-    if chunk_ids:
-        assert validate_batch(runtime, batch_id, in_chunks) is None  # the merge
-    with runtime.db.read() as s:
-        batch = s.get(Batch, batch_id)
-        assert batch is not None and batch.status != BatchStatus.FAILED, batch.errors
-    rows = {}
-    shard_bytes = b""
-    for key in runtime.store.list(f"batches/{batch_id}/shards/"):
-        rows.update({row.custom_id: row for row in read_rows(runtime.store, key, 0, 100)})
-        with runtime.store.open(key) as stream:
-            shard_bytes += stream.read()
+    rows, shard_bytes = _validated_rows(runtime, batch_id, chunked=bool(chunk_bytes))
     assert len(rows) == 14 and all("data:" not in row.body_json for row in rows.values())
     bodies = {custom_id: json.loads(row.body_json) for custom_id, row in rows.items()}
     for i in range(12):
@@ -609,3 +568,29 @@ def test_a_jsonl_audio_batch_stores_each_distinct_clip_once(rt, tenants, whisper
         load_audio(parse_body(TRANSCRIPTIONS, bodies["noise"], validated=True).request, read=read)
     assert (noise.value.code, noise.value.param) == ("invalid_audio", "file_url")
     runtime.db.dispose()
+
+
+def _validated_rows(runtime: Runtime, batch_id: str, chunked: bool) -> tuple[dict, bytes]:
+    """Validate the batch as the control worker does (in chunks, then the merge, when ``chunked``;
+    in one task otherwise); its shards' rows by custom_id, and the shards' bytes."""
+    from workers import validation_chunks
+
+    in_chunks = validation_chunks.validate_in_chunks
+    assert validate_batch(runtime, batch_id, in_chunks) is None
+    with runtime.db.read() as s:
+        chunk_ids = s.scalars(select(ValidationChunk.id).where(ValidationChunk.batch_id == batch_id)).all()
+    assert (len(chunk_ids) > 1) == chunked
+    for chunk_id in chunk_ids:
+        validation_chunks.validate_chunk(runtime, batch_id, chunk_id)
+    if chunk_ids:
+        assert validate_batch(runtime, batch_id, in_chunks) is None  # the merge
+    with runtime.db.read() as s:
+        batch = s.get(Batch, batch_id)
+        assert batch is not None and batch.status != BatchStatus.FAILED, batch.errors
+    rows = {}
+    shard_bytes = b""
+    for key in runtime.store.list(f"batches/{batch_id}/shards/"):
+        rows.update({row.custom_id: row for row in read_rows(runtime.store, key, 0, 100)})
+        with runtime.store.open(key) as stream:
+            shard_bytes += stream.read()
+    return rows, shard_bytes
