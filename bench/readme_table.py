@@ -46,6 +46,8 @@ class Row:
 MJSP = "multi_job_shared_prefix_tight_kv"
 # the few-shot jobs in both cache modes, one run (issue #49 part 8)
 FEW_SHOT = "scheduler-fewshot-cache-modes.json"
+# issue #51's workloads against the limit, one run
+LIMITS = "scheduler-limits.json"
 ROWS = (
     Row("unique prompts: Freight / in-process engine", "scheduler.json", "unique.freight_over_engine"),
     Row(
@@ -118,6 +120,16 @@ ROWS = (
         f"{MJSP}.freight_per_tenant_1job_over_limit",
     ),
     Row("the same, 6 jobs / the limit salted per tenant", FEW_SHOT, f"{MJSP}.freight_per_tenant_over_limit"),
+    Row(
+        "20% exact duplicates, greedy (dups): Freight / the engine on the same lines sorted (the limit)",
+        LIMITS,
+        "dups.freight_over_limit",
+    ),
+    Row(
+        "8-token classification mixed with 256-token generation over shared prompts (blend): Freight / the limit",
+        LIMITS,
+        "blend.freight_over_limit",
+    ),
     Row(
         "20,000 tiny requests: Freight / the faster in-process engine, requests/s",
         "control_plane.json",
