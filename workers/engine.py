@@ -630,6 +630,7 @@ class Engine:
             prompt_token_ids=request.prompt_token_ids,
             parsers=self._parsers,
             shapes=self._shapes,
+            decode_at_end=True,  # where exact, each answer decoded whole once it finishes
         )
 
     # ------------------------------------------------------------------ feeding

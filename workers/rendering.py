@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from workers.output_text import answer_text, decodes_at_end
 from workers.request_bodies import ParsedRequest, RequestError, clip_message, sampling_params_of
 from workers.responses import response_from_chat
 from workers.tool_calls import ModelParsers, shape_choice
@@ -51,6 +52,7 @@ def render_request(
     prompt_token_ids: Sequence[int] | None = None,
     parsers: ModelParsers | None = None,
     shapes: ParsedShapes | None = None,
+    decode_at_end: bool = False,
 ) -> RenderedRequest:
     """Prompt token ids (chat template or completion prompt) and SamplingParams for one request.
 
@@ -63,6 +65,8 @@ def render_request(
     (through the same length checks) instead of rendering it again; chat `echo` still renders.
     `parsers`, the model's tool-call parser, adjust chat requests as `vllm serve` adjusts them.
     `shapes`, the engine's parse cache, shares SamplingParams between lines of one shape.
+    `decode_at_end`: the engine's tokenizer can decode an answer whole when it finishes
+    (`workers.output_text`): vLLM's per-token decoding is turned off where that gives the same text.
     """
     from vllm.entrypoints.serve.utils.api_utils import get_max_tokens
     from vllm.exceptions import VLLMValidationError
@@ -129,20 +133,25 @@ def render_request(
         raise RequestError("context_length_exceeded", clip_message(str(exc)), budget) from None
     if parsers is not None and parsed.is_chat:
         parsers.adjust(request)
-    sampling_params = _sampling_params(parsed, max_tokens, defaults, shapes)
+    tokenizer = renderer.tokenizer if decode_at_end else None
+    sampling_params = _sampling_params(parsed, max_tokens, defaults, shapes, tokenizer)
     return RenderedRequest(parsed, engine_input, prompt_token_ids, sampling_params, echo_text)
 
 
 def _sampling_params(
-    parsed: ParsedRequest, max_tokens: int, defaults: dict, shapes: ParsedShapes | None
+    parsed: ParsedRequest, max_tokens: int, defaults: dict, shapes: ParsedShapes | None, tokenizer: Any
 ) -> SamplingParams:
-    """The request's SamplingParams, final output only; shared by the lines of its shape and
-    budget where ``shapes`` keeps them (``ParsedShapes.sampling_params`` says why that is exact)."""
+    """The request's SamplingParams, final output only, decoded at the end where ``tokenizer``
+    (None: as vLLM decodes) gives the same text (``workers.output_text``); shared by the lines of
+    its shape and budget where ``shapes`` keeps them (``ParsedShapes.sampling_params`` says why
+    that is exact: the tokenizer is the engine's, fixed like its defaults)."""
     from vllm.sampling_params import RequestOutputKind
 
     def build() -> SamplingParams:
         params = sampling_params_of(parsed.request, max_tokens, defaults)
         params.output_kind = RequestOutputKind.FINAL_ONLY
+        if decodes_at_end(params, tokenizer):
+            params.detokenize = False  # build_response_body decodes each choice whole
         return params
 
     return build() if shapes is None else shapes.sampling_params(parsed, max_tokens, build)
@@ -181,6 +190,12 @@ def build_response_body(
     parsed = rendered.parsed
     created = int(time.time()) if created is None else created
     prompt_ids = list(output.prompt_token_ids or rendered.prompt_token_ids)
+    params = rendered.sampling_params
+    if not params.detokenize and tokenizer is not None:  # vLLM did not decode it: done here, whole
+        for choice in output.outputs:
+            choice.text = answer_text(
+                tokenizer, prompt_ids, choice.token_ids, choice.finish_reason == "stop", params
+            )
     completion_tokens = sum(len(choice.token_ids) for choice in output.outputs)
     usage = UsageInfo(
         prompt_tokens=len(prompt_ids),

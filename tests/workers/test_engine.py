@@ -204,6 +204,32 @@ def test_logprobs_in_openai_shape(vllm_engine: Engine) -> None:
     assert out["echo"].body["choices"][0]["text"].startswith("Once upon a time")  # the prompt text, as sent
 
 
+def test_answers_decoded_whole_match_vllms_own_decoding(vllm_engine: Engine) -> None:
+    """workers/output_text.py on the live engine: a line without stop strings or logprobs runs
+    with vLLM's per-token decoding off and its answer decoded whole; the same seeded line with a
+    stop string that never matches is decoded by vLLM token by token. Same tokens, same text."""
+    topics = ["Name a colour. ✓", "Écris un poème sur la mer 🌊", "写一首关于山的诗", "List three primes"]
+    plain, decoded = [], []
+    for i, topic in enumerate(topics * 3):
+        fields = {"messages": [{"role": "user", "content": topic}], "max_tokens": 48, "temperature": 1.0}
+        plain.append(chat_req(f"plain{i}", seed=i, **fields))
+        decoded.append(chat_req(f"vllm{i}", seed=i, stop=["\u0000never"], **fields))
+        plain.append(cmpl_req(f"cplain{i}", seed=i, max_tokens=32, temperature=1.0, prompt=topic))
+        decoded.append(
+            cmpl_req(f"cvllm{i}", seed=i, max_tokens=32, temperature=1.0, prompt=topic, stop=["\u0000"])
+        )
+    assert not vllm_engine.render(plain[0]).sampling_params.detokenize  # decoded at the end
+    assert vllm_engine.render(decoded[0]).sampling_params.detokenize  # a stop string: vLLM decodes
+    out = run(vllm_engine, *plain, *decoded)
+    for a, b in zip(plain, decoded, strict=True):
+        first, second = out[a.key].body["choices"][0], out[b.key].body["choices"][0]
+        text = first["message"]["content"] if "message" in first else first["text"]
+        expected = second["message"]["content"] if "message" in second else second["text"]
+        assert first["finish_reason"] == second["finish_reason"]
+        assert out[a.key].completion_tokens == out[b.key].completion_tokens > 0
+        assert text == expected, (a.key, text, expected)
+
+
 def test_shared_prefix_is_cached(vllm_engine: Engine) -> None:
     # CPU KV blocks hold 128 tokens and only full blocks are shared: use a prefix of several blocks.
     words = " ".join(f"clause {i} of contract {uuid.uuid4().hex[:6]};" for i in range(80))
