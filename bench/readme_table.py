@@ -131,6 +131,13 @@ ROWS = (
         "blend.freight_over_limit",
     ),
     Row(
+        "engine steps alone: Freight's engine fed as its loop feeds it / `LLM.chat` on the same lines (engine_step)",
+        "engine-step.json",
+        "engine_step.freight_over_limit",
+        op=">=",
+        note="answers decoded by vLLM token by token=ratios.vllm_decode_over_limit",
+    ),
+    Row(
         "20,000 tiny requests: Freight / the faster in-process engine, requests/s",
         "control_plane.json",
         "request_rate_freight_over_engine",

@@ -3,10 +3,10 @@
 Why: vLLM turns each new token into text as the token is made (its incremental detokenizer,
 ``vllm.v1.engine.detokenizer``), on the thread that steps the engine, so that it can check stop
 strings and stream. A batch line has neither to do unless it gives stop strings: Freight asks only
-for the final output. Measured on the scheduler benchmark's model (2-core AMD EPYC, 64 sequences a
-step, 64-token answers), that per-token decoding was about 6% of every engine step (10.4 against
-11.1 ms a step over two alternating pairs, bench/README.md "Where an engine step's time goes");
-decoding each answer whole when it finishes costs a few microseconds a line instead.
+for the final output. On a CPU host that decoding sits between the model's steps, on the one thread
+that steps the engine (bench/README.md, "Where an engine step's time goes": 12.45 against 13.16 ms
+a step in bench/results/engine-step.json); decoding each answer whole when it finishes is one call
+into the tokenizer per line instead of one per token.
 
 Exact: the text is what vLLM's own ``FastIncrementalDetokenizer`` would have made. vLLM primes a
 ``tokenizers`` ``DecodeStream`` with the prompt and steps it through the output, leaving out a
