@@ -168,19 +168,31 @@ class ElevatorFeed(Generic[T]):
 
 
 def gather_deadline(
-    first_waiting: float, last_pack: float, more_coming: bool, merge_seconds: float, settle_seconds: float
+    first_waiting: float,
+    last_pack: float,
+    more_coming: bool,
+    merge_seconds: float,
+    settle_seconds: float,
+    newest_batch: float | None = None,
 ) -> float:
     """When an idle engine holding less than its look-ahead starts (same clock as the arguments).
 
     ``first_waiting``: when it began waiting with requests in its feed; ``last_pack``: when the
     latest pack reached the feed; ``more_coming``: that pack's word that batches of the model were
-    still validating. Then it waits up to ``merge_seconds`` from the first request: those batches
-    are known. Otherwise it starts once no pack has come for ``settle_seconds``, never later than
-    the larger of the two windows after the first request (a steady trickle of packs cannot hold
-    it): a pack knows only of batches already created, and jobs submitted together are created a
-    fraction of a second apart. A window of 0 is off; both off, it starts at once."""
+    still validating; ``newest_batch``: that pack's word of when the newest batch of the model was
+    created (None: not known). Then it waits up to ``merge_seconds`` from the first request: those
+    batches are known. Otherwise it starts once ``settle_seconds`` have passed since the newest
+    batch was created (jobs submitted together are created a fraction of a second apart, and a
+    pack knows only of batches already created), or, not knowing when that was, since the last
+    pack came; never later than the larger of the two windows after the first request (a steady
+    trickle of packs cannot hold it). So a job alone whose validation took longer than the settle
+    window starts at once: its burst, if it had one, would be validating already. A window of 0
+    is off; both off, it starts at once."""
     if more_coming and merge_seconds > 0:
         return first_waiting + merge_seconds
     if settle_seconds <= 0:
         return first_waiting
-    return min(last_pack + settle_seconds, first_waiting + max(merge_seconds, settle_seconds))
+    quiet_from = last_pack if newest_batch is None else min(last_pack, newest_batch)
+    return max(
+        first_waiting, min(quiet_from + settle_seconds, first_waiting + max(merge_seconds, settle_seconds))
+    )

@@ -71,7 +71,7 @@ TASKS: dict[str, TaskSpec] = {
     # the decode limits as validation does, so it runs on the validation role, never in the API
     "freight.convert_file": TaskSpec(VALIDATE_QUEUE, ("file_id", "fmt")),
     "freight.deliver_webhook": TaskSpec(WEBHOOK_QUEUE, ("delivery_id",)),
-    "freight.run_pack": TaskSpec(None, ("pack_id", "unit_ids", "more_coming", "urgent")),
+    "freight.run_pack": TaskSpec(None, ("pack_id", "unit_ids", "more_coming", "urgent", "newest_batch_at")),
 }
 # task name -> queue, for every send (also one that names no queue, and beat's)
 TASK_QUEUES = {name: spec.queue for name, spec in TASKS.items() if spec.queue is not None}
@@ -271,11 +271,23 @@ class TaskQueue:
         unit_ids: list[int],
         more_coming: bool = False,
         urgent: list[int] | None = None,
+        newest_batch_at: float | None = None,
     ) -> None:
         """``more_coming``: batches that may be of this model were still validating when the pack
         was made, so an idle worker may wait a moment to merge them (FREIGHT_FEED_MERGE_SECONDS).
-        ``urgent``: the units the worker runs ahead of its elevator (the plan's, after the share cap)."""
-        self._send("freight.run_pack", pack_id, unit_ids, more_coming, urgent or [], queue=model_queue(model))
+        ``urgent``: the units the worker runs ahead of its elevator (the plan's, after the share cap).
+        ``newest_batch_at``: when the newest batch that may be of this model was created (epoch
+        seconds; None: not known): an idle worker's settle window counts from it
+        (FREIGHT_FEED_SETTLE_SECONDS)."""
+        self._send(
+            "freight.run_pack",
+            pack_id,
+            unit_ids,
+            more_coming,
+            urgent or [],
+            newest_batch_at,
+            queue=model_queue(model),
+        )
 
     def scan_dropfolder(self, folder_id: str, expires: float) -> None:
         self._send("freight.scan_dropfolder", folder_id, expires=expires)

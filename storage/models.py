@@ -206,6 +206,9 @@ class Batch(Base):
     metadata_: Mapped[dict[str, str] | None] = mapped_column("metadata", JSON)
 
     created_at: Mapped[int] = mapped_column(BigInteger)
+    # created_at to the sub-second (epoch seconds; NULL on rows made before 0036): an idle engine
+    # waits for jobs submitted with this one by its age (scheduler.feed_order.gather_deadline)
+    submitted_at: Mapped[float | None] = mapped_column(Float)
     expires_at: Mapped[int] = mapped_column(BigInteger)  # the SLA deadline
     in_progress_at: Mapped[int | None] = mapped_column(BigInteger)
     finalizing_at: Mapped[int | None] = mapped_column(BigInteger)

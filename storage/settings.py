@@ -137,9 +137,10 @@ class Settings:
     # a moment apart then meet in one sweep instead of the first running alone (seconds; 0: off)
     feed_merge_seconds: float = 2.0
     # an idle engine worker given fewer requests than that look-ahead, whose pack knows of nothing
-    # else validating, starts once no pack has come for this long (at most feed_merge_seconds, or
-    # this, from its first request): jobs submitted together reach validation a fraction of a second
-    # apart, and the first one's pack cannot know of batches not yet created (seconds; 0: off)
+    # else validating, starts once this long has passed since the newest batch of its model was
+    # created (the pack says when; else since the pack came), at most feed_merge_seconds, or this,
+    # from its first request: jobs submitted together are created a fraction of a second apart,
+    # and the first one's pack cannot know of batches not yet created (seconds; 0: off)
     feed_settle_seconds: float = 0.3
     # an engine worker hands vLLM a request only if every request in the engine, each grown to its
     # predicted output, still fits the KV cache, each shared prefix counted once

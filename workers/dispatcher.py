@@ -528,7 +528,7 @@ def pack_model(
 ) -> None:
     """One packing pass of one model's queue, then the packs sent after its commit."""
     settings = rt.settings
-    sends: list[tuple[str, list[int], bool, list[int]]] = []
+    sends: list[tuple[str, list[int], bool, list[int], float | None]] = []
     with rt.db.write() as s:
         # one packing pass of a model at a time: concurrent passes planned the same pending units
         # and locked them in different orders (PostgreSQL failed one of each deadlocked pair)
@@ -628,6 +628,14 @@ def pack_model(
             batch_load=loads.batches,
         )
         more_coming = None in validating or model in validating
+        # the newest batch that may be of this model (one validating may be of any): an idle
+        # worker's settle window counts from its creation (scheduler.feed_order.gather_deadline)
+        newest_batch_at = s.scalar(
+            select(func.max(Batch.submitted_at)).where(
+                or_(Batch.model == model, Batch.model.is_(None)),
+                Batch.status.in_((BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS)),
+            )
+        )
         for pack in packs:
             pack_id = new_id("pack_")
             move_units(
@@ -642,10 +650,10 @@ def pack_model(
             taken = list(s.scalars(select(WorkUnit.id).where(WorkUnit.pack_id == pack_id)).all())
             if taken:
                 urgent = [u for u in taken if u in set(pack.urgent)]
-                sends.append((pack_id, taken, more_coming, urgent))
+                sends.append((pack_id, taken, more_coming, urgent, newest_batch_at))
     # after the commit: a task never refers to a row state that might roll back
-    for pack_id, unit_ids, more, urgent in sends:
-        rt.queue.run_pack(pack_id, model, unit_ids, more, urgent)
+    for pack_id, unit_ids, more, urgent, newest in sends:
+        rt.queue.run_pack(pack_id, model, unit_ids, more, urgent, newest)
         report.packs.append(pack_id)
         report.enqueued.extend(unit_ids)
 

@@ -114,7 +114,12 @@ class PackRunner:
         return self
 
     def run_pack(
-        self, pack_id: str, unit_ids: list[int], more_coming: bool = False, urgent: Iterable[int] = ()
+        self,
+        pack_id: str,
+        unit_ids: list[int],
+        more_coming: bool = False,
+        urgent: Iterable[int] = (),
+        newest_batch_at: float | None = None,
     ) -> int:
         """See ``PackFeed.run_pack``: claims the pack's units, feeds their requests, and returns
         the units claimed once the engine needs the next pack. First, an engine that cannot
@@ -129,7 +134,7 @@ class PackRunner:
                 log.exception(
                     "checking %s's adapters before pack %s failed; running it as is", self.model, pack_id
                 )
-        return self.feed.run_pack(pack_id, unit_ids, more_coming, urgent)
+        return self.feed.run_pack(pack_id, unit_ids, more_coming, urgent, newest_batch_at)
 
     def restart_engine(self, config: EngineConfig, loras: LoraAdapters | None, why: str) -> bool:
         """Replace the engine by one started with ``config`` at a safe point: no ask out, every

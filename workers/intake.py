@@ -276,6 +276,7 @@ def add(
         output_expires_after=request.output_expires_after,
         resumed_from=request.resumed_from,
         created_at=now,
+        submitted_at=time.time(),  # created_at's seconds are too coarse for a burst of creates
         expires_at=now + request.tier.seconds,
         price_multiplier=request.tier.price_multiplier,
         trace_context=trace_context,

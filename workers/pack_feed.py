@@ -66,32 +66,49 @@ class PackFeed:
         self.high_water = max(max_num_seqs, rt.settings.feed_requests or rt.settings.pack_requests)
         self._last_pack_at = 0.0  # the last pack's requests reached the feed (monotonic; guarded by the lock)
         self._more_coming = False  # the last pack's: other batches were validating (guarded by the lock)
+        # the last pack's: when the newest batch of the model was created, on the monotonic clock
+        # (None: not said); the settle window counts from it (guarded by the lock)
+        self._newest_batch_at: float | None = None
         # this process waits for a pack (its ask, renewed by the watcher); guarded by _ask_lock, held
         # over the broker call so a renewal never lands after the withdrawal that a claim makes
         self._asking = False
         self._ask_lock = threading.Lock()
 
     def run_pack(
-        self, pack_id: str, unit_ids: list[int], more_coming: bool = False, urgent: Iterable[int] = ()
+        self,
+        pack_id: str,
+        unit_ids: list[int],
+        more_coming: bool = False,
+        urgent: Iterable[int] = (),
+        newest_batch_at: float | None = None,
     ) -> int:
         """Claim the pack's units, put their requests on the feed in prefix order, and return
         once the feed is low enough that the engine needs the next pack. Returns units claimed.
 
         ``more_coming``: the dispatcher saw batches that may be of this model still validating;
-        the latest pack's word decides whether an idle engine waits for them (``gathering``)."""
+        ``newest_batch_at``: when the newest batch of the model it saw was created (epoch
+        seconds; None: not known). The latest pack's word decides how long an idle engine waits
+        for more (``gathering``)."""
         state = self._state
         if state.closing.is_set():
             return 0
         self.withdraw_ask()  # before the claims: see dispatcher.pack_model on the order
         try:
-            return self._feed_pack(pack_id, unit_ids, more_coming, urgent)
+            return self._feed_pack(pack_id, unit_ids, more_coming, urgent, newest_batch_at)
         finally:
             # whatever became of this pack, the worker takes the next message now: it waits for a
             # pack, so one is made for it (the task's refill right after this, or the next tick)
             if not state.closing.is_set() and state.failure is None:
                 self.ask()
 
-    def _feed_pack(self, pack_id: str, unit_ids: list[int], more_coming: bool, urgent: Iterable[int]) -> int:
+    def _feed_pack(
+        self,
+        pack_id: str,
+        unit_ids: list[int],
+        more_coming: bool,
+        urgent: Iterable[int],
+        newest_batch_at: float | None = None,
+    ) -> int:
         hurry = set(urgent)
         units: list[ActiveUnit] = []
         for u in unit_ids:
@@ -117,6 +134,13 @@ class PackFeed:
         with self._lock:
             self._more_coming = more_coming
             self._last_pack_at = time.monotonic()
+            # its age on this host's wall clock, on the monotonic one (a clock behind the
+            # creator's reads age 0: the window then counts from this pack, as without the word)
+            self._newest_batch_at = (
+                None
+                if newest_batch_at is None
+                else self._last_pack_at - max(0.0, time.time() - newest_batch_at)
+            )
             for unit, unit_rows in zip(units, rows, strict=True):
                 unit.total = len(unit_rows)
                 if unit.total == 0:
@@ -207,7 +231,9 @@ class PackFeed:
             now = time.monotonic()
             if since is None:
                 since = now
-            until = gather_deadline(since, self._last_pack_at, self._more_coming, merge, settle)
+            until = gather_deadline(
+                since, self._last_pack_at, self._more_coming, merge, settle, self._newest_batch_at
+            )
             if now >= until:
                 return False, since
             self._lock.wait(min(IDLE_WAIT_SECONDS, until - now))

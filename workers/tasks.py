@@ -213,8 +213,11 @@ def run_pack(
     unit_ids: list[int],
     more_coming: bool = False,
     urgent: list[int] | None = None,
+    newest_batch_at: float | None = None,
 ) -> None:
-    self.runner.run_pack(pack_id, unit_ids, more_coming=more_coming, urgent=urgent or ())
+    self.runner.run_pack(
+        pack_id, unit_ids, more_coming=more_coming, urgent=urgent or (), newest_batch_at=newest_batch_at
+    )
     poke(self.rt, self.runner.model)
 
 

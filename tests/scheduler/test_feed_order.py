@@ -189,6 +189,17 @@ def test_an_idle_engine_starts_once_packs_stop_coming() -> None:
     assert gather_deadline(10.0, 10.4, False, merge_seconds=2.0, settle_seconds=0.3) == pytest.approx(10.7)
 
 
+def test_the_settle_window_counts_from_the_newest_batchs_creation_when_the_pack_says_it() -> None:
+    # a job alone whose validation took 1 s: a burst it belonged to would be validating by now
+    assert gather_deadline(10.0, 10.0, False, merge_seconds=2.0, settle_seconds=0.3, newest_batch=9.0) == 10.0
+    # one created 0.1 s before its pack came: the rest of the window
+    assert gather_deadline(10.0, 10.0, False, 2.0, 0.3, newest_batch=9.9) == pytest.approx(10.2)
+    # a pack after it says nothing newer: the window still counts from the creation, not the pack
+    assert gather_deadline(10.0, 10.25, False, 2.0, 0.3, newest_batch=9.9) == pytest.approx(10.2)
+    # batches validating: the merge window, whatever the creation
+    assert gather_deadline(10.0, 10.0, True, 2.0, 0.3, newest_batch=5.0) == 12.0
+
+
 def test_a_trickle_of_packs_cannot_hold_an_idle_engine() -> None:
     # a pack every 0.2 s would restart the settle window forever: the larger window caps it
     assert gather_deadline(10.0, 11.9, False, merge_seconds=2.0, settle_seconds=0.3) == 12.0
@@ -201,9 +212,13 @@ def test_a_trickle_of_packs_cannot_hold_an_idle_engine() -> None:
     st.booleans(),
     st.floats(0, 60),
     st.floats(0, 60),
+    st.none() | st.floats(0, 200),
 )
-def test_the_wait_is_bounded_and_windows_of_zero_are_off(first, pack_after, more, merge, settle) -> None:
-    start = gather_deadline(first, first + pack_after, more, merge, settle)
+def test_the_wait_is_bounded_and_windows_of_zero_are_off(first, pack_after, more, merge, settle, age) -> None:
+    newest = None if age is None else first + pack_after - age  # created before its pack came
+    start = gather_deadline(first, first + pack_after, more, merge, settle, newest)
     assert first <= start <= first + max(merge, settle)
+    if newest is not None and not (more and merge > 0):  # never later than without the word
+        assert start <= gather_deadline(first, first + pack_after, more, merge, settle)
     if settle == 0 and (merge == 0 or not more):
         assert start == first  # both waits off (or the only one on does not apply): at once

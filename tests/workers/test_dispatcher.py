@@ -15,7 +15,7 @@ from sqlalchemy import select
 from api.services.tenants import create_tenant
 from storage import tick_clock
 from storage.broker import VALIDATE_QUEUE
-from storage.models import UnitStatus, WorkUnit
+from storage.models import Batch, UnitStatus, WorkUnit
 from storage.runtime import Runtime
 from tests.conftest import now
 from tests.factories import chat_line, create, upload, upload_and_create, validated_batch
@@ -242,6 +242,11 @@ def test_a_pack_says_whether_more_batches_are_still_validating(settings):
         later = upload_and_create(rt, tenant.id, [chat_line("l-0", "later", max_tokens=2)], name="l.jsonl")
         dispatcher.tick(rt, float(now()))
         assert [(args[1], args[2]) for args in sent_packs(rt)] == [([u.id for u in units(rt)], True)]
+        # and when the newest batch that may be of its model was created, to the sub-second: the
+        # validating one, whose model is not known yet
+        with rt.db.read() as s:
+            created = dict(s.execute(select(Batch.id, Batch.submitted_at)).all())
+        assert created[first] < created[later.id] and sent_packs(rt)[-1][4] == created[later.id]
         from workers.validation import validate_batch
 
         validate_batch(rt, later.id)  # nothing validating any more
@@ -251,6 +256,7 @@ def test_a_pack_says_whether_more_batches_are_still_validating(settings):
             )
         dispatcher.tick(rt, float(now()))
         assert sent_packs(rt)[-1][2] is False
+        assert sent_packs(rt)[-1][4] == created[later.id]  # the newest of the model's, validated
     finally:
         rt.db.dispose()
 
@@ -272,7 +278,7 @@ def test_a_pack_names_the_units_urgent_within_the_tenants_share(settings, share,
         first = validated_batch(rt, a.id, lines, name="a.jsonl", completion_window="1h")  # due first
         submit(rt, b.id, 4, "b")
         dispatcher.tick(rt, float(now()))
-        [(_, unit_ids, _, urgent)] = sent_packs(rt)
+        [(_, unit_ids, _, urgent, _)] = sent_packs(rt)
         a_units = [u.id for u in units(rt) if u.batch_id == first]
         b_units = [u.id for u in units(rt) if u.batch_id != first]
         # b's unit is urgent too (b holds nothing); a's second only when urgency has no cap
@@ -296,7 +302,7 @@ def test_a_refill_between_ticks_keeps_urgency_and_its_cap(settings):
         validated_batch(rt, a.id, lines, name="a.jsonl", completion_window="1h")  # due first
         later = submit(rt, b.id, 4, "b")
         dispatcher.enqueue_units(rt, float(now()), dispatcher.TickReport())  # not a tick
-        [(_, unit_ids, _, urgent)] = sent_packs(rt)
+        [(_, unit_ids, _, urgent, _)] = sent_packs(rt)
         b_unit = next(u.id for u in units(rt) if u.batch_id == later)
         # a's first unit is urgent (a held nothing), then a is over its share while b waits: b's
         # unit (urgent too, b holding nothing) goes next, and a's second waits for the next pack

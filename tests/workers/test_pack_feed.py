@@ -144,3 +144,25 @@ def test_an_idle_engine_gathers_packs_while_more_may_come_never_past_the_window_
         assert feed.gathering(None) == (False, None)  # urgent work starts at once
     finally:
         rt.db.dispose()
+
+
+def test_an_idle_engine_waits_for_a_burst_of_jobs_by_the_newest_ones_age(settings: Settings) -> None:
+    """With nothing validating, an idle engine waits FREIGHT_FEED_SETTLE_SECONDS from the newest
+    batch's creation the pack names: a job alone created longer ago than that (its validation
+    took longer) starts at once; one created just now waits; a pack naming none waits from its
+    own arrival, as before the word existed."""
+    rt = Runtime(replace(settings, unit_size=1, feed_merge_seconds=2.0, feed_settle_seconds=5.0))
+    try:
+        tenant, _ = create_tenant(rt.db, "t", now())
+        ids = [u.id for u in batch_units(rt, validated_batch(rt, tenant.id, lines("b", 3)))]
+        feed, _, _ = feed_on(rt)
+        feed.run_pack("pack-old", ids[:1], newest_batch_at=time.time() - 6.0)
+        assert feed.gathering(None)[0] is False
+        feed.run_pack("pack-new", ids[1:2], newest_batch_at=time.time() - 0.1)
+        waited, since = feed.gathering(None)
+        assert waited and since is not None
+        feed.requests.pop(), feed.requests.pop()
+        feed.run_pack("pack-unsaid", ids[2:])
+        assert feed.gathering(None)[0] is True
+    finally:
+        rt.db.dispose()

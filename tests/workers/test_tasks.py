@@ -62,7 +62,7 @@ def test_every_send_reaches_a_registered_task_that_takes_its_arguments(settings,
     q.validate_chunk("batch_1", 3)
     q.estimate("est_1")
     q.finalize("batch_1")
-    q.run_pack("pack-1", "demo", [1, 2], more_coming=True, urgent=[2])
+    q.run_pack("pack-1", "demo", [1, 2], more_coming=True, urgent=[2], newest_batch_at=1.8e9)
     q.scan_dropfolder("df_1", expires=2e9)
     q.deliver_dropfolder_object(7, expires=2e9)
     q.deliver_webhook(9, expires=2e9)
