@@ -169,4 +169,4 @@ def test_the_figure_check_finds_what_it_claims_to() -> None:
     assert sourced("12,600", "lines/s", frozenset({12600.0}))
     assert sourced("88.0", "MB", frozenset({87_980_000.0}))
     page = "# a\nx 1.5 s\n```sh\n# not a heading\n```\n## b\ny\n"
-    assert list(sections(prose(page))) == [(1, 0, 39), (6, 39, 46)]
+    assert list(sections(prose(page))) == [(1, 0, 38), (6, 38, 45)]
