@@ -1,0 +1,172 @@
+"""Every measured figure in the repository's Markdown comes from a committed result file (issue
+#50): a reader can follow any number to the run, the code revision and the machine behind it.
+
+What counts as a measured figure (``FIGURE``): a number with a fractional part followed by a unit
+of time, a ratio, a share or a size (``8.14 s``, ``0.754×``, ``0.35%``, ``10.7 ms``, ``1.3 GiB``),
+either end of a range of them (``0.97-1.15×``), and any number followed by a rate (``12,600
+lines/s``, ``835 tok/s``). Whole-number durations and shares are mostly settings and bounds
+(``30 s``, ``80%``) and are not checked; write a measured one with its decimals. Text in code
+spans and fenced blocks is not prose (commands, sample output) and is not checked, nor is the
+README's benchmark table, which tests/test_docs.py checks cell by cell.
+
+Its source: a result file the figure's section cites by path (``bench/results/NAME.json``; the
+section runs from the figure's heading to the next heading of any level). Some number in that
+file (a value, or a number inside one of its strings), rounded to the figure's decimals, is the
+figure: as it stands, or converted (a share ``0.35%`` from ``0.0035``; ``ms`` from seconds;
+``minutes`` from seconds). A figure that is the quotient, sum or difference of stored values is
+not its own source: store it, or quote the stored values.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+PAGES = sorted(
+    p.relative_to(REPO).as_posix()
+    for p in [REPO / "README.md", *REPO.glob("docs/*.md"), REPO / "bench" / "README.md"]
+)
+NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
+DECIMAL = r"\d{1,3}(?:,\d{3})*\.\d+|\d+\.\d+"
+# a unit after a number with decimals (a space allowed before it); each alternative ends a word
+UNITS = r"×|x(?![\w])|%|ms\b|s\b|seconds?\b|minutes?\b|min\b|h\b|hours?\b|KiB\b|MiB\b|GiB\b|KB\b|MB\b|GB\b"
+RATES = r"(?:tok(?:ens)?|lines|req(?:uests)?|rows|steps|packs|units|batches|claims|MB|MiB|GB|GiB)/s\b"
+FIGURE = re.compile(
+    rf"(?<![\w.,/-])(?P<low>{DECIMAL})(?:\s?[–-]\s?(?P<high>{DECIMAL}))?\s?(?P<unit>{UNITS})"
+    rf"|(?<![\w.,/-])(?P<rate_low>{NUMBER})(?:\s?[–-]\s?(?P<rate_high>{NUMBER}))?\s?(?P<rate>{RATES})"
+)
+CITATION = re.compile(r"bench/results/([\w.-]+\.json)")
+HEADING = re.compile(r"^#{1,6} ", re.MULTILINE)
+FENCE = re.compile(r"^```.*?^```[^\n]*$", re.MULTILINE | re.DOTALL)
+CODE_SPAN = re.compile(r"`[^`\n]*`")
+TABLE = re.compile(r"<!-- benchmark table:.*?<!-- end of the benchmark table -->", re.DOTALL)
+IN_STRING = re.compile(r"-?\d+(?:\.\d+)?(?:e-?\d+)?")
+SCALES = {  # unit -> the factors from a stored value (seconds, fractions, bytes) to the figure
+    "%": (1, 100),
+    "ms": (1, 1000),
+    "min": (1, 1 / 60),
+    "minute": (1, 1 / 60),
+    "minutes": (1, 1 / 60),
+    "h": (1, 1 / 3600),
+    "hour": (1, 1 / 3600),
+    "hours": (1, 1 / 3600),
+    "KiB": (1, 1 / 1024),
+    "MiB": (1, 1 / 1024**2),
+    "GiB": (1, 1 / 1024**3),
+    "KB": (1, 1e-3),
+    "MB": (1, 1e-6),
+    "GB": (1, 1e-9),
+}
+
+
+def _blank(match: re.Match[str]) -> str:
+    """The match's text as spaces and its newlines: positions and line numbers stay put."""
+    return re.sub(r"[^\n]", " ", match.group(0))
+
+
+def prose(text: str) -> str:
+    for pattern in (TABLE, FENCE, CODE_SPAN):
+        text = pattern.sub(_blank, text)
+    return text
+
+
+def sections(text: str) -> Iterator[tuple[int, int, int]]:
+    """(first line number, start, end) of each heading-bounded section of ``prose(text)`` (a
+    ``#`` line inside a fenced block is a shell comment, not a heading)."""
+    starts = [0, *(m.start() for m in HEADING.finditer(text)), len(text)]
+    for begin, end in zip(starts, starts[1:], strict=False):
+        if end > begin:
+            yield text.count("\n", 0, begin) + 1, begin, end
+
+
+def _numbers(value: object, out: set[float]) -> None:
+    if isinstance(value, bool) or value is None:
+        return
+    if isinstance(value, (int, float)):
+        out.add(float(value))
+    elif isinstance(value, str):
+        out.update(float(n) for n in IN_STRING.findall(value.replace(",", "")))
+    elif isinstance(value, dict):
+        for item in value.values():
+            _numbers(item, out)
+    elif isinstance(value, list):
+        for item in value:
+            _numbers(item, out)
+
+
+@cache
+def stored(name: str) -> frozenset[float]:
+    """Every number in a result file (values, and numbers inside its strings)."""
+    out: set[float] = set()
+    _numbers(json.loads((RESULTS / name).read_text()), out)
+    return frozenset(out)
+
+
+def figures(text: str) -> Iterator[tuple[int, str, str, str]]:
+    """(line, the figure as written, its number, its unit) of every checked figure of a section."""
+    for match in FIGURE.finditer(text):
+        unit = match.group("unit") or match.group("rate")
+        ends = ("low", "high") if match.group("unit") else ("rate_low", "rate_high")
+        for end in ends:
+            if match.group(end):
+                line = text.count("\n", 0, match.start()) + 1
+                yield line, match.group(0).replace("\n", " "), match.group(end), unit
+
+
+def sourced(number: str, unit: str, values: frozenset[float]) -> bool:
+    """Whether a stored value, scaled to the figure's unit and rounded to its decimals, is it."""
+    figure = float(number.replace(",", ""))
+    decimals = len(number.partition(".")[2])
+    scales = SCALES.get(unit.split("/")[0] if unit.endswith("/s") and "B" in unit else unit, (1,))
+    return any(round(v * k, decimals) == figure for v in values for k in scales)
+
+
+def unsourced(page: str) -> list[str]:
+    raw = (REPO / page).read_text(encoding="utf-8")
+    text = prose(raw)
+    found = []
+    for first, begin, end in sections(text):
+        section = text[begin:end]
+        cited = sorted(set(CITATION.findall(raw[begin:end])))  # code spans cite too
+        missing = [c for c in cited if not (RESULTS / c).is_file()]
+        for name in missing:
+            found.append(f"{page}:{first}: cites bench/results/{name}, which is not committed")
+        values = frozenset().union(*(stored(c) for c in cited if c not in missing))
+        for line, written, number, unit in figures(section):
+            if not sourced(number, unit, values):
+                where = f"in {', '.join(cited)}" if cited else "(the section cites no result file)"
+                found.append(f"{page}:{first + line - 1}: {number} of {written!r} is in no result file {where}")
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_measured_figure_has_a_source_in_a_cited_result_file(page: str) -> None:
+    problems = unsourced(page)
+    assert not problems, f"{len(problems)} figures without a source:\n" + "\n".join(problems)
+
+
+def test_the_figure_check_finds_what_it_claims_to() -> None:
+    """The rule itself: what it takes for a figure, and what it takes for a source."""
+    text = "A run took 8.14 s (0.97–1.15×, 12,600 lines/s); the default is 30 s at 80% and `0.3 s`."
+    assert [(n, u) for _, _, n, u in figures(prose(text))] == [
+        ("8.14", "s"),
+        ("0.97", "×"),
+        ("1.15", "×"),
+        ("12,600", "lines/s"),
+    ]
+    assert sourced("8.14", "s", frozenset({8.1392}))
+    assert not sourced("8.14", "s", frozenset({8.1462}))
+    assert sourced("0.35", "%", frozenset({0.00347}))
+    assert sourced("10.7", "ms", frozenset({0.01068}))
+    assert sourced("1.5", "minutes", frozenset({91.0}))
+    assert sourced("12,600", "lines/s", frozenset({12600.0}))
+    assert sourced("88.0", "MB", frozenset({87_980_000.0}))
+    page = "# a\nx 1.5 s\n```sh\n# not a heading\n```\n## b\ny\n"
+    assert list(sections(prose(page))) == [(1, 0, 38), (6, 38, 45)]
