@@ -139,7 +139,7 @@ def decode(raw: bytes) -> PackMessage:
     """A ``freight.run_pack`` message as kombu's Redis transport stores it (base64 body of
     Celery's ``[args, kwargs, embed]``)."""
     body = json.loads(base64.b64decode(json.loads(raw)["body"]))
-    pack_id, unit_ids, _more_coming, urgent = body[0]
+    pack_id, unit_ids, _more_coming, urgent = body[0][:4]  # then newest_batch_at: a real worker's gather
     return PackMessage(pack_id, list(unit_ids), list(urgent or ()), time.time())
 
 
