@@ -142,7 +142,9 @@ def unsourced(page: str) -> list[str]:
         for line, written, number, unit in figures(section):
             if not sourced(number, unit, values):
                 where = f"in {', '.join(cited)}" if cited else "(the section cites no result file)"
-                found.append(f"{page}:{first + line - 1}: {number} of {written!r} is in no result file {where}")
+                found.append(
+                    f"{page}:{first + line - 1}: {number} of {written!r} is in no result file {where}"
+                )
     return found
 
 

@@ -211,7 +211,9 @@ class ImageResolver:
         self._stored: set[str] = set()  # digests this resolver stored or found stored (store_once)
         self.fetches = 0
         self.refused = 0
-        self.audio = AudioFiles(rt, batch_id, tenant_id, data_urls=audio_lines)
+        self.audio = AudioFiles(
+            rt, batch_id, tenant_id, data_urls=audio_lines, max_seconds=rt.settings.max_audio_seconds
+        )
 
     def resolve(self, model: str, body: dict) -> bool:
         """Rewrite every image part of ``body`` (or an audio line's file id); True if it held any."""

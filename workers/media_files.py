@@ -24,6 +24,9 @@ An audio line's data URL (a JSONL line's ``file_url``, or a Parquet input's ``au
 a batch of an audio endpoint (``data_urls``): a file of two thousand lines over forty recordings
 keeps forty objects, not two thousand base64 copies in its request store, and its engine worker
 reads and decodes each line's audio from the batch's object (``AudioCache``), not from its row.
+Each distinct clip's header is read before it is stored (``audio.header_seconds``): bytes no
+decoder reads and audio past FREIGHT_MAX_AUDIO_SECONDS are that line's refusal at validation, as
+an unreadable file id is, so the dry run prices them as refused and no engine sees them.
 
 Every object of a batch's media, image or audio, is written by ``store_once``: once per distinct
 content per batch, however many lines, files or validation chunks carry it.
@@ -46,7 +49,8 @@ from storage.objectstore import CHUNK, ObjectNotFound, ObjectStore
 from storage.retention import MEDIA_PURPOSES, live
 from storage.runtime import Runtime
 from workers.audio import MAX_BYTES as AUDIO_MAX_BYTES
-from workers.audio import AudioError, data_url_bytes
+from workers.audio import MAX_SECONDS as AUDIO_MAX_SECONDS
+from workers.audio import AudioError, data_url_bytes, header_seconds
 from workers.request_errors import REFUSED_LINE, RequestError
 
 log = logging.getLogger(__name__)
@@ -55,6 +59,7 @@ FILE_ID = re.compile(r"file-[A-Za-z0-9_-]{1,64}")  # what new_id("file-") makes,
 AUDIO_REF = "freight-audio:"  # + the sha256 hex of the stored bytes
 _HEX = frozenset("0123456789abcdef")
 STORED_MEMORY = 65_536  # distinct digests one resolver remembers having stored (64-char strings)
+_CHECKED_MEMORY = 65_536  # distinct audio contents whose header outcome one resolver remembers
 
 
 def is_file_id(value: object) -> bool:
@@ -175,12 +180,16 @@ class AudioFiles:
         tenant_id: str,
         max_bytes: int = AUDIO_MAX_BYTES,
         data_urls: bool = False,
+        max_seconds: float = AUDIO_MAX_SECONDS,
     ) -> None:
         self.rt = rt
         self.batch_id = batch_id
         self.tenant_id = tenant_id
         self.max_bytes = max_bytes
+        self.max_seconds = max_seconds  # FREIGHT_MAX_AUDIO_SECONDS
         self._outcomes: dict[str, str | FileRefused] = {}  # file id -> its ref or its refusal
+        # content digest -> its ref or its refusal: each distinct clip's header read once
+        self._checked: OrderedDict[bytes, str | FileRefused] = OrderedDict()
         self.refused = 0
         # an audio endpoint's batch: a line's data URL is stored too (JSONL or Parquet); in another
         # endpoint's line a ``file_url`` is no audio, and is left to that line's shape checks
@@ -219,17 +228,35 @@ class AudioFiles:
     def _data_outcome(self, url: str) -> str | FileRefused:
         """A data URL's bytes stored under their digest (decoded within the byte limit; refused
         as the line's ``invalid_audio`` or ``audio_too_large``, as the engine refuses a data URL it
-        is given). Not remembered by URL: a line's URL is as long as its audio. Audio that is
-        base64 but no audio is stored and refused when its line runs (``invalid_audio``, by the
-        engine's decoder, as an uploaded file's)."""
+        is given). Not remembered by URL: a line's URL is as long as its audio."""
         try:
             data = data_url_bytes(url, self.max_bytes)
         except AudioError as exc:
             return FileRefused(exc.code, exc.message)
-        return AUDIO_REF + self._store(data)
+        return self._store(data)
 
-    def _store(self, data: bytes) -> str:
-        return store_once(self.rt.store, data, lambda digest: audio_key(self.batch_id, digest), self._stored)
+    def _store(self, data: bytes) -> str | FileRefused:
+        """The clip's reference, stored once per content, if its header says audio within the
+        duration limit; else the line's refusal (``invalid_audio``, ``audio_too_long``), stored
+        nowhere: bytes that are no audio cost the batch neither a stored object nor engine time.
+        Each distinct content's header is read once (a bounded memory of digests)."""
+        key = hashlib.sha256(data).digest()
+        known = self._checked.get(key)
+        if known is None:
+            try:
+                header_seconds(data, self.max_seconds)
+            except AudioError as exc:
+                known = FileRefused(exc.code, exc.message)
+            else:
+                known = AUDIO_REF + store_once(
+                    self.rt.store, data, lambda digest: audio_key(self.batch_id, digest), self._stored
+                )
+            self._checked[key] = known
+            if len(self._checked) > _CHECKED_MEMORY:
+                self._checked.popitem(last=False)
+        else:
+            self._checked.move_to_end(key)
+        return known
 
     def _outcome(self, file_id: str) -> str | FileRefused:
         if not is_file_id(file_id):  # not remembered: such a string may be as long as its line
@@ -239,7 +266,7 @@ class AudioFiles:
             return known
         try:
             data = read_tenant_file(self.rt, self.tenant_id, file_id, self.max_bytes, "audio_too_large")
-            outcome: str | FileRefused = AUDIO_REF + self._store(data)
+            outcome: str | FileRefused = self._store(data)
         except FileRefused as exc:
             outcome = exc
         if len(self._outcomes) < 65_536:  # distinct ids of one file remembered

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.audio import MAX_BYTES as AUDIO_MAX_BYTES
-from workers.audio import AudioError
+from workers.audio import AudioError, header_seconds
 from workers.audio import data_url_bytes as audio_bytes
 from workers.images import ImageRefused, checkpoint_takes_images, data_url_bytes, image_parts, part_url
 from workers.media_files import FileRefused
@@ -199,22 +199,6 @@ class SpeechTokens:
     def audio_tokens(self, seconds: float) -> int:
         """Log-mel frames, as vLLM's ``get_num_audio_tokens`` counts them."""
         return math.ceil(seconds * self.sampling_rate / self.hop_length)
-
-
-def header_seconds(data: bytes, max_seconds: float) -> float:
-    """The audio's duration from its header (no sample decoded); AudioError as the engine's."""
-    import soundfile
-
-    try:
-        info = soundfile.info(io.BytesIO(data))
-    except Exception as exc:
-        raise AudioError("invalid_audio", f"the audio could not be read: {exc}") from None
-    if info.samplerate <= 0 or info.frames <= 0:
-        raise AudioError("invalid_audio", "the audio holds no samples")
-    seconds = info.frames / info.samplerate
-    if seconds > max_seconds:
-        raise AudioError("audio_too_long", f"the audio is {seconds:.1f} s long")
-    return float(seconds)
 
 
 # --------------------------------------------------------------------------- one file

@@ -319,8 +319,9 @@ def test_a_parquet_audio_column_is_stored_once_per_content(rt, tenants, whisper_
     """A Parquet transcription file's binary ``audio`` cells, validated in one task and in chunks
     of its row groups: each distinct audio is one object of the batch, each row's stored body names
     it (no audio bytes in the shards); a file id cell is read as a JSONL line's is, another
-    tenant's is that row's refusal (the ``file_url`` column, beside ``audio``); bytes that are no audio are stored and refused when the line
-    runs (``invalid_audio``, as a JSONL line's data URL), and the engine side reads the rest back."""
+    tenant's is that row's refusal (the ``file_url`` column, beside ``audio``); bytes that are no
+    audio are that row's ``invalid_audio`` refusal at validation, stored nowhere (as a JSONL line's
+    data URL), and the engine side reads the rest back."""
 
     alpha, beta = tenants
     runtime = Runtime(replace(rt.settings, validation_chunk_bytes=chunk_bytes))
@@ -353,20 +354,20 @@ def test_a_parquet_audio_column_is_stored_once_per_content(rt, tenants, whisper_
     for custom_id in ("a1", "a2", "a3", "mine"):
         assert bodies[custom_id] == {"model": "whisper", "file_url": AUDIO_REF + digest, "language": "en"}
     assert bodies["b"]["file_url"] == AUDIO_REF + hashlib.sha256(other).hexdigest()
-    assert is_refused(rows["theirs"])
+    assert is_refused(rows["theirs"]) and is_refused(rows["noise"])
     with pytest.raises(RequestError) as refused:
         parse_body(TRANSCRIPTIONS, bodies["theirs"], validated=True)
     assert (refused.value.code, refused.value.status_code) == ("file_not_found", 404)
+    with pytest.raises(RequestError) as noise:
+        parse_body(TRANSCRIPTIONS, bodies["noise"], validated=True)
+    assert (noise.value.code, noise.value.param) == ("invalid_audio", "file_url")
     stored = sorted(runtime.store.list(f"batches/{batch_id}/audio/"))
-    contents = (WAV, other, b"this is not audio")
+    contents = (WAV, other)
     assert stored == sorted(audio_key(batch_id, hashlib.sha256(c).hexdigest()) for c in contents)
     assert WAV[100:164] not in shard_bytes  # the audio is in its objects only
     read = lambda ref: read_audio_ref(runtime, batch_id, ref)  # noqa: E731
     parsed = parse_body(TRANSCRIPTIONS, bodies["a2"], validated=True)
     assert load_audio(parsed.request, read=read).seconds == pytest.approx(0.5)
-    with pytest.raises(RequestError) as noise:
-        load_audio(parse_body(TRANSCRIPTIONS, bodies["noise"], validated=True).request, read=read)
-    assert (noise.value.code, noise.value.param) == ("invalid_audio", "file_url")
     runtime.db.dispose()
 
 
@@ -532,11 +533,13 @@ def test_a_jsonl_audio_batch_stores_each_distinct_clip_once(rt, tenants, whisper
     """A JSONL transcription file's data URLs are stored as a Parquet file's audio cells are, in one
     task and in chunks: twelve lines over three clips, each clip written each of four ways
     (``_written``), leave three objects of the batch and rows naming them (no base64 in the
-    shards); a line whose data URL is not base64 is that line's ``invalid_audio`` refusal, bytes
-    that are no audio are stored and refused when that line runs, and the other lines validate."""
+    shards); a line whose data URL is not base64, and one whose bytes are no audio, are that
+    line's ``invalid_audio`` refusal, and a clip past FREIGHT_MAX_AUDIO_SECONDS its
+    ``audio_too_long``, all at validation (its header read, no sample decoded; nothing stored for
+    them), and the other lines validate."""
 
     alpha, _ = tenants
-    runtime = Runtime(replace(rt.settings, validation_chunk_bytes=chunk_bytes))
+    runtime = Runtime(replace(rt.settings, validation_chunk_bytes=chunk_bytes, max_audio_seconds=2.0))
     registration.add(runtime, AddRequest("whisper", str(whisper_model)), echo=lambda _: None)
     clips = [tone(0.5), tone(0.7), tone(0.6, hz=300.0)]
     data = b""
@@ -545,28 +548,26 @@ def test_a_jsonl_audio_batch_stores_each_distinct_clip_once(rt, tenants, whisper
     bad = audio_line("bad", b"", language="en")
     bad["body"]["file_url"] = "data:audio/wav;base64,@@@@"
     data += json.dumps(bad).encode() + b"\n" + json.dumps(audio_line("noise", b"not audio")).encode() + b"\n"
-    assert data.count(b'"file_url": "data:') == 5  # the others are found however they are spelled
+    data += json.dumps(audio_line("long", tone(2.5))).encode() + b"\n"
+    assert data.count(b'"file_url": "data:') == 6  # the others are found however they are spelled
     batch_id = factories.upload_and_create(runtime, alpha, data, endpoint=TRANSCRIPTIONS).id
     rows, shard_bytes = _validated_rows(runtime, batch_id, chunked=bool(chunk_bytes))
-    assert len(rows) == 14 and all("data:" not in row.body_json for row in rows.values())
+    assert len(rows) == 15 and all("data:" not in row.body_json for row in rows.values())
     bodies = {custom_id: json.loads(row.body_json) for custom_id, row in rows.items()}
     for i in range(12):
         assert bodies[f"c{i}"]["file_url"] == AUDIO_REF + hashlib.sha256(clips[i % 3]).hexdigest(), i
-    contents = [*clips, b"not audio"]
     stored = sorted(runtime.store.list(f"batches/{batch_id}/audio/"))
-    assert stored == sorted(audio_key(batch_id, hashlib.sha256(c).hexdigest()) for c in contents)
+    assert stored == sorted(audio_key(batch_id, hashlib.sha256(c).hexdigest()) for c in clips)
     assert all(clip[200:264] not in shard_bytes for clip in clips)
-    assert is_refused(rows["bad"])
-    with pytest.raises(RequestError) as refused:
-        parse_body(TRANSCRIPTIONS, bodies["bad"], validated=True)
-    assert (refused.value.code, refused.value.param) == ("invalid_audio", "file_url")
+    for custom_id, code in (("bad", "invalid_audio"), ("noise", "invalid_audio"), ("long", "audio_too_long")):
+        assert is_refused(rows[custom_id]), custom_id
+        with pytest.raises(RequestError) as refused:
+            parse_body(TRANSCRIPTIONS, bodies[custom_id], validated=True)
+        assert (refused.value.code, refused.value.param) == (code, "file_url")
     read = lambda ref: read_audio_ref(runtime, batch_id, ref)  # noqa: E731
     for custom_id, seconds in (("c0", 0.5), ("c7", 0.7), ("c11", 0.6)):
         parsed = parse_body(TRANSCRIPTIONS, bodies[custom_id], validated=True)
         assert load_audio(parsed.request, read=read).seconds == pytest.approx(seconds)
-    with pytest.raises(RequestError) as noise:
-        load_audio(parse_body(TRANSCRIPTIONS, bodies["noise"], validated=True).request, read=read)
-    assert (noise.value.code, noise.value.param) == ("invalid_audio", "file_url")
     runtime.db.dispose()
 
 
