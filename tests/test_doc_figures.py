@@ -2,7 +2,8 @@
 #50): a reader can follow any number to the run, the code revision and the machine behind it.
 
 What counts as a measured figure (``FIGURE``): a number with a fractional part followed by a unit
-of time, a ratio, a share or a size (``8.14 s``, ``0.754×``, ``0.35%``, ``10.7 ms``, ``1.3 GiB``),
+of time (CPU time too), a ratio, a share or a size (``8.14 s``, ``0.754×``, ``0.35%``, ``10.7 ms``,
+``2.3 CPU-s``, ``1.3 GiB``; the unit may follow on the next line),
 either end of a range of them (``0.97-1.15×``), and any number followed by a rate (``12,600
 lines/s``, ``835 tok/s``). Whole-number durations and shares are mostly settings and bounds
 (``30 s``, ``80%``) and are not checked; write a measured one with its decimals. Text in code
@@ -36,11 +37,14 @@ PAGES = sorted(
 NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
 DECIMAL = r"\d{1,3}(?:,\d{3})*\.\d+|\d+\.\d+"
 # a unit after a number with decimals (a space allowed before it); each alternative ends a word
-UNITS = r"×|x(?![\w])|%|ms\b|s\b|seconds?\b|minutes?\b|min\b|h\b|hours?\b|KiB\b|MiB\b|GiB\b|KB\b|MB\b|GB\b"
+UNITS = (
+    r"×|x(?![\w])|%|ms\b|s\b|seconds?\b|minutes?\b|min\b|h\b|hours?\b|KiB\b|MiB\b|GiB\b|KB\b|MB\b|GB\b"
+    r"|CPU-s\b|CPU[- ]seconds?\b"
+)
 RATES = r"(?:tok(?:ens)?|lines|req(?:uests)?|rows|steps|packs|units|batches|claims|MB|MiB|GB|GiB)/s\b"
 FIGURE = re.compile(
-    rf"(?<![\w.,/-])(?P<low>{DECIMAL})(?:\s?[–-]\s?(?P<high>{DECIMAL}))?\s?(?P<unit>{UNITS})"
-    rf"|(?<![\w.,/-])(?P<rate_low>{NUMBER})(?:\s?[–-]\s?(?P<rate_high>{NUMBER}))?\s?(?P<rate>{RATES})"
+    rf"(?<![\w.,/-])(?P<low>{DECIMAL})(?:\s?[–-]\s?(?P<high>{DECIMAL}))?\s*(?P<unit>{UNITS})"
+    rf"|(?<![\w.,/-])(?P<rate_low>{NUMBER})(?:\s?[–-]\s?(?P<rate_high>{NUMBER}))?\s*(?P<rate>{RATES})"
 )
 CITATION = re.compile(r"bench/results/([\w.-]+\.json)")
 HEADING = re.compile(r"^#{1,6} ", re.MULTILINE)
@@ -157,11 +161,13 @@ def test_every_measured_figure_has_a_source_in_a_cited_result_file(page: str) ->
 def test_the_figure_check_finds_what_it_claims_to() -> None:
     """The rule itself: what it takes for a figure, and what it takes for a source."""
     text = "A run took 8.14 s (0.97–1.15×, 12,600 lines/s); the default is 30 s at 80% and `0.3 s`."
+    text += " It used 2.3\nCPU-seconds."
     assert [(n, u) for _, _, n, u in figures(prose(text))] == [
         ("8.14", "s"),
         ("0.97", "×"),
         ("1.15", "×"),
         ("12,600", "lines/s"),
+        ("2.3", "CPU-seconds"),
     ]
     assert sourced("8.14", "s", frozenset({8.1392}))
     assert not sourced("8.14", "s", frozenset({8.1462}))
