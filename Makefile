@@ -146,7 +146,7 @@ bench-engine-step: bench-model
 
 # 20,000 tiny requests, in-process engine vs Freight (issue #21 s2): bench/results/request_rate.json
 bench-request-rate: model
-	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(RESUME) request_rate.json -- bench.request_rate $(REQUEST_RATE_BENCH_ARGS)
+	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(RESUME) request_rate.json -- bench.request_rate --tracing $(REQUEST_RATE_BENCH_ARGS)
 
 # 20,000 inputs of mixed lengths embedded by Freight and by vLLM's run_batch (issue #22):
 # bench/results/embeddings.json
