@@ -2,9 +2,9 @@
 #50): a reader can follow any number to the run, the code revision and the machine behind it.
 
 What counts as a measured figure (``FIGURE``): a number with a fractional part followed by a unit
-of time (CPU time too), a ratio, a share or a size (``8.14 s``, ``0.754×``, ``0.35%``, ``10.7 ms``,
+of time (CPU time too), a ratio, a share or a size (``8.14 s``, ``0.754x`` (or with the multiplication sign), ``0.35%``, ``10.7 ms``,
 ``2.3 CPU-s``, ``1.3 GiB``; the unit may follow on the next line),
-either end of a range of them (``0.97-1.15×``), and any number followed by a rate (``12,600
+either end of a range of them (``0.97-1.15x``, the dash an en dash too), and any number followed by a rate (``12,600
 lines/s``, ``835 tok/s``). Whole-number durations and shares are mostly settings and bounds
 (``30 s``, ``80%``) and are not checked; write a measured one with its decimals. Text in code
 spans and fenced blocks is not prose (commands, sample output) and is not checked, nor is the
@@ -20,6 +20,7 @@ not its own source: store it, or quote the stored values.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Iterator
@@ -34,17 +35,18 @@ PAGES = sorted(
     p.relative_to(REPO).as_posix()
     for p in [REPO / "README.md", *REPO.glob("docs/*.md"), REPO / "bench" / "README.md"]
 )
+TIMES, EN_DASH = "\u00d7", "\u2013"  # the multiplication sign, the en dash
 NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
 DECIMAL = r"\d{1,3}(?:,\d{3})*\.\d+|\d+\.\d+"
 # a unit after a number with decimals (a space allowed before it); each alternative ends a word
 UNITS = (
-    r"×|x(?![\w])|%|ms\b|s\b|seconds?\b|minutes?\b|min\b|h\b|hours?\b|KiB\b|MiB\b|GiB\b|KB\b|MB\b|GB\b"
+    TIMES + r"|x(?![\w])|%|ms\b|s\b|seconds?\b|minutes?\b|min\b|h\b|hours?\b|KiB\b|MiB\b|GiB\b|KB\b|MB\b|GB\b"
     r"|CPU-s\b|CPU[- ]seconds?\b"
 )
 RATES = r"(?:tok(?:ens)?|lines|req(?:uests)?|rows|steps|packs|units|batches|claims|MB|MiB|GB|GiB)/s\b"
 FIGURE = re.compile(
-    rf"(?<![\w.,/-])(?P<low>{DECIMAL})(?:\s?[–-]\s?(?P<high>{DECIMAL}))?\s*(?P<unit>{UNITS})"
-    rf"|(?<![\w.,/-])(?P<rate_low>{NUMBER})(?:\s?[–-]\s?(?P<rate_high>{NUMBER}))?\s*(?P<rate>{RATES})"
+    rf"(?<![\w.,/-])(?P<low>{DECIMAL})(?:\s?[{EN_DASH}-]\s?(?P<high>{DECIMAL}))?\s*(?P<unit>{UNITS})"
+    rf"|(?<![\w.,/-])(?P<rate_low>{NUMBER})(?:\s?[{EN_DASH}-]\s?(?P<rate_high>{NUMBER}))?\s*(?P<rate>{RATES})"
 )
 CITATION = re.compile(r"bench/results/([\w.-]+\.json)")
 HEADING = re.compile(r"^#{1,6} ", re.MULTILINE)
@@ -85,7 +87,7 @@ def sections(text: str) -> Iterator[tuple[int, int, int]]:
     """(first line number, start, end) of each heading-bounded section of ``prose(text)`` (a
     ``#`` line inside a fenced block is a shell comment, not a heading)."""
     starts = [0, *(m.start() for m in HEADING.finditer(text)), len(text)]
-    for begin, end in zip(starts, starts[1:], strict=False):
+    for begin, end in itertools.pairwise(starts):
         if end > begin:
             yield text.count("\n", 0, begin) + 1, begin, end
 
@@ -160,12 +162,12 @@ def test_every_measured_figure_has_a_source_in_a_cited_result_file(page: str) ->
 
 def test_the_figure_check_finds_what_it_claims_to() -> None:
     """The rule itself: what it takes for a figure, and what it takes for a source."""
-    text = "A run took 8.14 s (0.97–1.15×, 12,600 lines/s); the default is 30 s at 80% and `0.3 s`."
+    text = f"A run took 8.14 s (0.97{EN_DASH}1.15{TIMES}, 12,600 lines/s); the default is 30 s at 80% and `0.3 s`."
     text += " It used 2.3\nCPU-seconds."
     assert [(n, u) for _, _, n, u in figures(prose(text))] == [
         ("8.14", "s"),
-        ("0.97", "×"),
-        ("1.15", "×"),
+        ("0.97", TIMES),
+        ("1.15", TIMES),
         ("12,600", "lines/s"),
         ("2.3", "CPU-seconds"),
     ]
