@@ -65,6 +65,27 @@ def data_url_bytes(url: str, max_bytes: int = MAX_BYTES) -> bytes:
         raise AudioError("invalid_audio", f"file_url is not valid base64: {exc}") from None
 
 
+def _seconds(rate: int, frames: int, max_seconds: float) -> float:
+    """The duration a header's rate and frame count give, refused when it holds no samples or
+    lasts past ``max_seconds``: the one length check of validation, the dry run and the engine."""
+    if rate <= 0 or frames <= 0:
+        raise AudioError("invalid_audio", "the audio holds no samples")
+    seconds = frames / rate
+    if seconds > max_seconds:
+        raise AudioError(
+            "audio_too_long",
+            f"the audio is {seconds:.1f} s long; the limit is {max_seconds:g} s (FREIGHT_MAX_AUDIO_SECONDS)",
+        )
+    return float(seconds)
+
+
+def _undecodable(exc: Exception) -> AudioError:
+    """libsndfile's errors (an unknown format, a header or file cut short...) as the line's error."""
+    return AudioError(
+        "invalid_audio", f"the audio could not be decoded (WAV, FLAC, OGG or MP3 expected): {exc}"
+    )
+
+
 def header_seconds(data: bytes, max_seconds: float = MAX_SECONDS) -> float:
     """The audio's duration from its header, no sample decoded: validation's and the dry run's
     check of a line's audio, refused (``AudioError``, the codes ``decode`` gives) when libsndfile
@@ -75,19 +96,9 @@ def header_seconds(data: bytes, max_seconds: float = MAX_SECONDS) -> float:
 
     try:
         info = soundfile.info(io.BytesIO(data))
-    except Exception as exc:  # libsndfile's errors: an unknown format, a header cut short...
-        raise AudioError(
-            "invalid_audio", f"the audio could not be decoded (WAV, FLAC, OGG or MP3 expected): {exc}"
-        ) from None
-    if info.samplerate <= 0 or info.frames <= 0:
-        raise AudioError("invalid_audio", "the audio holds no samples")
-    seconds = info.frames / info.samplerate
-    if seconds > max_seconds:
-        raise AudioError(
-            "audio_too_long",
-            f"the audio is {seconds:.1f} s long; the limit is {max_seconds:g} s (FREIGHT_MAX_AUDIO_SECONDS)",
-        )
-    return float(seconds)
+    except Exception as exc:
+        raise _undecodable(exc) from None
+    return _seconds(info.samplerate, info.frames, max_seconds)
 
 
 def decode(data: bytes, max_seconds: float = MAX_SECONDS, max_bytes: int = MAX_BYTES) -> Audio:
@@ -99,23 +110,13 @@ def decode(data: bytes, max_seconds: float = MAX_SECONDS, max_bytes: int = MAX_B
         raise AudioError("audio_too_large", f"the audio is {len(data)} bytes; the limit is {max_bytes}")
     try:
         with soundfile.SoundFile(io.BytesIO(data)) as f:
-            rate, frames = f.samplerate, f.frames
-            if rate <= 0 or frames <= 0:
-                raise AudioError("invalid_audio", "the audio holds no samples")
-            seconds = frames / rate
-            if seconds > max_seconds:
-                raise AudioError(
-                    "audio_too_long",
-                    f"the audio is {seconds:.1f} s long; the limit is {max_seconds:g} s "
-                    "(FREIGHT_MAX_AUDIO_SECONDS)",
-                )
+            rate = f.samplerate
+            seconds = _seconds(rate, f.frames, max_seconds)
             samples = f.read(dtype="float32", always_2d=True)
     except AudioError:
         raise
-    except Exception as exc:  # libsndfile's errors: an unknown format, a truncated file...
-        raise AudioError(
-            "invalid_audio", f"the audio could not be decoded (WAV, FLAC, OGG or MP3 expected): {exc}"
-        ) from None
+    except Exception as exc:
+        raise _undecodable(exc) from None
     mono = samples.mean(axis=1) if samples.shape[1] > 1 else samples[:, 0]
     return Audio(resample(mono, rate, SAMPLE_RATE).astype(np.float32, copy=False), seconds)
 

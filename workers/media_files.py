@@ -124,6 +124,7 @@ def store_once(
     key_of: Callable[[str], str],
     stored: set[str],
     check: Callable[[bytes], object] | None = None,
+    digest: str | None = None,
 ) -> str:
     """Store a batch's media object under the sha256 of its bytes (``key_of(digest)``: the batch's
     images/ or audio/ key), unless this batch already holds it; the digest.
@@ -137,8 +138,9 @@ def store_once(
     (``workers.validation_chunks``) has a resolver of its own and sees most of the batch's media
     (the images bench's 2,000 lines over 50 images in 7 chunks decoded and wrote 350 images for 50
     before). Two chunks racing on one object both check and write the same bytes. ``check`` raises
-    to refuse the bytes; nothing is stored then."""
-    digest = hashlib.sha256(data).hexdigest()
+    to refuse the bytes; nothing is stored then. ``digest``: the bytes' sha256 (hex) where the
+    caller has it already."""
+    digest = digest or hashlib.sha256(data).hexdigest()
     if digest in stored:
         return digest
     key = key_of(digest)
@@ -189,7 +191,7 @@ class AudioFiles:
         self.max_seconds = max_seconds  # FREIGHT_MAX_AUDIO_SECONDS
         self._outcomes: dict[str, str | FileRefused] = {}  # file id -> its ref or its refusal
         # content digest -> its ref or its refusal: each distinct clip's header read once
-        self._checked: OrderedDict[bytes, str | FileRefused] = OrderedDict()
+        self._checked: OrderedDict[str, str | FileRefused] = OrderedDict()
         self.refused = 0
         # an audio endpoint's batch: a line's data URL is stored too (JSONL or Parquet); in another
         # endpoint's line a ``file_url`` is no audio, and is left to that line's shape checks
@@ -239,23 +241,27 @@ class AudioFiles:
         """The clip's reference, stored once per content, if its header says audio within the
         duration limit; else the line's refusal (``invalid_audio``, ``audio_too_long``), stored
         nowhere: bytes that are no audio cost the batch neither a stored object nor engine time.
-        Each distinct content's header is read once (a bounded memory of digests)."""
-        key = hashlib.sha256(data).digest()
-        known = self._checked.get(key)
+        Each distinct content's header is read once (a bounded memory of digests), and not at all
+        when another resolver of the batch stored it (``store_once``'s invariant)."""
+        digest = hashlib.sha256(data).hexdigest()
+        known = self._checked.get(digest)
         if known is None:
             try:
-                header_seconds(data, self.max_seconds)
+                known = AUDIO_REF + store_once(
+                    self.rt.store,
+                    data,
+                    lambda digest: audio_key(self.batch_id, digest),
+                    self._stored,
+                    check=lambda clip: header_seconds(clip, self.max_seconds),  # raises AudioError
+                    digest=digest,
+                )
             except AudioError as exc:
                 known = FileRefused(exc.code, exc.message)
-            else:
-                known = AUDIO_REF + store_once(
-                    self.rt.store, data, lambda digest: audio_key(self.batch_id, digest), self._stored
-                )
-            self._checked[key] = known
+            self._checked[digest] = known
             if len(self._checked) > _CHECKED_MEMORY:
                 self._checked.popitem(last=False)
         else:
-            self._checked.move_to_end(key)
+            self._checked.move_to_end(digest)
         return known
 
     def _outcome(self, file_id: str) -> str | FileRefused:
