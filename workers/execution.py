@@ -31,7 +31,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from storage.runtime import Runtime
@@ -41,7 +41,7 @@ from workers.engine import Engine, EngineConfig
 from workers.engine_loop import EngineLoop
 from workers.identity import holder_id, new_incarnation
 from workers.lora import LoraAdapters
-from workers.pack_feed import PackFeed
+from workers.pack_feed import PackFeed, PackOrder
 from workers.pack_watcher import PackWatcher
 from workers.runner_state import RunnerState
 from workers.unit_claims import release_unit
@@ -113,14 +113,7 @@ class PackRunner:
         self.feed.ask()  # an engine up and idle: the next tick makes it a pack
         return self
 
-    def run_pack(
-        self,
-        pack_id: str,
-        unit_ids: list[int],
-        more_coming: bool = False,
-        urgent: Iterable[int] = (),
-        newest_batch_at: float | None = None,
-    ) -> int:
+    def run_pack(self, order: PackOrder) -> int:
         """See ``PackFeed.run_pack``: claims the pack's units, feeds their requests, and returns
         the units claimed once the engine needs the next pack. First, an engine that cannot
         serve its base's adapters restarts (``workers/lora_refit.py``)."""
@@ -132,9 +125,11 @@ class PackRunner:
                     raise
                 # the registry unread (the claims that follow meet the same outage their own way)
                 log.exception(
-                    "checking %s's adapters before pack %s failed; running it as is", self.model, pack_id
+                    "checking %s's adapters before pack %s failed; running it as is",
+                    self.model,
+                    order.pack_id,
                 )
-        return self.feed.run_pack(pack_id, unit_ids, more_coming, urgent, newest_batch_at)
+        return self.feed.run_pack(order)
 
     def restart_engine(self, config: EngineConfig, loras: LoraAdapters | None, why: str) -> bool:
         """Replace the engine by one started with ``config`` at a safe point: no ask out, every

@@ -15,6 +15,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from scheduler.feed_order import ElevatorFeed, gather_deadline
 from storage.runtime import Runtime
@@ -31,6 +32,23 @@ IDLE_WAIT_SECONDS = 0.2
 # the feed's keys: (cache domain, prompt key, line, unit id); the first two name the prompt
 FeedKey = tuple[str, bytes, int, int]
 FEED_PROMPT_FIELDS = 2
+
+
+@dataclass(frozen=True)
+class PackOrder:
+    """A ``freight.run_pack`` message as the worker reads it (``storage.broker.Queue.run_pack``
+    sends its fields): the pack's units and the dispatcher's word on what else may come.
+
+    ``more_coming``: the dispatcher saw batches that may be of this model still validating;
+    ``urgent``: the units run ahead of the elevator; ``newest_batch_at``: when the newest batch of
+    the model it saw was created (epoch seconds; None: not known). The latest pack's word decides
+    how long an idle engine waits for more (``PackFeed.gathering``)."""
+
+    pack_id: str
+    unit_ids: list[int]
+    more_coming: bool = False
+    urgent: Iterable[int] = ()
+    newest_batch_at: float | None = None
 
 
 def feed_key(unit: ActiveUnit, row: ShardRow) -> FeedKey:
@@ -74,44 +92,26 @@ class PackFeed:
         self._asking = False
         self._ask_lock = threading.Lock()
 
-    def run_pack(
-        self,
-        pack_id: str,
-        unit_ids: list[int],
-        more_coming: bool = False,
-        urgent: Iterable[int] = (),
-        newest_batch_at: float | None = None,
-    ) -> int:
+    def run_pack(self, order: PackOrder) -> int:
         """Claim the pack's units, put their requests on the feed in prefix order, and return
-        once the feed is low enough that the engine needs the next pack. Returns units claimed.
-
-        ``more_coming``: the dispatcher saw batches that may be of this model still validating;
-        ``newest_batch_at``: when the newest batch of the model it saw was created (epoch
-        seconds; None: not known). The latest pack's word decides how long an idle engine waits
-        for more (``gathering``)."""
+        once the feed is low enough that the engine needs the next pack. Returns units claimed."""
         state = self._state
         if state.closing.is_set():
             return 0
         self.withdraw_ask()  # before the claims: see dispatcher.pack_model on the order
         try:
-            return self._feed_pack(pack_id, unit_ids, more_coming, urgent, newest_batch_at)
+            return self._feed_pack(order)
         finally:
             # whatever became of this pack, the worker takes the next message now: it waits for a
             # pack, so one is made for it (the task's refill right after this, or the next tick)
             if not state.closing.is_set() and state.failure is None:
                 self.ask()
 
-    def _feed_pack(
-        self,
-        pack_id: str,
-        unit_ids: list[int],
-        more_coming: bool,
-        urgent: Iterable[int],
-        newest_batch_at: float | None = None,
-    ) -> int:
-        hurry = set(urgent)
+    def _feed_pack(self, order: PackOrder) -> int:
+        pack_id, more_coming, newest_batch_at = order.pack_id, order.more_coming, order.newest_batch_at
+        hurry = set(order.urgent)
         units: list[ActiveUnit] = []
-        for u in unit_ids:
+        for u in order.unit_ids:
             started = time.time()
             if (c := claim_unit(self.rt, u, started, self.holder, u in hurry, pack_id)) is not None:
                 units.append(ActiveUnit(c, new_spool(), new_spool(), c.n_requests))

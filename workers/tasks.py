@@ -35,6 +35,7 @@ from workers import (
     validation_chunks,
     webhooks,
 )
+from workers.pack_feed import PackOrder
 from workers.task_policy import (
     MAX_RETRIES,
     OnFault,
@@ -215,9 +216,7 @@ def run_pack(
     urgent: list[int] | None = None,
     newest_batch_at: float | None = None,
 ) -> None:
-    self.runner.run_pack(
-        pack_id, unit_ids, more_coming=more_coming, urgent=urgent or (), newest_batch_at=newest_batch_at
-    )
+    self.runner.run_pack(PackOrder(pack_id, unit_ids, more_coming, urgent or (), newest_batch_at))
     poke(self.rt, self.runner.model)
 
 

@@ -19,6 +19,7 @@ from tests.conftest import now
 from tests.factories import batch_units, chat_line, validated_batch, wait_units_done
 from workers.engine import Engine, EngineRequest
 from workers.execution import PackRunner
+from workers.pack_feed import PackOrder
 from workers.request_bodies import RequestError, parse_body
 from workers.unit_claims import claim_unit
 
@@ -119,7 +120,7 @@ def test_the_engine_shares_cached_prefixes_only_within_one_salt(vllm_engine: Eng
 def run_batch(rt: Runtime, runner: PackRunner, batch_id: str) -> list[WorkUnit]:
     """The batch's units through the worker's pack path, until every one is recorded."""
     ids = [u.id for u in batch_units(rt, batch_id)]
-    assert runner.run_pack(f"pack-{batch_id}", ids) == len(ids)
+    assert runner.run_pack(PackOrder(f"pack-{batch_id}", ids)) == len(ids)
     return wait_units_done(rt, runner, batch_id)
 
 

@@ -19,6 +19,7 @@ from storage.settings import Settings
 from tests.conftest import now
 from tests.factories import batch_units, chat_line, validated_batch, wait_units_done
 from workers.engine import Engine
+from workers.pack_feed import PackOrder
 
 pytestmark = pytest.mark.parametrize(
     "database_url", ["sqlite"], indirect=True
@@ -80,7 +81,7 @@ def test_a_file_with_duplicates_runs_each_distinct_request_once(
         batch_id = validated_batch(rt, tenant.id, lines)
         ids = [u.id for u in batch_units(rt, batch_id)]
         before = vllm_engine.stats.finished
-        assert runner.run_pack("pack-dups", ids) == len(ids) == 7
+        assert runner.run_pack(PackOrder("pack-dups", ids)) == len(ids) == 7
         units = wait_units_done(rt, runner, batch_id)
         assert vllm_engine.stats.finished - before == 8  # each distinct deterministic request once
 
@@ -133,7 +134,7 @@ def test_jobs_of_one_tenant_share_runs_and_tenants_only_in_global_mode(
         batches = [validated_batch(rt, t.id, line) for t in (alpha, alpha, beta)]
         ids = [u.id for b in batches for u in batch_units(rt, b)]
         before = vllm_engine.stats.finished
-        assert runner.run_pack(f"pack-{sharing}", ids) == 3
+        assert runner.run_pack(PackOrder(f"pack-{sharing}", ids)) == 3
         outs = [results(rt, wait_units_done(rt, runner, b))["same"] for b in batches]
         assert vllm_engine.stats.finished - before == (2 if sharing == "tenant" else 1)
         marked = ["x_freight" in o["response"]["body"] for o in outs]

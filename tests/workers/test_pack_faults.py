@@ -34,6 +34,7 @@ from tests.conftest import Weed, now
 from tests.factories import batch_units, chat_line, validated_batch, wait_units_done
 from workers.dispatcher import TickReport, redeliver_stale
 from workers.engine import Engine
+from workers.pack_feed import PackOrder
 
 LEASE_SECONDS = 2.0
 # the pack_store_outage scenario's counts and figures, both tests' (each records the whole so far)
@@ -118,7 +119,7 @@ def test_claims_are_heartbeated_while_their_rows_are_read_through_a_store_outage
     ticks.start()
     try:
         began = time.monotonic()
-        assert runner.run_pack("pack-outage", ids) == len(ids)  # returns once the rows are read
+        assert runner.run_pack(PackOrder("pack-outage", ids)) == len(ids)  # returns once the rows are read
         read_wait_s = time.monotonic() - began
         assert read_wait_s >= 2 * LEASE_SECONDS  # the reads did wait for the store
         done = wait_units_done(rt, runner, batch_id)
@@ -153,7 +154,7 @@ def test_a_pack_whose_rows_stay_unreadable_is_given_back_without_using_attempts(
         weed.stop()
         try:
             with pytest.raises(ObjectStoreError):
-                runner.run_pack("pack-down", ids)
+                runner.run_pack(PackOrder("pack-down", ids))
         finally:
             weed.start()
         back = batch_units(rt, batch_id)
@@ -162,7 +163,7 @@ def test_a_pack_whose_rows_stay_unreadable_is_given_back_without_using_attempts(
         ] * len(ids)
         assert runner.failure is None and not runner.busy()
 
-        assert runner.run_pack("pack-again", ids) == len(ids)
+        assert runner.run_pack(PackOrder("pack-again", ids)) == len(ids)
         done = wait_units_done(rt, runner, batch_id)
         record_pack_outage(
             reliability, [x["custom_id"] for x in lines("down", 4)], output_ids(rt, done),
@@ -192,7 +193,7 @@ def test_a_unit_lost_and_claimed_again_by_the_same_process_runs_once(
         # a fast host's engine ran all six in 0.18 s, and the unit was recorded first)
         batch_id = validated_batch(rt, tenant.id, lines("again", 6, tokens=320))
         ids = [u.id for u in batch_units(rt, batch_id)]
-        assert runner.run_pack("pack-first", ids) == len(ids)
+        assert runner.run_pack(PackOrder("pack-first", ids)) == len(ids)
         deadline = time.monotonic() + 30
         while vllm_engine.load == 0:  # the first attempt's requests reach the engine
             assert time.monotonic() < deadline and runner.failure is None
@@ -208,7 +209,7 @@ def test_a_unit_lost_and_claimed_again_by_the_same_process_runs_once(
                 **NO_LIVE_COUNTS,
             )
         assert taken == len(ids)
-        assert runner.run_pack("pack-second", ids) == len(ids)
+        assert runner.run_pack(PackOrder("pack-second", ids)) == len(ids)
         done = wait_units_done(rt, runner, batch_id)
         assert [u.attempts for u in done] == [2] * len(ids)
         assert sum(u.completed for u in done) == 6
@@ -249,7 +250,7 @@ def test_a_worker_asks_for_a_pack_only_while_it_waits_for_one_and_again_after_th
         tenant, _ = create_tenant(rt.db, "t", now())
         batch_id = validated_batch(rt, tenant.id, lines("asks", 4))
         ids = [u.id for u in batch_units(rt, batch_id)]
-        assert runner.run_pack("pack-asks", ids) == len(ids)
+        assert runner.run_pack(PackOrder("pack-asks", ids)) == len(ids)
         assert seen_in_claims == [False] * len(ids)
         assert asking()  # the task ends: it takes the next message, so it asks
         wait_units_done(rt, runner, batch_id)

@@ -20,7 +20,7 @@ from storage.settings import Settings
 from storage.shards import ShardRow
 from tests.conftest import now
 from tests.factories import batch_units, chat_line, validated_batch
-from workers.pack_feed import PackFeed, feed_key
+from workers.pack_feed import PackFeed, PackOrder, feed_key
 from workers.runner_state import ActiveUnit, RunnerState
 
 HOLDER = "feed-test:1"
@@ -59,7 +59,7 @@ def test_a_pack_is_claimed_and_merged_onto_the_feed_urgent_first_then_in_prefix_
         batch_id = validated_batch(rt, tenant.id, lines("p", 6))
         ids = [u.id for u in batch_units(rt, batch_id)]
         feed, state, finished = feed_on(rt)
-        assert feed.run_pack("pack-1", ids, urgent=[ids[-1]]) == 3
+        assert feed.run_pack(PackOrder("pack-1", ids, urgent=[ids[-1]])) == 3
         assert rt.queue.asks.count(feed.model, time.time()) == 1  # the task ends: it asks for the next
         held = sorted(state.held(), key=lambda u: u.claim.unit_id)
         assert [u.claim.unit_id for u in held] == ids
@@ -75,7 +75,7 @@ def test_a_pack_is_claimed_and_merged_onto_the_feed_urgent_first_then_in_prefix_
         assert {u.claim.unit_id for u, _ in order[:2]} == {ids[-1]}  # urgent first
         rest = [feed_key(u, r) for u, r in order[2:]]
         assert rest == sorted(rest)  # one sweep up the prompt keys, across the two units
-        assert feed.run_pack("pack-2", ids) == 0  # running under this claim: not taken again
+        assert feed.run_pack(PackOrder("pack-2", ids)) == 0  # running under this claim: not taken again
         assert len(state.held()) == 3 and finished.empty()
     finally:
         rt.db.dispose()
@@ -89,7 +89,7 @@ def test_a_closing_worker_takes_no_pack_and_asks_for_none(settings: Settings) ->
         ids = [u.id for u in batch_units(rt, batch_id)]
         feed, state, _ = feed_on(rt)
         state.closing.set()
-        assert feed.run_pack("pack-c", ids) == 0
+        assert feed.run_pack(PackOrder("pack-c", ids)) == 0
         assert rt.queue.asks.count(feed.model, time.time()) == 0
         assert not state.busy()
         assert all(u.status != UnitStatus.RUNNING for u in batch_units(rt, batch_id))
@@ -112,7 +112,7 @@ def test_a_pack_whose_rows_are_gone_is_dropped_from_the_books_and_left_claimed_f
             rt.store.delete(key)
         feed, state, _ = feed_on(rt)
         with pytest.raises(ObjectNotFound):
-            feed.run_pack("pack-g", [u.id for u in units])
+            feed.run_pack(PackOrder("pack-g", [u.id for u in units]))
         assert not state.busy() and not feed.requests
         assert [u.status for u in batch_units(rt, batch_id)] == [UnitStatus.RUNNING] * len(units)
         assert rt.queue.asks.count(feed.model, time.time()) == 1  # it takes the next message all the same
@@ -132,7 +132,7 @@ def test_an_idle_engine_gathers_packs_while_more_may_come_never_past_the_window_
         ids = [u.id for u in batch_units(rt, validated_batch(rt, tenant.id, lines("w", 4)))]
         feed, state, _ = feed_on(rt)
         assert feed.gathering(None) == (False, None)  # an empty feed: nothing to gather for
-        feed.run_pack("pack-w", ids[:1], more_coming=True)
+        feed.run_pack(PackOrder("pack-w", ids[:1], more_coming=True))
         began = time.monotonic()
         waited, since = feed.gathering(None)
         assert waited and since is not None and began <= since <= time.monotonic()
@@ -140,7 +140,7 @@ def test_an_idle_engine_gathers_packs_while_more_may_come_never_past_the_window_
         state.closing.set()
         assert feed.gathering(since) == (False, since)
         state.closing.clear()
-        feed.run_pack("pack-u", ids[1:], urgent=ids[1:])
+        feed.run_pack(PackOrder("pack-u", ids[1:], urgent=ids[1:]))
         assert feed.gathering(None) == (False, None)  # urgent work starts at once
     finally:
         rt.db.dispose()
@@ -156,13 +156,13 @@ def test_an_idle_engine_waits_for_a_burst_of_jobs_by_the_newest_ones_age(setting
         tenant, _ = create_tenant(rt.db, "t", now())
         ids = [u.id for u in batch_units(rt, validated_batch(rt, tenant.id, lines("b", 3)))]
         feed, _, _ = feed_on(rt)
-        feed.run_pack("pack-old", ids[:1], newest_batch_at=time.time() - 6.0)
+        feed.run_pack(PackOrder("pack-old", ids[:1], newest_batch_at=time.time() - 6.0))
         assert feed.gathering(None)[0] is False
-        feed.run_pack("pack-new", ids[1:2], newest_batch_at=time.time() - 0.1)
+        feed.run_pack(PackOrder("pack-new", ids[1:2], newest_batch_at=time.time() - 0.1))
         waited, since = feed.gathering(None)
         assert waited and since is not None
         feed.requests.pop(), feed.requests.pop()
-        feed.run_pack("pack-unsaid", ids[2:])
+        feed.run_pack(PackOrder("pack-unsaid", ids[2:]))
         assert feed.gathering(None)[0] is True
     finally:
         rt.db.dispose()
