@@ -388,10 +388,13 @@ def engine_samples_fill(
     """(fill, seconds of samples seen, engine steps) over [start, end] from engine_samples;
     (None, 0, None) without rows, (None, NO_TABLE, None) without the table.
 
-    Each sample period counts by its overlap with the window, so a run shorter than the sample
-    period is still measured: sum(running_mean * overlap) / sum(max_num_seqs * overlap). Steps are
-    shared out the same way (a period's steps times the part of it inside the window): the count to
-    set beside the in-process engine's ``steps``, where a run at the same cache-hit rate is slower.
+    A row's busy seconds run from its first step (``started_at``, workers/engine_loop.py) for
+    ``seconds``; each counts by that span's overlap with the window, so a run shorter than the
+    sample period is still measured: sum(running_mean * overlap) / sum(max_num_seqs * overlap).
+    Steps are shared out the same way (a period's steps times the part of its span inside the
+    window): the count to set beside the in-process engine's ``steps``, where a run at the same
+    cache-hit rate is slower. (Rows written before that placed the span at the period's start,
+    idle time included: a run's first period then counted too few steps.)
     """
     import sqlalchemy as sa
 

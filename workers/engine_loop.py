@@ -277,6 +277,10 @@ class EngineLoop:
             sample = self._sample
             if preempted is not None and self._preempted is not None:
                 sample.preemptions = (sample.preemptions or 0) + self._preempted - preempted
+            if sample.steps == 0:
+                # the period's busy time begins at its first step, not when the last one was
+                # taken: [started_at, started_at + seconds] is then when it ran (one busy stretch)
+                sample.started_at = time.time() - elapsed
             sample.seconds += elapsed
             sample.steps += 1
             sample.running += stats.running * elapsed

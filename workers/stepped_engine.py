@@ -39,7 +39,7 @@ class SteppedEngine(Protocol):
 class StepSample:
     """The engine's steps and finished requests since the watcher last wrote a sample."""
 
-    started_at: float = field(default_factory=time.time)
+    started_at: float = field(default_factory=time.time)  # its first step's start, once it has one
     seconds: float = 0.0
     steps: int = 0
     running: float = 0.0  # time-weighted sums

@@ -141,6 +141,22 @@ def test_every_request_of_each_unit_runs_once_and_its_unit_goes_to_the_recorder_
     assert rig.loop.take_sample().steps == 0  # taken: a new sample begins
 
 
+def test_a_sample_starts_at_its_first_step_not_when_the_last_was_taken(rig_of) -> None:
+    """engine_samples rows place a period's busy seconds at [started_at, started_at + seconds]:
+    a period that began idle starts at its first step (the benchmarks' per-step CPU and fill
+    share rows out over a run's window by that span)."""
+    rig = rig_of(ScriptedEngine(max_num_seqs=2, window=4))
+    rig.loop.take_sample()  # a period begins, idle
+    idle_until = time.time()  # (the clock has nanoseconds: a period begun before reads earlier)
+    unit = active(1, rows("a", 3))
+    rig.push(unit, rows("a", 3))
+    rig.recorded(1)
+    sample = rig.loop.take_sample()
+    assert sample.steps > 0
+    assert sample.started_at >= idle_until
+    assert sample.started_at + sample.seconds <= time.time()
+
+
 def test_a_request_the_engine_refuses_is_an_error_line_of_its_unit(rig_of) -> None:
     rig = rig_of(ScriptedEngine())
     unit_rows = [
