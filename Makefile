@@ -7,7 +7,7 @@ MODEL_DIR := models/demo
 EMBED_MODEL_DIR := models/embed
 BENCH_MODEL_DIR := models/bench
 
-.PHONY: run stop test lint install model embed-model score-model whisper-model vlm-model adapters bench-model bench bench-engine-step bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-embeddings bench-lora bench-images bench-estimates bench-validation bench-finalization bench-uploads bench-status bench-table int4-model clean quantize-env policy-env audit-env lock lock-check audit
+.PHONY: run stop test lint install model embed-model score-model whisper-model vlm-model adapters bench-model bench bench-engine-step bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-embeddings bench-lora bench-images bench-estimates bench-validation bench-finalization bench-uploads bench-refill-pass bench-engine-stats bench-kv-cache-dtype bench-status bench-table int4-model clean quantize-env policy-env audit-env lock lock-check audit
 
 install:
 	@bash infra/install.sh
@@ -121,7 +121,7 @@ test: model embed-model score-model whisper-model vlm-model adapters lint quanti
 # `make bench` stopped part-way (it takes longer than one sitting) is taken up where it stopped on
 # the same code; FORCE=1 runs every benchmark
 RESUME = $(PY) -m bench.resume $(if $(FORCE),--force)
-bench: model bench-model bench-engine-step bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-embeddings bench-lora bench-images bench-estimates bench-validation bench-finalization bench-uploads
+bench: model bench-model bench-engine-step bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-embeddings bench-lora bench-images bench-estimates bench-validation bench-finalization bench-uploads bench-refill-pass bench-engine-stats bench-kv-cache-dtype
 	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(RESUME) scheduler.json -- bench.scheduler $(BENCH_ARGS)
 
 # validation + planning of a 1,000,000-line batch, JSON-only vs columnar: bench/results/parquet.json
@@ -190,6 +190,22 @@ bench-uploads: model
 # the "dispatcher" section of bench/results/control_plane.json; DISPATCHER_BENCH_ARGS="--scale 0.01" for a smoke run
 bench-dispatcher: install
 	$(RESUME) control_plane.json:dispatcher -- bench.dispatcher_sim $(DISPATCHER_BENCH_ARGS)
+
+# one model's refill pass on the fleet simulation's loaded database (10M requests, 1,000 batches),
+# this code against 0d21c49, the revision before the pass was cut, in turns (issue #21 s3; a
+# worktree of it is made and removed): bench/results/refill_pass.json, whose targets need the baseline
+bench-refill-pass: install
+	$(RESUME) refill_pass.json -- bench.refill_pass --baseline-rev 0d21c49 $(REFILL_PASS_BENCH_ARGS)
+
+# what vLLM's stat logging (FREIGHT_ENGINE_METRICS_BIND) costs an engine, off/on/off/on, 512 prompts
+# x 64 tokens, 3 passes each (docs/metrics.md): bench/results/engine_stats.json
+bench-engine-stats: model
+	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(RESUME) engine_stats.json -- bench.engine_stats $(ENGINE_STATS_BENCH_ARGS)
+
+# kv_cache_dtype=fp8 against the serving dtype's KV cache at the same bytes, on a tenth of the
+# shared-prefix workload (docs/models.md): bench/results/kv_cache_dtype.json
+bench-kv-cache-dtype: model
+	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(RESUME) kv_cache_dtype.json -- bench.kv_cache_dtype $(KV_CACHE_DTYPE_BENCH_ARGS)
 
 # each result file, the revision it was run on and whether a commit has since touched what it
 # measures (bench/provenance.py); old files without a provenance block say so

@@ -47,7 +47,8 @@ def snapshot(roles: Mapping[str, int], split: tuple[str, ...] = ()) -> dict[str,
 def spent(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
     """CPU seconds per role between two snapshots. Only live processes are counted: a process that
     exits between them (a restarted worker process) takes its CPU with it, so a role can read low,
-    never high; one API reading of 0.0 in scheduler-paired-avx2.json is unexplained."""
+    never high; one API reading of 0.0 in scheduler-paired-avx2.json (as committed in 209bded) is
+    unexplained."""
     return {role: round(max(0.0, after[role] - before.get(role, 0.0)), 2) for role in after}
 
 

@@ -268,7 +268,6 @@ def test_every_relative_link_resolves() -> None:
 # --- benchmark table -----------------------------------------------------------------------------
 
 RESULTS = REPO / "bench" / "results"
-HISTORY_ONLY = {"dispatcher-before.json"}  # the dispatcher's report before its fixes (bench/README.md)
 
 
 def _benchmark_rows() -> list[list[str]]:
@@ -279,8 +278,8 @@ def _benchmark_rows() -> list[list[str]]:
 
 
 def _family(name: str) -> str:
-    """The benchmark a result file is of: scheduler-zen5.json's is scheduler's (the same target key
-    in two benchmarks, uploads' and input_order's api_rss_increase_mb, is two targets)."""
+    """The benchmark a result file is of: scheduler-cache-modes.json's is scheduler's (the same
+    target key in two benchmarks, uploads' and input_order's api_rss_increase_mb, is two targets)."""
     return name.removesuffix(".json").split("-")[0]
 
 
@@ -288,8 +287,6 @@ def _targets() -> dict[str, dict[str, tuple[str, float]]]:
     """targets key -> {result file: (its date or "", value)} over every result file that measured it."""
     found: dict[str, dict[str, tuple[str, float]]] = {}
     for path in sorted(RESULTS.glob("*.json")):
-        if path.name in HISTORY_ONLY:
-            continue
         data = json.loads(path.read_text())
         if data.get("quick"):
             continue  # `--quick` is a smoke test of the plumbing, not a measurement
