@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -103,3 +104,40 @@ def test_the_command_line_skips_a_fresh_result_and_runs_a_stale_one(tmp_path: Pa
         ran = resume(*args)
         assert "running python -m bench.no_such_benchmark" in ran.stdout and reason in ran.stdout
         assert ran.returncode != 0 and "No module named bench.no_such_benchmark" in ran.stderr
+
+
+def test_a_benchmark_that_wrote_its_result_but_missed_a_target_does_not_stop_make_bench(
+    tmp_path: Path,
+) -> None:
+    """A benchmark exits 1 when a target of its is not met. Through `python -m bench.resume`, one
+    that wrote its result (fresh: this revision, its command, this machine) exits 0 and names the
+    targets it missed, so `make bench` goes on to the next; one that ends without writing (a crash)
+    still fails."""
+    results = tmp_path / "results"
+    results.mkdir()
+    module_dir = tmp_path / "mods"
+    module_dir.mkdir()
+    (module_dir / "missed_target_bench.py").write_text(
+        "import json, sys\n"
+        "from pathlib import Path\n"
+        "from bench.provenance import Run\n"
+        "out, write = Path(sys.argv[1]), sys.argv[2] == 'write'\n"
+        "prov = Run('missed_target_bench', ['bench/resume.py'])\n"
+        "if write:\n"
+        "    targets = {'speed': {'value': 0.8, 'bound': 0.95, 'pass': False},\n"
+        "               'lost': {'value': 0, 'bound': 0, 'pass': True}}\n"
+        "    out.write_text(json.dumps({'targets': targets, 'provenance': prov.finish()}))\n"
+        "sys.exit(1)\n"
+    )
+
+    def resume(name: str, how: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "bench.resume", "--results", str(results), name, "--",
+                "missed_target_bench", str(results / name), how]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": f"{module_dir}{os.pathsep}{REPO}"}
+        return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=False, env=env)
+
+    wrote = resume("missed.json", "write")
+    assert wrote.returncode == 0, wrote.stdout + wrote.stderr
+    assert "missed.json written; targets not met: speed" in wrote.stdout
+    crashed = resume("crashed.json", "crash")
+    assert crashed.returncode == 1 and not (results / "crashed.json").exists()
