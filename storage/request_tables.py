@@ -249,12 +249,25 @@ def request_lines(
     pf, shape, endpoint, merged = opened.pf, opened.shape, opened.endpoint, opened.defaults
     if limits is None:
         row = 0
-        for batch in pf.iter_batches(batch_size=READ_ROWS):
+        for batch in group_batches(pf, READ_ROWS):
             for record in batch.to_pylist():
                 row += 1
                 yield _line(record, row, shape, endpoint, merged)
         return
     yield from _limited_lines(pf, shape, endpoint, merged, limits, chunk)
+
+
+def group_batches(
+    pf: pq.ParquetFile, rows: int, groups: Iterable[int] | None = None
+) -> Iterator[pa.RecordBatch]:
+    """Record batches of at most ``rows`` rows, none across two row groups (``groups``: those
+    only, in order; None: all). Strings are read as dictionaries (``_open``), and each row group
+    has dictionaries of its own: a batch across two would hold two, which pyarrow cannot return
+    for a nested column ("Nested data conversions not implemented for chunked array outputs"), so
+    a file of several row groups with a list-of-struct column (chat ``messages``) stopped at the
+    first batch that crossed one."""
+    for group in range(pf.metadata.num_row_groups) if groups is None else groups:
+        yield from pf.iter_batches(batch_size=rows, row_groups=[group])
 
 
 def row_group_runs(
@@ -303,7 +316,7 @@ def _limited_lines(
     total = 0  # their decoded bytes (a chunk's own; the merge sums them)
     groups = None if chunk is None else list(range(chunk.start, chunk.stop))
     try:
-        for batch in pf.iter_batches(batch_size=batch_rows(pf, READ_ROWS), row_groups=groups):
+        for batch in group_batches(pf, batch_rows(pf, READ_ROWS), groups):
             sizes = sum((row_sizes(column) for column in batch.columns), np.zeros(batch.num_rows, np.int64))
             for start, end in slices(sizes, alone=limits.max_line_bytes):
                 if row + (end - start) > limits.max_rows:
