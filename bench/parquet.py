@@ -115,6 +115,7 @@ def child(mode: str, data_dir: str, input_path: str, model_dir: str) -> None:
     settings = Settings.from_env(
         {}, data_dir=Path(data_dir), models={"demo": model_dir}, max_requests_per_file=10_000_000,
         max_file_bytes=1 << 40, completion_windows=("24h",),
+        validation_head_rows=0,  # a file this size is validated in chunks, which start no slices
     )  # fmt: skip
     upgrade(settings.database_url)
     rt = Runtime(settings)
@@ -131,7 +132,7 @@ def child(mode: str, data_dir: str, input_path: str, model_dir: str) -> None:
                       settings.max_line_bytes, renders.one, renders.many)  # fmt: skip
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     started = time.monotonic()
-    summary, shard_keys = write_store(rt, batch_id, record.object_key, rules, {})
+    summary, shard_keys, _ = write_store(rt, batch_id, record.object_key, rules, {})
     validated = time.monotonic()
     rss_validation = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     reparse = (CHAT, renderer_for(model_dir, settings.sort_key_tokens)) if mode == "json" else None

@@ -58,6 +58,23 @@ def finish_batch(s: Session, batch: Batch, target: BatchStatus, now: int) -> Non
     record_events(s, batch, now)
 
 
+def fail_validating(s: Session, batch: Batch, errors: dict[str, Any], now: int) -> None:
+    """``validating`` -> ``failed`` with ``errors`` (its file failed, or the quota or the SLA
+    refused it). The units its early slices made (``workers.head_start``) and not yet started are
+    skipped; running ones see the state and stop within a second; no result of theirs is output.
+    The batch counts no requests."""
+    batch.errors = errors
+    batch.request_total = 0
+    move_units(
+        s,
+        WorkUnit.batch_id == batch.id,
+        from_=(UnitStatus.PENDING, UnitStatus.QUEUED),
+        to=UnitStatus.SKIPPED,
+        finished_at=float(now),
+    )
+    finish_batch(s, batch, BatchStatus.FAILED, now)
+
+
 def move_units(
     s: Session, *where: ColumnElement[bool], from_: str | Iterable[str], to: str, **values: Any
 ) -> int:

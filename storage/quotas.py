@@ -93,8 +93,8 @@ def open_batches(s: Session, tenant_id: str) -> int:
 def queued_requests(s: Session, tenant_id: str, *, excluding: str | None = None) -> int:
     """Requests of the tenant's open batches not yet finished, each counted as the outputs it
     asks for (see the module): the ``sequences`` of their units not finished (a unit without
-    them recorded: its requests). A ``validating`` batch counts 0: its units are made when
-    validation ends."""
+    them recorded: its requests). A ``validating`` batch counts the units of its early slices
+    (``workers.head_start``), the rest once its validation ends."""
     asked = case((WorkUnit.sequences > 0, WorkUnit.sequences), else_=WorkUnit.n_requests)
     query = (
         select(func.sum(asked))

@@ -156,6 +156,11 @@ class Settings:
     # cut at line ends; Parquet: runs of row groups), each a task any control process may take,
     # then merged once (workers/validation_chunks.py); smaller files in one task. 0: never split
     validation_chunk_bytes: int = 16 * 1024 * 1024
+    # a one-task validation hands its first valid rows to the engines before it has read the rest
+    # of the file: slices of this many rows, then four times as many each (at most HEAD_SLICES),
+    # each sorted by prompt key within itself, queued while the rest is read and discarded if the
+    # file then fails (workers/head_start.py). 0: none, every row waits for the whole file
+    validation_head_rows: int = 256
     # chunks of one tenant's batches queued or running at once, all its batches together; each one
     # done sends the next (of its batch with the fewest in flight: scheduler/chunk_window.py),
     # behind whatever other tenants' validations queued meanwhile, so one tenant's huge inputs,
@@ -540,6 +545,10 @@ _ROLE_AND_LOG_RULES: tuple[_Rule, ...] = (
     (
         lambda s: s.validation_chunk_bytes < 0,
         "FREIGHT_VALIDATION_CHUNK_BYTES cannot be negative (0: never split)",
+    ),
+    (
+        lambda s: s.validation_head_rows < 0,
+        "FREIGHT_VALIDATION_HEAD_ROWS cannot be negative (0: no slice starts before the file is read)",
     ),
     (
         lambda s: s.validation_chunks_in_flight < 1,

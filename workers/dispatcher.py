@@ -25,6 +25,7 @@ from storage import budgets, tick_clock
 from storage.db import changed_rows, transaction_lock
 from storage.leases import UNIT_LEASE, lease_free
 from storage.lifecycle import (
+    ACTIVE,
     NO_LIVE_COUNTS,
     finish_if_done,
     lock_free_units,
@@ -500,16 +501,19 @@ def enqueue_units(
         urgency = current_urgency(rt, now, model)
     with rt.db.read() as s:
         # models of the batches still validating (None: not known yet, it could be any): a pack of
-        # one of them tells its worker more may come (see PackFeed.gathering)
+        # one of them tells its worker more may come (see PackFeed.gathering). Not those running
+        # early slices (workers/head_start.py): their rows come when read, and an engine waiting
+        # for them would lose the time the slices were started to save
+        sliced = exists().where(WorkUnit.batch_id == Batch.id)
         validating = set(
-            s.scalars(select(Batch.model).where(Batch.status == BatchStatus.VALIDATING).distinct()).all()
+            s.scalars(
+                select(Batch.model).where(Batch.status == BatchStatus.VALIDATING, ~sliced).distinct()
+            ).all()
         )
         if model is None:
             models = sorted(
                 m
-                for m in s.scalars(
-                    select(Batch.model).where(Batch.status == BatchStatus.IN_PROGRESS).distinct()
-                ).all()
+                for m in s.scalars(select(Batch.model).where(Batch.status.in_(ACTIVE)).distinct()).all()
                 if m is not None
             )
         else:
@@ -579,7 +583,7 @@ def pack_model(
                 Batch.at_risk_since,
             )
             .join(Batch, Batch.id == pending.c.batch_id)
-            .where(Batch.status == BatchStatus.IN_PROGRESS, pending.c.rank <= per_batch)
+            .where(Batch.status.in_(ACTIVE), pending.c.rank <= per_batch)  # validating: early slices
         ).all()
         # rows unpacked by position: a tick at 10M requests reads ~9,000 of them, and access by
         # name on SQLAlchemy rows cost ~25 us a row (0.23 s of a 0.5 s tick)

@@ -31,7 +31,7 @@ from sqlalchemy.exc import OperationalError
 from storage.broker import BROKER_ERRORS, TASKS
 from storage.db import is_transient as db_transient
 from storage.leases import FINALIZER_LEASE, VALIDATION_LEASE
-from storage.lifecycle import NO_LIVE_COUNTS, finish_batch, move_units
+from storage.lifecycle import NO_LIVE_COUNTS, fail_validating, finish_batch, move_units
 from storage.logs import bound
 from storage.models import Batch, UnitStatus, WorkUnit
 from storage.objectstore import ObjectChanged, ObjectNotFound, ObjectStoreError
@@ -352,10 +352,8 @@ def fail_validation(rt: Runtime, error: str, batch_id: str) -> bool:
         batch = s.get(Batch, batch_id, with_for_update=True)
         if batch is None or batch.status != BatchStatus.VALIDATING:
             return False
-        batch.errors = one_error(f"validation failed: {error}")
-        batch.request_total = 0
         VALIDATION_LEASE.revoke(s, [batch_id])
-        finish_batch(s, batch, BatchStatus.FAILED, int(time.time()))
+        fail_validating(s, batch, one_error(f"validation failed: {error}"), int(time.time()))
     log.error("batch %s failed: validation failed: %s", batch_id, error)
     return True
 

@@ -19,11 +19,10 @@ from typing import Any, cast
 from sqlalchemy import ColumnElement, Table, and_, bindparam, select, update
 
 from storage.leases import UNIT_LEASE
-from storage.lifecycle import NO_LIVE_COUNTS, finish_if_done, move_units
+from storage.lifecycle import ACTIVE, NO_LIVE_COUNTS, finish_if_done, move_units
 from storage.models import Batch, UnitStatus, WorkUnit
 from storage.object_ledger import charge_bytes
 from storage.runtime import Runtime
-from storage.status import BatchStatus
 from workers.identity import claim_token
 
 log = logging.getLogger(__name__)
@@ -75,9 +74,7 @@ def claim_unit(
             s,
             unit_id,
             token,
-            select(Batch.id)
-            .where(Batch.id == WorkUnit.batch_id, Batch.status == BatchStatus.IN_PROGRESS)
-            .exists(),
+            select(Batch.id).where(Batch.id == WorkUnit.batch_id, Batch.status.in_(ACTIVE)).exists(),
             from_=(UnitStatus.PENDING, UnitStatus.QUEUED),
             to=UnitStatus.RUNNING,
             attempts=WorkUnit.attempts + 1,

@@ -44,8 +44,8 @@ from scheduler.unit_plan import kv_block_size
 from storage.adapters import usable_adapters
 from storage.checkpoint_cache import CheckpointError
 from storage.leases import ESTIMATE_LEASE, VALIDATION_CHUNK_LEASE, VALIDATION_LEASE, LeaseKeeper
-from storage.lifecycle import finish_batch
-from storage.models import Batch, Estimate, StoredFile, Tenant, ValidationChunk, WorkUnit
+from storage.lifecycle import fail_validating
+from storage.models import Batch, Estimate, StoredFile, Tenant, ValidationChunk
 from storage.object_ledger import charge_listed
 from storage.quotas import queued_refusal
 from storage.registry import (
@@ -64,11 +64,12 @@ from storage.request_tables import RowError, column_of, decode_limits, metadata_
 from storage.retention import validated_prefixes
 from storage.runtime import Runtime
 from storage.settings import Settings
-from storage.shards import PREFIX_KEY_BYTES, SHARD_UNITS, ShardRow, ShardWriter
+from storage.shards import SHARD_UNITS, ShardRow, ShardWriter
 from storage.status import BatchStatus, EstimateStatus, transition
 from workers.batch_input import open_requests
 from workers.checkpoint import checkpoint_dir
 from workers.dispatcher import admit_batch, measured_throughput
+from workers.head_start import HeadStart, asked, sliced, unit_rows
 from workers.image_tokens import checkpoint_image_tokens, injected_image_token
 from workers.images import ImageResolver, checkpoint_takes_images
 from workers.planning import plan_batch
@@ -438,6 +439,14 @@ class FileChecks:
         self._held_count = 0
         self._skipped = 0  # lines a resume skipped (``SkippedLine``)
 
+    def clean(self) -> str | None:
+        """The file's model if no line so far failed (nor will for what was read: no run of
+        blank lines open, no refused line's error held) and a line named a served model; else
+        None. What ``workers.head_start`` asks before a slice of the file runs."""
+        if not self._named or self.result.error_count or self._held_count or self._blank_from:
+            return None
+        return self.result.model
+
     def failed(self, error: LineError | None) -> None:
         """Count one error, listed while fewer than the cap are. None: an error the caller did not
         keep, which is fine only past the cap (a chunk keeps its first max_listed errors, so any
@@ -588,7 +597,7 @@ def _duplicate(line_no: int, custom_id: bytes) -> LineError:
 
 
 def scan_lines(
-    lines: Iterable[bytes | LineError], rules: FileRules, max_listed: int
+    lines: Iterable[bytes | LineError], rules: FileRules, max_listed: int, checks: FileChecks | None = None
 ) -> Iterator[ShardRow | ScanResult]:
     """Yield valid rows in file order, then one ScanResult summarising the whole file.
 
@@ -596,9 +605,11 @@ def scan_lines(
     ``check_line`` and the file-wide rules applied by ``FileChecks``. A ``RefusedLine``'s row is
     yielded as soon as it is read (before the rendered rows of the lines waiting in the block): if
     no line of the file names a served model, the summary lists it as an error instead and counts
-    no rows (a failed file's rows are not stored).
+    no rows (a failed file's rows are not stored). ``checks``: the file rules' state, for a
+    caller that asks how the file stands while it reads (``workers.head_start``).
     """
-    checks = FileChecks(rules.max_requests, max_listed)
+    if checks is None:
+        checks = FileChecks(rules.max_requests, max_listed)
     accept = checks.accept  # bound once: called for every valid line
     block = RenderBlock(rules.endpoint, rules.render, rules.render_many)
     line_no = 0
@@ -776,26 +787,33 @@ def sorted_input(
     defaults: dict,
     payload: Callable[[Any], bytes],
     stats: SortStats | None = None,
+    head: HeadStart | None = None,
 ) -> Iterator[SortedInput]:
     """Read the stored input once with ``scan_lines``'s rules and sort its valid lines by prompt
     key in bounded memory (FREIGHT_SORT_MEMORY_MB, spilled beyond). Validation (the record's
     payload: the request store row) and the dry-run estimate (a few numbers) share it, so an
     estimate reads a file exactly as its batch would be read. ``payload`` makes a valid line's
-    sort payload; the spill files are removed on exit."""
+    sort payload; the spill files are removed on exit. ``head``: a validation's early slices,
+    whose rows it takes before the sort sees them (``workers.head_start``)."""
     spill = spill_dir(settings)
     result = SortedInput(ScanResult(), iter(()))
     with open_requests(store, input_key, rules.endpoint, defaults, spill, decode_limits(settings)) as source:
         lines = (line_error(x) if isinstance(x, RowError) else x for x in source.lines)
 
+        checks = FileChecks(rules.max_requests, settings.max_listed_errors)
+
         def records() -> Iterator[tuple[bytes, int, bytes]]:
-            for item in scan_lines(lines, rules, settings.max_listed_errors):
+            for item in scan_lines(lines, rules, settings.max_listed_errors, checks):
                 if isinstance(item, ScanResult):
                     result.summary = item
                     return
                 yield item.key, item.line, payload(item)
 
         ordered = sort_records(
-            records(), memory_bytes=settings.sort_memory_mb * 1024 * 1024, spill_dir=spill, stats=stats
+            records() if head is None else head.records(records(), checks),
+            memory_bytes=settings.sort_memory_mb * 1024 * 1024,
+            spill_dir=spill,
+            stats=stats,
         )
         try:
             first = next(ordered, None)  # the sort reads the whole file before its first row
@@ -811,23 +829,30 @@ def sorted_input(
 
 def write_store(
     rt: Runtime, batch_id: str, input_key: str, rules: FileRules, defaults: dict
-) -> tuple[ScanResult, list[str]]:
-    """Scan the input, sort the valid rows by prompt key and write them as shards (only when every
-    line is valid); the scan's summary and the shards' keys, in order."""
+) -> tuple[ScanResult, list[str], int]:
+    """Scan the input, start its early slices (``workers.head_start``), sort the other valid rows
+    by prompt key and write them as shards (only when every line is valid); the scan's summary,
+    the shards' keys in order, and the rows the batch's slices hold (``conclude`` checks it)."""
     shard_keys: list[str] = []
     sort_stats = SortStats()
-    with sorted_input(rt.settings, rt.store, input_key, rules, defaults, _payload, sort_stats) as scanned:
+    head = HeadStart(rt, batch_id, write_shards)
+    with sorted_input(
+        rt.settings, rt.store, input_key, rules, defaults, _payload, sort_stats, head
+    ) as scanned:
         if not scanned.summary.error_count:
             shard_keys = write_shards(rt, batch_id, scanned.rows)
     if sort_stats.runs_spilled:
         log.info("batch %s: %d sorted runs spilled", batch_id, sort_stats.runs_spilled)
-    return scanned.summary, shard_keys
+    return scanned.summary, shard_keys, head.rows
 
 
-def write_shards(rt: Runtime, batch_id: str, ordered: Iterable[tuple[bytes, int, bytes]]) -> list[str]:
+def write_shards(
+    rt: Runtime, batch_id: str, ordered: Iterable[tuple[bytes, int, bytes]], stem: str = ""
+) -> list[str]:
     """Sorted records ``(key, line, payload)`` as the batch's shards, in order; their keys. The
     one-task validation and the merge of a chunked one both write through here, so the same rows
-    make the same shard objects byte for byte."""
+    make the same shard objects byte for byte. ``stem`` starts each name: an early slice's
+    (``workers.head_start``), so its shards and the rest's never share a key."""
     settings: Settings = rt.settings
     spill = spill_dir(settings)
     per_shard = SHARD_UNITS * settings.unit_size
@@ -839,7 +864,7 @@ def write_shards(rt: Runtime, batch_id: str, ordered: Iterable[tuple[bytes, int,
             if writer is None or writer.rows >= per_shard:
                 if writer is not None:
                     writer.close()
-                shard_keys.append(f"batches/{batch_id}/shards/{len(shard_keys):06d}.parquet")
+                shard_keys.append(f"batches/{batch_id}/shards/{stem}{len(shard_keys):06d}.parquet")
                 writer = ShardWriter(rt.store, shard_keys[-1], settings.unit_size, spill)
             # what the row's prompt shares with the one run before it: its predicted cache hit
             shared = 0 if previous is None else common_prefix_tokens(previous, record[0])
@@ -1062,10 +1087,10 @@ def _validate(rt: Runtime, batch_id: str, input_key: str, endpoint: str, default
     started = time.monotonic()
     try:
         rules = batch_rules(rt, endpoint, batch_id)
-        summary, shard_keys = write_store(rt, batch_id, input_key, rules, defaults)
+        summary, shard_keys, sliced_rows = write_store(rt, batch_id, input_key, rules, defaults)
     except TokenizerUnavailable as exc:
-        summary, shard_keys = tokenizer_failure(batch_id, str(exc)), []
-    conclude(rt, batch_id, summary, shard_keys, started)
+        summary, shard_keys, sliced_rows = tokenizer_failure(batch_id, str(exc)), [], 0
+    conclude(rt, batch_id, summary, shard_keys, started, sliced_rows)
 
 
 def error_list(summary: ScanResult) -> dict[str, Any]:
@@ -1086,9 +1111,19 @@ def error_list(summary: ScanResult) -> dict[str, Any]:
     return {"object": "list", "data": data}
 
 
-def conclude(rt: Runtime, batch_id: str, summary: ScanResult, shard_keys: list[str], started: float) -> None:
+def conclude(
+    rt: Runtime,
+    batch_id: str,
+    summary: ScanResult,
+    shard_keys: list[str],
+    started: float,
+    sliced_rows: int = 0,
+) -> None:
     """Plan the shards into units and commit the outcome from ``validating``: ``in_progress`` with
-    its units, or ``failed`` with its errors (or refused by quota or admission)."""
+    its units, or ``failed`` with its errors (or refused by quota or admission). ``sliced_rows``:
+    the rows of the early slices this run counted, whose units exist already
+    (``workers.head_start``); the shards hold the others. If the batch's slices are no longer
+    those (another run of its validation started one), this run commits nothing."""
     settings: Settings = rt.settings
     # what validation stored (shards, images, audio) counts in the tenant's stored bytes
     charge_listed(rt, batch_id, validated_prefixes(batch_id))
@@ -1111,63 +1146,40 @@ def conclude(rt: Runtime, batch_id: str, summary: ScanResult, shard_keys: list[s
         batch = s.get(Batch, batch_id, with_for_update=True)
         if batch is None or batch.status != BatchStatus.VALIDATING:
             return
+        prior = sliced(s, batch_id)
+        if not summary.error_count and prior.rows != sliced_rows:
+            log.warning(
+                "batch %s: another validation run started slices; it concludes, not this one", batch_id
+            )
+            return
         admission = None
         # the quota counts what the lines ask for: a line's n sequences, inputs or pairs
-        asked = sum(unit.sequences or unit.n_requests for unit in units)
-        over_quota = None if summary.error_count else queued_refusal(s, settings, batch, asked)
+        over_quota = (
+            None if summary.error_count else queued_refusal(s, settings, batch, prior.asked + asked(units))
+        )
         if not summary.error_count and over_quota is None:
             admission = admit_batch(rt, s, batch, summary.model or "", summary.rows, now, rates)
         if over_quota is not None:  # the tenant's other batches hold its queue already
-            batch.errors = {
-                "object": "list",
-                "data": [{"code": "quota_exceeded", "message": over_quota, "param": None, "line": None}],
-            }
-            batch.request_total = 0
-            finish_batch(s, batch, BatchStatus.FAILED, now)
+            fail_validating(s, batch, _refusal("quota_exceeded", over_quota), now)
             log.warning("batch %s refused: %s", batch_id, over_quota)
         elif admission is not None and not admission.accept:
-            batch.errors = {
-                "object": "list",
-                "data": [
-                    {
-                        "code": "sla_unattainable",
-                        "message": admission.warning,
-                        "param": "completion_window",
-                        "line": None,
-                    }
-                ],
-            }
-            batch.request_total = 0
-            finish_batch(s, batch, BatchStatus.FAILED, now)
+            refusal = _refusal("sla_unattainable", admission.warning, "completion_window")
+            fail_validating(s, batch, refusal, now)
             log.warning("batch %s refused: %s", batch_id, admission.warning)
         elif summary.error_count:
-            batch.errors = error_list(summary)
-            batch.request_total = 0
-            finish_batch(s, batch, BatchStatus.FAILED, now)
+            fail_validating(s, batch, error_list(summary), now)
         else:
             batch.model = summary.model
             batch.request_total = summary.rows
             # the plan's prediction, fixed with the units (their rows never change)
-            batch.planned_prompt_tokens = sum(unit.prompt_tokens for unit in units)
-            batch.planned_cached_tokens = sum(unit.cached_tokens for unit in units)
-            units_made = [
-                WorkUnit(
-                    batch_id=batch_id,
-                    seq=seq,
-                    model=summary.model or "",
-                    shard_key=unit.shard_key,
-                    row_start=unit.row_start,
-                    first_line=unit.first_line,
-                    n_requests=unit.n_requests,
-                    prefix_key=unit.prefix_key[:PREFIX_KEY_BYTES],
-                    planned_prompt_tokens=unit.prompt_tokens,
-                    planned_cached_tokens=unit.cached_tokens,
-                    sequences=unit.sequences,
-                    work=unit.work,
-                )
-                for seq, unit in enumerate(units)
-            ]
-            s.add_all(units_made)
+            batch.planned_prompt_tokens = prior.prompt_tokens + sum(unit.prompt_tokens for unit in units)
+            batch.planned_cached_tokens = prior.cached_tokens + sum(unit.cached_tokens for unit in units)
+            s.add_all(unit_rows(batch_id, summary.model or "", units, prior.units))
             if admission is not None and admission.warning:
                 batch.warnings = [admission.warning]
             transition(batch, BatchStatus.IN_PROGRESS, now)
+
+
+def _refusal(code: str, message: str | None, param: str | None = None) -> dict[str, Any]:
+    """A batch's errors when the whole of it was refused: one error, about no line."""
+    return {"object": "list", "data": [{"code": code, "message": message, "param": param, "line": None}]}

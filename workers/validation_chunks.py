@@ -428,6 +428,7 @@ def merge(rt: Runtime, batch_id: str, input_key: str, endpoint: str, defaults: d
         ]
     fatal = next((c.summary["fatal"] for c in chunks if "fatal" in c.summary), None)
     shard_keys: list[str] = []
+    sliced_rows = 0  # a one-task validation's early slices (workers/head_start.py): none in chunks
     if fatal is not None:
         summary = tokenizer_failure(batch_id, fatal)
     elif sum(c.summary.get("decoded", 0) for c in chunks) > decode_limits(settings).max_total_bytes:
@@ -435,7 +436,7 @@ def merge(rt: Runtime, batch_id: str, input_key: str, endpoint: str, defaults: d
         # the bytes of every chunk before: the one-task validation says it exactly
         log.info("batch %s: past the decoded limit; validated again in one task", batch_id)
         rules = batch_rules(rt, endpoint, batch_id)
-        summary, shard_keys = write_store(rt, batch_id, input_key, rules, defaults)
+        summary, shard_keys, sliced_rows = write_store(rt, batch_id, input_key, rules, defaults)
     else:
         with _Diverted(sum(c.lines for c in chunks), spill_dir(settings)) as diverted:
             summary = replay(rt, batch_id, chunks, diverted)
@@ -443,7 +444,7 @@ def merge(rt: Runtime, batch_id: str, input_key: str, endpoint: str, defaults: d
                 summary.errors = name_columns(summary.errors, tuple(chunks[0].summary["columns"]))
             if not summary.error_count:
                 shard_keys = merge_runs(rt, batch_id, chunks, diverted)
-    conclude(rt, batch_id, summary, shard_keys, started)
+    conclude(rt, batch_id, summary, shard_keys, started, sliced_rows)
     for chunk in chunks:  # what a merge interrupted here leaves, the batch's retention deletes
         for key in _objects(batch_id, chunk.seq):
             try:

@@ -10,8 +10,10 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
+from storage.models import UnitStatus
 from tests.e2e.batch_client import CHAT, COMPLETIONS, chat_line, long_lines, read_jsonl, run_batch, upload
-from tests.e2e.conftest import wait_final
+from tests.e2e.conftest import units_of, wait_final
+from tests.factories import jsonl
 
 pytestmark = pytest.mark.stack
 
@@ -220,3 +222,39 @@ def test_expiry_keeps_done_results(live):
     assert errors and {e["error"]["code"] for e in errors} == {"batch_expired"}
     assert all(x["response"]["status_code"] == 200 for x in output)
     assert final.request_counts.completed == len(output)
+
+
+def test_a_file_read_in_slices_runs_each_line_once(live):
+    """A file past its first slices (workers/head_start.py: 256 rows, then 1,024, ...) runs them
+    while the rest is read: every line answered once, the batch's counts those of the whole file."""
+    client = live.client()
+    lines = [chat_line(f"slice-{i}", f"Item {i}: name a colour", max_tokens=2) for i in range(1500)]
+    final = run_batch(client, lines)
+    assert final.status == "completed", final
+    output, errors = read_jsonl(client, final.output_file_id), read_jsonl(client, final.error_file_id)
+    assert errors == [] and sorted(x["custom_id"] for x in output) == sorted(x["custom_id"] for x in lines)
+    assert final.request_counts.total == final.request_counts.completed == 1500
+    units = units_of(live, [final.id])
+    assert sum(u.n_requests for u in units) == 1500
+    assert {u.shard_key.rsplit("/", 1)[1].split("-")[0] for u in units} >= {"s0", "s1"}  # slices ran
+
+
+def test_a_file_failing_after_its_slices_started_fails_whole(live):
+    """Its last line bad: the batch fails with that line's error, no output and no request
+    counted, whatever its slices ran meanwhile; every unit they made ends, and the engine goes on
+    with the next batch."""
+    client = live.client()
+    lines = [chat_line(f"late-{i}", f"Item {i}: name a colour", max_tokens=2) for i in range(3000)]
+    content = jsonl(lines) + b'{"custom_id": "late-bad", "method": "POST", "url": "/v1/chat/completions"}\n'
+    final = run_batch(client, content)
+    assert final.status == "failed" and final.failed_at, final
+    assert [(e.line, e.code) for e in final.errors.data] == [(3001, "invalid_body")]
+    assert final.output_file_id is None and final.error_file_id is None
+    assert final.request_counts.total == final.request_counts.completed == 0
+    deadline = time.monotonic() + 60
+    while not all(u.status in UnitStatus.FINISHED for u in units_of(live, [final.id])):
+        assert time.monotonic() < deadline, "a unit of the failed batch is still running"
+        time.sleep(0.2)
+    assert sum(u.n_requests for u in units_of(live, [final.id])) > 0  # its slices had started
+    after = run_batch(client, [chat_line(f"after-{i}", "Next", max_tokens=2) for i in range(20)])
+    assert after.status == "completed" and after.request_counts.completed == 20

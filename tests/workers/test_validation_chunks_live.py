@@ -91,8 +91,9 @@ def test_one_or_two_control_processes_make_byte_identical_shards(
         data = jsonl(doc_lines(2000, seed=11))
         assert len(data) > 12 * CHUNK  # a dozen chunks and more
 
-        # the reference: one task, in-process
-        one_task = Runtime(replace(settings, validation_chunk_bytes=0))
+        # the reference: one task, in-process, its rows all in the whole-file sort as a merge's are
+        # (no early slices: workers/head_start.py)
+        one_task = Runtime(replace(settings, validation_chunk_bytes=0, validation_head_rows=0))
         try:
             reference = upload_and_create(one_task, tenant, data, name="ref.jsonl").id
             with rt.queue.celery.connection_for_write() as conn:

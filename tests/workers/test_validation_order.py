@@ -14,10 +14,10 @@ from scheduler.ordering import common_prefix_tokens
 from scheduler.unit_plan import predicted_cached_tokens
 from storage.models import Batch, WorkUnit
 from storage.runtime import Runtime
-from storage.shards import read_rows
+from storage.shards import PREFIX_KEY_BYTES, read_rows
 from tests.conftest import now
 from tests.factories import chat_line, upload_and_create
-from workers.validation import PREFIX_KEY_BYTES, validate_batch
+from workers.validation import validate_batch
 
 DOCS = 6
 QUESTIONS = 5
