@@ -7,7 +7,7 @@ MODEL_DIR := models/demo
 EMBED_MODEL_DIR := models/embed
 BENCH_MODEL_DIR := models/bench
 
-.PHONY: run stop test lint install model embed-model score-model whisper-model vlm-model adapters bench-model bench bench-engine-step bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-embeddings bench-lora bench-images bench-estimates bench-validation bench-finalization bench-uploads bench-refill-pass bench-engine-stats bench-kv-cache-dtype bench-status bench-table int4-model clean quantize-env policy-env audit-env lock lock-check audit
+.PHONY: run stop test lint install model embed-model score-model whisper-model vlm-model adapters bench-model bench bench-engine-step bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-head-start bench-embeddings bench-lora bench-images bench-estimates bench-validation bench-finalization bench-uploads bench-refill-pass bench-engine-stats bench-kv-cache-dtype bench-status bench-table int4-model clean quantize-env policy-env audit-env lock lock-check audit
 
 install:
 	@bash infra/install.sh
@@ -121,7 +121,7 @@ test: model embed-model score-model whisper-model vlm-model adapters lint quanti
 # `make bench` stopped part-way (it takes longer than one sitting) is taken up where it stopped on
 # the same code; FORCE=1 runs every benchmark
 RESUME = $(PY) -m bench.resume $(if $(FORCE),--force)
-bench: model bench-model bench-engine-step bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-embeddings bench-lora bench-images bench-estimates bench-validation bench-finalization bench-uploads bench-refill-pass bench-engine-stats bench-kv-cache-dtype
+bench: model bench-model bench-engine-step bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-head-start bench-embeddings bench-lora bench-images bench-estimates bench-validation bench-finalization bench-uploads bench-refill-pass bench-engine-stats bench-kv-cache-dtype
 	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(RESUME) scheduler.json -- bench.scheduler $(BENCH_ARGS)
 
 # validation + planning of a 1,000,000-line batch, JSON-only vs columnar: bench/results/parquet.json
@@ -147,6 +147,11 @@ bench-engine-step: bench-model
 # 20,000 tiny requests, in-process engine vs Freight (issue #21 s2): bench/results/request_rate.json
 bench-request-rate: model
 	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(RESUME) request_rate.json -- bench.request_rate --tracing $(REQUEST_RATE_BENCH_ARGS)
+
+# a one-task validation's early slices (workers/head_start.py) against the code before them
+# (7debfdf: every row waited for the whole file), side by side on the request-rate workload
+bench-head-start: model
+	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(RESUME) head_start.json -- bench.request_rate --baseline-rev 7debfdf --out bench/results/head_start.json --control-plane ''
 
 # 20,000 inputs of mixed lengths embedded by Freight and by vLLM's run_batch (issue #22):
 # bench/results/embeddings.json
