@@ -45,15 +45,15 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from sqlalchemy import case, func, select
+from sqlalchemy import case, exists, func, select
 from sqlalchemy.orm import Session
 
 from scheduler.unit_plan import UnitPlan, kv_block_size
-from storage.models import Batch, WorkUnit
+from storage.models import Batch, ValidationChunk, WorkUnit
 from storage.quotas import queued_refusal
 from storage.runtime import Runtime
 from storage.shards import PREFIX_KEY_BYTES
-from storage.status import BatchStatus
+from storage.status import BatchStatus, ChunkStatus
 from workers.dispatcher import TickReport, enqueue_units
 from workers.planning import plan_batch
 from workers.prefix_caching import prediction_block_size
@@ -122,14 +122,32 @@ def unit_rows(batch_id: str, model: str, units: Sequence[UnitPlan], first_seq: i
 
 
 def commit_slice(
-    rt: Runtime, batch_id: str, model: str, units: Sequence[UnitPlan], rows_before: int, rows: int
+    rt: Runtime,
+    batch_id: str,
+    model: str,
+    units: Sequence[UnitPlan],
+    rows_before: int,
+    rows: int,
+    *,
+    chunks_pending: bool = False,
 ) -> bool:
     """Add one slice's units to a ``validating`` batch; False, having changed nothing, if it is no
     longer validating, if its units are not the ``rows_before`` rows this run counted (another run
-    of its validation added some), or if its tenant's queued-requests quota has no room for them."""
+    of its validation added some), or if its tenant's queued-requests quota has no room for them.
+    ``chunks_pending``: a chunked validation's first chunk, committed only while another chunk of
+    the batch is still pending (the batch row locked, as a chunk's move to done locks it), so the
+    merge, which the last chunk done sends, always finds the slice or none."""
     with rt.db.write() as s:
         batch = s.get(Batch, batch_id, with_for_update=True)
         if batch is None or batch.status != BatchStatus.VALIDATING:
+            return False
+        if chunks_pending and not s.scalar(
+            select(
+                exists().where(
+                    ValidationChunk.batch_id == batch_id, ValidationChunk.status == ChunkStatus.PENDING
+                )
+            )
+        ):
             return False
         prior = sliced(s, batch_id)
         if prior.rows != rows_before:
@@ -192,29 +210,38 @@ class HeadStart:
 
     def _start(self, held: list[Record], model: str) -> bool:
         """Sort, write, plan and commit one slice; True if its units were committed."""
-        rt, settings = self.rt, self.rt.settings
         held.sort()  # by (prompt key, line): the whole-file sort's order
-        keys = self.write_shards(rt, self.batch_id, held, f"s{self.slices}-")
-        block = prediction_block_size(rt, model, kv_block_size(settings.engine_block_size))
-        units = plan_batch(rt.store, keys, settings, block_size=block)
-        if not commit_slice(rt, self.batch_id, model, units, self.rows, len(held)):
+        keys = self.write_shards(self.rt, self.batch_id, held, f"s{self.slices}-")
+        if not start_slice(self.rt, self.batch_id, model, keys, self.rows, len(held)):
             log.info(
                 "batch %s: slice %d not started; its rows wait for the whole file", self.batch_id, self.slices
             )
             return False
         self.rows += len(held)
         self.slices += 1
-        log.info(
-            "batch %s: slice %d started, %d rows in %d units",
-            self.batch_id,
-            self.slices - 1,
-            len(held),
-            len(units),
-        )
-        try:  # packed now rather than at the next tick (which does the same)
-            enqueue_units(rt, time.time(), TickReport(), model=model)
-        except Exception:
-            log.warning(
-                "packing batch %s's slice failed; the next tick does it", self.batch_id, exc_info=True
-            )
+        log.info("batch %s: slice %d started, %d rows", self.batch_id, self.slices - 1, len(held))
         return True
+
+
+def start_slice(
+    rt: Runtime,
+    batch_id: str,
+    model: str,
+    keys: list[str],
+    rows_before: int,
+    rows: int,
+    *,
+    chunks_pending: bool = False,
+) -> bool:
+    """Plan a slice written as the shards ``keys`` and commit its units (``commit_slice``), then
+    pack them at once rather than at the next tick (which would do the same); True if committed."""
+    settings = rt.settings
+    block = prediction_block_size(rt, model, kv_block_size(settings.engine_block_size))
+    units = plan_batch(rt.store, keys, settings, block_size=block)
+    if not commit_slice(rt, batch_id, model, units, rows_before, rows, chunks_pending=chunks_pending):
+        return False
+    try:
+        enqueue_units(rt, time.time(), TickReport(), model=model)
+    except Exception:
+        log.warning("packing batch %s's slice failed; the next tick does it", batch_id, exc_info=True)
+    return True

@@ -57,6 +57,7 @@ from storage.runtime import Runtime
 from storage.settings import Settings
 from storage.status import BatchStatus, ChunkStatus, chunk_source
 from workers.batch_input import head_bytes, local_copy, open_chunk
+from workers.head_start import sliced, start_slice
 from workers.prompt_tokens import TokenizerUnavailable
 from workers.render_blocks import RenderBlock
 from workers.validation import (
@@ -293,6 +294,8 @@ def validate_chunk(rt: Runtime, batch_id: str, chunk_id: int) -> bool:
             # of the tenant's batches has the fewest in flight (this one's, when it is alone)
             following = _mark_next_sent(s, settings, batch.tenant_id, time.time()) if batch and moved else []
     last = bool(moved) and not left
+    if moved and seq == 0 and not last and settings.validation_head_rows:
+        first_chunk_slice(rt, batch_id, summary)
     if last:
         rt.queue.validate(batch_id)  # after the commit: the merge finds every chunk done
     _send(rt, following)  # after the commit that marked them sent
@@ -312,7 +315,14 @@ def scan_chunk(
     models: dict[tuple[str, str | None], int] = {}  # (model, the adapter named; None: the model)
     errors: list[dict[str, Any]] = []
     refused: list[dict[str, Any]] = []  # the errors of the all-refused file (FileChecks.refuse)
-    summary: dict[str, Any] = {"models": [], "errors": errors, "bad": 0, "refused": refused}
+    summary: dict[str, Any] = {
+        "models": [],
+        "errors": errors,
+        "bad": 0,
+        "refused": refused,
+        "rows": 0,
+        "blank": 0,
+    }
     run_key, events_key = _objects(batch_id, seq)
     lines = 0
     with contextlib.ExitStack() as stack:
@@ -343,6 +353,7 @@ def scan_chunk(
                 raw = line_content(raw, start == 0 and pos == 1)
                 if not raw.strip():
                     events.write(EVENT.pack(BLANK, 0, 0))
+                    summary["blank"] += 1
                     continue
                 checked = check_fields(raw, pos, rules)
                 if isinstance(checked, LineError):
@@ -357,6 +368,7 @@ def scan_chunk(
                 model = models.setdefault((checked.model, adapter), len(models))
                 events.write(EVENT.pack(VALID, model, len(custom_id)))
                 events.write(custom_id)
+                summary["rows"] += 1
                 for row in block.add(checked):
                     yield row.key, row.line, _payload(row)
             for row in block.flush():
@@ -383,6 +395,25 @@ def scan_chunk(
             stream.seek(0)
             rt.store.put_stream(key, stream)
     return lines, summary
+
+
+def first_chunk_slice(rt: Runtime, batch_id: str, summary: dict[str, Any]) -> bool:
+    """The file's first chunk, done while another is pending, runs as the batch's early slice
+    (``workers.head_start``) if it is clean: no bad, blank or refused line, not stopped early, its
+    valid lines of one served model (so no adapter of another base, which only the merge can
+    refuse). Its sorted run is the slice, written as shards ``s0-*``; the merge leaves the run out
+    and concludes with the rest. True if the slice was committed."""
+    models = set(summary.get("models", []))
+    if summary.get("fatal") or summary.get("bad") or summary.get("refused") or summary.get("blank"):
+        return False
+    if summary.get("stopped") or len(models) != 1 or not summary.get("rows"):
+        return False
+    with _local(rt, _objects(batch_id, 0)[0], spill_dir(rt.settings)) as run:
+        keys = write_shards(rt, batch_id, load_records(run), "s0-")
+    started = start_slice(rt, batch_id, models.pop(), keys, 0, summary["rows"], chunks_pending=True)
+    if started:
+        log.info("batch %s: its first chunk started as a slice, %d rows", batch_id, summary["rows"])
+    return started
 
 
 def _unrendered(
@@ -426,9 +457,10 @@ def merge(rt: Runtime, batch_id: str, input_key: str, endpoint: str, defaults: d
                 .order_by(ValidationChunk.seq)
             )
         ]
+        first = sliced(s, batch_id).rows  # the first chunk's, if it started as a slice
     fatal = next((c.summary["fatal"] for c in chunks if "fatal" in c.summary), None)
     shard_keys: list[str] = []
-    sliced_rows = 0  # a one-task validation's early slices (workers/head_start.py): none in chunks
+    sliced_rows = 0
     if fatal is not None:
         summary = tokenizer_failure(batch_id, fatal)
     elif sum(c.summary.get("decoded", 0) for c in chunks) > decode_limits(settings).max_total_bytes:
@@ -443,7 +475,8 @@ def merge(rt: Runtime, batch_id: str, input_key: str, endpoint: str, defaults: d
             if chunks and chunks[0].summary.get("parquet"):  # errors name the row and the column
                 summary.errors = name_columns(summary.errors, tuple(chunks[0].summary["columns"]))
             if not summary.error_count:
-                shard_keys = merge_runs(rt, batch_id, chunks, diverted)
+                shard_keys = merge_runs(rt, batch_id, chunks, diverted, skip_first=bool(first))
+                sliced_rows = first
     conclude(rt, batch_id, summary, shard_keys, started, sliced_rows)
     for chunk in chunks:  # what a merge interrupted here leaves, the batch's retention deletes
         for key in _objects(batch_id, chunk.seq):
@@ -551,18 +584,24 @@ def _local(rt: Runtime, key: str, spill: str) -> Iterator[IO[bytes]]:
 
 
 def merge_runs(
-    rt: Runtime, batch_id: str, chunks: list[_Done], diverted: _Diverted | None = None
+    rt: Runtime,
+    batch_id: str,
+    chunks: list[_Done],
+    diverted: _Diverted | None = None,
+    skip_first: bool = False,
 ) -> list[str]:
     """Every chunk's sorted run, lines made the file's, merged by (key, line) into the shards;
-    the rows of ``diverted`` lines replaced by their refused rows."""
+    the rows of ``diverted`` lines replaced by their refused rows. ``skip_first``: the first
+    chunk's run is the batch's early slice (``first_chunk_slice``), its units made already."""
     spill = spill_dir(rt.settings)
     skip = diverted if diverted is not None and diverted.count else None
     with contextlib.ExitStack() as stack:
         streams: list[Iterator[Record]] = []
         offset = 0
         for chunk in chunks:
-            run = stack.enter_context(_local(rt, _objects(batch_id, chunk.seq)[0], spill))
-            streams.append(_shifted(load_records(run), offset, skip))
+            if not (skip_first and chunk.seq == 0):
+                run = stack.enter_context(_local(rt, _objects(batch_id, chunk.seq)[0], spill))
+                streams.append(_shifted(load_records(run), offset, skip))
             offset += chunk.lines
         if skip is not None:
             streams.append(skip.records())

@@ -13,12 +13,13 @@ from sqlalchemy import select
 
 from api.services.tenants import create_tenant, set_quota
 from storage.broker import model_queue
-from storage.models import Batch, StoredFile, UnitStatus, WorkUnit
+from storage.models import Batch, StoredFile, UnitStatus, ValidationChunk, WorkUnit
 from storage.runtime import Runtime
 from storage.shards import read_rows
 from storage.status import BatchStatus
 from tests.conftest import now
-from tests.factories import chat_line, upload_and_create
+from tests.factories import chat_line, jsonl, upload_and_create
+from workers import validation, validation_chunks
 from workers.head_start import HEAD_SLICES
 from workers.render_blocks import BLOCK_LINES
 from workers.unit_claims import claim_unit
@@ -232,3 +233,80 @@ def test_file_checks_say_clean_only_with_a_served_model_and_no_error():
     assert checks.clean() is None
     assert checks.accept(3, b"b", "demo") is True
     assert checks.clean() is None and checks.result.error_count == 1
+
+
+# -- a chunked validation's first chunk ------------------------------------------------------------
+
+
+def validate_chunked(rt: Runtime, batch_id: str) -> list[int]:
+    """Chunks made and sent, validated in file order, merged: a chunked validation's tasks; the
+    lines of each chunk."""
+    assert validation.validate_batch(rt, batch_id, validation_chunks.validate_in_chunks) is None
+    with rt.db.read() as s:
+        chunks = s.execute(
+            select(ValidationChunk.id, ValidationChunk.seq)
+            .where(ValidationChunk.batch_id == batch_id)
+            .order_by(ValidationChunk.seq)
+        ).all()
+    for chunk_id, _ in chunks:
+        validation_chunks.validate_chunk(rt, batch_id, chunk_id)
+    with rt.db.read() as s:
+        counts = [
+            s.get(ValidationChunk, chunk_id).lines for chunk_id, _ in chunks
+        ]  # before the merge deletes nothing of these rows
+    assert validation.validate_batch(rt, batch_id, validation_chunks.validate_in_chunks) is None
+    return counts
+
+
+@pytest.fixture
+def chunked_rt(settings):
+    runtime = Runtime(replace(settings, unit_size=4, validation_chunk_bytes=2048, max_file_bytes=1 << 20))
+    yield runtime
+    runtime.db.dispose()
+
+
+def test_a_chunked_files_first_chunk_runs_as_a_slice_and_the_merge_adds_the_rest(chunked_rt):
+    rt = chunked_rt
+    tenant, _ = create_tenant(rt.db, "t", now())
+    source = lines(80)
+    batch = upload_and_create(rt, tenant.id, source)
+    counts = validate_chunked(rt, batch.id)
+    assert len(counts) >= 3
+    with rt.db.read() as s:
+        done = s.get(Batch, batch.id)
+        assert done.status == BatchStatus.IN_PROGRESS and done.request_total == 80
+    units = units_of(rt, batch.id)
+    per_slice = Counter()
+    for unit in units:
+        per_slice[slice_of(unit)] += unit.n_requests
+    assert per_slice == {"s0": counts[0], "": 80 - counts[0]}
+    rows = [r for unit_rows in rows_of(rt, units) for r in unit_rows]
+    assert sorted(r.line for r in rows if r.line <= counts[0]) == list(range(1, counts[0] + 1))
+    assert Counter(r.custom_id for r in rows) == Counter(x["custom_id"] for x in source)
+    assert [u.seq for u in units] == list(range(len(units)))
+
+
+def test_a_chunked_file_failing_after_its_first_chunk_started_fails_whole(chunked_rt):
+    rt = chunked_rt
+    tenant, _ = create_tenant(rt.db, "t", now())
+    source = [*lines(79), lines(1)[0]]  # the last line repeats the first's custom_id
+    batch = upload_and_create(rt, tenant.id, source)
+    validate_chunked(rt, batch.id)
+    with rt.db.read() as s:
+        failed = s.get(Batch, batch.id)
+        assert failed.status == BatchStatus.FAILED and failed.request_total == 0
+        assert [(e["line"], e["code"]) for e in failed.errors["data"]] == [(80, "duplicate_custom_id")]
+    units = units_of(rt, batch.id)
+    assert units and {u.status for u in units} == {UnitStatus.SKIPPED}
+    assert {slice_of(u) for u in units} == {"s0"}
+
+
+def test_a_first_chunk_with_a_blank_line_starts_no_slice(chunked_rt):
+    rt = chunked_rt
+    tenant, _ = create_tenant(rt.db, "t", now())
+    data = jsonl(lines(5)) + b"\n" + jsonl(lines(75, "s"))  # a blank line inside the first chunk
+    batch = upload_and_create(rt, tenant.id, data)
+    validate_chunked(rt, batch.id)
+    with rt.db.read() as s:
+        assert s.get(Batch, batch.id).status == BatchStatus.FAILED  # the blank line fails the file
+    assert units_of(rt, batch.id) == []

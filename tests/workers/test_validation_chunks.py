@@ -52,6 +52,9 @@ def validate_batch(rt: Runtime, batch_id: str) -> float | None:
 
 
 def chunked(settings, chunk_bytes: int = CHUNK, **changes):
+    """Chunks past ``chunk_bytes``; no early slice (workers/head_start.py, tested there), so the
+    shards are the whole-file sort's, as one task without slices makes them."""
+    changes.setdefault("validation_head_rows", 0)
     return Runtime(replace(settings, validation_chunk_bytes=chunk_bytes, unit_size=4, **changes))
 
 
@@ -93,7 +96,7 @@ def both_ways(
     settings, data: bytes, name: str = "in.jsonl", chunk_bytes: int = CHUNK, **changes
 ) -> tuple[tuple, tuple, int]:
     """The same file validated in one task and in chunks: both outcomes and the chunk count."""
-    one = Runtime(replace(settings, validation_chunk_bytes=0, unit_size=4, **changes))
+    one = Runtime(replace(settings, validation_chunk_bytes=0, unit_size=4, validation_head_rows=0, **changes))
     many = chunked(settings, chunk_bytes, **changes)
     try:
         tenant, _ = create_tenant(one.db, f"t-{uuid.uuid4().hex[:8]}", now())

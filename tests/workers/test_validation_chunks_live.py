@@ -34,6 +34,7 @@ def start_validation_process(settings: Settings, name: str, log: Path) -> subpro
         FREIGHT_OBJECT_STORE_URL=settings.object_store_url,
         FREIGHT_S3_ENDPOINT_URL=settings.s3_endpoint_url or "",
         FREIGHT_VALIDATION_CHUNK_BYTES=str(settings.validation_chunk_bytes),
+        FREIGHT_VALIDATION_HEAD_ROWS=str(settings.validation_head_rows),
         FREIGHT_UNIT_SIZE=str(settings.unit_size),
         FREIGHT_MAX_FILE_BYTES=str(settings.max_file_bytes),
         FREIGHT_VALIDATION_CONCURRENCY="1",
@@ -79,6 +80,7 @@ def test_one_or_two_control_processes_make_byte_identical_shards(
         object_store_url=f"s3://{bucket}/freight",
         s3_endpoint_url=s3_service.endpoint_url,
         validation_chunk_bytes=CHUNK,
+        validation_head_rows=0,  # no early slice: the shards of the whole-file sort, compared below
         unit_size=8,
         max_file_bytes=4 << 20,
     )
@@ -91,9 +93,8 @@ def test_one_or_two_control_processes_make_byte_identical_shards(
         data = jsonl(doc_lines(2000, seed=11))
         assert len(data) > 12 * CHUNK  # a dozen chunks and more
 
-        # the reference: one task, in-process, its rows all in the whole-file sort as a merge's are
-        # (no early slices: workers/head_start.py)
-        one_task = Runtime(replace(settings, validation_chunk_bytes=0, validation_head_rows=0))
+        # the reference: one task, in-process
+        one_task = Runtime(replace(settings, validation_chunk_bytes=0))
         try:
             reference = upload_and_create(one_task, tenant, data, name="ref.jsonl").id
             with rt.queue.celery.connection_for_write() as conn:
