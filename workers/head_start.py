@@ -1,4 +1,4 @@
-"""Early slices of a one-task validation: a file's first valid rows run while the rest is read.
+"""Early slices of a validation: a file's first valid rows run while the rest is read.
 
 Why: a batch's units used to exist only once validation had read, checked and sorted its whole
 file, and for a job running alone that time is idle engine time (0.5-1.3 s of the image and
@@ -6,16 +6,19 @@ request-rate benchmarks' 5-18 s, about 39 s of a million lines). Validation read
 times faster than an engine answers them, so the engine needs only a small first slice to start,
 and each later slice is read while the one before it runs.
 
-What: ``HeadStart.records`` sits between the scan and the whole-file sort. It holds the file's
-first FREIGHT_VALIDATION_HEAD_ROWS valid rows, then four times as many, and so on (at most
-``HEAD_SLICES`` slices, each at most ``SLICE_BYTES`` of sort records). When a row past a slice
-arrives and the file is clean so far (``FileChecks.clean``: no error, a served model named), the
-slice is sorted by prompt key within itself, written as shards of its own (``shards/s<k>-*``),
-planned, and its units committed while the batch is still ``validating`` (``commit_slice``, which
-checks the tenant's queued-requests quota as ``conclude`` does); the dispatcher packs units of a
-validating batch as any others. The rows after the last slice go to the whole-file sort as
-before and become the rest of the units at ``validation.conclude``, which moves the batch to
-``in_progress``.
+What, in one task: ``HeadStart.records`` sits between the scan and the whole-file sort. It holds
+the file's first FREIGHT_VALIDATION_HEAD_ROWS valid rows, then four times as many, and so on (at
+most ``HEAD_SLICES`` slices, each at most ``SLICE_BYTES`` of sort records). When a row past a
+slice arrives and the file is clean so far (``FileChecks.clean``: no error, a served model named),
+the slice is sorted by prompt key within itself, written as shards of its own (``shards/s<k>-*``)
+and planned, and its units are committed while the batch is still ``validating``
+(``start_slice``, ``commit_slice``, which checks the tenant's queued-requests quota as
+``conclude`` does); the dispatcher packs units of a validating batch as any others. The rows
+after the last slice go to the whole-file sort as before and become the rest of the units at
+``validation.conclude``, which moves the batch to ``in_progress``. In chunks (a file over
+FREIGHT_VALIDATION_CHUNK_BYTES), the first chunk is the one slice: done while another chunk is
+pending, and clean, its sorted run is written and committed the same way
+(``validation_chunks.first_chunk_slice``), and the merge leaves that run out.
 
 The Batch API's semantics are kept: the batch stays ``validating`` until its whole file is
 checked (its request_counts total counts the slices' rows meanwhile). A file that then fails, or
@@ -24,9 +27,9 @@ unstarted units are skipped, running ones stop within a second, and no result of
 the engine time they took is in the batch's usage, under the tenant's fair share like any work.
 
 The trade: each slice is sorted within itself, so a prefix that rows of two slices share is
-computed again unless the KV cache still holds it when the later slice runs. A file smaller than
-its first slice, or validated in chunks (over FREIGHT_VALIDATION_CHUNK_BYTES: no one task reads
-it in file order), has no slices.
+computed again unless the KV cache still holds it when the later slice runs; and where validation
+shares the engine's cores (a CPU host), its CPU slows the engine by about as much as the overlap
+saves. A file no larger than its first slice has none.
 
 Crash safety: a slice's shards are written under keys fixed by its index before the one
 transaction that commits its units. A validation run again (its lease taken over, its message
