@@ -144,6 +144,17 @@ ROWS = (
         section="request_rate",
     ),
     Row(
+        "the same, in the early-slices run (bench-head-start): Freight / the faster in-process engine",
+        "head_start.json",
+        "freight_over_engine",
+    ),
+    Row(
+        "the same run: early slices (the first rows run while the rest validates) / the code before them",
+        "head_start.json",
+        "freight_over_baseline",
+        digits=3,
+    ),
+    Row(
         "validation + planning of a 1,000,000-line batch, two control processes (s)",
         "control_plane.json",
         "validation_1m_s",
