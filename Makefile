@@ -148,10 +148,11 @@ bench-engine-step: bench-model
 bench-request-rate: model
 	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(RESUME) request_rate.json -- bench.request_rate --tracing $(REQUEST_RATE_BENCH_ARGS)
 
-# a one-task validation's early slices (workers/head_start.py) against the code before them
-# (7debfdf: every row waited for the whole file), side by side on the request-rate workload
+# early slices (workers/head_start.py, FREIGHT_VALIDATION_HEAD_ROWS=256; off by default) against
+# the code before them (7debfdf: every row waited for the whole file), side by side on the
+# request-rate workload
 bench-head-start: model
-	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(RESUME) head_start.json -- bench.request_rate --baseline-rev 7debfdf --out bench/results/head_start.json --control-plane ''
+	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(RESUME) head_start.json -- bench.request_rate --head-rows 256 --baseline-rev 7debfdf --out bench/results/head_start.json --control-plane ''
 
 # 20,000 inputs of mixed lengths embedded by Freight and by vLLM's run_batch (issue #22):
 # bench/results/embeddings.json
