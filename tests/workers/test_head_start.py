@@ -260,7 +260,15 @@ def validate_chunked(rt: Runtime, batch_id: str) -> list[int]:
 
 @pytest.fixture
 def chunked_rt(settings):
-    runtime = Runtime(replace(settings, unit_size=4, validation_chunk_bytes=2048, max_file_bytes=1 << 20))
+    runtime = Runtime(
+        replace(
+            settings,
+            unit_size=4,
+            validation_chunk_bytes=2048,
+            validation_head_rows=HEAD,
+            max_file_bytes=1 << 20,
+        )
+    )
     yield runtime
     runtime.db.dispose()
 
