@@ -29,7 +29,10 @@ the engine time they took is in the batch's usage, under the tenant's fair share
 The trade: each slice is sorted within itself, so a prefix that rows of two slices share is
 computed again unless the KV cache still holds it when the later slice runs; and where validation
 shares the engine's cores (a CPU host), its CPU slows the engine by about as much as the overlap
-saves. A file no larger than its first slice has none.
+saves. So the first slice starts only where a boundary costs the prefix cache little
+(``slices_pay``, ``scheduler.slice_cost``: unique prompts, or prompts under one system prompt),
+and a file of a few prefixes shared by many rows keeps the whole-file sort. A file no larger than
+its first slice has none.
 
 Crash safety: a slice's shards are written under keys fixed by its index before the one
 transaction that commits its units. A validation run again (its lease taken over, its message
@@ -51,6 +54,7 @@ from typing import Protocol
 from sqlalchemy import case, exists, func, select
 from sqlalchemy.orm import Session
 
+from scheduler.slice_cost import SPLIT_COST_LIMIT, boundary_cost
 from scheduler.unit_plan import UnitPlan, kv_block_size
 from storage.models import Batch, ValidationChunk, WorkUnit
 from storage.quotas import queued_refusal
@@ -212,8 +216,12 @@ class HeadStart:
         yield from held  # the file ended inside a slice: its rows are the rest's
 
     def _start(self, held: list[Record], model: str) -> bool:
-        """Sort, write, plan and commit one slice; True if its units were committed."""
+        """Sort, write, plan and commit one slice; True if its units were committed. The first
+        slice starts only if a boundary costs the prefix cache little (``slices_pay``)."""
+        mid_line = held[len(held) // 2][1]  # held in file order: the line a boundary would cut at
         held.sort()  # by (prompt key, line): the whole-file sort's order
+        if not self.slices and not slices_pay(self.rt, self.batch_id, model, held, mid_line):
+            return False
         keys = self.write_shards(self.rt, self.batch_id, held, f"s{self.slices}-")
         if not start_slice(self.rt, self.batch_id, model, keys, self.rows, len(held)):
             log.info(
@@ -224,6 +232,24 @@ class HeadStart:
         self.slices += 1
         log.info("batch %s: slice %d started, %d rows", self.batch_id, self.slices - 1, len(held))
         return True
+
+
+def slices_pay(
+    rt: Runtime, batch_id: str, model: str, ordered: Iterable[tuple[bytes, int, object]], mid_line: int
+) -> bool:
+    """Whether a file whose first rows are ``ordered`` (sorted) may run in early slices: a slice
+    boundary at ``mid_line`` would cost less than ``SPLIT_COST_LIMIT`` more prefill than the rows
+    sorted whole (``scheduler.slice_cost``). Where it would cost more (a few prefixes shared by
+    many rows, the file shuffled), the whole-file sort keeps each prefix's rows together."""
+    block = prediction_block_size(rt, model, kv_block_size(rt.settings.engine_block_size))
+    extra = boundary_cost(((key, line) for key, line, _ in ordered), block, mid_line)
+    if extra < SPLIT_COST_LIMIT:
+        return True
+    log.info(
+        "batch %s: no early slices; a boundary would compute %.0f%% more of its first rows' prompts",
+        batch_id, 100 * extra,
+    )  # fmt: skip
+    return False
 
 
 def start_slice(

@@ -57,7 +57,7 @@ from storage.runtime import Runtime
 from storage.settings import Settings
 from storage.status import BatchStatus, ChunkStatus, chunk_source
 from workers.batch_input import head_bytes, local_copy, open_chunk
-from workers.head_start import sliced, start_slice
+from workers.head_start import sliced, slices_pay, start_slice
 from workers.prompt_tokens import TokenizerUnavailable
 from workers.render_blocks import RenderBlock
 from workers.validation import (
@@ -295,7 +295,7 @@ def validate_chunk(rt: Runtime, batch_id: str, chunk_id: int) -> bool:
             following = _mark_next_sent(s, settings, batch.tenant_id, time.time()) if batch and moved else []
     last = bool(moved) and not left
     if moved and seq == 0 and not last and settings.validation_head_rows:
-        first_chunk_slice(rt, batch_id, summary)
+        first_chunk_slice(rt, batch_id, lines, summary)
     if last:
         rt.queue.validate(batch_id)  # after the commit: the merge finds every chunk done
     _send(rt, following)  # after the commit that marked them sent
@@ -397,20 +397,26 @@ def scan_chunk(
     return lines, summary
 
 
-def first_chunk_slice(rt: Runtime, batch_id: str, summary: dict[str, Any]) -> bool:
-    """The file's first chunk, done while another is pending, runs as the batch's early slice
-    (``workers.head_start``) if it is clean: no bad, blank or refused line, not stopped early, its
-    valid lines of one served model (so no adapter of another base, which only the merge can
-    refuse). Its sorted run is the slice, written as shards ``s0-*``; the merge leaves the run out
-    and concludes with the rest. True if the slice was committed."""
+def first_chunk_slice(rt: Runtime, batch_id: str, lines: int, summary: dict[str, Any]) -> bool:
+    """The file's first chunk (``lines`` of it), done while another is pending, runs as the
+    batch's early slice (``workers.head_start``) if it is clean: no bad, blank or refused line, not
+    stopped early, its valid lines of one served model (so no adapter of another base, which only
+    the merge can refuse); and if a boundary after it costs the prefix cache little
+    (``slices_pay``, reading its sorted run once more). Its sorted run is the slice, written as
+    shards ``s0-*``; the merge leaves the run out and concludes with the rest. True if the slice
+    was committed."""
     models = set(summary.get("models", []))
     if summary.get("fatal") or summary.get("bad") or summary.get("refused") or summary.get("blank"):
         return False
     if summary.get("stopped") or len(models) != 1 or not summary.get("rows"):
         return False
+    model = models.pop()
     with _local(rt, _objects(batch_id, 0)[0], spill_dir(rt.settings)) as run:
+        if not slices_pay(rt, batch_id, model, load_records(run), lines // 2):
+            return False
+        run.seek(0)
         keys = write_shards(rt, batch_id, load_records(run), "s0-")
-    started = start_slice(rt, batch_id, models.pop(), keys, 0, summary["rows"], chunks_pending=True)
+    started = start_slice(rt, batch_id, model, keys, 0, summary["rows"], chunks_pending=True)
     if started:
         log.info("batch %s: its first chunk started as a slice, %d rows", batch_id, summary["rows"])
     return started

@@ -4,7 +4,9 @@ the demo model's tokenizer; no engine (the units' state is what is checked)."""
 from __future__ import annotations
 
 import ast
+import itertools
 import json
+import random
 from collections import Counter
 from dataclasses import replace
 
@@ -37,6 +39,17 @@ def rt(settings):
 
 def lines(n: int, prefix: str = "r") -> list[dict]:
     return [chat_line(f"{prefix}{i}", f"question {i}: what is {i * 7 % 13}?") for i in range(n)]
+
+
+def documents(n: int, docs: int, *, shuffled: bool) -> list[dict]:
+    """``n`` questions over ``docs`` documents of several KV blocks each (the document first, so a
+    document's questions share its prefix), in file order by document or shuffled (seeded)."""
+    texts = [" ".join(f"doc{d} word{w}" for w in range(150)) for d in range(docs)]
+    order = random.Random(5).sample(range(n), n) if shuffled else list(range(n))
+    return [
+        chat_line(f"q{i}", f"{texts[j * docs // n]}\n\nQuestion {j}: what is {j * 7 % 13}?")
+        for i, j in enumerate(order)
+    ]
 
 
 def units_of(rt: Runtime, batch_id: str) -> list[WorkUnit]:
@@ -105,6 +118,26 @@ def test_a_file_within_its_first_slice_or_with_slices_off_has_none(rt):
         assert sum(u.n_requests for u in units_of(off, whole.id)) == 80
     finally:
         off.db.dispose()
+
+
+def test_a_shuffled_file_of_few_long_prefixes_keeps_the_whole_file_sort(rt):
+    """Four documents asked 20 questions each, shuffled: a slice boundary would compute each
+    document on both sides of it (scheduler/slice_cost.py), so no slice starts and the whole-file
+    sort keeps each document's questions together; the same questions in document order start
+    slices as any file does."""
+    tenant, _ = create_tenant(rt.db, "t", now())
+    shuffled = upload_and_create(rt, tenant.id, documents(80, 4, shuffled=True), name="shuffled.jsonl")
+    validate_batch(rt, shuffled.id)
+    units = units_of(rt, shuffled.id)
+    assert {slice_of(u) for u in units} == {""} and sum(u.n_requests for u in units) == 80
+    firsts = [r.key[:600] for unit_rows in rows_of(rt, units) for r in unit_rows]
+    assert sum(a != b for a, b in itertools.pairwise(firsts)) == 3  # four runs of one document
+    grouped = upload_and_create(rt, tenant.id, documents(80, 4, shuffled=False), name="grouped.jsonl")
+    validate_batch(rt, grouped.id)
+    per_slice = Counter()
+    for unit in units_of(rt, grouped.id):
+        per_slice[slice_of(unit)] += unit.n_requests
+    assert per_slice == {"s0": 10, "s1": 40, "": 30}
 
 
 def test_slices_stop_at_the_cap_and_the_rest_holds_every_row_after(rt):
@@ -307,6 +340,26 @@ def test_a_chunked_file_failing_after_its_first_chunk_started_fails_whole(chunke
     units = units_of(rt, batch.id)
     assert units and {u.status for u in units} == {UnitStatus.SKIPPED}
     assert {slice_of(u) for u in units} == {"s0"}
+
+
+def test_a_shuffled_chunked_file_of_few_long_prefixes_starts_no_slice(settings):
+    rt = Runtime(
+        replace(
+            settings, unit_size=4, validation_chunk_bytes=40_000, validation_head_rows=HEAD,
+            max_file_bytes=1 << 20,
+        )
+    )  # fmt: skip
+    try:
+        tenant, _ = create_tenant(rt.db, "t", now())
+        batch = upload_and_create(rt, tenant.id, documents(120, 4, shuffled=True))
+        counts = validate_chunked(rt, batch.id)
+        assert len(counts) >= 3 and counts[0] >= 8  # a first chunk of many rows, others pending
+        with rt.db.read() as s:
+            assert s.get(Batch, batch.id).status == BatchStatus.IN_PROGRESS
+        units = units_of(rt, batch.id)
+        assert {slice_of(u) for u in units} == {""} and sum(u.n_requests for u in units) == 120
+    finally:
+        rt.db.dispose()
 
 
 def test_a_first_chunk_with_a_blank_line_starts_no_slice(chunked_rt):
