@@ -148,7 +148,7 @@ bench-engine-step: bench-model
 bench-request-rate: model
 	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(RESUME) request_rate.json -- bench.request_rate --tracing $(REQUEST_RATE_BENCH_ARGS)
 
-# early slices (workers/head_start.py, FREIGHT_VALIDATION_HEAD_ROWS=256; off by default) against
+# early slices (workers/head_start.py, FREIGHT_VALIDATION_HEAD_ROWS=256, the default) against
 # the code before them (7debfdf: every row waited for the whole file), side by side on the
 # request-rate workload
 bench-head-start: model

@@ -361,8 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--head-rows",
         type=int,
-        default=0,
-        help="FREIGHT_VALIDATION_HEAD_ROWS of this code's stack (early slices; 0, the default: off)",
+        default=None,
+        help="FREIGHT_VALIDATION_HEAD_ROWS of this code's stack (early slices; 0: off); default: Freight's",
     )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "request_rate.json")
     parser.add_argument(
@@ -415,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         stack = FreightStack(
             work / "freight", args.model, max_num_seqs=args.max_num_seqs, kv_cache_bytes=KV_BYTES,
             max_model_len=MAX_MODEL_LEN, enforce_eager=args.eager, warmup_file=warm,
-            extra_env={"FREIGHT_VALIDATION_HEAD_ROWS": str(args.head_rows)},
+            extra_env={} if args.head_rows is None else {"FREIGHT_VALIDATION_HEAD_ROWS": str(args.head_rows)},
         ).start()  # fmt: skip
         freight_settings = stack.settings()
         stack.pause()

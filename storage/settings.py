@@ -159,10 +159,10 @@ class Settings:
     # a one-task validation hands its first valid rows to the engines before it has read the rest
     # of the file: slices of this many rows, then four times as many each (at most HEAD_SLICES),
     # each sorted by prompt key within itself, queued while the rest is read and discarded if the
-    # file then fails (workers/head_start.py). 0 (the default): none, every row waits for the
-    # whole file; off because a slice boundary splits the prefix order, which cost a few-shot
-    # workload under tight KV a quarter of its speed here (bench/README.md, "Early slices")
-    validation_head_rows: int = 0
+    # file then fails (workers/head_start.py); only where a slice boundary costs the prefix cache
+    # little (scheduler/slice_cost.py: a file of a few prefixes shared by many rows keeps the
+    # whole-file sort). 0: none, every row waits for the whole file
+    validation_head_rows: int = 256
     # chunks of one tenant's batches queued or running at once, all its batches together; each one
     # done sends the next (of its batch with the fewest in flight: scheduler/chunk_window.py),
     # behind whatever other tenants' validations queued meanwhile, so one tenant's huge inputs,
