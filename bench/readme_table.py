@@ -49,7 +49,16 @@ FEW_SHOT = "scheduler-fewshot-cache-modes.json"
 # issue #51's workloads against the limit, one run
 LIMITS = "scheduler-limits.json"
 ROWS = (
-    Row("unique prompts: Freight / in-process engine", "scheduler.json", "unique.freight_over_engine"),
+    Row(
+        "unique prompts: Freight / in-process engine",
+        "scheduler-slices-unique.json",
+        "unique.freight_over_engine",
+    ),
+    Row(
+        "unique prompts: Freight / the limit (the engine, its core inline)",
+        "scheduler-slices-unique.json",
+        "unique.freight_over_limit",
+    ),
     Row(
         "shared prefix, tight KV: Freight / engine",
         "scheduler.json",
@@ -62,8 +71,24 @@ ROWS = (
     ),
     Row(
         "shared prefix, tight KV: Freight / engine on prompt-sorted lines",
-        "scheduler.json",
+        "scheduler-slices-tight.json",
         "shared_prefix_tight_kv.freight_over_engine_sorted",
+    ),
+    Row(
+        "the same: Freight / the limit (that engine at its faster placement)",
+        "scheduler-slices-tight.json",
+        "shared_prefix_tight_kv.freight_over_limit",
+    ),
+    Row(
+        "the same: preempted requests",
+        "scheduler-slices-tight.json",
+        "shared_prefix_tight_kv.preemptions",
+        digits=0,
+    ),
+    Row(
+        "the same: cache-hit gap to KV admission's plan (points)",
+        "scheduler-slices-tight.json",
+        "shared_prefix_tight_kv.kv_plan_gap_points",
     ),
     Row(
         "20 batches of 3 tenants / the same lines as one batch",
@@ -122,7 +147,7 @@ ROWS = (
     Row("the same, 6 jobs / the limit salted per tenant", FEW_SHOT, f"{MJSP}.freight_per_tenant_over_limit"),
     Row(
         "20% exact duplicates, greedy (dups): Freight / the engine on the same lines sorted (the limit)",
-        LIMITS,
+        "scheduler-slices.json",
         "dups.freight_over_limit",
     ),
     Row(
