@@ -95,11 +95,16 @@ class Run:
         self._started = time.monotonic()
         self.code = code_state()  # at the start: the code the run's processes loaded
 
+    @property
+    def command(self) -> str:
+        """The command line that ran the benchmark, as ``bench.resume`` compares it."""
+        return shlex.join(["python", "-m", self.module, *self.argv])
+
     def finish(self, repeats: Mapping[str, Sequence[Any]] | None = None) -> dict[str, Any]:
         """The provenance block of the run's report; ``repeats``: figure (a ``targets`` key or
         another figure the report quotes) -> the per-repeat values it was taken from."""
         return {
-            "command": shlex.join(["python", "-m", self.module, *self.argv]),
+            "command": self.command,
             "code": {**self.code, "dirty_measured": self._dirty_measured()},
             "measures": self.measures,
             "machine": machine_facts(),
@@ -112,7 +117,12 @@ class Run:
         }
 
     def _dirty_measured(self) -> list[str]:
-        return [f for f in self.code["dirty_files"] if any(_under(f, p) for p in self.measures)]
+        return dirty_measured(self.code, self.measures)
+
+
+def dirty_measured(code: Mapping[str, Any], measures: Sequence[str]) -> list[str]:
+    """The files of ``code_state()``'s dirty ones under a path a benchmark measures."""
+    return [f for f in code["dirty_files"] if any(_under(f, p) for p in measures)]
 
 
 def _under(path: str, root: str) -> bool:

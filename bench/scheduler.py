@@ -74,6 +74,7 @@ from typing import Any
 from bench import workloads as wl
 from bench.against_limit import CPU_NOTE, engine_cpu, limit_ratio_lists, limit_targets, spread
 from bench.provenance import STACK, Run, machine_facts
+from bench.step_checkpoints import StepCheckpoints, inputs_digest
 
 REPO = Path(__file__).resolve().parent.parent
 # The benchmark model: the demo model's tokenizer and architecture, 4x its per-token compute
@@ -957,6 +958,15 @@ def main(argv: list[str] | None = None) -> int:
     sorted_files, tenant_sorted, ideal = prepare_sorted(names, all_files, args.model, args.block_size)
     for name, rate in ideal.items():
         manifest["workloads"][name][f"ideal_cache_hit_rate_block{args.block_size}"] = rate
+    # each step's output kept beside the workloads: a run cut short resumes at its first step not
+    # yet measured on this code, command, inputs and kind of machine (bench/step_checkpoints.py)
+    steps = StepCheckpoints(
+        work / "steps.json",
+        prov.command,
+        MEASURES,
+        inputs_digest(p for p in (work / "workloads").iterdir() if p.is_file()),
+        log=log,
+    )
     results: dict[str, dict[str, dict[str, Any]]] = {n: {kv: {} for kv in kvs} for n in names}
     freight_settings: dict[str, Any] = {}
     paired: dict[str, dict[str, list[float]]] = {}  # ratio group -> ratio -> value per repeat
@@ -975,8 +985,19 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"engine: {kv} KV ({kv_bytes} bytes): {', '.join(engine_files)}")
                 cores = ENGINE_PLACEMENTS if args.engine_core == "faster" else (args.engine_core,)
                 by_core = {
-                    core: run_engine(
-                        engine_files, kv_bytes, work, args.eager, args.model, args.block_size, warmups, core
+                    core: steps.run(
+                        f"engine:{kv}:{kv_bytes}:{core}",
+                        functools.partial(
+                            run_engine,
+                            engine_files,
+                            kv_bytes,
+                            work,
+                            args.eager,
+                            args.model,
+                            args.block_size,
+                            warmups,
+                            core,
+                        ),
                     )
                     for core in cores
                 }
@@ -986,7 +1007,12 @@ def main(argv: list[str] | None = None) -> int:
             if "runbatch" in systems:
                 for name in rest + (["unique"] if paired_names else []):
                     log(f"run-batch: {name}, {kv} KV ({kv_bytes} bytes)")
-                    cell = run_runbatch(files[name], kv_bytes, work, args.eager, args.model, args.block_size)
+                    cell = steps.run(
+                        f"runbatch:{kv}:{kv_bytes}:{name}",
+                        functools.partial(
+                            run_runbatch, files[name], kv_bytes, work, args.eager, args.model, args.block_size
+                        ),
+                    )
                     if name in results:
                         results[name][kv]["runbatch"] = cell
                     if name == "unique" and "multi_job" in results:
@@ -997,30 +1023,46 @@ def main(argv: list[str] | None = None) -> int:
             one_batch = [n for n in rest if n != MJSP]  # one stack, each file as one batch
             if "freight" in systems and one_batch:
                 log(f"freight: {kv} KV ({kv_bytes} bytes): starting a stack for {', '.join(one_batch)}")
-                cells, settings = run_freight(
-                    one_batch,
-                    all_files,
-                    kv_bytes,
-                    work,
-                    args.eager,
-                    args.model,
-                    args.block_size,
+                cells, settings = steps.run(
+                    f"freight:{kv}:{kv_bytes}:{'+'.join(one_batch)}",
+                    functools.partial(
+                        run_freight,
+                        one_batch,
+                        all_files,
+                        kv_bytes,
+                        work,
+                        args.eager,
+                        args.model,
+                        args.block_size,
+                    ),
                 )
                 if settings:
                     freight_settings[f"{kv}:{'+'.join(one_batch)}"] = settings
                 for name, cell in cells.items():
                     results[name][kv]["freight"] = cell
             if "freight" in systems and MJSP in rest:
-                cells, settings_by_role, mjsp_paired = run_multi_job_shared_prefix(
-                    all_files[MJSP], kv, kv_bytes, work, args, args.block_size
+                cells, settings_by_role, mjsp_paired = steps.run(
+                    f"{MJSP}:{kv}:{kv_bytes}",
+                    functools.partial(
+                        run_multi_job_shared_prefix,
+                        all_files[MJSP],
+                        kv,
+                        kv_bytes,
+                        work,
+                        args,
+                        args.block_size,
+                    ),
                 )
                 results[MJSP][kv].update(cells)
                 for role, settings in settings_by_role.items():
                     freight_settings[f"{kv}:{MJSP}:{role}"] = settings
                 paired[MJSP if kv == "default" else f"{MJSP}_{kv}_kv"] = mjsp_paired
             if paired_names and ({"engine", "freight"} & set(systems)):
-                cells_by_name, ratio_lists, settings_by_role = run_paired(
-                    paired_names, systems, kv, kv_bytes, work, args, unique_files
+                cells_by_name, ratio_lists, settings_by_role = steps.run(
+                    f"paired:{kv}:{kv_bytes}:{'+'.join(paired_names)}",
+                    functools.partial(
+                        run_paired, paired_names, systems, kv, kv_bytes, work, args, unique_files
+                    ),
                 )
                 for name, cells in cells_by_name.items():
                     results[name][kv].update(cells)
@@ -1081,9 +1123,16 @@ def main(argv: list[str] | None = None) -> int:
         "paired_ratios": paired,
         "targets": targets,
         "engine_cpu": engine_cpu(results),
-        "provenance": prov.finish(
-            {f"{name}.{ratio}": values for name, fields in paired.items() for ratio, values in fields.items()}
-        ),
+        "provenance": {
+            **prov.finish(
+                {
+                    f"{name}.{ratio}": values
+                    for name, fields in paired.items()
+                    for ratio, values in fields.items()
+                }
+            ),
+            "steps": steps.record,  # each step's revision and times; taken: measured by an earlier run
+        },
         "notes": [
             "the limit (issue #51): engine_sorted where it runs, else engine; multi_job_shared_prefix's "
             "tenant-mode cells against engine_sorted_tenant. *_over_limit is Freight's output rate over "

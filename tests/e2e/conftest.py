@@ -236,7 +236,7 @@ def live(
     overrides = {
         "FREIGHT_COMPLETION_WINDOWS": WINDOWS,
         "FREIGHT_UNIT_SIZE": "8",
-        "FREIGHT_VALIDATION_HEAD_ROWS": "256",  # early slices on (off by default), as test_batches.py tests
+        "FREIGHT_VALIDATION_HEAD_ROWS": "256",  # early slices on (the default), as test_batches.py tests
         "FREIGHT_MAX_FILE_BYTES": str(1024 * 1024),
         "FREIGHT_WEBHOOK_ALLOW_PRIVATE_TARGETS": "true",  # the tests' receivers are on 127.0.0.1
         "FREIGHT_IMAGE_FETCH_ALLOW_PRIVATE_TARGETS": "true",  # test_images_live serves its images there
