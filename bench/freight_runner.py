@@ -11,8 +11,11 @@ every measured run finds the engine loaded and compiled for its batch shapes.
 A run (`run_jobs`): the clock starts, every file is uploaded with the official `openai` client
 (`files.create(purpose="batch")`) and its batch created (`batches.create`), the jobs concurrently
 from SUBMIT_THREADS threads ("submitted together", as independent teams would); the batches are polled (one
-`batches.list` per tenant every POLL_INTERVAL_S) until every one is terminal with its output
-file; the clock stops at that poll. Then the output and error files are read and every custom_id
+`batches.list` per tenant every SLOW_POLL_S, every POLL_INTERVAL_S near the end) until every one is
+terminal with its output file; the clock stops at that poll. Between polls the client naps on a
+webhook receiver (`bench/batch_events.py`, registered for every tenant with `freight webhooks
+add`): Freight's `batch.completed` event wakes it for the poll at once, as a team's service
+hears of its job's end. Then the output and error files are read and every custom_id
 must come back exactly once across them.
 
 Measured per run:
@@ -40,13 +43,15 @@ import argparse
 import io
 import json
 import os
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra.processes import create_tenant
+from bench.batch_events import BatchEvents
+from infra.processes import FREIGHT, create_tenant
 
 REPO = Path(__file__).resolve().parent.parent
 SUBMIT_THREADS = 8
@@ -88,6 +93,8 @@ class FreightStack:
     stack: Any = None
     startup_s: float | None = None
     code_dir: Path = REPO  # the checkout whose code the stack's processes run (an A/B's baseline)
+    batch_events: bool = True  # a webhook receiver wakes the client's poll (bench/batch_events.py)
+    events: BatchEvents | None = None
 
     def freight_env(self) -> dict[str, str]:
         from infra import daemons as services
@@ -110,6 +117,8 @@ class FreightStack:
                 "VLLM_NO_USAGE_STATS": "1",
             }
         )
+        if self.batch_events:  # the receiver listens on 127.0.0.1
+            env["FREIGHT_WEBHOOK_ALLOW_PRIVATE_TARGETS"] = "true"
         if self.max_model_len:
             env["FREIGHT_ENGINE_MAX_MODEL_LEN"] = str(self.max_model_len)
         if self.block_size:
@@ -128,6 +137,16 @@ class FreightStack:
             self.startup_s = time.monotonic() - started
             for name in self.tenants:
                 self.keys[name] = create_tenant(self.env, name)
+            if self.batch_events:
+                self.events = BatchEvents()
+                for name in self.tenants:  # as an operator would, through the CLI
+                    subprocess.run(
+                        [*FREIGHT, "webhooks", "add", self.events.url, "--tenant", name],
+                        cwd=REPO,
+                        env=self.env,
+                        capture_output=True,
+                        check=True,
+                    )
             self.warm_up()
         except BaseException:
             self.stop()
@@ -139,6 +158,9 @@ class FreightStack:
             self.resume()
             self.stack.stop()
             self.stack = None
+        if self.events is not None:
+            self.events.close()
+            self.events = None
 
     def __enter__(self) -> FreightStack:
         return self.start()
@@ -169,6 +191,7 @@ class FreightStack:
             "queue_depth": s.queue_depth,
             "tick_seconds": s.tick_seconds,
             "prefix_cache_sharing": getattr(s, "prefix_cache_sharing", None),  # None: a Freight without it
+            "batch_events": self.batch_events,  # the client's poll woken by Freight's webhook events
             "startup_s": self.startup_s,
             "env": {
                 k: v
@@ -271,6 +294,7 @@ class FreightStack:
         submitted_s = time.monotonic() - started
 
         final: dict[str, Any] = {}
+        woken = False  # whether the poll that saw the end was woken by a batch event
         first_seen: tuple[float, int] | None = None  # (when, requests done) at the first progress seen
         while True:
             progress = [0, 0]  # requests done, requests in all listed batches
@@ -306,7 +330,7 @@ class FreightStack:
             if first_seen is not None and done > first_seen[1] and progress[1]:
                 rate = (done - first_seen[1]) / max(now - first_seen[0], 1e-3)  # requests a second
                 near = near or (progress[1] - progress[0]) / rate < 2 * SLOW_POLL_S
-            time.sleep(POLL_INTERVAL_S if near else SLOW_POLL_S)
+            woken = self.nap(POLL_INTERVAL_S if near else SLOW_POLL_S)
         wall = time.monotonic() - started
         wall_end = time.time()
         from bench.cpu import spent
@@ -342,6 +366,7 @@ class FreightStack:
         return {
             "wall_s": wall,
             "submit_s": submitted_s,
+            "end_seen_on_event": woken,
             "requests": len(expected),
             "batches": len(batch_ids),
             "tenants": len(clients),
@@ -363,6 +388,13 @@ class FreightStack:
             "cpu_s": cpu,
             "other_cpu_s": other_cpu,
         }
+
+    def nap(self, seconds: float) -> bool:
+        """The client's sleep between polls: cut short by a batch event when the stack sends them."""
+        if self.events is None:
+            time.sleep(seconds)
+            return False
+        return self.events.nap(seconds)
 
     def fill(self, start: float, end: float) -> dict[str, Any]:
         """Batch fill over [start, end] from the worker's engine_samples (null without rows).
