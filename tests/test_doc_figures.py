@@ -10,8 +10,14 @@ lines/s``, ``835 tok/s``). Whole-number durations and shares are mostly settings
 spans and fenced blocks is not prose (commands, sample output) and is not checked, nor is the
 README's benchmark table, which tests/test_docs.py checks cell by cell.
 
+A bold number with two decimals or more (``**0.9237**``, ``**Freight / the engine: 0.88**``) is a
+headline figure, with or without a unit, and is checked too.
+
 Its source: a result file the figure's section cites by path (``bench/results/NAME.json``; the
-section runs from the figure's heading to the next heading of any level). Some number in that
+section runs from the figure's heading to the next heading of any level). A section quoting an
+earlier run says which commit holds that run's file ("as committed in 5e7f0d9"); the section's
+files as they were in that commit are sources of its bold figures too (a figure with a unit must be
+in the file as it is now: an earlier run is quoted without units, or in words). Some number in that
 file (a value, or a number inside one of its strings), rounded to the figure's decimals, is the
 figure: as it stands, or converted (a share ``0.35%`` from ``0.0035``; ``ms`` from seconds;
 ``minutes`` from seconds). A figure that is the quotient, sum or difference of stored values is
@@ -23,6 +29,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import subprocess
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -49,6 +56,10 @@ FIGURE = re.compile(
     rf"|(?<![\w.,/-])(?P<rate_low>{NUMBER})(?:\s?[{EN_DASH}-]\s?(?P<rate_high>{NUMBER}))?\s*(?P<rate>{RATES})"
 )
 CITATION = re.compile(r"bench/results/([\w.-]+\.json)")
+NAMED = re.compile(r"`([\w.-]+\.json)`")  # a result file named without its folder ("`lora.json`")
+AS_COMMITTED = re.compile(r"as\s+committed\s+in\s+([0-9a-f]{7,40})\b")
+BOLD = re.compile(r"\*\*([^*\n]+?)\*\*")
+HEADLINE = re.compile(r"(?<![\w.,/-])(\d{1,3}(?:,\d{3})*\.\d{2,}|\d+\.\d{2,})(?![\w.])")
 HEADING = re.compile(r"^#{1,6} ", re.MULTILINE)
 FENCE = re.compile(r"^```.*?^```[^\n]*$", re.MULTILINE | re.DOTALL)
 CODE_SPAN = re.compile(r"`[^`\n]*`")
@@ -115,6 +126,38 @@ def stored(name: str) -> frozenset[float]:
     return frozenset(out)
 
 
+@cache
+def committed(name: str, commit: str) -> frozenset[float] | None:
+    """Every number in a result file as it was in ``commit``; None if the commit or the file is
+    not in this repository (the figure is then reported, unless the clone is shallow)."""
+    shown = subprocess.run(
+        ["git", "-C", str(REPO), "show", f"{commit}:bench/results/{name}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if shown.returncode:
+        return None
+    out: set[float] = set()
+    _numbers(json.loads(shown.stdout), out)
+    return frozenset(out)
+
+
+@cache
+def shallow() -> bool:
+    flag = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--is-shallow-repository"], capture_output=True, text=True
+    )
+    return flag.stdout.strip() == "true"
+
+
+def headlines(text: str) -> Iterator[tuple[int, str, str]]:
+    """(line, the bold text, its number) of every bold number with two decimals or more."""
+    for match in BOLD.finditer(text):
+        for number in HEADLINE.finditer(match.group(1)):
+            yield text.count("\n", 0, match.start()) + 1, match.group(0), number.group(1)
+
+
 def figures(text: str) -> Iterator[tuple[int, str, str, str]]:
     """(line, the figure as written, its number, its unit) of every checked figure of a section."""
     for match in FIGURE.finditer(text):
@@ -145,12 +188,31 @@ def unsourced(page: str) -> list[str]:
         for name in missing:
             found.append(f"{page}:{first}: cites bench/results/{name}, which is not committed")
         values = frozenset().union(*(stored(c) for c in cited if c not in missing))
+        checked = []
         for line, written, number, unit in figures(section):
+            checked.append((line, number))
             if not sourced(number, unit, values):
                 where = f"in {', '.join(cited)}" if cited else "(the section cites no result file)"
                 found.append(
                     f"{page}:{first + line - 1}: {number} of {written!r} is in no result file {where}"
                 )
+        names = sorted(set(cited) | {n for n in NAMED.findall(raw[begin:end]) if (RESULTS / n).is_file()})
+        commits = sorted(set(AS_COMMITTED.findall(raw[begin:end])))
+        earlier: set[float] = set(values)
+        missing_history = False
+        for commit in commits:
+            held = [committed(name, commit) for name in names]
+            earlier.update(*(h for h in held if h is not None))
+            missing_history |= all(h is None for h in held)
+        for line, written, number in headlines(section):
+            if (line, number) in checked or sourced(number, "", frozenset(earlier)):
+                continue
+            if missing_history and shallow():
+                continue  # the run it quotes is in history this clone does not have
+            where = ", ".join(names) or "(none cited)"
+            if commits:
+                where += f", now or as committed in {', '.join(commits)}"
+            found.append(f"{page}:{first + line - 1}: {number} of {written!r} is in no result file: {where}")
     return found
 
 
@@ -178,5 +240,7 @@ def test_the_figure_check_finds_what_it_claims_to() -> None:
     assert sourced("1.5", "minutes", frozenset({91.0}))
     assert sourced("12,600", "lines/s", frozenset({12600.0}))
     assert sourced("88.0", "MB", frozenset({87_980_000.0}))
+    bold = "**Freight / the engine: 0.886** (0.887, 0.92), **met**, **0.9** and **`1.25`**"
+    assert [n for _, _, n in headlines(prose(bold))] == ["0.886"]
     page = "# a\nx 1.5 s\n```sh\n# not a heading\n```\n## b\ny\n"
     assert list(sections(prose(page))) == [(1, 0, 38), (6, 38, 45)]
