@@ -43,3 +43,38 @@ def test_peak_memory_is_read_for_a_process_and_each_of_its_children() -> None:
         assert proc.stdin is not None
         proc.stdin.close()
         proc.wait(timeout=30)
+
+
+def test_the_rows_digest_is_of_the_rows_not_of_where_the_shards_cut_them(tmp_path: Path) -> None:
+    from bench.parallel_validation import rows_digest
+    from storage.objectstore import LocalObjectStore
+    from storage.shards import ShardRow, ShardWriter
+
+    store = LocalObjectStore(tmp_path / "objects")
+    rows = [
+        ShardRow(i, f"r{i}", json.dumps({"n": i}), bytes([i % 3, i]), [i, i + 1], 2, 8, i % 2)
+        for i in range(10)
+    ]
+
+    def write(name: str, shards: list[list[ShardRow]]) -> list[str]:
+        keys = []
+        for n, part in enumerate(shards):
+            key = f"{name}/{n}.parquet"
+            with ShardWriter(store, key, 4) as writer:
+                for row in part:
+                    writer.add(row)
+            keys.append(key)
+        return keys
+
+    whole = write("whole", [rows])
+    # early slices: the first rows in a shard of their own, the rest in another order and cut
+    # elsewhere, each row's overlap with the row before it different
+    sliced = write(
+        "sliced",
+        [[rows[1], rows[0]], [ShardRow(**{**vars(r), "shared_tokens": 5}) for r in reversed(rows[2:])]],
+    )
+    assert rows_digest(store, whole) == rows_digest(store, sliced)
+    changed = write("changed", [[*rows[:9], ShardRow(**{**vars(rows[9]), "body_json": '{"n": 99}'})]])
+    assert rows_digest(store, changed) != rows_digest(store, whole)
+    lost = write("lost", [rows[:9]])
+    assert rows_digest(store, lost) != rows_digest(store, whole)
