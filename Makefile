@@ -121,7 +121,7 @@ test: model embed-model score-model whisper-model vlm-model adapters lint quanti
 # `make bench` stopped part-way (it takes longer than one sitting) is taken up where it stopped on
 # the same code; FORCE=1 runs every benchmark
 RESUME = $(PY) -m bench.resume $(if $(FORCE),--force)
-bench: model bench-model bench-engine-step bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-head-start bench-embeddings bench-lora bench-images bench-estimates bench-validation bench-finalization bench-uploads bench-refill-pass bench-engine-stats bench-kv-cache-dtype
+bench: model bench-model bench-engine-step bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-head-start bench-embeddings bench-lora bench-images bench-estimates bench-validation bench-finalization bench-uploads bench-refill-pass bench-engine-stats bench-kv-cache-dtype bench-input-order
 	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(RESUME) scheduler.json -- bench.scheduler $(BENCH_ARGS)
 
 # validation + planning of a 1,000,000-line batch, JSON-only vs columnar: bench/results/parquet.json
@@ -202,6 +202,11 @@ bench-dispatcher: install
 # worktree of it is made and removed): bench/results/refill_pass.json, whose targets need the baseline
 bench-refill-pass: install
 	$(RESUME) refill_pass.json -- bench.refill_pass --baseline-rev 0d21c49 $(REFILL_PASS_BENCH_ARGS)
+
+# a million result lines downloaded in input order through the API, the API's memory (issue #48
+# part 5): bench/results/input_order.json
+bench-input-order: install
+	$(RESUME) input_order.json -- bench.input_order --stores s3
 
 # what vLLM's stat logging (FREIGHT_ENGINE_METRICS_BIND) costs an engine, off/on/off/on, 512 prompts
 # x 64 tokens, 3 passes each (docs/metrics.md): bench/results/engine_stats.json
