@@ -11,6 +11,7 @@ revision and whether a commit has touched what it measures since it was run (sta
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import os
 import platform
@@ -30,6 +31,9 @@ RESULTS_DIR = REPO / "bench" / "results"
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 # the Freight packages nearly every benchmark runs (the live stack): their commits make its result stale
 STACK = ("api", "scheduler", "storage", "workers")
+# bench modules that only record a run (its provenance, its kept steps): no figure depends on them,
+# so a commit to one leaves a result fresh even though every benchmark imports them
+RECORDING = ("bench/provenance.py", "bench/step_checkpoints.py")
 
 
 def machine_facts() -> dict[str, Any]:
@@ -89,7 +93,7 @@ class Run:
         if not measures or missing:
             raise ValueError(f"{module} measures no path, or paths that do not exist: {missing}")
         self.module = module
-        self.measures = list(measures)
+        self.measures = with_imports(measures)
         self.argv = list(sys.argv[1:] if argv is None else argv)
         self.started_at = _now()
         self._started = time.monotonic()
@@ -120,6 +124,40 @@ class Run:
         return dirty_measured(self.code, self.measures)
 
 
+def with_imports(measures: Sequence[str], checkout: Path = REPO) -> list[str]:
+    """``measures`` and every bench module a measured bench file imports, transitively, less
+    :data:`RECORDING`: a benchmark measures the helpers it runs (bench/freight_runner.py's webhook
+    receiver, bench/batch_events.py) whether or not its MEASURES names them. Read from the files
+    in ``checkout`` as they are, so a result recorded before a helper existed is judged by what its
+    benchmark imports now."""
+    out = list(measures)
+    queue = [p for p in out if p.startswith("bench/") and p.endswith(".py")]
+    while queue:
+        file = checkout / queue.pop()
+        if not file.is_file():
+            continue
+        for module in sorted(_bench_imports(file.read_text())):
+            dep = f"bench/{module}.py"
+            if dep not in out and dep not in RECORDING and (checkout / dep).is_file():
+                out.append(dep)
+                queue.append(dep)
+    return out
+
+
+def _bench_imports(source: str) -> set[str]:
+    """The top-level bench modules ``source`` imports (at module level or inside a function)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            if node.module == "bench":
+                names.update(alias.name for alias in node.names)
+            elif node.module.startswith("bench."):
+                names.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            names.update(a.name.split(".")[1] for a in node.names if a.name.startswith("bench."))
+    return names
+
+
 def dirty_measured(code: Mapping[str, Any], measures: Sequence[str]) -> list[str]:
     """The files of ``code_state()``'s dirty ones under a path a benchmark measures."""
     return [f for f in code["dirty_files"] if any(_under(f, p) for p in measures)]
@@ -147,11 +185,10 @@ def staleness(prov: Mapping[str, Any], checkout: Path = REPO) -> str:
     rev = (prov.get("code") or {}).get("revision")
     if not rev or _git(checkout, "cat-file", "-e", f"{rev}^{{commit}}").returncode:
         return "stale: its revision is not in this repository"
-    since = _git(
-        checkout, "rev-list", "--count", f"{rev}..HEAD", "--", *prov.get("measures", ())
-    ).stdout.strip()
+    measures = with_imports(prov.get("measures", ()), checkout)
+    since = _git(checkout, "rev-list", "--count", f"{rev}..HEAD", "--", *measures).stdout.strip()
     if since and since != "0":
-        return f"stale: {since} commits since touch {', '.join(prov['measures'])}"
+        return f"stale: {since} commits since touch {', '.join(measures)}"
     if (prov.get("code") or {}).get("dirty_measured"):
         return "stale: run on uncommitted changes to " + ", ".join(prov["code"]["dirty_measured"][:5])
     return "fresh"

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.provenance import REPO, code_state, dirty_measured, machine_facts, staleness
+from bench.provenance import REPO, code_state, dirty_measured, machine_facts, staleness, with_imports
 from bench.resume import MACHINE_KIND
 
 
@@ -75,7 +75,7 @@ class StepCheckpoints:
     ) -> None:
         self.path = path
         self.command = command
-        self.measures = list(measures)
+        self.measures = with_imports(measures, checkout)
         self.inputs = inputs
         self.checkout = checkout
         here = machine if machine is not None else machine_facts()

@@ -90,6 +90,39 @@ def test_a_commit_to_what_a_result_measures_makes_it_stale(tmp_path: Path) -> No
     )
 
 
+def test_a_result_measures_the_bench_helpers_its_benchmark_imports(tmp_path: Path) -> None:
+    """A helper a benchmark imports (at module level or in a function, transitively) is measured
+    with it; the modules that only record a run are not."""
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    (bench / "tiny.py").write_text(
+        "from bench import runner as r\nfrom bench.provenance import Run\n"
+        "def main():\n    from bench.step_checkpoints import StepCheckpoints\n"
+    )
+    (bench / "runner.py").write_text("import json\nimport bench.events\n")
+    (bench / "events.py").write_text("import bench.runner\n")  # a cycle ends
+    for name in ("provenance.py", "step_checkpoints.py", "unused.py"):
+        (bench / name).write_text("")
+    assert provenance.with_imports(["api", "bench/tiny.py"], tmp_path) == [
+        "api",
+        "bench/tiny.py",
+        "bench/runner.py",
+        "bench/events.py",
+    ]
+    # status judges an old record by what its benchmark imports now: a commit to the helper stales it
+    repo = tmp_path
+    _git(tmp_path, "init", "-q", str(repo))
+    for args in (("add", "."), ("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")):
+        _git(repo, *args)
+    prov = {"code": {"revision": _git(repo, "rev-parse", "HEAD").strip()}, "measures": ["bench/tiny.py"]}
+    (bench / "unused.py").write_text("x = 1\n")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "elsewhere")
+    assert staleness(prov, repo) == "fresh"
+    (bench / "events.py").write_text("import bench.runner\nx = 2\n")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "helper")
+    assert staleness(prov, repo).startswith("stale: 1 commits since touch bench/tiny.py, bench/runner.py")
+
+
 def test_control_planes_sections_each_carry_their_own_provenance() -> None:
     data = {"dispatcher": {"provenance": {"command": "a"}}, "validation": {"x": 1}, "targets": {}}
     assert [(s, p["command"]) for s, p in provenance.provenances(data)] == [("dispatcher", "a")]
