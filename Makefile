@@ -223,10 +223,12 @@ bench-kv-cache-dtype: model
 bench-status:
 	@$(PY) -m bench.provenance
 
-# the README's benchmark table, written from the result files' targets (bench/readme_table.py);
-# tests/test_docs.py checks the README holds exactly this
+# the README's benchmark table, written from the result files' targets (bench/readme_table.py), and
+# every marked figure of the README's prose and docs/ (bench/doc_figures.py); tests/test_docs.py
+# checks the pages hold exactly these
 bench-table:
 	$(PY) -m bench.readme_table --write
+	$(PY) -m bench.doc_figures --write
 
 # every fault, load and hostile-input scenario of issue 8: bench/results/reliability.json
 bench-reliability: model quantize-env

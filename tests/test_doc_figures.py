@@ -36,6 +36,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.doc_figures import unmarked
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 PAGES = sorted(
@@ -178,7 +180,7 @@ def sourced(number: str, unit: str, values: frozenset[float]) -> bool:
 
 
 def unsourced(page: str) -> list[str]:
-    raw = (REPO / page).read_text(encoding="utf-8")
+    raw = unmarked((REPO / page).read_text(encoding="utf-8"))  # bench/doc_figures.py's markers
     text = prose(raw)
     found = []
     for first, begin, end in sections(text):
