@@ -40,8 +40,19 @@ COUNTS = ("lost", "duplicated", "server_errors")
 HOSTILE_TESTS = ("test_a_hostile_tenant_harms_no_one", "test_a_tenant_whose_dns_hangs_delays_only_itself")
 
 
-# the repository paths this benchmark measures: a commit to one makes its result stale (bench/provenance.py)
-MEASURES = (*STACK, "tests", "bench/reliability.py")
+def measures(tests: Path = REPO / "tests") -> tuple[str, ...]:
+    """The repository paths this benchmark measures: a commit to one makes its result stale
+    (bench/provenance.py). The stack, this runner, and of tests/ what its pytest run loads: every
+    module marked ``reliability`` and every module that is not a test module (conftest.py, the
+    factories, the receivers and servers the tests start). A test of something else changing
+    leaves the figures as they were."""
+    root = tests.parent
+    loaded = sorted(
+        p.relative_to(root).as_posix()
+        for p in tests.rglob("*.py")
+        if not p.name.startswith("test_") or "pytest.mark.reliability" in p.read_text()
+    )
+    return (*STACK, "bench/reliability.py", *loaded)
 
 
 def run_scenarios(folder: Path, load_seconds: float, select: str | None) -> tuple[int, float, str]:
@@ -136,7 +147,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.hostile:
         args.select = " or ".join(HOSTILE_TESTS)
-    prov = Run("bench.reliability", MEASURES)
+    prov = Run("bench.reliability", measures())
     if args.merge:
         code, duration, summary = 0, 0.0, f"merged from {args.merge}"
         scenarios = {p.stem: json.loads(p.read_text()) for p in sorted(args.merge.glob("*.json"))}

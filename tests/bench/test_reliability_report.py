@@ -99,3 +99,25 @@ def test_a_merge_writes_its_out_path_and_leaves_the_committed_result(tmp_path: P
     assert written["totals"] == {
         k: sum(e[k] for e in written["scenarios"].values()) for k in ("lost", "duplicated", "server_errors")
     }
+
+
+def test_a_reliability_result_measures_the_tests_its_run_loads(tmp_path: Path) -> None:
+    """The marked test modules and the support modules, not every test of tests/."""
+    from bench.reliability import measures
+
+    tests = tmp_path / "tests"
+    (tests / "e2e").mkdir(parents=True)
+    (tests / "conftest.py").write_text("")
+    (tests / "factories.py").write_text("")
+    (tests / "e2e" / "test_faults.py").write_text("import pytest\npytestmark = pytest.mark.reliability\n")
+    (tests / "e2e" / "test_other.py").write_text("def test_x():\n    pass\n")
+    assert measures(tests) == (
+        "api",
+        "scheduler",
+        "storage",
+        "workers",
+        "bench/reliability.py",
+        "tests/conftest.py",
+        "tests/e2e/test_faults.py",
+        "tests/factories.py",
+    )
