@@ -132,10 +132,6 @@ def unmarked(text: str) -> str:
     return MARKER.sub(lambda match: match["number"], text)
 
 
-def stale_pages() -> list[str]:
-    return [page for page in PAGES if render((REPO / page).read_text()) != (REPO / page).read_text()]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
