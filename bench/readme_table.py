@@ -43,118 +43,70 @@ class Row:
     passes: bool = False  # a target with per-pass figures (estimates): each pass's shown, the quoted first
 
 
-MJSP = "multi_job_shared_prefix_tight_kv"
-# the few-shot jobs in both cache modes, one run (issue #49 part 8)
-FEW_SHOT = "scheduler-fewshot-cache-modes.json"
-# issue #51's workloads against the limit, one run
-LIMITS = "scheduler-limits.json"
+SCHEDULER = "scheduler.json"
+# the scheduler benchmark's workloads (bench/workloads.py), as the table names them, in its order
+WORKLOAD_LABELS = {
+    "unique": "unique prompts",
+    "shared_prefix": "shared prefix (documents x 10 questions)",
+    "system_prompts": "20 system prompts",
+    "multi_job": "20 batches of 3 tenants, unique prompts",
+    "multi_job_shared_prefix": "few-shot jobs of 3 tenants",
+    "blend": "blend (8-token classification and 256-token generation over shared prompts)",
+    "long_prefix": "long prefix (documents near the context x 20 questions)",
+    "dups": "dups (20% exact duplicates, greedy)",
+    "request_rate": "request rate (short unique lines, 2 output tokens)",
+}
+# what each of its target fields is a ratio (or a count) of, in the order the rows give them
+FIELD_LABELS = {
+    "freight_over_engine": "Freight / the engine on the lines as written",
+    "freight_over_runbatch": "Freight / `vllm run_batch`",
+    "freight_over_engine_sorted": "Freight (1 job) / the engine on prompt-sorted lines",
+    "multi_job_over_engine_sorted": "Freight (6 jobs) / the engine on prompt-sorted lines",
+    "freight_over_single_job": "Freight: the jobs / the same lines as one job",
+    "freight_tenant_over_single_job": "the same in Freight's default cache mode (`tenant`)",
+    "per_tenant_over_single_job_per_tenant": "in the default cache mode (`tenant`): 6 jobs / 1 job per tenant",
+    "hit_rate_gap_points": "cache-hit gap to the ideal (points)",
+    "freight_over_limit": "Freight / the limit",
+    "freight_single_job_over_limit": "Freight (1 job) / the limit",
+    "freight_tenant_over_limit": "Freight in the default cache mode (`tenant`) / the limit",
+    "freight_per_tenant_1job_over_limit": "`tenant` mode, 1 job per tenant / the limit salted per tenant",
+    "freight_per_tenant_over_limit": "`tenant` mode, 6 jobs / the limit salted per tenant",
+    "preemptions": "preempted requests",
+    "kv_plan_gap_points": "cache-hit gap to KV admission's plan (points)",
+}
+COUNTS = ("preemptions",)  # shown whole
+
+
+def scheduler_rows(targets: tuple[str, ...]) -> tuple[Row, ...]:
+    """A row per target of the scheduler benchmark (``bench.scheduler.TARGETS``), workload by
+    workload, the default KV size before the tight one, fields in FIELD_LABELS' order. The limit
+    (bench/against_limit.py) is the engine on the same lines sorted, at its faster core
+    placement, or on the lines as written where sorting cannot help (unique, multi_job)."""
+
+    def order(key: str) -> tuple[int, int, int]:
+        group, field = key.split(".")
+        name = group.removesuffix("_tight_kv")
+        return (list(WORKLOAD_LABELS).index(name), group != name, list(FIELD_LABELS).index(field))
+
+    rows = []
+    for key in sorted(targets, key=order):
+        group, field = key.split(".")
+        name = group.removesuffix("_tight_kv")
+        label = WORKLOAD_LABELS[name] + (", tight KV" if group != name else "")
+        rows.append(
+            Row(f"{label}: {FIELD_LABELS[field]}", SCHEDULER, key, digits=0 if field in COUNTS else 2)
+        )
+    return tuple(rows)
+
+
+def _scheduler_targets() -> tuple[str, ...]:
+    from bench.scheduler import TARGETS
+
+    return tuple(TARGETS)
+
+
 ROWS = (
-    Row(
-        "unique prompts: Freight / in-process engine",
-        "scheduler-slices-unique.json",
-        "unique.freight_over_engine",
-    ),
-    Row(
-        "unique prompts: Freight / the limit (the engine, its core inline)",
-        "scheduler-slices-unique.json",
-        "unique.freight_over_limit",
-    ),
-    Row(
-        "shared prefix, tight KV: Freight / engine",
-        "scheduler.json",
-        "shared_prefix_tight_kv.freight_over_engine",
-    ),
-    Row(
-        "shared prefix, tight KV: Freight / `vllm run_batch`",
-        "scheduler.json",
-        "shared_prefix_tight_kv.freight_over_runbatch",
-    ),
-    Row(
-        "shared prefix, tight KV: Freight / engine on prompt-sorted lines",
-        "scheduler-slices-tight.json",
-        "shared_prefix_tight_kv.freight_over_engine_sorted",
-    ),
-    Row(
-        "the same: Freight / the limit (that engine at its faster placement)",
-        "scheduler-slices-tight.json",
-        "shared_prefix_tight_kv.freight_over_limit",
-    ),
-    Row(
-        "the same: preempted requests",
-        "scheduler-slices-tight.json",
-        "shared_prefix_tight_kv.preemptions",
-        digits=0,
-    ),
-    Row(
-        "the same: cache-hit gap to KV admission's plan (points)",
-        "scheduler-slices-tight.json",
-        "shared_prefix_tight_kv.kv_plan_gap_points",
-    ),
-    Row(
-        "20 batches of 3 tenants / the same lines as one batch",
-        "scheduler-cache-modes.json",
-        "multi_job.freight_over_single_job",
-    ),
-    Row(
-        "the same in Freight's default cache mode (`tenant`)",
-        "scheduler-cache-modes.json",
-        "multi_job.freight_tenant_over_single_job",
-    ),
-    Row(
-        "20 batches of 3 tenants: Freight / the engine on the same lines (the limit)",
-        "scheduler-cache-modes.json",
-        "multi_job.freight_over_limit",
-    ),
-    Row(
-        "the same in Freight's default cache mode (`tenant`)",
-        "scheduler-cache-modes.json",
-        "multi_job.freight_tenant_over_limit",
-    ),
-    Row(
-        "few-shot jobs of 3 tenants, tight KV: 6 jobs / 1 job",
-        FEW_SHOT,
-        f"{MJSP}.freight_over_single_job",
-    ),
-    Row("the same: cache-hit gap to the ideal (points)", FEW_SHOT, f"{MJSP}.hit_rate_gap_points"),
-    Row(
-        "the same in Freight's default cache mode (`tenant`): 6 jobs / 1 job per tenant",
-        FEW_SHOT,
-        f"{MJSP}.per_tenant_over_single_job_per_tenant",
-    ),
-    Row(
-        "the same: Freight (1 job) / engine on prompt-sorted lines",
-        FEW_SHOT,
-        f"{MJSP}.freight_over_engine_sorted",
-    ),
-    Row(
-        "the same: Freight (6 jobs) / engine on prompt-sorted lines",
-        FEW_SHOT,
-        f"{MJSP}.multi_job_over_engine_sorted",
-    ),
-    Row("the same: preempted requests", FEW_SHOT, f"{MJSP}.preemptions", digits=0),
-    Row("the same: cache-hit gap to KV admission's plan (points)", FEW_SHOT, f"{MJSP}.kv_plan_gap_points"),
-    Row(
-        "few-shot jobs of 3 tenants: Freight (1 job) / the engine on the same lines sorted (the limit)",
-        FEW_SHOT,
-        f"{MJSP}.freight_single_job_over_limit",
-    ),
-    Row("the same: Freight (6 jobs) / the limit", FEW_SHOT, f"{MJSP}.freight_over_limit"),
-    Row(
-        "the same in Freight's default cache mode (`tenant`), 1 job per tenant / the limit salted per tenant",
-        FEW_SHOT,
-        f"{MJSP}.freight_per_tenant_1job_over_limit",
-    ),
-    Row("the same, 6 jobs / the limit salted per tenant", FEW_SHOT, f"{MJSP}.freight_per_tenant_over_limit"),
-    Row(
-        "20% exact duplicates, greedy (dups): Freight / the engine on the same lines sorted (the limit)",
-        "scheduler-slices.json",
-        "dups.freight_over_limit",
-    ),
-    Row(
-        "8-token classification mixed with 256-token generation over shared prompts (blend): Freight / the limit",
-        LIMITS,
-        "blend.freight_over_limit",
-    ),
+    *scheduler_rows(_scheduler_targets()),
     Row(
         "engine steps alone: Freight's engine fed as its loop feeds it / `LLM.chat` on the same lines (engine_step)",
         "engine-step.json",

@@ -66,11 +66,14 @@ def test_the_estimate_row_quotes_the_last_pass_and_reports_the_first(tmp_path: P
     assert readme_table.unmapped(tmp_path, ("estimates.json",)) == ["estimates.json: k"]
 
 
-def test_a_target_shown_from_a_later_run_or_left_empty_needs_no_row_of_its_own(tmp_path: Path) -> None:
+def test_a_target_shown_from_a_later_run_or_left_empty_needs_no_row_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The row of multi_job.freight_over_single_job quotes scheduler-cache-modes.json, the latest run
     of that target: scheduler.json's older figure of it needs no row; a partial run's empty targets
     (workloads it did not run) need none; a measured target shown nowhere still does."""
-    shown = next(r for r in readme_table.ROWS if r.file.startswith("scheduler-"))
+    shown = Row("multi-job", "scheduler-cache-modes.json", "multi_job.freight_over_single_job")
+    monkeypatch.setattr(readme_table, "ROWS", (shown,))
     measured = {"value": 0.9, "bound": ">= 0.95", "pass": False}
     (tmp_path / "scheduler.json").write_text(json.dumps({"targets": {shown.key: measured}}))
     (tmp_path / "scheduler-x.json").write_text(
@@ -79,3 +82,27 @@ def test_a_target_shown_from_a_later_run_or_left_empty_needs_no_row_of_its_own(t
     assert readme_table.unmapped(tmp_path, ("scheduler.json", "scheduler-x.json")) == [
         "scheduler-x.json: new.key"
     ]
+
+
+def test_every_scheduler_target_has_a_row_in_its_workloads_order() -> None:
+    from bench.scheduler import TARGETS
+
+    rows = readme_table.scheduler_rows(
+        (
+            "dups.freight_over_limit",
+            "unique_tight_kv.freight_over_limit",
+            "blend_tight_kv.preemptions",
+            "unique.freight_over_limit",
+            "unique.freight_over_engine",
+        )
+    )
+    assert [r.key for r in rows] == [
+        "unique.freight_over_engine",
+        "unique.freight_over_limit",
+        "unique_tight_kv.freight_over_limit",
+        "blend_tight_kv.preemptions",
+        "dups.freight_over_limit",
+    ]
+    assert rows[2].label == "unique prompts, tight KV: Freight / the limit"
+    assert rows[3].digits == 0 and rows[4].digits == 2
+    assert {r.key for r in readme_table.ROWS if r.file == "scheduler.json"} == set(TARGETS)
