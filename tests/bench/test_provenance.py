@@ -128,14 +128,11 @@ def test_control_planes_sections_each_carry_their_own_provenance() -> None:
     assert [(s, p["command"]) for s, p in provenance.provenances(data)] == [("dispatcher", "a")]
 
 
-@pytest.mark.xfail(strict=False, reason="old result files predate provenance: re-run make bench")
 def test_every_result_file_carries_its_provenance() -> None:
+    """Every committed result says which command on which code and machine wrote it (#50)."""
     lacking = [
         p.name
         for p in sorted(RESULTS_DIR.glob("*.json"))
         if not list(provenance.provenances(json.loads(p.read_text())))
     ]
-    if lacking:  # the reason names them in pytest's summary (-rx)
-        pytest.xfail(
-            f"old result files predate provenance: re-run make bench ({len(lacking)}: {', '.join(lacking)})"
-        )
+    assert lacking == [], f"result files without provenance: re-run them with make bench: {lacking}"
