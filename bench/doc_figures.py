@@ -16,7 +16,9 @@ milliseconds; ``/60``: seconds as minutes). ``python -m bench.doc_figures --writ
 bench-table``) rewrites every marked number from its file, keeping the decimals and the thousands
 separators it is written with, so changing a figure's precision is an edit of the page and
 changing its value is a run. ``tests/test_docs.py`` fails if a page is not what this writes, and
-if a measured figure of these pages (what ``tests/test_doc_figures.py`` calls one) has no marker.
+if a measured figure of these pages (``FIGURE`` and the bold headlines below: the rule the
+sourcing check of ``tests/test_doc_figures.py`` applies too) has no marker. Nothing is read at
+import: ``pages()`` lists the pages when asked.
 
 ``docs/reliability.md`` is written whole by its benchmark (``bench/reliability_doc.py``);
 ``bench/README.md``, the methods and the history of every run, quotes earlier runs by commit and
@@ -36,16 +38,33 @@ from typing import Any
 
 from bench.provenance import REPO, RESULTS_DIR
 
-# the pages whose figures this writes (docs/reliability.md: bench/reliability_doc.py writes it)
-PAGES = (
-    "README.md",
-    *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md") if p.name != "reliability.md"),
-)
 NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
 MARKER = re.compile(
     rf"(?P<number>{NUMBER})<!-- fig (?P<file>[\w.-]+\.json)(?:@(?P<commit>[0-9a-f]{{7,40}}))?"
     r":(?P<path>\S+?)(?: (?P<scale>[*/]\d+(?:\.\d+)?))? -->"
 )
+
+
+# What a measured figure is, for the check that each has a marker (tests/test_docs.py) and the
+# check that each has a source (tests/test_doc_figures.py): see the latter's docstring.
+TIMES, EN_DASH = "\u00d7", "\u2013"  # the multiplication sign, the en dash
+NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
+DECIMAL = r"\d{1,3}(?:,\d{3})*\.\d+|\d+\.\d+"
+# a unit after a number with decimals (a space allowed before it); each alternative ends a word
+UNITS = (
+    TIMES + r"|x(?![\w])|%|ms\b|s\b|seconds?\b|minutes?\b|min\b|h\b|hours?\b|KiB\b|MiB\b|GiB\b|KB\b|MB\b|GB\b"
+    r"|CPU-s\b|CPU[- ]seconds?\b"
+)
+RATES = r"(?:tok(?:ens)?|lines|req(?:uests)?|rows|steps|packs|units|batches|claims|MB|MiB|GB|GiB)/s\b"
+FIGURE = re.compile(
+    rf"(?<![\w.,/-])(?P<low>{DECIMAL})(?:\s?[{EN_DASH}-]\s?(?P<high>{DECIMAL}))?\s*(?P<unit>{UNITS})"
+    rf"|(?<![\w.,/-])(?P<rate_low>{NUMBER})(?:\s?[{EN_DASH}-]\s?(?P<rate_high>{NUMBER}))?\s*(?P<rate>{RATES})"
+)
+BOLD = re.compile(r"\*\*([^*\n]+?)\*\*")
+HEADLINE = re.compile(r"(?<![\w.,/-])(\d{1,3}(?:,\d{3})*\.\d{2,}|\d+\.\d{2,})(?![\w.])")
+FENCE = re.compile(r"^```.*?^```[^\n]*$", re.MULTILINE | re.DOTALL)
+CODE_SPAN = re.compile(r"`[^`\n]*`")
+TABLE = re.compile(r"<!-- benchmark table:.*?<!-- end of the benchmark table -->", re.DOTALL)
 
 
 class FigureError(ValueError):
@@ -132,13 +151,48 @@ def unmarked(text: str) -> str:
     return MARKER.sub(lambda match: match["number"], text)
 
 
+def _blank(match: re.Match[str]) -> str:
+    """The match's text as spaces and its newlines: positions and line numbers stay put."""
+    return re.sub(r"[^\n]", " ", match.group(0))
+
+
+def prose(text: str) -> str:
+    for pattern in (TABLE, FENCE, CODE_SPAN):
+        text = pattern.sub(_blank, text)
+    return text
+
+
+def headlines(text: str) -> Iterator[tuple[int, str, str]]:
+    """(line, the bold text, its number) of every bold number with two decimals or more."""
+    for match in BOLD.finditer(text):
+        for number in HEADLINE.finditer(match.group(1)):
+            yield text.count("\n", 0, match.start()) + 1, match.group(0), number.group(1)
+
+
+def figures(text: str) -> Iterator[tuple[int, str, str, str]]:
+    """(line, the figure as written, its number, its unit) of every checked figure of a section."""
+    for match in FIGURE.finditer(text):
+        unit = match.group("unit") or match.group("rate")
+        ends = ("low", "high") if match.group("unit") else ("rate_low", "rate_high")
+        for end in ends:
+            if match.group(end):
+                line = text.count("\n", 0, match.start()) + 1
+                yield line, match.group(0).replace("\n", " "), match.group(end), unit
+
+
+def pages() -> list[str]:
+    """The pages whose figures this writes (docs/reliability.md: bench/reliability_doc.py writes it)."""
+    docs = sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md") if p.name != "reliability.md")
+    return ["README.md", *docs]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--write", action="store_true", help="rewrite the pages (else list those out of date)"
     )
     args = parser.parse_args(argv)
-    for page in PAGES:
+    for page in pages():
         path = REPO / page
         text = path.read_text()
         new = render(text)

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.doc_figures import unmarked
+from bench.doc_figures import EN_DASH, TIMES, figures, headlines, prose, unmarked
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -44,28 +44,10 @@ PAGES = sorted(
     p.relative_to(REPO).as_posix()
     for p in [REPO / "README.md", *REPO.glob("docs/*.md"), REPO / "bench" / "README.md"]
 )
-TIMES, EN_DASH = "\u00d7", "\u2013"  # the multiplication sign, the en dash
-NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
-DECIMAL = r"\d{1,3}(?:,\d{3})*\.\d+|\d+\.\d+"
-# a unit after a number with decimals (a space allowed before it); each alternative ends a word
-UNITS = (
-    TIMES + r"|x(?![\w])|%|ms\b|s\b|seconds?\b|minutes?\b|min\b|h\b|hours?\b|KiB\b|MiB\b|GiB\b|KB\b|MB\b|GB\b"
-    r"|CPU-s\b|CPU[- ]seconds?\b"
-)
-RATES = r"(?:tok(?:ens)?|lines|req(?:uests)?|rows|steps|packs|units|batches|claims|MB|MiB|GB|GiB)/s\b"
-FIGURE = re.compile(
-    rf"(?<![\w.,/-])(?P<low>{DECIMAL})(?:\s?[{EN_DASH}-]\s?(?P<high>{DECIMAL}))?\s*(?P<unit>{UNITS})"
-    rf"|(?<![\w.,/-])(?P<rate_low>{NUMBER})(?:\s?[{EN_DASH}-]\s?(?P<rate_high>{NUMBER}))?\s*(?P<rate>{RATES})"
-)
 CITATION = re.compile(r"bench/results/([\w.-]+\.json)")
 NAMED = re.compile(r"`([\w.-]+\.json)`")  # a result file named without its folder ("`lora.json`")
 AS_COMMITTED = re.compile(r"as\s+committed\s+in\s+([0-9a-f]{7,40})\b")
-BOLD = re.compile(r"\*\*([^*\n]+?)\*\*")
-HEADLINE = re.compile(r"(?<![\w.,/-])(\d{1,3}(?:,\d{3})*\.\d{2,}|\d+\.\d{2,})(?![\w.])")
 HEADING = re.compile(r"^#{1,6} ", re.MULTILINE)
-FENCE = re.compile(r"^```.*?^```[^\n]*$", re.MULTILINE | re.DOTALL)
-CODE_SPAN = re.compile(r"`[^`\n]*`")
-TABLE = re.compile(r"<!-- benchmark table:.*?<!-- end of the benchmark table -->", re.DOTALL)
 IN_STRING = re.compile(r"-?\d+(?:\.\d+)?(?:e-?\d+)?")
 SCALES = {  # unit -> the factors from a stored value (seconds, fractions, bytes) to the figure
     "%": (1, 100),
@@ -83,17 +65,6 @@ SCALES = {  # unit -> the factors from a stored value (seconds, fractions, bytes
     "MB": (1, 1e-6),
     "GB": (1, 1e-9),
 }
-
-
-def _blank(match: re.Match[str]) -> str:
-    """The match's text as spaces and its newlines: positions and line numbers stay put."""
-    return re.sub(r"[^\n]", " ", match.group(0))
-
-
-def prose(text: str) -> str:
-    for pattern in (TABLE, FENCE, CODE_SPAN):
-        text = pattern.sub(_blank, text)
-    return text
 
 
 def sections(text: str) -> Iterator[tuple[int, int, int]]:
@@ -151,24 +122,6 @@ def shallow() -> bool:
         ["git", "-C", str(REPO), "rev-parse", "--is-shallow-repository"], capture_output=True, text=True
     )
     return flag.stdout.strip() == "true"
-
-
-def headlines(text: str) -> Iterator[tuple[int, str, str]]:
-    """(line, the bold text, its number) of every bold number with two decimals or more."""
-    for match in BOLD.finditer(text):
-        for number in HEADLINE.finditer(match.group(1)):
-            yield text.count("\n", 0, match.start()) + 1, match.group(0), number.group(1)
-
-
-def figures(text: str) -> Iterator[tuple[int, str, str, str]]:
-    """(line, the figure as written, its number, its unit) of every checked figure of a section."""
-    for match in FIGURE.finditer(text):
-        unit = match.group("unit") or match.group("rate")
-        ends = ("low", "high") if match.group("unit") else ("rate_low", "rate_high")
-        for end in ends:
-            if match.group(end):
-                line = text.count("\n", 0, match.start()) + 1
-                yield line, match.group(0).replace("\n", " "), match.group(end), unit
 
 
 def sourced(number: str, unit: str, values: frozenset[float]) -> bool:

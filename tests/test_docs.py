@@ -19,7 +19,7 @@ import click
 import pytest
 
 from api.cli import main as freight_cli
-from bench.doc_figures import PAGES as FIGURE_PAGES
+from bench import doc_figures
 from storage.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -328,20 +328,17 @@ def test_the_benchmark_table_is_exactly_what_the_result_files_give() -> None:
     )
 
 
-@pytest.mark.parametrize("page", FIGURE_PAGES)
+@pytest.mark.parametrize("page", doc_figures.pages())
 def test_the_docs_figures_are_exactly_what_the_result_files_give(page: str) -> None:
-    """Every measured figure of the README's prose and of docs/ (what tests/test_doc_figures.py
-    calls one) carries a bench/doc_figures.py marker, and is written exactly as the marker's
+    """Every measured figure of the README's prose and of docs/ (bench/doc_figures.FIGURE and
+    its bold headlines) carries a bench/doc_figures.py marker, and is written exactly as the marker's
     result file gives it: `make bench-table` rewrites them after a run."""
-    from bench import doc_figures
-    from tests.test_doc_figures import figures, headlines, prose
-
     raw = (REPO / page).read_text()
     assert doc_figures.render(raw) == raw, f"{page}: run make bench-table"
     marked = set(doc_figures.markers(raw))
-    text = prose(doc_figures.unmarked(raw))
-    found = {(line, number) for line, _, number, _ in figures(text)}
-    found |= {(line, number) for line, _, number in headlines(text)}
+    text = doc_figures.prose(doc_figures.unmarked(raw))
+    found = {(line, number) for line, _, number, _ in doc_figures.figures(text)}
+    found |= {(line, number) for line, _, number in doc_figures.headlines(text)}
     assert not found - marked, f"{page}: figures without a marker (line, number): {sorted(found - marked)}"
 
 
