@@ -180,12 +180,16 @@ def provenances(data: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any
             yield name, section["provenance"]
 
 
-def staleness(prov: Mapping[str, Any], checkout: Path = REPO) -> str:
-    """ "fresh", or why the result no longer measures the committed code."""
+def staleness(prov: Mapping[str, Any], checkout: Path = REPO, *, expanded: bool = False) -> str:
+    """ "fresh", or why the result no longer measures the committed code. ``expanded``: the
+    provenance's ``measures`` already hold their bench imports (``with_imports``), as a run's
+    step checkpoints keep them, so they are not read again for every step."""
     rev = (prov.get("code") or {}).get("revision")
     if not rev or _git(checkout, "cat-file", "-e", f"{rev}^{{commit}}").returncode:
         return "stale: its revision is not in this repository"
-    measures = with_imports(prov.get("measures", ()), checkout)
+    measures = (
+        list(prov.get("measures", ())) if expanded else with_imports(prov.get("measures", ()), checkout)
+    )
     since = _git(checkout, "rev-list", "--count", f"{rev}..HEAD", "--", *measures).stdout.strip()
     if since and since != "0":
         return f"stale: {since} commits since touch {', '.join(measures)}"

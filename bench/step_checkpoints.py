@@ -100,7 +100,9 @@ class StepCheckpoints:
             return "other input files"
         if step.get("machine") != self.machine:
             return "another kind of machine"
-        fresh = staleness({"code": step.get("code") or {}, "measures": self.measures}, self.checkout)
+        fresh = staleness(
+            {"code": step.get("code") or {}, "measures": self.measures}, self.checkout, expanded=True
+        )
         if fresh != "fresh":
             return fresh
         if has_error(step.get("output")):
