@@ -49,6 +49,14 @@ def iso(tmp_path_factory: pytest.TempPathFactory, demo_model: Path, postgres_ser
         "FREIGHT_DATABASE_URL": postgres_service.create_database(f"iso_{uuid.uuid4().hex[:10]}"),
         "FREIGHT_MAX_FILE_BYTES": str(16 * 1024 * 1024),
         "FREIGHT_UNIT_SIZE": "64",
+        # No early slices: what is measured is the control plane (the validation pool, the tick),
+        # as when the bounds above were measured. With slices on (the default since 02652e5) the
+        # flood's first rows reach the engine at once, and beta's unit waits in the engine's feed
+        # for alpha's turn of up to FREIGHT_PACK_REQUESTS requests (workers/pack_feed.py's
+        # quantum): in a full make test run on 2026-11-30 beta's batch, validated after 0.59 s,
+        # was still in_progress at 15 s behind a pack of 968 requests that took the loaded engine
+        # 12.9 s, and the tick's longest gap was 2.6 s with the engine busy beside it.
+        "FREIGHT_VALIDATION_HEAD_ROWS": "0",
     }
     live_stack, stack = start_live(tmp_path_factory.mktemp("iso"), demo_model, overrides, ("alpha", "beta"))
     try:
