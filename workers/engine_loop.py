@@ -110,9 +110,11 @@ class EngineLoop:
             self._lock.notify_all()
 
     def _hold(self) -> None:
-        self._parked.set()
         with self._lock:
+            # set on every pass, not once before: a resume clears it, and a park that follows
+            # before this thread wakes must see it set again, or it waits for ever
             while self._park.is_set() and not self._stopped.is_set():
+                self._parked.set()
                 self._lock.wait(IDLE_WAIT_SECONDS)
 
     def run(self) -> None:

@@ -97,13 +97,6 @@ class _Restartable(ScriptedEngine):
         self.shut = True
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known race, found 2026-11-30 (a make test run hung in the restart test below): "
-    "EngineLoop.resume clears _parked, and a park set again before the loop thread leaves its hold "
-    "keeps the loop held without _parked, so park waits for ever; the fix (_hold sets _parked on "
-    "every pass) changes workers/engine_loop.py and is left to the next engine-loop change",
-)
 def test_a_park_right_after_a_resume_is_seen(settings, demo_model_dir):
     """Two engine restarts in a row (workers/lora_refit.py's): the second park is seen even when
     it comes before the loop thread has woken from the first hold."""
@@ -168,10 +161,7 @@ def test_an_engine_restarts_once_its_units_are_recorded_and_as_it_was_if_the_new
         assert done == [True] and first.shut and started == [lora_on.engine_args]
         second = runner.engine
         assert second is not first and second.loras == "L" and runner.loop.engine is second
-        # the loop leaves its hold and drives the new engine before the next restart parks it: a
-        # park that comes before the loop thread has left its previous hold is missed (the race
-        # test_a_park_right_after_a_resume_is_seen shows), so this test does not race it
-        assert second.driven.wait(10)
+        assert second.driven.wait(10)  # the loop drives the new engine
         # a new engine that fails to start: the old configuration again, its adapters as they were
         too_many = replace(first.config, engine_args={"enable_lora": True, "max_loras": 99})
         assert runner.restart_engine(too_many, "M", "another test") is False
