@@ -132,6 +132,11 @@ class Settings:
     # prefix-mates (scheduler/feed_order.py). More claims work early that other workers of the model
     # then cannot take
     feed_requests: int = 0
+    # cache domains (tenants, when prefix caches are per tenant) take turns in an engine worker's
+    # feed of at most pack_requests requests and at most this long from a turn's first request
+    # while another domain waits (scheduler/feed_order.py): on a slow engine a pack's worth of
+    # requests runs many seconds, which another tenant's small batch would wait (seconds; 0: off)
+    feed_turn_seconds: float = 5.0
     # an idle engine worker given fewer requests than that look-ahead waits up to this long for
     # more packs before it starts (never for an urgent one): jobs of one model that pass validation
     # a moment apart then meet in one sweep instead of the first running alone (seconds; 0: off)
@@ -452,6 +457,7 @@ _WORK_AND_SERVICE_RULES: tuple[_Rule, ...] = (
     (lambda s: s.max_upload_bytes < 1, "FREIGHT_MAX_UPLOAD_BYTES must be at least 1"),
     (lambda s: s.unit_tokens < 0, "FREIGHT_UNIT_TOKENS cannot be negative"),
     (lambda s: s.feed_requests < 0, "FREIGHT_FEED_REQUESTS cannot be negative"),
+    (lambda s: s.feed_turn_seconds < 0, "FREIGHT_FEED_TURN_SECONDS cannot be negative"),
     (lambda s: not 0 < s.urgent_share <= 1, "FREIGHT_URGENT_SHARE must be above 0 and at most 1"),
     (
         lambda s: not 0 <= s.feed_merge_seconds <= 60,

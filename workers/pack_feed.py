@@ -77,7 +77,10 @@ class PackFeed:
         self._finished = finished
         # not-yet-started requests of every claimed unit, in elevator order; guarded by the lock
         self.requests: ElevatorFeed[tuple[ActiveUnit, ShardRow]] = ElevatorFeed(
-            prompt_fields=FEED_PROMPT_FIELDS, domain_fields=1, quantum=rt.settings.pack_requests
+            prompt_fields=FEED_PROMPT_FIELDS,
+            domain_fields=1,
+            quantum=rt.settings.pack_requests,
+            turn_seconds=rt.settings.feed_turn_seconds or None,
         )
         # the next pack is wanted once no more requests wait than this look-ahead (at least the
         # engine's batch): a later job then reaches the feed while its prefix-mates still run

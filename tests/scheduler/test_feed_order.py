@@ -222,3 +222,39 @@ def test_the_wait_is_bounded_and_windows_of_zero_are_off(first, pack_after, more
         assert start <= gather_deadline(first, first + pack_after, more, merge, settle)
     if settle == 0 and (merge == 0 or not more):
         assert start == first  # both waits off (or the only one on does not apply): at once
+
+
+def test_a_turn_also_ends_after_its_time_while_another_domain_waits() -> None:
+    """On a slow engine a quantum of requests runs long: the turn passes on after ``turn_seconds``
+    from its first request as well, and not while no other domain waits."""
+    now = [0.0]
+    feed: ElevatorFeed[str] = ElevatorFeed(
+        prompt_fields=2, domain_fields=1, quantum=1000, turn_seconds=5.0, clock=lambda: now[0]
+    )
+    for prompt in range(10):
+        feed.push(("a", prompt, 0), f"a{prompt}")
+    assert [feed.pop(), feed.pop()] == ["a0", "a1"]
+    now[0] = 60.0  # A alone: its turn goes on however long it has held it
+    assert feed.pop() == "a2"
+    feed.push(("b", 0, 0), "b0")
+    feed.push(("b", 1, 0), "b1")
+    now[0] = 64.0  # A's turn began with a0 at 0 s: it is over, B has waited
+    assert feed.pop() == "b0"
+    now[0] = 68.0  # B's turn began at 64 s
+    assert feed.pop() == "b1"
+    assert feed.pop() == "a3"  # B ran dry: A's again
+    now[0] = 72.9
+    feed.push(("b", 2, 0), "b2")
+    assert feed.pop() == "a4"  # A's new turn began at 68 s: under 5 s
+    now[0] = 73.0
+    assert feed.pop() == "b2"
+
+
+def test_without_a_time_bound_the_turn_counts_requests_alone() -> None:
+    now = [0.0]
+    feed: ElevatorFeed[str] = ElevatorFeed(prompt_fields=2, domain_fields=1, quantum=3, clock=lambda: now[0])
+    for prompt in range(5):
+        feed.push(("a", prompt, 0), f"a{prompt}")
+    feed.push(("b", 0, 0), "b0")
+    now[0] = 1e6
+    assert [feed.pop() for _ in range(4)] == ["a0", "a1", "a2", "b0"]

@@ -7,7 +7,6 @@ import threading
 import time
 from dataclasses import replace
 
-import pytest
 from sqlalchemy import select
 
 from bench.dispatcher_load import Sizes, load
