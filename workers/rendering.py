@@ -17,9 +17,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from workers.output_text import answer_text, decodes_at_end
+from workers.plain_chat_body import plain_chat_body
 from workers.request_bodies import ParsedRequest, RequestError, clip_message, sampling_params_of
 from workers.responses import response_from_chat
-from workers.tool_calls import ModelParsers, shape_choice
+from workers.tool_calls import NONE as NO_TOOLS
+from workers.tool_calls import ModelParsers, choice_kind, shape_choice
 
 if TYPE_CHECKING:  # vLLM is imported lazily: importing it costs seconds.
     from vllm.outputs import RequestOutput
@@ -197,6 +199,10 @@ def build_response_body(
                 tokenizer, prompt_ids, choice.token_ids, choice.finish_reason == "stop", params
             )
     completion_tokens = sum(len(choice.token_ids) for choice in output.outputs)
+    if parsed.is_chat and parsed.responses is None and output.prompt_logprobs is None:
+        plain = _plain_chat(rendered, output, model, created, parsers, len(prompt_ids), completion_tokens)
+        if plain is not None:
+            return plain
     usage = UsageInfo(
         prompt_tokens=len(prompt_ids),
         completion_tokens=completion_tokens,
@@ -228,6 +234,37 @@ def token_counts(body: dict[str, Any]) -> tuple[int, int, int]:
         return int(usage["input_tokens"]), int(cached or 0), int(usage["output_tokens"] or 0)
     cached = usage["prompt_tokens_details"]["cached_tokens"]
     return int(usage["prompt_tokens"]), int(cached or 0), int(usage["completion_tokens"] or 0)
+
+
+def _plain_chat(
+    rendered: RenderedRequest,
+    output: RequestOutput,
+    model: str,
+    created: int,
+    parsers: ModelParsers | None,
+    prompt_tokens: int,
+    completion_tokens: int,
+) -> dict[str, Any] | None:
+    """A chat line whose choices are the text as generated (no parser, tool calls, logprobs, echo
+    or token ids): `_chat_response`'s dump, made without the models (workers/plain_chat_body.py)."""
+    request = rendered.parsed.request
+    if (
+        parsers is not None
+        or request.logprobs
+        or request.echo
+        or request.return_token_ids
+        or choice_kind(request.tool_choice, bool(request.tools)) != NO_TOOLS
+    ):
+        return None
+    role = "assistant" if request.add_generation_prompt else request.messages[-1]["role"]
+    choices = [
+        (c.index, c.text, c.finish_reason or "stop", c.stop_reason)
+        for c in sorted(output.outputs, key=lambda c: c.index)
+    ]
+    cached = int(output.num_cached_tokens or 0)
+    return plain_chat_body(
+        request.request_id, created, model, role, choices, prompt_tokens, completion_tokens, cached
+    )
 
 
 def _chat_response(rendered, output, model, tokenizer, created, usage, prompt_logprobs, parsers=None):

@@ -269,7 +269,9 @@ def test_a_reasoning_parser_alone_splits_message_reasoning_out_and_serves_no_aut
     parsed = parse_body(CHAT, asked, reasoning=parsers.reasoning)
     parsers.adjust(parsed.request)
     text = "<think>Norway's capital.</think>Oslo."
-    answer = CompletionOutput(0, text, tokenizer.encode(text, add_special_tokens=False), None, None, "stop")
+    answer = CompletionOutput(
+        0, text, tokenizer.encode(text, add_special_tokens=False), None, None, finish_reason="stop"
+    )
     body_out = build_response_body(
         RenderedRequest(parsed, {}, [1, 2, 3], SamplingParams()),
         RequestOutput("r1", None, [1, 2, 3], None, [answer], True),
