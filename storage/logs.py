@@ -25,6 +25,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import IO, TYPE_CHECKING, Any
 
+from storage.log_repeats import RepeatFilter
+
 if TYPE_CHECKING:  # storage.settings imports this module's names
     from storage.settings import Settings
 
@@ -158,6 +160,7 @@ def make_handler(
     handler.setLevel(level)
     handler.setFormatter(JsonFormatter(role, worker) if log_format == "json" else TextFormatter(role, worker))
     handler.addFilter(ContextFilter())
+    handler.addFilter(RepeatFilter())  # the engine's libraries' repeated lines, once a minute
     handler._freight = True  # type: ignore[attr-defined]
     return handler
 

@@ -19,19 +19,6 @@ from storage.settings import Settings, SettingsError
 from tests.conftest import REPO, json_lines
 
 
-@pytest.fixture
-def restore_root():
-    """Whatever a test does to the root logger and the ``vllm`` logger is undone afterwards."""
-    root, vllm = logging.getLogger(), logging.getLogger("vllm")
-    saved = (list(root.handlers), root.level, list(vllm.handlers), vllm.level, vllm.propagate)
-    yield
-    root.handlers[:], vllm.handlers[:] = saved[0], saved[2]
-    root.setLevel(saved[1])
-    vllm.setLevel(saved[3])
-    vllm.propagate = saved[4]
-    logging.captureWarnings(False)
-
-
 def test_the_settings_accept_the_levels_and_formats_and_refuse_others():
     assert (Settings().log_level, Settings().log_format) == ("INFO", "text")
     settings = Settings.from_env({"FREIGHT_LOG_LEVEL": " warning ", "FREIGHT_LOG_FORMAT": "json"})
