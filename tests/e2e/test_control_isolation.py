@@ -55,7 +55,9 @@ def iso(tmp_path_factory: pytest.TempPathFactory, demo_model: Path, postgres_ser
         # for alpha's turn of up to FREIGHT_PACK_REQUESTS requests (workers/pack_feed.py's
         # quantum): in a full make test run on 2026-11-30 beta's batch, validated after 0.59 s,
         # was still in_progress at 15 s behind a pack of 968 requests that took the loaded engine
-        # 12.9 s, and the tick's longest gap was 2.6 s with the engine busy beside it.
+        # 12.9 s, and the tick's longest gap was 2.6 s with the engine busy beside it. (A turn now
+        # ends after FREIGHT_FEED_TURN_SECONDS too, tests/scheduler/test_feed_order.py; the engine
+        # busy beside the tick on these two cores is still not what this test measures.)
         "FREIGHT_VALIDATION_HEAD_ROWS": "0",
     }
     live_stack, stack = start_live(tmp_path_factory.mktemp("iso"), demo_model, overrides, ("alpha", "beta"))
