@@ -100,8 +100,13 @@ def call(llm: Any, lines: list[dict[str, Any]]) -> list[Any]:
     params = [sampling_params(line["body"]) for line in lines]
     if not any(line["body"].get("cache_salt") for line in lines):
         return list(llm.chat([line["body"]["messages"] for line in lines], params, use_tqdm=False))
+    return list(llm.generate(salted_prompts(llm, lines), params, use_tqdm=False))
+
+
+def salted_prompts(llm: Any, lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each line's chat template applied by the tokenizer, as token ids with its ``cache_salt``."""
     tokenizer = llm.get_tokenizer()
-    prompts: list[Any] = []
+    prompts: list[dict[str, Any]] = []
     for line in lines:
         ids = tokenizer.apply_chat_template(
             line["body"]["messages"], tokenize=True, add_generation_prompt=True
@@ -112,7 +117,7 @@ def call(llm: Any, lines: list[dict[str, Any]]) -> list[Any]:
         if line["body"].get("cache_salt"):
             prompt["cache_salt"] = line["body"]["cache_salt"]
         prompts.append(prompt)
-    return list(llm.generate(prompts, params, use_tqdm=False))
+    return prompts
 
 
 def stats_of(

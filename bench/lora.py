@@ -24,7 +24,8 @@ cache bytes, max_model_len, max_num_batched_tokens, prefix caching, compiled):
   freight_tenant  a second warm stack, the same in Freight's default cache mode (tenant: each
                 tenant's prefixes its own), in the same rotation: the isolation's cost is
                 tenant_over_global (its throughput over freight's, per repeat), and
-                freight_tenant_vs_engine_lora is the default mode's target (>= 0.95x).
+                freight_tenant_vs_engine_lora is the default mode's target (>= 0.95x), against
+                engine_lora_tenant.
   engine_lora   vLLM's engine in-process (bench/lora_engine.py), LoRA on with the limits Freight's
                 worker takes (workers.lora.lora_engine_args over the registry's adapters), stats
                 logging off, one ``LLM.chat`` on all lines sorted the way Freight sorts them
@@ -32,6 +33,10 @@ cache bytes, max_model_len, max_num_batched_tokens, prefix caching, compiled):
                 start-up excluded, as Freight's is (a warm stack); run with the engine core in a
                 process of its own and inline (bench/request_rate.py's two placements) and the
                 faster one of each repeat counts. Target: Freight >= 0.95x.
+  engine_lora_tenant  the same warm engine on the lines as Freight's tenant mode runs them (issue
+                #51 part 1's limit for that mode): by tenant, then sorted as above, each with its
+                tenant's ``cache_salt`` (``LLM.generate`` on the chat template's token ids, the
+                rendering on the clock, bench/engine_baseline.py's way with salts).
   engine_base   the same engine without LoRA on the same lines (every line the base model),
                 sorted by prompt: what LoRA costs against the base model alone (no target).
   runbatch      what a team does today: for each adapter in turn, ``python -m
@@ -192,6 +197,20 @@ def freight_order(tokenizer: Any, all_lines: list[dict[str, Any]], base: str = B
     return [line for _, line in sorted(enumerate(all_lines), key=key)]
 
 
+def tenant_order(tokenizer: Any, jobs: list[tuple[str, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
+    """The limit of Freight's default cache mode (issue #51 part 1): the lines by tenant (in
+    wl.TENANTS' order), then as Freight sorts them, each carrying its tenant's ``cache_salt`` (a
+    tenant's prefixes are its own in the engine's cache, as in Freight's tenant mode)."""
+    out: list[dict[str, Any]] = []
+    for tenant in wl.TENANTS:
+        mine = [line for owner, job in jobs if owner == tenant for line in job]
+        out += [
+            {**line, "body": {**line["body"], "cache_salt": tenant}}
+            for line in freight_order(tokenizer, mine)
+        ]
+    return out
+
+
 def as_base(all_lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The same lines, every one the base model's."""
     return [{**line, "body": {**line["body"], "model": BASE}} for line in all_lines]
@@ -227,13 +246,14 @@ def paired_ratios(repeats: list[dict[str, Any]]) -> dict[str, list[float]]:
         "freight_vs_runbatch_per_adapter": [],
         "engine_lora_vs_engine_base": [],
         "freight_vs_engine_base": [],
-        "freight_tenant_vs_engine_lora": [],
+        "freight_tenant_vs_engine_lora": [],  # against the engine on the tenant order, salted
         "tenant_over_global": [],  # the isolation's cost: tenant mode's throughput over global's
     }
     for cells in repeats:
         freight = fastest(cells.get("freight"))
         tenant = fastest(cells.get("freight_tenant"))
         lora = fastest(cells.get("engine_lora_process"), cells.get("engine_lora_inline"))
+        lora_tenant = fastest(cells.get("engine_lora_tenant_process"), cells.get("engine_lora_tenant_inline"))
         base = fastest(cells.get("engine_base_process"), cells.get("engine_base_inline"))
         runbatch = fastest(cells.get("runbatch"))
         for name, theirs, mine in (
@@ -241,7 +261,7 @@ def paired_ratios(repeats: list[dict[str, Any]]) -> dict[str, list[float]]:
             ("freight_vs_runbatch_per_adapter", runbatch, freight),
             ("engine_lora_vs_engine_base", base, lora),
             ("freight_vs_engine_base", base, freight),
-            ("freight_tenant_vs_engine_lora", lora, tenant),
+            ("freight_tenant_vs_engine_lora", lora_tenant, tenant),
             ("tenant_over_global", freight, tenant),
         ):
             if theirs and mine:
@@ -395,10 +415,12 @@ def write_repeats(
         rep.mkdir()
         these = lines(tokenizer, names, args.lines_per_adapter, r)
         jobs = []
-        for j, (tenant, job) in enumerate(split_jobs(these, args.jobs)):
+        split = split_jobs(these, args.jobs)
+        for j, (tenant, job) in enumerate(split):
             wl.write_jsonl(rep / f"job-{j}.jsonl", job)
             jobs.append((tenant, rep / f"job-{j}.jsonl"))
         wl.write_jsonl(rep / "lora-sorted.jsonl", freight_order(tokenizer, these))
+        wl.write_jsonl(rep / "lora-tenant-sorted.jsonl", tenant_order(tokenizer, split))
         wl.write_jsonl(rep / "base-sorted.jsonl", freight_order(tokenizer, as_base(these)))
         per_adapter = {}
         for name, group in by_adapter([line for _, p in jobs for line in wl.read_jsonl(p)]).items():
@@ -408,6 +430,7 @@ def write_repeats(
             {
                 "jobs": jobs,
                 "lora": rep / "lora-sorted.jsonl",
+                "lora_tenant": rep / "lora-tenant-sorted.jsonl",
                 "base": rep / "base-sorted.jsonl",
                 "per_adapter": per_adapter,
             }
@@ -432,6 +455,10 @@ def measure(systems: dict[str, Any], these: dict[str, Any], r: int, runbatch: An
                 run["errors"] += run["served_by_wrong_model"]
             else:
                 run = handle.run(these[role.split("_")[1]])
+                if role.startswith("engine_lora_"):  # the default cache mode's limit, same engine
+                    cells[role.replace("engine_lora_", "engine_lora_tenant_")] = cell(
+                        handle.run(these["lora_tenant"])
+                    )
         finally:
             handle.pause()
         cells[role] = cell(run)

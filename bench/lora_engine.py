@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.engine_baseline import RESULT_PREFIX, WARMUP_REQUESTS, sampling_params
+from bench.engine_baseline import RESULT_PREFIX, WARMUP_REQUESTS, salted_prompts, sampling_params
 from bench.limits import add_engine_arguments, llm_arguments
 
 
@@ -51,7 +51,10 @@ def run_file(llm: Any, path: Path, loras: dict[str, Any]) -> dict[str, Any]:
     requests = [loras.get(line["body"].get("model")) for line in lines] if loras else None
     llm.reset_prefix_cache()
     started = time.monotonic()
-    outputs = llm.chat(messages, params, lora_request=requests, use_tqdm=False)
+    if any(line["body"].get("cache_salt") for line in lines):  # each tenant's cache its own
+        outputs = llm.generate(salted_prompts(llm, lines), params, lora_request=requests, use_tqdm=False)
+    else:
+        outputs = llm.chat(messages, params, lora_request=requests, use_tqdm=False)
     wall = time.monotonic() - started
     return {
         "file": str(path),

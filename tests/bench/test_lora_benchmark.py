@@ -98,19 +98,25 @@ def test_ratios_take_the_faster_engine_placement_and_skip_what_did_not_run() -> 
 
 
 def test_both_cache_modes_are_paired_and_the_default_has_its_target() -> None:
+    """The tenant mode against the engine on the tenant order (engine_lora_tenant_*, the faster
+    placement), the global mode against the engine on the global order."""
     repeats = [
         {
             "freight": {"wall_s": 10.0},
             "freight_tenant": {"wall_s": 12.5},
             "engine_lora_inline": {"wall_s": 10.0},
+            "engine_lora_tenant_inline": {"wall_s": 11.0},
+            "engine_lora_tenant_process": {"wall_s": 10.0},
         },
         {"freight": {"wall_s": 10.0}, "freight_tenant": {"wall_s": 8.0, "errors": 1}},  # counts for none
     ]
     assert lora.CACHE_MODES == {"freight": "global", "freight_tenant": "tenant"}
     paired = lora.paired_ratios(repeats)
     assert paired["tenant_over_global"] == [0.8]  # tenant mode's throughput over global's
-    assert paired["freight_tenant_vs_engine_lora"] == [0.8]
+    assert paired["freight_tenant_vs_engine_lora"] == [0.8]  # 10.0 (tenant order) / 12.5
     assert paired["freight_vs_engine_lora"] == [1.0]
+    no_tenant_limit = [{k: v for k, v in repeats[0].items() if "tenant_" not in k or k == "freight_tenant"}]
+    assert lora.paired_ratios(no_tenant_limit)["freight_tenant_vs_engine_lora"] == []
     targets = lora.targets({name: lora.median(values) for name, values in paired.items()})
     assert targets["freight_tenant_vs_engine_lora"] == {"value": 0.8, "bound": 0.95, "pass": False}
     assert "tenant_over_global" not in targets  # a cost reported, not a bound
@@ -132,3 +138,23 @@ def test_an_untrained_adapter_passes_freights_registration_checks(demo_model: Pa
     mtime = (out / WEIGHTS).stat().st_mtime_ns
     assert lora.random_adapter(demo_model, out, seed=2) == out  # kept, not built again
     assert (out / WEIGHTS).stat().st_mtime_ns == mtime
+
+
+def test_the_tenant_order_is_by_tenant_then_freights_order_each_line_salted(tokenizer: Any) -> None:
+    """engine_lora_tenant's lines: every line once, grouped by tenant in wl.TENANTS' order, each
+    tenant's in Freight's order, each carrying its tenant's cache_salt."""
+    names = [lora.adapter_name(i) for i in range(3)]
+    these = lora.lines(tokenizer, names, 12, 0)
+    jobs = lora.split_jobs(these, 4)
+    ordered = lora.tenant_order(tokenizer, jobs)
+    assert sorted(line["custom_id"] for line in ordered) == sorted(line["custom_id"] for line in these)
+    owner = {line["custom_id"]: tenant for tenant, job in jobs for line in job}
+    salts = [line["body"]["cache_salt"] for line in ordered]
+    assert salts == [owner[line["custom_id"]] for line in ordered]
+    assert salts == sorted(salts, key=wl.TENANTS.index)  # grouped, in the tenants' order
+    for tenant in wl.TENANTS:
+        mine = [line for line in ordered if line["body"]["cache_salt"] == tenant]
+        unsalted = [
+            {**line, "body": {k: v for k, v in line["body"].items() if k != "cache_salt"}} for line in mine
+        ]
+        assert unsalted == lora.freight_order(tokenizer, unsalted)
