@@ -19,8 +19,8 @@ cache bytes, max_model_len, max_num_batched_tokens, prefix caching, compiled):
                 ``freight models add-adapter`` and the engine worker restarted to serve them (an
                 operator's steps), warm; the 4 jobs submitted together with the official
                 ``openai`` client; wall time from the first upload to the poll that saw the last
-                batch completed with its output file. FREIGHT_PREFIX_CACHE_SHARING=global, as the
-                engine baseline has no per-tenant cache either.
+                batch completed with its output file. FREIGHT_PREFIX_CACHE_SHARING=global, against
+                engine_lora on the global order (no salts).
   freight_tenant  a second warm stack, the same in Freight's default cache mode (tenant: each
                 tenant's prefixes its own), in the same rotation: the isolation's cost is
                 tenant_over_global (its throughput over freight's, per repeat), and

@@ -50,7 +50,8 @@ class RepeatFilter(logging.Filter):
             if len(self._seen) > _MAX_TEMPLATES:
                 self._seen.popitem(last=False)
         if last is not None and last[1]:
-            # the record is this handler's alone (vLLM's loggers do not propagate): noting the
-            # count on it changes no other output
+            # Freight's handler is the only one a deployment has for these loggers (vLLM's write
+            # through it and do not propagate; torch's and transformers' reach it on the root), so
+            # noting the count on the record changes no other output
             record.msg = f"{record.msg} [{last[1]} more like this in the last {record.created - last[0]:.0f} s not written]"
         return True

@@ -159,9 +159,15 @@ def _sampling_params(
     return build() if shapes is None else shapes.sampling_params(parsed, max_tokens, build)
 
 
+def _response_role(request: Any) -> str:
+    """The role of a chat answer, as vLLM's server gives it: the assistant's, or with no
+    generation prompt the role of the last message, which the answer continues."""
+    return "assistant" if request.add_generation_prompt else request.messages[-1]["role"]
+
+
 def _chat_echo_text(request: Any, conversation: list) -> str:
     """vLLM's chat `echo`: the last message's content when its role is the response role."""
-    role = "assistant" if request.add_generation_prompt else request.messages[-1]["role"]
+    role = _response_role(request)
     if conversation and conversation[-1].get("role") == role:
         content = conversation[-1].get("content") or ""
         if isinstance(content, list):
@@ -256,7 +262,7 @@ def _plain_chat(
         or choice_kind(request.tool_choice, bool(request.tools)) != NO_TOOLS
     ):
         return None
-    role = "assistant" if request.add_generation_prompt else request.messages[-1]["role"]
+    role = _response_role(request)
     choices = [
         (c.index, c.text, c.finish_reason or "stop", c.stop_reason)
         for c in sorted(output.outputs, key=lambda c: c.index)
@@ -275,7 +281,7 @@ def _chat_response(rendered, output, model, tokenizer, created, usage, prompt_lo
     )
 
     request = rendered.parsed.request
-    role = "assistant" if request.add_generation_prompt else request.messages[-1]["role"]
+    role = _response_role(request)
     choices = []
     for choice in sorted(output.outputs, key=lambda c: c.index):
         logprobs = None
