@@ -317,7 +317,7 @@ def _ints(text: str | None) -> list[int] | None:
               help="an OpenAI batch JSONL of the work to tune for (its lines sampled evenly)")  # fmt: skip
 @click.option("--shape", type=click.Choice(sorted(SHAPES)), default=None,
               help="a synthetic sample of this shape instead (bench/workloads.py)")  # fmt: skip
-@click.option("--requests", type=click.IntRange(1, 5000), default=64, show_default=True,
+@click.option("--requests", type=click.IntRange(1, 5000), default=256, show_default=True,
               help="lines in the sample")  # fmt: skip
 @click.option("--max-num-seqs", "seqs", default=None, metavar="N,N", help="the max_num_seqs values to try")
 @click.option("--max-num-batched-tokens", "tokens", default=None, metavar="N,N",

@@ -107,12 +107,16 @@ def grid(
     device: str = CPU,
     seqs: Sequence[int] | None = None,
     tokens: Sequence[int] | None = None,
+    sample_lines: int | None = None,
 ) -> tuple[list[GridPoint], list[str]]:
     """The points a pilot measures, the previous defaults first, and the reasons for what it
     leaves out. ``seqs``/``tokens`` replace the default axes (the default, twice and four
     times ``max_num_seqs``; the default and twice ``max_num_batched_tokens``). A point needs
-    ``max_num_batched_tokens >= max_num_seqs`` (vLLM refuses fewer). Speculation is not a grid
-    axis: ``speculative_point`` adds it to the winner."""
+    ``max_num_batched_tokens >= max_num_seqs`` (vLLM refuses fewer), and a sample of at least
+    ``max_num_seqs`` lines (``sample_lines``; None: not checked): a sample that cannot fill the
+    sequences measures them as if they were fewer, so a point could win by its token budget alone
+    and carry a sequence count nothing measured (64 lines run alike at 128 and 256 sequences).
+    Speculation is not a grid axis: ``speculative_point`` adds it to the winner."""
     notes: list[str] = []
     seq_axis = list(seqs) if seqs else _axis(base.max_num_seqs, (2, 4), 1)
     token_axis = list(tokens) if tokens else _axis(base.max_num_batched_tokens, (2,), 16)
@@ -129,6 +133,11 @@ def grid(
             point = GridPoint(s, t)
             if t < s:
                 notes.append(f"{point.label}: fewer batched tokens than sequences, which vLLM refuses")
+            elif sample_lines is not None and s > max(sample_lines, base.max_num_seqs):
+                notes.append(
+                    f"{point.label}: not measured, the sample's {sample_lines} lines cannot fill "
+                    f"{s} sequences (a sample of {s} lines or more measures it)"
+                )
             elif point not in points:
                 points.append(point)
     if device == GPU:

@@ -280,7 +280,7 @@ def tune(
     if first.error is not None:
         raise TuningError(f"model {entry.name!r}: the previous defaults failed the sample: {first.error}")
     pilot.measurements.append(first)
-    points, notes = grid(base, device, options.seqs, options.tokens)
+    points, notes = grid(base, device, options.seqs, options.tokens, sample_lines=len(lines))
     pilot.notes.extend(notes)
     facts = memory_facts(path, weight_bytes(path), pilot.config({}).kv_cache_bytes or 0,
                          int(entry.max_model_len or settings.engine_max_model_len or 2048),

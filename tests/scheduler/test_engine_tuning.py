@@ -44,6 +44,19 @@ def test_given_axes_replace_the_default_ones_and_vllms_refusals_are_left_out() -
     assert any("seqs=4096 tokens=2048: fewer batched tokens than sequences" in n for n in notes)
 
 
+def test_a_sample_too_small_to_fill_the_sequences_does_not_measure_them() -> None:
+    # 100 lines run alike at 128 and 256 sequences: such a point could win by its token budget
+    # alone and carry a sequence count nothing measured
+    points, notes = grid(Baseline(64, 4096), CPU, sample_lines=100)
+    assert {p.max_num_seqs for p in points} == {64}
+    assert {p.max_num_batched_tokens for p in points} == {4096, 8192}
+    assert any("seqs=128 tokens=4096: not measured, the sample's 100 lines cannot fill 128" in n for n in notes)
+    filled, _ = grid(Baseline(64, 4096), CPU, sample_lines=256)
+    assert {p.max_num_seqs for p in filled} == {64, 128, 256}
+    small, _ = grid(Baseline(64, 4096), CPU, sample_lines=10)  # the defaults are measured whatever the sample
+    assert small[0] == GridPoint(64, 4096)
+
+
 def test_a_field_the_operator_set_is_not_tuned() -> None:
     points, notes = grid(Baseline(8, 2048, frozenset({"max_num_seqs"})), CPU, seqs=[8, 16, 32])
     assert {p.max_num_seqs for p in points} == {8}
