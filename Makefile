@@ -7,7 +7,7 @@ MODEL_DIR := models/demo
 EMBED_MODEL_DIR := models/embed
 BENCH_MODEL_DIR := models/bench
 
-.PHONY: run stop test lint install model embed-model score-model whisper-model vlm-model adapters bench-model bench bench-engine-step bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-head-start bench-embeddings bench-lora bench-images bench-estimates bench-validation bench-finalization bench-uploads bench-refill-pass bench-engine-stats bench-kv-cache-dtype bench-status bench-table int4-model clean quantize-env policy-env audit-env lock lock-check audit
+.PHONY: run stop test lint install model embed-model score-model whisper-model vlm-model adapters bench-model bench bench-engine-step bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-head-start bench-embeddings bench-lora bench-images bench-estimates bench-validation bench-finalization bench-uploads bench-refill-pass bench-engine-stats bench-kv-cache-dtype bench-tuning bench-status bench-table int4-model clean quantize-env policy-env audit-env lock lock-check audit
 
 install:
 	@bash infra/install.sh
@@ -121,7 +121,7 @@ test: model embed-model score-model whisper-model vlm-model adapters lint quanti
 # `make bench` stopped part-way (it takes longer than one sitting) is taken up where it stopped on
 # the same code; FORCE=1 runs every benchmark
 RESUME = $(PY) -m bench.resume $(if $(FORCE),--force)
-bench: model bench-model bench-engine-step bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-head-start bench-embeddings bench-lora bench-images bench-estimates bench-validation bench-finalization bench-uploads bench-refill-pass bench-engine-stats bench-kv-cache-dtype bench-input-order
+bench: model bench-model bench-engine-step bench-parquet bench-int4 bench-int4-quality bench-reliability bench-dispatcher bench-request-rate bench-head-start bench-embeddings bench-lora bench-images bench-estimates bench-validation bench-finalization bench-uploads bench-refill-pass bench-engine-stats bench-kv-cache-dtype bench-input-order bench-tuning
 	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(RESUME) scheduler.json -- bench.scheduler $(BENCH_ARGS)
 
 # validation + planning of a 1,000,000-line batch, JSON-only vs columnar: bench/results/parquet.json
@@ -143,6 +143,11 @@ bench-int4-quality: model quantize-env
 # decoded token by token as before workers/output_text.py (issue #51 part 2): bench/results/engine-step.json
 bench-engine-step: bench-model
 	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(RESUME) engine-step.json -- bench.engine_step $(ENGINE_STEP_BENCH_ARGS)
+
+# `freight models tune` per workload shape, then Freight end to end against the bare engine at
+# Freight's previous defaults and at vLLM's own (issue #51 part 4): bench/results/tuning.json
+bench-tuning: bench-model
+	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(RESUME) tuning.json -- bench.tuning $(TUNING_BENCH_ARGS)
 
 # 20,000 tiny requests, in-process engine vs Freight (issue #21 s2): bench/results/request_rate.json
 bench-request-rate: model

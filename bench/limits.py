@@ -9,7 +9,7 @@ from typing import Any
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="models/demo")
     parser.add_argument("--served-model-name", default="demo")
-    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--max-num-seqs", type=int, default=64, help="0: vLLM's own default for the device")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--kv-cache-bytes", type=int, default=None)
@@ -28,14 +28,13 @@ def llm_arguments(args: argparse.Namespace, *, log_stats: bool = False) -> dict[
     kwargs: dict[str, Any] = {
         "model": args.model,
         "served_model_name": args.served_model_name,
-        "max_num_seqs": args.max_num_seqs,
         "enforce_eager": args.enforce_eager,
         "enable_prefix_caching": True,
         "seed": 0,
         "disable_log_stats": not log_stats,  # off, as Freight's engine runs (workers/engine.py)
         "dtype": args.dtype,
     }
-    for key in ("max_num_batched_tokens", "max_model_len", "block_size"):
+    for key in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size"):
         if getattr(args, key):
             kwargs[key] = getattr(args, key)
     if args.kv_cache_bytes:
