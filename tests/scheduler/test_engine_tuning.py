@@ -50,7 +50,9 @@ def test_a_sample_too_small_to_fill_the_sequences_does_not_measure_them() -> Non
     points, notes = grid(Baseline(64, 4096), CPU, sample_lines=100)
     assert {p.max_num_seqs for p in points} == {64}
     assert {p.max_num_batched_tokens for p in points} == {4096, 8192}
-    assert any("seqs=128 tokens=4096: not measured, the sample's 100 lines cannot fill 128" in n for n in notes)
+    assert any(
+        "seqs=128 tokens=4096: not measured, the sample's 100 lines cannot fill 128" in n for n in notes
+    )
     filled, _ = grid(Baseline(64, 4096), CPU, sample_lines=256)
     assert {p.max_num_seqs for p in filled} == {64, 128, 256}
     small, _ = grid(Baseline(64, 4096), CPU, sample_lines=10)  # the defaults are measured whatever the sample
