@@ -115,6 +115,19 @@ ROWS = (
         note="answers decoded by vLLM token by token=ratios.vllm_decode_over_limit",
     ),
     Row(
+        "engine settings tuned per workload shape (`freight models tune`): Freight, tuned, / `LLM.chat` "
+        "at Freight's previous defaults, the second best of the workloads (tuning)",
+        "tuning.json",
+        "tuned_over_previous_limit_2nd_best",
+        op=">=",
+    ),
+    Row(
+        "the same, the lowest of the workloads",
+        "tuning.json",
+        "tuned_over_previous_limit_lowest",
+        op=">=",
+    ),
+    Row(
         "20,000 tiny requests: Freight / the faster in-process engine, requests/s",
         "control_plane.json",
         "request_rate_freight_over_engine",
