@@ -12,6 +12,7 @@ an engine worker against the vLLM processes it started).
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Mapping
 
 import psutil
@@ -41,6 +42,31 @@ def snapshot(roles: Mapping[str, int], split: tuple[str, ...] = ()) -> dict[str,
             out[f"{role}/children"] = children
         else:
             out[role] = own + children
+    return out
+
+
+# the process title Celery gives each process of a control role: "[celeryd: control-validate@host:
+# ForkPoolWorker-1]", "[celeryd: control-tick@host:MainProcess] -active- (...)"
+CONTROL_ROLE_TITLE = re.compile(r"\bcontrol-([\w-]+)@")
+
+
+def control_role_of(title: str) -> str:
+    """The control role (tick, validate, finalize, webhook, ...) a process title names; the
+    supervisor that starts them has none of its own."""
+    found = CONTROL_ROLE_TITLE.search(title)
+    return found.group(1) if found else "supervisor"
+
+
+def control_roles(pid: int) -> dict[str, float]:
+    """CPU seconds so far of each role of the control plane under ``pid`` (its supervisor): the
+    role's main process and its pool processes together. On two cores the control plane's
+    CPU is the engine's loss, and which role spends it (validating, finalizing, the tick, webhook
+    deliveries) is what a cut has to aim at."""
+    out: dict[str, float] = {}
+    for proc in tree([pid]):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            role = control_role_of(" ".join(proc.cmdline()))
+            out[role] = out.get(role, 0.0) + _seconds(proc)
     return out
 
 

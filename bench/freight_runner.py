@@ -246,6 +246,12 @@ class FreightStack:
         engines = tuple(name for name in self.stack.processes if name.startswith("engine-"))
         return snapshot(self.cpu_roles(), split=engines)
 
+    def control_snapshot(self) -> dict[str, float]:
+        from bench.cpu import control_roles
+
+        pid = self.cpu_roles().get("control")
+        return control_roles(pid) if pid else {}
+
     def pause(self) -> None:
         """Stop every process of the idle stack (bench/freeze.py); Redis keeps running."""
         from bench.freeze import pause
@@ -275,6 +281,7 @@ class FreightStack:
         from bench.cpu import OtherLoad
 
         cpu_before = self.cpu_snapshot()
+        roles_before = self.control_snapshot()
         other = OtherLoad()
         wall_start = time.time()
         started = time.monotonic()
@@ -336,6 +343,7 @@ class FreightStack:
         from bench.cpu import spent
 
         cpu = spent(cpu_before, self.cpu_snapshot())
+        control_roles = spent(roles_before, self.control_snapshot())
         other_cpu = other.seconds(cpu)
 
         seen: dict[str, int] = {}
@@ -387,6 +395,7 @@ class FreightStack:
             "batch_ids": list(batch_ids),
             "cpu_s": cpu,
             "other_cpu_s": other_cpu,
+            "control_roles_cpu_s": control_roles,  # cpu_s's control, by role (bench/cpu.py)
         }
 
     def nap(self, seconds: float) -> bool:

@@ -285,6 +285,7 @@ def combine_repeats(cells: list[dict[str, Any]]) -> dict[str, Any]:
                 "errors",
                 "cpu_s",
                 "other_cpu_s",
+                "control_roles_cpu_s",
                 "phases_s",
                 "kv_report",
             )
