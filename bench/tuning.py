@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -130,6 +131,9 @@ def run_workload(name: str, args: argparse.Namespace, dtype: str) -> dict[str, A
 
     limit_previous = engine_run(args.model, sorted_files, warm, work / "limit_previous.json", False, dtype)
     limit_vllm = engine_run(args.model, sorted_files, warm, work / "limit_vllm.json", True, dtype)
+    # a fresh stack and registry each run: a tuning stored by the last run would start the worker
+    # tuned, and be the pilot's "previous defaults"
+    shutil.rmtree(work / "stack", ignore_errors=True)
     stack = FreightStack(
         work / "stack", args.model, max_num_seqs=PREVIOUS["max_num_seqs"], max_model_len=MAX_MODEL_LEN,
         tenants=wl.TENANTS, warmup_file=warm, extra_env={"FREIGHT_ENGINE_DTYPE": dtype},
