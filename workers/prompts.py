@@ -14,6 +14,14 @@ pieces' ids concatenated are exactly the ids of ``apply_chat_template(..., token
 are cached (LRU, bounded in bytes), so a system prompt shared by many lines is tokenized once, and
 pieces past ``max_tokens`` are never tokenized. Tokenizers for which that split is not exact (added
 tokens with strip/word options, whole-string normalizers; checked when loading) skip the cache.
+
+The text between added tokens is cut again between lines (``_LINE_CUTS``), so a document that many
+lines ask questions about is tokenized once, not once per question (on document Q&A, tokenizing
+was over half of validation's time before this cut). A pre-tokenizer never lets a token cross its
+pre-token boundaries, and where a run of newlines ends is one for the common regexes, but which
+side of the run it falls on differs (Qwen and Llama 3 keep a run whole, GPT-2 gives its last
+newline a pre-token of its own): each candidate cut is checked at load against the tokenizer's own
+ids on texts around newline runs, and none is used if none gives them.
 """
 
 from __future__ import annotations
@@ -31,6 +39,33 @@ from workers.images import IMAGE_REF, is_image_ref, part_url
 from workers.request_bodies import CHAT, COMPLETIONS, EMBEDDINGS, RERANK, SCORE
 
 _NO_LIMIT = 1 << 62
+# Where text between added tokens may be cut into separately tokenized pieces, tried in this order
+# when a keyer loads; the first giving the tokenizer's own ids on every _LINE_SAMPLES text is used.
+_LINE_CUTS = (
+    re.compile(r"(?<=\n)(?=\S)"),  # after a run of newlines: `\s*[\r\n]+` (Qwen, Llama 3)
+    re.compile(r"(?=\n\S)"),  # before a run's last newline: `\s+(?!\S)` then `\s+` (GPT-2)
+)
+# Texts around newline runs: what precedes a run, the run, what follows it (never whitespace: a cut
+# needs a non-space after the run)
+_LINE_SAMPLES = tuple(
+    left + run + right
+    for left in ("word", "word ", "end.", "end. ", "a,", "1234", "naïve", "日本語", "😀", "tab\t", "x  ", "")
+    for run in ("\n", "\n\n", "\n\n\n", "\r\n", "\r\n\r\n", " \n", "\n \n", "\t\n", "\n\t\n", "\r\r\n")
+    for right in (
+        "Question",
+        "question: why?",
+        "1. item",
+        "12345",
+        "- bullet",
+        "(x)",
+        "'s",
+        "日本",
+        "😀x",
+        ".",
+        "#",
+        "Ω",
+    )
+)
 _MAX_CACHED_PIECE = 64 * 1024  # characters: longer pieces are tokenized every time
 _DEFAULT_CACHE_BYTES = 32 * 1024 * 1024
 
@@ -128,6 +163,7 @@ class PromptKeyer:
         # The Rust tokenizer, when there is one: encoding through it skips transformers' wrapping.
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self._split: tuple[re.Pattern[str], dict[str, bytes]] | None = None
+        self._lines: re.Pattern[str] | None = None  # the line cut (_LINE_CUTS) exact for this tokenizer
         self._cache: OrderedDict[str, bytes] = OrderedDict()
         self._cache_bytes = cache_bytes
         self._cached = 0
@@ -137,8 +173,10 @@ class PromptKeyer:
                 self._split = _splitter(self._backend)
                 if self._split is not None and not self._split_is_exact():
                     self._split = None
+                if self._split is not None:
+                    self._lines = self._line_cut()
             except Exception:
-                self._split = None
+                self._split = self._lines = None
 
     @classmethod
     def load(cls, model_path: str | Path, max_tokens: int = 2048) -> PromptKeyer:
@@ -217,8 +255,8 @@ class PromptKeyer:
         if self._split is None or add_special_tokens:
             encoded = backend.encode_batch(texts, add_special_tokens=add_special_tokens)
             return [prompt_key(e.ids, self.max_tokens) for e in encoded]
-        pattern, specials = self._split
-        splits = [pattern.split(text) for text in texts]
+        specials = self._split[1]
+        splits = [self._pieces(text) for text in texts]
         with self._lock:
             missing = {
                 piece: None
@@ -237,7 +275,24 @@ class PromptKeyer:
     def _key_text(self, text: str, add_special_tokens: bool) -> bytes:
         if self._split is None or add_special_tokens:
             return prompt_key(self._encode(text, add_special_tokens), self.max_tokens)
-        return self._assemble(self._split[0].split(text), {})
+        return self._assemble(self._pieces(text), {})
+
+    def _pieces(self, text: str) -> list[str]:
+        """The text cut at its added tokens (kept as pieces of their own), and the text between
+        them cut between lines where this tokenizer allows it (``_LINE_CUTS``)."""
+        assert self._split is not None
+        pattern, specials = self._split
+        pieces = pattern.split(text)
+        lines = self._lines
+        if lines is None:
+            return pieces
+        out: list[str] = []
+        for piece in pieces:
+            if "\n" in piece and piece not in specials:
+                out.extend(lines.split(piece))
+            else:
+                out.append(piece)
+        return out
 
     def _assemble(self, pieces: list[str], fresh: dict[str, bytes]) -> bytes:
         """A text's key from its pieces (split at added tokens), up to the key's length."""
@@ -304,6 +359,30 @@ class PromptKeyer:
         self._cache.clear()
         self._cached = 0
         return True
+
+    def _line_cut(self) -> re.Pattern[str] | None:
+        """The first of ``_LINE_CUTS`` whose pieces, tokenized apart, give this tokenizer's own ids
+        for every ``_LINE_SAMPLES`` text; None when none does (no cut between lines)."""
+        backend = self._backend
+        assert backend is not None  # a piece split (the caller's condition) needs the Rust tokenizer
+        texts = list(_LINE_SAMPLES)
+        expected = [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
+        for cut in _LINE_CUTS:
+            cuts = [[piece for piece in cut.split(text) if piece] for text in texts]
+            pieces = list({piece: None for pieces in cuts for piece in pieces})
+            ids = dict(
+                zip(
+                    pieces,
+                    (e.ids for e in backend.encode_batch(pieces, add_special_tokens=False)),
+                    strict=True,
+                )
+            )
+            if all(
+                [i for piece in pieces_of for i in ids[piece]] == want
+                for pieces_of, want in zip(cuts, expected, strict=True)
+            ):
+                return cut
+        return None
 
 
 @functools.lru_cache(maxsize=8)
