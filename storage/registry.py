@@ -167,6 +167,39 @@ def entries(db: Database, settings: Settings) -> list[ModelEntry]:
     return [rows[name] for name in sorted(rows)]
 
 
+@dataclass(frozen=True)
+class Catalog:
+    """Every served model as one read of the registry found them.
+
+    Why: validating a file asks the registry a handful of questions (which names are served, which
+    embed, score or transcribe, which serve tool_choice "auto" or reasoning, where each checkpoint
+    is), and asking each in its own transaction cost a batch of a hundred lines more than its
+    lines did. One read answers all of them, the same answers the functions below give."""
+
+    entries: tuple[ModelEntry, ...]
+
+    def get(self, name: str) -> ModelEntry | None:
+        return next((e for e in self.entries if e.name == name), None)
+
+    def names(self, task: str | None = None) -> frozenset[str]:
+        """The served names, or those of one of TASKS."""
+        return frozenset(e.name for e in self.entries if task is None or e.task == task)
+
+    @property
+    def auto_tool(self) -> frozenset[str]:
+        """Those whose entry names a tool-call parser: they serve tool_choice "auto"."""
+        return frozenset(e.name for e in self.entries if e.tool_call_parser is not None)
+
+    @property
+    def reasoning(self) -> frozenset[str]:
+        """Those whose engine args name a ``reasoning_parser``."""
+        return frozenset(e.name for e in self.entries if e.engine_args.get("reasoning_parser"))
+
+
+def catalog(db: Database, settings: Settings) -> Catalog:
+    return Catalog(tuple(entries(db, settings)))
+
+
 def lookup(db: Database, settings: Settings, name: str) -> ModelEntry | None:
     with db.read() as s:
         return lookup_in(s, settings, name)
@@ -205,17 +238,17 @@ def reasoning_models(db: Database) -> frozenset[str]:
 
 def embedding_names(db: Database, settings: Settings) -> frozenset[str]:
     """The served models whose task is embeddings (they serve /v1/embeddings and nothing else)."""
-    return frozenset(e.name for e in entries(db, settings) if e.task == EMBED)
+    return catalog(db, settings).names(EMBED)
 
 
 def score_names(db: Database, settings: Settings) -> frozenset[str]:
     """The served cross-encoders (they serve /v1/score and /v1/rerank and nothing else)."""
-    return frozenset(e.name for e in entries(db, settings) if e.task == SCORE)
+    return catalog(db, settings).names(SCORE)
 
 
 def speech_names(db: Database, settings: Settings) -> frozenset[str]:
     """The served speech models (they serve the two audio endpoints and nothing else)."""
-    return frozenset(e.name for e in entries(db, settings) if e.task == TRANSCRIBE)
+    return catalog(db, settings).names(TRANSCRIBE)
 
 
 def served_names(db: Database, settings: Settings) -> frozenset[str]:

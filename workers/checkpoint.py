@@ -18,7 +18,7 @@ from scheduler.utilization import ModelShape
 from storage.checkpoint_cache import local_checkpoint
 from storage.checkpoint_config import merged, read_config
 from storage.objectstore import s3_client
-from storage.registry import RegistryError, require
+from storage.registry import ModelEntry, RegistryError, require
 
 if TYPE_CHECKING:
     from storage.runtime import Runtime
@@ -26,16 +26,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def checkpoint_dir(rt: Runtime, model: str) -> str:
+def checkpoint_dir(rt: Runtime, model: str, entry: ModelEntry | None = None) -> str:
     """The local checkpoint directory of a served model: KeyError if it is not served,
-    CheckpointError if its files cannot be found or fetched.
+    CheckpointError if its files cannot be found or fetched. ``entry``: the model's registry entry
+    as the caller read it already (a ``storage.registry.Catalog``'s), so it is not read again.
 
     The one place a model name becomes files on disk for the control side (validation loads the
     tokenizer from here): the registry entry's checkpoint, downloaded first if it is in S3."""
-    try:
-        entry = require(rt.db, rt.settings, model)
-    except RegistryError as exc:
-        raise KeyError(str(exc)) from exc
+    if entry is None:
+        try:
+            entry = require(rt.db, rt.settings, model)
+        except RegistryError as exc:
+            raise KeyError(str(exc)) from exc
     cache = Path(rt.settings.model_cache_dir)
     return str(
         local_checkpoint(entry.checkpoint, cache, lambda: s3_client(rt.settings.s3_endpoint_url or None))

@@ -69,7 +69,7 @@ def prediction_block_size(rt: Runtime, model: str, block_size: int) -> int:
     if entry is None:
         return block_size
     try:
-        path = checkpoint_dir(rt, model)
+        path = checkpoint_dir(rt, model, entry)
     except (KeyError, CheckpointError):
         return block_size
     return block_size if caches_prefixes(path, entry.task, entry.engine_args) else 0

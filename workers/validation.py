@@ -53,12 +53,8 @@ from storage.registry import (
     GENERATE,
     SCORE,
     TRANSCRIBE,
-    auto_tool_models,
-    embedding_names,
-    reasoning_models,
-    score_names,
-    served_names,
-    speech_names,
+    Catalog,
+    catalog,
 )
 from storage.request_tables import RowError, column_of, decode_limits, metadata_defaults
 from storage.retention import validated_prefixes
@@ -674,8 +670,9 @@ class PromptRenders:
     """Each served model's prompt rendering (its own tokenizer and chat template, loaded once per
     process); a model whose tokenizer cannot be loaded raises TokenizerUnavailable."""
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Runtime, models: Catalog | None = None) -> None:
         self.rt = rt
+        self.models = models  # the registry as the caller read it (None: asked per model)
         self.paths: dict[str, str] = {}  # model -> checkpoint directory, asked of the registry once
         self.vision: dict[str, bool] = {}  # model -> whether it takes images
         self.tokens: dict[str, tuple[str, ...]] = {}  # model -> its image tokens (none: a text model)
@@ -715,7 +712,8 @@ class PromptRenders:
         path = self.paths.get(model)
         if path is None:
             try:
-                path = self.paths[model] = checkpoint_dir(self.rt, model)
+                entry = self.models.get(model) if self.models is not None else None
+                path = self.paths[model] = checkpoint_dir(self.rt, model, entry)
             except CheckpointError as exc:  # served, but its files are missing or unreachable
                 raise TokenizerUnavailable(model, str(exc.args[0]).split(":")[0], exc) from exc
         return path
@@ -1035,7 +1033,8 @@ def file_rules(
     with ``batch_id`` too, the images of its chat lines, and the audio its audio lines name by
     file id, are checked and stored for that batch."""
     settings: Settings = rt.settings
-    renders = PromptRenders(rt)
+    models = catalog(rt.db, settings)  # one read of the registry answers every question below
+    renders = PromptRenders(rt, models)
     images = None
     if batch_id is not None and tenant_id is not None and endpoint in (CHAT, RESPONSES, *AUDIO_ENDPOINTS):
         # an audio batch's data URLs are stored once per content too, JSONL's as Parquet's
@@ -1043,16 +1042,16 @@ def file_rules(
     return FileRules(
         images=images,
         endpoint=endpoint,
-        served_models=served_names(rt.db, settings),
-        embed_models=embedding_names(rt.db, settings),
-        score_models=score_names(rt.db, settings),
-        speech_models=speech_names(rt.db, settings),
+        served_models=models.names(),
+        embed_models=models.names(EMBED),
+        score_models=models.names(SCORE),
+        speech_models=models.names(TRANSCRIBE),
         max_requests=settings.max_requests_per_file,
         max_line_bytes=settings.max_line_bytes,
         render=renders.one,
         render_many=renders.many,
-        auto_tool_models=auto_tool_models(rt.db),
-        reasoning_models=reasoning_models(rt.db),
+        auto_tool_models=models.auto_tool,
+        reasoning_models=models.reasoning,
         adapters=usable_adapters(rt.db, tenant_id),
         image_tokens=renders.image_tokens,
         default_max_tokens=settings.engine_default_max_tokens,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from storage.models import Model
+from storage import registry
 from storage.registry import RegistryError, entries, lookup, quantization_of, require, served_names
 from tests.conftest import DEMO_MODEL
 
@@ -78,3 +79,23 @@ def test_an_unknown_model_is_named_with_what_is_served(runtime) -> None:
     assert lookup(runtime.db, runtime.settings, "nope") is None
     with pytest.raises(RegistryError, match=r"'nope' is not registered \(served: demo\)"):
         require(runtime.db, runtime.settings, "nope")
+
+
+def test_one_catalog_read_answers_what_each_question_answers(runtime) -> None:
+    """Validation reads the registry once (``catalog``): the same answers as asking each question."""
+    rt = runtime
+    with rt.db.write() as s:
+        s.add(_row("chat", tool_call_parser="hermes", engine_args={"reasoning_parser": "qwen3"}))
+        s.add(_row("vec", task="embed"))
+        s.add(_row("rank", task="score"))
+        s.add(_row("ears", task="transcribe"))
+    models = registry.catalog(rt.db, rt.settings)
+    assert models.names() == served_names(rt.db, rt.settings) == {"chat", "vec", "rank", "ears", "demo"}
+    assert models.names(registry.EMBED) == registry.embedding_names(rt.db, rt.settings) == {"vec"}
+    assert models.names(registry.SCORE) == registry.score_names(rt.db, rt.settings) == {"rank"}
+    assert models.names(registry.TRANSCRIBE) == registry.speech_names(rt.db, rt.settings) == {"ears"}
+    assert models.auto_tool == registry.auto_tool_models(rt.db) == {"chat"}
+    assert models.reasoning == registry.reasoning_models(rt.db) == {"chat"}
+    assert models.get("demo") == lookup(rt.db, rt.settings, "demo")
+    assert models.get("chat") == lookup(rt.db, rt.settings, "chat")
+    assert models.get("nope") is None
