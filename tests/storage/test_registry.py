@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from storage.models import Model
 from storage import registry
+from storage.models import Model
 from storage.registry import RegistryError, entries, lookup, quantization_of, require, served_names
 from tests.conftest import DEMO_MODEL
 
