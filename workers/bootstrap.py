@@ -123,10 +123,14 @@ def vllm_logs_through_freight(settings: Settings, worker: str | None = None) -> 
 
 
 def warm_validation(settings: Settings) -> None:
-    """Import vLLM's request models and load each served model's tokenizer now (seconds), not in
-    the first validation; the pool's processes, forked after this, share them."""
+    """Import vLLM's request models, load each served model's tokenizer and ask vLLM whether its
+    engine caches prefixes now (seconds), not in the first validation; the pool's processes,
+    forked after this, share them. (vLLM's answer for a vision model took 1.2 s of a cold pool
+    process's CPU, in the middle of a batch, beside its engine.)"""
+    from scheduler.unit_plan import kv_block_size
     from storage.registry import served_names
     from storage.runtime import Runtime
+    from workers.prefix_caching import prediction_block_size
     from workers.request_bodies import CHAT, parse_body
     from workers.validation import prompt_keys
 
@@ -136,6 +140,10 @@ def warm_validation(settings: Settings) -> None:
         warm = prompt_keys(rt)
         for served in sorted(served_names(rt.db, settings)):
             warm(served, CHAT, {"messages": [{"role": "user", "content": "hi"}]})
+            try:
+                prediction_block_size(rt, served, kv_block_size(settings.engine_block_size))
+            except Exception:  # a warm-up only: the first validation asks again, and says why
+                log.warning("could not ask vLLM about model %r ahead of validation", served, exc_info=True)
     finally:
         rt.db.dispose()  # no connection of this process may be shared by the forked pool
 

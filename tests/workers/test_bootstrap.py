@@ -52,3 +52,18 @@ def test_a_worker_exits_with_its_own_status(redis_service, ending: str, status: 
     )  # fmt: skip
     assert done.returncode == status, done.stderr[-3000:]
     assert ("Unrecoverable error" in done.stderr) == (ending == "fail"), done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_the_validation_role_asks_vllm_about_each_model_before_its_pool_forks(settings) -> None:
+    """The pool's processes inherit vLLM's answer (whether the model's engine caches prefixes,
+    asked per checkpoint): none of them pays for it in the middle of a batch."""
+    from workers.bootstrap import warm_validation
+    from workers.prefix_caching import _supported, caches_prefixes
+
+    _supported.cache_clear()
+    warm_validation(settings)
+    asked = _supported.cache_info()
+    assert asked.currsize == len(settings.models) == 1
+    assert caches_prefixes(settings.models["demo"], "generate") is True
+    assert _supported.cache_info().hits == asked.hits + 1  # answered from what the warm-up asked
