@@ -575,6 +575,10 @@ class Model(Base):
     # what the model serves: "generate" (chat, completions) or "embed" (embeddings, on vLLM's
     # pooling runner); NULL: generate, as every model registered before tasks existed
     task: Mapped[str | None] = mapped_column(String(16))
+    # vLLM's answer at registration (or at the last engine-args change) whether this model's engine
+    # keeps a prefix cache, from which validation predicts cache hits; NULL: not asked (a row made
+    # before it, or engine args changed on a checkpoint in S3), so validation asks vLLM itself
+    caches_prefixes: Mapped[bool | None] = mapped_column(Boolean)
     created_at: Mapped[int] = mapped_column(BigInteger)
 
 

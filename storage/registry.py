@@ -56,6 +56,7 @@ class ModelEntry:
     # registration); None: "auto" is that request's error, forced calls work regardless
     tool_call_parser: str | None = None
     task: str = GENERATE  # one of TASKS
+    caches_prefixes: bool | None = None  # vLLM's answer at registration; None: not asked
 
     def price_per_hour(self, settings: Settings) -> float:
         if self.instance_price_per_hour is not None:
@@ -142,6 +143,7 @@ def _entry(row: Model) -> ModelEntry:
         engine_args=dict(row.engine_args or {}),
         tool_call_parser=row.tool_call_parser,
         task=row.task or GENERATE,
+        caches_prefixes=row.caches_prefixes,
     )
 
 

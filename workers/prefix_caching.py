@@ -68,6 +68,8 @@ def prediction_block_size(rt: Runtime, model: str, block_size: int) -> int:
     entry = lookup(rt.db, rt.settings, model)
     if entry is None:
         return block_size
+    if entry.caches_prefixes is not None:  # asked at registration (workers/registration.py)
+        return block_size if entry.caches_prefixes else 0
     try:
         path = checkpoint_dir(rt, model, entry)
     except (KeyError, CheckpointError):

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from storage.checkpoint_cache import CheckpointError, local_checkpoint, publish
 from storage.errors import ServiceError
@@ -34,6 +34,7 @@ from storage.models import Adapter, Model
 from storage.objectstore import s3_client
 from storage.registry import (
     EMBED,
+    GENERATE,
     REQUESTED,
     SCORE,
     TASKS,
@@ -54,6 +55,7 @@ from workers.engine_args import (
     field_name,
     parse_assignments,
 )
+from workers.prefix_caching import caches_prefixes
 from workers.probe import ProbeError, choose, run_probe
 from workers.quantize import QuantizeError, QuantizeRequest, quantizable, quantize, read_config
 from workers.quantize_env import ensure
@@ -167,6 +169,7 @@ def add(rt: Runtime, req: AddRequest, *, echo: Echo = print, progress: Progress 
         req = _served_as_is(req)
     checkpoint, served, served_dir, probe = _served_checkpoint(rt, req, local, detected, echo, progress)
     parameters, size = weights(served_dir)
+    prefixes = caches_prefixes(str(served_dir), task, args)  # asked once here, not per validation
     row = Model(
         name=req.name,
         source=req.source,
@@ -185,6 +188,7 @@ def add(rt: Runtime, req: AddRequest, *, echo: Echo = print, progress: Progress 
         engine_args=args or None,
         tool_call_parser=req.tool_call_parser,
         task=task,
+        caches_prefixes=prefixes,
     )
     with rt.db.write() as s:
         s.add(row)
@@ -328,6 +332,15 @@ def set_engine(
         row.max_model_len = max_model_len
         row.engine_args = merged or None
         row.tool_call_parser = parser
+        # engine args can change whether the engine caches prefixes (a pooler's type): not known
+        # until asked again below, outside this transaction (vLLM takes a second to answer); one in
+        # S3 is not fetched for it, and validation asks vLLM itself while this is NULL
+        row.caches_prefixes = None
+        checkpoint, task = row.checkpoint, row.task or GENERATE
+    if not checkpoint.startswith("s3://"):
+        prefixes = caches_prefixes(checkpoint, task, merged)
+        with rt.db.write() as s:
+            s.execute(update(Model).where(Model.name == name).values(caches_prefixes=prefixes))
     entry = lookup(rt.db, rt.settings, name)
     assert entry is not None
     return entry

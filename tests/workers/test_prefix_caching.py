@@ -130,3 +130,25 @@ def test_a_batch_on_a_model_that_caches_nothing_plans_no_cache_hits(
         planned[model] = _planned(runtime, batch_id)
     assert planned["emb"] >= 7 * 128  # every line after the first: its shared whole blocks
     assert planned["emb-mean"] == 0
+
+
+def test_registration_keeps_vllms_answer_and_validation_reads_it(runtime: Runtime, embed_model: Path) -> None:
+    """vLLM is asked at registration and again when engine args change (a pooler's type changes the
+    answer); validation's prediction reads the registry's answer, so it holds even where vLLM
+    could not be asked again (the checkpoint's files gone: before, that predicted hits)."""
+    from storage.models import Model
+    from workers import prefix_caching
+
+    quiet = lambda _: None  # noqa: E731
+    assert registration.add(runtime, AddRequest("emb", str(embed_model)), echo=quiet).caches_prefixes is True
+    changed = registration.set_engine(runtime, "emb", ['pooler_config={"seq_pooling_type": "MEAN"}'])
+    assert changed.caches_prefixes is False
+    assert prefix_caching.prediction_block_size(runtime, "emb", 32) == 0
+    with runtime.db.write() as s:
+        row = s.get(Model, "emb")
+        assert row is not None
+        row.checkpoint = str(runtime.settings.data_dir / "gone")  # vLLM cannot be asked of this one
+    assert prefix_caching.prediction_block_size(runtime, "emb", 32) == 0  # the registry's answer
+    with runtime.db.write() as s:
+        s.get(Model, "emb").caches_prefixes = None  # type: ignore[union-attr]  # a row made before 0037
+    assert prefix_caching.prediction_block_size(runtime, "emb", 32) == 32  # asked of vLLM: no files
