@@ -277,11 +277,6 @@ class Settings:
     validation_concurrency: int = 3
     finalize_concurrency: int = 2
     tenant_validations: int = 2
-    # the niceness the validate, finalize and webhook roles add to their own (0 to 19; 0: none):
-    # their work runs beside engines that share the host's cores, and an engine's step stalls
-    # while any core it runs on serves another process; niced, they take the cores an engine
-    # leaves idle first (the tick role, which feeds the engines, stays as started)
-    background_nice: int = 10
     # a role that exits on its own is started again (after 1, 2, 4... s, at most 30 s) up to this
     # many times within the window; past that the control worker stops and exits 1
     control_role_restarts: int = 5
@@ -566,10 +561,6 @@ _ROLE_AND_LOG_RULES: tuple[_Rule, ...] = (
     (
         lambda s: s.validation_chunks_in_flight < 1,
         "FREIGHT_VALIDATION_CHUNKS_IN_FLIGHT must be at least 1",
-    ),
-    (
-        lambda s: not 0 <= s.background_nice <= 19,
-        "FREIGHT_BACKGROUND_NICE must be 0 (as started) to 19",
     ),
     (
         lambda s: min(s.validation_concurrency, s.finalize_concurrency, s.tenant_validations) < 1,

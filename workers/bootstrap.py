@@ -28,7 +28,7 @@ from scheduler.engine_defaults import Device
 from storage import tracing
 from storage.logs import configure_settings, vllm_logging_config
 from storage.settings import Settings, SettingsError
-from workers.control import BACKGROUND_ROLES, ROLES, supervise
+from workers.control import ROLES, supervise
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +50,6 @@ def run_control_role(settings: Settings, role: str, name: str | None) -> None:
     celery_logs_through_freight(app)
     if role == "validate":  # only validation needs them: the other roles stay small
         warm_validation(settings)
-    if role in BACKGROUND_ROLES:  # its pool processes, forked after this, inherit it
-        os.nice(settings.background_nice)
     ready_fd = os.environ.pop(READY_FD_ENV, None)
     if ready_fd:
         supervised_ready(int(ready_fd))

@@ -43,8 +43,6 @@ from types import FrameType
 log = logging.getLogger(__name__)
 
 ROLES = ("tick", "finalize", "validate", "webhook")
-# the roles whose work no engine waits on as it runs: niced by FREIGHT_BACKGROUND_NICE
-BACKGROUND_ROLES = ("finalize", "validate", "webhook")
 # the descriptor a supervised role writes a line to once it is ready (and its ready line is left out)
 READY_FD_ENV = "FREIGHT_CONTROL_READY_FD"
 TICK_CONCURRENCY = 2  # the tick beside a long cleanup pass or drop-folder poll
