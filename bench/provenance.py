@@ -190,8 +190,11 @@ def staleness(prov: Mapping[str, Any], checkout: Path = REPO, *, expanded: bool 
     measures = (
         list(prov.get("measures", ())) if expanded else with_imports(prov.get("measures", ()), checkout)
     )
-    since = _git(checkout, "rev-list", "--count", f"{rev}..HEAD", "--", *measures).stdout.strip()
-    if since and since != "0":
+    # judged by content: a change made and undone since (a commit and its revert) leaves the code
+    # the result ran, and the result fresh
+    changed = _git(checkout, "diff", "--name-only", rev, "HEAD", "--", *measures).stdout.split()
+    if changed:
+        since = _git(checkout, "rev-list", "--count", f"{rev}..HEAD", "--", *measures).stdout.strip()
         return f"stale: {since} commits since touch {', '.join(measures)}"
     if (prov.get("code") or {}).get("dirty_measured"):
         return "stale: run on uncommitted changes to " + ", ".join(prov["code"]["dirty_measured"][:5])

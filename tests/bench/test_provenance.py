@@ -62,7 +62,7 @@ def test_a_run_must_name_existing_paths_it_measures() -> None:
         Run("bench.tiny", ["no-such-package"])
 
 
-def test_a_commit_to_what_a_result_measures_makes_it_stale(tmp_path: Path) -> None:
+def test_a_change_to_what_a_result_measures_makes_it_stale(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     (repo / "measured").mkdir(parents=True)
     (repo / "measured" / "a.py").write_text("a = 1\n")
@@ -79,6 +79,14 @@ def test_a_commit_to_what_a_result_measures_makes_it_stale(tmp_path: Path) -> No
     (repo / "measured" / "a.py").write_text("a = 2\n")
     _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "measured")
     assert staleness(prov, repo) == "stale: 1 commits since touch measured"
+    # undone by a later commit (a revert): the code it ran is the code committed again
+    (repo / "measured" / "a.py").write_text("a = 1\n")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "revert")
+    assert staleness(prov, repo) == "fresh"
+    (repo / "measured" / "b.py").write_text("b = 1\n")  # a new file is a change too
+    _git(repo, "add", "measured/b.py")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "added")
+    assert staleness(prov, repo) == "stale: 3 commits since touch measured"
     unknown = {**prov, "code": {"revision": "0" * 40}}
     assert staleness(unknown, repo) == "stale: its revision is not in this repository"
     dirty = {
