@@ -34,7 +34,7 @@ from storage.runtime import Runtime
 from storage.settings import Settings
 from storage.shards import ShardRow
 from workers.cost_meter import CostMeter
-from workers.engine import Engine, EngineConfig
+from workers.engine import Engine, EngineConfig, native_half_precision
 from workers.engine_loop import EngineLoop
 from workers.pack_feed import PackFeed, feed_key
 from workers.pack_watcher import PackWatcher
@@ -42,8 +42,11 @@ from workers.runner_state import ActiveUnit, RunnerState, new_spool
 from workers.unit_claims import Claim
 
 DOCS, QUESTIONS, DOC_TOKENS, QUESTION_TOKENS, OUTPUT = 4, 6, 256, 40, 400
+# 32 blocks of 128 tokens of the demo model's 16-bit cache; in float32 (no native half precision:
+# AVX2 hosts) a token's KV takes twice the bytes
+KV_BYTES = 8 * 1024 * 1024 * (1 if native_half_precision() else 2)
 engine = Engine.start(EngineConfig(model_path=sys.argv[1], served_name="demo", max_num_seqs=8,
-                                   kv_cache_bytes=8 * 1024 * 1024, enforce_eager=True))
+                                   kv_cache_bytes=KV_BYTES, enforce_eager=True))
 print("kv", json.dumps({"inline": engine.inline, "kv_blocks": engine.kv_blocks}), flush=True)
 
 

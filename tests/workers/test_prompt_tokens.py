@@ -3,6 +3,9 @@ the same results as letting the engine render (real demo model, real vLLM engine
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import pytest
 
 from tests.factories import run_alone
@@ -80,14 +83,34 @@ def test_results_are_identical_with_validation_ids(vllm_engine: Engine, renderer
         assert a.ok and b.ok, (a, b)
         assert (a.prompt_tokens, a.completion_tokens) == (b.prompt_tokens, b.completion_tokens)
         assert a.cached_tokens == b.cached_tokens  # the same batches: the same cache hits
-        assert _without_ids(a.body) == _without_ids(b.body)
+        assert _same_answer(_without_ids(a.body), _without_ids(b.body), vllm_engine.inline), (a.body, b.body)
 
     # and the comparison can fail: one id changed gives other logprobs
     key, endpoint, body, ids = requests[1]
     changed = run_alone(
         vllm_engine, [EngineRequest(key, endpoint, body, prompt_token_ids=[*ids[:-3], 42, *ids[-2:]])]
     )
-    assert changed[key].ok and _without_ids(changed[key].body) != _without_ids(plain[key].body)
+    assert changed[key].ok
+    assert not _same_answer(
+        _without_ids(changed[key].body), _without_ids(plain[key].body), vllm_engine.inline
+    )
+
+
+def _same_answer(a: Any, b: Any, exact: bool) -> bool:
+    """Equal bodies; or, unless ``exact``, equal but for logprobs within 1e-3 of each other. With
+    the engine core in a process of its own (which an engine this pytest process starts may have:
+    tests/workers/test_engine.py), the core steps while requests are still being added, so two runs
+    of the same requests may batch them differently, and in float32 (AVX2 hosts) the last bits of
+    their logprobs then differ."""
+    if exact:
+        return bool(a == b)
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-3, abs_tol=1e-3)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_answer(a[k], b[k], exact) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same_answer(x, y, exact) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
 
 
 def _without_ids(body: dict | None) -> dict:
