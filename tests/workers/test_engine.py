@@ -517,7 +517,10 @@ def test_an_inline_engine_stepped_from_another_thread_keeps_openmp_awake(demo_mo
         ok, slept = map(int, said["ok, sleeps"].split())
         assert ok == 128
         sleeps[how] = slept
-    # 64 decode steps and a prefill: the step's threads sleep about once a step at most on their
-    # own (between steps), at each of a step's parallel regions in the control
-    assert sleeps["own-thread"] < 2 * 65, sleeps
+    # 64 decode steps and a prefill: the step's threads sleep about once a step each on their own
+    # (between steps), at each of a step's parallel regions in the control. On a loaded 2-core host
+    # (the other test process) a spin now and then times out mid-step: 141 there in CI, so the
+    # bound is 4 a step, still a fifth of the control's least
+    assert sleeps["own-thread"] < 4 * 65, sleeps
+    assert sleeps["own-thread"] * 20 < sleeps["calling-thread"], sleeps
     assert sleeps["calling-thread"] > 20 * 65, sleeps  # the control does show the effect
