@@ -84,6 +84,42 @@ def test_a_target_shown_from_a_later_run_or_left_empty_needs_no_row_of_its_own(
     ]
 
 
+def test_a_scheduler_row_quotes_the_latest_run_that_measured_its_target(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run of some workloads after the full run (scheduler-kv-recheck.json) is what the rows of
+    its targets quote; the others stay with the full run, and a later smoke run counts for none."""
+    rows = (
+        Row("dups", readme_table.SCHEDULER, "dups.freight_over_limit"),
+        Row("blend", readme_table.SCHEDULER, "blend.freight_over_limit"),
+    )
+    monkeypatch.setattr(readme_table, "ROWS", rows)
+    machine = {"cpu_flags": {"avx512_bf16": True}}
+
+    def write(name: str, date: str, values: dict[str, float | None], **extra: object) -> None:
+        targets = {
+            k: {"value": v, "bound": ">= 1.2", "pass": bool(v and v >= 1.2)} for k, v in values.items()
+        }
+        data = {"generated_at": date, "machine": machine, "targets": targets, **extra}
+        (tmp_path / name).write_text(json.dumps(data))
+
+    write(
+        "scheduler.json",
+        "2026-11-30T06:42:11+0000",
+        {"dups.freight_over_limit": 1.0, "blend.freight_over_limit": 0.98},
+    )
+    write(
+        "scheduler-recheck.json",
+        "2026-12-01T00:09:18+0000",
+        {"dups.freight_over_limit": 1.16, "blend.freight_over_limit": None},
+    )
+    write("scheduler-quick.json", "2026-12-02T00:00:00+0000", {"dups.freight_over_limit": 9.0}, quick=True)
+    table = readme_table.render(tmp_path)
+    assert "| 1.16 |" in table and "`scheduler-recheck.json`: `dups.freight_over_limit`" in table
+    assert "| 0.98 |" in table and "`scheduler.json`: `blend.freight_over_limit`" in table
+    assert "9.00" not in table
+
+
 def test_every_scheduler_target_has_a_row_in_its_workloads_order() -> None:
     from bench.scheduler import TARGETS
 
