@@ -231,9 +231,9 @@ def run_alone(engine: Engine, requests: Iterable[EngineRequest]) -> dict[str, En
     earlier run (or test) cached is hit, so two such runs of the same requests in the same order
     compute the same batches: their greedy outputs are equal, and so are their logprobs, bit for
     bit when the engine core runs inline (with a core process, its step threads may split a
-    reduction differently run to run: equal to about 1e-3 there). Two requests of one run are not: they share batches with different neighbours
-    (and the second may hit the first's cached blocks), and in bfloat16 on an Intel AMX host
-    that rounding flipped a greedy token (issue #45)."""
+    reduction differently run to run: equal to about 1e-3 there). Two requests of one run are
+    not: they share batches with different neighbours (and the second may hit the first's cached
+    blocks), and in bfloat16 on an Intel AMX host that rounding flipped a greedy token (#45)."""
     import dataclasses
     import uuid
 
