@@ -30,10 +30,13 @@ jobs with FREIGHT_PREFIX_CACHE_SHARING=tenant; and one job per tenant with tenan
 plan's ideal cache hit rate (bench/prefix.py) is that of the lines prefix-sorted as one job.
 Issue #51's: blend, long_prefix, dups (20% exact duplicates) and request_rate (bench/workloads.py).
 
-The rest (shared_prefix, system_prompts, multi_job_shared_prefix, issue #51's): one engine process
-and one Freight stack per KV size; each system runs a workload's warm-up file unmeasured, then each
-of its --repeats files (other prompts each), the cell the median run and Freight over the limit
-the median of the per-repeat ratios. unique and multi_job (targets near 1, where the machine's drift matters): paired
+The rest (shared_prefix, system_prompts, issue #51's): turn about (bench/alternation.py): per KV
+size, the engine on each core placement and one Freight stack are started and warmed on each
+workload's warm-up file (unmeasured), then for each workload and each of its --repeats files
+(other prompts each) every system runs that repeat while the others are paused, in a rotating
+order; the cell is the median run and Freight over the limit the median of the per-repeat ratios,
+each pair measured within a minute or so. multi_job_shared_prefix: its engine variants in one engine
+process per placement, its four Freight modes in pairs of warm stacks. unique and multi_job (targets near 1, where the machine's drift matters): paired
 runs (bench/interleaved.py): the engine and two Freight stacks (one batch; 20 batches) are warm at
 once, each repeat gives all three the same fresh file while the other two are paused, and the
 target ratios are the medians of the per-repeat ratios.
@@ -456,52 +459,56 @@ def run_runbatch(
     return with_rates(result)
 
 
-def run_freight(
+def repeat_of(key: str) -> tuple[str, int]:
+    """(workload, repeat) of a run_engine key NAME[suffix]#rN."""
+    base, _, r = key.rpartition(REPEAT)
+    suffix = next(x for x in ENGINE_CELLS if base.endswith(x))  # the longer suffix first
+    return (base.removesuffix(suffix) if suffix else base), int(r)
+
+
+def run_turn_about(
     names: list[str],
-    files: dict[str, list[Path]],
-    kv_bytes: int | None,
-    out_dir: Path,
-    eager: bool,
-    model_dir: Path,
-    block_size: int,
-) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None]:
-    """One warm stack for these workloads (shared_prefix, system_prompts, the issue #51 ones), one
-    batch each: per workload its warm-up file (the last of ``files[name]``) unmeasured, then each
-    repeat file measured; a cell is the median run with every repeat (combine_repeats)."""
-    cells: dict[str, dict[str, Any]] = {}
-    settings = None
-    run_dir = out_dir / f"freight-{kv_bytes or 'default'}-{'-'.join(names)}"
+    systems: list[str],
+    kv_bytes: int,
+    work: Path,
+    args: argparse.Namespace,
+    all_files: dict[str, list[Path]],
+    sorted_files: dict[str, list[Path]],
+) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[str, dict[str, Any]], dict[str, Any] | None]:
+    """These workloads (one KV size, one batch each) on the engine baselines, on both core placements
+    under --engine-core faster, and one warm Freight stack, turn about (bench/alternation.py):
+    ({placement: {run_engine key: cell}}, {workload: Freight's cell}, the stack's settings)."""
+    from bench.alternation import run_alternating
+    from bench.engine_baseline import EngineServer
+
+    run_dir = work / f"alternating-{kv_bytes}-{'-'.join(names)}"
     shutil.rmtree(run_dir, ignore_errors=True)
-    stack = freight_stack(run_dir, model_dir, kv_bytes, eager, block_size)
-    try:
-        stack.start()
-    except Exception as exc:
-        return {
-            name: {"error": f"stack failed to start: {type(exc).__name__}: {exc}"[:2000]} for name in names
-        }, None
-    try:
-        settings = stack.settings()
-        for name in names:
-            *repeats, warm = files[name]
-            runs = []
-            try:
-                log(f"freight: {name} (warm-up {warm.name}, unmeasured)")
-                stack.run_jobs([(wl.TENANTS[0], warm)])
-            except Exception as exc:
-                traceback.print_exc()
-                cells[name] = {"error": f"warm-up failed: {type(exc).__name__}: {exc}"[:2000]}
-                continue
-            for path in repeats:
-                try:
-                    log(f"freight: {name}: {path.name}")
-                    runs.append(with_rates(stack.run_jobs([(wl.TENANTS[0], path)])))
-                except Exception as exc:
-                    traceback.print_exc()
-                    runs.append({"error": f"{type(exc).__name__}: {exc}"[:2000]})
-            cells[name] = combine_repeats(runs)
-    finally:
-        stack.stop()
-    return cells, settings
+    run_dir.mkdir(parents=True)
+    engine_files, warmups = engine_repeat_files(names, systems, all_files, sorted_files, {})
+    cores = ENGINE_PLACEMENTS if args.engine_core == "faster" else (args.engine_core,)
+
+    def engine_server(core: str, warm: tuple[Path, ...]) -> Any:
+        flags = engine_flags(args.model, kv_bytes, args.block_size, args.eager, core)
+        warm_args = [arg for path in warm for arg in ("--warmup-file", str(path))]
+        return EngineServer([*flags, *warm_args], run_dir / f"engine-{core}.log")
+
+    def stack_factory() -> Any:
+        return freight_stack(run_dir / "freight", args.model, kv_bytes, args.eager, args.block_size)
+
+    return run_alternating(
+        names=names,
+        engine_files=engine_files,
+        engine_warmups=warmups,
+        freight_files={n: all_files[n] for n in names} if "freight" in systems else {},
+        placements=cores if engine_files else (),
+        engine_server=engine_server,
+        stack_factory=stack_factory if "freight" in systems else None,
+        repeat_of=repeat_of,
+        tenant=wl.TENANTS[0],
+        with_rates=with_rates,
+        combine=combine_repeats,
+        log=log,
+    )
 
 
 def freight_stack(
@@ -981,7 +988,25 @@ def main(argv: list[str] | None = None) -> int:
             # unique and multi_job: paired runs with all systems warm at once (bench/interleaved.py)
             paired_names = [n for n in group if n in ("unique", "multi_job")]
             rest = [n for n in group if n not in paired_names]
-            engine_files, warmups = engine_repeat_files(rest, systems, all_files, sorted_files, tenant_sorted)
+            # the workloads measured against the limit: every system warm at once, run turn about
+            alternating = [n for n in rest if n != MJSP]
+            if alternating and ({"engine", "engine_sorted", "freight"} & set(systems)):
+                log(f"alternating: {kv} KV ({kv_bytes} bytes): {', '.join(alternating)}")
+                turn_cores, turn_cells, turn_settings = steps.run(
+                    f"alternating:{kv}:{kv_bytes}:{'+'.join(alternating)}",
+                    functools.partial(
+                        run_turn_about, alternating, systems, kv_bytes, work, args, all_files, sorted_files
+                    ),
+                )
+                for name, by_system in engine_cells_by_system(faster_placement(turn_cores)).items():
+                    results[name][kv].update(by_system)
+                if turn_settings:
+                    freight_settings[f"{kv}:{'+'.join(alternating)}"] = turn_settings
+                for name, cell in turn_cells.items():
+                    results[name][kv]["freight"] = cell
+            engine_files, warmups = engine_repeat_files(
+                [n for n in rest if n == MJSP], systems, all_files, sorted_files, tenant_sorted
+            )
             if engine_files:
                 log(f"engine: {kv} KV ({kv_bytes} bytes): {', '.join(engine_files)}")
                 cores = ENGINE_PLACEMENTS if args.engine_core == "faster" else (args.engine_core,)
@@ -1021,26 +1046,6 @@ def main(argv: list[str] | None = None) -> int:
                             **cell,
                             "note": "the same lines in one file (unique)",
                         }
-            one_batch = [n for n in rest if n != MJSP]  # one stack, each file as one batch
-            if "freight" in systems and one_batch:
-                log(f"freight: {kv} KV ({kv_bytes} bytes): starting a stack for {', '.join(one_batch)}")
-                cells, settings = steps.run(
-                    f"freight:{kv}:{kv_bytes}:{'+'.join(one_batch)}",
-                    functools.partial(
-                        run_freight,
-                        one_batch,
-                        all_files,
-                        kv_bytes,
-                        work,
-                        args.eager,
-                        args.model,
-                        args.block_size,
-                    ),
-                )
-                if settings:
-                    freight_settings[f"{kv}:{'+'.join(one_batch)}"] = settings
-                for name, cell in cells.items():
-                    results[name][kv]["freight"] = cell
             if "freight" in systems and MJSP in rest:
                 cells, settings_by_role, mjsp_paired = steps.run(
                     f"{MJSP}:{kv}:{kv_bytes}",
