@@ -36,8 +36,6 @@ from workers.stepped_engine import SteppedEngine, StepSample
 
 log = logging.getLogger(__name__)
 
-GATHER_LOGGED_SECONDS = 0.01  # an idle start that waited this long for more packs says so in the log
-
 
 class EngineLoop:
     """See the module docstring. ``run`` is the thread's body; ``failed`` is called on the same
@@ -154,13 +152,13 @@ class EngineLoop:
                             self._lock.wait(IDLE_WAIT_SECONDS)
                     continue
                 if self._gather_since is not None:  # an idle start: busy now; the next one gathers afresh
-                    waited_for = time.monotonic() - self._gather_since
-                    if waited_for >= GATHER_LOGGED_SECONDS:
-                        log.info(
-                            "engine starting: %d requests in after gathering packs for %.2f s",
-                            engine.load,
-                            waited_for,
-                        )
+                    # one line per idle start (a job alone, or a burst of them): the wait it took
+                    # is idle engine time, and 0.00 s is what a job alone should show
+                    log.info(
+                        "engine starting: %d requests in after gathering packs for %.2f s",
+                        engine.load,
+                        time.monotonic() - self._gather_since,
+                    )
                     self._gather_since = None
                 results = engine.step()
                 busy_since = time.monotonic()

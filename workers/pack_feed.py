@@ -39,7 +39,9 @@ class PackOrder:
     """A ``freight.run_pack`` message as the worker reads it (``storage.broker.Queue.run_pack``
     sends its fields): the pack's units and the dispatcher's word on what else may come.
 
-    ``more_coming``: the dispatcher saw batches that may be of this model still validating;
+    ``more_coming``: the dispatcher knew of work that may be of this model on its way to the
+    pack's cache domains (batches validating, batch files not yet named by a batch:
+    ``workers/arrivals.py``);
     ``urgent``: the units run ahead of the elevator; ``newest_batch_at``: when the newest batch of
     the model it saw was created (epoch seconds; None: not known). The latest pack's word decides
     how long an idle engine waits for more (``PackFeed.gathering``)."""
@@ -219,21 +221,23 @@ class PackFeed:
         first are computed again once the KV cache has dropped them (issue #24).
 
         ``since``: when the idle engine began waiting for packs (monotonic; None: it has not yet);
-        returned with the answer, set to now once it begins. Called by the engine loop only while
+        returned with the answer, set to now once requests are waiting (the engine loop logs each
+        idle start with the wait it took, 0.00 s for a job with nothing on its way). Called by the engine loop only while
         the engine is empty, never per request or per step."""
         merge = self.rt.settings.feed_merge_seconds
         settle = self.rt.settings.feed_settle_seconds
         with self._lock:
+            if not self.requests:
+                return False, since
+            now = time.monotonic()
+            if since is None:  # requests are waiting: the engine starts now, or once this returns False
+                since = now
             if (
-                not self.requests
-                or self.requests.urgent_waiting
+                self.requests.urgent_waiting
                 or len(self.requests) >= self.high_water
                 or self._state.closing.is_set()
             ):
                 return False, since
-            now = time.monotonic()
-            if since is None:
-                since = now
             until = gather_deadline(
                 since, self._last_pack_at, self._more_coming, merge, settle, self._newest_batch_at
             )
