@@ -273,8 +273,9 @@ class TaskQueue:
         urgent: list[int] | None = None,
         newest_batch_at: float | None = None,
     ) -> None:
-        """``more_coming``: batches that may be of this model were still validating when the pack
-        was made, so an idle worker may wait a moment to merge them (FREIGHT_FEED_MERGE_SECONDS).
+        """``more_coming``: work that may be of this model was on its way when the pack was made
+        (batches validating, batch files not yet named by a batch: workers/arrivals.py), so an
+        idle worker may wait a moment to merge it (FREIGHT_FEED_MERGE_SECONDS).
         ``urgent``: the units the worker runs ahead of its elevator (the plan's, after the share cap).
         ``newest_batch_at``: when the newest batch that may be of this model was created (epoch
         seconds; None: not known): an idle worker's settle window counts from it

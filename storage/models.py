@@ -99,6 +99,7 @@ class StoredFile(Base):
     __table_args__ = (
         Index("ix_files_tenant_created", "tenant_id", "created_at", "id"),
         Index("ix_files_expires", "deleted_at", "expires_at"),
+        Index("ix_files_purpose_created", "purpose", "created_at"),  # the dispatcher's arrivals
     )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("file-"))
@@ -189,6 +190,7 @@ class Batch(Base):
         Index("ix_batches_purge", "purged_at", "status"),
         # the batches /metrics still reads row by row: not yet in batch_rollups (storage/rollup.py)
         Index("ix_batches_rolled_up", "rolled_up_at"),
+        Index("ix_batches_input_file", "input_file_id"),  # whether a batch names a file yet
     )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("batch_"))

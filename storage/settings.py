@@ -142,11 +142,12 @@ class Settings:
     # a moment apart then meet in one sweep instead of the first running alone (seconds; 0: off)
     feed_merge_seconds: float = 2.0
     # an idle engine worker given fewer requests than that look-ahead, whose pack knows of nothing
-    # else validating, starts once this long has passed since the newest batch of its model was
-    # created (the pack says when; else since the pack came), at most feed_merge_seconds, or this,
-    # from its first request: jobs submitted together are created a fraction of a second apart,
-    # and the first one's pack cannot know of batches not yet created (seconds; 0: off)
-    feed_settle_seconds: float = 0.3
+    # on its way (workers/arrivals.py: batches validating, batch files uploaded but not yet named
+    # by a batch), starts once this long has passed since the newest batch of its model was created
+    # (the pack says when; else since the pack came), at most feed_merge_seconds, or this, from its
+    # first request: a guess at uploads still in flight, which no pack can know of. Off by default:
+    # a job alone would wait it out as idle engine time (seconds; 0: off)
+    feed_settle_seconds: float = 0.0
     # an engine worker hands vLLM a request only if every request in the engine, each grown to its
     # predicted output, still fits the KV cache, each shared prefix counted once
     # (scheduler/kv_admission.py): no preemption, no eviction of the next prefix. Off: by count alone

@@ -40,10 +40,10 @@ ARTIFACTS = REPO / "test-artifacts"
 
 def pytest_configure(config: pytest.Config) -> None:
     """Every stack a test starts runs a batch as soon as its pack comes (no settle window,
-    FREIGHT_FEED_SETTLE_SECONDS=0) unless the test sets one: a test's batches come one at a time,
-    and 0.3 s at each idle start, waiting for jobs that will not come, adds up over the suite. The
-    window is tested where jobs are submitted together (tests/e2e/test_shared_prefix_jobs.py) and
-    as a rule (tests/scheduler/test_feed_order.py)."""
+    FREIGHT_FEED_SETTLE_SECONDS=0, the default since the dispatcher knows what is on its way,
+    workers/arrivals.py) unless the test sets one; kept explicit so that a machine's environment
+    cannot turn it on for the suite. The window is tested as a rule
+    (tests/scheduler/test_feed_order.py, tests/workers/test_pack_feed.py)."""
     os.environ.setdefault("FREIGHT_FEED_SETTLE_SECONDS", "0")
 
 

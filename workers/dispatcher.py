@@ -37,6 +37,7 @@ from storage.models import Batch, EngineSample, UnitStatus, ValidationChunk, Wor
 from storage.runtime import Runtime
 from storage.status import BatchStatus, ChunkStatus
 from workers import webhooks
+from workers.arrivals import Arrival, arriving, more_coming
 
 log = logging.getLogger(__name__)
 
@@ -500,16 +501,7 @@ def enqueue_units(
     if urgency is None:
         urgency = current_urgency(rt, now, model)
     with rt.db.read() as s:
-        # models of the batches still validating (None: not known yet, it could be any): a pack of
-        # one of them tells its worker more may come (see PackFeed.gathering). Not those running
-        # early slices (workers/head_start.py): their rows come when read, and an engine waiting
-        # for them would lose the time the slices were started to save
-        sliced = exists().where(WorkUnit.batch_id == Batch.id)
-        validating = set(
-            s.scalars(
-                select(Batch.model).where(Batch.status == BatchStatus.VALIDATING, ~sliced).distinct()
-            ).all()
-        )
+        coming = arriving(s, rt.settings, now)  # work on its way: a pack's more_coming (workers/arrivals.py)
         if model is None:
             models = sorted(
                 m
@@ -519,7 +511,7 @@ def enqueue_units(
         else:
             models = [model]
     for name in models:
-        pack_model(rt, now, report, urgency, name, validating)
+        pack_model(rt, now, report, urgency, name, coming)
 
 
 def pack_model(
@@ -528,7 +520,7 @@ def pack_model(
     report: TickReport,
     urgency: dict[str, tuple[bool, bool]],
     model: str,
-    validating: set[str | None],
+    coming: set[Arrival],
 ) -> None:
     """One packing pass of one model's queue, then the packs sent after its commit."""
     settings = rt.settings
@@ -631,7 +623,7 @@ def pack_model(
             model_load={model: loads.model_tenants},
             batch_load=loads.batches,
         )
-        more_coming = None in validating or model in validating
+        more = more_coming(coming, model, {c.domain for c in candidates})
         # the newest batch that may be of this model (one validating may be of any): an idle
         # worker's settle window counts from its creation (scheduler.feed_order.gather_deadline)
         newest_batch_at = s.scalar(
@@ -654,7 +646,7 @@ def pack_model(
             taken = list(s.scalars(select(WorkUnit.id).where(WorkUnit.pack_id == pack_id)).all())
             if taken:
                 urgent = [u for u in taken if u in set(pack.urgent)]
-                sends.append((pack_id, taken, more_coming, urgent, newest_batch_at))
+                sends.append((pack_id, taken, more, urgent, newest_batch_at))
     # after the commit: a task never refers to a row state that might roll back
     for pack_id, unit_ids, more, urgent, newest in sends:
         rt.queue.run_pack(pack_id, model, unit_ids, more, urgent, newest)

@@ -261,6 +261,67 @@ def test_a_pack_says_whether_more_batches_are_still_validating(settings):
         rt.db.dispose()
 
 
+def test_a_pack_says_more_may_come_while_an_uploaded_file_waits_for_its_batch(settings):
+    """A batch file uploaded within FREIGHT_FEED_MERGE_SECONDS that no batch names yet is a batch
+    on its way (a client uploads, then creates): the pack says more may come, so an idle worker
+    waits for it; once a batch names the file, or the window has passed, nothing is coming and a
+    job alone starts at once (workers/arrivals.py)."""
+    rt = Runtime(replace(settings, unit_size=4, pack_requests=4, queue_depth=1))
+    try:
+        tenant, _ = create_tenant(rt.db, "a", now())
+        with rt.queue.celery.connection_for_write() as conn:
+            conn.default_channel.client.flushdb()
+        first = submit(rt, tenant.id, 4, "first")
+        pending = upload(rt, tenant.id, [chat_line("p-0", "pending", max_tokens=2)], name="p.jsonl")
+        dispatcher.tick(rt, float(now()))
+        assert [args[2] for args in sent_packs(rt)] == [True]
+        # past the window the file no longer counts: it may be kept for later
+        done_with(rt, first)
+        submit(rt, tenant.id, 4, "second")
+        dispatcher.tick(rt, float(now()) + settings.feed_merge_seconds + 2)
+        assert sent_packs(rt)[-1][2] is False
+        # named by a batch (validated: nothing validating either), it is no longer on its way
+        batch = create(rt, tenant.id, pending.id)
+        from workers.validation import validate_batch
+
+        validate_batch(rt, batch.id)
+        done_with(rt, *(u.batch_id for u in units(rt)))
+        submit(rt, tenant.id, 4, "third")
+        dispatcher.tick(rt, float(now()))
+        assert sent_packs(rt)[-1][2] is False
+    finally:
+        rt.db.dispose()
+
+
+@pytest.mark.parametrize("sharing", ["tenant", "global"])
+def test_another_tenants_arrivals_hold_a_pack_only_where_they_share_its_cache(settings, sharing):
+    """With prefix caches per tenant (the default) another tenant's batch validating or file
+    waiting for its batch shares no cache entry with a pack's requests: the pack does not say more
+    may come, and that tenant's upload cannot hold up the first tenant's job. With one cache for
+    all, the jobs would meet in it, and the pack says so."""
+    rt = Runtime(replace(settings, unit_size=4, pack_requests=4, queue_depth=1, prefix_cache_sharing=sharing))
+    try:
+        a, _ = create_tenant(rt.db, "a", now())
+        b, _ = create_tenant(rt.db, "b", now())
+        with rt.queue.celery.connection_for_write() as conn:
+            conn.default_channel.client.flushdb()
+        submit(rt, a.id, 4, "first")
+        upload(rt, b.id, [chat_line("b-0", "b's", max_tokens=2)], name="b.jsonl")
+        upload_and_create(rt, b.id, [chat_line("b-1", "b's", max_tokens=2)], name="b2.jsonl")
+        dispatcher.tick(rt, float(now()))
+        assert [args[2] for args in sent_packs(rt)] == [sharing == "global"]
+    finally:
+        rt.db.dispose()
+
+
+def done_with(rt: Runtime, *batch_ids: str) -> None:
+    """These batches' units ran (room in the queue for the next pack)."""
+    with rt.db.write() as s:
+        s.execute(
+            WorkUnit.__table__.update().where(WorkUnit.batch_id.in_(batch_ids)).values(status=UnitStatus.DONE)
+        )
+
+
 @pytest.mark.parametrize(("share", "urgent_units"), [(0.5, 1), (1.0, 2)])
 def test_a_pack_names_the_units_urgent_within_the_tenants_share(settings, share, urgent_units):
     """Issue #19, section 3: every batch is short of slack here (FREIGHT_URGENT_SLACK_SECONDS is
