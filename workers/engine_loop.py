@@ -68,6 +68,7 @@ class EngineLoop:
         self._meter = meter
         self._done: list[ActiveUnit] = []  # finished units, handed on once their share is settled
         self._gather_since: float | None = None  # an idle engine began waiting for packs (monotonic)
+        self._gathered = 0.0  # how long the last idle start waited for packs (seconds)
         # ``park``: the loop is asked to hold, and holds, off the engine while it is swapped
         self._park = threading.Event()
         self._parked = threading.Event()
@@ -144,6 +145,8 @@ class EngineLoop:
                     waited, self._gather_since = gathering(self._gather_since)
                     if waited:
                         continue
+                    if self._gather_since is not None:  # the wait ends here, before the top-up
+                        self._gathered = time.monotonic() - self._gather_since
                 self._top_up()
                 self._settle()
                 if engine.load == 0:
@@ -157,7 +160,7 @@ class EngineLoop:
                     log.info(
                         "engine starting: %d requests in after gathering packs for %.2f s",
                         engine.load,
-                        time.monotonic() - self._gather_since,
+                        self._gathered,
                     )
                     self._gather_since = None
                 results = engine.step()
