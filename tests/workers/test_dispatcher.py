@@ -8,6 +8,7 @@ import threading
 import time
 import uuid
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -17,6 +18,7 @@ from storage import tick_clock
 from storage.broker import VALIDATE_QUEUE
 from storage.models import Batch, UnitStatus, WorkUnit
 from storage.runtime import Runtime
+from storage.settings import Settings
 from tests.conftest import now
 from tests.factories import chat_line, create, upload, upload_and_create, validated_batch
 from workers import dispatcher
@@ -230,14 +232,20 @@ def sent_packs(rt: Runtime, model: str = "demo") -> list[list]:
     return [json.loads(base64.b64decode(m["body"]))[0] for m in messages]
 
 
+def packing_runtime(settings: Settings, **changes: Any) -> Runtime:
+    """A runtime that packs units of 4 requests a pack at a time, its queues in Redis empty."""
+    rt = Runtime(replace(settings, unit_size=4, pack_requests=4, queue_depth=1, **changes))
+    with rt.queue.celery.connection_for_write() as conn:
+        conn.default_channel.client.flushdb()
+    return rt
+
+
 def test_a_pack_says_whether_more_batches_are_still_validating(settings):
     """An idle engine worker waits a moment to merge jobs (FREIGHT_FEED_MERGE_SECONDS) only when
     the pack says batches that may be of its model were still validating when it was made."""
-    rt = Runtime(replace(settings, unit_size=4, pack_requests=4, queue_depth=1))
+    rt = packing_runtime(settings)
     try:
         tenant, _ = create_tenant(rt.db, "a", now())
-        with rt.queue.celery.connection_for_write() as conn:
-            conn.default_channel.client.flushdb()
         first = submit(rt, tenant.id, 4, "first")
         later = upload_and_create(rt, tenant.id, [chat_line("l-0", "later", max_tokens=2)], name="l.jsonl")
         dispatcher.tick(rt, float(now()))
@@ -266,13 +274,12 @@ def test_a_pack_says_more_may_come_while_an_uploaded_file_waits_for_its_batch(se
     on its way (a client uploads, then creates): the pack says more may come, so an idle worker
     waits for it; once a batch names the file, or the window has passed, nothing is coming and a
     job alone starts at once (workers/arrivals.py)."""
-    rt = Runtime(replace(settings, unit_size=4, pack_requests=4, queue_depth=1))
+    rt = packing_runtime(settings)
     try:
         tenant, _ = create_tenant(rt.db, "a", now())
-        with rt.queue.celery.connection_for_write() as conn:
-            conn.default_channel.client.flushdb()
-        first = submit(rt, tenant.id, 4, "first")
+        # the file first: uploaded before the running batch or after, it is on its way all the same
         pending = upload(rt, tenant.id, [chat_line("p-0", "pending", max_tokens=2)], name="p.jsonl")
+        first = submit(rt, tenant.id, 4, "first")
         dispatcher.tick(rt, float(now()))
         assert [args[2] for args in sent_packs(rt)] == [True]
         # past the window the file no longer counts: it may be kept for later
@@ -299,12 +306,10 @@ def test_another_tenants_arrivals_hold_a_pack_only_where_they_share_its_cache(se
     waiting for its batch shares no cache entry with a pack's requests: the pack does not say more
     may come, and that tenant's upload cannot hold up the first tenant's job. With one cache for
     all, the jobs would meet in it, and the pack says so."""
-    rt = Runtime(replace(settings, unit_size=4, pack_requests=4, queue_depth=1, prefix_cache_sharing=sharing))
+    rt = packing_runtime(settings, prefix_cache_sharing=sharing)
     try:
         a, _ = create_tenant(rt.db, "a", now())
         b, _ = create_tenant(rt.db, "b", now())
-        with rt.queue.celery.connection_for_write() as conn:
-            conn.default_channel.client.flushdb()
         submit(rt, a.id, 4, "first")
         upload(rt, b.id, [chat_line("b-0", "b's", max_tokens=2)], name="b.jsonl")
         upload_and_create(rt, b.id, [chat_line("b-1", "b's", max_tokens=2)], name="b2.jsonl")
