@@ -37,7 +37,7 @@ from storage.models import Batch, EngineSample, UnitStatus, ValidationChunk, Wor
 from storage.runtime import Runtime
 from storage.status import BatchStatus, ChunkStatus
 from workers import webhooks
-from workers.arrivals import Arrival, arriving, more_coming
+from workers.arrivals import arriving, more_coming
 
 log = logging.getLogger(__name__)
 
@@ -501,7 +501,6 @@ def enqueue_units(
     if urgency is None:
         urgency = current_urgency(rt, now, model)
     with rt.db.read() as s:
-        coming = arriving(s, rt.settings, now)  # work on its way: a pack's more_coming (workers/arrivals.py)
         if model is None:
             models = sorted(
                 m
@@ -511,7 +510,7 @@ def enqueue_units(
         else:
             models = [model]
     for name in models:
-        pack_model(rt, now, report, urgency, name, coming)
+        pack_model(rt, now, report, urgency, name)
 
 
 def pack_model(
@@ -520,7 +519,6 @@ def pack_model(
     report: TickReport,
     urgency: dict[str, tuple[bool, bool]],
     model: str,
-    coming: set[Arrival],
 ) -> None:
     """One packing pass of one model's queue, then the packs sent after its commit."""
     settings = rt.settings
@@ -623,6 +621,10 @@ def pack_model(
             model_load={model: loads.model_tenants},
             batch_load=loads.batches,
         )
+        # work on its way (workers/arrivals.py), read after the candidates: a batch that concluded
+        # between the two reads is in this pack, and read before them it was counted as still
+        # validating (a pack said more would come when none would, and the engine waited for it)
+        coming = arriving(s, settings, now)
         more = more_coming(coming, model, {c.domain for c in candidates})
         # the newest batch that may be of this model (one validating may be of any): an idle
         # worker's settle window counts from its creation (scheduler.feed_order.gather_deadline)

@@ -11,6 +11,7 @@ takes one next; an idle engine waits a moment for packs of jobs submitted togeth
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -92,6 +93,9 @@ class PackFeed:
         # the last pack's: when the newest batch of the model was created, on the monotonic clock
         # (None: not said); the settle window counts from it (guarded by the lock)
         self._newest_batch_at: float | None = None
+        # when an idle engine last started on the feed's requests (monotonic; guarded by the lock):
+        # requests that waited once are not waited for again, whatever the last pack said
+        self._started_at = -math.inf
         # this process waits for a pack (its ask, renewed by the watcher); guarded by _ask_lock, held
         # over the broker call so a renewal never lands after the withdrawal that a claim makes
         self._asking = False
@@ -215,7 +219,10 @@ class PackFeed:
 
     def gathering(self, since: float | None) -> tuple[bool, float | None]:
         """Whether an idle engine should wait a moment more for packs before it starts: never
-        once the feed holds the look-ahead or anything urgent; else until
+        once the feed holds the look-ahead or anything urgent, nor when no pack came since it last
+        started (its requests had their wait: an engine emptied by the KV gate, its next requests
+        held back until the last ones finished, found them waiting and, on a pack's stale word that
+        more would come, waited the merge window again before each start); else until
         ``scheduler.feed_order.gather_deadline`` (which says when, and why). Without the wait, jobs
         of one model submitted together run apart, and the prefixes the late ones share with the
         first are computed again once the KV cache has dropped them (issue #24).
@@ -232,16 +239,17 @@ class PackFeed:
             now = time.monotonic()
             if since is None:  # requests are waiting: the engine starts now, or once this returns False
                 since = now
-            if (
-                self.requests.urgent_waiting
-                or len(self.requests) >= self.high_water
-                or self._state.closing.is_set()
-            ):
-                return False, since
             until = gather_deadline(
                 since, self._last_pack_at, self._more_coming, merge, settle, self._newest_batch_at
             )
-            if now >= until:
+            if (
+                self._last_pack_at <= self._started_at  # no pack since the engine last started
+                or self.requests.urgent_waiting
+                or len(self.requests) >= self.high_water
+                or self._state.closing.is_set()
+                or now >= until
+            ):
+                self._started_at = now
                 return False, since
             self._lock.wait(min(IDLE_WAIT_SECONDS, until - now))
             return True, since

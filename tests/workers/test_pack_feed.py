@@ -149,6 +149,31 @@ def test_an_idle_engine_gathers_packs_while_more_may_come_never_past_the_window_
         rt.db.dispose()
 
 
+def test_requests_that_had_their_wait_are_not_waited_for_again_until_a_new_pack_comes(
+    settings: Settings,
+) -> None:
+    """An engine the KV gate empties between requests finds the feed's next ones waiting each time:
+    once it has started on them, a pack's word that more may come (stale: the batch it meant
+    had been packed already) holds no later start, until another pack comes with the word."""
+    rt = Runtime(replace(settings, unit_size=2, feed_merge_seconds=2.0, feed_settle_seconds=0.0))
+    try:
+        tenant, _ = create_tenant(rt.db, "t", now())
+        ids = [u.id for u in batch_units(rt, validated_batch(rt, tenant.id, lines("k", 6)))]
+        feed, _, _ = feed_on(rt)
+        feed.run_pack(PackOrder("pack-k1", ids[:1], more_coming=True))
+        waited, since = feed.gathering(None)
+        assert waited and since is not None
+        assert feed.gathering(since - 2.0) == (False, since - 2.0)  # the window over: it starts
+        feed.requests.pop()  # one request in, one left waiting (the KV gate held it)
+        began = time.monotonic()
+        assert feed.gathering(None)[0] is False  # emptied again: starts at once
+        assert time.monotonic() - began < 0.5
+        feed.run_pack(PackOrder("pack-k2", ids[1:2], more_coming=True))  # a new pack: a new wait
+        assert feed.gathering(None)[0] is True
+    finally:
+        rt.db.dispose()
+
+
 def test_an_idle_engine_waits_for_a_burst_of_jobs_by_the_newest_ones_age(settings: Settings) -> None:
     """With nothing validating, an idle engine waits FREIGHT_FEED_SETTLE_SECONDS from the newest
     batch's creation the pack names: a job alone created longer ago than that (its validation
