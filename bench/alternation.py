@@ -14,20 +14,21 @@ stack), so no system sees another's lines.
 
 An engine system's turn runs every variant of the repeat (the lines as written, sorted, sorted by
 tenant) one after another, each measured as bench/engine_baseline.py measures a file, then its
-unmeasured stats run for fill and steps. The output has the shapes of the phase-by-phase runs
-(run_engine's cells by key per placement, Freight's cell per workload), so the report's arithmetic
-is unchanged: each ratio is repeat r of Freight over repeat r of the limit, and now both ran
-within a minute of each other.
+unmeasured stats run for fill and steps. Freight may be several systems of the rotation
+(``FreightRole``): multi_job_shared_prefix's four modes (one job or six, global or per-tenant
+caches) are four warm stacks, each submitting a repeat's lines as its mode's jobs. The output is
+the engine's cells by key per placement and each role's runs per workload, so each ratio is repeat
+r of Freight over repeat r of the limit (or of another mode), all of them run within a few
+minutes of each other.
 """
 
 from __future__ import annotations
 
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-FREIGHT = "freight"
 
 
 def turns(
@@ -57,6 +58,22 @@ def rotation(systems: list[str], turn: int) -> list[str]:
     return systems[k:] + systems[:k]
 
 
+@dataclass(frozen=True)
+class FreightRole:
+    """One warm Freight stack of a turn-about run: ``factory()`` an unstarted FreightStack, and
+    ``jobs(workload, file)`` the batches it submits together for that file (its repeat or its
+    warm-up) as [(tenant, file)]: the file itself as one batch, or its lines split into jobs of
+    several tenants (multi_job_shared_prefix's modes)."""
+
+    factory: Callable[[], Any]
+    jobs: Callable[[str, Path], list[tuple[str, Path]]]
+
+
+def one_batch(tenant: str) -> Callable[[str, Path], list[tuple[str, Path]]]:
+    """A role's jobs: each file as one batch of ``tenant``."""
+    return lambda _name, path: [(tenant, path)]
+
+
 def run_alternating(
     *,
     names: list[str],
@@ -65,37 +82,36 @@ def run_alternating(
     freight_files: dict[str, list[Path]],
     placements: tuple[str, ...],
     engine_server: Callable[[str, tuple[Path, ...]], Any],
-    stack_factory: Callable[[], Any] | None,
+    roles: dict[str, FreightRole],
     repeat_of: Callable[[str], tuple[str, int]],
-    tenant: str,
     with_rates: Callable[[dict[str, Any]], dict[str, Any]],
-    combine: Callable[[list[dict[str, Any]]], dict[str, Any]],
     log: Callable[[str], None],
-) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[str, dict[str, Any]], dict[str, Any] | None]:
-    """({placement: {engine key: cell}}, {workload: Freight's cell}, the stack's settings).
+) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[str, dict[str, list[dict[str, Any]]]], dict[str, Any]]:
+    """({placement: {engine key: cell}}, {role: {workload: [Freight's run per repeat]}},
+    {role: its stack's settings}).
 
     ``engine_server(placement, warmups)`` starts a warm bench.engine_baseline server (EngineServer)
-    on that core placement; ``stack_factory()`` an unstarted FreightStack (None: no Freight), whose
-    files run as one batch of ``tenant``. A
-    system that fails to start gets an error cell for each of its runs; the others go on."""
+    on that core placement; each of ``roles`` is a warm Freight stack taking every workload's files
+    in its own way (none: no Freight). Every engine placement and every role is one system of the
+    rotation. A system that fails to start gets an error cell for each of its runs; the others go
+    on."""
     handles: dict[str, Any] = {}
     errors: dict[str, str] = {}
-    settings: dict[str, Any] | None = None
-    systems = [f"engine:{p}" for p in placements] + ([FREIGHT] if stack_factory is not None else [])
+    settings: dict[str, Any] = {}
+    systems = [f"engine:{p}" for p in placements] + list(roles)
     by_core: dict[str, dict[str, dict[str, Any]]] = {p: {} for p in placements}
-    freight_runs: dict[str, list[dict[str, Any]]] = {}
+    freight_runs: dict[str, dict[str, list[dict[str, Any]]]] = {role: {} for role in roles}
     try:
         for system in systems:  # start each, warm it, then pause it while the next one starts
             log(f"alternating: starting {system}")
             try:
-                if system == FREIGHT:
-                    assert stack_factory is not None
-                    handle = handles[system] = stack_factory().start()
-                    settings = handle.settings()
+                if system in roles:
+                    handle = handles[system] = roles[system].factory().start()
+                    settings[system] = handle.settings()
                     for name in names:
                         if name in freight_files:
-                            log(f"alternating: freight warm-up on {freight_files[name][-1].name}")
-                            handle.run_jobs([(tenant, freight_files[name][-1])])
+                            log(f"alternating: {system} warm-up on {freight_files[name][-1].name}")
+                            handle.run_jobs(roles[system].jobs(name, freight_files[name][-1]))
                 else:
                     handles[system] = engine_server(system.removeprefix("engine:"), engine_warmups)
                 handles[system].pause()
@@ -106,13 +122,15 @@ def run_alternating(
             turns(names, engine_files, freight_files, repeat_of)
         ):
             for system in rotation(systems, turn):
-                if (system == FREIGHT and freight_path is None) or (system != FREIGHT and not keys):
+                if (system in roles and freight_path is None) or (system not in roles and not keys):
                     continue
                 log(f"alternating: {name} repeat {r}: {system}")
                 handle, error = handles.get(system), errors.get(system)
-                if system == FREIGHT:
-                    run = _turn(handle, error, _freight_run, (tenant, freight_path), with_rates)
-                    freight_runs.setdefault(name, []).append(run)
+                if system in roles:
+                    assert freight_path is not None
+                    jobs = roles[system].jobs(name, freight_path)
+                    run = _turn(handle, error, _freight_run, jobs, with_rates)
+                    freight_runs[system].setdefault(name, []).append(run)
                     continue
                 core = system.removeprefix("engine:")
                 for key in keys:
@@ -123,7 +141,7 @@ def run_alternating(
                 handle.stop()
             except Exception:
                 traceback.print_exc()
-    return by_core, {name: combine(runs) for name, runs in freight_runs.items()}, settings
+    return by_core, freight_runs, settings
 
 
 def _turn(
@@ -146,14 +164,14 @@ def _turn(
         handle.pause()
 
 
-def _freight_run(handle: Any, job: tuple[str, Path]) -> dict[str, Any]:
-    """A Freight stack's run of one file as one batch."""
-    result: dict[str, Any] = handle.run_jobs([job])
+def _freight_run(handle: Any, jobs: list[tuple[str, Path]]) -> dict[str, Any]:
+    """A Freight stack's run of one file's batches, submitted together."""
+    result: dict[str, Any] = handle.run_jobs(jobs)
     return result
 
 
 def _engine_run(handle: Any, path: Path) -> dict[str, Any]:
-    """An engine server's run of one file in run_engine's cell shape."""
+    """An engine server's run of one file in the engine baseline's cell shape (the file's key dropped)."""
     run = dict(handle.run(path))
     run.pop("file", None)
     run["engine_startup_s"] = handle.facts.get("engine_startup_s")

@@ -35,8 +35,10 @@ size, the engine on each core placement and one Freight stack are started and wa
 workload's warm-up file (unmeasured), then for each workload and each of its --repeats files
 (other prompts each) every system runs that repeat while the others are paused, in a rotating
 order; the cell is the median run and Freight over the limit the median of the per-repeat ratios,
-each pair measured within a minute or so. multi_job_shared_prefix: its engine variants in one engine
-process per placement, its four Freight modes in pairs of warm stacks. unique and multi_job (targets near 1, where the machine's drift matters): paired
+each pair measured within a minute or so. multi_job_shared_prefix the same way in a rotation of its
+own: its engine variants (as written, sorted, sorted by tenant) on each placement and its four
+Freight modes, each a warm stack. unique and multi_job (targets near 1, where the machine's drift
+matters): paired
 runs (bench/interleaved.py): the engine and two Freight stacks (one batch; 20 batches) are warm at
 once, each repeat gives all three the same fresh file while the other two are paused, and the
 target ratios are the medians of the per-repeat ratios.
@@ -67,10 +69,9 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 import time
-import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +98,6 @@ MAX_NUM_BATCHED_TOKENS = 2048  # what Freight's engine gets (vLLM's LLMEngine de
 BLOCK_SIZE = 32
 TIGHT_FACTOR = 1.05  # 5% headroom over the running batch: about three spare documents of shared_prefix
 QUICK_SCALE = 0.1
-ENGINE_TIMEOUT_S = 3600
 MJSP = "multi_job_shared_prefix"
 LIMIT_WORKLOADS = ("blend", "long_prefix", "dups", "request_rate")  # issue #51's (bench/workloads.py)
 WORKLOADS = ("unique", "shared_prefix", "system_prompts", "multi_job", MJSP, *LIMIT_WORKLOADS)
@@ -106,9 +106,9 @@ KV_REPORT_WORKLOADS = (*PREFIX_WORKLOADS, "blend", "long_prefix")  # prefix work
 SORTED_WORKLOADS = (*PREFIX_WORKLOADS, *LIMIT_WORKLOADS)  # where engine_sorted runs: their limit
 KV_CONFIGS = ("default", "tight")
 SYSTEMS = ("engine", "engine_sorted", "runbatch", "freight")
-SORTED = "+sorted"  # run_engine's key of a workload's sorted file
+SORTED = "+sorted"  # an engine key of a workload's sorted file
 TENANT_SORTED = "+tenant-sorted"  # ... of its lines sorted by tenant, then prompt, salted by tenant
-REPEAT = "#r"  # run_engine's key of repeat r: NAME[+sorted]#rN
+REPEAT = "#r"  # an engine key of repeat r: NAME[+sorted]#rN
 # multi_job_shared_prefix's tight KV cache: this share of its shared prefix tokens (all 40 prompts)
 PREFIX_TIGHT_SHARE = 0.5
 
@@ -316,52 +316,6 @@ def engine_flags(
     ]  # fmt: skip
 
 
-def run_engine(
-    files: dict[str, Path],
-    kv_bytes: int,
-    out_dir: Path,
-    eager: bool,
-    model_dir: Path,
-    block_size: int,
-    warmups: tuple[Path, ...] = (),
-    core: str = "auto",
-) -> dict[str, dict[str, Any]]:
-    """One engine subprocess for these files (same KV size), each warm-up file run first and
-    unmeasured; {key: metrics | error}."""
-    out = out_dir / f"engine-{len(files)}-files-{kv_bytes}-{core}.json"
-    out.unlink(missing_ok=True)
-    argv = [
-        sys.executable, "-m", "bench.engine_baseline", "--out", str(out),
-        *engine_flags(model_dir, kv_bytes, block_size, eager, core),
-        *[arg for path in warmups for arg in ("--warmup-file", str(path))],
-        *[str(p) for p in files.values()],
-    ]  # fmt: skip
-    log_path = out.with_suffix(".log")
-    try:
-        with open(log_path, "wb") as f:
-            proc = subprocess.run(
-                argv, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, timeout=ENGINE_TIMEOUT_S
-            )
-        error = None if proc.returncode == 0 else f"exit {proc.returncode}"
-    except subprocess.TimeoutExpired:
-        error = f"timed out after {ENGINE_TIMEOUT_S}s"
-    data = json.loads(out.read_text()) if out.exists() else {"runs": []}
-    by_file = {run["file"]: run for run in data["runs"]}
-    cells: dict[str, dict[str, Any]] = {}
-    for name, path in files.items():
-        run = by_file.get(str(path))
-        if run is None:
-            tail = log_path.read_text(errors="replace")[-1500:] if log_path.exists() else ""
-            cells[name] = {"error": f"{error or 'no result'}: {tail}"}
-        else:
-            run = dict(run)
-            run.pop("file", None)
-            run["engine_startup_s"] = data.get("engine_startup_s")
-            run["engine_settings"] = data.get("settings")
-            cells[name] = with_rates(run)
-    return cells
-
-
 def engine_repeat_files(
     names: list[str],
     systems: list[str],
@@ -369,7 +323,7 @@ def engine_repeat_files(
     sorted_files: dict[str, list[Path]],
     tenant_sorted: dict[str, list[Path]],
 ) -> tuple[dict[str, Path], tuple[Path, ...]]:
-    """run_engine's files for these workloads, NAME[+sorted|+tenant-sorted]#rN, repeat by repeat
+    """The engine baselines' files for these workloads, NAME[+sorted|+tenant-sorted]#rN, repeat by repeat
     (so the machine's drift falls on every variant alike), and their warm-up files (one per
     workload: the same shape, other prompts)."""
     files: dict[str, Path] = {}
@@ -394,7 +348,7 @@ ENGINE_PLACEMENTS = ("inline", "process")  # where vLLM's engine core runs (engi
 
 
 def faster_placement(by_core: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """Per run_engine key (one file), the cell of the core placement that ran it at the higher
+    """Per engine key (one file), the cell of the core placement that ran it at the higher
     output rate (a failed run never wins), with every placement's rate beside it: the limit is
     always the faster placement (on this host the inline core was 4-23% faster in issue #51's
     runs; 7-10x slower than the process core in bench/engine_baseline on quick dups at load 5-8 on
@@ -409,7 +363,7 @@ def faster_placement(by_core: dict[str, dict[str, dict[str, Any]]]) -> dict[str,
     return out
 
 
-ENGINE_CELLS = {  # run_engine key suffix -> (cell, note)
+ENGINE_CELLS = {  # engine key suffix -> (cell, note)
     TENANT_SORTED: (
         "engine_sorted_tenant",
         "the lines sorted by tenant, then rendered prompt token ids, each with its tenant's cache_salt",
@@ -421,7 +375,7 @@ ENGINE_CELLS = {  # run_engine key suffix -> (cell, note)
 
 def engine_cells_by_system(cells: dict[str, dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
     """{workload: {engine | engine_sorted | engine_sorted_tenant: the median of its repeats}}
-    from run_engine's NAME[suffix]#rN cells (combine_repeats keeps every repeat, in order)."""
+    from the engine's NAME[suffix]#rN cells (combine_repeats keeps every repeat, in order)."""
     runs: dict[tuple[str, str], list[tuple[int, dict[str, Any]]]] = {}
     for key, cell in cells.items():
         base, _, r = key.rpartition(REPEAT)
@@ -460,10 +414,29 @@ def run_runbatch(
 
 
 def repeat_of(key: str) -> tuple[str, int]:
-    """(workload, repeat) of a run_engine key NAME[suffix]#rN."""
+    """(workload, repeat) of a engine key NAME[suffix]#rN."""
     base, _, r = key.rpartition(REPEAT)
     suffix = next(x for x in ENGINE_CELLS if base.endswith(x))  # the longer suffix first
     return (base.removesuffix(suffix) if suffix else base), int(r)
+
+
+def engine_servers(
+    args: argparse.Namespace, kv_bytes: int, run_dir: Path
+) -> Callable[[str, tuple[Path, ...]], Any]:
+    """A turn-about run's engine_server: a warm bench.engine_baseline server on a core placement."""
+    from bench.engine_baseline import EngineServer
+
+    def engine_server(core: str, warm: tuple[Path, ...]) -> Any:
+        flags = engine_flags(args.model, kv_bytes, args.block_size, args.eager, core)
+        warm_args = [arg for path in warm for arg in ("--warmup-file", str(path))]
+        return EngineServer([*flags, *warm_args], run_dir / f"engine-{core}.log")
+
+    return engine_server
+
+
+def placements(args: argparse.Namespace) -> tuple[str, ...]:
+    """The engine's core placements a run measures: both under --engine-core faster."""
+    return ENGINE_PLACEMENTS if args.engine_core == "faster" else (args.engine_core,)
 
 
 def run_turn_about(
@@ -477,38 +450,32 @@ def run_turn_about(
 ) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[str, dict[str, Any]], dict[str, Any] | None]:
     """These workloads (one KV size, one batch each) on the engine baselines, on both core placements
     under --engine-core faster, and one warm Freight stack, turn about (bench/alternation.py):
-    ({placement: {run_engine key: cell}}, {workload: Freight's cell}, the stack's settings)."""
-    from bench.alternation import run_alternating
-    from bench.engine_baseline import EngineServer
+    ({placement: {engine key: cell}}, {workload: Freight's cell}, the stack's settings)."""
+    from bench.alternation import FreightRole, one_batch, run_alternating
 
     run_dir = work / f"alternating-{kv_bytes}-{'-'.join(names)}"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     engine_files, warmups = engine_repeat_files(names, systems, all_files, sorted_files, {})
-    cores = ENGINE_PLACEMENTS if args.engine_core == "faster" else (args.engine_core,)
-
-    def engine_server(core: str, warm: tuple[Path, ...]) -> Any:
-        flags = engine_flags(args.model, kv_bytes, args.block_size, args.eager, core)
-        warm_args = [arg for path in warm for arg in ("--warmup-file", str(path))]
-        return EngineServer([*flags, *warm_args], run_dir / f"engine-{core}.log")
 
     def stack_factory() -> Any:
         return freight_stack(run_dir / "freight", args.model, kv_bytes, args.eager, args.block_size)
 
-    return run_alternating(
+    roles = {"freight": FreightRole(stack_factory, one_batch(wl.TENANTS[0]))} if "freight" in systems else {}
+    by_core, runs, settings = run_alternating(
         names=names,
         engine_files=engine_files,
         engine_warmups=warmups,
-        freight_files={n: all_files[n] for n in names} if "freight" in systems else {},
-        placements=cores if engine_files else (),
-        engine_server=engine_server,
-        stack_factory=stack_factory if "freight" in systems else None,
+        freight_files={n: all_files[n] for n in names} if roles else {},
+        placements=placements(args) if engine_files else (),
+        engine_server=engine_servers(args, kv_bytes, run_dir),
+        roles=roles,
         repeat_of=repeat_of,
-        tenant=wl.TENANTS[0],
         with_rates=with_rates,
-        combine=combine_repeats,
         log=log,
     )
+    cells = {name: combine_repeats(repeats) for name, repeats in runs.get("freight", {}).items()}
+    return by_core, cells, settings.get("freight")
 
 
 def freight_stack(
@@ -544,97 +511,99 @@ def freight_stack(
 
 
 # multi_job_shared_prefix's Freight modes: cell -> (FREIGHT_PREFIX_CACHE_SHARING, how the lines are
-# submitted), measured in pairs of warm stacks (the two of a pair started, then run one at a time)
+# submitted), each a warm stack of its own in the turn-about run
 MJSP_MODES = {
     "freight_single_job": ("global", "the lines as one job (tenant-a)"),
     "freight": ("global", "3 tenants x 2 jobs (split_multi_job_shared_prefix), submitted together"),
     "freight_per_tenant_1job": ("tenant", "one job per tenant (its 2 jobs' lines), submitted together"),
     "freight_per_tenant": ("tenant", "3 tenants x 2 jobs, submitted together"),
 }
-MJSP_PAIRS = (("freight_single_job", "freight"), ("freight_per_tenant_1job", "freight_per_tenant"))
 
 
 def run_multi_job_shared_prefix(
-    paths: list[Path], kv: str, kv_bytes: int, work: Path, args: argparse.Namespace, block_size: int
-) -> tuple[dict[str, dict[str, Any]], dict[str, Any], dict[str, list[float]]]:
-    """Freight on multi_job_shared_prefix in MJSP_MODES, one fresh stack per mode (no mode finds
-    another's prefixes cached). A pair's two stacks are started and warmed first (each runs the
-    last file of ``paths``, the warm-up, in its mode, unmeasured); then, once per other file of
-    ``paths`` (the workload and its repeats: other prompts, so no run finds the last one's
-    cached), each runs its mode while the other is paused (SIGSTOP), in an order alternating per
-    repeat. A cell is the median run (combine_repeats); the target ratios are the medians of the
-    per-repeat ratios of a pair, returned as lists (the ``paired`` form of compute_ratios)."""
+    paths: list[Path],
+    kv: str,
+    kv_bytes: int,
+    work: Path,
+    args: argparse.Namespace,
+    systems: list[str],
+    sorted_files: dict[str, list[Path]],
+    tenant_sorted: dict[str, list[Path]],
+) -> tuple[
+    dict[str, dict[str, dict[str, Any]]],
+    dict[str, dict[str, Any]],
+    dict[str, Any],
+    dict[str, list[float]],
+]:
+    """multi_job_shared_prefix turn about (bench/alternation.py): the engine's variants (as written,
+    sorted, sorted by tenant with its salt) on each core placement and Freight in each of
+    MJSP_MODES (--cache-sharing's), one warm stack per mode (no mode finds another's prefixes
+    cached), all started and warmed on the last file of ``paths`` (the warm-up, in each mode's
+    jobs), then, repeat by repeat (other prompts each), each runs that repeat while the others are
+    paused, in a rotating order. Returns ({placement: {engine key: cell}}, {mode: median cell},
+    {mode: its stack's settings}, the paired ratios per repeat: each mode against its one-job
+    twin and tenant against global, all within one turn)."""
+    from bench.alternation import FreightRole, run_alternating
     from bench.prefix import ideal_cache_hit_rate
 
     run_dir = work / f"{MJSP}-{kv}-{kv_bytes}"
     shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
     tokenizer = wl.load_tokenizer(args.model)
-    jobs: list[dict[str, list[tuple[str, Path]]]] = []  # per repeat: role -> (tenant, file)
-    ideal: list[float] = []
-    *paths, warm = paths
-    for r, path in enumerate([*paths, warm]):  # the warm-up's jobs last
+    jobs: dict[Path, dict[str, list[tuple[str, Path]]]] = {}  # per file: role -> [(tenant, file)]
+    ideal: list[float] = []  # the plan's ideal hit rate per repeat
+    for r, path in enumerate(paths):  # the repeats, then the warm-up
         pieces = wl.split_multi_job_shared_prefix(path, run_dir / f"jobs-r{r}")
         per_tenant = wl.merge_by_tenant(pieces, run_dir / f"jobs-r{r}", stem=f"{path.stem}-per-tenant")
         multi = [(p["tenant"], Path(p["path"])) for p in pieces]
-        jobs.append(
-            {
-                "freight_single_job": [(wl.TENANTS[0], path)],
-                "freight": multi,
-                "freight_per_tenant_1job": [(p["tenant"], Path(p["path"])) for p in per_tenant],
-                "freight_per_tenant": multi,
-            }
-        )
+        jobs[path] = {
+            "freight_single_job": [(wl.TENANTS[0], path)],
+            "freight": multi,
+            "freight_per_tenant_1job": [(p["tenant"], Path(p["path"])) for p in per_tenant],
+            "freight_per_tenant": multi,
+        }
         _, ids = wl.sort_by_prompt(tokenizer, wl.read_jsonl(path))
-        ideal.append(ideal_cache_hit_rate(ids, block_size))
-    freight_kv = kv_bytes  # explicit: the engine baselines get the same
-    runs: dict[str, list[dict[str, Any]]] = {}
-    settings: dict[str, Any] = {}
+        ideal.append(ideal_cache_hit_rate(ids, args.block_size))
+
+    def mode(role: str) -> FreightRole:
+        def factory() -> Any:
+            sharing = MJSP_MODES[role][0]
+            return freight_stack(
+                run_dir / role, args.model, kv_bytes, args.eager, args.block_size, cache_sharing=sharing
+            )
+
+        return FreightRole(factory, lambda _name, path: jobs[path][role])
+
     wanted = set(args.cache_sharing.split(","))
-    for pair in [p for p in MJSP_PAIRS if MJSP_MODES[p[0]][0] in wanted]:
-        stacks: dict[str, Any] = {}
-        try:
-            for role in pair:
-                sharing = MJSP_MODES[role][0]
-                log(f"freight: {MJSP} {kv} KV: starting a stack for {role} (cache sharing {sharing})")
-                stack = freight_stack(
-                    run_dir / role, args.model, freight_kv, args.eager, args.block_size, cache_sharing=sharing
+    roles = {role: mode(role) for role, (sharing, _) in MJSP_MODES.items() if sharing in wanted}
+    if "freight" not in systems:
+        roles = {}
+    engine_files, warmups = engine_repeat_files([MJSP], systems, {MJSP: paths}, sorted_files, tenant_sorted)
+    by_core, freight_runs, settings = run_alternating(
+        names=[MJSP],
+        engine_files=engine_files,
+        engine_warmups=warmups,
+        freight_files={MJSP: paths} if roles else {},
+        placements=placements(args) if engine_files else (),
+        engine_server=engine_servers(args, kv_bytes, run_dir),
+        roles=roles,
+        repeat_of=repeat_of,
+        with_rates=with_rates,
+        log=log,
+    )
+    runs = {role: by_name.get(MJSP, []) for role, by_name in freight_runs.items()}
+    for role, repeats in runs.items():
+        for r, cell in enumerate(repeats):
+            if "error" not in cell:
+                cell.update(
+                    cache_sharing=MJSP_MODES[role][0], note=MJSP_MODES[role][1], ideal_hit_rate=ideal[r]
                 )
-                try:
-                    stack.start()
-                    settings[role] = stack.settings()
-                    stack.run_jobs(jobs[-1][role])  # the warm-up: this mode on the same shape
-                    stack.pause()
-                    stacks[role] = stack
-                except Exception as exc:
-                    traceback.print_exc()
-                    stack.stop()
-                    runs[role] = [{"error": f"stack failed to start: {type(exc).__name__}: {exc}"[:2000]}]
-            for r in range(len(paths)):
-                for role in pair if r % 2 == 0 else tuple(reversed(pair)):
-                    if role not in stacks:
-                        continue
-                    stack = stacks[role]
-                    log(f"freight: {MJSP} {kv} KV: {role}, repeat {r} ({len(jobs[r][role])} jobs)")
-                    stack.resume()
-                    try:
-                        cell = with_rates(stack.run_jobs(jobs[r][role]))
-                        cell.update(cache_sharing=MJSP_MODES[role][0], note=MJSP_MODES[role][1])
-                        cell["ideal_hit_rate"] = ideal[r]
-                    except Exception as exc:
-                        traceback.print_exc()
-                        cell = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
-                    finally:
-                        stack.pause()
-                    runs.setdefault(role, []).append(cell)
-        finally:
-            for stack in stacks.values():
-                stack.stop()
-    cells = {role: combine_repeats(runs[role]) for role in MJSP_MODES if role in runs}
+    cells = {role: combine_repeats(repeats) for role, repeats in runs.items()}
     paired: dict[str, list[float]] = {}
     for field, (mine, base) in (
         ("freight_over_single_job", ("freight", "freight_single_job")),
         ("per_tenant_over_single_job_per_tenant", ("freight_per_tenant", "freight_per_tenant_1job")),
-        ("tenant_over_global", ("freight_per_tenant", "freight")),  # same run, the pairs apart
+        ("tenant_over_global", ("freight_per_tenant", "freight")),
     ):
         for a, b in zip(runs.get(mine, []), runs.get(base, []), strict=False):
             if (value := ratio(output_rate(a), output_rate(b))) is not None:
@@ -642,7 +611,7 @@ def run_multi_job_shared_prefix(
     for cell in runs.get("freight", []):
         if (measured := hit_rate(cell)) is not None:
             paired.setdefault("hit_rate_gap_points", []).append(100 * (cell["ideal_hit_rate"] - measured))
-    return cells, settings, paired
+    return by_core, cells, settings, paired
 
 
 def prepare_sorted(
@@ -1004,32 +973,30 @@ def main(argv: list[str] | None = None) -> int:
                     freight_settings[f"{kv}:{'+'.join(alternating)}"] = turn_settings
                 for name, cell in turn_cells.items():
                     results[name][kv]["freight"] = cell
-            engine_files, warmups = engine_repeat_files(
-                [n for n in rest if n == MJSP], systems, all_files, sorted_files, tenant_sorted
-            )
-            if engine_files:
-                log(f"engine: {kv} KV ({kv_bytes} bytes): {', '.join(engine_files)}")
-                cores = ENGINE_PLACEMENTS if args.engine_core == "faster" else (args.engine_core,)
-                by_core = {
-                    core: steps.run(
-                        f"engine:{kv}:{kv_bytes}:{core}",
-                        functools.partial(
-                            run_engine,
-                            engine_files,
-                            kv_bytes,
-                            work,
-                            args.eager,
-                            args.model,
-                            args.block_size,
-                            warmups,
-                            core,
-                        ),
-                    )
-                    for core in cores
-                }
-                engine_cells = faster_placement(by_core)
-                for name, cells in engine_cells_by_system(engine_cells).items():
-                    results[name][kv].update(cells)
+            # multi_job_shared_prefix: its engine variants and Freight's four modes, turn about
+            if MJSP in rest and ({"engine", "engine_sorted", "freight"} & set(systems)):
+                log(f"alternating: {kv} KV ({kv_bytes} bytes): {MJSP}")
+                mjsp_cores, cells, settings_by_role, mjsp_paired = steps.run(
+                    f"{MJSP}:{kv}:{kv_bytes}",
+                    functools.partial(
+                        run_multi_job_shared_prefix,
+                        all_files[MJSP],
+                        kv,
+                        kv_bytes,
+                        work,
+                        args,
+                        systems,
+                        sorted_files,
+                        tenant_sorted,
+                    ),
+                )
+                for name, by_system in engine_cells_by_system(faster_placement(mjsp_cores)).items():
+                    results[name][kv].update(by_system)
+                results[MJSP][kv].update(cells)
+                for role, settings in settings_by_role.items():
+                    freight_settings[f"{kv}:{MJSP}:{role}"] = settings
+                if mjsp_paired:
+                    paired[MJSP if kv == "default" else f"{MJSP}_{kv}_kv"] = mjsp_paired
             if "runbatch" in systems:
                 for name in rest + (["unique"] if paired_names else []):
                     log(f"run-batch: {name}, {kv} KV ({kv_bytes} bytes)")
@@ -1046,23 +1013,6 @@ def main(argv: list[str] | None = None) -> int:
                             **cell,
                             "note": "the same lines in one file (unique)",
                         }
-            if "freight" in systems and MJSP in rest:
-                cells, settings_by_role, mjsp_paired = steps.run(
-                    f"{MJSP}:{kv}:{kv_bytes}",
-                    functools.partial(
-                        run_multi_job_shared_prefix,
-                        all_files[MJSP],
-                        kv,
-                        kv_bytes,
-                        work,
-                        args,
-                        args.block_size,
-                    ),
-                )
-                results[MJSP][kv].update(cells)
-                for role, settings in settings_by_role.items():
-                    freight_settings[f"{kv}:{MJSP}:{role}"] = settings
-                paired[MJSP if kv == "default" else f"{MJSP}_{kv}_kv"] = mjsp_paired
             if paired_names and ({"engine", "freight"} & set(systems)):
                 cells_by_name, ratio_lists, settings_by_role = steps.run(
                     f"paired:{kv}:{kv_bytes}:{'+'.join(paired_names)}",

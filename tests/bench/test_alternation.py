@@ -3,6 +3,7 @@ record what they were asked, the engine and stack themselves run in the benchmar
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +47,7 @@ class Fake:
         return self._measure(path.name)
 
     def run_jobs(self, jobs: list[tuple[str, Path]]) -> dict[str, Any]:
-        (tenant, path), *_ = jobs
-        assert tenant == "tenant-a"
-        return self._measure(path.name)
+        return self._measure("+".join(f"{tenant}:{path.name}" for tenant, path in jobs))
 
 
 def files(tmp_path: Path, names: list[str], repeats: int) -> tuple[dict[str, Path], dict[str, list[Path]]]:
@@ -65,7 +64,14 @@ def files(tmp_path: Path, names: list[str], repeats: int) -> tuple[dict[str, Pat
     return engine, freight
 
 
-def run(tmp_path: Path, fail: str = "", start_fails: str = "") -> tuple[Any, list[tuple[str, str]]]:
+def run(
+    tmp_path: Path,
+    fail: str = "",
+    start_fails: str = "",
+    roles: Callable[[list[tuple[str, str]], set[str]], dict[str, Any]] | None = None,
+) -> tuple[Any, list[tuple[str, str]]]:
+    """run_alternating on dups and blend (2 repeats each), both placements and ``roles`` (made on
+    the shared log and running set; default: one stack, each file one batch of tenant-a)."""
     log: list[tuple[str, str]] = []
     running: set[str] = set()
     engine, freight = files(tmp_path, ["dups", "blend"], 2)
@@ -83,19 +89,28 @@ def run(tmp_path: Path, fail: str = "", start_fails: str = "") -> tuple[Any, lis
         freight_files=freight,
         placements=("inline", "process"),
         engine_server=engine_server,
-        stack_factory=lambda: Fake("freight", log, running),
+        roles=roles(log, running)
+        if roles is not None
+        else {
+            "freight": alternation.FreightRole(
+                lambda: Fake("freight", log, running), alternation.one_batch("tenant-a")
+            )
+        },
         repeat_of=repeat_of,
-        tenant="tenant-a",
         with_rates=lambda cell: {**cell, "output_tok_s": cell["output_tokens"] / cell["wall_s"]},
-        combine=lambda cells: {"repeats": cells},
         log=lambda message: None,
     )
     return out, log
 
 
 def test_each_repeat_runs_every_system_alone_in_a_rotating_order(tmp_path: Path) -> None:
-    (by_core, freight, settings), log = run(tmp_path)
-    measured = [(who, what) for who, what in log if what != "stop" and not what.startswith("start")]
+    (by_core, runs, settings), log = run(tmp_path)
+    freight = runs["freight"]
+    measured = [
+        (who, what.removeprefix("tenant-a:"))
+        for who, what in log
+        if what != "stop" and not what.startswith("start")
+    ]
     # Freight warms on each workload's warm-up file before any measured run
     assert measured[:2] == [("freight", "dups-warm.jsonl"), ("freight", "blend-warm.jsonl")]
     turns = [measured[2 + 5 * t : 2 + 5 * (t + 1)] for t in range(4)]  # 2 + 2 engine runs + 1 Freight
@@ -121,8 +136,8 @@ def test_each_repeat_runs_every_system_alone_in_a_rotating_order(tmp_path: Path)
     cell = by_core["process"]["blend+sorted#r1"]
     assert cell["output_tok_s"] == 50.0 and "file" not in cell
     assert cell["engine_settings"] == {"engine_core": "engine:process"} and cell["engine_startup_s"] == 1.0
-    assert [r["file"] for r in freight["dups"]["repeats"]] == ["dups-r0.jsonl", "dups-r1.jsonl"]
-    assert settings == {"stack": "freight"}
+    assert [r["file"] for r in freight["dups"]] == ["tenant-a:dups-r0.jsonl", "tenant-a:dups-r1.jsonl"]
+    assert settings == {"freight": {"stack": "freight"}}
     assert sorted(who for who, what in log if what == "stop") == [
         "engine:inline",
         "engine:process",
@@ -131,21 +146,61 @@ def test_each_repeat_runs_every_system_alone_in_a_rotating_order(tmp_path: Path)
 
 
 def test_a_failing_system_gets_error_cells_and_the_others_are_measured(tmp_path: Path) -> None:
-    (by_core, freight, _), _ = run(tmp_path, fail="inline")
+    (by_core, runs, _), _ = run(tmp_path, fail="inline")
     assert all("engine died" in cell["error"] for cell in by_core["inline"].values())
     assert all(cell["output_tok_s"] == 50.0 for cell in by_core["process"].values())
-    assert len(freight["blend"]["repeats"]) == 2
+    assert len(runs["freight"]["blend"]) == 2
 
 
 def test_a_system_that_does_not_start_is_an_error_in_each_of_its_cells(tmp_path: Path) -> None:
-    (by_core, freight, _), _ = run(tmp_path, start_fails="process")
+    (by_core, runs, _), _ = run(tmp_path, start_fails="process")
     assert len(by_core["process"]) == 8
     assert all(
         cell["error"].startswith("failed to start: RuntimeError: no engine")
         for cell in by_core["process"].values()
     )
     assert all("error" not in cell for cell in by_core["inline"].values())
-    assert all("error" not in r for r in freight["dups"]["repeats"])
+    assert all("error" not in r for r in runs["freight"]["dups"])
+
+
+def test_several_freight_modes_each_run_every_repeat_in_their_own_jobs(tmp_path: Path) -> None:
+    """multi_job_shared_prefix's modes: each role a stack of its own in the rotation, warmed and
+    measured on its own jobs of the same file, alone."""
+
+    def split(_name: str, path: Path) -> list[tuple[str, Path]]:
+        return [(tenant, path.with_name(f"{path.stem}-{tenant}.jsonl")) for tenant in ("t1", "t2")]
+
+    def roles(log: list[tuple[str, str]], running: set[str]) -> dict[str, Any]:
+        return {
+            "single": alternation.FreightRole(
+                lambda: Fake("single", log, running), alternation.one_batch("t1")
+            ),
+            "split": alternation.FreightRole(lambda: Fake("split", log, running), split),
+        }
+
+    (_, runs, settings), log = run(tmp_path, roles=roles)
+    assert set(runs) == set(settings) == {"single", "split"}
+    assert [r["file"] for r in runs["single"]["dups"]] == ["t1:dups-r0.jsonl", "t1:dups-r1.jsonl"]
+    assert [r["file"] for r in runs["split"]["blend"]] == [
+        "t1:blend-r0-t1.jsonl+t2:blend-r0-t2.jsonl",
+        "t1:blend-r1-t1.jsonl+t2:blend-r1-t2.jsonl",
+    ]
+    warm = [what for who, what in log if who == "split"][:2]
+    assert warm == [
+        "t1:dups-warm-t1.jsonl+t2:dups-warm-t2.jsonl",
+        "t1:blend-warm-t1.jsonl+t2:blend-warm-t2.jsonl",
+    ]
+    # four systems rotate, each turn one further along (a turn: 2 runs per engine, 1 per stack)
+    measured = [
+        who for who, what in log if what != "stop" and not what.startswith("start") and "warm" not in what
+    ]
+    orders = [list(dict.fromkeys(measured[6 * t : 6 * (t + 1)])) for t in range(4)]
+    assert orders == [
+        ["engine:inline", "engine:process", "single", "split"],
+        ["engine:process", "single", "split", "engine:inline"],
+        ["single", "split", "engine:inline", "engine:process"],
+        ["split", "engine:inline", "engine:process", "single"],
+    ]
 
 
 @pytest.mark.parametrize(
