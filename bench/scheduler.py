@@ -439,6 +439,34 @@ def placements(args: argparse.Namespace) -> tuple[str, ...]:
     return ENGINE_PLACEMENTS if args.engine_core == "faster" else (args.engine_core,)
 
 
+def rotate(
+    args: argparse.Namespace,
+    kv_bytes: int,
+    run_dir: Path,
+    names: list[str],
+    engine_files: dict[str, Path],
+    warmups: tuple[Path, ...],
+    freight_files: dict[str, list[Path]],
+    roles: dict[str, Any],
+) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[str, dict[str, list[dict[str, Any]]]], dict[str, Any]]:
+    """bench.alternation.run_alternating at this run's limits: the engine on --engine-core's
+    placements (if it has files) and ``roles``' stacks (if any), on ``freight_files``."""
+    from bench.alternation import run_alternating
+
+    return run_alternating(
+        names=names,
+        engine_files=engine_files,
+        engine_warmups=warmups,
+        freight_files=freight_files if roles else {},
+        placements=placements(args) if engine_files else (),
+        engine_server=engine_servers(args, kv_bytes, run_dir),
+        roles=roles,
+        repeat_of=repeat_of,
+        with_rates=with_rates,
+        log=log,
+    )
+
+
 def run_turn_about(
     names: list[str],
     systems: list[str],
@@ -451,7 +479,7 @@ def run_turn_about(
     """These workloads (one KV size, one batch each) on the engine baselines, on both core placements
     under --engine-core faster, and one warm Freight stack, turn about (bench/alternation.py):
     ({placement: {engine key: cell}}, {workload: Freight's cell}, the stack's settings)."""
-    from bench.alternation import FreightRole, one_batch, run_alternating
+    from bench.alternation import FreightRole, one_batch
 
     run_dir = work / f"alternating-{kv_bytes}-{'-'.join(names)}"
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -462,17 +490,8 @@ def run_turn_about(
         return freight_stack(run_dir / "freight", args.model, kv_bytes, args.eager, args.block_size)
 
     roles = {"freight": FreightRole(stack_factory, one_batch(wl.TENANTS[0]))} if "freight" in systems else {}
-    by_core, runs, settings = run_alternating(
-        names=names,
-        engine_files=engine_files,
-        engine_warmups=warmups,
-        freight_files={n: all_files[n] for n in names} if roles else {},
-        placements=placements(args) if engine_files else (),
-        engine_server=engine_servers(args, kv_bytes, run_dir),
-        roles=roles,
-        repeat_of=repeat_of,
-        with_rates=with_rates,
-        log=log,
+    by_core, runs, settings = rotate(
+        args, kv_bytes, run_dir, names, engine_files, warmups, {n: all_files[n] for n in names}, roles
     )
     cells = {name: combine_repeats(repeats) for name, repeats in runs.get("freight", {}).items()}
     return by_core, cells, settings.get("freight")
@@ -543,7 +562,7 @@ def run_multi_job_shared_prefix(
     paused, in a rotating order. Returns ({placement: {engine key: cell}}, {mode: median cell},
     {mode: its stack's settings}, the paired ratios per repeat: each mode against its one-job
     twin and tenant against global, all within one turn)."""
-    from bench.alternation import FreightRole, run_alternating
+    from bench.alternation import FreightRole
     from bench.prefix import ideal_cache_hit_rate
 
     run_dir = work / f"{MJSP}-{kv}-{kv_bytes}"
@@ -579,17 +598,8 @@ def run_multi_job_shared_prefix(
     if "freight" not in systems:
         roles = {}
     engine_files, warmups = engine_repeat_files([MJSP], systems, {MJSP: paths}, sorted_files, tenant_sorted)
-    by_core, freight_runs, settings = run_alternating(
-        names=[MJSP],
-        engine_files=engine_files,
-        engine_warmups=warmups,
-        freight_files={MJSP: paths} if roles else {},
-        placements=placements(args) if engine_files else (),
-        engine_server=engine_servers(args, kv_bytes, run_dir),
-        roles=roles,
-        repeat_of=repeat_of,
-        with_rates=with_rates,
-        log=log,
+    by_core, freight_runs, settings = rotate(
+        args, kv_bytes, run_dir, [MJSP], engine_files, warmups, {MJSP: paths}, roles
     )
     runs = {role: by_name.get(MJSP, []) for role, by_name in freight_runs.items()}
     for role, repeats in runs.items():
