@@ -414,7 +414,7 @@ def run_runbatch(
 
 
 def repeat_of(key: str) -> tuple[str, int]:
-    """(workload, repeat) of a engine key NAME[suffix]#rN."""
+    """(workload, repeat) of an engine key NAME[suffix]#rN."""
     base, _, r = key.rpartition(REPEAT)
     suffix = next(x for x in ENGINE_CELLS if base.endswith(x))  # the longer suffix first
     return (base.removesuffix(suffix) if suffix else base), int(r)
@@ -593,10 +593,8 @@ def run_multi_job_shared_prefix(
 
         return FreightRole(factory, lambda _name, path: jobs[path][role])
 
-    wanted = set(args.cache_sharing.split(","))
+    wanted = set(args.cache_sharing.split(",")) if "freight" in systems else set()
     roles = {role: mode(role) for role, (sharing, _) in MJSP_MODES.items() if sharing in wanted}
-    if "freight" not in systems:
-        roles = {}
     engine_files, warmups = engine_repeat_files([MJSP], systems, {MJSP: paths}, sorted_files, tenant_sorted)
     by_core, freight_runs, settings = rotate(
         args, kv_bytes, run_dir, [MJSP], engine_files, warmups, {MJSP: paths}, roles
