@@ -82,12 +82,6 @@ BROKER_MARKER_KEY = "freight:broker-marker"
 # One sorted set per model of the engine workers waiting for a pack: member the worker process
 # (its holder id), score the time its ask lapses unless renewed (epoch seconds).
 ASKS_KEY = "freight:asks:"
-# One key per media object a validation checks (MediaClaims): + the object's key (batches/<id>/...).
-CLAIMS_KEY = "freight:media-claim:"
-# drop a claim only if it is still the caller's (it may have lapsed and been taken by another)
-_RELEASE_IF_HELD = (
-    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
-)
 
 
 def model_queue(model: str) -> str:
@@ -219,45 +213,14 @@ class PackAsks:
             return None if client is None else int(client.zcount(ASKS_KEY + model, now, "+inf"))
 
 
-class MediaClaims:
-    """Which validation process checks and writes a batch's media object now, kept in the broker's
-    Redis (one key per object key, its value the holder's id while it checks and writes). Why: a
-    large input's chunks are validated in parallel (``workers.validation_chunks``) and each sees
-    most of the batch's images; without a claim every chunk of the first wave decoded and wrote
-    every image before another's write could answer it (``workers.media_files.store_once``). The
-    store stays the one record of what was written: a claim only orders the checks. A claim lapses
-    ``lifetime`` seconds after it was taken (a holder that died). A broker other than Redis keeps
-    no claims: every claim is granted (each process checks for itself, as before)."""
-
-    def __init__(self, celery: Celery) -> None:
-        self.celery = celery
-
-    def claim(self, key: str, holder: str, lifetime: float) -> bool:
-        """True if ``holder`` now holds ``key``'s claim (it checks and writes, then `release`s);
-        False while another holder has it."""
-        with _redis(self.celery) as client:
-            if client is None:
-                return True
-            return bool(client.set(CLAIMS_KEY + key, holder, nx=True, px=max(1, int(lifetime * 1000))))
-
-    def release(self, key: str, holder: str) -> None:
-        """``holder`` is done with ``key`` (written, refused, or failed): the next claimer asks the
-        store. Only ``holder``'s own claim is dropped (its own may have lapsed and been taken)."""
-        with _redis(self.celery) as client:
-            if client is not None:
-                client.eval(_RELEASE_IF_HELD, 1, CLAIMS_KEY + key, holder)
-
-
 class TaskQueue:
     """Sends tasks by name, so producers (the API) need not import the task modules; ``asks``,
-    the engine workers waiting for a pack; ``image_fetches``, each tenant's image fetches in flight;
-    ``media_claims``, which validation process checks each of a batch's media objects."""
+    the engine workers waiting for a pack; ``image_fetches``, each tenant's image fetches in flight."""
 
     def __init__(self, celery: Celery) -> None:
         self.celery = celery
         self.asks = PackAsks(celery)
         self.image_fetches = TenantSlots(celery, "image-fetches")
-        self.media_claims = MediaClaims(celery)
 
     def broker_was_reset(self) -> bool:
         """True once after the broker lost everything it held (Redis restarted without persistence,

@@ -260,7 +260,6 @@ class ImageResolver:
                 lambda digest: image_key(self.batch_id, digest),
                 self._stored,
                 check=lambda image: check_image(image, max_pixels),  # raises ImageRefused
-                claims=self.rt.queue.media_claims,
             )
             outcome = (IMAGE_REF + sha, "", 200)
         except ImageRefused as exc:

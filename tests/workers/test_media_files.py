@@ -12,8 +12,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -490,78 +488,6 @@ def test_store_once_checks_and_writes_an_object_once_per_batch(rt, monkeypatch) 
     monkeypatch.setattr(media_files, "STORED_MEMORY", 1)
     assert store_once(rt.store, other, key_of, third) == hashlib.sha256(other).hexdigest()
     assert third == {digest} and rt.store.exists(key_of(hashlib.sha256(other).hexdigest()))
-
-
-def test_media_claims_one_holder_at_a_time_and_a_released_or_lapsed_claim_is_taken_again(rt) -> None:
-    """The broker's side of ``store_once``'s claims: the first claimer holds the object's key and a
-    second does not; a release by another than the holder drops nothing; the holder's release
-    frees it; a claim whose holder died lapses after its lifetime."""
-    claims = rt.queue.media_claims
-    key = audio_key(f"batch_{uuid.uuid4().hex}", "d" * 64)
-    assert claims.claim(key, "first", 60)
-    assert not claims.claim(key, "second", 60)
-    claims.release(key, "second")  # not its claim: still held
-    assert not claims.claim(key, "second", 60)
-    claims.release(key, "first")
-    assert claims.claim(key, "second", 60)
-    lapsing = audio_key(f"batch_{uuid.uuid4().hex}", "e" * 64)
-    assert claims.claim(lapsing, "dies", 0.001)
-    deadline = time.monotonic() + 5
-    while not (taken := claims.claim(lapsing, "next", 60)) and time.monotonic() < deadline:
-        pass  # a millisecond's lifetime: the next claims it within a few asks
-    assert taken
-
-
-def test_store_once_with_claims_waits_for_the_holders_write_and_checks_nothing(rt, monkeypatch) -> None:
-    """A resolver meeting an object another resolver of the batch is checking (the first wave of a
-    chunked validation) waits for that check instead of decoding the same bytes alongside: the
-    holder writes and releases while it waits, and it uses that object, unchecked and unwritten."""
-    claims = rt.queue.media_claims
-    batch = uuid.uuid4().hex
-    key_of = lambda digest: audio_key(f"batch_{batch}", digest)  # noqa: E731
-    digest = hashlib.sha256(WAV).hexdigest()
-    assert claims.claim(key_of(digest), "other chunk", 60)
-    pauses: list[int] = []
-
-    def holder_finishes() -> None:  # what the other chunk does while this one waits
-        pauses.append(1)
-        rt.store.put_chunks(key_of(digest), [b"the holder's write"])
-        claims.release(key_of(digest), "other chunk")
-
-    monkeypatch.setattr(media_files, "_pause", holder_finishes)
-    checked: list[bytes] = []
-    assert store_once(rt.store, WAV, key_of, set(), checked.append, claims=claims) == digest
-    assert pauses == [1] and checked == []
-    with rt.store.open(key_of(digest)) as stream:
-        assert stream.read() == b"the holder's write"  # not written again
-    assert claims.claim(key_of(digest), "later", 60)  # the waiter's own claim released
-
-
-def test_store_once_with_claims_checks_for_itself_when_the_holder_refused_and_frees_its_own_refusal(
-    rt, monkeypatch
-) -> None:
-    """The holder's check refused the bytes (or its process died): its claim goes, nothing is
-    stored, and the waiter checks and writes for itself. A resolver whose own check refuses drops
-    its claim, so the next one is not left waiting out its lifetime."""
-    claims = rt.queue.media_claims
-    batch = uuid.uuid4().hex
-    key_of = lambda digest: audio_key(f"batch_{batch}", digest)  # noqa: E731
-    digest = hashlib.sha256(WAV).hexdigest()
-    assert claims.claim(key_of(digest), "other chunk", 60)
-    monkeypatch.setattr(media_files, "_pause", lambda: claims.release(key_of(digest), "other chunk"))
-    checked: list[bytes] = []
-    assert store_once(rt.store, WAV, key_of, set(), checked.append, claims=claims) == digest
-    assert checked == [WAV] and rt.store.exists(key_of(digest))
-
-    def refuse(data: bytes) -> None:
-        raise ValueError("refused")
-
-    other = tone(0.7)
-    other_key = key_of(hashlib.sha256(other).hexdigest())
-    with pytest.raises(ValueError):
-        store_once(rt.store, other, key_of, set(), refuse, claims=claims)
-    assert not rt.store.exists(other_key)
-    assert claims.claim(other_key, "next", 60)  # not held by the refused check
 
 
 def test_audio_another_resolver_of_the_batch_stored_is_not_written_again(rt, tenants) -> None:
