@@ -56,7 +56,6 @@ def lease_seconds(rt: Runtime) -> float:
 def send_due(rt: Runtime, now: float, batch_id: str | None = None) -> list[int]:
     """Send a task for each endpoint's earliest due delivery (of ``batch_id`` only, if given) that
     no attempt holds and no task was sent for within a lease; returns their ids."""
-    free = now - lease_seconds(rt)
     first = (
         select(func.min(WebhookDelivery.id))
         .join(WebhookEndpoint, WebhookEndpoint.id == WebhookDelivery.endpoint_id)
@@ -73,15 +72,28 @@ def send_due(rt: Runtime, now: float, batch_id: str | None = None) -> list[int]:
         first = first.where(WebhookDelivery.batch_id == batch_id)
     with rt.db.read() as s:  # every tick asks: a write transaction only when there is something
         candidates = [i for i in s.scalars(first.limit(1000)) if i is not None]
-    if not candidates:
-        return []
+    sent = mark_sent(rt, candidates, now) if candidates else []
+    for delivery_id in sent:
+        rt.queue.deliver_webhook(delivery_id, expires=now + lease_seconds(rt))
+    return sent
+
+
+def mark_sent(rt: Runtime, candidates: list[int], now: float) -> list[int]:
+    """Record a task as sent for each candidate still due and not sent within a lease; returns
+    those. A compare-and-set, so of two senders one sends; and it asks again what the read asked
+    (pending, due), because an attempt may have ended between the read and this write: a sender
+    that read the delivery before an attempt delivered it (or put off its retry) would otherwise
+    send a task for nothing, or mark a retry as sent and hold it back a lease past its time."""
+    free = now - lease_seconds(rt)
+    sent = []
     with rt.db.write() as s:
-        sent = []
-        for delivery_id in candidates:  # compare-and-set: of two senders, one sends
+        for delivery_id in candidates:
             changed = s.execute(
                 update(WebhookDelivery)
                 .where(
                     WebhookDelivery.id == delivery_id,
+                    WebhookDelivery.status == DeliveryStatus.PENDING,
+                    WebhookDelivery.next_attempt_at <= now,
                     or_(WebhookDelivery.sent_at.is_(None), WebhookDelivery.sent_at < free),
                     WEBHOOK_DELIVERY_LEASE.free(now, lease_seconds(rt)),
                 )
@@ -89,8 +101,6 @@ def send_due(rt: Runtime, now: float, batch_id: str | None = None) -> list[int]:
             ).rowcount  # type: ignore[attr-defined]
             if changed:
                 sent.append(delivery_id)
-    for delivery_id in sent:
-        rt.queue.deliver_webhook(delivery_id, expires=now + lease_seconds(rt))
     return sent
 
 

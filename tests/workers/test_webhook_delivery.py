@@ -36,7 +36,16 @@ from workers import cleanup
 from workers.celery_app import make_celery
 from workers.finalize import finalize_batch
 from workers.task_policy import fail_validation
-from workers.webhooks import TENANT_DISABLED, _claim, _record, deliver, lease_seconds, post, send_due
+from workers.webhooks import (
+    TENANT_DISABLED,
+    _claim,
+    _record,
+    deliver,
+    lease_seconds,
+    mark_sent,
+    post,
+    send_due,
+)
 
 ALL = "batch.completed,batch.failed,batch.cancelled,batch.expired"
 
@@ -203,6 +212,26 @@ def test_a_lost_task_is_only_a_delay_the_tick_sends_it_again(rt, receiver):
     assert send_due(rt, t + 1) == []  # in flight as far as anyone knows: not sent twice
     assert send_due(rt, t + lease_seconds(rt) + 1) == [sent]  # a lease later, the tick sends it again
     assert deliver(rt, sent, time.time()) == "delivered" and len(receiver.at("/t")) == 1
+
+
+def test_a_sender_that_read_a_delivery_before_its_attempt_ended_sends_nothing(rt, receiver):
+    """The tick reads the due deliveries, then marks them sent: an attempt that ends between the two
+    (a finalization's task delivered it, or put its retry off) leaves the tick nothing to send, and
+    a retry's time is not held back by a send that never happened."""
+    tenant, _ = create_tenant(rt.db, "t", now())
+    receiver.behaviours["/t"] = Behaviour(fail_first=1)
+    service.add(rt, tenant.id, receiver.url("/t"), ALL, now())
+    final_batch(rt, tenant.id, "completed")
+    t = time.time()
+    [read_by_tick] = pending(rt, t)  # the tick's read
+    assert deliver(rt, read_by_tick, t) == "retry"  # another sender's task attempted it meanwhile
+    assert mark_sent(rt, [read_by_tick], t) == []  # not due: no task, no mark
+    with rt.db.read() as s:
+        retry_at = s.get(WebhookDelivery, read_by_tick).next_attempt_at
+    assert send_due(rt, retry_at) == [read_by_tick]  # sent at its time
+    assert deliver(rt, read_by_tick, retry_at) == "delivered"
+    assert mark_sent(rt, [read_by_tick], retry_at + lease_seconds(rt) + 1) == []  # delivered: never again
+    assert len(receiver.at("/t")) == 2
 
 
 def test_redirects_are_not_followed_and_answers_are_read_bounded(rt, receiver):
