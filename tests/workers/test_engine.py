@@ -486,14 +486,16 @@ def threads():  # per thread: (CPU ticks, times it gave up its core: futex waits
 said = []
 def loop():
     run("warm")
-    before = threads()
-    ok = run("measured")
-    after = threads()
-    busy = sorted((after[t][0] - before[t][0], after[t][1] - before[t][1]) for t in after if t in before)
-    said.append((ok, sum(slept for _, slept in busy[-2:])))  # the step's two threads: this one, OpenMP's
+    for repeat in range(3):
+        before = threads()
+        ok = run(f"measured-{repeat}")
+        after = threads()
+        busy = sorted((after[t][0] - before[t][0], after[t][1] - before[t][1]) for t in after if t in before)
+        said.append((ok, sum(slept for _, slept in busy[-2:])))  # the step's two threads: this one, OpenMP's
 thread = threading.Thread(target=loop); thread.start(); thread.join()
 print("inline:", engine.inline)
-print("ok, sleeps:", *said[0])
+print("ok:", *(ok for ok, _ in said))
+print("sleeps:", *(slept for _, slept in said))
 engine.shutdown()
 """
 
@@ -514,13 +516,13 @@ def test_an_inline_engine_stepped_from_another_thread_keeps_openmp_awake(demo_mo
         assert done.returncode == 0, done.stderr[-3000:]
         said = dict(line.split(": ", 1) for line in done.stdout.splitlines() if ": " in line)
         assert said["inline"] == "True", done.stdout[-2000:]
-        ok, slept = map(int, said["ok, sleeps"].split())
-        assert ok == 128
-        sleeps[how] = slept
-    # 64 decode steps and a prefill: the step's threads sleep about once a step each on their own
-    # (between steps), at each of a step's parallel regions in the control. On a loaded 2-core host
-    # (the other test process) a spin now and then times out mid-step: 141 there in CI, so the
-    # bound is 4 a step, still a fifth of the control's least
-    assert sleeps["own-thread"] < 4 * 65, sleeps
-    assert sleeps["own-thread"] * 20 < sleeps["calling-thread"], sleeps
+        assert said["ok"].split() == ["128"] * 3, done.stdout[-2000:]
+        sleeps[how] = min(map(int, said["sleeps"].split()))
+    # 64 decode steps and a prefill, three times: the step's threads sleep about once a step each on
+    # their own (between steps), at each of a step's parallel regions in the control (about 11,100,
+    # the same every run). On a loaded 2-core host (the other test process) a spin now and then
+    # times out mid-step: with one and with two other threads busy, the fix's runs slept 300 to
+    # 1,190 (least of three: 730 and 300), one run in CI 849; so the bound is on the ratio, the
+    # control's fifth, twice the worst seen. Quiet, the fix's runs sleep 8 to 14
+    assert sleeps["own-thread"] * 5 < sleeps["calling-thread"], sleeps
     assert sleeps["calling-thread"] > 20 * 65, sleeps  # the control does show the effect
