@@ -88,6 +88,15 @@ def flush(timeout_millis: int = 5000) -> None:
         provider.force_flush(timeout_millis)
 
 
+def shutdown() -> None:
+    """Send what this process's provider holds and stop its export thread; a later span makes a
+    new provider. For a process whose collector goes away before it does (a test's receiver):
+    a provider left running retries its exports against a closed port and logs each failure."""
+    provider = _provider.pop(os.getpid(), None)
+    if provider is not None:
+        provider.shutdown()
+
+
 def current_traceparent() -> str | None:
     """The current span's context as a ``traceparent`` (what a batch row stores), or None when no
     span is recording."""

@@ -109,7 +109,7 @@ def tracing_to(monkeypatch: Any) -> Iterator[OtlpReceiver]:
     try:
         yield receiver
     finally:
-        tracing.flush()
+        tracing.shutdown()  # before the receiver goes: no export thread outlives it
         receiver.stop()
 
 

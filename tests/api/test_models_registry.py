@@ -127,7 +127,7 @@ def test_the_cli_adds_lists_and_removes(runtime, monkeypatch: pytest.MonkeyPatch
     assert any(line.startswith("cli-model") and "0.1/0.4" in line for line in lines)
     assert any(line.startswith("demo") and "(FREIGHT_MODELS)" in line for line in lines)
     rows = [
-        json.loads(x) for x in runner.invoke(main, ["models", "list", "--json"], env=env).output.splitlines()
+        json.loads(x) for x in runner.invoke(main, ["models", "list", "--json"], env=env).stdout.splitlines()
     ]
     assert {r["name"]: r["declared"] for r in rows} == {"cli-model": False, "demo": True}
     missing = runner.invoke(main, ["models", "add", "x", "--path", "/no/such"], env=env)

@@ -274,7 +274,7 @@ def test_cli_report(seeded, monkeypatch):
 
     result = runner.invoke(main, ["report", *window, "--format", "json"], env=env)
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output) == [asdict(r) for r in usage_report(seeded, T, UNTIL, None, None)]
+    assert json.loads(result.stdout) == [asdict(r) for r in usage_report(seeded, T, UNTIL, None, None)]
 
     result = runner.invoke(main, ["report", *window, "--tenant", "beta", "--format", "csv"], env=env)
     assert result.exit_code == 0, result.output

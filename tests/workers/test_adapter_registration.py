@@ -210,7 +210,7 @@ def test_the_cli_adds_lists_and_removes_adapters(runtime, tmp_path: Path) -> Non
     assert table[header].split() == ["ADAPTER", "BASE", "RANK", "TARGET", "MODULES", "TENANTS", "PATH"]
     assert table[header + 1].split()[:5] == ["cli-lora", "demo", "8", "down_proj,q_proj", "alpha"]
     rows = [
-        json.loads(x) for x in runner.invoke(main, ["models", "list", "--json"], env=env).output.splitlines()
+        json.loads(x) for x in runner.invoke(main, ["models", "list", "--json"], env=env).stdout.splitlines()
     ]
     lora = next(r for r in rows if r["name"] == "cli-lora")
     assert (lora["adapter"], lora["base"], lora["tenants"], lora["path"]) == (True, "demo", ["alpha"], path)

@@ -54,7 +54,12 @@ def traced(monkeypatch, demo_model_dir):
             yield receiver, engine
         finally:
             engine.shutdown()
-            trace.get_tracer_provider().force_flush()  # vLLM's (global) spans, while the receiver is up
+            # vLLM's provider is the process's global one from here on (set once): its spans sent
+            # while the receiver is up, then shut, or every later engine's start-up spans (vLLM's
+            # @instrument) would be exported to the closed port, logging each failure mid-test
+            provider = trace.get_tracer_provider()
+            provider.force_flush()
+            provider.shutdown()
 
 
 def test_vllm_request_spans_are_children_of_the_units_engine_span(traced) -> None:
