@@ -367,6 +367,28 @@ def _start_failure(config: EngineConfig, exc: BaseException, core_error: str) ->
     )
 
 
+def _render_and_add(engine: Engine, request: EngineRequest, lora: Any) -> tuple[RenderedRequest, str]:
+    """One chat or completions line rendered and handed to vLLM; its vLLM request id."""
+    rendered = engine.render(request)
+    request_id = f"freight-{next(engine._ids)}"
+    engine_input = rendered.engine_input
+    if request.cache_salt:
+        engine_input = {**engine_input, "cache_salt": request.cache_salt}
+    trace = request.trace_headers  # None unless Freight traces this request's unit
+    if trace is not None and not engine.traces_requests:
+        trace = None
+    llm = engine._llm
+    try:
+        llm.add_request(
+            request_id, engine_input, rendered.sampling_params, lora_request=lora, trace_headers=trace
+        )
+    except BaseException:
+        # vLLM registers a request's output before its core takes it: none is to come
+        llm.abort_request([request_id])
+        raise
+    return rendered, request_id
+
+
 def _error(key: str, status: int, code: str, message: str, param: str | None = None) -> EngineResult:
     return EngineResult(key=key, status_code=status, error={"code": code, "message": message, "param": param})
 
@@ -800,6 +822,8 @@ class Engine:
             self._running = False
 
     def _submit(self, request: EngineRequest) -> _InFlight | EngineResult:
+        from vllm.multimodal.cache.base import MultiModalCacheMissError
+
         key = request.key
         if not serves(self.config.task, request.endpoint):
             what = {
@@ -847,17 +871,16 @@ class Engine:
                 line = self._speech.submit(parsed.request, f"freight-{next(self._ids)}", request.audio)
                 return _InFlight(key, line, len(line.chunks), line.request_ids)
             lora = None if self.loras is None else self.loras.request_for(request.body.get("model"))
-            rendered = self.render(request)
-            request_id = f"freight-{next(self._ids)}"
-            engine_input = rendered.engine_input
-            if request.cache_salt:
-                engine_input = {**engine_input, "cache_salt": request.cache_salt}
-            trace = request.trace_headers  # None unless Freight traces this request's unit
-            if trace is not None and not self.traces_requests:
-                trace = None
-            self._llm.add_request(
-                request_id, engine_input, rendered.sampling_params, lora_request=lora, trace_headers=trace
-            )
+            try:
+                rendered, request_id = _render_and_add(self, request, lora)
+            except MultiModalCacheMissError as miss:
+                # vLLM's frontend took these images as sent to the core by a rendering that never
+                # reached it (a line refused after it was rendered, as for its context length): it
+                # forgets them, and the line is rendered again with its images attached
+                cache = self._llm.renderer.mm_processor_cache
+                for mm_hash in miss.mm_hashes if cache is not None else ():
+                    cache.invalidate(mm_hash)
+                rendered, request_id = _render_and_add(self, request, lora)
         except Exception as exc:
             return _refusal(key, exc, "the request")
         return _InFlight(key, rendered, rendered.parsed.n, [request_id], lora and lora.lora_name)

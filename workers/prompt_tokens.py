@@ -11,6 +11,14 @@ do not touch the prompt, on a model whose template takes string content; complet
 (as before), and the engine renders it itself, exactly as it always did. Tests compare these ids
 with the engine's own rendering.
 
+Image lines (a vision model's template takes content as a list of parts, vLLM's "openai" format):
+the template renders each image part as the model's one placeholder token, which vLLM's processor
+expands by the image's size when the engine hands it the ids with the images (``workers.rendering``).
+Their ordering key is not their ids (an image's placeholder is the same token for every image):
+it is ``PromptKeyer``'s, which names each image by its digest, and the ids are kept beside it. On
+the demo VLM the engine then spends 0.73 ms a line instead of vLLM's 1.32 ms chat rendering
+(template, tokenization and the processor: Xeon AVX-512 host, 200 lines over 10 images).
+
 A model whose tokenizer cannot be loaded fails validation with ``TokenizerUnavailable`` (no silent
 file order): the engine worker could not run it either.
 """
@@ -27,6 +35,7 @@ from typing import Any, NamedTuple, cast
 
 from scheduler.ordering import KEY_TOKEN_BYTES, prompt_key
 from workers.chat_skeletons import ChatSkeletons
+from workers.images import is_image_ref
 from workers.prompts import PromptKeyer, _template_messages
 from workers.request_bodies import CHAT, COMPLETIONS, EMBEDDINGS
 from workers.responses import RESPONSES, prompt_chat_body
@@ -63,8 +72,10 @@ class TokenizerUnavailable(Exception):
 @dataclass(frozen=True)
 class RenderedPrompt:
     key_bytes: bytes  # big-endian uint32 ids: all of them when exact, else a key's worth
-    exact: bool  # key_bytes are the engine's prompt token ids, all of them
+    exact: bool  # the engine's prompt token ids are known: key_bytes, or ids_bytes where given
     key_tokens: int  # how many of them make the ordering key
+    # the ids when the key is not made of them (an image line: its key names each image)
+    ids_bytes: bytes | None = None
 
     @property
     def key(self) -> bytes:
@@ -72,25 +83,36 @@ class RenderedPrompt:
 
     @property
     def prompt_len(self) -> int:
-        """Exact when ``exact``; otherwise a lower bound (the key's length)."""
-        return len(self.key_bytes) // KEY_TOKEN_BYTES
+        """Exact when ``exact`` (an image counts as its one placeholder token: vLLM's processor
+        expands it); otherwise a lower bound (the key's length)."""
+        return len(self.id_bytes or self.key_bytes) // KEY_TOKEN_BYTES
 
     @property
     def id_bytes(self) -> bytes | None:
-        return self.key_bytes if self.exact else None
+        if not self.exact:
+            return None
+        return self.key_bytes if self.ids_bytes is None else self.ids_bytes
 
     def token_ids(self) -> list[int] | None:
-        return ids_of(self.key_bytes) if self.exact else None
+        ids = self.id_bytes
+        return None if ids is None else ids_of(ids)
 
 
 class _Text(NamedTuple):
     """A prompt to tokenize exactly (``special``: with the tokenizer's special tokens added), and
-    the body and endpoint it came from, to key if tokenizing fails."""
+    the body and endpoint it came from, to key if tokenizing fails; ``key``: the ordering key when
+    it is not the ids' (an image line's)."""
 
     text: str
     special: bool
     endpoint: str
     body: Mapping[str, Any]
+    key: bytes | None = None
+
+    def rendered(self, ids: bytes, key_tokens: int) -> RenderedPrompt:
+        if self.key is None:
+            return RenderedPrompt(ids, True, key_tokens)
+        return RenderedPrompt(self.key, True, key_tokens, ids)
 
 
 def ids_of(key_bytes: bytes) -> list[int]:
@@ -111,6 +133,8 @@ class PromptRenderer:
         self.keyer = PromptKeyer(tokenizer, key_tokens)
         template = getattr(tokenizer, "chat_template", None)
         self.chat_exact = isinstance(template, str) and _string_content(template)
+        # a template of content parts (a vision model's): image lines render exactly too
+        self.chat_parts = isinstance(template, str) and not self.chat_exact and _parts_content(template)
         self.skeletons = ChatSkeletons(tokenizer)  # the template once per conversation shape
 
     @classmethod
@@ -142,7 +166,7 @@ class PromptRenderer:
                 if key_bytes is None:
                     out[i] = self._finish(jobs[i])  # alone, as render would (not prepared again)
                 else:
-                    out[i] = RenderedPrompt(key_bytes, True, self.key_tokens)
+                    out[i] = cast(_Text, jobs[i]).rendered(key_bytes, self.key_tokens)
         return out  # type: ignore[return-value]  # every slot filled above
 
     def _job(self, endpoint: str, body: Mapping[str, Any]) -> RenderedPrompt | _Text:
@@ -156,6 +180,9 @@ class PromptRenderer:
             text = self._exact_text(endpoint, body)
             if text is not None:
                 return _Text(*text, endpoint, body)
+            parts = self._parts_text(endpoint, body)
+            if parts is not None:
+                return _Text(parts, False, endpoint, body, self.keyer.key(endpoint, dict(body)))
             ids = self._exact_ids(endpoint, body)
             if ids is not None:
                 return RenderedPrompt(prompt_key(ids, _ALL), True, self.key_tokens)
@@ -168,7 +195,7 @@ class PromptRenderer:
         if isinstance(job, RenderedPrompt):
             return job
         try:
-            return RenderedPrompt(self.full.text_key(job.text, job.special), True, self.key_tokens)
+            return job.rendered(self.full.text_key(job.text, job.special), self.key_tokens)
         except Exception:
             return self._key_only(job.endpoint, job.body)
 
@@ -195,6 +222,17 @@ class PromptRenderer:
                 return prompt, True
         return None
 
+    def _parts_text(self, endpoint: str, body: Mapping[str, Any]) -> str | None:
+        """A chat prompt with images (or parts) for a template of content parts, rendered as vLLM
+        renders it (``_parts_messages``); None where that is not provably the same."""
+        if endpoint != CHAT or not self.chat_parts or not set(body) <= PROMPT_NEUTRAL:
+            return None
+        messages = _parts_messages(body.get("messages"))
+        if messages is None:
+            return None
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return text if isinstance(text, str) else None
+
     def _exact_ids(self, endpoint: str, body: Mapping[str, Any]) -> list[int] | None:
         if endpoint == EMBEDDINGS and set(body) <= EMBEDDING_FIELDS:
             prompt = _one_prompt(body.get("input"))
@@ -213,16 +251,28 @@ def _one_prompt(prompt: Any) -> Any:
     return prompt
 
 
-def _plain_messages(messages: Any) -> bool:
-    """System (first only), user and assistant turns of text: what every renderer agrees on."""
+def _plain_turns(messages: Any) -> list[tuple[str, Any]] | None:
+    """Each message's role and content where every one is a system (first only), user or
+    assistant turn with no other field, and none is a system turn vLLM's parsing edits; else None."""
     if not isinstance(messages, list) or not messages:
-        return False
+        return None
+    turns = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or set(message) - {"role", "content"}:
-            return False
+            return None
         role, content = message.get("role"), message.get("content")
-        if role not in _ROLES or (role == "system" and i > 0):
-            return False
+        if role not in _ROLES or (role == "system" and i > 0) or _stripped_by_vllm(role, content):
+            return None
+        turns.append((role, content))
+    return turns
+
+
+def _plain_messages(messages: Any) -> bool:
+    """System (first only), user and assistant turns of text: what every renderer agrees on."""
+    turns = _plain_turns(messages)
+    if turns is None:
+        return False
+    for _, content in turns:
         if isinstance(content, list):
             if not all(
                 isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
@@ -233,6 +283,67 @@ def _plain_messages(messages: Any) -> bool:
         elif not isinstance(content, str):
             return False
     return True
+
+
+def _parts_messages(messages: Any) -> list[dict[str, Any]] | None:
+    """What vLLM's chat parsing hands a content-parts template ("openai" format) for plain turns
+    (system first only, user and assistant) of text parts and stored images: each message's content
+    as a list, a string as one text part, an image as ``{"type": "image"}``; None for anything else
+    (a link not stored yet, an image's ``detail`` or ``uuid``, other part types or message fields)."""
+    turns = _plain_turns(messages)
+    if turns is None:
+        return None
+    out = []
+    for role, content in turns:
+        if isinstance(content, str):
+            parts: list[dict[str, Any] | None] = [{"type": "text", "text": content}]
+        elif isinstance(content, list):
+            parts = [_template_part(part) for part in content]
+            if None in parts:
+                return None
+        else:
+            return None
+        out.append({"role": role, "content": parts})
+    return out
+
+
+def _template_part(part: Any) -> dict[str, Any] | None:
+    """A text part as it is, a stored image as ``{"type": "image"}``; None for anything else."""
+    if not isinstance(part, dict):
+        return None
+    kind = part.get("type")
+    if kind == "text" and isinstance(part.get("text"), str) and set(part) <= {"type", "text"}:
+        return {"type": "text", "text": part["text"]}
+    url = part.get("image_url")
+    if (
+        kind == "image_url"
+        and set(part) == {"type", "image_url"}
+        and isinstance(url, dict)
+        and set(url) == {"url"}
+    ):
+        return {"type": "image"} if is_image_ref(url["url"]) else None
+    return None
+
+
+def _stripped_by_vllm(role: Any, content: Any) -> bool:
+    """A system turn vLLM's chat parsing edits (it drops a Claude Code billing header line)."""
+    if role != "system":
+        return False
+    if isinstance(content, str):
+        texts: list[Any] = [content]
+    else:
+        texts = [p.get("text") for p in content if isinstance(p, dict)] if isinstance(content, list) else []
+    return any(isinstance(t, str) and t.startswith("x-anthropic-billing-header") for t in texts)
+
+
+def _parts_content(template: str) -> bool:
+    """vLLM passes content as a list of parts to templates it detects as "openai"-format."""
+    try:
+        from vllm.renderers.hf import _detect_content_format
+
+        return _detect_content_format(template, default="string") == "openai"
+    except Exception:
+        return False
 
 
 def _string_content(template: str) -> bool:

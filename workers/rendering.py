@@ -86,6 +86,8 @@ def render_request(
         tok_params = request.build_tok_params(model_config)
         if prompt_token_ids is not None and not (parsed.is_chat and request.echo):
             tokens = parse_model_prompt(model_config, list(prompt_token_ids))
+            if parsed.is_chat:
+                _with_images(tokens, request.messages)
             (engine_input,) = renderer.render_cmpl([tokens], tok_params, prompt_extras=extras)
         elif parsed.is_chat:
             tools = None if request.tools is None else [tool.model_dump() for tool in request.tools]
@@ -138,6 +140,22 @@ def render_request(
     tokenizer = renderer.tokenizer if decode_at_end else None
     sampling_params = _sampling_params(parsed, max_tokens, defaults, shapes, tokenizer)
     return RenderedRequest(parsed, engine_input, prompt_token_ids, sampling_params, echo_text)
+
+
+def _with_images(tokens: Any, messages: Any) -> None:
+    """A chat prompt's ids with its images (``workers.images.inline_images``' parts, in message
+    order, each with its digest as vLLM's ``uuid``): vLLM's processor expands each placeholder token
+    of the ids by its image, as it does when it renders the chat itself."""
+    images, uuids = [], []
+    for message in messages if isinstance(messages, list) else ():
+        content = message.get("content") if isinstance(message, dict) else None
+        for part in content if isinstance(content, list) else ():
+            if isinstance(part, dict) and part.get("type") == "image_pil":
+                images.append(part["image_pil"])
+                uuids.append(part.get("uuid"))
+    if images:
+        tokens["multi_modal_data"] = {"image": images}
+        tokens["multi_modal_uuids"] = {"image": uuids}
 
 
 def _sampling_params(
