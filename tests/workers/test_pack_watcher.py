@@ -5,6 +5,7 @@ and writes the engine's sample."""
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 import time
@@ -26,7 +27,7 @@ from tests.workers.scripted_engine import ScriptedEngine
 from workers.cost_meter import CostMeter
 from workers.engine_loop import EngineLoop
 from workers.pack_feed import PackFeed
-from workers.pack_watcher import PackWatcher
+from workers.pack_watcher import CHECK_SECONDS, PackWatcher
 from workers.runner_state import ActiveUnit, RunnerState, new_spool
 from workers.unit_claims import claim_unit
 
@@ -96,6 +97,44 @@ def test_the_watcher_stops_what_must_stop_heartbeats_the_rest_renews_the_ask_and
         assert (sample.model, sample.steps, sample.seconds, sample.running_mean) == ("demo", 3, 1.5, 2.0)
         assert (sample.requests, sample.output_tokens, sample.max_num_seqs) == (2, 6, 8)
         assert sample.mfu is None  # no shape: no estimate
+    finally:
+        rt.db.dispose()
+
+
+def test_a_heartbeat_shorter_than_a_check_is_kept(settings: Settings) -> None:
+    """FREIGHT_HEARTBEAT_SECONDS under the watcher's one-second check: its passes come as often as
+    the heartbeat. (They came a second apart, so a 0.25 s heartbeat beat once a second, and a 2 s
+    lease ran out in CI under load.) Each beat's time is the one it writes to the claims."""
+    rt = Runtime(replace(settings, unit_size=2, heartbeat_seconds=0.25))
+    worker = f"beats-{uuid.uuid4().hex[:6]}"
+    try:
+        tenant, _ = create_tenant(rt.db, "t", now())
+        _, units = claimed(rt, tenant.id, f"{worker}:1", 2)
+        state = RunnerState()
+        state.hold(units)
+        feed = PackFeed(rt, state, queue.Queue(), f"m-{worker}", f"{worker}:1", 8)
+        loop = EngineLoop(ScriptedEngine(), state, feed, queue.Queue(), CostMeter(3.6), lambda exc: None)
+        watcher = PackWatcher(rt, state, loop, feed, worker, "demo", None, 3.6, 8)
+        beats: list[float] = []
+        real = watcher._heartbeat
+
+        def beat(beaten: list[ActiveUnit], at: float) -> None:
+            real(beaten, at)
+            beats.append(at)
+
+        watcher._heartbeat = beat  # type: ignore[method-assign]
+        thread = threading.Thread(target=watcher.run)
+        thread.start()
+        try:
+            until(lambda: len(beats) >= 5)
+        finally:
+            state.stopped.set()
+            thread.join(timeout=10)
+        gaps = [b - a for a, b in itertools.pairwise(beats)]
+        assert min(gaps) < CHECK_SECONDS, gaps  # a check apart at least, before
+        with rt.db.read() as s:
+            row = s.get(WorkUnit, units[0].claim.unit_id)
+            assert row is not None and row.heartbeat_at in beats
     finally:
         rt.db.dispose()
 
