@@ -35,6 +35,7 @@ DEMO_MODEL = REPO / "models" / "demo"
 EMBED_MODEL = REPO / "models" / "embed"
 SCORE_MODEL = REPO / "models" / "score"
 WHISPER_MODEL = REPO / "models" / "whisper"
+VLM_MODEL = REPO / "models" / "vlm"
 ARTIFACTS = REPO / "test-artifacts"
 
 
@@ -253,6 +254,16 @@ def whisper_model() -> Path:
 
         build(WHISPER_MODEL)
     return WHISPER_MODEL
+
+
+@pytest.fixture(scope="session")
+def vlm_model() -> Path:
+    """The small random vision-language model (infra/build_vlm_model.py: an Idefics3), built
+    locally once: about 5 s."""
+    from infra.build_vlm_model import build
+
+    build(VLM_MODEL)  # keeps a build that is there
+    return VLM_MODEL
 
 
 @pytest.fixture(scope="session")

@@ -12,19 +12,7 @@ from typing import Any
 import pytest
 
 from bench import images, images_engine
-from infra.processes import REPO
 from workers.images import IMAGE_REF, image_parts, part_url
-
-VLM_MODEL = REPO / "models" / "vlm"
-
-
-@pytest.fixture(scope="module")
-def vlm_model() -> Path:
-    if not (VLM_MODEL / "config.json").exists():
-        from infra.build_vlm_model import build
-
-        build(VLM_MODEL)
-    return VLM_MODEL
 
 
 def _image_url(line: dict[str, Any]) -> str:

@@ -17,6 +17,7 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,7 +30,6 @@ from tests.workers.test_images import png_claiming
 pytestmark = pytest.mark.stack
 
 MODEL = "vlm-live"
-VLM_MODEL = REPO / "models" / "vlm"
 RED = image_bytes(64, 64, (200, 30, 30))
 BLUE = image_bytes(40, 80, (20, 30, 200), "JPEG")
 
@@ -71,13 +71,11 @@ def _files(client: Any, final: Any) -> tuple[dict[str, dict], dict[str, dict]]:
     return {r["custom_id"]: r for r in out}, {r["custom_id"]: r for r in err}
 
 
-def test_a_batch_of_image_lines_runs_on_a_vision_model(live: LiveStack, image_host: str) -> None:
-    if not (VLM_MODEL / "config.json").exists():
-        from infra.build_vlm_model import build
-
-        build(VLM_MODEL)
+def test_a_batch_of_image_lines_runs_on_a_vision_model(
+    live: LiveStack, image_host: str, vlm_model: Path
+) -> None:
     env = live.worker_env
-    added = _freight(env, "models", "add", MODEL, "--path", str(VLM_MODEL))
+    added = _freight(env, "models", "add", MODEL, "--path", str(vlm_model))
     assert added.returncode == 0, added.stderr[-2000:]
     client = live.client("alpha")
     blue_file = client.files.create(file=("blue.jpg", BLUE), purpose="vision")

@@ -9,14 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from tokenizers import Tokenizer
 
 from infra.build_demo_model import TRAINED, VOCAB_SIZE
 from infra.build_vlm_model import IMAGE, IMAGE_SEQ_LEN, VISION_TOKENS, build
 
 REPO = Path(__file__).resolve().parents[2]
-VLM_MODEL = REPO / "models" / "vlm"
 
 # A square image of any size is 2 x 2 tiles and the whole image shrunk to one: 5 x 16 image tokens,
 # and 14 markers (a <fake_token_around_image> and a <row_R_col_C> before each tile, a newline after
@@ -48,13 +46,6 @@ print("RESULT " + json.dumps({
     "answer_tokens": len(image.outputs[0].token_ids),
 }))
 """
-
-
-@pytest.fixture(scope="module")
-def vlm_model() -> Path:
-    """models/vlm, built once if it is not there yet (about 5 s)."""
-    build(VLM_MODEL)
-    return VLM_MODEL
 
 
 def test_the_build_is_an_idefics3_on_the_demo_tokenizer_and_is_kept_once_built(tmp_path: Path) -> None:

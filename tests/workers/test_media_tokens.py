@@ -19,9 +19,8 @@ from jsonschema import Draft202012Validator
 from api.app import create_app
 from api.services.tenants import create_tenant
 from infra.build_vlm_model import IMAGE_SEQ_LEN
-from infra.build_vlm_model import build as build_vlm
 from tests.audio_factories import TRANSCRIPTIONS, TRANSLATIONS, audio_line, tone
-from tests.conftest import REPO, now
+from tests.conftest import now
 from tests.factories import chat_line, data_url, http_create, http_upload, image_bytes, image_line
 from workers import estimates, intake, registration
 from workers.images import ImageRefused
@@ -29,7 +28,6 @@ from workers.media_tokens import MediaCounter, SpeechTokens, header_seconds, hea
 from workers.prompt_tokens import renderer_for
 from workers.registration import AddRequest
 
-VLM_MODEL = REPO / "models" / "vlm"
 # what vLLM's engine adds to a prompt for an image on the demo Idefics3 (measured by
 # tests/infra/test_build_vlm_model.py): 2 x 2 tiles and the global one of IMAGE_SEQ_LEN, 14 markers
 SQUARE_IMAGE_TOKENS = 5 * IMAGE_SEQ_LEN + 14
@@ -41,12 +39,6 @@ QUESTION = "What is in this image?"
 def settings(settings):
     """Room for a few seconds of audio in a file."""
     return dataclasses.replace(settings, max_file_bytes=4 * 1024 * 1024)
-
-
-@pytest.fixture(scope="module")
-def vlm_model() -> Path:
-    build_vlm(VLM_MODEL)
-    return VLM_MODEL
 
 
 def _estimate(

@@ -13,11 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from infra.build_vlm_model import build as build_vlm
 from workers.prompt_tokens import PromptRenderer
 
 REPO = Path(__file__).resolve().parents[2]
-VLM_MODEL = REPO / "models" / "vlm"
 CHAT = "/v1/chat/completions"
 
 
@@ -109,12 +107,6 @@ refusal = {"refused": refused[0].status_code, "refused_error": refused[0].error,
 engine.shutdown()
 print("RESULT " + json.dumps({"lines": out, "answers": answers, "refusal": refusal}))
 """
-
-
-@pytest.fixture(scope="module")
-def vlm_model() -> Path:
-    build_vlm(VLM_MODEL)
-    return VLM_MODEL
 
 
 @pytest.fixture(scope="module")
