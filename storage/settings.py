@@ -482,6 +482,11 @@ _WORK_AND_SERVICE_RULES: tuple[_Rule, ...] = (
         "FREIGHT_PACK_REQUESTS must be at least 1 and FREIGHT_QUEUE_DEPTH at least 0",
     ),
     (
+        lambda s: not 0 < s.heartbeat_seconds < s.lease_seconds,
+        "FREIGHT_HEARTBEAT_SECONDS must be above 0 and below FREIGHT_LEASE_SECONDS (a claim not"
+        " renewed within its lease is taken back)",
+    ),
+    (
         lambda s: s.ask_lifetime_seconds <= s.heartbeat_seconds,
         "FREIGHT_ASK_LIFETIME_SECONDS must exceed FREIGHT_HEARTBEAT_SECONDS (asks are renewed with heartbeats)",
     ),

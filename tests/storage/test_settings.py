@@ -48,6 +48,24 @@ def test_bad_values_name_the_variable(env):
         Settings.from_env(env)
 
 
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"FREIGHT_HEARTBEAT_SECONDS": "0"},  # the engine worker's watcher would pass without a pause
+        {"FREIGHT_HEARTBEAT_SECONDS": "-1"},
+        {"FREIGHT_HEARTBEAT_SECONDS": "60"},  # the default lease: every claim would lapse
+        {"FREIGHT_HEARTBEAT_SECONDS": "5", "FREIGHT_LEASE_SECONDS": "4"},
+    ],
+)
+def test_a_heartbeat_must_come_within_the_lease(env):
+    with pytest.raises(
+        SettingsError, match="FREIGHT_HEARTBEAT_SECONDS must be above 0 and below FREIGHT_LEASE_SECONDS"
+    ):
+        Settings.from_env(env)
+    ok = Settings.from_env({"FREIGHT_HEARTBEAT_SECONDS": "0.25", "FREIGHT_LEASE_SECONDS": "3"})
+    assert (ok.heartbeat_seconds, ok.lease_seconds) == (0.25, 3.0)
+
+
 def test_engine_sizes_default_to_the_device_and_keep_an_operators_values():
     # 0 is "by the device" (scheduler/engine_defaults.py); what operators set before still reads
     s = Settings.from_env({})
