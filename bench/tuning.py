@@ -1,7 +1,7 @@
 """Engine settings tuned per model (issue #51 part 4): Freight after ``freight models tune`` against
 the bare engine at Freight's previous defaults and at vLLM's own offline defaults.
 
-    python -m bench.tuning [--workloads unique,extract,shared_prefix] [--scale 0.5] [--repeats 2]
+    python -m bench.tuning [--workloads unique,extract,shared_prefix,blend] [--scale 0.5] [--repeats 2]
                            [--requests 256] [--budget 420] [--out bench/results/tuning.json]
 
 Per workload (``api.models_cli.SHAPES``: the generators ``freight models tune --shape`` samples):
@@ -41,7 +41,7 @@ from bench.provenance import Run, machine_facts
 REPO = Path(__file__).resolve().parent.parent
 MEASURES = ("api", "scheduler", "storage", "workers", "bench/tuning.py", "bench/engine_baseline.py",
             "bench/freight_runner.py", "bench/limits.py")  # fmt: skip
-WORKLOADS = ("unique", "extract", "shared_prefix")
+WORKLOADS = ("unique", "extract", "shared_prefix", "blend")  # blend: long answers, where batch width pays
 PREVIOUS = {"max_num_seqs": 64, "max_num_batched_tokens": 2048, "kv_cache_bytes": 1 << 30}
 MAX_MODEL_LEN = 2048
 GAIN = 1.1  # tuned Freight over the limit at the previous defaults, on at least GAIN_WORKLOADS
